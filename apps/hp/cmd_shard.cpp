@@ -1,0 +1,21 @@
+// hp shard RECIPE.toml -o DIR
+#include <fmt/core.h>
+
+#include "commands.h"
+#include "hp/shard/shard.h"
+
+namespace hp::cli {
+
+void add_shard_command(CLI::App& app, Context& ctx) {
+  auto opts = std::make_shared<shard::ShardOptions>();
+  CLI::App* sub = app.add_subcommand("shard", "derive per-rank slices and write per-rank model partitions");
+  sub->add_option("recipe", opts->recipe, "recipe to partition")->required();
+  sub->add_option("-o,--output", opts->out_dir, "output directory (written atomically)");
+  sub->callback([opts, &ctx] {
+    auto report = shard::run(*opts);
+    if (!report) { ctx.exit_code = report_error(report.error()); return; }
+    fmt::print("{}", report->summary);
+  });
+}
+
+}  // namespace hp::cli

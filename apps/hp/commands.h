@@ -1,0 +1,33 @@
+// The hp subcommands. Each cmd_<name>.cpp exposes add_<name>_command(), which creates the CLI11
+// subcommand, binds its flags into the library's options struct and sets a callback that calls one
+// library entry point and renders the result. The callback stores its exit code in the Context.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "hp/core/error.h"
+#include "hp/core/exit_code.h"
+
+namespace hp::cli {
+
+struct Context {
+  int exit_code = 0;
+  bool verbose = false;
+};
+
+/// Prints every diagnostic of `e` as "hp: error: <where>: <message>" (+ "  hint: ...") on stderr and
+/// returns the documented exit code for it.
+int report_error(const Error& e);
+/// "hp: warning: ..." on stderr.
+void report_warning(const std::string& where, const std::string& message);
+
+void add_plan_command(CLI::App& app, Context& ctx);
+void add_shard_command(CLI::App& app, Context& ctx);
+void add_offload_profile_command(CLI::App& app, Context& ctx);
+void add_launch_command(CLI::App& app, Context& ctx);
+void add_verify_command(CLI::App& app, Context& ctx);
+void add_devices_command(CLI::App& app, Context& ctx);
+
+}  // namespace hp::cli

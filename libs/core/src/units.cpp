@@ -1,0 +1,90 @@
+#include "hp/core/units.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace hp {
+namespace {
+
+// Scales `v` by `base` until it is below one step, returning the value and the prefix index.
+std::pair<double, int> scale(double v, double base, int max_index) {
+  int i = 0;
+  while (std::fabs(v) >= base && i < max_index) {
+    v /= base;
+    ++i;
+  }
+  return {v, i};
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static constexpr std::array<const char*, 7> units{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  auto [v, i] = scale(bytes, 1024.0, 6);
+  if (i == 0) return fmt::format("{:.0f} B", v);
+  return fmt::format("{:.2f} {}", v, units[i]);
+}
+
+std::string format_count(double n) {
+  static constexpr std::array<const char*, 7> units{"", " k", " M", " G", " T", " P", " E"};
+  auto [v, i] = scale(n, 1000.0, 6);
+  if (i == 0) return fmt::format("{:.0f}", v);
+  return fmt::format("{:.2f}{}", v, units[i]);
+}
+
+std::string format_flops(double flops) {
+  static constexpr std::array<const char*, 7> units{"", "k", "M", "G", "T", "P", "E"};
+  auto [v, i] = scale(flops, 1000.0, 6);
+  return fmt::format("{:.2f} {}FLOP", v, units[i]);
+}
+
+std::string format_rate(double per_second, std::string_view unit) {
+  static constexpr std::array<const char*, 7> units{"", "k", "M", "G", "T", "P", "E"};
+  auto [v, i] = scale(per_second, 1000.0, 6);
+  return fmt::format("{:.2f} {}{}/s", v, units[i], unit);
+}
+
+std::string format_seconds(double s) {
+  if (s >= 1.0 || s == 0.0) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  if (s >= 1e-6) return fmt::format("{:.2f} us", s * 1e6);
+  return fmt::format("{:.0f} ns", s * 1e9);
+}
+
+std::optional<double> parse_bytes(std::string_view text) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+  };
+  text = trim(text);
+  std::size_t pos = 0;
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.' ||
+          text[pos] == 'e' || text[pos] == 'E' || text[pos] == '+' || text[pos] == '-'))
+    ++pos;
+  // "1e" followed by a unit letter is not an exponent: back off a dangling 'e'/'E'.
+  while (pos > 0 && (text[pos - 1] == 'e' || text[pos - 1] == 'E')) --pos;
+  double value = 0;
+  std::string number(text.substr(0, pos));
+  if (number.empty()) return std::nullopt;
+  auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (ec != std::errc() || ptr != number.data() + number.size() || value < 0) return std::nullopt;
+  std::string unit(trim(text.substr(pos)));
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  struct Suffix { const char* name; double mult; };
+  static constexpr std::array<Suffix, 13> suffixes{{
+      {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"mb", 1e6},
+      {"mib", 1048576.0}, {"gb", 1e9}, {"gib", 1073741824.0}, {"tb", 1e12},
+      {"tib", 1099511627776.0}, {"m", 1e6}, {"g", 1e9}}};
+  for (const auto& s : suffixes)
+    if (unit == s.name) return value * s.mult;
+  return std::nullopt;
+}
+
+}  // namespace hp

@@ -1,0 +1,76 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <set>
+#include <fstream>
+
+#include "hp/core/exit_code.h"
+#include "hp/core/expected.h"
+#include "hp/core/fs.h"
+#include "hp/core/units.h"
+
+namespace fs = std::filesystem;
+
+TEST_CASE("core: every error code maps to a distinct documented exit code", "[core]") {
+  using hp::Errc;
+  std::set<int> seen;
+  for (Errc c : {Errc::usage, Errc::bad_input, Errc::infeasible, Errc::runtime, Errc::mismatch,
+                 Errc::unavailable, Errc::not_implemented, Errc::internal})
+    seen.insert(static_cast<int>(hp::exit_code_for(c)));
+  CHECK(seen.size() == 8);
+  CHECK(seen.count(0) == 0);
+  CHECK(static_cast<int>(hp::exit_code_for(Errc::mismatch)) == 6);
+}
+
+TEST_CASE("core: collect_errors keeps every diagnostic in order", "[core]") {
+  auto e = hp::collect_errors(hp::Errc::bad_input, {{"a:1:1", "first", ""}, {"a:2:1", "second", "h"}});
+  REQUIRE(e.all().size() == 2);
+  CHECK(e.str() == "a:1:1: first");
+  CHECK(e.more[0].hint == "h");
+}
+
+namespace {
+hp::Expected<int> half(int x) {
+  if (x % 2) return hp::Error(hp::Errc::bad_input, "odd");
+  return x / 2;
+}
+hp::Expected<int> quarter(int x) {
+  auto h = half(x);
+  HP_TRY(h);
+  return half(*h);
+}
+}  // namespace
+
+TEST_CASE("core: HP_TRY propagates the first error", "[core]") {
+  CHECK(*quarter(8) == 2);
+  CHECK_FALSE(quarter(6).ok());
+  CHECK(quarter(6).error().message() == "odd");
+}
+
+TEST_CASE("core: byte parsing accepts units and rejects junk", "[core]") {
+  CHECK(*hp::parse_bytes("64GiB") == 64.0 * (1ull << 30));
+  CHECK(*hp::parse_bytes("80 GB") == 80e9);
+  CHECK(*hp::parse_bytes("1.5e9") == 1.5e9);
+  CHECK(*hp::parse_bytes("1e3 KiB") == 1e3 * 1024);
+  CHECK_FALSE(hp::parse_bytes("").has_value());
+  CHECK_FALSE(hp::parse_bytes("GB").has_value());
+  CHECK_FALSE(hp::parse_bytes("12 parsecs").has_value());
+  CHECK_FALSE(hp::parse_bytes("-4GB").has_value());
+  CHECK(hp::format_bytes(1536) == "1.50 KiB");
+  CHECK(hp::format_seconds(0.0021) == "2.10 ms");
+}
+
+TEST_CASE("core: atomic write replaces the file and leaves no temp behind", "[core]") {
+  fs::path dir = fs::temp_directory_path() / "hp_core_test_atomic";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  REQUIRE(hp::write_file_atomic(dir / "x.txt", "one").ok());
+  REQUIRE(hp::write_file_atomic(dir / "x.txt", "two").ok());
+  CHECK(*hp::read_file(dir / "x.txt") == "two");
+  CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);
+  auto bad = hp::write_file_atomic(dir / "missing" / "x.txt", "z");
+  CHECK_FALSE(bad.ok());
+  CHECK(bad.error().code == hp::Errc::bad_input);
+  CHECK_FALSE(hp::read_file(dir / "nope").ok());
+  fs::remove_all(dir);
+}
