@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs one CLI test case: tests/cli/<cmd>/<behaviour>/ holds
+#   args     the hp arguments, one per line (so paths with spaces work); @SRC@ = source dir,
+#            @TMP@ = a fresh temp dir for this case, @DATA@ = tests/data
+#   exit     the expected exit code (default 0)
+#   stdout   lines that must each appear in stdout (fixed strings), optional
+#   stderr   lines that must each appear in stderr (fixed strings), optional
+#   env      KEY=VALUE lines exported before running, optional (same substitutions)
+#   setup    optional bash script run first with SRC, TMP, DATA set (to make malformed files etc.)
+# Every case also checks that hp did not crash (no signal exit) and that error output uses the
+# "hp: error:" prefix whenever the exit code is non-zero.
+set -u
+hp=$1; case_dir=$2; src=$3
+data=$src/tests/data
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+subst() { sed -e "s|@SRC@|$src|g" -e "s|@TMP@|$tmp|g" -e "s|@DATA@|$data|g"; }
+
+if [[ -f $case_dir/setup ]]; then
+  SRC=$src TMP=$tmp DATA=$data bash "$case_dir/setup" || { echo "FAIL: setup script failed"; exit 1; }
+fi
+if [[ -f $case_dir/env ]]; then
+  while IFS= read -r line; do [[ -n $line ]] && export "$(printf '%s' "$line" | subst)"; done <"$case_dir/env"
+fi
+args=()
+if [[ -f $case_dir/args ]]; then
+  while IFS= read -r line; do [[ -n $line ]] && args+=("$(printf '%s' "$line" | subst)"); done <"$case_dir/args"
+fi
+expected_exit=0
+[[ -f $case_dir/exit ]] && expected_exit=$(tr -d '[:space:]' <"$case_dir/exit")
+
+timeout 120 "$hp" "${args[@]}" >"$tmp/.out" 2>"$tmp/.err" </dev/null
+rc=$?
+fail=0
+if [[ $rc != "$expected_exit" ]]; then
+  echo "FAIL: exit code $rc, expected $expected_exit"; fail=1
+fi
+if (( rc >= 124 )); then echo "FAIL: hp crashed, hung or was killed (rc $rc)"; fail=1; fi
+if [[ $rc != 0 ]] && ! grep -q '^hp: error: ' "$tmp/.err"; then
+  echo "FAIL: non-zero exit without an 'hp: error:' line on stderr"; fail=1
+fi
+for stream in stdout stderr; do
+  [[ -f $case_dir/$stream ]] || continue
+  file=$tmp/.out; [[ $stream == stderr ]] && file=$tmp/.err
+  while IFS= read -r want; do
+    [[ -z $want ]] && continue
+    want=$(printf '%s' "$want" | subst)
+    if ! grep -qF -- "$want" "$file"; then echo "FAIL: $stream lacks: $want"; fail=1; fi
+  done <"$case_dir/$stream"
+done
+if (( fail )); then
+  echo "--- command: hp ${args[*]}"; echo "--- stdout:"; head -c 4000 "$tmp/.out"; echo "--- stderr:"; head -c 4000 "$tmp/.err"
+  exit 1
+fi
+echo "ok: hp ${args[*]}"
