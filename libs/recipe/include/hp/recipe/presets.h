@@ -1,0 +1,35 @@
+// Finding cluster presets: `--cluster dgx-h100` or `cluster = "dgx-h100"` in a recipe names a file
+// <dir>/dgx-h100.toml in one of the preset directories; anything that looks like a path is a path.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/recipe/cluster.h"
+
+namespace hp::recipe {
+
+/// The preset directories in search order: the install's <exe_dir>/../share/hp/recipes/clusters
+/// (when it exists), then <source_dir>/recipes/clusters (when source_dir is non-empty and exists).
+std::vector<std::filesystem::path> preset_dirs(const std::filesystem::path& exe_dir,
+                                               const std::filesystem::path& source_dir);
+
+/// Preset names (file stems) found in `dirs`, sorted and without duplicates.
+std::vector<std::string> list_presets(const std::vector<std::filesystem::path>& dirs);
+
+/// True when `ref` names a file ("a/b.toml", "./x", "x.toml") rather than a preset.
+bool looks_like_path(std::string_view ref);
+
+/// Resolves a cluster reference: a path (relative to `base_dir`) or a preset name looked up in
+/// `dirs`. An unknown preset fails with the list of presets and a did-you-mean hint.
+Expected<std::filesystem::path> find_cluster(std::string_view ref, const std::filesystem::path& base_dir,
+                                             const std::vector<std::filesystem::path>& dirs);
+
+/// find_cluster + load_cluster.
+Expected<Cluster> load_cluster_ref(std::string_view ref, const std::filesystem::path& base_dir,
+                                   const std::vector<std::filesystem::path>& dirs);
+
+}  // namespace hp::recipe

@@ -1,0 +1,143 @@
+// The recipe: the one artifact users read, edit, diff and commit (DESIGN.md). It is versioned, fully
+// explicit and round-trips: parse_recipe(format_recipe(r)) == r. Every key is documented in
+// recipe_keys() (schema_doc.h), the source of hp-recipe(5).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hp/core/error.h"
+#include "hp/core/expected.h"
+#include "hp/recipe/source_map.h"
+
+namespace hp::recipe {
+
+/// The newest recipe version this hp reads and writes.
+inline constexpr int kRecipeVersion = 1;
+
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class Recompute { none, selective, full };
+const char* schedule_name(Schedule s);    ///< "gpipe", "1f1b", "interleaved"
+const char* recompute_name(Recompute r);  ///< "none", "selective", "full"
+/// ZeRO-style optimizer sharding levels 0..3: "none", "optimizer", "gradients", "parameters".
+const char* optimizer_shard_name(int level);
+
+struct Parallel {
+  std::int64_t dp = 1, tp = 1, pp = 1;
+  int optimizer_shard = 0;               ///< 0..3, see optimizer_shard_name()
+  std::int64_t micro_batch_size = 1;
+  std::int64_t micro_batches = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+  std::int64_t virtual_stages = 1;       ///< model chunks per pipeline rank (interleaved only)
+  bool sequence_parallel = false;
+  std::int64_t expert_parallel = 1;      ///< expert-parallel degree (1 = none)
+  friend bool operator==(const Parallel&, const Parallel&) = default;
+};
+
+struct Stage {
+  std::int64_t index = 0;
+  std::vector<std::int64_t> layers;      ///< layer indices (block numbers from layer discovery)
+  Recompute recompute = Recompute::none;
+  std::vector<std::int64_t> ranks;       ///< global ranks running this stage; may be empty
+  friend bool operator==(const Stage&, const Stage&) = default;
+};
+
+/// A tensor layout (shard.md §1): a logical device mesh and, per tensor dimension, the mesh axes it
+/// is split over (empty = "None", not split; several = a tuple, first axis major).
+struct Layout {
+  std::vector<std::int64_t> device_matrix;
+  std::vector<std::string> alias_name;
+  std::vector<std::vector<std::string>> tensor_map;
+  std::vector<std::int64_t> rank_list;   ///< empty = 0..prod(device_matrix)-1
+  friend bool operator==(const Layout&, const Layout&) = default;
+};
+
+/// One MPMD group (an mpirun app context): which ranks run which module on which backend.
+struct Group {
+  std::string name;
+  std::vector<std::int64_t> ranks;
+  std::string module;                    ///< what the ranks run (a stage program, "scheduler", ...)
+  std::string backend;                   ///< plugin name: "cpu", "cuda", "ascend"; empty = default
+  std::map<std::string, std::string> env;
+  std::vector<std::string> inputs, outputs;
+  friend bool operator==(const Group&, const Group&) = default;
+};
+
+/// A figure with where it came from: "table" (a preset / datasheet), "measured:<probe> <date>",
+/// "user", or "unknown".
+struct SourcedValue {
+  double value = 0;
+  std::string source = "unknown";
+  friend bool operator==(const SourcedValue&, const SourcedValue&) = default;
+};
+
+/// [offload]: host DRAM as a pool behind device memory (offload.md). Written by offload-profile.
+struct Offload {
+  bool enabled = false;
+  std::vector<std::string> targets;      ///< "parameters", "gradients", "optimizer", "activations", "kv_cache"
+  SourcedValue h2d_bandwidth;            ///< bytes/s
+  SourcedValue d2h_bandwidth;            ///< bytes/s
+  SourcedValue host_memory;              ///< bytes of host memory hp may pin
+  double margin = 0.1;                   ///< fraction of device memory kept free (0..0.5)
+  std::int64_t prefetch_lookahead = 1;   ///< ops ahead an H2D copy is issued
+  friend bool operator==(const Offload&, const Offload&) = default;
+};
+
+struct Recipe {
+  int version = kRecipeVersion;
+  std::string name;
+  std::string model;                     ///< ONNX path, relative to the recipe file
+  std::string cluster;                   ///< preset name or cluster file path relative to the recipe
+  std::int64_t nodes = 1;
+  std::map<std::string, std::int64_t> dims;  ///< symbolic input dims bound for planning
+  Parallel parallel;
+  std::vector<Stage> stages;
+  std::map<std::string, Layout> layouts; ///< tensor name or glob -> layout
+  std::vector<Group> groups;
+  std::optional<Offload> offload;
+
+  /// dp * tp * pp.
+  std::int64_t ranks() const { return parallel.dp * parallel.tp * parallel.pp; }
+  friend bool operator==(const Recipe&, const Recipe&) = default;
+};
+
+/// A parsed recipe, with key locations and every problem found (empty when valid on its own).
+struct RecipeDocument {
+  Recipe recipe;
+  SourceMap where;
+  std::vector<Diagnostic> problems;
+  bool syntax_ok = false;                ///< false when the TOML itself did not parse
+};
+
+/// Parses and validates recipe TOML text (no file system access; the cluster is not consulted).
+RecipeDocument parse_recipe(std::string_view text, const std::string& display_path);
+
+/// Reads a recipe file; fails only when it cannot be read (problems are in the document).
+Expected<RecipeDocument> read_recipe(const std::filesystem::path& path);
+
+/// Reads, parses and validates; every problem is in the returned Error (bad_input).
+Expected<Recipe> load_recipe(const std::filesystem::path& path);
+
+/// Checks of the recipe on its own (degrees, stages, layouts, groups, offload).
+std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where);
+
+/// Checks of the recipe against the cluster it runs on (rank counts, rank ids).
+std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const SourceMap& where,
+                                                   std::int64_t cluster_ranks,
+                                                   const std::string& cluster_name);
+
+/// Deterministic TOML for `r`: fixed section and key order, layers/ranks as range strings.
+std::string format_recipe(const Recipe& r);
+/// Writes format_recipe(r) atomically.
+Status write_recipe(const Recipe& r, const std::filesystem::path& path);
+
+/// "0-3,8,10-11" for {0,1,2,3,8,10,11}; parse_ranges is its inverse (nullopt when malformed).
+std::string format_ranges(const std::vector<std::int64_t>& v);
+std::optional<std::vector<std::int64_t>> parse_ranges(std::string_view text);
+
+}  // namespace hp::recipe

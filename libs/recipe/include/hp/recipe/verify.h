@@ -1,0 +1,48 @@
+// `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model file),
+// and later (issue #3) the numeric comparison of sharded against unsharded outputs. apps/hp/cmd_verify.cpp
+// binds flags into VerifyOptions and calls check_recipe().
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hp/core/error.h"
+#include "hp/core/expected.h"
+#include "hp/recipe/cluster.h"
+#include "hp/recipe/recipe.h"
+
+namespace hp::recipe {
+
+struct VerifyOptions {
+  std::filesystem::path recipe;
+  std::filesystem::path inputs;            ///< input tensors to run with (not yet supported)
+  std::filesystem::path expected;          ///< expected output tensors (not yet supported)
+  double rtol = 1e-4;
+  double atol = 1e-5;
+  std::string backend = "cpu";
+  std::vector<std::filesystem::path> preset_dirs;  ///< where cluster presets are looked up
+};
+
+/// What the static checks found out; printed as the OK summary.
+struct VerifyReport {
+  Recipe recipe;
+  Cluster cluster;                         ///< scaled to recipe.nodes
+  std::filesystem::path recipe_path;
+  std::filesystem::path model_path;        ///< resolved against the recipe's directory
+  std::filesystem::path cluster_path;
+};
+
+/// Runs every static check and collects every problem into one bad_input Error. When the static
+/// checks pass and inputs/expected were given, fails with not_implemented (running arrives with #3).
+Expected<VerifyReport> check_recipe(const VerifyOptions& opts);
+
+/// The short human summary of a passing report (several lines, each ending in '\n').
+std::string format_verify_summary(const VerifyReport& r);
+
+/// One JSON object: {"ok": bool, "recipe": path, "errors": [{"where","message","hint"}], ...} plus, when
+/// ok, "version", "model", "cluster", "nodes", "ranks" and "degrees".
+std::string format_verify_json(const std::filesystem::path& recipe, const Expected<VerifyReport>& result);
+
+}  // namespace hp::recipe

@@ -1,0 +1,88 @@
+// Writing clusters back out, the small accessors of the Cluster struct, and scaling a preset to N
+// nodes. Scaling only changes `nodes`: presets describe one node (or one supernode) plus the tiers
+// above it, so N nodes are the same node repeated, joined by the outer tiers.
+#include <fmt/core.h>
+
+#include "hp/core/fs.h"
+#include "hp/recipe/cluster.h"
+#include "toml_text.h"
+
+namespace hp::recipe {
+
+using detail::number;
+using detail::quote;
+
+const char* device_kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::gpu: return "gpu";
+    case DeviceKind::npu: return "npu";
+  }
+  return "cpu";
+}
+
+double PeakFlops::of(std::string_view dtype) const {
+  if (dtype == "fp32") return fp32;
+  if (dtype == "tf32") return tf32;
+  if (dtype == "bf16") return bf16;
+  if (dtype == "fp16") return fp16;
+  if (dtype == "fp8") return fp8;
+  if (dtype == "int8") return int8;
+  return 0;
+}
+
+const DeviceType* Cluster::rank_device_type() const {
+  for (const auto& d : device_types)
+    if (d.name == rank_device) return &d;
+  return nullptr;
+}
+
+std::int64_t Cluster::ranks_per_node() const {
+  const DeviceType* d = rank_device_type();
+  return d ? d->per_node : 0;
+}
+
+std::int64_t Cluster::ranks() const { return nodes * ranks_per_node(); }
+
+std::string format_cluster(const Cluster& c) {
+  std::string s = "# hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s\n";
+  s += fmt::format("[cluster]\nversion = {}\nname = {}\n", c.version, quote(c.name));
+  if (!c.description.empty()) s += fmt::format("description = {}\n", quote(c.description));
+  s += fmt::format("nodes = {}\nrank_device = {}\n", c.nodes, quote(c.rank_device));
+  for (const auto& d : c.device_types) {
+    s += fmt::format("\n[[device_types]]\nname = {}\nkind = {}\nper_node = {}\n", quote(d.name),
+                     quote(device_kind_name(d.kind)), d.per_node);
+    s += fmt::format("memory = {}\nmemory_bandwidth = {}\nh2d_bandwidth = {}\nd2h_bandwidth = {}\n", number(d.memory),
+                     number(d.memory_bandwidth), number(d.h2d_bandwidth), number(d.d2h_bandwidth));
+    const PeakFlops& f = d.peak_flops;
+    s += fmt::format("peak_flops = {{ fp32 = {}, tf32 = {}, bf16 = {}, fp16 = {}, fp8 = {}, int8 = {} }}\n",
+                     number(f.fp32), number(f.tf32), number(f.bf16), number(f.fp16), number(f.fp8), number(f.int8));
+  }
+  for (const auto& t : c.tiers) {
+    s += fmt::format("\n[[tiers]]\nname = {}\n", quote(t.name));
+    if (t.size > 0) s += fmt::format("size = {}\n", t.size);
+    s += fmt::format("bandwidth = {}\nlatency = {}\n", number(t.bandwidth), number(t.latency));
+  }
+  return s;
+}
+
+Status write_cluster(const Cluster& c, const std::filesystem::path& path) {
+  return write_file_atomic(path, format_cluster(c));
+}
+
+Expected<Cluster> scale_cluster(const Cluster& c, std::int64_t nodes) {
+  if (nodes < 1)
+    return Error(Errc::bad_input, fmt::format("node count must be at least 1, got {}", nodes), "", "pass --nodes N with N >= 1");
+  Cluster out = c;
+  out.nodes = nodes;
+  if (!out.tiers.empty() && out.tiers.back().size > 0 && out.tiers.back().size < out.ranks()) {
+    std::int64_t max_nodes = out.ranks_per_node() > 0 ? out.tiers.back().size / out.ranks_per_node() : 0;
+    return Error(Errc::bad_input,
+                 fmt::format("cluster '{}' spans at most {} nodes (tier '{}' has {} ranks), {} requested", c.name,
+                             max_nodes, out.tiers.back().name, out.tiers.back().size, nodes),
+                 "", "use fewer nodes, or add an outermost scale-out tier without 'size' to the cluster file");
+  }
+  return out;
+}
+
+}  // namespace hp::recipe

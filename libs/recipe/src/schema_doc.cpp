@@ -1,0 +1,80 @@
+// The key tables behind hp-recipe(5). Kept as plain data next to the parsers so that adding a key
+// means adding a row here too (schema_doc_test.cpp fails otherwise).
+#include "hp/recipe/schema_doc.h"
+
+namespace hp::recipe {
+namespace {
+
+constexpr KeyDoc kRecipe[] = {
+    {"[recipe]", "version", "integer", "yes", "recipe format version; this hp reads 1"},
+    {"[recipe]", "name", "string", "yes", "a name for the plan (shown in summaries and logs)"},
+    {"[recipe]", "model", "string", "yes", "ONNX model file, relative to the recipe file"},
+    {"[recipe]", "cluster", "string", "yes", "cluster preset name (e.g. dgx-h100) or cluster file relative to the recipe"},
+    {"[recipe]", "nodes", "integer", "no (1)", "nodes of the cluster used; the preset is scaled to this count"},
+    {"[model]", "dims", "table name -> integer", "no ({})", "symbolic input dims bound for planning (batch, seq, ...)"},
+    {"[parallel]", "dp", "integer >= 1", "yes", "data-parallel degree"},
+    {"[parallel]", "tp", "integer >= 1", "yes", "tensor-parallel degree"},
+    {"[parallel]", "pp", "integer >= 1", "yes", "pipeline-parallel degree (stages); dp*tp*pp = cluster ranks"},
+    {"[parallel]", "optimizer_shard", "0..3 or name", "no (none)",
+     "ZeRO-style sharding in the dp group: none, optimizer, gradients, parameters"},
+    {"[parallel]", "micro_batch_size", "integer >= 1", "no (1)", "samples per micro-batch"},
+    {"[parallel]", "micro_batches", "integer >= 1", "no (1)", "micro-batches per step (a multiple of pp when interleaved)"},
+    {"[parallel]", "schedule", "gpipe|1f1b|interleaved", "no (1f1b)", "pipeline schedule"},
+    {"[parallel]", "virtual_stages", "integer >= 1", "no (1)", "model chunks per pipeline rank; > 1 needs interleaved"},
+    {"[parallel]", "sequence_parallel", "boolean", "no (false)", "split activations over the tp group (needs tp > 1)"},
+    {"[parallel]", "expert_parallel", "integer >= 1", "no (1)", "expert-parallel degree; divides dp*tp"},
+    {"[[stages]]", "index", "integer", "yes", "stage number, 0-based, in order"},
+    {"[[stages]]", "layers", "range or integer array", "yes", "layer (block) indices of the stage, e.g. \"0-11\""},
+    {"[[stages]]", "recompute", "none|selective|full", "no (none)", "activation recomputation of the stage"},
+    {"[[stages]]", "ranks", "range or integer array", "no (\"\")", "global ranks running the stage (dp*tp of them)"},
+    {"[layouts.<tensor>]", "device_matrix", "integer array", "yes", "logical device mesh shape; <tensor> is a name or glob"},
+    {"[layouts.<tensor>]", "alias_name", "string array", "yes", "one axis name per mesh axis"},
+    {"[layouts.<tensor>]", "tensor_map", "array", "yes",
+     "per tensor dim: an axis name, \"None\", or an array of axis names (first is major)"},
+    {"[layouts.<tensor>]", "rank_list", "integer array", "no (0..n-1)", "global rank at each row-major mesh position"},
+    {"[[groups]]", "name", "string", "yes", "MPMD group (mpirun app context) name"},
+    {"[[groups]]", "ranks", "range or integer array", "yes", "consecutive ranks, following the previous group"},
+    {"[[groups]]", "module", "string", "no (\"\")", "what the ranks run (stage program, scheduler, ...)"},
+    {"[[groups]]", "backend", "string", "no (\"\")", "plugin to run on: cpu, cuda, ascend; empty = default"},
+    {"[[groups]]", "inputs", "string array", "no ([])", "tensors the group receives"},
+    {"[[groups]]", "outputs", "string array", "no ([])", "tensors the group produces"},
+    {"[[groups]]", "env", "table name -> string", "no ({})", "environment exported to the group's ranks"},
+    {"[offload]", "enabled", "boolean", "yes", "use host memory behind device memory"},
+    {"[offload]", "targets", "string array", "no ([])", "parameters, gradients, optimizer, activations, kv_cache"},
+    {"[offload]", "h2d_bandwidth", "bandwidth", "no (0)", "host -> device bytes/s used by the schedule"},
+    {"[offload]", "h2d_bandwidth_source", "string", "no (user/unknown)", "table, user, unknown or measured:<probe> <date>"},
+    {"[offload]", "d2h_bandwidth", "bandwidth", "no (0)", "device -> host bytes/s"},
+    {"[offload]", "d2h_bandwidth_source", "string", "no (user/unknown)", "provenance of d2h_bandwidth"},
+    {"[offload]", "host_memory", "bytes", "no (0)", "host memory hp may pin"},
+    {"[offload]", "host_memory_source", "string", "no (user/unknown)", "provenance of host_memory"},
+    {"[offload]", "margin", "float 0..0.5", "no (0.1)", "fraction of device memory kept free"},
+    {"[offload]", "prefetch_lookahead", "integer >= 1", "no (1)", "ops ahead that a prefetch is issued"},
+};
+
+constexpr KeyDoc kCluster[] = {
+    {"[cluster]", "version", "integer", "yes", "cluster format version; this hp reads 1"},
+    {"[cluster]", "name", "string", "yes", "cluster name (presets: the file stem)"},
+    {"[cluster]", "description", "string", "no (\"\")", "one line for humans"},
+    {"[cluster]", "nodes", "integer >= 1", "no (1)", "identical nodes described; hp plan --nodes overrides"},
+    {"[cluster]", "rank_device", "string", "if several device types", "the device type whose devices are ranks"},
+    {"[[device_types]]", "name", "string", "yes", "device type name"},
+    {"[[device_types]]", "kind", "cpu|gpu|npu", "yes", "device kind"},
+    {"[[device_types]]", "per_node", "integer >= 1", "yes", "devices of this type in one node"},
+    {"[[device_types]]", "peak_flops", "table dtype -> FLOP/s", "yes",
+     "dense peak per dtype: fp32, tf32, bf16, fp16, fp8, int8 (0 = unsupported/unknown)"},
+    {"[[device_types]]", "memory", "bytes", "yes", "device memory, e.g. \"80 GiB\""},
+    {"[[device_types]]", "memory_bandwidth", "bandwidth", "yes", "device memory bandwidth, e.g. \"3.35 TB/s\""},
+    {"[[device_types]]", "h2d_bandwidth", "bandwidth", "yes", "host -> device, one direction"},
+    {"[[device_types]]", "d2h_bandwidth", "bandwidth", "yes", "device -> host, one direction"},
+    {"[[tiers]]", "name", "string", "yes", "die, node, rack, supernode, scale-out, ...; innermost first"},
+    {"[[tiers]]", "size", "integer >= 1", "yes except outermost", "ranks in one unit of the tier; omitted = all ranks"},
+    {"[[tiers]]", "bandwidth", "bandwidth", "yes", "per rank, unidirectional, with the whole unit sending at once"},
+    {"[[tiers]]", "latency", "seconds", "yes", "one-message latency, e.g. \"2us\""},
+};
+
+}  // namespace
+
+std::span<const KeyDoc> recipe_keys() { return kRecipe; }
+std::span<const KeyDoc> cluster_keys() { return kCluster; }
+
+}  // namespace hp::recipe

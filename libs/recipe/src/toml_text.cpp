@@ -1,0 +1,100 @@
+// TOML text helpers for the writers, and the range notation ("0-3,8") used for layers and ranks.
+// Floats are written in fmt's shortest round-trip form so read(write(x)) == x bit for bit, which is
+// what lets the round-trip tests compare structs with ==.
+#include "toml_text.h"
+
+#include <charconv>
+#include <cmath>
+#include <optional>
+
+#include <fmt/core.h>
+
+#include "hp/recipe/recipe.h"
+
+namespace hp::recipe::detail {
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        else
+          out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string int_array(const std::vector<std::int64_t>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+std::string string_array(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + quote(v[i]);
+  return out + "]";
+}
+
+}  // namespace hp::recipe::detail
+
+namespace hp::recipe {
+
+std::string format_ranges(const std::vector<std::int64_t>& v) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < v.size()) {
+    std::size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j > i ? fmt::format("{}-{}", v[i], v[j]) : std::to_string(v[i]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::optional<std::vector<std::int64_t>> parse_ranges(std::string_view text) {
+  std::vector<std::int64_t> out;
+  auto read_int = [](std::string_view s, std::int64_t& v) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return !s.empty() && ec == std::errc() && p == s.data() + s.size() && v >= 0;
+  };
+  if (text.find_first_not_of(' ') == std::string_view::npos) return out;  // "" = empty list
+  while (true) {
+    std::size_t comma = text.find(',');
+    std::string_view part = text.substr(0, comma);
+    std::size_t dash = part.find('-');
+    std::int64_t a = 0, b = 0;
+    if (dash == std::string_view::npos) {
+      if (!read_int(part, a)) return std::nullopt;
+      b = a;
+    } else if (!read_int(part.substr(0, dash), a) || !read_int(part.substr(dash + 1), b) || b < a) {
+      return std::nullopt;
+    }
+    if (b - a > 10'000'000) return std::nullopt;  // a typo, not a real rank count
+    for (std::int64_t x = a; x <= b; ++x) out.push_back(x);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace hp::recipe

@@ -1,0 +1,190 @@
+// Malformed recipes: each mistake is reported with file:line:column and a hint, and several mistakes
+// are all reported by one parse.
+#include <catch2/catch.hpp>
+
+#include "fixtures.h"
+#include "hp/recipe/recipe.h"
+
+using namespace hp::recipe;
+using test::dump;
+using test::has;
+
+namespace {
+
+const char* kHead = R"([recipe]
+version = 1
+name = "t"
+model = "m.onnx"
+cluster = "local-cpu"
+)";
+
+RecipeDocument parse_with(const std::string& rest) { return parse_recipe(kHead + rest, "recipe.toml"); }
+
+}  // namespace
+
+TEST_CASE("recipe: a TOML syntax error is located", "[recipe]") {
+  RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = = 2\n");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.size() == 1);
+  CHECK(!doc.syntax_ok);
+  CHECK(doc.problems[0].where.rfind("recipe.toml:8:", 0) == 0);
+  CHECK(doc.problems[0].message.find("TOML syntax error") != std::string::npos);
+}
+
+TEST_CASE("recipe: a wrong type names the key, the line and the column", "[recipe]") {
+  // Line 7 is "tp = ..." and the value starts at column 6.
+  RecipeDocument doc = parse_with("[parallel]\ntp = \"four\"\ndp = 1\npp = 1\n");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.size() == 1);
+  CHECK(doc.problems[0].where == "recipe.toml:7:6");
+  CHECK(doc.problems[0].message == "'parallel.tp' must be an integer, got a string");
+  CHECK(!doc.problems[0].hint.empty());
+}
+
+TEST_CASE("recipe: an unknown key gets a did-you-mean hint", "[recipe]") {
+  RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nmicro_batchs = 4\n");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.size() == 1);
+  CHECK(doc.problems[0].where == "recipe.toml:10:1");
+  CHECK(doc.problems[0].message == "unknown key 'micro_batchs' in [parallel]");
+  CHECK(doc.problems[0].hint == "did you mean 'micro_batches'?");
+}
+
+TEST_CASE("recipe: an unknown section is reported too", "[recipe]") {
+  RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\n[paralel]\nx = 1\n");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:10:", "unknown key 'paralel' at the top level"));
+}
+
+TEST_CASE("recipe: missing required keys are reported at their table", "[recipe]") {
+  RecipeDocument doc = parse_recipe("[recipe]\nversion = 1\nname = \"t\"\n[parallel]\ndp = 1\n", "recipe.toml");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.model'"));
+  CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.cluster'"));
+  CHECK(has(doc.problems, "recipe.toml:4:1", "missing required key 'parallel.tp'"));
+  CHECK(has(doc.problems, "recipe.toml:4:1", "missing required key 'parallel.pp'"));
+}
+
+TEST_CASE("recipe: an unsupported version stops with a hint", "[recipe]") {
+  RecipeDocument doc = parse_recipe("[recipe]\nversion = 2\nfuture_key = 1\n", "recipe.toml");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.size() == 1);
+  CHECK(doc.problems[0].where == "recipe.toml:2:11");
+  CHECK(doc.problems[0].message == "unsupported recipe version 2");
+  CHECK(doc.problems[0].hint.find("version 1") != std::string::npos);
+}
+
+TEST_CASE("recipe: out-of-range values", "[recipe]") {
+  RecipeDocument doc = parse_with(R"([parallel]
+dp = 0
+tp = 1
+pp = 3
+micro_batches = 4
+schedule = "interleaved"
+virtual_stages = 2
+optimizer_shard = 5
+sequence_parallel = true
+)");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be at least 1, got 0"));
+  CHECK(has(doc.problems, "recipe.toml:10:17", "must be a multiple of pp (3) for the interleaved schedule"));
+  CHECK(has(doc.problems, "recipe.toml:13:19", "'parallel.optimizer_shard' must be 0..3, got 5"));
+  CHECK(has(doc.problems, "recipe.toml:14:21", "sequence parallelism needs tp > 1"));
+}
+
+TEST_CASE("recipe: enumerations list their values", "[recipe]") {
+  RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.size() == 1);
+  CHECK(doc.problems[0].message == "'parallel.schedule' must be one of gpipe, 1f1b, interleaved, got '1F1B'");
+  CHECK(doc.problems[0].hint == "did you mean '1f1b'?");
+}
+
+TEST_CASE("recipe: stage, layout, group and offload mistakes", "[recipe]") {
+  RecipeDocument doc = parse_with(R"([parallel]
+dp = 2
+tp = 1
+pp = 2
+[[stages]]
+index = 0
+layers = "0-3"
+ranks = "0-1"
+[[stages]]
+index = 1
+layers = "3-5"
+ranks = "1-3"
+[layouts.w]
+device_matrix = [2, 2]
+alias_name = ["dp"]
+tensor_map = ["dp", "tp"]
+rank_list = [0, 1, 2]
+[[groups]]
+name = "a"
+ranks = "1-2"
+[offload]
+enabled = true
+h2d_bandwidth = 1e9
+h2d_bandwidth_source = "guess"
+margin = 0.9
+)");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:16:", "layer 3 is in stage 0 and stage 1"));
+  CHECK(has(doc.problems, "recipe.toml:17:", "stage 1 has 3 ranks but dp*tp is 2"));
+  CHECK(has(doc.problems, "recipe.toml:17:", "rank 1 runs stage 0 and stage 1"));
+  CHECK(has(doc.problems, "recipe.toml:20:", "device_matrix has 2 axes but alias_name has 1"));
+  CHECK(has(doc.problems, "recipe.toml:21:", "axis 'tp' is not in alias_name"));
+  CHECK(has(doc.problems, "recipe.toml:22:", "rank_list has 3 entries, mesh has 4 devices"));
+  CHECK(has(doc.problems, "recipe.toml:25:", "group 'a' has ranks 1-2 but must have 0-1"));
+  CHECK(has(doc.problems, "recipe.toml:29:", "'offload.h2d_bandwidth_source' is 'guess'"));
+  CHECK(has(doc.problems, "recipe.toml:30:", "'offload.margin' must be between 0 and 0.5"));
+}
+
+TEST_CASE("recipe: several errors are all reported at once, in file order", "[recipe]") {
+  RecipeDocument doc = parse_recipe(R"([recipe]
+version = 1
+name = "t"
+modle = "m.onnx"
+cluster = 7
+[parallel]
+dp = "two"
+tp = 0
+pp = 1
+schedule = "gpipe"
+virtual_stages = 2
+)", "recipe.toml");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:4:1", "unknown key 'modle' in [recipe]"));
+  CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.model'"));
+  CHECK(has(doc.problems, "recipe.toml:5:11", "'recipe.cluster' must be a string, got an integer"));
+  CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be an integer, got a string"));
+  CHECK(has(doc.problems, "recipe.toml:8:6", "'parallel.tp' must be at least 1, got 0"));
+  CHECK(has(doc.problems, "recipe.toml:11:18", "'parallel.virtual_stages' is 2 but the schedule is 'gpipe'"));
+  // The "did you mean" of 'modle' points at 'model'.
+  for (const auto& d : doc.problems)
+    if (d.message.find("modle") != std::string::npos) CHECK(d.hint == "did you mean 'model'?");
+  // Reading order: line numbers never decrease.
+  auto line_of = [](const std::string& w) { return std::stoi(w.substr(w.find(':') + 1)); };
+  for (std::size_t i = 1; i < doc.problems.size(); ++i) {
+    INFO(i);
+    CHECK(line_of(doc.problems[i - 1].where) <= line_of(doc.problems[i].where));
+  }
+  // The empty 'recipe.cluster' default is not reported again as "must not be empty".
+  CHECK(!has(doc.problems, "", "'recipe.cluster' must not be empty"));
+}
+
+TEST_CASE("recipe: load_recipe returns every problem in one bad_input error", "[recipe]") {
+  auto r = load_recipe("/nonexistent/recipe.toml");
+  REQUIRE(!r.ok());
+  CHECK(r.error().str().find("/nonexistent/recipe.toml") != std::string::npos);
+}
+
+TEST_CASE("recipe: validate_recipe_on_cluster checks rank counts", "[recipe]") {
+  Recipe r = test::full_recipe();
+  SourceMap where("r.toml");
+  CHECK(validate_recipe_on_cluster(r, where, 8, "dgx-h100").empty());
+  auto ds = validate_recipe_on_cluster(r, where, 16, "dgx-h100");
+  INFO(dump(ds));
+  CHECK(has(ds, "r.toml", "dp*tp*pp = 2*2*2 = 8 ranks but cluster 'dgx-h100' has 16 ranks"));
+  ds = validate_recipe_on_cluster(r, where, 4, "tiny");
+  CHECK(has(ds, "r.toml", "names rank 4 but cluster 'tiny' has ranks 0..3"));
+}
