@@ -1,0 +1,93 @@
+// hp::plugin::Backend: the host-side view of one opened plugin. It wraps the C table of
+// hp_plugin.h: every call turns an hp_status* into an hp::Error (freeing the status through the
+// table), and every member added after ABI 1.0 is gated on the table's struct_size, so an older plugin
+// simply reports "unsupported" for what it does not have.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hp/core/expected.h"
+#include "hp/plugin/hp_plugin.h"
+
+namespace hp::plugin {
+
+/// One figure with where it came from.
+struct Figure {
+  double value = 0;
+  hp_prov prov = HP_PROV_UNKNOWN;
+};
+
+/// hp_device_info in C++ terms.
+struct DeviceInfo {
+  int index = 0;
+  std::string name, arch, bus_id, note;
+  hp_device_kind kind = HP_DEVICE_CPU;
+  int numa_node = -1;
+  std::uint64_t mem_total = 0, mem_free = 0;
+  int compute_units = 0;
+  double clock_hz = 0;
+  std::array<Figure, HP_DTYPE_COUNT> peak_flops{};  ///< indexed by hp_dtype
+  Figure mem_bw, h2d_bw, d2h_bw, peer_bw;           ///< bytes/s
+  std::uint64_t caps = 0;
+};
+
+const char* dtype_name(int dtype);        ///< "f32", "bf16", ...
+const char* prov_name(hp_prov p);         ///< "measured", "table", "unknown"
+const char* kind_name(hp_device_kind k);  ///< "cpu", "gpu", "npu"
+const char* code_name(hp_code c);         ///< "unavailable", "version", ...
+
+/// Maps a plugin status code onto the host's error codes.
+Errc errc_for(hp_code c);
+
+class Backend {
+ public:
+  /// Takes an opened context; `table` and the library stay valid for the life of the process.
+  Backend(const hp_backend_v1* table, hp_ctx* ctx, std::string path);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const hp_backend_v1* table() const { return table_; }
+  hp_ctx* ctx() const { return ctx_; }
+  std::string name() const { return table_->name ? table_->name : "?"; }
+  const std::string& path() const { return path_; }
+  /// True when the table has the 1.1 member `event_query` / `mem_info`.
+  bool has_event_query() const;
+  bool has_mem_info() const;
+
+  Expected<int> device_count() const;
+  Expected<DeviceInfo> device_info(int dev) const;
+  bool supports(int dev, int op, int dtype) const;
+
+  Expected<void*> alloc(int dev, std::size_t bytes, int kind = HP_MEM_DEVICE) const;
+  Status free_mem(int dev, void* p, int kind = HP_MEM_DEVICE) const;
+  Expected<hp_stream*> stream_create(int dev) const;
+  Status stream_sync(hp_stream* s) const;
+  Status stream_destroy(hp_stream* s) const;
+  Expected<hp_event*> event_create(int dev) const;
+  Status event_record(hp_event* e, hp_stream* s) const;
+  Status stream_wait_event(hp_stream* s, hp_event* e) const;
+  Status event_sync(hp_event* e) const;
+  Status event_destroy(hp_event* e) const;
+  /// 1.1: whether `e` has completed; "unsupported" error on a 1.0 plugin.
+  Expected<bool> event_query(hp_event* e) const;
+  Status copy_async(hp_stream* s, void* dst, const void* src, std::size_t bytes, hp_copy_dir dir) const;
+  Status gemm(hp_stream* s, const hp_gemm_desc& d) const;
+  Status elementwise(hp_stream* s, const hp_elementwise_desc& d) const;
+
+  /// Converts (and frees) a status returned by this plugin; NULL gives success.
+  Status take(hp_status* st, const char* call) const;
+
+ private:
+  const hp_backend_v1* table_;
+  hp_ctx* ctx_;
+  std::string path_;
+};
+
+/// Converts and frees `st` using `table`'s status functions (for use before a Backend exists).
+Status take_status(const hp_backend_v1* table, hp_status* st, const std::string& context);
+
+}  // namespace hp::plugin

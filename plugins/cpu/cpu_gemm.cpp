@@ -1,0 +1,112 @@
+// GEMM on the cpu backend through oneDNN's matmul primitive.
+//
+// hp's gemm is row-major with optional transposes, leading dimensions and batch strides; oneDNN
+// describes all of that with strided memory descriptors, so no data is repacked: A is {batch, m, k}
+// with strides {stride_a, lda, 1}, or {stride_a, 1, lda} when stored transposed, likewise B, and C is
+// {batch, m, n} with strides {stride_c, ldc, 1}. A batch stride of 0 becomes a batch dimension of 1,
+// which oneDNN broadcasts. alpha is an output scale and beta a sum post-op, both fixed at creation.
+//
+// Creating a primitive JIT-compiles a kernel (milliseconds), so primitives are cached by everything
+// that defines them (GemmKey); executing one is thread-safe, so the cache lock is held only for the
+// lookup. oneDNN reports unsupported descriptors with exceptions: we catch them and fall back to a plain
+// triple loop, which is slow but makes the backend total over valid descriptors.
+#include "cpu_internal.h"
+
+namespace hp_cpu {
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+
+GemmKey key_of(const hp_gemm_desc& d) {
+  return GemmKey{d.trans_a != 0, d.trans_b != 0, d.m, d.n, d.k, d.lda, d.ldb, d.ldc, d.batch,
+                 d.stride_a, d.stride_b, d.stride_c, d.alpha, d.beta};
+}
+
+/// Strided descriptor of an operand of `rows` x `cols` (as used), stored transposed or not.
+memory::desc operand_desc(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld, bool trans) {
+  int64_t b = stride == 0 ? 1 : batch;
+  int64_t bs = stride == 0 ? rows * cols : stride;
+  Dims strides = trans ? Dims{bs, 1, ld} : Dims{bs, ld, 1};
+  return memory::desc(Dims{b, rows, cols}, memory::data_type::f32, strides);
+}
+
+memory::desc a_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_a, d.m, d.k, d.lda, d.trans_a); }
+memory::desc b_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_b, d.k, d.n, d.ldb, d.trans_b); }
+memory::desc c_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_c, d.m, d.n, d.ldc, false); }
+
+}  // namespace
+
+std::shared_ptr<dnnl::matmul> GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
+  GemmKey key = key_of(d);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+  }
+  dnnl::primitive_attr attr;
+  if (d.alpha != 1.0) attr.set_output_scales(0, {float(d.alpha)});
+  if (d.beta != 0.0) {
+    dnnl::post_ops ops;
+    ops.append_sum(float(d.beta));
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::desc md(a_desc(d), b_desc(d), c_desc(d));
+  dnnl::matmul::primitive_desc pd(md, attr, eng);
+  auto prim = std::make_shared<dnnl::matmul>(pd);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Two threads may have built the same primitive; keep the first so callers share one.
+  auto [it, inserted] = cache_.emplace(key, prim);
+  return it->second;
+}
+
+std::size_t GemmCache::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+void reference_gemm(const hp_gemm_desc& d) {
+  const float* A = static_cast<const float*>(d.a);
+  const float* B = static_cast<const float*>(d.b);
+  float* C = static_cast<float*>(d.c);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const float* a = A + b * d.stride_a;
+    const float* bm = B + b * d.stride_b;
+    float* c = C + b * d.stride_c;
+    for (int64_t i = 0; i < d.m; ++i) {
+      for (int64_t j = 0; j < d.n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < d.k; ++p) {
+          float av = d.trans_a ? a[p * d.lda + i] : a[i * d.lda + p];
+          float bv = d.trans_b ? bm[j * d.ldb + p] : bm[p * d.ldb + j];
+          acc += double(av) * double(bv);
+        }
+        float& out = c[i * d.ldc + j];
+        out = float(d.alpha * acc + (d.beta == 0.0 ? 0.0 : d.beta * double(out)));
+      }
+    }
+  }
+}
+
+hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
+  if (!ctx || !s || !in) return hp_common::make_status(HP_INVALID, "cpu: gemm: null argument");
+  hp_gemm_desc d = hp_common::copy_in(in);
+  if (hp_status* st = hp_common::check_gemm(kCpu, d)) return st;
+  std::shared_ptr<dnnl::matmul> prim;
+  try {
+    prim = ctx->gemms.get(ctx->engine, d);
+  } catch (const dnnl::error&) {
+    reference_gemm(d);  // descriptor oneDNN does not take: slow but correct
+    return nullptr;
+  }
+  HP_PLUGIN_GUARD(kCpu, {
+    memory a(a_desc(d), ctx->engine, const_cast<void*>(d.a));
+    memory b(b_desc(d), ctx->engine, const_cast<void*>(d.b));
+    memory c(c_desc(d), ctx->engine, d.c);
+    prim->execute(s->dnnl_stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s->dnnl_stream.wait();
+    return nullptr;
+  })
+}
+
+}  // namespace hp_cpu

@@ -1,0 +1,60 @@
+// Private declarations of the cpu backend, shared by its source files.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include <dnnl.hpp>
+
+#include "plugin_common.h"
+
+constexpr const char* kCpu = "cpu";
+
+namespace hp_cpu {
+
+/// Everything that makes two matmuls the same oneDNN primitive.
+using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, double, double>;
+
+/// oneDNN matmul primitives by shape; creation is costly (JIT), execution is thread-safe.
+class GemmCache {
+ public:
+  std::shared_ptr<dnnl::matmul> get(const dnnl::engine& eng, const hp_gemm_desc& d);
+  std::size_t size();
+
+ private:
+  std::mutex mu_;
+  std::map<GemmKey, std::shared_ptr<dnnl::matmul>> cache_;
+};
+
+}  // namespace hp_cpu
+
+struct hp_ctx {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  hp_cpu::GemmCache gemms;
+};
+
+/// The cpu backend executes synchronously: each call has finished when it returns, so a stream is only
+/// the oneDNN stream that kernels are submitted to, and in-order semantics hold trivially.
+struct hp_stream {
+  explicit hp_stream(const dnnl::engine& e) : dnnl_stream(e) {}
+  dnnl::stream dnnl_stream;
+};
+
+/// Events complete when recorded (the work before them has already run).
+struct hp_event {
+  std::atomic<int> recorded{0};
+};
+
+namespace hp_cpu {
+
+hp_status* device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out);
+hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* desc);
+hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* desc);
+/// Plain-loop GEMM used when oneDNN rejects a descriptor (e.g. unusual strides).
+void reference_gemm(const hp_gemm_desc& d);
+
+}  // namespace hp_cpu

@@ -1,0 +1,71 @@
+// `hp devices` end to end against the fake plugins (whose build paths the shell-based CLI runner has
+// no substitution for): each rejection reason reaches the user on stdout, and the exit code is 0 while
+// the cpu plugin loads, 7 when nothing does.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "plugin_test_util.h"
+
+namespace {
+
+struct Run {
+  int rc = -1;
+  std::string out;
+};
+
+Run run_hp(const std::string& args) {
+  Run r;
+  std::string cmd = std::string("env -u HP_PLUGIN_PATH ") + HP_EXE + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("hp devices: a wrong-ABI plugin in --plugin-path is listed with the reason", "[plugin][cli]") {
+  auto r = run_hp("devices --plugin-path " + hp_test::fake_plugin("fakeabi2").string());
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("wrong abi: plugin libhp-backend-fakeabi2.so implements ABI 2, hp supports 1"));
+  CHECK_THAT(r.out, Catch::Contains("cpu 0.1.0"));
+}
+
+TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plugin][cli]") {
+  auto r = run_hp(std::string("devices --plugin-path ") + HP_FAKE_PLUGIN_DIR);
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("not an hp backend, or an unsupported ABI"));
+  CHECK_THAT(r.out, Catch::Contains("mandatory member 'gemm' is null"));
+  CHECK_THAT(r.out, Catch::Contains("libhpfakevendor.so: cannot open shared object file"));
+  CHECK_THAT(r.out, Catch::Contains("fakenodevices plugin reports no devices"));
+  CHECK_THAT(r.out, Catch::Contains("fakegood 9.9.9 (abi 1.1)"));
+  CHECK_THAT(r.out, Catch::Contains("fakeold 9.9.9 (abi 1.0)"));
+}
+
+TEST_CASE("hp devices: -v --json includes the paths tried", "[plugin][cli]") {
+  auto r = run_hp(std::string("-v devices --json --plugin-path ") + hp_test::fake_plugin("notbackend").string());
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("\"trace\""));
+  CHECK_THAT(r.out, Catch::Contains("\"verdict\": \"not an hp backend\""));
+  CHECK_THAT(r.out, Catch::Contains(HP_BUILD_PLUGIN_DIR));
+}
+
+TEST_CASE("hp devices: a --plugin-path that does not exist is bad input (exit 3)", "[plugin][cli]") {
+  auto r = run_hp("devices --plugin-path /no/such/dir");
+  INFO(r.out);
+  CHECK(r.rc == 3);
+  CHECK_THAT(r.out, Catch::Contains("hp: error: /no/such/dir: no such plugin file or directory"));
+}

@@ -1,0 +1,56 @@
+// Helpers for the plugin tests: paths of the fake plugins, a scoped environment variable, a temp dir.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+
+namespace hp_test {
+
+inline std::filesystem::path fake_plugin(const std::string& name) {
+  return std::filesystem::path(HP_FAKE_PLUGIN_DIR) / ("libhp-backend-" + name + ".so");
+}
+
+inline std::filesystem::path cpu_plugin() {
+  return std::filesystem::path(HP_BUILD_PLUGIN_DIR) / "libhp-backend-cpu.so";
+}
+
+/// Sets (or unsets, with nullopt) an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value->c_str(), 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// A fresh directory removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() / ("hp-plugin-test-" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace hp_test
