@@ -1,12 +1,84 @@
-// Placeholder, replaced by the library-backed implementation.
+// hp plan [MODEL] [--summary [--json]] [--dim NAME=VALUE ...] [planner options]
+//
+// Today only --summary is implemented (hp::model::summarize_model); the planner options are bound so
+// the command line is stable, and planning itself arrives with issue #4. Without --summary the model
+// is still loaded first, so a bad model reports as bad input before "not implemented".
+#include <fmt/core.h>
+
+#include <filesystem>
+
 #include "commands.h"
+#include "hp/core/fs.h"
+#include "hp/model/plan_options.h"
+#include "hp/model/summary.h"
 
 namespace hp::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The bundled model: beside an installed hp first, then in the source tree of a build.
+Expected<std::string> default_model() {
+  const fs::path rel = fs::path("recipes") / "models" / "tiny-gpt2.onnx";
+  const fs::path candidates[] = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / rel, fs::path(HP_SOURCE_DIR) / rel};
+  std::error_code ec;
+  for (const auto& c : candidates)
+    if (fs::is_regular_file(c, ec)) return c.lexically_normal().string();
+  return Error(Errc::bad_input, "the bundled model tiny-gpt2.onnx was not found", candidates[0].string(),
+               "pass a model file: hp plan MODEL.onnx");
+}
+
+int run_plan(model::PlanOptions opts) {
+  auto dims = model::parse_dim_bindings(opts.dim_args);
+  if (!dims) return report_error(dims.error());
+  if (opts.seq > 0) dims->emplace("seq", opts.seq);   // --seq also binds a "seq" dim unless --dim did
+  if (opts.model.empty()) {
+    auto path = default_model();
+    if (!path) return report_error(path.error());
+    opts.model = *path;
+  }
+  if (!opts.summary) {
+    model::LoadOptions lo;
+    lo.mode = opts.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
+    auto m = model::load_model(opts.model, lo);
+    if (!m) return report_error(m.error());
+    return report_error(Error(Errc::not_implemented, "planning is not implemented yet: the planner arrives with issue #4",
+                              "", "use 'hp plan --summary' to describe the model"));
+  }
+  auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
+  if (!summary) return report_error(summary.error());
+  for (const auto& w : summary->warnings) report_warning(opts.model, w);
+  std::string text = opts.json ? model::format_summary_json(*summary) : model::format_summary_text(*summary);
+  if (opts.output.empty()) {
+    fmt::print("{}", text);
+    return 0;
+  }
+  auto written = write_file_atomic(opts.output, text);
+  return written ? 0 : report_error(written.error());
+}
+
+}  // namespace
 
 void add_plan_command(CLI::App& app, Context& ctx) {
-  CLI::App* sub = app.add_subcommand("plan", "plan");
-  sub->allow_extras();
-  sub->callback([&ctx] { ctx.exit_code = report_error(Error(Errc::not_implemented, "'hp plan' is not implemented yet")); });
+  auto opts = std::make_shared<model::PlanOptions>();
+  CLI::App* sub = app.add_subcommand("plan", "plan a parallel execution of a model (--summary: describe it)");
+  sub->add_option("model", opts->model, "ONNX model (default: the bundled tiny-gpt2)");
+  sub->add_flag("--summary", opts->summary, "print parameters, FLOPs, layers and ops instead of planning");
+  sub->add_flag("--json", opts->json, "print the summary as one JSON object");
+  sub->add_option("--dim", opts->dim_args, "bind a symbolic input dim, NAME=VALUE (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_flag("--require-data", opts->require_data, "fail when external weight files are absent");
+  sub->add_option("--cluster", opts->cluster, "cluster preset name or cluster TOML file");
+  sub->add_option("--nodes", opts->nodes, "number of cluster nodes")->check(CLI::PositiveNumber);
+  sub->add_option("--global-batch", opts->global_batch, "sequences per training step")->check(CLI::PositiveNumber);
+  sub->add_option("--seq", opts->seq, "sequence length (also binds dim 'seq')")->check(CLI::PositiveNumber);
+  sub->add_option("--dtype", opts->dtype, "compute dtype")->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}));
+  sub->add_option("--optimizer", opts->optimizer, "optimizer whose states are planned for")
+      ->check(CLI::IsMember({"adam", "adamw", "sgd", "none"}));
+  sub->add_option("--mode", opts->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
+  sub->add_option("-o,--output", opts->output, "file to write (the recipe; with --summary, the summary)");
+  sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")->check(CLI::PositiveNumber);
+  sub->callback([opts, &ctx] { ctx.exit_code = run_plan(*opts); });
 }
 
 }  // namespace hp::cli

@@ -1,0 +1,133 @@
+// Building the graph view: one Tensor per named value with its inferred shape, one Node per ONNX node
+// with its cost, and a classification of every tensor by what its value depends on.
+//
+// The classification (TensorKind) is what lets layer discovery see through exporter clutter: a
+// PyTorch export computes reshape targets, masks and position ids from Shape(x), so the dataflow
+// graph has edges from every layer's input to nodes deep inside it that carry no data at all. Only
+// `activation` tensors — those depending on the data of a graph input — form the real dataflow;
+// `shape` tensors (from Shape/Size and arithmetic on shapes and constants) and `constant` tensors
+// (from initializers and Constant nodes only) are side computations attached to their consumers.
+#include <fmt/core.h>
+
+#include "cost.h"
+#include "shape_infer.h"
+
+namespace hp::model {
+
+std::optional<std::int64_t> Tensor::numel() const {
+  if (!has_shape) return std::nullopt;
+  std::int64_t n = 1;
+  for (const auto& d : dims) {
+    if (!d.known()) return std::nullopt;
+    n *= d.value;
+  }
+  return n;
+}
+
+std::optional<std::int64_t> Tensor::bytes() const {
+  auto n = numel();
+  int es = elem_size(elem_type);
+  if (!n || es == 0) return std::nullopt;
+  return *n * es;
+}
+
+bool Tensor::is_float() const { return is_float_type(elem_type); }
+
+int Graph::find_tensor(const std::string& name) const {
+  auto it = index.find(name);
+  return it == index.end() ? -1 : it->second;
+}
+
+namespace {
+
+int add_tensor(Graph& g, const std::string& name, TensorKind kind, const ShapeMap& shapes) {
+  auto [it, inserted] = g.index.emplace(name, static_cast<int>(g.tensors.size()));
+  if (!inserted) return it->second;
+  Tensor t;
+  t.name = name;
+  t.kind = kind;
+  if (auto s = shapes.find(name); s != shapes.end()) {
+    t.elem_type = s->second.elem_type;
+    t.has_shape = s->second.has_shape;
+    t.dims = s->second.dims;
+  }
+  g.tensors.push_back(std::move(t));
+  return it->second;
+}
+
+// What a node's outputs depend on, from its inputs' kinds.
+TensorKind classify(const Graph& g, const onnx::NodeProto& n, const std::vector<int>& inputs) {
+  const std::string& op = n.op_type();
+  if (op == "Shape" || op == "Size") return TensorKind::shape;
+  bool any_activation = false, any_shape = false;
+  for (int i : inputs) {
+    if (i < 0) continue;
+    TensorKind k = g.tensor(i).kind;
+    any_activation = any_activation || k == TensorKind::activation || k == TensorKind::input;
+    any_shape = any_shape || k == TensorKind::shape;
+  }
+  if (any_activation) return TensorKind::activation;
+  if (any_shape) return TensorKind::shape;
+  return TensorKind::constant;
+}
+
+std::string dims_text(const Tensor& t) {
+  std::string s;
+  for (const auto& d : t.dims) s += (s.empty() ? "" : "x") + (d.known() ? std::to_string(d.value) : "?");
+  return s.empty() ? "scalar" : s;
+}
+
+}  // namespace
+
+Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
+  for (const auto& [name, value] : dims)
+    if (value < 0) return Error(Errc::bad_input, fmt::format("dim '{}' is bound to negative value {}", name, value));
+  auto inferred = infer_shapes(model, dims);
+  if (!inferred) return std::move(inferred).error();
+  const ShapeMap& shapes = inferred->shapes;
+  const onnx::GraphProto& pg = model.proto->graph();
+
+  Graph g;
+  g.unknown_dims = std::move(inferred->unknown_dims);
+  g.warnings = std::move(inferred->warnings);
+  for (const auto& t : pg.initializer()) add_tensor(g, t.name(), TensorKind::initializer, shapes);
+  for (const auto& v : pg.input()) {
+    if (g.index.count(v.name())) continue;   // old-style models list initializers as inputs too
+    g.inputs.push_back(add_tensor(g, v.name(), TensorKind::input, shapes));
+  }
+  g.nodes.reserve(static_cast<std::size_t>(pg.node_size()));
+  for (const auto& pn : pg.node()) {
+    Node n;
+    n.name = pn.name();
+    n.op_type = pn.op_type();
+    n.domain = pn.domain() == "ai.onnx" ? "" : pn.domain();
+    int self = static_cast<int>(g.nodes.size());
+    for (const auto& in : pn.input()) {
+      int i = in.empty() ? -1 : g.find_tensor(in);
+      n.inputs.push_back(i);
+      if (i < 0) continue;
+      auto& cons = g.tensors[static_cast<std::size_t>(i)].consumers;
+      if (cons.empty() || cons.back() != self) cons.push_back(self);
+      const Tensor& t = g.tensor(i);
+      bool weight = t.kind == TensorKind::initializer || t.kind == TensorKind::constant;
+      n.weight_shapes.push_back(weight ? dims_text(t) : std::string());
+    }
+    TensorKind kind = classify(g, pn, n.inputs);
+    for (const auto& out : pn.output()) {
+      if (out.empty()) {
+        n.outputs.push_back(-1);
+        continue;
+      }
+      int o = add_tensor(g, out, kind, shapes);
+      g.tensors[static_cast<std::size_t>(o)].producer = self;
+      n.outputs.push_back(o);
+    }
+    g.nodes.push_back(std::move(n));
+  }
+  for (const auto& v : pg.output()) g.outputs.push_back(g.find_tensor(v.name()));
+  for (std::size_t i = 0; i < g.nodes.size(); ++i)
+    g.nodes[i].cost = compute_cost(pg.node(static_cast<int>(i)), g, g.nodes[i]);
+  return g;
+}
+
+}  // namespace hp::model

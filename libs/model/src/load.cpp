@@ -1,0 +1,183 @@
+// Loading and validating ONNX files.
+//
+// An .onnx file is a protobuf ModelProto. Protobuf is a forgiving format: a random byte string often
+// parses "successfully" as a message full of unknown fields, and a truncated file may parse up to the
+// cut. So a successful parse proves little; what makes a file a model is its content. After parsing
+// we check what every later stage relies on — a graph, an IR version and opset imports, every node
+// input defined before use (the graph is in topological order, as ONNX requires), every initializer's
+// stored size matching its dims — and report all problems found, not just the first.
+//
+// Weights may live outside the file (data_location = EXTERNAL, `location` relative to the model's
+// directory); models over 2 GiB must store them so, because protobuf cannot parse a larger message.
+// Planning needs only dims, so we never open those files here: we only stat them, record the absent
+// ones, and fail only when the caller asked for the data (LoadMode::require_data).
+#include <fmt/core.h>
+
+#include <climits>
+#include <filesystem>
+#include <set>
+#include <unordered_set>
+
+#include "hp/core/fs.h"
+#include "hp/model/model.h"
+#include "onnx_util.h"
+
+namespace hp::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t kMaxDiagnostics = 20;
+
+struct Checker {
+  std::string where;
+  std::vector<Diagnostic> diags;
+  void fail(std::string message, std::string hint = {}) {
+    if (diags.size() < kMaxDiagnostics) diags.push_back({where, std::move(message), std::move(hint)});
+  }
+};
+
+// Number of stored elements in the typed field that holds this data type (ONNX proto comments).
+std::int64_t typed_field_count(const onnx::TensorProto& t) {
+  using T = onnx::TensorProto;
+  switch (t.data_type()) {
+    case T::FLOAT: case T::COMPLEX64: return t.float_data_size();
+    case T::DOUBLE: case T::COMPLEX128: return t.double_data_size();
+    case T::INT64: return t.int64_data_size();
+    case T::UINT32: case T::UINT64: return t.uint64_data_size();
+    case T::STRING: return t.string_data_size();
+    default: return t.int32_data_size();
+  }
+}
+
+void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Checker& c,
+                       std::map<std::string, ExternalFile>& files) {
+  std::string name = t.name().empty() ? std::string("<unnamed>") : t.name();
+  if (t.data_type() <= 0 || t.data_type() > onnx::TensorProto::DataType_MAX)
+    return c.fail(fmt::format("initializer '{}' has invalid data type {}", name, t.data_type()));
+  auto numel = checked_numel(t);
+  if (!numel) return c.fail(fmt::format("initializer '{}' has invalid dims", name));
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    auto ext = parse_external_data(t);
+    if (!ext) return c.fail(fmt::format("initializer '{}': {}", name, ext.error().message()));
+    auto& f = files[ext->location];
+    if (f.location.empty()) {
+      f.location = ext->location;
+      f.path = model_dir / ext->location;
+    }
+    std::int64_t length = ext->length >= 0 ? ext->length : *numel * elem_size(t.data_type());
+    f.bytes_needed = std::max<std::uint64_t>(f.bytes_needed, static_cast<std::uint64_t>(ext->offset + length));
+    ++f.initializers;
+    return;
+  }
+  int es = elem_size(t.data_type());
+  if (t.data_type() == onnx::TensorProto::STRING || es == 0) return;
+  if (!t.raw_data().empty()) {
+    if (static_cast<std::int64_t>(t.raw_data().size()) != *numel * es)
+      c.fail(fmt::format("initializer '{}' holds {} bytes but its dims need {}", name,
+                         t.raw_data().size(), *numel * es));
+    return;
+  }
+  std::int64_t stored = typed_field_count(t);
+  std::int64_t want = *numel * (t.data_type() == onnx::TensorProto::COMPLEX64 ||
+                                        t.data_type() == onnx::TensorProto::COMPLEX128 ? 2 : 1);
+  if (stored != want)
+    c.fail(fmt::format("initializer '{}' holds {} elements but its dims need {}", name, stored, want));
+}
+
+void check_graph(const onnx::GraphProto& g, Checker& c) {
+  std::unordered_set<std::string> defined;
+  for (const auto& v : g.input()) defined.insert(v.name());
+  for (const auto& t : g.initializer()) defined.insert(t.name());
+  if (g.node_size() == 0) c.fail("the graph has no nodes");
+  if (g.output_size() == 0) c.fail("the graph has no outputs");
+  int index = 0;
+  for (const auto& n : g.node()) {
+    std::string label = n.name().empty() ? fmt::format("#{} ({})", index, n.op_type()) : "'" + n.name() + "'";
+    if (n.op_type().empty()) c.fail(fmt::format("node {} has no op type", label));
+    for (const auto& in : n.input()) {
+      if (in.empty() || defined.count(in)) continue;
+      c.fail(fmt::format("node {} uses tensor '{}' that is not defined before it", label, in),
+             "every node input must be a graph input, an initializer or an earlier node's output");
+    }
+    for (const auto& out : n.output()) {
+      if (out.empty()) continue;
+      if (!defined.insert(out).second)
+        c.fail(fmt::format("tensor '{}' is defined twice (node {})", out, label));
+    }
+    ++index;
+  }
+  for (const auto& o : g.output())
+    if (!defined.count(o.name())) c.fail(fmt::format("graph output '{}' is never computed", o.name()));
+}
+
+Status check_external_files(Model& m, LoadMode mode) {
+  std::vector<Diagnostic> diags;
+  for (auto& f : m.external_files) {
+    std::error_code ec;
+    f.present = fs::is_regular_file(f.path, ec);
+    if (!f.present) {
+      m.missing_external_data.push_back(f.location);
+      if (mode == LoadMode::require_data)
+        diags.push_back({m.path.string(),
+                         fmt::format("external data file '{}' is missing ({} initializers, {} bytes)",
+                                     f.path.string(), f.initializers, f.bytes_needed),
+                         "copy the weights next to the model, or plan without them"});
+      continue;
+    }
+    auto size = fs::file_size(f.path, ec);
+    if (mode == LoadMode::require_data && !ec && size < f.bytes_needed)
+      diags.push_back({m.path.string(),
+                       fmt::format("external data file '{}' has {} bytes but the model needs {}",
+                                   f.path.string(), size, f.bytes_needed), ""});
+  }
+  if (diags.empty()) return Status::success();
+  return collect_errors(Errc::bad_input, std::move(diags));
+}
+
+}  // namespace
+
+Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
+  const std::string where = path.string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Error(Errc::bad_input, "no such file", where);
+  if (fs::is_directory(path, ec)) return Error(Errc::bad_input, "is a directory, expected an onnx file", where);
+  auto size = fs::file_size(path, ec);
+  if (ec) return Error(Errc::bad_input, "cannot read: " + ec.message(), where);
+  if (size == 0) return Error(Errc::bad_input, "file is empty, expected an onnx model", where);
+  if (size > static_cast<std::uintmax_t>(INT_MAX))
+    return Error(Errc::bad_input, "model file is larger than 2 GiB, which protobuf cannot parse", where,
+                 "save the model with external data (onnx.save(..., save_as_external_data=True))");
+  auto bytes = read_file(path);
+  if (!bytes) return std::move(bytes).error();
+
+  auto proto = std::make_shared<onnx::ModelProto>();
+  if (!proto->ParseFromString(*bytes))
+    return Error(Errc::bad_input, "not an onnx model: protobuf parse failed (truncated or corrupt file?)",
+                 where);
+  Checker c{where, {}};
+  if (!proto->has_graph()) c.fail("not an onnx model: no graph");
+  if (proto->ir_version() <= 0 || proto->ir_version() > 20)
+    c.fail(fmt::format("not an onnx model: ir_version {} is out of range", proto->ir_version()));
+  if (proto->opset_import_size() == 0) c.fail("not an onnx model: no opset imports");
+  for (const auto& op : proto->opset_import())
+    if (op.version() <= 0) c.fail(fmt::format("opset import '{}' has version {}", op.domain(), op.version()));
+  if (!c.diags.empty()) return collect_errors(Errc::bad_input, std::move(c.diags));
+
+  Model m;
+  m.path = path;
+  m.ir_version = proto->ir_version();
+  for (const auto& op : proto->opset_import())
+    m.opsets[op.domain() == "ai.onnx" ? "" : op.domain()] = op.version();
+  check_graph(proto->graph(), c);
+  std::map<std::string, ExternalFile> files;
+  fs::path dir = path.parent_path();
+  for (const auto& t : proto->graph().initializer()) check_initializer(t, dir, c, files);
+  if (!c.diags.empty()) return collect_errors(Errc::bad_input, std::move(c.diags));
+  for (auto& [loc, f] : files) m.external_files.push_back(std::move(f));
+  m.proto = std::move(proto);
+  HP_TRY(check_external_files(m, options.mode));
+  return m;
+}
+
+}  // namespace hp::model

@@ -1,0 +1,273 @@
+// Shape inference at bound dims.
+//
+// Exported models carry symbolic input dims ("batch", "seq"). Planning needs concrete sizes, so we
+// rewrite the graph inputs' dim_param into dim_value from the user's bindings, then run ONNX's
+// shape inference. That alone resolves little in a PyTorch export, whose reshapes take their target
+// shapes from Shape/Gather/Concat arithmetic that ONNX 1.12 cannot evaluate. So inference runs in
+// rounds: after each, values.cpp evaluates the shape arithmetic with the shapes known so far, and
+// every shape-determining input (Reshape's shape, Range's bounds, Expand's shape, ...) whose value is
+// now known is replaced by a constant initializer; ONNX inference uses constant inputs, so the next
+// round resolves further. Rounds stop when nothing new is pinned (a handful for exported models).
+//
+// All of this happens on a weight-less copy of the model: float initializers keep their dims and
+// lose their data (only small integer tensors, which may be shape constants, keep theirs). The copy
+// is cheap even for a 175B-parameter model, the loaded Model stays untouched, and external data is
+// never read.
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <fmt/core.h>
+
+#include <set>
+#include <unordered_set>
+
+#include "einsum.h"
+#include "shape_infer.h"
+
+namespace hp::model {
+namespace {
+
+constexpr int kMaxRounds = 8;
+constexpr std::int64_t kKeepDataElems = 4096;
+
+onnx::ModelProto weightless_copy(const onnx::ModelProto& m) {
+  onnx::ModelProto c;
+  c.set_ir_version(m.ir_version());
+  *c.mutable_opset_import() = m.opset_import();
+  *c.mutable_functions() = m.functions();
+  const onnx::GraphProto& g = m.graph();
+  onnx::GraphProto* cg = c.mutable_graph();
+  cg->set_name(g.name());
+  *cg->mutable_input() = g.input();
+  *cg->mutable_output() = g.output();
+  *cg->mutable_node() = g.node();
+  for (const auto& t : g.initializer()) {
+    onnx::TensorProto* ct = cg->add_initializer();
+    auto numel = checked_numel(t);
+    bool keep = t.data_location() != onnx::TensorProto::EXTERNAL && numel && *numel <= kKeepDataElems &&
+                !is_float_type(t.data_type());
+    if (keep) {
+      *ct = t;
+      continue;
+    }
+    ct->set_name(t.name());
+    ct->set_data_type(t.data_type());
+    *ct->mutable_dims() = t.dims();
+    // Inference reads only dims of these; mark them external so nothing tries to parse data.
+    ct->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* kv = ct->add_external_data();
+    kv->set_key("location");
+    kv->set_value("hp-weightless");
+  }
+  return c;
+}
+
+// The inputs whose *values* decide an op's output shape (what pinning helps with).
+const std::vector<int>* shape_inputs(const std::string& op) {
+  static const std::map<std::string, std::vector<int>> table = {
+      {"Reshape", {1}}, {"Expand", {1}}, {"Tile", {1}}, {"ConstantOfShape", {0}}, {"Range", {0, 1, 2}},
+      {"Slice", {1, 2, 3, 4}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"Split", {1}}, {"TopK", {1}},
+      {"Pad", {1}}, {"OneHot", {1}}, {"ReduceSum", {1}}, {"Resize", {2, 3}}, {"Upsample", {1}}};
+  auto it = table.find(op);
+  return it == table.end() ? nullptr : &it->second;
+}
+
+onnx::TensorProto make_constant(const std::string& name, const Value& v) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  for (auto d : v.shape) t.add_dims(d);
+  using T = onnx::TensorProto;
+  std::int32_t type = v.elem_type;
+  if (type == T::FLOAT || type == T::FLOAT16 || type == T::BFLOAT16) {
+    t.set_data_type(T::FLOAT);
+    for (double d : v.data) t.add_float_data(static_cast<float>(d));
+    if (type != T::FLOAT) type = T::FLOAT;
+  } else if (type == T::DOUBLE) {
+    t.set_data_type(T::DOUBLE);
+    for (double d : v.data) t.add_double_data(d);
+  } else if (type == T::INT32 || type == T::BOOL || type == T::INT8 || type == T::UINT8) {
+    t.set_data_type(type);
+    for (double d : v.data) t.add_int32_data(static_cast<std::int32_t>(d));
+  } else {
+    t.set_data_type(T::INT64);
+    for (double d : v.data) t.add_int64_data(saturate_i64(d));
+  }
+  return t;
+}
+
+void add_shape(ShapeMap& map, const std::string& name, const onnx::TypeProto& type) {
+  if (!type.has_tensor_type()) return;
+  const auto& tt = type.tensor_type();
+  ShapeInfo& s = map[name];
+  s.elem_type = tt.elem_type();
+  s.has_shape = tt.has_shape();
+  s.dims.clear();
+  for (const auto& d : tt.shape().dim()) {
+    Dim dim;
+    if (d.has_dim_value() && d.dim_value() >= 0) dim.value = d.dim_value();
+    else if (d.has_dim_param()) dim.symbol = d.dim_param();
+    s.dims.push_back(dim);
+  }
+}
+
+ShapeMap collect_shapes(const onnx::GraphProto& g) {
+  ShapeMap map;
+  for (const auto& t : g.initializer()) {
+    ShapeInfo& s = map[t.name()];
+    s.elem_type = t.data_type();
+    s.has_shape = true;
+    for (auto d : t.dims()) s.dims.push_back(Dim{d, {}});
+  }
+  for (const auto& v : g.input())
+    if (!map.count(v.name())) add_shape(map, v.name(), v.type());
+  for (const auto& v : g.value_info()) add_shape(map, v.name(), v.type());
+  for (const auto& v : g.output()) add_shape(map, v.name(), v.type());
+  return map;
+}
+
+bool fully_known(const ShapeMap& map, const std::string& name) {
+  auto it = map.find(name);
+  if (it == map.end() || !it->second.has_shape) return false;
+  for (const auto& d : it->second.dims)
+    if (!d.known()) return false;
+  return true;
+}
+
+// Replaces shape-deciding inputs with known values by constant initializers; returns how many.
+int pin_known_values(onnx::GraphProto& g, const ShapeMap& shapes, int opset, int& serial) {
+  ValueMap values = evaluate_shape_values(g, shapes, opset);
+  std::unordered_set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  int pinned = 0;
+  for (auto& n : *g.mutable_node()) {
+    const auto* positions = shape_inputs(n.op_type());
+    if (!positions) continue;
+    bool outputs_known = true;
+    for (const auto& o : n.output()) outputs_known = outputs_known && (o.empty() || fully_known(shapes, o));
+    if (outputs_known) continue;
+    for (int pos : *positions) {
+      if (pos >= n.input_size() || n.input(pos).empty() || inits.count(n.input(pos))) continue;
+      auto it = values.find(n.input(pos));
+      if (it == values.end()) continue;
+      std::string name = fmt::format("hp_pinned_{}", serial++);
+      *g.add_initializer() = make_constant(name, it->second);
+      inits.insert(name);
+      n.set_input(pos, name);
+      ++pinned;
+    }
+  }
+  return pinned;
+}
+
+// ONNX 1.12 infers only the rank of an Einsum's output; compute its dims when the inputs are known.
+// Returns how many outputs got a shape they did not have.
+int fix_einsum_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed) {
+  int added = 0;
+  for (const auto& n : g.node()) {
+    if (n.op_type() != "Einsum" || n.output_size() == 0 || fully_known(shapes, n.output(0))) continue;
+    std::vector<std::vector<std::int64_t>> ins;
+    std::int32_t type = 0;
+    for (const auto& in : n.input()) {
+      if (!fully_known(shapes, in)) break;
+      const ShapeInfo& s = shapes.at(in);
+      type = s.elem_type;
+      ins.emplace_back();
+      for (const auto& d : s.dims) ins.back().push_back(d.value);
+    }
+    if (ins.size() != static_cast<std::size_t>(n.input_size())) continue;
+    auto e = analyse_einsum(attr_string(n, "equation", ""), ins);
+    if (!e || fixed.count(n.output(0))) continue;
+    ShapeInfo& out = fixed[n.output(0)];
+    out.elem_type = type;
+    out.has_shape = true;
+    for (auto d : e->output) out.dims.push_back(Dim{d, {}});
+    ++added;
+  }
+  return added;
+}
+
+// Re-adds hp's own shapes as value_info, which ONNX merges with (and propagates from) what it infers.
+void add_fixed_value_info(onnx::GraphProto& g, const ShapeMap& fixed) {
+  for (const auto& [name, s] : fixed) {
+    auto* vi = g.add_value_info();
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(s.elem_type);
+    auto* shape = tt->mutable_shape();
+    for (const auto& d : s.dims) shape->add_dim()->set_dim_value(d.value);
+  }
+}
+
+}  // namespace
+
+Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) {
+  InferResult result;
+  onnx::ModelProto copy = weightless_copy(*model.proto);
+  onnx::GraphProto& g = *copy.mutable_graph();
+
+  std::unordered_set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  std::set<std::string> used, unbound;
+  for (auto& in : *g.mutable_input()) {
+    if (inits.count(in.name()) || !in.type().has_tensor_type()) continue;
+    auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
+    for (auto& d : *shape->mutable_dim()) {
+      if (!d.has_dim_param()) continue;
+      auto it = dims.find(d.dim_param());
+      if (it == dims.end()) {
+        unbound.insert(d.dim_param());
+        continue;
+      }
+      used.insert(it->first);
+      d.set_dim_value(it->second);
+    }
+  }
+  for (const auto& [name, value] : dims)
+    if (!used.count(name)) result.warnings.push_back(fmt::format("dim '{}' matches no symbolic input dim", name));
+  for (const auto& name : unbound) {
+    result.unknown_dims.push_back(name);
+    result.warnings.push_back(fmt::format("input dim '{}' is not bound; costs that depend on it are "
+                                          "not counted (pass --dim {}=N)", name, name));
+  }
+
+  int opset = 0;
+  for (const auto& op : copy.opset_import())
+    if (op.domain().empty() || op.domain() == "ai.onnx") opset = static_cast<int>(op.version());
+  onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+  int serial = 0;
+  ShapeMap fixed;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    g.clear_value_info();
+    add_fixed_value_info(g, fixed);
+    try {
+      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), options);
+    } catch (const std::exception& e) {
+      return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()), model.path.string());
+    }
+    result.shapes = collect_shapes(g);
+    int progress = pin_known_values(g, result.shapes, opset, serial);
+    progress += fix_einsum_shapes(g, result.shapes, fixed);
+    if (progress == 0) break;
+  }
+
+  // Symbols inference invented (unk__N) or carried through: report each once.
+  std::set<std::string> seen(result.unknown_dims.begin(), result.unknown_dims.end());
+  std::int64_t shapeless = 0;
+  for (const auto& n : model.proto->graph().node()) {
+    for (const auto& o : n.output()) {
+      if (o.empty()) continue;
+      auto it = result.shapes.find(o);
+      if (it == result.shapes.end() || !it->second.has_shape) {
+        ++shapeless;
+        continue;
+      }
+      for (const auto& d : it->second.dims)
+        if (!d.known() && !d.symbol.empty() && seen.insert(d.symbol).second) result.unknown_dims.push_back(d.symbol);
+    }
+  }
+  if (shapeless > 0)
+    result.warnings.push_back(fmt::format("{} tensors have no inferred shape", shapeless));
+  return result;
+}
+
+}  // namespace hp::model

@@ -1,0 +1,46 @@
+// Private: shape inference at bound dims (shape.cpp) and the evaluator of shape arithmetic it uses
+// (values.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/model/graph.h"
+#include "onnx_util.h"
+
+namespace hp::model {
+
+/// Inferred type and shape of one tensor.
+struct ShapeInfo {
+  std::int32_t elem_type = 0;
+  bool has_shape = false;
+  std::vector<Dim> dims;
+};
+using ShapeMap = std::unordered_map<std::string, ShapeInfo>;
+
+struct InferResult {
+  ShapeMap shapes;
+  std::vector<std::string> unknown_dims;
+  std::vector<std::string> warnings;
+};
+
+/// Runs inference on a weight-less copy of `model` with `dims` bound on the graph inputs.
+Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims);
+
+/// A small tensor value computed from shapes and constants (what the exporter's
+/// Shape/Gather/Concat arithmetic produces). Values are doubles: exact for any realistic dim.
+struct Value {
+  std::vector<std::int64_t> shape;
+  std::vector<double> data;
+  std::int32_t elem_type = onnx::TensorProto::INT64;
+};
+using ValueMap = std::unordered_map<std::string, Value>;
+
+/// Evaluates every node of `graph` whose inputs have known values (seeded from small inline
+/// initializers) and whose op is shape arithmetic; Shape/Size read `shapes`.
+ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& shapes, int opset);
+
+}  // namespace hp::model

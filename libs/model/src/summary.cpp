@@ -1,0 +1,80 @@
+// `hp plan --summary` as one library call: load, infer at bound dims, cost, discover layers, total.
+#include "hp/model/summary.h"
+
+#include <fmt/core.h>
+
+#include <charconv>
+#include <set>
+
+#include "hp/model/ops.h"
+#include "hp/model/plan_options.h"
+
+namespace hp::model {
+
+ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings& dims) {
+  ModelSummary s;
+  s.model = model.path.string();
+  s.ir_version = model.ir_version;
+  s.opsets = model.opsets;
+  s.dims = dims;
+  s.nodes = static_cast<std::int64_t>(graph.nodes.size());
+  // Parameters: every floating-point initializer once, whoever uses it (tied weights count once
+  // because they are one initializer).
+  for (const auto& t : graph.tensors) {
+    if (t.kind != TensorKind::initializer || !t.is_float()) continue;
+    s.parameters += t.numel().value_or(0);
+    s.parameter_bytes += t.bytes().value_or(0);
+  }
+  std::set<std::string> unsupported;
+  for (const auto& n : graph.nodes) {
+    s.matmul_flops += n.cost.matmul_flops;
+    s.other_flops += n.cost.other_flops;
+    if (!n.cost.known) ++s.nodes_cost_unknown;
+    ++s.ops[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type];
+    if (!is_supported_op(n.domain, n.op_type)) unsupported.insert(n.domain.empty() ? n.op_type : n.domain + "." + n.op_type);
+  }
+  s.flops = s.matmul_flops + s.other_flops;
+  s.unsupported_ops.assign(unsupported.begin(), unsupported.end());
+  s.unknown_dims = graph.unknown_dims;
+  s.missing_external_data = model.missing_external_data;
+  s.warnings = graph.warnings;
+  for (const auto& f : model.missing_external_data)
+    s.warnings.push_back(fmt::format("external data file '{}' is absent: fine for planning, needed to run", f));
+  if (s.nodes_cost_unknown > 0)
+    s.warnings.push_back(fmt::format("{} nodes have unknown shapes; their FLOPs and bytes are not counted",
+                                     s.nodes_cost_unknown));
+  s.layering = discover_layers(graph);
+  if (s.layering.blocks.empty())
+    s.warnings.push_back("no repeated blocks found; the whole model is reported as the prologue");
+  s.graph = std::move(graph);
+  return s;
+}
+
+Expected<ModelSummary> summarize_model(const SummaryOptions& options) {
+  LoadOptions lo;
+  lo.mode = options.require_data ? LoadMode::require_data : LoadMode::shapes_only;
+  auto model = load_model(options.model, lo);
+  if (!model) return std::move(model).error();
+  auto graph = build_graph(*model, options.dims);
+  if (!graph) return std::move(graph).error();
+  return summarize_graph(*model, std::move(*graph), options.dims);
+}
+
+Expected<DimBindings> parse_dim_bindings(const std::vector<std::string>& args) {
+  DimBindings out;
+  for (const auto& a : args) {
+    auto eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    std::string value = eq == std::string::npos ? std::string() : a.substr(eq + 1);
+    std::int64_t v = -1;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (eq == std::string::npos || name.empty() || value.empty() || ec != std::errc() ||
+        end != value.data() + value.size() || v < 0)
+      return Error(Errc::usage, fmt::format("--dim '{}' is not NAME=VALUE with a non-negative integer VALUE", a),
+                   "", "for example --dim batch=8 --dim seq=2048");
+    out[name] = v;
+  }
+  return out;
+}
+
+}  // namespace hp::model

@@ -1,0 +1,324 @@
+// Evaluating the shape arithmetic exporters write into graphs.
+//
+// PyTorch's exporter turns `x.view(b, t, h, d)` with dynamic axes into Shape -> Gather -> Unsqueeze ->
+// Concat -> Reshape, often with Cast and Div in between (`c // heads`), and `torch.arange(t)` into a
+// Range over Cast(Gather(Shape(x))). ONNX's own data propagation (1.12) covers only a few of these
+// ops, so once the symbolic dims are bound most Reshape outputs would still have unknown shapes and
+// every FLOP downstream would be lost. This file is a tiny interpreter for that arithmetic: it
+// computes the values of small integer (and float scalar) tensors from constants and the shapes known
+// so far. shape.cpp then pins those values into the graph as initializers and reruns ONNX inference,
+// which knows how to use constant shape inputs.
+//
+// Only small tensors (<= kMaxElems elements) are evaluated; anything else, or any op not listed
+// here, simply has no value, which is always safe: its consumers keep their unknown shapes.
+#include <cmath>
+#include <functional>
+
+#include "shape_infer.h"
+
+namespace hp::model {
+namespace {
+
+constexpr std::int64_t kMaxElems = 4096;
+using T = onnx::TensorProto;
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+bool is_int_type(std::int32_t t) { return !is_float_type(t); }
+
+double cast_to(double v, std::int32_t to) {
+  if (to == T::BOOL) return v != 0 ? 1 : 0;
+  if (is_int_type(to)) return std::trunc(v);
+  if (to == T::FLOAT || to == T::FLOAT16 || to == T::BFLOAT16) return static_cast<float>(v);
+  return v;
+}
+
+// Numpy broadcasting of two values (result shape), or false when incompatible.
+bool broadcast_shape(const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b,
+                     std::vector<std::int64_t>& out) {
+  std::size_t r = std::max(a.size(), b.size());
+  out.assign(r, 1);
+  for (std::size_t i = 0; i < r; ++i) {
+    std::int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    std::int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1) return false;
+    out[i] = std::max(da, db);
+  }
+  return true;
+}
+
+// Index into a broadcast operand for flat output index `i`.
+std::size_t bcast_index(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& out,
+                        std::int64_t i) {
+  std::size_t idx = 0, stride = 1;
+  std::size_t off = out.size() - shape.size();
+  for (std::size_t k = out.size(); k-- > 0;) {
+    std::int64_t coord = i % out[k];
+    i /= out[k];
+    if (k >= off) {
+      std::int64_t d = shape[k - off];
+      idx += static_cast<std::size_t>(d == 1 ? 0 : coord) * stride;
+      stride *= static_cast<std::size_t>(d);
+    }
+  }
+  return idx;
+}
+
+std::optional<Value> binary(const Value& a, const Value& b, std::int32_t out_type,
+                            const std::function<double(double, double)>& f) {
+  Value r;
+  if (!broadcast_shape(a.shape, b.shape, r.shape) || numel_of(r.shape) > kMaxElems) return std::nullopt;
+  r.elem_type = out_type;
+  std::int64_t n = numel_of(r.shape);
+  r.data.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    r.data[static_cast<std::size_t>(i)] =
+        cast_to(f(a.data[bcast_index(a.shape, r.shape, i)], b.data[bcast_index(b.shape, r.shape, i)]), out_type);
+  return r;
+}
+
+std::int64_t wrap(std::int64_t i, std::int64_t n) { return i < 0 ? i + n : i; }
+
+// 1-D Slice (the only kind shape arithmetic uses).
+std::optional<Value> slice_1d(const Value& x, std::int64_t start, std::int64_t end, std::int64_t step) {
+  if (x.shape.size() != 1 || step == 0) return std::nullopt;
+  std::int64_t n = x.shape[0];
+  auto clamp = [&](std::int64_t v, bool is_end) {
+    v = v < 0 ? v + n : v;
+    if (step > 0) return std::clamp<std::int64_t>(v, 0, n);
+    return std::clamp<std::int64_t>(v, -1, n - 1) + (is_end ? 0 : 0);
+  };
+  std::int64_t s = clamp(start, false), e = clamp(end, true);
+  Value r;
+  r.elem_type = x.elem_type;
+  for (std::int64_t i = s; step > 0 ? i < e : i > e; i += step) r.data.push_back(x.data[static_cast<std::size_t>(i)]);
+  r.shape = {static_cast<std::int64_t>(r.data.size())};
+  return r;
+}
+
+struct Evaluator {
+  const ShapeMap& shapes;
+  int opset;
+  ValueMap values;
+
+  const Value* get(const onnx::NodeProto& n, int i) const {
+    if (i >= n.input_size() || n.input(i).empty()) return nullptr;
+    auto it = values.find(n.input(i));
+    return it == values.end() ? nullptr : &it->second;
+  }
+  std::vector<std::int64_t> ints(const Value& v) const {
+    std::vector<std::int64_t> out;
+    for (double d : v.data) out.push_back(saturate_i64(d));
+    return out;
+  }
+
+  std::optional<Value> eval(const onnx::NodeProto& n) {
+    const std::string& op = n.op_type();
+    const Value* a = get(n, 0);
+    const Value* b = get(n, 1);
+    if (op == "Constant") {
+      if (const auto* t = attr_tensor(n, "value")) {
+        auto data = read_small_tensor(*t, kMaxElems);
+        if (!data) return std::nullopt;
+        return Value{{t->dims().begin(), t->dims().end()}, *data, t->data_type()};
+      }
+      for (const auto& at : n.attribute()) {
+        if (at.name() == "value_int") return Value{{}, {static_cast<double>(at.i())}, T::INT64};
+        if (at.name() == "value_ints") {
+          Value v{{at.ints_size()}, {}, T::INT64};
+          for (auto x : at.ints()) v.data.push_back(static_cast<double>(x));
+          return v;
+        }
+        if (at.name() == "value_float") return Value{{}, {at.f()}, T::FLOAT};
+      }
+      return std::nullopt;
+    }
+    if (op == "Shape" || op == "Size") {
+      auto it = shapes.find(n.input(0));
+      if (it == shapes.end() || !it->second.has_shape) return std::nullopt;
+      std::vector<double> dims;
+      for (const auto& d : it->second.dims) {
+        if (!d.known()) return std::nullopt;
+        dims.push_back(static_cast<double>(d.value));
+      }
+      if (op == "Size") {
+        double p = 1;
+        for (double d : dims) p *= d;
+        return Value{{}, {p}, T::INT64};
+      }
+      auto r = static_cast<std::int64_t>(dims.size());
+      std::int64_t s = std::clamp<std::int64_t>(wrap(attr_int(n, "start", 0), r), 0, r);
+      std::int64_t e = std::clamp<std::int64_t>(wrap(attr_int(n, "end", r), r), 0, r);
+      Value v{{std::max<std::int64_t>(0, e - s)}, {}, T::INT64};
+      for (std::int64_t i = s; i < e; ++i) v.data.push_back(dims[static_cast<std::size_t>(i)]);
+      return v;
+    }
+    if (!a) return std::nullopt;
+    if (op == "Identity") return *a;
+    if (op == "Cast") {
+      Value r = *a;
+      r.elem_type = static_cast<std::int32_t>(attr_int(n, "to", T::INT64));
+      for (auto& d : r.data) d = cast_to(d, r.elem_type);
+      return r;
+    }
+    if (op == "Neg" || op == "Floor" || op == "Ceil" || op == "Abs" || op == "Sqrt" || op == "Not") {
+      Value r = *a;
+      for (auto& d : r.data)
+        d = op == "Neg" ? -d : op == "Floor" ? std::floor(d) : op == "Ceil" ? std::ceil(d)
+          : op == "Abs" ? std::fabs(d) : op == "Not" ? (d == 0) : std::sqrt(d);
+      return r;
+    }
+    if (op == "Unsqueeze" || op == "Squeeze") {
+      std::vector<std::int64_t> axes = opset >= 13 ? (b ? ints(*b) : std::vector<std::int64_t>{})
+                                                   : attr_ints(n, "axes");
+      Value r = *a;
+      if (op == "Unsqueeze") {
+        auto rank = static_cast<std::int64_t>(a->shape.size() + axes.size());
+        std::vector<bool> is_new(static_cast<std::size_t>(rank), false);
+        for (auto ax : axes) is_new[static_cast<std::size_t>(wrap(ax, rank))] = true;
+        r.shape.clear();
+        std::size_t k = 0;
+        for (std::int64_t i = 0; i < rank; ++i) r.shape.push_back(is_new[static_cast<std::size_t>(i)] ? 1 : a->shape[k++]);
+      } else {
+        r.shape.clear();
+        auto rank = static_cast<std::int64_t>(a->shape.size());
+        for (std::int64_t i = 0; i < rank; ++i) {
+          bool drop = axes.empty() ? a->shape[static_cast<std::size_t>(i)] == 1 : false;
+          for (auto ax : axes) drop = drop || wrap(ax, rank) == i;
+          if (!drop) r.shape.push_back(a->shape[static_cast<std::size_t>(i)]);
+        }
+      }
+      return r;
+    }
+    if (op == "Concat") {
+      Value r{{0}, {}, a->elem_type};
+      for (int i = 0; i < n.input_size(); ++i) {
+        const Value* v = get(n, i);
+        if (!v || v->shape.size() != 1) return std::nullopt;
+        r.data.insert(r.data.end(), v->data.begin(), v->data.end());
+      }
+      r.shape[0] = static_cast<std::int64_t>(r.data.size());
+      return r;
+    }
+    if (op == "Gather") {
+      if (!b || a->shape.size() != 1 || wrap(attr_int(n, "axis", 0), 1) != 0) return std::nullopt;
+      Value r{b->shape, {}, a->elem_type};
+      for (double idx : b->data) {
+        auto i = wrap(saturate_i64(idx), a->shape[0]);
+        if (i < 0 || i >= a->shape[0]) return std::nullopt;
+        r.data.push_back(a->data[static_cast<std::size_t>(i)]);
+      }
+      return r;
+    }
+    if (op == "Slice") {
+      std::vector<std::int64_t> starts, ends, steps;
+      if (opset >= 10) {
+        const Value* s = get(n, 1);
+        const Value* e = get(n, 2);
+        const Value* st = get(n, 4);
+        if (!s || !e || (n.input_size() > 4 && !n.input(4).empty() && !st)) return std::nullopt;
+        starts = ints(*s), ends = ints(*e);
+        if (st) steps = ints(*st);
+      } else {
+        starts = attr_ints(n, "starts"), ends = attr_ints(n, "ends");
+      }
+      if (starts.size() != 1 || ends.size() != 1) return std::nullopt;
+      return slice_1d(*a, starts[0], ends[0], steps.empty() ? 1 : steps[0]);
+    }
+    if (op == "Range") {
+      const Value* d = get(n, 2);
+      if (!b || !d || a->data.size() != 1 || b->data.size() != 1 || d->data.size() != 1 || d->data[0] == 0)
+        return std::nullopt;
+      double count = std::max(0.0, std::ceil((b->data[0] - a->data[0]) / d->data[0]));
+      if (count > kMaxElems) return std::nullopt;
+      Value r{{static_cast<std::int64_t>(count)}, {}, a->elem_type};
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(count); ++i)
+        r.data.push_back(a->data[0] + static_cast<double>(i) * d->data[0]);
+      return r;
+    }
+    if (op == "ConstantOfShape") {
+      std::vector<std::int64_t> shape = ints(*a);
+      if (numel_of(shape) > kMaxElems) return std::nullopt;
+      double fill = 0;
+      std::int32_t type = T::FLOAT;
+      if (const auto* t = attr_tensor(n, "value")) {
+        auto data = read_small_tensor(*t, 1);
+        if (!data || data->empty()) return std::nullopt;
+        fill = (*data)[0];
+        type = t->data_type();
+      }
+      return Value{shape, std::vector<double>(static_cast<std::size_t>(numel_of(shape)), fill), type};
+    }
+    if (op == "Reshape") {
+      if (!b) return std::nullopt;
+      std::vector<std::int64_t> shape = ints(*b);
+      std::int64_t known = 1, infer = -1;
+      for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 0 && i < a->shape.size()) shape[i] = a->shape[i];
+        if (shape[i] == -1) infer = static_cast<std::int64_t>(i);
+        else known *= shape[i];
+      }
+      if (infer >= 0) shape[static_cast<std::size_t>(infer)] = known ? numel_of(a->shape) / known : 0;
+      if (numel_of(shape) != numel_of(a->shape)) return std::nullopt;
+      Value r = *a;
+      r.shape = shape;
+      return r;
+    }
+    if (!b) return std::nullopt;
+    bool is_int = is_int_type(a->elem_type);
+    if (op == "Add") return binary(*a, *b, a->elem_type, [](double x, double y) { return x + y; });
+    if (op == "Sub") return binary(*a, *b, a->elem_type, [](double x, double y) { return x - y; });
+    if (op == "Mul") return binary(*a, *b, a->elem_type, [](double x, double y) { return x * y; });
+    if (op == "Div")
+      return binary(*a, *b, a->elem_type, [is_int](double x, double y) {
+        if (y == 0) return 0.0;
+        return is_int ? std::trunc(x / y) : x / y;
+      });
+    if (op == "Pow") return binary(*a, *b, a->elem_type, [](double x, double y) { return std::pow(x, y); });
+    if (op == "Max") return binary(*a, *b, a->elem_type, [](double x, double y) { return std::max(x, y); });
+    if (op == "Min") return binary(*a, *b, a->elem_type, [](double x, double y) { return std::min(x, y); });
+    if (op == "Mod") return binary(*a, *b, a->elem_type, [](double x, double y) { return y == 0 ? 0 : std::fmod(x, y); });
+    if (op == "Equal") return binary(*a, *b, T::BOOL, [](double x, double y) { return x == y ? 1.0 : 0.0; });
+    if (op == "Less") return binary(*a, *b, T::BOOL, [](double x, double y) { return x < y ? 1.0 : 0.0; });
+    if (op == "Greater") return binary(*a, *b, T::BOOL, [](double x, double y) { return x > y ? 1.0 : 0.0; });
+    if (op == "Where") {
+      const Value* c = get(n, 2);
+      if (!c) return std::nullopt;
+      auto xy = binary(*b, *c, b->elem_type, [](double x, double) { return x; });
+      if (!xy) return std::nullopt;
+      // cond ? x : y, with all three broadcast to one shape.
+      Value r;
+      if (!broadcast_shape(a->shape, xy->shape, r.shape) || numel_of(r.shape) > kMaxElems) return std::nullopt;
+      r.elem_type = b->elem_type;
+      for (std::int64_t i = 0; i < numel_of(r.shape); ++i)
+        r.data.push_back(a->data[bcast_index(a->shape, r.shape, i)] != 0 ? b->data[bcast_index(b->shape, r.shape, i)]
+                                                                        : c->data[bcast_index(c->shape, r.shape, i)]);
+      return r;
+    }
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& shapes, int opset) {
+  Evaluator ev{shapes, opset, {}};
+  for (const auto& t : graph.initializer()) {
+    if (t.data_location() == T::EXTERNAL) continue;
+    if (auto data = read_small_tensor(t, kMaxElems))
+      ev.values[t.name()] = Value{{t.dims().begin(), t.dims().end()}, std::move(*data), t.data_type()};
+  }
+  for (const auto& n : graph.node()) {
+    if (n.output_size() == 0 || n.output(0).empty()) continue;
+    auto v = ev.eval(n);
+    if (v && numel_of(v->shape) == static_cast<std::int64_t>(v->data.size()))
+      ev.values[n.output(0)] = std::move(*v);
+  }
+  return std::move(ev.values);
+}
+
+}  // namespace hp::model

@@ -1,0 +1,179 @@
+// Loading and validating ONNX files: good models, malformed files (each a clear bad_input error naming
+// the file, never a crash), and initializers with external data present or absent.
+#include <onnx/onnx_pb.h>
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <random>
+
+#include "hp/core/fs.h"
+#include "hp/model/model.h"
+#include "model_test_util.h"
+
+using namespace hp;
+using namespace hp::model;
+using namespace hp::model::test;
+
+namespace {
+
+// y = MatMul(x, w) with w [4, 3] float; `external` puts w's data in a side file.
+onnx::ModelProto tiny_matmul(bool external, const std::string& input_of_matmul = "x") {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("tiny");
+  auto* x = g->add_input();
+  x->set_name("x");
+  auto* xt = x->mutable_type()->mutable_tensor_type();
+  xt->set_elem_type(onnx::TensorProto::FLOAT);
+  xt->mutable_shape()->add_dim()->set_dim_param("batch");
+  xt->mutable_shape()->add_dim()->set_dim_value(4);
+  auto* w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(4);
+  w->add_dims(3);
+  if (external) {
+    w->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* kv = w->add_external_data();
+    kv->set_key("location");
+    kv->set_value("tiny.weights");
+    kv = w->add_external_data();
+    kv->set_key("length");
+    kv->set_value("48");
+  } else {
+    for (int i = 0; i < 12; ++i) w->add_float_data(0.5f);
+  }
+  auto* n = g->add_node();
+  n->set_op_type("MatMul");
+  n->set_name("mm");
+  n->add_input(input_of_matmul);
+  n->add_input("w");
+  n->add_output("y");
+  auto* y = g->add_output();
+  y->set_name("y");
+  y->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  return m;
+}
+
+void save(const onnx::ModelProto& m, const std::filesystem::path& p) { write_bytes(p, m.SerializeAsString()); }
+
+void require_bad_input(const std::filesystem::path& p) {
+  auto m = load_model(p);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().code == Errc::bad_input);
+  CHECK(m.error().where() == p.string());
+  INFO(m.error().str());
+  CHECK_FALSE(m.error().message().empty());
+}
+
+}  // namespace
+
+TEST_CASE("model: loads every generated test model", "[model]") {
+  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "anon-gpt2", "anon-llama",
+                           "gpt-175b-skeleton"}) {
+    INFO(name);
+    auto m = load_model(model_path(name));
+    REQUIRE(m.ok());
+    CHECK(m->ir_version > 0);
+    CHECK(m->opsets.count("") == 1);
+  }
+}
+
+TEST_CASE("model: missing file, directory and empty file are bad input", "[model]") {
+  auto dir = scratch_dir("model_load_basic");
+  require_bad_input(dir / "does-not-exist.onnx");
+  require_bad_input(dir);
+  write_bytes(dir / "empty.onnx", "");
+  require_bad_input(dir / "empty.onnx");
+}
+
+TEST_CASE("model: truncated files are rejected", "[model]") {
+  auto bytes = read_file(model_path("tiny-gpt2"));
+  REQUIRE(bytes.ok());
+  auto dir = scratch_dir("model_load_truncated");
+  for (std::size_t keep : {std::size_t{1}, std::size_t{7}, std::size_t{100}, bytes->size() / 3, bytes->size() / 2,
+                           bytes->size() - 1}) {
+    INFO("kept " << keep << " bytes");
+    auto p = dir / ("cut" + std::to_string(keep) + ".onnx");
+    write_bytes(p, bytes->substr(0, keep));
+    require_bad_input(p);
+  }
+}
+
+TEST_CASE("model: random bytes are rejected", "[model]") {
+  auto dir = scratch_dir("model_load_random");
+  std::mt19937 rng(1234);
+  for (int i = 0; i < 40; ++i) {
+    std::size_t size = 1 + rng() % 5000;
+    std::string bytes(size, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng() & 0xff);
+    auto p = dir / ("random" + std::to_string(i) + ".onnx");
+    write_bytes(p, bytes);
+    INFO("seed 1234 file " << i << " (" << size << " bytes)");
+    require_bad_input(p);
+  }
+  write_bytes(dir / "text.onnx", "this is not a model\n");
+  require_bad_input(dir / "text.onnx");
+}
+
+TEST_CASE("model: a node using an undefined tensor is rejected with its name", "[model]") {
+  auto dir = scratch_dir("model_load_undefined");
+  save(tiny_matmul(false, "nowhere"), dir / "undefined.onnx");
+  auto m = load_model(dir / "undefined.onnx");
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().code == Errc::bad_input);
+  CHECK(m.error().message().find("'nowhere'") != std::string::npos);
+}
+
+TEST_CASE("model: an initializer whose data does not match its dims is rejected", "[model]") {
+  auto dir = scratch_dir("model_load_size");
+  auto proto = tiny_matmul(false);
+  proto.mutable_graph()->mutable_initializer(0)->add_float_data(1.0f);   // 13 values for 4x3
+  save(proto, dir / "size.onnx");
+  auto m = load_model(dir / "size.onnx");
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().message().find("'w'") != std::string::npos);
+}
+
+TEST_CASE("model: absent external data is fine for planning, an error when data is required", "[model]") {
+  auto dir = scratch_dir("model_load_external");
+  save(tiny_matmul(true), dir / "tiny.onnx");
+
+  auto planning = load_model(dir / "tiny.onnx");
+  REQUIRE(planning.ok());
+  REQUIRE(planning->missing_external_data == std::vector<std::string>{"tiny.weights"});
+  auto graph = build_graph(*planning, {{"batch", 5}});
+  REQUIRE(graph.ok());
+  const auto& mm = graph->nodes.at(0);
+  CHECK(mm.cost.matmul_flops == 2 * 5 * 4 * 3);
+  CHECK(mm.cost.parameters == 12);
+
+  auto running = load_model(dir / "tiny.onnx", {LoadMode::require_data});
+  REQUIRE_FALSE(running.ok());
+  CHECK(running.error().code == Errc::bad_input);
+  CHECK(running.error().message().find("tiny.weights") != std::string::npos);
+
+  write_bytes(dir / "tiny.weights", std::string(48, '\0'));
+  auto present = load_model(dir / "tiny.onnx", {LoadMode::require_data});
+  REQUIRE(present.ok());
+  CHECK(present->missing_external_data.empty());
+
+  write_bytes(dir / "tiny.weights", std::string(20, '\0'));
+  auto short_file = load_model(dir / "tiny.onnx", {LoadMode::require_data});
+  REQUIRE_FALSE(short_file.ok());
+  CHECK(short_file.error().message().find("48") != std::string::npos);
+}
+
+TEST_CASE("model: the 175B skeleton's weights are absent and never read", "[model]") {
+  auto m = load_model(model_path("gpt-175b-skeleton"));
+  REQUIRE(m.ok());
+  CHECK(m->missing_external_data == std::vector<std::string>{"gpt-175b-skeleton.weights"});
+  REQUIRE(m->external_files.size() == 1);
+  CHECK(m->external_files[0].bytes_needed == 2ull * 174604259328ull);
+  auto required = load_model(model_path("gpt-175b-skeleton"), {LoadMode::require_data});
+  REQUIRE_FALSE(required.ok());
+  CHECK(required.error().message().find("gpt-175b-skeleton.weights") != std::string::npos);
+}
