@@ -40,7 +40,8 @@ void render_device(std::string& out, const DeviceInfo& d) {
   out += fmt::format("      memory        {} total, {} free\n", format_bytes(double(d.mem_total)),
                      format_bytes(double(d.mem_free)));
   std::string clock = d.clock_hz > 0 ? fmt::format(" @ {:.2f} GHz", d.clock_hz / 1e9) : "";
-  out += fmt::format("      compute       {} units{}, {}\n", d.compute_units, clock, d.arch);
+  std::string units = d.compute_units > 0 ? fmt::format("{} units", d.compute_units) : "unknown units";
+  out += fmt::format("      compute       {}{}, {}\n", units, clock, d.arch);
   for (int t = 0; t < HP_DTYPE_COUNT; ++t) {
     const Figure& f = d.peak_flops[t];
     if (f.prov == HP_PROV_UNKNOWN && t != HP_F32) continue;
