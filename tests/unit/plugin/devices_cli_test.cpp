@@ -19,9 +19,9 @@ struct Run {
   std::string out;
 };
 
-Run run_hp(const std::string& args) {
+Run run_hp(const std::string& args, const std::string& env = "") {
   Run r;
-  std::string cmd = std::string("env -u HP_PLUGIN_PATH ") + HP_EXE + " " + args + " 2>&1";
+  std::string cmd = std::string("env -u HP_PLUGIN_PATH ") + env + " " + HP_EXE + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::array<char, 4096> buf;
@@ -68,4 +68,31 @@ TEST_CASE("hp devices: a --plugin-path that does not exist is bad input (exit 3)
   INFO(r.out);
   CHECK(r.rc == 3);
   CHECK_THAT(r.out, Catch::Contains("hp: error: /no/such/dir: no such plugin file or directory"));
+}
+
+TEST_CASE("hp devices: explains why cuda is unavailable without a driver", "[plugin][cli]") {
+  if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) / "libhp-backend-cuda.so")) {
+    WARN("cuda plugin not built (no CUDA toolkit), nothing to check");
+    return;
+  }
+  auto r = run_hp("devices", "HP_CUDA_DRIVER_LIB=/nonexistent/libcuda.so.1");
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("unavailable: cuda: NVIDIA driver not found (/nonexistent/libcuda.so.1: "
+                                    "/nonexistent/libcuda.so.1: cannot open shared object file"));
+}
+
+TEST_CASE("hp devices: on this machine every built plugin is either listed or explained", "[plugin][cli]") {
+  auto r = run_hp("devices");
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  for (const char* name : {"cuda", "ascend"}) {
+    if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) / ("libhp-backend-" + std::string(name) + ".so")))
+      continue;
+    bool listed = r.out.find(std::string("  ") + name + " 0.1.0 (abi") != std::string::npos;
+    bool explained = r.out.find(std::string("unavailable: ") + name + ": ") != std::string::npos ||
+                     r.out.find(std::string("no devices: ") + name) != std::string::npos;
+    INFO(name);
+    CHECK((listed || explained));
+  }
 }
