@@ -1,7 +1,8 @@
 // `hp devices`: which backend plugins this machine has, which were rejected and why, and what each
 // device offers (memory, peak FLOP/s, bandwidths, each with its provenance). Discovery and rendering
 // live in libs/plugin (hp/plugin/devices.h); this file binds flags and maps the outcome to exit codes:
-// 0 when at least one plugin loads, 7 (unavailable) when none does.
+// 0 when at least one plugin loads, 7 (unavailable) when none does, and an error located at the file
+// when a plugin file named with --plugin-path is rejected (3 for a bad file, 7 for a missing runtime).
 #include <fmt/core.h>
 
 #include <memory>
@@ -28,8 +29,9 @@ void add_devices_command(CLI::App& app, Context& ctx) {
     fmt::print("{}", opts->json ? plugin::render_devices_json(*reg, opts->verbose)
                                 : plugin::render_devices_text(*reg, opts->verbose));
     std::fflush(stdout);
-    Status any = plugin::check_any_loaded(*reg);
-    ctx.exit_code = any ? 0 : report_error(any.error());
+    Status st = plugin::check_named_plugins(*reg);
+    if (st) st = plugin::check_any_loaded(*reg);
+    ctx.exit_code = st ? 0 : report_error(st.error());
   });
 }
 

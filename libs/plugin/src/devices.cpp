@@ -28,6 +28,21 @@ Status check_any_loaded(const Registry& reg) {
   return collect_errors(Errc::unavailable, std::move(diags));
 }
 
+Status check_named_plugins(const Registry& reg) {
+  std::vector<Diagnostic> diags;
+  Errc code = Errc::bad_input;
+  for (const auto& r : reg.plugins) {
+    if (!r.named || r.ok()) continue;
+    if (diags.empty()) {
+      if (r.verdict == Verdict::unavailable || r.verdict == Verdict::no_devices) code = Errc::unavailable;
+      else if (r.verdict == Verdict::open_failed) code = Errc::runtime;
+    }
+    diags.push_back({r.path.string(), fmt::format("{}: {}", verdict_name(r.verdict), r.reason),
+                     diags.empty() ? "--plugin-path names this file, so hp treats its rejection as an error" : ""});
+  }
+  return diags.empty() ? Status::success() : Status(collect_errors(code, std::move(diags)));
+}
+
 namespace {
 
 std::string figure_text(const Figure& f, std::string_view unit) {

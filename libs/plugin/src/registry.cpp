@@ -126,6 +126,7 @@ Expected<Registry> discover(const SearchOptions& opts) {
       // A plugin file named directly is tried whatever it is called.
       reg.trace.push_back(fmt::format("search {} ({})", dir.string(), origin));
       PluginRecord rec = load_plugin(dir, origin, opts.open_options, reg.trace);
+      rec.named = true;
       if (rec.ok()) loaded_names.insert(rec.name);
       reg.plugins.push_back(std::move(rec));
       continue;

@@ -34,12 +34,22 @@ Run run_hp(const std::string& args, const std::string& env = "") {
 
 }  // namespace
 
-TEST_CASE("hp devices: a wrong-ABI plugin in --plugin-path is listed with the reason", "[plugin][cli]") {
-  auto r = run_hp("devices --plugin-path " + hp_test::fake_plugin("fakeabi2").string());
+TEST_CASE("hp devices: a wrong-ABI plugin named by --plugin-path is an error at the file (exit 3)", "[plugin][cli]") {
+  auto file = hp_test::fake_plugin("fakeabi2").string();
+  auto r = run_hp("devices --plugin-path " + file);
   INFO(r.out);
-  CHECK(r.rc == 0);
-  CHECK_THAT(r.out, Catch::Contains("wrong abi: plugin libhp-backend-fakeabi2.so implements ABI 2, hp supports 1"));
-  CHECK_THAT(r.out, Catch::Contains("cpu 0.1.0"));
+  CHECK(r.rc == 3);
+  CHECK_THAT(r.out, Catch::Contains("hp: error: " + file +
+                                    ": wrong abi: plugin libhp-backend-fakeabi2.so implements ABI 2, hp supports 1"));
+  CHECK_THAT(r.out, Catch::Contains("cpu 0.1.0"));  // the listing is still printed
+}
+
+TEST_CASE("hp devices: a named plugin whose runtime is missing exits 7", "[plugin][cli]") {
+  auto file = hp_test::fake_plugin("fakeunavailable").string();
+  auto r = run_hp("devices --plugin-path " + file);
+  INFO(r.out);
+  CHECK(r.rc == 7);
+  CHECK_THAT(r.out, Catch::Contains("hp: error: " + file + ": unavailable: fakeunavailable: fake runtime not found"));
 }
 
 TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plugin][cli]") {
@@ -57,7 +67,7 @@ TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plug
 TEST_CASE("hp devices: -v --json includes the paths tried", "[plugin][cli]") {
   auto r = run_hp(std::string("-v devices --json --plugin-path ") + hp_test::fake_plugin("notbackend").string());
   INFO(r.out);
-  CHECK(r.rc == 0);
+  CHECK(r.rc == 3);
   CHECK_THAT(r.out, Catch::Contains("\"trace\""));
   CHECK_THAT(r.out, Catch::Contains("\"verdict\": \"not an hp backend\""));
   CHECK_THAT(r.out, Catch::Contains(HP_BUILD_PLUGIN_DIR));

@@ -51,6 +51,7 @@ const char* verdict_name(Verdict v);  ///< "loaded", "not a shared library", ...
 struct PluginRecord {
   std::filesystem::path path;
   std::string origin;  ///< "--plugin-path", "HP_PLUGIN_PATH", "install dir", "build tree"
+  bool named = false;  ///< the file itself was given (--plugin-path FILE), not found in a directory
   std::string name;    ///< from the file name (libhp-backend-<name>.so), then the table
   std::string version;
   int abi_major = 0, abi_minor = 0;
