@@ -3,6 +3,7 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -26,6 +27,7 @@ bool is_float_type(std::int32_t t) {
 }
 
 std::int64_t saturate_i64(double v) {
+  if (std::isnan(v)) return 0;
   if (v >= 9.2e18) return std::numeric_limits<std::int64_t>::max();
   if (v <= -9.2e18) return std::numeric_limits<std::int64_t>::min();
   return static_cast<std::int64_t>(v);

@@ -93,7 +93,8 @@ std::string format_summary_json(const ModelSummary& s) {
   j["unknown_dims"] = s.unknown_dims;
   j["missing_external_data"] = s.missing_external_data;
   j["warnings"] = s.warnings;
-  return j.dump(2) + "\n";
+  // Names come from the file: invalid UTF-8 is replaced rather than failing the whole summary.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 std::string format_summary_text(const ModelSummary& s) {

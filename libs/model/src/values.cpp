@@ -28,6 +28,17 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+// Every dim in [0, kMaxElems] and the product too (so numel_of cannot overflow).
+bool small_shape(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0 || d > kMaxElems) return false;
+    n *= d;
+    if (n > kMaxElems) return false;
+  }
+  return true;
+}
+
 bool is_int_type(std::int32_t t) { return !is_float_type(t); }
 
 double cast_to(double v, std::int32_t to) {
@@ -85,7 +96,7 @@ std::int64_t wrap(std::int64_t i, std::int64_t n) { return i < 0 ? i + n : i; }
 
 // 1-D Slice (the only kind shape arithmetic uses).
 std::optional<Value> slice_1d(const Value& x, std::int64_t start, std::int64_t end, std::int64_t step) {
-  if (x.shape.size() != 1 || step == 0) return std::nullopt;
+  if (x.shape.size() != 1 || step == 0 || step > kMaxElems || step < -kMaxElems) return std::nullopt;
   std::int64_t n = x.shape[0];
   auto clamp = [&](std::int64_t v, bool is_end) {
     v = v < 0 ? v + n : v;
@@ -179,7 +190,11 @@ struct Evaluator {
       if (op == "Unsqueeze") {
         auto rank = static_cast<std::int64_t>(a->shape.size() + axes.size());
         std::vector<bool> is_new(static_cast<std::size_t>(rank), false);
-        for (auto ax : axes) is_new[static_cast<std::size_t>(wrap(ax, rank))] = true;
+        for (auto ax : axes) {
+          std::int64_t i = wrap(ax, rank);
+          if (i < 0 || i >= rank || is_new[static_cast<std::size_t>(i)]) return std::nullopt;
+          is_new[static_cast<std::size_t>(i)] = true;
+        }
         r.shape.clear();
         std::size_t k = 0;
         for (std::int64_t i = 0; i < rank; ++i) r.shape.push_back(is_new[static_cast<std::size_t>(i)] ? 1 : a->shape[k++]);
@@ -242,7 +257,7 @@ struct Evaluator {
     }
     if (op == "ConstantOfShape") {
       std::vector<std::int64_t> shape = ints(*a);
-      if (numel_of(shape) > kMaxElems) return std::nullopt;
+      if (!small_shape(shape)) return std::nullopt;
       double fill = 0;
       std::int32_t type = T::FLOAT;
       if (const auto* t = attr_tensor(n, "value")) {
@@ -256,14 +271,17 @@ struct Evaluator {
     if (op == "Reshape") {
       if (!b) return std::nullopt;
       std::vector<std::int64_t> shape = ints(*b);
+      for (auto d : shape)
+        if (d < -1 || d > kMaxElems) return std::nullopt;
       std::int64_t known = 1, infer = -1;
       for (std::size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] == 0 && i < a->shape.size()) shape[i] = a->shape[i];
         if (shape[i] == -1) infer = static_cast<std::int64_t>(i);
         else known *= shape[i];
+        if (known > kMaxElems) return std::nullopt;
       }
       if (infer >= 0) shape[static_cast<std::size_t>(infer)] = known ? numel_of(a->shape) / known : 0;
-      if (numel_of(shape) != numel_of(a->shape)) return std::nullopt;
+      if (!small_shape(shape) || numel_of(shape) != numel_of(a->shape)) return std::nullopt;
       Value r = *a;
       r.shape = shape;
       return r;
