@@ -93,6 +93,8 @@ std::vector<Diagnostic> validate_cluster(const Cluster& c, const SourceMap& wher
       ck.fail(fmt::format("device_types[{}].name", i),
               fmt::format("device type '{}' appears twice", c.device_types[i].name));
   }
+  if (c.rank_device.empty() && !c.device_types.empty())
+    ck.fail("cluster.rank_device", "'cluster.rank_device' is empty", "name the device type whose devices are ranks");
   if (!c.rank_device.empty() && !c.rank_device_type()) {
     std::string list;
     for (const auto& d : c.device_types) list += (list.empty() ? "" : ", ") + d.name;
