@@ -20,6 +20,8 @@
 //     p we look for maximal stretches where segment i equals segment i+p; the run covering the most
 //     segments wins (ties: smaller period, then a phase whose block starts with a weighted op, then
 //     the earliest). What precedes the run is the prologue, what follows the epilogue.
+//     Without any repetition (layers of different shapes), segments are grouped by the
+//     "<word>.<index>" tokens of their node and weight names instead, when the graph has them.
 //  4. Side nodes. Shape arithmetic and constant computations are attached to the unit (prologue,
 //     block, epilogue) that consumes them; one consumed by several units goes to the earliest unit
 //     that could compute it, so masks and rotary tables shared by all layers land in the prologue.
@@ -206,6 +208,43 @@ std::string name_token(const Graph& g, const std::vector<int>& nodes) {
   return best_n * 2 >= static_cast<int>(nodes.size()) / 4 ? best : std::string();
 }
 
+// Fallback when no structural repetition exists (layers that differ in shape, say): group the
+// segments by the "<word>.<index>" token of their names. Segments without a token join the group
+// before them; those before the first group are the prologue, after the last the epilogue.
+// Returns the unit of every segment (0 prologue, 1..n blocks, n+1 epilogue) and n, or n = 0.
+int units_from_names(const Graph& g, const std::vector<std::vector<int>>& segs, std::vector<int>& unit) {
+  std::vector<std::string> tokens;
+  std::map<std::string, int> words;
+  for (const auto& seg : segs) {
+    tokens.push_back(name_token(g, seg));
+    if (!tokens.back().empty()) ++words[tokens.back().substr(0, tokens.back().rfind('.'))];
+  }
+  std::string word;
+  int best = 0;
+  for (const auto& [w, n] : words)
+    if (n > best) word = w, best = n;
+  if (word.empty()) return 0;
+  unit.assign(segs.size(), 0);
+  int blocks = 0;
+  long last_index = -1;
+  std::size_t last_named = 0;
+  for (std::size_t s = 0; s < segs.size(); ++s) {
+    const std::string& t = tokens[s];
+    bool ours = !t.empty() && t.substr(0, t.rfind('.')) == word;
+    if (ours) {
+      long index = std::stol(t.substr(t.rfind('.') + 1));
+      if (index < last_index) return 0;   // indices must run forward in execution order
+      if (index != last_index) ++blocks;
+      last_index = index;
+      last_named = s;
+    }
+    unit[s] = blocks;
+  }
+  if (blocks < 2) return 0;
+  for (std::size_t s = last_named + 1; s < segs.size(); ++s) unit[s] = blocks + 1;
+  return blocks;
+}
+
 void name_blocks(const Graph& g, std::vector<Block>& blocks) {
   std::set<std::string> seen;
   std::string word;
@@ -246,16 +285,17 @@ Layering discover_layers(const Graph& g) {
   Run run = find_run(g, segs);
   // Unit numbering: 0 prologue, 1..blocks, blocks+1 epilogue.
   int blocks = static_cast<int>(run.repeats);
-  std::vector<int> unit_of(g.nodes.size(), -1);
-  for (std::size_t s = 0; s < segs.size(); ++s) {
-    int unit = 0;
-    if (blocks > 0 && s >= run.start) {
-      std::size_t k = (s - run.start) / run.period;
-      unit = k < run.repeats ? static_cast<int>(k) + 1 : blocks + 1;
-    }
-    for (int n : segs[s]) unit_of[static_cast<std::size_t>(n)] = unit;
+  std::vector<int> seg_unit(segs.size(), 0);
+  for (std::size_t s = 0; blocks > 0 && s < segs.size(); ++s) {
+    if (s < run.start) continue;
+    std::size_t k = (s - run.start) / run.period;
+    seg_unit[s] = k < run.repeats ? static_cast<int>(k) + 1 : blocks + 1;
   }
   l.method = blocks > 0 ? "structure" : "none";
+  if (blocks == 0 && (blocks = units_from_names(g, segs, seg_unit)) > 0) l.method = "names";
+  std::vector<int> unit_of(g.nodes.size(), -1);
+  for (std::size_t s = 0; s < segs.size(); ++s)
+    for (int n : segs[s]) unit_of[static_cast<std::size_t>(n)] = seg_unit[s];
   l.blocks.resize(static_cast<std::size_t>(blocks));
   place_side_nodes(g, unit_of, blocks + 2);
   fill_units(g, unit_of, l);

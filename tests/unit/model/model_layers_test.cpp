@@ -40,9 +40,10 @@ struct Builder {
     for (std::int64_t i = 0; i < rows * cols; ++i) t->add_float_data(0.1f);
     return t->name();
   }
-  std::string node(const std::string& op, std::vector<std::string> ins) {
+  std::string node(const std::string& op, std::vector<std::string> ins, const std::string& name = "") {
     auto* n = g->add_node();
     n->set_op_type(op);
+    n->set_name(name);
     for (auto& i : ins) n->add_input(i);
     std::string out = "t" + std::to_string(serial++);
     n->add_output(out);
@@ -96,6 +97,26 @@ TEST_CASE("layers: a graph without repetition is all prologue", "[model]") {
   CHECK(s.layering.prologue.nodes.size() == 3);
   CHECK(s.layering.cuts.empty());
   CHECK(s.parameters == 8 * 16 + 16 * 2);
+}
+
+TEST_CASE("layers: layers of different shapes are grouped by their names", "[model]") {
+  Builder b;
+  b.input("x", 8);
+  std::string x = "x";
+  const std::int64_t widths[] = {8, 16, 32, 8};
+  for (int i = 0; i < 3; ++i) {
+    std::string p = "/layers." + std::to_string(i) + "/";
+    x = b.node("MatMul", {x, b.weight(widths[i], widths[i + 1])}, p + "MatMul");
+    x = b.node("Relu", {x}, p + "Relu");
+  }
+  b.output(b.node("MatMul", {x, b.weight(8, 2)}, "/head/MatMul"));
+  ModelSummary s = b.summarize("named.onnx");
+  CHECK(s.layering.method == "names");
+  REQUIRE(s.layering.blocks.size() == 3);
+  CHECK(s.layering.blocks[1].name == "layers.1");
+  CHECK(s.layering.blocks[1].parameters == 16 * 32);
+  CHECK(s.layering.epilogue.parameters == 16);
+  CHECK(s.layering.cuts.size() == 3);   // no prologue: layers.0|layers.1, layers.1|layers.2, layers.2|epilogue
 }
 
 TEST_CASE("layers: embeddings, rotary tables and heads sit outside the blocks", "[model]") {

@@ -38,8 +38,9 @@ struct Layering {
   std::vector<Block> blocks;       ///< the repeated blocks in execution order
   Block epilogue;                  ///< final norm, head
   std::vector<Cut> cuts;           ///< prologue|blocks[0], blocks[i]|blocks[i+1], last|epilogue
-  /// How the boundaries were found: "structure" (repeated fingerprints between spine tensors) or
-  /// "none" (no repetition: everything is in the prologue).
+  /// How the boundaries were found: "structure" (repeated fingerprints between spine tensors),
+  /// "names" (no repetition, but names carry layer indices such as "layers.3") or "none" (neither:
+  /// everything is in the prologue).
   std::string method = "none";
   int spine_tensors = 0;           ///< single-tensor cut points found on the main path
 };
