@@ -3,6 +3,7 @@
 // made of whole units of the tier inside it (sizes divide each other), nodes nest in the tiers the same
 // way, and the outermost tier reaches every rank (or has no size, meaning "all of them").
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include <fmt/core.h>
@@ -11,6 +12,10 @@
 
 namespace hp::recipe {
 namespace {
+
+// Node and device counts are capped so that nodes * per_node cannot overflow.
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxRanks = std::int64_t{1} << 40;
 
 struct Checker {
   const SourceMap& where;
@@ -23,16 +28,17 @@ struct Checker {
 void check_device(Checker& ck, const DeviceType& d, std::size_t i) {
   std::string p = fmt::format("device_types[{}]", i);
   if (d.name.empty()) ck.fail(p + ".name", fmt::format("'{}.name' must not be empty", p));
-  if (d.per_node < 1)
-    ck.fail(p + ".per_node", fmt::format("'{}.per_node' must be at least 1, got {}", p, d.per_node));
-  if (!(d.memory > 0)) ck.fail(p + ".memory", fmt::format("'{}.memory' must be positive", p), "write e.g. \"80 GiB\"");
+  if (d.per_node < 1 || d.per_node > kMaxCount)
+    ck.fail(p + ".per_node", fmt::format("'{}.per_node' must be 1..{}, got {}", p, kMaxCount, d.per_node));
+  if (!(d.memory > 0) || !std::isfinite(d.memory))
+    ck.fail(p + ".memory", fmt::format("'{}.memory' must be positive", p), "write e.g. \"80 GiB\"");
   for (auto [key, v] : {std::pair{"memory_bandwidth", d.memory_bandwidth}, {"h2d_bandwidth", d.h2d_bandwidth},
                         {"d2h_bandwidth", d.d2h_bandwidth}})
-    if (!(v >= 0)) ck.fail(p + "." + key, fmt::format("'{}.{}' must not be negative", p, key));
+    if (!(v >= 0) || !std::isfinite(v)) ck.fail(p + "." + key, fmt::format("'{}.{}' must be a finite, non-negative number", p, key));
   const PeakFlops& f = d.peak_flops;
   double all[] = {f.fp32, f.tf32, f.bf16, f.fp16, f.fp8, f.int8};
-  if (std::any_of(std::begin(all), std::end(all), [](double v) { return !(v >= 0); }))
-    ck.fail(p + ".peak_flops", fmt::format("'{}.peak_flops' values must not be negative", p));
+  if (std::any_of(std::begin(all), std::end(all), [](double v) { return !(v >= 0) || !std::isfinite(v); }))
+    ck.fail(p + ".peak_flops", fmt::format("'{}.peak_flops' values must be finite and not negative", p));
   else if (std::all_of(std::begin(all), std::end(all), [](double v) { return v == 0; }))
     ck.fail(p + ".peak_flops", fmt::format("device type '{}' has no peak FLOP/s for any dtype", d.name),
             "give at least fp32 (FLOP/s)");
@@ -46,16 +52,18 @@ void check_tiers(Checker& ck, const Cluster& c) {
     std::string p = fmt::format("tiers[{}]", i);
     if (t.name.empty()) ck.fail(p + ".name", fmt::format("'{}.name' must not be empty", p));
     if (!names.insert(t.name).second) ck.fail(p + ".name", fmt::format("tier '{}' appears twice", t.name));
-    if (!(t.bandwidth > 0)) ck.fail(p + ".bandwidth", fmt::format("'{}.bandwidth' must be positive", p));
-    if (!(t.latency >= 0)) ck.fail(p + ".latency", fmt::format("'{}.latency' must not be negative", p));
+    if (!(t.bandwidth > 0) || !std::isfinite(t.bandwidth))
+      ck.fail(p + ".bandwidth", fmt::format("'{}.bandwidth' must be a finite, positive number", p));
+    if (!(t.latency >= 0) || !std::isfinite(t.latency))
+      ck.fail(p + ".latency", fmt::format("'{}.latency' must be a finite, non-negative number", p));
     bool last = i + 1 == c.tiers.size();
     if (t.size == 0 && !last) {
       ck.fail(p + ".size", fmt::format("tier '{}' has no size but is not the outermost tier", t.name),
               "only the last tier may leave 'size' out (it then spans every rank)");
       continue;
     }
-    if (t.size < 0 || (t.size == 0 && !last)) {
-      ck.fail(p + ".size", fmt::format("'{}.size' must be at least 1, got {}", p, t.size));
+    if (t.size < 0 || t.size > kMaxRanks) {
+      ck.fail(p + ".size", fmt::format("'{}.size' must be 1..{}, got {}", p, kMaxRanks, t.size));
       continue;
     }
     if (t.size == 0) continue;
@@ -67,12 +75,13 @@ void check_tiers(Checker& ck, const Cluster& c) {
                             c.tiers[i - 1].name, inner),
                 "tiers go from innermost to outermost and each unit holds whole units of the tier inside");
     }
-    if (rpn > 0 && (t.size < rpn ? rpn % t.size != 0 : t.size % rpn != 0))
+    if (rpn > 0 && rpn <= kMaxCount && (t.size < rpn ? rpn % t.size != 0 : t.size % rpn != 0))
       ck.fail(p + ".size",
               fmt::format("tier '{}' (size {}) does not nest with nodes of {} ranks", t.name, t.size, rpn),
               "a tier unit must hold whole nodes, or a node whole units of the tier");
   }
-  if (!c.tiers.empty() && c.tiers.back().size > 0 && c.tiers.back().size < c.ranks())
+  bool counts_ok = c.nodes >= 1 && c.nodes <= kMaxCount && rpn >= 1 && rpn <= kMaxCount;
+  if (counts_ok && !c.tiers.empty() && c.tiers.back().size > 0 && c.tiers.back().size < c.ranks())
     ck.fail(fmt::format("tiers[{}].size", c.tiers.size() - 1),
             fmt::format("the outermost tier '{}' spans {} ranks but the cluster has {} ({} nodes x {})",
                         c.tiers.back().name, c.tiers.back().size, c.ranks(), c.nodes, rpn),
@@ -84,7 +93,8 @@ void check_tiers(Checker& ck, const Cluster& c) {
 std::vector<Diagnostic> validate_cluster(const Cluster& c, const SourceMap& where) {
   Checker ck{where, {}};
   if (c.name.empty()) ck.fail("cluster.name", "'cluster.name' must not be empty");
-  if (c.nodes < 1) ck.fail("cluster.nodes", fmt::format("'cluster.nodes' must be at least 1, got {}", c.nodes));
+  if (c.nodes < 1 || c.nodes > kMaxCount)
+    ck.fail("cluster.nodes", fmt::format("'cluster.nodes' must be 1..{}, got {}", kMaxCount, c.nodes));
   if (c.device_types.empty()) ck.fail("device_types", "the cluster has no device types", "add a [[device_types]] section");
   std::set<std::string> names;
   for (std::size_t i = 0; i < c.device_types.size(); ++i) {

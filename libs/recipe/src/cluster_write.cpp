@@ -71,8 +71,10 @@ Status write_cluster(const Cluster& c, const std::filesystem::path& path) {
 }
 
 Expected<Cluster> scale_cluster(const Cluster& c, std::int64_t nodes) {
-  if (nodes < 1)
-    return Error(Errc::bad_input, fmt::format("node count must be at least 1, got {}", nodes), "", "pass --nodes N with N >= 1");
+  constexpr std::int64_t kMaxNodes = std::int64_t{1} << 20;
+  if (nodes < 1 || nodes > kMaxNodes)
+    return Error(Errc::bad_input, fmt::format("node count must be 1..{}, got {}", kMaxNodes, nodes), "",
+                 "pass --nodes N with N >= 1");
   Cluster out = c;
   out.nodes = nodes;
   if (!out.tiers.empty() && out.tiers.back().size > 0 && out.tiers.back().size < out.ranks()) {

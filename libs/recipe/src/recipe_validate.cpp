@@ -5,6 +5,7 @@
 // contexts are consecutive rank blocks), and [offload] figures say where they came from.
 // Checks that need the cluster (rank counts) are in validate_recipe_on_cluster().
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -25,16 +26,27 @@ struct Checker {
   void at_least(std::string_view key, std::int64_t v, std::int64_t min) {
     if (v < min) fail(key, fmt::format("'{}' must be at least {}, got {}", key, min, v));
   }
+  // Degrees and counts are capped so that products of them (dp*tp*pp) cannot overflow.
+  void in_range(std::string_view key, std::int64_t v, std::int64_t min, std::int64_t max = kMaxCount) {
+    if (v < min)
+      fail(key, fmt::format("'{}' must be at least {}, got {}", key, min, v));
+    else if (v > max)
+      fail(key, fmt::format("'{}' must be at most {}, got {}", key, max, v));
+  }
+  static constexpr std::int64_t kMaxCount = std::int64_t{1} << 20;
 };
 
 void check_parallel(Checker& ck, const Parallel& p) {
-  ck.at_least("parallel.dp", p.dp, 1);
-  ck.at_least("parallel.tp", p.tp, 1);
-  ck.at_least("parallel.pp", p.pp, 1);
-  ck.at_least("parallel.micro_batch_size", p.micro_batch_size, 1);
-  ck.at_least("parallel.micro_batches", p.micro_batches, 1);
-  ck.at_least("parallel.virtual_stages", p.virtual_stages, 1);
-  ck.at_least("parallel.expert_parallel", p.expert_parallel, 1);
+  ck.in_range("parallel.dp", p.dp, 1);
+  ck.in_range("parallel.tp", p.tp, 1);
+  ck.in_range("parallel.pp", p.pp, 1);
+  ck.in_range("parallel.micro_batch_size", p.micro_batch_size, 1);
+  ck.in_range("parallel.micro_batches", p.micro_batches, 1);
+  ck.in_range("parallel.virtual_stages", p.virtual_stages, 1);
+  ck.in_range("parallel.expert_parallel", p.expert_parallel, 1);
+  // Checks that multiply degrees run only when the degrees are in range (no overflow, no noise).
+  bool degrees_ok = true;
+  for (auto v : {p.dp, p.tp, p.pp}) degrees_ok &= v >= 1 && v <= Checker::kMaxCount;
   if (p.optimizer_shard < 0 || p.optimizer_shard > 3)
     ck.fail("parallel.optimizer_shard", fmt::format("'parallel.optimizer_shard' must be 0..3, got {}", p.optimizer_shard),
             "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
@@ -46,7 +58,7 @@ void check_parallel(Checker& ck, const Parallel& p) {
     if (p.virtual_stages < 2)
       ck.fail("parallel.virtual_stages", "the interleaved schedule needs 'parallel.virtual_stages' of at least 2",
               "set virtual_stages, or use schedule = \"1f1b\"");
-    if (p.pp > 0 && p.micro_batches % p.pp != 0)
+    if (p.pp >= 1 && p.micro_batches % p.pp != 0)
       ck.fail("parallel.micro_batches",
               fmt::format("'parallel.micro_batches' ({}) must be a multiple of pp ({}) for the interleaved schedule",
                           p.micro_batches, p.pp));
@@ -54,7 +66,7 @@ void check_parallel(Checker& ck, const Parallel& p) {
   if (p.sequence_parallel && p.tp == 1)
     ck.fail("parallel.sequence_parallel", "sequence parallelism needs tp > 1",
             "it splits activations over the tensor-parallel group; set tp or sequence_parallel = false");
-  if (p.expert_parallel > 1 && p.dp >= 1 && p.tp >= 1 && (p.dp * p.tp) % p.expert_parallel != 0)
+  if (degrees_ok && p.expert_parallel > 1 && (p.dp * p.tp) % p.expert_parallel != 0)
     ck.fail("parallel.expert_parallel",
             fmt::format("'parallel.expert_parallel' ({}) must divide dp*tp ({})", p.expert_parallel, p.dp * p.tp));
 }
@@ -70,6 +82,8 @@ void check_rank_list(Checker& ck, const std::string& key, const std::vector<std:
 void check_stages(Checker& ck, const Recipe& r) {
   if (r.stages.empty()) return;
   const Parallel& p = r.parallel;
+  for (auto v : {p.dp, p.tp, p.pp, p.virtual_stages})
+    if (v < 1 || v > Checker::kMaxCount) return;  // reported by check_parallel
   std::int64_t want = p.pp * p.virtual_stages;
   if (static_cast<std::int64_t>(r.stages.size()) != want)
     ck.fail("stages", fmt::format("the recipe has {} stages but pp*virtual_stages is {}", r.stages.size(), want),
@@ -91,7 +105,7 @@ void check_stages(Checker& ck, const Recipe& r) {
       auto [it, fresh] = layer_owner.emplace(l, s.index);
       if (!fresh) ck.fail(key + ".layers", fmt::format("layer {} is in stage {} and stage {}", l, it->second, s.index));
     }
-    if (!s.ranks.empty() && p.dp >= 1 && p.tp >= 1 && static_cast<std::int64_t>(s.ranks.size()) != p.dp * p.tp)
+    if (!s.ranks.empty() && static_cast<std::int64_t>(s.ranks.size()) != p.dp * p.tp)
       ck.fail(key + ".ranks", fmt::format("stage {} has {} ranks but dp*tp is {}", s.index, s.ranks.size(), p.dp * p.tp));
     check_rank_list(ck, key + ".ranks", s.ranks);
   }
@@ -124,10 +138,13 @@ void check_layout(Checker& ck, const std::string& name, const Layout& l) {
     fail("alias_name", fmt::format("device_matrix has {} axes but alias_name has {}", l.device_matrix.size(), l.alias_name.size()));
   std::int64_t devices = 1;
   for (std::size_t i = 0; i < l.device_matrix.size(); ++i) {
-    if (l.device_matrix[i] < 1) {
+    if (l.device_matrix[i] < 1 || l.device_matrix[i] > Checker::kMaxCount) {
       fail("device_matrix", fmt::format("axis {} has size {}", i, l.device_matrix[i]));
       devices = 0;
-    } else {
+    } else if (devices > 0 && devices > Checker::kMaxCount / l.device_matrix[i]) {
+      fail("device_matrix", fmt::format("the mesh has more than {} devices", Checker::kMaxCount));
+      devices = 0;
+    } else if (devices > 0) {
       devices *= l.device_matrix[i];
     }
   }
@@ -175,13 +192,13 @@ void check_offload(Checker& ck, const Offload& o) {
     if (!targets.count(t))
       ck.fail("offload.targets", fmt::format("unknown offload target '{}'", t),
               "targets: parameters, gradients, optimizer, activations, kv_cache");
-  if (!(o.margin >= 0 && o.margin <= 0.5))
+  if (!(o.margin >= 0 && o.margin <= 0.5))  // also false for nan
     ck.fail("offload.margin", fmt::format("'offload.margin' must be between 0 and 0.5, got {}", o.margin));
-  ck.at_least("offload.prefetch_lookahead", o.prefetch_lookahead, 1);
+  ck.in_range("offload.prefetch_lookahead", o.prefetch_lookahead, 1);
   for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}}) {
     std::string k = std::string("offload.") + key;
-    if (!(v->value >= 0)) ck.fail(k, fmt::format("'{}' must not be negative", k));
+    if (!(v->value >= 0) || !std::isfinite(v->value)) ck.fail(k, fmt::format("'{}' must be a finite, non-negative number", k));
     const std::string& s = v->source;
     bool known = s == "table" || s == "user" || s == "unknown" || (s.rfind("measured:", 0) == 0 && s.size() > 9);
     if (!known)
@@ -197,7 +214,7 @@ std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where)
   if (r.name.empty()) ck.fail("recipe.name", "'recipe.name' must not be empty");
   if (r.model.empty()) ck.fail("recipe.model", "'recipe.model' must not be empty", "give the ONNX file, relative to the recipe");
   if (r.cluster.empty()) ck.fail("recipe.cluster", "'recipe.cluster' must not be empty", "give a preset name or a cluster file");
-  ck.at_least("recipe.nodes", r.nodes, 1);
+  ck.in_range("recipe.nodes", r.nodes, 1);
   for (const auto& [dim, v] : r.dims)
     if (v < 1) ck.fail("model.dims." + dim, fmt::format("dim '{}' must be at least 1, got {}", dim, v));
   check_parallel(ck, r.parallel);

@@ -187,3 +187,16 @@ TEST_CASE("cluster: preset lookup by name and by path", "[recipe]") {
   REQUIRE(!none.ok());
   CHECK(none.error().what.hint.find("presets: ") == 0);
 }
+
+TEST_CASE("cluster: non-finite and absurd figures are refused", "[recipe]") {
+  std::string text = kSmall;
+  text.replace(text.find("bandwidth = \"100 GB/s\""), 22, "bandwidth = inf");
+  text.replace(text.find("latency = 1e-5"), 14, "latency = nan");
+  text.replace(text.find("nodes = 2"), 9, "nodes = 9223372036854775807");
+  ClusterDocument doc = parse_cluster(text, "c.toml");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "c.toml:19:", "'tiers[0].bandwidth' must be a finite, positive number"));
+  CHECK(has(doc.problems, "c.toml:25:", "'tiers[1].latency' must be a finite, non-negative number"));
+  CHECK(has(doc.problems, "c.toml:4:", "'cluster.nodes' must be 1..1048576"));
+  CHECK(!scale_cluster(parse_cluster(kSmall, "c").cluster, std::int64_t{1} << 40).ok());
+}

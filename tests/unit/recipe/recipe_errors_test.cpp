@@ -188,3 +188,29 @@ TEST_CASE("recipe: validate_recipe_on_cluster checks rank counts", "[recipe]") {
   ds = validate_recipe_on_cluster(r, where, 4, "tiny");
   CHECK(has(ds, "r.toml", "names rank 4 but cluster 'tiny' has ranks 0..3"));
 }
+
+TEST_CASE("recipe: huge degrees are refused without overflow", "[recipe]") {
+  RecipeDocument doc = parse_with("[parallel]\ndp = 9223372036854775807\ntp = 4611686018427387904\npp = 2\n"
+                                  "expert_parallel = 3\n[layouts.w]\ndevice_matrix = [1048576, 1048576]\n"
+                                  "alias_name = [\"a\", \"b\"]\ntensor_map = [\"a\"]\nrank_list = [0]\n");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be at most 1048576"));
+  CHECK(has(doc.problems, "recipe.toml:8:6", "'parallel.tp' must be at most 1048576"));
+  CHECK(has(doc.problems, "recipe.toml:12:", "the mesh has more than 1048576 devices"));
+}
+
+TEST_CASE("recipe: random bytes and truncated files never crash the parser", "[recipe]") {
+  std::uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (int round = 0; round < 200; ++round) {
+    std::string text(static_cast<std::size_t>(next() % 300), '\0');
+    for (auto& c : text) c = static_cast<char>(next() >> 24);
+    RecipeDocument doc = parse_recipe(text, "random.toml");
+    CHECK(!doc.problems.empty());
+  }
+  std::string full = format_recipe(test::full_recipe());
+  for (std::size_t cut = 0; cut < full.size(); cut += 7) {
+    RecipeDocument doc = parse_recipe(full.substr(0, cut), "cut.toml");
+    (void)doc;  // any outcome is fine as long as it is a value, not a crash
+  }
+}
