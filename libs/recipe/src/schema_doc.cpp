@@ -77,4 +77,18 @@ constexpr KeyDoc kCluster[] = {
 std::span<const KeyDoc> recipe_keys() { return kRecipe; }
 std::span<const KeyDoc> cluster_keys() { return kCluster; }
 
+std::string format_key_table(std::span<const KeyDoc> keys) {
+  std::string s = "| Section | Key | Type | Required | Meaning |\n|---|---|---|---|---|\n";
+  for (const auto& k : keys) {
+    s += "| ";
+    for (std::string_view cell : {k.section, k.key, k.type, k.required, k.meaning}) {
+      for (char c : cell) s += c == '|' ? std::string("\\|") : std::string(1, c);
+      s += " | ";
+    }
+    s.pop_back();
+    s += "\n";
+  }
+  return s;
+}
+
 }  // namespace hp::recipe

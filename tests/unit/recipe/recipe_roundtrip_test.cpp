@@ -6,7 +6,6 @@
 #include "fixtures.h"
 #include "hp/core/fs.h"
 #include "hp/recipe/recipe.h"
-#include "hp/recipe/schema_doc.h"
 
 using namespace hp::recipe;
 
@@ -99,21 +98,4 @@ TEST_CASE("recipe: range notation formats and parses", "[recipe]") {
   CHECK(!parse_ranges("3-1"));
   CHECK(!parse_ranges("a"));
   CHECK(!parse_ranges("1,,2"));
-}
-
-TEST_CASE("recipe: every key the writer emits is documented", "[recipe]") {
-  std::string text = format_recipe(test::full_recipe());
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    std::string line = text.substr(pos, eol - pos);
-    pos = eol == std::string::npos ? text.size() : eol + 1;
-    std::size_t eq = line.find(" = ");
-    if (line.empty() || line[0] == '#' || line[0] == '[' || eq == std::string::npos) continue;
-    std::string key = line.substr(0, eq);
-    bool documented = false;
-    for (const auto& k : recipe_keys()) documented |= k.key == key;
-    INFO(key);
-    CHECK(documented);
-  }
 }

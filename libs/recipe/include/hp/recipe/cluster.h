@@ -1,6 +1,17 @@
 // The cluster description: what devices a machine (or a fleet of identical nodes) has, and the
-// topology tiers ranks talk over. Presets live in recipes/clusters/*.toml; the schema is documented
-// in recipes/clusters/README.md-style prose in cluster_keys() (schema_doc.h) and in hp-recipe(5).
+// topology tiers ranks talk over. Presets live in recipes/clusters/*.toml; every key is documented in
+// cluster_keys() (schema_doc.h), the source of the cluster part of hp-recipe(5). The shape:
+//
+//   [cluster]           version = 1, name, description, nodes = 1, rank_device (the device type
+//                       whose devices are ranks; optional with a single device type)
+//   [[device_types]]    name, kind = cpu|gpu|npu, per_node, memory ("80 GiB"), memory_bandwidth,
+//                       h2d_bandwidth, d2h_bandwidth ("450 GB/s"),
+//                       peak_flops = { fp32, tf32, bf16, fp16, fp8, int8 }   (FLOP/s, dense; 0 = none)
+//   [[tiers]]           innermost first: name (die, node, rack, supernode, scale-out, ...),
+//                       size (ranks per unit; left out on the outermost tier = every rank),
+//                       bandwidth (per rank, one direction), latency ("2us")
+//
+// Ranks are placed contiguously (rank r is on node r / per_node); tier sizes must nest.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,26 @@
 // The recipe: the one artifact users read, edit, diff and commit (DESIGN.md). It is versioned, fully
-// explicit and round-trips: parse_recipe(format_recipe(r)) == r. Every key is documented in
-// recipe_keys() (schema_doc.h), the source of hp-recipe(5).
+// explicit and round-trips: parse_recipe(format_recipe(r)) == r. Every key is documented, with type,
+// default and meaning, in recipe_keys() (schema_doc.h), the source of hp-recipe(5). The shape:
+//
+//   [recipe]            version = 1, name, model (ONNX path relative to the recipe),
+//                       cluster (preset name or cluster file relative to the recipe), nodes = 1
+//   [model]             dims = { batch = 8, seq = 2048 }          symbolic input dims
+//   [parallel]          dp, tp, pp (required); optimizer_shard = none|optimizer|gradients|parameters
+//                       (or 0..3); micro_batch_size; micro_batches; schedule = gpipe|1f1b|interleaved;
+//                       virtual_stages; sequence_parallel; expert_parallel
+//   [[stages]]          index, layers = "0-11" (or [0, 1, ...]), recompute = none|selective|full,
+//                       ranks = "0-7"
+//   [layouts."<tensor or glob>"]
+//                       device_matrix = [2, 4], alias_name = ["dp", "mp"],
+//                       tensor_map = ["None", "mp"] (an entry may be ["dp", "mp"]), rank_list = [...]
+//   [[groups]]          name, ranks = "0-5" (consecutive, after the previous group), module, backend,
+//                       inputs = [...], outputs = [...], env = { KEY = "value" }
+//   [offload]           enabled, targets = [...], h2d_bandwidth + h2d_bandwidth_source,
+//                       d2h_bandwidth + d2h_bandwidth_source, host_memory + host_memory_source,
+//                       margin, prefetch_lookahead
+//
+// Sources are "table", "user", "unknown" or "measured:<probe> <date>". Sizes and bandwidths may be
+// numbers (bytes, bytes/s) or strings with units ("64 GiB", "25 GB/s"). Unknown keys are errors.
 #pragma once
 
 #include <cstdint>

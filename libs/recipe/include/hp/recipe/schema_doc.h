@@ -4,6 +4,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace hp::recipe {
@@ -20,5 +21,8 @@ struct KeyDoc {
 std::span<const KeyDoc> recipe_keys();
 /// Every key of a cluster file.
 std::span<const KeyDoc> cluster_keys();
+
+/// A Markdown table of `keys` (section, key, type, required, meaning), for hp-recipe(5).
+std::string format_key_table(std::span<const KeyDoc> keys);
 
 }  // namespace hp::recipe
