@@ -114,7 +114,7 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
   for (int i : n.inputs) {
     if (i < 0 || !seen.insert(i).second) continue;
     const Tensor& t = g.tensor(i);
-    if (t.kind == TensorKind::initializer && t.is_float()) c.parameters += t.numel().value_or(0);
+    if (t.is_parameter()) c.parameters += t.numel().value_or(0);
     if (metadata_only) continue;
     if (auto b = t.bytes()) c.bytes_read += *b;
     else c.known = false;

@@ -14,6 +14,8 @@
 
 namespace hp::model {
 
+void mark_tied_initializers(const onnx::GraphProto& pg, Graph& g);   // tied.cpp
+
 std::optional<std::int64_t> Tensor::numel() const {
   if (!has_shape) return std::nullopt;
   std::int64_t n = 1;
@@ -125,6 +127,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
     g.nodes.push_back(std::move(n));
   }
   for (const auto& v : pg.output()) g.outputs.push_back(g.find_tensor(v.name()));
+  mark_tied_initializers(pg, g);
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
     g.nodes[i].cost = compute_cost(pg.node(static_cast<int>(i)), g, g.nodes[i]);
   return g;

@@ -10,8 +10,10 @@
 //     one tensor is live is a single-tensor cut: every path from the inputs to the outputs goes
 //     through that tensor (it dominates the rest of the graph), so the graph can be split there
 //     whatever the node order. Graph inputs and graph outputs do not count as live (a stage reads
-//     inputs and emits outputs itself), and neither do "side" tensors consumed all over the graph
-//     (an attention mask computed once from an input and used by every layer).
+//     inputs and emits outputs itself), and neither do "side" tensors: those computed only from
+//     secondary inputs (an attention mask; the primary inputs are those read by a weighted op, like
+//     token ids by the embedding), and those read all over the graph (a rotary table from
+//     position ids, read by every layer).
 //  2. Fingerprints. Between consecutive cuts lie segments. A segment's fingerprint is the sequence of
 //     its activation nodes' op types with the shapes of their weight inputs — independent of names,
 //     so an anonymised graph fingerprints the same. A pre-norm transformer layer gives two segments
@@ -68,16 +70,53 @@ bool is_side_tensor(const Graph& g, const Tensor& t, const std::vector<int>& pos
   return readers >= 3 && (last - first) * 10 > n * 3;
 }
 
-// Nodes that only feed side tensors (the mask's own Cast/Sub/Mul chain) are side nodes too: they are
-// placed like shape arithmetic rather than splitting the spine.
+bool has_weight_input(const Graph& g, const Node& n) {
+  for (int i : n.inputs)
+    if (i >= 0 && (g.tensor(i).kind == TensorKind::initializer || g.tensor(i).kind == TensorKind::constant) &&
+        g.tensor(i).is_float())
+      return true;
+  return false;
+}
+
+// Which nodes depend on a primary input: one read directly by a weighted op (token ids by the
+// embedding Gather, pixels by the patch Conv). Inputs such as an attention mask are read by
+// weightless ops (Cast, Unsqueeze) first; what is computed from them alone is side work, like shape
+// arithmetic. When no input qualifies, all are primary.
+std::vector<bool> primary_nodes(const Graph& g) {
+  std::vector<bool> primary_tensor(g.tensors.size(), false);
+  bool any = false;
+  for (int in : g.inputs)
+    for (int c : g.tensor(in).consumers)
+      if (has_weight_input(g, g.node(c))) primary_tensor[static_cast<std::size_t>(in)] = any = true;
+  if (!any)
+    for (int in : g.inputs) primary_tensor[static_cast<std::size_t>(in)] = true;
+  std::vector<bool> primary(g.nodes.size(), false);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    for (int t : n.inputs) primary[i] = primary[i] || (t >= 0 && primary_tensor[static_cast<std::size_t>(t)]);
+    if (!reads_data(n)) primary[i] = false;
+    for (int o : n.outputs)
+      if (o >= 0) primary_tensor[static_cast<std::size_t>(o)] = primary[i];
+  }
+  return primary;
+}
+
+// Side nodes: those not depending on a primary input, and those that only feed side tensors (the
+// mask's own Cast/Sub/Mul chain). They are placed like shape arithmetic rather than splitting the
+// spine.
 std::vector<bool> find_side_nodes(const Graph& g) {
   std::vector<int> pos(g.nodes.size(), -1);
   int n = 0;
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
     if (is_activation_node(g, g.nodes[i])) pos[i] = n++;
+  std::vector<bool> primary = primary_nodes(g);
   std::vector<bool> side(g.nodes.size(), false);
   for (std::size_t i = g.nodes.size(); i-- > 0;) {
     if (pos[i] < 0) continue;
+    if (!primary[i]) {
+      side[i] = true;
+      continue;
+    }
     bool all_side = true, any_output = false;
     for (int o : g.nodes[i].outputs) {
       if (o < 0 || g.tensor(o).kind != TensorKind::activation) continue;

@@ -92,6 +92,7 @@ std::string format_summary_json(const ModelSummary& s) {
   j["unsupported_ops"] = s.unsupported_ops;
   j["unknown_dims"] = s.unknown_dims;
   j["missing_external_data"] = s.missing_external_data;
+  j["tied_copies"] = s.tied_copies;
   j["warnings"] = s.warnings;
   // Names come from the file: invalid UTF-8 is replaced rather than failing the whole summary.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";

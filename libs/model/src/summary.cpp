@@ -18,10 +18,10 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
   s.opsets = model.opsets;
   s.dims = dims;
   s.nodes = static_cast<std::int64_t>(graph.nodes.size());
-  // Parameters: every floating-point initializer once, whoever uses it (tied weights count once
-  // because they are one initializer).
+  // Parameters: every floating-point initializer once, whoever uses it (tied weights count once:
+  // they are one initializer, or a copy tied.cpp recognised).
   for (const auto& t : graph.tensors) {
-    if (t.kind != TensorKind::initializer || !t.is_float()) continue;
+    if (!t.is_parameter()) continue;
     s.parameters += t.numel().value_or(0);
     s.parameter_bytes += t.bytes().value_or(0);
   }
@@ -43,6 +43,12 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
   if (s.nodes_cost_unknown > 0)
     s.warnings.push_back(fmt::format("{} nodes have unknown shapes; their FLOPs and bytes are not counted",
                                      s.nodes_cost_unknown));
+  for (int c : graph.copies) {
+    const Tensor& copy = graph.tensor(c);
+    s.tied_copies.push_back(copy.name);
+    s.warnings.push_back(fmt::format("initializer '{}' is a transposed copy of '{}' (tied weights): counted once",
+                                     copy.name, graph.tensor(copy.copy_of).name));
+  }
   s.layering = discover_layers(graph);
   if (s.layering.blocks.empty())
     s.warnings.push_back("no repeated blocks found; the whole model is reported as the prologue");

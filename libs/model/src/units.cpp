@@ -63,7 +63,7 @@ void fill_units(const Graph& g, const std::vector<int>& unit_of, Layering& l) {
       if (o >= 0 && g.tensor(o).kind == TensorKind::activation) b.activation_bytes += g.tensor(o).bytes().value_or(0);
   }
   for (const auto& t : g.tensors) {
-    if (t.kind != TensorKind::initializer || !t.is_float()) continue;
+    if (!t.is_parameter()) continue;
     int owner = static_cast<int>(l.blocks.size()) + 1;
     for (int c : t.consumers) owner = std::min(owner, unit_of[static_cast<std::size_t>(c)]);
     if (t.consumers.empty()) owner = 0;

@@ -8,7 +8,8 @@ Run with Debian's interpreter (it has python3-torch and python3-onnx):
 Each model is a tiny PyTorch module exported with torch.onnx.export (dynamic batch/seq axes, so the
 graph has symbolic dims and the exporter's usual Shape/Gather/Unsqueeze/Concat clutter). Constant
 folding is off so that the initializers are exactly the module's parameters (folding would add
-folded constants and a transposed copy of a tied embedding as extra float initializers).
+folded constants and a transposed copy of a tied embedding as extra float initializers). The one
+exception, masked-gpt2, keeps torch's default folding on purpose to test tied-copy detection.
 
 Next to every <name>.onnx goes <name>.json with values computed here, independently of hp:
   parameters    sum of numel over the torch module's parameters (tied weights once)
@@ -37,7 +38,10 @@ def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
-def export(module, args, name, input_names, dynamic_axes, opset, expected):
+def export(module, args, name, input_names, dynamic_axes, opset, expected, fold=False, dedup=()):
+    """Exports, checks that the initializers are the module's parameters, writes the sidecar.
+    With fold=True (torch's default) the exporter constant-folds, which for a tied embedding adds a
+    transposed copy of it as a separate initializer: `dedup` lists such copies' element counts."""
     path = os.path.join(OUT, name + ".onnx")
     module.eval()
     # Trained weights are all distinct; freshly initialised LayerNorm weights are not, and the
@@ -46,11 +50,11 @@ def export(module, args, name, input_names, dynamic_axes, opset, expected):
         for p in module.parameters():
             p.uniform_(-0.1, 0.1)
     torch.onnx.export(module, args, path, input_names=input_names, output_names=["output"],
-                      dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=False)
+                      dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=fold)
     m = onnx.load(path)
     init_params = sum(math.prod(t.dims) for t in m.graph.initializer
                       if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE))
-    assert init_params == expected["parameters"], (name, init_params, expected["parameters"])
+    assert init_params - sum(dedup) == expected["parameters"], (name, init_params, expected["parameters"])
     expected["opset"] = opset
     with open(os.path.join(OUT, name + ".json"), "w") as f:
         json.dump(expected, f, indent=2, sort_keys=True)
@@ -127,6 +131,45 @@ def gen_gpt2(name="tiny-gpt2", vocab=256, pos=64, h=32, heads=4, layers=4, tied=
                       "tied": tied}}
     idx = torch.randint(0, vocab, (b, s))
     return export(m, (idx,), name, ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}}, 17, exp)
+
+
+class MaskedGPT(GPT):
+    """GPT-2 with an attention_mask input, turned into an additive mask once and read by every
+    layer (as Hugging Face models do): a side input that must not hide the layer boundaries."""
+
+    def forward(self, idx, attention_mask):
+        t = idx.size(1)
+        pos = torch.arange(0, t, dtype=torch.long).unsqueeze(0)
+        x = self.wte(idx) + self.wpe(pos)
+        add = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for blk in self.h:
+            b, tt, c = x.size()
+            q, k, v = blk.c_attn(blk.ln_1(x)).split(c, dim=2)
+            hd = c // blk.heads
+            q = q.view(b, tt, blk.heads, hd).transpose(1, 2)
+            k = k.view(b, tt, blk.heads, hd).transpose(1, 2)
+            v = v.view(b, tt, blk.heads, hd).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd)) + add
+            y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(b, tt, c)
+            x = x + blk.c_proj(y)
+            x = x + blk.mlp_proj(F.gelu(blk.c_fc(blk.ln_2(x))))
+        return self.lm_head(self.ln_f(x))
+
+
+def gen_gpt2_masked(name="masked-gpt2", vocab=256, pos=64, h=32, heads=4, layers=2):
+    """Two layers only (a mask read by just two layers is the hard case), exported with torch's
+    default constant folding, so the tied head is a folded transposed copy of the embedding."""
+    m = MaskedGPT(vocab, pos, h, heads, layers, tied=True)
+    b, s = 2, 16
+    exp = {"parameters": n_params(m), "blocks": layers, "dims": {"batch": b, "seq": s},
+           "matmul_flops": gpt_matmul_flops(b, s, h, layers, vocab),
+           "config": {"vocab": vocab, "pos": pos, "hidden": h, "heads": heads, "layers": layers,
+                      "tied": True, "constant_folding": True}}
+    idx = torch.randint(0, vocab, (b, s))
+    mask = torch.ones(b, s, dtype=torch.long)
+    return export(m, (idx, mask), name, ["input_ids", "attention_mask"],
+                  {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}, 17, exp,
+                  fold=True, dedup=(vocab * h,))
 
 
 # ---------------------------------------------------------------- Llama style
@@ -517,13 +560,17 @@ def gen_gpt175b(name="gpt-175b-skeleton", layers=96, h=12288, heads=96, vocab=50
     print(f"{name}: {os.path.getsize(path)} bytes, {exp}")
 
 
+GENERATORS = {
+    "tiny-gpt2": gen_gpt2, "tiny-llama": gen_llama, "tiny-vit": gen_vit, "tiny-mlp": gen_mlp,
+    "tiny-moe": gen_moe, "masked-gpt2": gen_gpt2_masked,
+    "anon-gpt2": lambda: anonymize("tiny-gpt2", "anon-gpt2"),
+    "anon-llama": lambda: anonymize("tiny-llama", "anon-llama"),
+    "gpt-175b-skeleton": gen_gpt175b,
+}
+
 if __name__ == "__main__":
+    # Usage: gen_models.py [OUT_DIR [NAME...]]  (all models when no names are given)
     os.makedirs(OUT, exist_ok=True)
-    gen_gpt2()
-    gen_llama()
-    gen_vit()
-    gen_mlp()
-    gen_moe()
-    anonymize("tiny-gpt2", "anon-gpt2")
-    anonymize("tiny-llama", "anon-llama")
-    gen_gpt175b()
+    for name in sys.argv[2:] or GENERATORS:
+        torch.manual_seed(0)
+        GENERATORS[name]()

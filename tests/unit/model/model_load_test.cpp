@@ -72,8 +72,8 @@ void require_bad_input(const std::filesystem::path& p) {
 }  // namespace
 
 TEST_CASE("model: loads every generated test model", "[model]") {
-  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "anon-gpt2", "anon-llama",
-                           "gpt-175b-skeleton"}) {
+  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "masked-gpt2", "anon-gpt2",
+                           "anon-llama", "gpt-175b-skeleton"}) {
     INFO(name);
     auto m = load_model(model_path(name));
     REQUIRE(m.ok());

@@ -61,7 +61,20 @@ void check_against_sidecar(const std::string& name) {
 }  // namespace
 
 TEST_CASE("model: summaries match the sidecars of the PyTorch exports", "[model]") {
-  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe"}) check_against_sidecar(name);
+  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "masked-gpt2"})
+    check_against_sidecar(name);
+}
+
+TEST_CASE("model: a tied head folded into a transposed copy counts once", "[model]") {
+  // masked-gpt2 is exported with constant folding: the file holds wte [256, 32] and its transpose.
+  ModelSummary s = summarize_at_sidecar_dims("masked-gpt2");
+  REQUIRE(s.tied_copies.size() == 1);
+  const Tensor& copy = s.graph.tensor(s.graph.find_tensor(s.tied_copies[0]));
+  CHECK(s.graph.tensor(copy.copy_of).name == "wte.weight");
+  CHECK_FALSE(copy.is_parameter());
+  CHECK(s.layering.prologue.parameters == (256 + 64) * 32);   // wte + wpe, the head shares wte
+  ModelSummary untied = summarize_at_sidecar_dims("tiny-gpt2");
+  CHECK(untied.tied_copies.empty());
 }
 
 TEST_CASE("model: anonymised graphs give the same numbers as named ones", "[model]") {

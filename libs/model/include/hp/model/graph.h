@@ -40,12 +40,17 @@ struct Tensor {
   TensorKind kind = TensorKind::activation;
   int producer = -1;            ///< node index, -1 for inputs and initializers
   std::vector<int> consumers;   ///< node indices (a node using it twice appears once)
+  /// For an initializer that is a transposed copy of another (the exporter's constant folding of a
+  /// tied embedding's transpose): that other initializer's index. Copies are not parameters.
+  int copy_of = -1;
 
   /// Element count when every dim is known.
   std::optional<std::int64_t> numel() const;
   /// numel() * element size when both are known.
   std::optional<std::int64_t> bytes() const;
   bool is_float() const;        ///< float16/bfloat16/float/double
+  /// A floating-point initializer that is not a copy of another: what counts as parameters.
+  bool is_parameter() const { return kind == TensorKind::initializer && copy_of < 0 && is_float(); }
 };
 
 /// Cost of one node for one forward pass at the bound dims.
@@ -78,6 +83,8 @@ struct Graph {
   std::vector<int> outputs;
   /// Symbolic dims of graph inputs that were not bound, plus symbols inference could not resolve.
   std::vector<std::string> unknown_dims;
+  /// Initializers found to be transposed copies of others (Tensor::copy_of), in file order.
+  std::vector<int> copies;
   /// Bindings that matched no input dim, tensors left without shapes, ... (lower-case sentences).
   std::vector<std::string> warnings;
 

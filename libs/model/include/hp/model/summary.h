@@ -36,6 +36,8 @@ struct ModelSummary {
   std::vector<std::string> unsupported_ops;
   std::vector<std::string> unknown_dims;
   std::vector<std::string> missing_external_data;
+  /// Initializers not counted because they are transposed copies of others (tied weights).
+  std::vector<std::string> tied_copies;
   std::vector<std::string> warnings;
   Layering layering;
   Graph graph;                           ///< for callers that want per-node detail
