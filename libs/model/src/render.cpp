@@ -135,8 +135,8 @@ std::string format_summary_text(const ModelSummary& s) {
   row(l.epilogue);
   if (!l.cuts.empty()) {
     const Cut& c = l.cuts.size() > 1 ? l.cuts[1] : l.cuts[0];
-    out += fmt::format("\ncut {} | {}: {} tensors, {}\n", c.after, c.before, c.tensors.size(),
-                       format_bytes(static_cast<double>(c.bytes)));
+    out += fmt::format("\ncut {} | {}: {} tensor{}, {}\n", c.after, c.before, c.tensors.size(),
+                       c.tensors.size() == 1 ? "" : "s", format_bytes(static_cast<double>(c.bytes)));
   }
   out += "\nops:";
   for (const auto& [op, n] : s.ops) out += fmt::format(" {}={}", op, n);
