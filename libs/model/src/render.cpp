@@ -19,6 +19,10 @@ constexpr const char* kConvention =
     "MatMul/Gemm/Conv/Einsum: 2 FLOPs per multiply-accumulate (matmul_flops); elementwise 1, softmax 5, "
     "normalisation 8 per output element; reductions 1 per input element; data movement 0";
 
+constexpr const char* kActivationConvention =
+    "bytes of every activation tensor a block's nodes produce in one forward at the bound dims "
+    "(shape arithmetic excluded): what the block keeps for backward without recomputation, an upper bound";
+
 json exact(double v) {
   if (std::isfinite(v) && std::fabs(v) < 9e18) return static_cast<std::int64_t>(std::llround(v));
   return v;
@@ -71,6 +75,7 @@ std::string format_summary_json(const ModelSummary& s) {
   j["matmul_flops"] = exact(s.matmul_flops);
   j["other_flops"] = exact(s.other_flops);
   j["flops_convention"] = kConvention;
+  j["activation_bytes_convention"] = kActivationConvention;
   j["nodes"] = s.nodes;
   j["nodes_cost_unknown"] = s.nodes_cost_unknown;
   j["layer_discovery"] = {{"method", s.layering.method}, {"spine_tensors", s.layering.spine_tensors}};
@@ -109,6 +114,7 @@ std::string format_summary_text(const ModelSummary& s) {
                                  format_bytes(static_cast<double>(s.parameter_bytes))));
   line("flops", fmt::format("{} per forward (matmul {}, other {})", format_flops(s.flops),
                             format_flops(s.matmul_flops), format_flops(s.other_flops)));
+  line("", "(matmul: 2 FLOPs per multiply-accumulate of MatMul/Gemm/Conv/Einsum)");
   line("nodes", fmt::format("{} ({} op types)", s.nodes, s.ops.size()));
   line("unsupported", list_text(s.unsupported_ops));
   line("unknown dims", list_text(s.unknown_dims));
