@@ -28,8 +28,8 @@
 //     block, epilogue) that consumes them; one consumed by several units goes to the earliest unit
 //     that could compute it, so masks and rotary tables shared by all layers land in the prologue.
 //
-// Names are used only to label blocks ("h.3", "layers.3") when the nodes or weights of every block
-// agree on a "<word>.<index>" token; otherwise blocks are "block.<i>".
+// Apart from that fallback, names only label blocks ("h.3", "layers.3") when the nodes or weights of
+// every block agree on a "<word>.<index>" token; otherwise blocks are "block.<i>".
 #include "hp/model/layers.h"
 
 #include <algorithm>
