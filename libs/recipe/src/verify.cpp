@@ -19,52 +19,65 @@ namespace hp::recipe {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Resolves, loads and scales the recipe's cluster into `rep.cluster`, appending what goes wrong.
+// Returns false when there is no usable cluster.
+bool check_cluster(const RecipeDocument& doc, const VerifyOptions& opts, VerifyReport& rep,
+                   std::vector<Diagnostic>& problems) {
+  const Recipe& r = doc.recipe;
+  auto path = find_cluster(r.cluster, opts.recipe.parent_path(), opts.preset_dirs);
+  if (!path) {
+    Diagnostic d = path.error().what;
+    d.where = doc.where.at("recipe.cluster");
+    problems.push_back(std::move(d));
+    return false;
+  }
+  rep.cluster_path = *path;
+  auto cluster = load_cluster(*path);
+  if (!cluster) {
+    for (auto& d : cluster.error().all()) problems.push_back(d);
+    return false;
+  }
+  if (r.nodes < 1 || r.nodes > (std::int64_t{1} << 20)) return false;  // reported with the recipe
+  auto scaled = scale_cluster(*cluster, r.nodes);
+  if (!scaled) {
+    Diagnostic d = scaled.error().what;
+    d.where = doc.where.at("recipe.nodes");
+    problems.push_back(std::move(d));
+    return false;
+  }
+  rep.cluster = std::move(*scaled);
+  return true;
+}
+
+}  // namespace
+
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts) {
   auto doc = read_recipe(opts.recipe);
   if (!doc) return std::move(doc).error();
-  std::vector<Diagnostic> problems = std::move(doc->problems);
+  std::vector<Diagnostic> problems = doc->problems;
   const bool recipe_ok = problems.empty();
   VerifyReport rep;
   rep.recipe = doc->recipe;
   rep.recipe_path = opts.recipe;
   const Recipe& r = rep.recipe;
-  fs::path base = opts.recipe.parent_path();
-  std::error_code ec;
+  if (!doc->syntax_ok) return collect_errors(Errc::bad_input, std::move(problems));
 
-  if (doc->syntax_ok && !r.model.empty()) {
-    rep.model_path = fs::path(r.model).is_absolute() ? fs::path(r.model) : base / r.model;
+  // The model file: only its existence is a static fact (loading it is the model library's job).
+  std::error_code ec;
+  if (!r.model.empty()) {
+    rep.model_path = fs::path(r.model).is_absolute() ? fs::path(r.model) : opts.recipe.parent_path() / r.model;
     if (!fs::is_regular_file(rep.model_path, ec))
       problems.push_back(Diagnostic{doc->where.at("recipe.model"),
                                     fmt::format("model file '{}' not found", rep.model_path.string()),
                                     "'recipe.model' is relative to the recipe file"});
   }
-  if (doc->syntax_ok && !r.cluster.empty()) {
-    auto path = find_cluster(r.cluster, base, opts.preset_dirs);
-    if (!path) {
-      Diagnostic d = path.error().what;
-      d.where = doc->where.at("recipe.cluster");
-      problems.push_back(std::move(d));
-    } else {
-      rep.cluster_path = *path;
-      auto cluster = load_cluster(*path);
-      if (!cluster) {
-        for (auto& d : cluster.error().all()) problems.push_back(d);
-      } else if (r.nodes >= 1) {
-        auto scaled = scale_cluster(*cluster, r.nodes);
-        if (!scaled) {
-          Diagnostic d = scaled.error().what;
-          d.where = doc->where.at("recipe.nodes");
-          problems.push_back(std::move(d));
-        } else {
-          rep.cluster = *scaled;
-          // Rank arithmetic on a recipe that is itself broken would only repeat its errors.
-          if (recipe_ok) {
-            auto more = validate_recipe_on_cluster(r, doc->where, rep.cluster.ranks(), rep.cluster.name);
-            problems.insert(problems.end(), more.begin(), more.end());
-          }
-        }
-      }
-    }
+  // The cluster, and the recipe's ranks on it. Rank arithmetic on a recipe that is itself broken would
+  // only repeat its errors, so that part needs a clean recipe.
+  if (!r.cluster.empty() && check_cluster(*doc, opts, rep, problems) && recipe_ok) {
+    auto more = validate_recipe_on_cluster(r, doc->where, rep.cluster.ranks(), rep.cluster.name);
+    problems.insert(problems.end(), more.begin(), more.end());
   }
   if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
   if (!opts.inputs.empty() || !opts.expected.empty())
