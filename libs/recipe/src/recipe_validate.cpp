@@ -56,7 +56,7 @@ void check_parallel(Checker& ck, const Parallel& p) {
             "virtual stages need schedule = \"interleaved\"");
   if (p.schedule == Schedule::interleaved) {
     if (p.virtual_stages < 2)
-      ck.fail("parallel.virtual_stages", "the interleaved schedule needs 'parallel.virtual_stages' of at least 2",
+      ck.fail("parallel.schedule", "the interleaved schedule needs 'parallel.virtual_stages' of at least 2",
               "set virtual_stages, or use schedule = \"1f1b\"");
     if (p.pp >= 1 && p.micro_batches % p.pp != 0)
       ck.fail("parallel.micro_batches",
