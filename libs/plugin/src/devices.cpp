@@ -130,6 +130,7 @@ std::string render_devices_json(const Registry& reg, bool verbose) {
     } else {
       j["verdict"] = verdict_name(r.verdict);
       j["reason"] = r.reason;
+      if (r.code != HP_OK) j["code"] = code_name(r.code);
       rejected.push_back(j);
     }
   }
