@@ -6,11 +6,15 @@
 #include <fmt/core.h>
 
 #include <filesystem>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "hp/core/fs.h"
 #include "hp/model/plan_options.h"
 #include "hp/model/summary.h"
+#include "hp/recipe/presets.h"
 
 namespace hp::cli {
 namespace {
@@ -28,10 +32,51 @@ Expected<std::string> default_model() {
                "pass a model file: hp plan MODEL.onnx");
 }
 
+// --cluster (preset name or file) scaled to --nodes. Resolved before the model is read so a bad
+// cluster is reported as bad input whatever else is asked; nullopt when no cluster was named.
+Expected<std::optional<recipe::Cluster>> resolve_cluster(const model::PlanOptions& opts) {
+  if (opts.cluster.empty()) {
+    if (opts.nodes > 0)
+      return Error(Errc::usage, "--nodes needs --cluster", "", "name a preset, e.g. --cluster dgx-h100");
+    return std::optional<recipe::Cluster>();
+  }
+  auto dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
+  auto cluster = recipe::load_cluster_ref(opts.cluster, fs::current_path(), dirs);
+  if (!cluster) return std::move(cluster).error();
+  if (opts.nodes == 0) return std::optional<recipe::Cluster>(std::move(*cluster));
+  auto scaled = recipe::scale_cluster(*cluster, opts.nodes);
+  if (!scaled) return std::move(scaled).error();
+  return std::optional<recipe::Cluster>(std::move(*scaled));
+}
+
+std::string describe_cluster(const recipe::Cluster& c) {
+  const auto* dev = c.rank_device_type();
+  return fmt::format("{}: {} node(s) x {} {} = {} ranks", c.name, c.nodes, c.ranks_per_node(),
+                     dev ? dev->name : c.rank_device, c.ranks());
+}
+
+// The summary text with the cluster it will be planned on, in the same form (table or JSON).
+std::string render_summary(const model::ModelSummary& s, const std::optional<recipe::Cluster>& c,
+                           bool json) {
+  if (!json) {
+    std::string text = model::format_summary_text(s);
+    return c ? fmt::format("{:<13} {}\n", "cluster", describe_cluster(*c)) + text : text;
+  }
+  auto j = nlohmann::json::parse(model::format_summary_json(s));
+  if (c) {
+    const auto* dev = c->rank_device_type();
+    j["cluster"] = {{"name", c->name}, {"nodes", c->nodes}, {"ranks", c->ranks()},
+                    {"rank_device", dev ? dev->name : c->rank_device}};
+  }
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 int run_plan(model::PlanOptions opts) {
   auto dims = model::parse_dim_bindings(opts.dim_args);
   if (!dims) return report_error(dims.error());
   if (opts.seq > 0) dims->emplace("seq", opts.seq);   // --seq also binds a "seq" dim unless --dim did
+  auto cluster = resolve_cluster(opts);
+  if (!cluster) return report_error(cluster.error());
   if (opts.model.empty()) {
     auto path = default_model();
     if (!path) return report_error(path.error());
@@ -48,7 +93,7 @@ int run_plan(model::PlanOptions opts) {
   auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
   if (!summary) return report_error(summary.error());
   for (const auto& w : summary->warnings) report_warning(opts.model, w);
-  std::string text = opts.json ? model::format_summary_json(*summary) : model::format_summary_text(*summary);
+  std::string text = render_summary(*summary, *cluster, opts.json);
   if (opts.output.empty()) {
     fmt::print("{}", text);
     return 0;
@@ -69,7 +114,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->allow_extra_args(false);
   sub->add_flag("--require-data", opts->require_data, "fail when external weight files are absent");
   sub->add_option("--cluster", opts->cluster, "cluster preset name or cluster TOML file");
-  sub->add_option("--nodes", opts->nodes, "number of cluster nodes")->check(CLI::PositiveNumber);
+  sub->add_option("--nodes", opts->nodes, "number of cluster nodes (default: the cluster file's)")->check(CLI::PositiveNumber);
   sub->add_option("--global-batch", opts->global_batch, "sequences per training step")->check(CLI::PositiveNumber);
   sub->add_option("--seq", opts->seq, "sequence length (also binds dim 'seq')")->check(CLI::PositiveNumber);
   sub->add_option("--dtype", opts->dtype, "compute dtype")->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}));

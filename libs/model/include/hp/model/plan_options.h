@@ -19,7 +19,7 @@ struct PlanOptions {
   bool json = false;                 ///< JSON instead of a table
   bool require_data = false;         ///< fail when external weight files are absent
   std::string cluster;               ///< preset name or cluster TOML file
-  std::int64_t nodes = 1;            ///< number of cluster nodes
+  std::int64_t nodes = 0;            ///< number of cluster nodes; 0 = the cluster file's own
   std::int64_t global_batch = 0;     ///< sequences per step; 0 = planner default
   std::int64_t seq = 0;              ///< sequence length; 0 = from --dim or the model
   std::string dtype = "bf16";
