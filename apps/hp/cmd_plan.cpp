@@ -1,8 +1,8 @@
 // hp plan [MODEL] [--summary [--json]] [--dim NAME=VALUE ...] [planner options]
 //
-// Today only --summary is implemented (hp::model::summarize_model); the planner options are bound so
-// the command line is stable, and planning itself arrives with issue #4. Without --summary the model
-// is still loaded first, so a bad model reports as bad input before "not implemented".
+// --summary describes the model (hp::model::summarize_model). Otherwise the flags fill
+// hp::planner::PlanOptions, hp::planner::run plans on the resolved cluster (local-cpu when none is
+// named), and the report is rendered as a table or JSON; -o writes the best plan as a recipe.
 #include <fmt/core.h>
 
 #include <filesystem>
@@ -13,6 +13,8 @@
 #include "commands.h"
 #include "hp/core/fs.h"
 #include "hp/model/plan_options.h"
+#include "hp/planner/planner.h"
+#include "hp/recipe/recipe.h"
 #include "hp/model/summary.h"
 #include "hp/recipe/presets.h"
 
@@ -34,7 +36,7 @@ Expected<std::string> default_model() {
 
 // --cluster (preset name or file) scaled to --nodes. Resolved before the model is read so a bad
 // cluster is reported as bad input whatever else is asked; nullopt when no cluster was named.
-Expected<std::optional<recipe::Cluster>> resolve_cluster(const model::PlanOptions& opts) {
+Expected<std::optional<recipe::Cluster>> resolve_cluster(const planner::PlanOptions& opts) {
   if (opts.cluster.empty()) {
     if (opts.nodes > 0)
       return Error(Errc::usage, "--nodes needs --cluster", "", "name a preset, e.g. --cluster dgx-h100");
@@ -71,7 +73,26 @@ std::string render_summary(const model::ModelSummary& s, const std::optional<rec
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-int run_plan(model::PlanOptions opts) {
+// Plans and renders; -o writes the recipe of the best plan.
+int run_planner(const planner::PlanOptions& opts, std::optional<recipe::Cluster> cluster) {
+  if (!cluster) {
+    planner::PlanOptions local = opts;
+    local.cluster = "local-cpu";
+    auto c = resolve_cluster(local);
+    if (!c) return report_error(c.error());
+    cluster = std::move(*c);
+  }
+  auto report = planner::run(opts, *cluster);
+  if (!report) return report_error(report.error());
+  if (report->cluster_ref.empty()) report->cluster_ref = "local-cpu";
+  for (const auto& w : report->warnings) report_warning(opts.model, w);
+  fmt::print("{}", opts.json ? planner::format_plan_json(*report) : planner::format_plan_text(*report));
+  if (opts.output.empty()) return 0;
+  auto written = recipe::write_recipe(planner::plan_to_recipe(*report, opts.output), opts.output);
+  return written ? 0 : report_error(written.error());
+}
+
+int run_plan(planner::PlanOptions opts) {
   auto dims = model::parse_dim_bindings(opts.dim_args);
   if (!dims) return report_error(dims.error());
   if (opts.seq > 0) dims->emplace("seq", opts.seq);   // --seq also binds a "seq" dim unless --dim did
@@ -82,14 +103,7 @@ int run_plan(model::PlanOptions opts) {
     if (!path) return report_error(path.error());
     opts.model = *path;
   }
-  if (!opts.summary) {
-    model::LoadOptions lo;
-    lo.mode = opts.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
-    auto m = model::load_model(opts.model, lo);
-    if (!m) return report_error(m.error());
-    return report_error(Error(Errc::not_implemented, "planning is not implemented yet: the planner arrives with issue #4",
-                              "", "use 'hp plan --summary' to describe the model"));
-  }
+  if (!opts.summary) return run_planner(opts, *cluster);
   auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
   if (!summary) return report_error(summary.error());
   for (const auto& w : summary->warnings) report_warning(opts.model, w);
@@ -105,7 +119,7 @@ int run_plan(model::PlanOptions opts) {
 }  // namespace
 
 void add_plan_command(CLI::App& app, Context& ctx) {
-  auto opts = std::make_shared<model::PlanOptions>();
+  auto opts = std::make_shared<planner::PlanOptions>();
   CLI::App* sub = app.add_subcommand("plan", "plan a parallel execution of a model (--summary: describe it)");
   sub->add_option("model", opts->model, "ONNX model (default: the bundled tiny-gpt2)");
   sub->add_flag("--summary", opts->summary, "print parameters, FLOPs, layers and ops instead of planning");

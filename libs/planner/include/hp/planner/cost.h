@@ -1,0 +1,143 @@
+// The planner's analytic cost model: what one block costs (time, memory, traffic) under one parallel
+// configuration, and what a pipeline stage and a whole training (or inference) step cost. Every
+// quantity is in SI units: seconds, bytes, FLOPs. The formulas and their sources are in the essay at
+// the top of src/cost.cpp; the calibration constants are in Calibration below.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/recipe/cluster.h"
+#include "hp/recipe/recipe.h"
+#include "hp/topology/topology.h"
+
+namespace hp::planner {
+
+/// One plannable unit (a block from layer discovery, or the prologue/epilogue) at micro-batch size 1
+/// and the planned sequence length, in the planned dtype.
+struct BlockProfile {
+  std::string name;
+  double parameters = 0;        ///< parameter elements
+  double fwd_flops = 0;         ///< one forward, one sequence
+  double quadratic_flops = 0;   ///< of which in attention-score matmuls (what selective recompute redoes)
+  double act_bytes = 0;         ///< activations kept for backward, one sequence, no TP split
+  double quadratic_act_bytes = 0; ///< of which seq x seq tensors (freed by selective recompute)
+  double boundary_bytes = 0;    ///< the tensor crossing into the next block (one sequence)
+  int tp_collectives = 0;       ///< forward all-reduces under Megatron TP (2 for attention + MLP)
+  double kernels = 0;           ///< nodes producing activations (each a kernel launch in forward)
+};
+
+/// The model as the planner sees it: prologue, repeated blocks, epilogue.
+struct ModelProfile {
+  BlockProfile prologue;
+  std::vector<BlockProfile> blocks;
+  BlockProfile epilogue;
+  std::int64_t seq = 0;
+  double dtype_bytes = 2;       ///< bytes per element of the planned dtype
+  double hidden_bytes = 0;      ///< b=1 boundary activation (s x h x dtype): TP/PP message size unit
+
+  double total_parameters() const;
+  double total_fwd_flops() const;  ///< one forward, one sequence
+};
+
+/// Achievable fractions and overlap ratios. See src/cost.cpp for where each number comes from.
+struct Calibration {
+  double compute_efficiency = 0.6;  ///< achieved / peak FLOP/s of dense training kernels
+  double kernel_overhead = 4e-6;    ///< seconds per kernel launch and tail, per micro-batch and pass
+  double overlap_tp = 0.0;          ///< share of TP collectives hidden under compute
+  double overlap_dp = 0.5;          ///< share of the DP gradient reduction hidden under backward
+  double overlap_opt = 0.5;         ///< share of optimizer-shard gathers hidden (ZeRO-3 prefetch)
+  double overlap_pp = 0.0;          ///< share of pipeline send/recv hidden
+  double transient_margin = 0.08;   ///< fraction of device memory kept for fragmentation/workspace
+};
+
+/// The calibration hp uses for a device kind (gpu / npu / cpu).
+Calibration calibration_for(recipe::DeviceKind kind);
+
+/// How the parallel axes are laid onto ranks: order[0] is the innermost (stride 1) axis.
+enum class Axis { tp, dp, pp };
+const char* axis_name(Axis a);
+
+/// A level-1 configuration: degrees, micro-batching, schedule and axis placement.
+struct Config {
+  std::int64_t dp = 1, tp = 1, pp = 1;
+  int optimizer_shard = 0;          ///< ZeRO level 0..3; levels 1..3 shard over the whole DP group
+  std::int64_t micro_batch_size = 1, micro_batches = 1;
+  recipe::Schedule schedule = recipe::Schedule::one_f_one_b;
+  std::int64_t virtual_stages = 1;
+  bool sequence_parallel = false;
+  Axis order[3] = {Axis::tp, Axis::dp, Axis::pp};
+};
+
+/// What the planner is asked to plan.
+struct Workload {
+  std::int64_t global_batch = 1;    ///< sequences per step
+  bool train = true;
+  double optimizer_state_bytes = 12; ///< per parameter: fp32 master + Adam moments (K in ZeRO)
+  double grad_bytes = 2;             ///< per parameter
+};
+
+/// The machine: device figures and the links each parallel axis gets under a placement.
+struct Machine {
+  double peak_flops = 0;            ///< dense, planned dtype
+  double memory = 0;                ///< bytes per device
+  double memory_bandwidth = 0;
+  Calibration cal;
+};
+
+/// Links of the TP, DP and PP groups of a configuration (from topology::group_link).
+struct AxisLinks {
+  topology::Link tp, dp, pp;
+};
+Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c);
+
+/// Per-block costs for one micro-batch under a configuration (one device's share).
+struct BlockCost {
+  double fwd = 0, bwd = 0;          ///< compute seconds
+  double rc_selective = 0, rc_full = 0; ///< extra forward seconds when recomputed
+  double tp_comm = 0;               ///< exposed TP (or SP) collective seconds, fwd + bwd
+  double act[3] = {0, 0, 0};        ///< bytes kept per micro-batch for none / selective / full
+  double state_bytes = 0;           ///< parameters + gradients + optimizer states on one device
+  double weight_bytes = 0;          ///< parameters alone on one device (planned dtype)
+};
+BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c, const Workload& w,
+                     const Machine& mc, const AxisLinks& links);
+
+/// Bytes of model states per parameter on one device under a ZeRO level and shard degree.
+double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level, std::int64_t shard);
+
+/// Micro-batches whose activations stage k (0-based) keeps alive at the peak, per schedule.
+double in_flight(const Config& c, std::int64_t stage);
+
+/// A pipeline rank's share after level 2: its blocks (indices into ModelProfile::blocks; contiguous,
+/// or v contiguous chunks when interleaved) and the recompute choice per block.
+struct StagePlan {
+  std::vector<std::int64_t> blocks;
+  std::vector<recipe::Recompute> recompute;  ///< parallel to blocks
+  bool feasible = true;             ///< memory <= device memory
+  double recompute_flops = 0;       ///< extra forward FLOPs per micro-batch on one device
+  double time = 0;                  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
+  double compute = 0, recompute_time = 0, tp_comm = 0, pp_comm = 0;
+  double memory = 0;                ///< peak bytes (states + activations + buffers + margin)
+  double states = 0, activations = 0;
+};
+
+/// The predicted step of a full plan.
+struct Prediction {
+  double iteration = 0;             ///< seconds per step
+  double compute = 0, recompute = 0, bubble = 0;
+  double tp_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0, optimizer_step = 0;
+  double tokens_per_second = 0;
+  double model_flops = 0;           ///< per step, no recomputation (MFU convention)
+  double hardware_flops = 0;        ///< per step, with recomputation (HFU)
+  double tflops_model = 0, tflops_hardware = 0; ///< per device
+  double mfu = 0, hfu = 0;
+  double peak_memory = 0;           ///< max over stages
+};
+
+/// Combines stage plans into the step time (Metis form, planner.md §1, with interleaving).
+Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
+                   const AxisLinks& links, const std::vector<StagePlan>& stages);
+
+}  // namespace hp::planner

@@ -1,0 +1,109 @@
+// `hp plan`: the two-level H2O planner (reference/planner.md §1, seeds/h2o-planner.txt). run() loads
+// the model's shapes, profiles its blocks, searches level 1 (degrees, micro-batching, schedule,
+// placement of the axes onto topology tiers) pruned by lower bounds, runs level 2 (stage assignment
+// and per-block recomputation) on the survivors, and returns the ranked plans. Rendering and recipe
+// writing are separate so tests can check each.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/model/summary.h"
+#include "hp/planner/cost.h"
+#include "hp/planner/options.h"
+#include "hp/recipe/cluster.h"
+#include "hp/recipe/recipe.h"
+#include "hp/topology/topology.h"
+
+namespace hp::planner {
+
+/// One ranked plan: a level-1 configuration with its level-2 stages and prediction.
+struct Plan {
+  Config config;
+  std::vector<StagePlan> stages;     ///< one per pipeline rank
+  Prediction predicted;
+};
+
+/// Counters of one search.
+struct SearchStats {
+  double seconds = 0;
+  std::int64_t evaluated = 0;        ///< level-1 configurations bounded
+  std::int64_t pruned_memory = 0;    ///< dropped by the model-state memory lower bound
+  std::int64_t pruned_time = 0;      ///< dropped by the time lower bound against the k-th best
+  std::int64_t level2 = 0;           ///< configurations that ran level 2
+  std::int64_t level2_infeasible = 0;
+};
+
+/// The smallest memory any candidate needed when nothing fits.
+struct Shortfall {
+  double need = 0;                   ///< bytes per device at the best candidate
+  double states = 0, activations = 0;
+  Config config;
+};
+
+struct SearchLimits {
+  std::int64_t top_k = 3;
+};
+
+/// Everything the search needs besides the model.
+struct SearchInput {
+  const ModelProfile& model;
+  const topology::Topology& topo;
+  Workload work;
+  Machine machine;
+  SearchLimits limits;
+};
+
+struct SearchResult {
+  std::vector<Plan> plans;           ///< best first; empty when nothing fits
+  SearchStats stats;
+  Shortfall shortfall;               ///< meaningful when plans is empty
+};
+
+/// Level 1 + level 2 over every configuration of in.topo.ranks() devices.
+SearchResult search(const SearchInput& in);
+
+/// Level 2 alone for one configuration (stage assignment + recomputation); empty when it cannot fit.
+std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, const Workload& w,
+                                     const Machine& mc, const AxisLinks& links);
+
+/// The profile of a summarised model (bound at batch 1 and the planned seq) in the planned dtype.
+Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq, double dtype_bytes);
+
+/// What `hp plan` reports.
+struct PlanReport {
+  std::string model;                 ///< path as given
+  std::string cluster;               ///< cluster name
+  std::string cluster_ref;           ///< as given on the command line (preset name or file)
+  std::int64_t nodes = 1, ranks = 1;
+  std::string device;
+  double device_memory = 0;
+  std::int64_t global_batch = 0, seq = 0;
+  std::string dtype, mode, optimizer;
+  double parameters = 0;
+  std::int64_t blocks = 0;
+  std::vector<Plan> plans;           ///< top-k, best first (never empty in a returned report)
+  SearchStats stats;
+  std::string why;                   ///< why the best plan wins
+  std::vector<std::string> warnings;
+};
+
+/// Plans opts.model on `cluster` (already scaled to its node count). No feasible plan is
+/// Errc::infeasible naming the smallest memory any candidate needed and what dominated it.
+Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster);
+
+/// The FLOPs convention, as printed with every report.
+const char* flops_convention();
+
+/// A readable table of the top-k plans with breakdowns and the reason the best wins.
+std::string format_plan_text(const PlanReport& r);
+/// One JSON object: best.parallel, best.predicted, best.stages, candidates, search, ...
+std::string format_plan_json(const PlanReport& r);
+
+/// The best plan as a complete recipe whose model and cluster paths are relative to `recipe_path`.
+recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path);
+
+}  // namespace hp::planner

@@ -1,0 +1,152 @@
+// hp::planner::run, the table of contents of `hp plan`:
+//   1. resolve the planned shape (sequence length, global batch, dtype) from the options;
+//   2. summarise the model at batch 1 and that sequence (libs/model: shapes, FLOPs, layers);
+//   3. profile its blocks in the planned dtype (profile.cpp);
+//   4. describe the machine: topology, device peak for the dtype, calibration (cost.cpp);
+//   5. search level 1 + level 2 (search.cpp);
+//   6. explain the winner, or say why nothing fits.
+#include "hp/planner/planner.h"
+
+#include <cmath>
+
+#include <fmt/core.h>
+
+#include "hp/core/units.h"
+#include "hp/model/plan_options.h"
+
+namespace hp::planner {
+namespace {
+
+double dtype_size(const std::string& dtype) {
+  if (dtype == "fp32") return 4;
+  if (dtype == "fp8") return 1;
+  return 2;
+}
+
+// Optimizer bytes per parameter beyond weights and gradients (K of the ZeRO paper): Adam keeps two
+// fp32 moments and, for 16-bit training, an fp32 master copy; SGD with momentum one moment.
+double optimizer_bytes(const std::string& optimizer, const std::string& dtype) {
+  const double master = dtype == "fp32" ? 0 : 4;
+  if (optimizer == "adam" || optimizer == "adamw") return master + 8;
+  if (optimizer == "sgd") return master + 4;
+  return 0;
+}
+
+std::string short_config(const Config& c) {
+  std::string s = fmt::format("dp{} tp{} pp{}", c.dp, c.tp, c.pp);
+  if (c.optimizer_shard > 0) s += fmt::format(" zero{}", c.optimizer_shard);
+  s += fmt::format(" mbs{}x{}", c.micro_batch_size, c.micro_batches);
+  if (c.pp > 1) s += fmt::format(" {}", recipe::schedule_name(c.schedule));
+  if (c.virtual_stages > 1) s += fmt::format(" v{}", c.virtual_stages);
+  if (c.sequence_parallel) s += " sp";
+  return s;
+}
+
+// The breakdown component in which two plans differ most, as "name a vs b".
+std::string biggest_difference(const Prediction& a, const Prediction& b) {
+  const std::pair<const char*, double> parts[] = {
+      {"compute", b.compute - a.compute},         {"recompute", b.recompute - a.recompute},
+      {"bubble", b.bubble - a.bubble},            {"tp comm", b.tp_exposed - a.tp_exposed},
+      {"pp comm", b.pp_exposed - a.pp_exposed},   {"dp comm", b.dp_exposed - a.dp_exposed},
+      {"optimizer-shard comm", b.opt_exposed - a.opt_exposed},
+      {"optimizer step", b.optimizer_step - a.optimizer_step}};
+  const auto* best = &parts[0];
+  for (const auto& p : parts)
+    if (p.second > best->second) best = &p;
+  return best->first;
+}
+
+std::string explain(const std::vector<Plan>& plans) {
+  const Plan& b = plans.front();
+  std::string why = fmt::format("{} reaches {:.1f}% MFU", short_config(b.config), 100 * b.predicted.mfu);
+  if (plans.size() < 2) return why + "; it is the only plan that fits";
+  const Plan& r = plans[1];
+  const double gain = r.predicted.iteration / b.predicted.iteration - 1;
+  return why + fmt::format("; {:.2f}% faster than {} (it spends less on {})", 100 * gain, short_config(r.config),
+                           biggest_difference(b.predicted, r.predicted));
+}
+
+Error infeasible(const Shortfall& s, double memory) {
+  const char* what = s.states >= s.activations ? "model states" : "activations";
+  return Error(Errc::infeasible,
+               fmt::format("no plan fits: the smallest need is {} per device against {} (states {}, activations {}; "
+                           "{} dominate) at {}",
+                           format_bytes(s.need), format_bytes(memory), format_bytes(s.states),
+                           format_bytes(s.activations), what, short_config(s.config)),
+               "", "use more nodes, a smaller global batch or sequence, or a cluster with more memory per device");
+}
+
+}  // namespace
+
+const char* flops_convention() {
+  return "model FLOPs = 3 x forward FLOPs of the ONNX graph (2 per multiply-accumulate, attention as "
+         "exported; backward = 2 x forward), no recomputation (MFU); hardware FLOPs add recomputed "
+         "forwards (HFU)";
+}
+
+Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster) {
+  auto dims = model::parse_dim_bindings(opts.dim_args);
+  if (!dims) return std::move(dims).error();
+  // A malformed model is bad input whatever else is missing, so read it before checking the options.
+  model::LoadOptions lo;
+  lo.mode = opts.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
+  if (auto loaded = model::load_model(opts.model, lo); !loaded) return std::move(loaded).error();
+  std::int64_t seq = opts.seq > 0 ? opts.seq : (dims->count("seq") ? dims->at("seq") : 0);
+  if (seq <= 0) return Error(Errc::usage, "planning needs a sequence length", "", "pass --seq S");
+  (*dims)["seq"] = seq;
+  (*dims)["batch"] = 1;  // costs are per sequence; the planner chooses the micro-batch size
+
+  auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
+  if (!summary) return std::move(summary).error();
+  auto profile = profile_model(*summary, seq, dtype_size(opts.dtype));
+  if (!profile) return std::move(profile).error();
+
+  auto topo = topology::Topology::from_cluster(cluster);
+  if (!topo) return std::move(topo).error();
+  PlanReport rep;
+  rep.warnings = summary->warnings;
+  Machine mc;
+  const auto& dev = topo->device();
+  mc.peak_flops = dev.peak_flops.of(opts.dtype);
+  if (mc.peak_flops <= 0 && dev.peak_flops.fp32 > 0) {
+    rep.warnings.push_back(fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
+                                       dev.name, opts.dtype));
+    mc.peak_flops = dev.peak_flops.fp32;
+  }
+  if (mc.peak_flops <= 0)
+    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, opts.dtype),
+                 cluster.name, "set peak_flops in the cluster file");
+  mc.memory = dev.memory;
+  mc.memory_bandwidth = dev.memory_bandwidth;
+  mc.cal = calibration_for(dev.kind);
+
+  Workload w;
+  w.train = opts.mode != "infer";
+  w.global_batch = opts.global_batch > 0 ? opts.global_batch : topo->ranks();
+  w.grad_bytes = dtype_size(opts.dtype);
+  w.optimizer_state_bytes = optimizer_bytes(opts.optimizer, opts.dtype);
+
+  SearchResult found = search({*profile, *topo, w, mc, {opts.top_k}});
+  if (found.plans.empty()) return infeasible(found.shortfall, mc.memory);
+
+  rep.model = opts.model;
+  rep.cluster = cluster.name;
+  rep.cluster_ref = opts.cluster;
+  rep.nodes = cluster.nodes;
+  rep.ranks = topo->ranks();
+  rep.device = dev.name;
+  rep.device_memory = mc.memory;
+  rep.global_batch = w.global_batch;
+  rep.seq = seq;
+  rep.dtype = opts.dtype;
+  rep.mode = w.train ? "train" : "infer";
+  rep.optimizer = opts.optimizer;
+  rep.parameters = profile->total_parameters();
+  rep.blocks = static_cast<std::int64_t>(profile->blocks.size());
+  rep.stats = found.stats;
+  rep.why = explain(found.plans);
+  rep.plans = std::move(found.plans);
+  return rep;
+}
+
+}  // namespace hp::planner

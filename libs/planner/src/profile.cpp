@@ -1,0 +1,111 @@
+// From a summarised model to the planner's per-block profile.
+//
+// libs/model binds the batch dim to 1 and the sequence to the planned length, so every figure here
+// is "per sequence"; the cost model multiplies by the micro-batch size (attention's s^2 term is per
+// sequence, so this is exact). Activation and boundary sizes are recomputed in the planned dtype
+// (ONNX test models are fp32, training runs in bf16): float tensors count dtype_bytes per element,
+// integer tensors (masks, indices) their own size.
+//
+// Two figures need the structure of attention, found without names: a tensor with two dims equal to
+// the sequence length is an attention-score tensor (seq x seq), and a node reading or writing one is
+// part of the quadratic work. Selective recomputation (Korthikanti 2022) drops exactly these tensors
+// and redoes exactly this work. The number of TP collectives per block follows Megatron's pairing of
+// a column-parallel with a row-parallel matmul: one all-reduce per pair in forward, so a transformer
+// block (attention + MLP) has 2; a block with one or two weight matmuls has 1.
+#include <algorithm>
+
+#include <fmt/core.h>
+
+#include "hp/planner/planner.h"
+
+namespace hp::planner {
+namespace {
+
+using model::Graph;
+using model::Tensor;
+
+bool quadratic(const Tensor& t, std::int64_t seq) {
+  if (seq <= 1 || !t.has_shape) return false;
+  int n = 0;
+  for (const auto& d : t.dims) n += d.value == seq ? 1 : 0;
+  return n >= 2;
+}
+
+double tensor_bytes(const Tensor& t, double dtype_bytes) {
+  auto n = t.numel();
+  if (!n) return 0;
+  if (t.is_float()) return static_cast<double>(*n) * dtype_bytes;
+  auto b = t.bytes();
+  return b ? static_cast<double>(*b) : 0.0;
+}
+
+BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq, double dtype_bytes) {
+  BlockProfile p;
+  p.name = b.name;
+  p.parameters = static_cast<double>(b.parameters);
+  p.fwd_flops = b.flops;
+  int weighted = 0;
+  for (int ni : b.nodes) {
+    const auto& n = g.node(ni);
+    bool quad = false, kernel = false;
+    for (int ti : n.outputs) {
+      if (ti < 0) continue;
+      const Tensor& t = g.tensor(ti);
+      if (t.kind != model::TensorKind::activation) continue;
+      kernel = true;
+      const double bytes = tensor_bytes(t, dtype_bytes);
+      p.act_bytes += bytes;
+      if (quadratic(t, seq)) {
+        p.quadratic_act_bytes += bytes;
+        quad = true;
+      }
+    }
+    for (int ti : n.inputs)
+      if (ti >= 0 && quadratic(g.tensor(ti), seq)) quad = true;
+    if (quad) p.quadratic_flops += n.cost.flops();
+    if (kernel) p.kernels += 1;
+    const bool matmul = n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "Einsum";
+    if (matmul && n.cost.parameters > 0) ++weighted;
+  }
+  p.tp_collectives = weighted >= 3 ? 2 : weighted >= 1 ? 1 : 0;
+  return p;
+}
+
+double cut_bytes(const Graph& g, const model::Cut& c, double dtype_bytes) {
+  double bytes = 0;
+  for (int ti : c.tensors) bytes += tensor_bytes(g.tensor(ti), dtype_bytes);
+  return bytes;
+}
+
+}  // namespace
+
+Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq, double dtype_bytes) {
+  if (!s.unknown_dims.empty())
+    return Error(Errc::bad_input, fmt::format("input dim '{}' is not bound", s.unknown_dims.front()), s.model,
+                 "bind it with --dim NAME=VALUE");
+  const Graph& g = s.graph;
+  const auto& lay = s.layering;
+  ModelProfile m;
+  m.seq = seq;
+  m.dtype_bytes = dtype_bytes;
+  m.prologue = profile_block(g, lay.prologue, seq, dtype_bytes);
+  m.epilogue = profile_block(g, lay.epilogue, seq, dtype_bytes);
+  for (const auto& b : lay.blocks) m.blocks.push_back(profile_block(g, b, seq, dtype_bytes));
+  // Cuts are prologue|b0, b0|b1, ..., last|epilogue: cut i is the input of block i.
+  for (std::size_t i = 0; i < m.blocks.size() && i < lay.cuts.size(); ++i)
+    m.blocks[i].boundary_bytes = cut_bytes(g, lay.cuts[i], dtype_bytes);
+  for (const auto& c : lay.cuts) m.hidden_bytes = std::max(m.hidden_bytes, cut_bytes(g, c, dtype_bytes));
+  if (m.blocks.empty()) {
+    // No repeated structure: the whole model is one block that cannot be split across stages.
+    m.blocks.push_back(m.prologue);
+    m.prologue = BlockProfile{"prologue"};
+  }
+  for (auto& b : m.blocks)
+    if (b.boundary_bytes == 0) b.boundary_bytes = m.hidden_bytes;
+  if (m.total_fwd_flops() <= 0)
+    return Error(Errc::bad_input, "the model has no countable FLOPs at the bound dims", s.model,
+                 "check 'hp plan --summary' for unknown shapes");
+  return m;
+}
+
+}  // namespace hp::planner

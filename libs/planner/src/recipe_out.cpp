@@ -1,0 +1,103 @@
+// The best plan as a recipe (DESIGN.md: fully explicit, paths relative to the recipe file).
+//
+// Ranks: the placement orders the axes innermost first, so rank = tp_i * s_tp + dp_i * s_dp +
+// pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline coordinate
+// is k. The mesh is written as one layout "*" whose device_matrix lists the axes outermost first
+// (the recipe's major-first convention) with their alias names. Interleaved plans write one stage
+// per model chunk (pp * v entries; chunk j runs on pipeline rank j mod pp). A stage carries one
+// recompute policy in recipe version 1, so a stage whose blocks differ gets the strongest of them.
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "hp/planner/planner.h"
+
+namespace hp::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::int64_t degree(const Config& c, Axis a) { return a == Axis::tp ? c.tp : a == Axis::dp ? c.dp : c.pp; }
+
+std::int64_t stride(const Config& c, Axis a) {
+  std::int64_t s = 1;
+  for (Axis x : c.order) {
+    if (x == a) break;
+    s *= degree(c, x);
+  }
+  return s;
+}
+
+std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
+  std::vector<std::int64_t> ranks;
+  for (std::int64_t d = 0; d < c.dp; ++d)
+    for (std::int64_t t = 0; t < c.tp; ++t)
+      ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) + t * stride(c, Axis::tp));
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+std::string relative_to(const fs::path& target, const fs::path& recipe_path) {
+  std::error_code ec;
+  const fs::path dir = fs::absolute(recipe_path, ec).parent_path();
+  fs::path rel = fs::relative(fs::absolute(target, ec), dir, ec);
+  return ec || rel.empty() ? fs::absolute(target, ec).string() : rel.generic_string();
+}
+
+}  // namespace
+
+recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) {
+  const Plan& best = r.plans.front();
+  const Config& c = best.config;
+  recipe::Recipe out;
+  out.name = fs::path(r.model).stem().string() + "-plan";
+  out.model = relative_to(r.model, recipe_path);
+  std::error_code ec;
+  out.cluster = fs::is_regular_file(r.cluster_ref, ec) ? relative_to(r.cluster_ref, recipe_path) : r.cluster_ref;
+  out.nodes = r.nodes;
+  out.dims = {{"batch", c.micro_batch_size}, {"seq", r.seq}};
+  out.parallel.dp = c.dp;
+  out.parallel.tp = c.tp;
+  out.parallel.pp = c.pp;
+  out.parallel.optimizer_shard = c.optimizer_shard;
+  out.parallel.micro_batch_size = c.micro_batch_size;
+  out.parallel.micro_batches = c.micro_batches;
+  out.parallel.schedule = c.schedule;
+  out.parallel.virtual_stages = c.virtual_stages;
+  out.parallel.sequence_parallel = c.sequence_parallel;
+  out.parallel.expert_parallel = 1;
+
+  // Chunks in model order: stage k of a non-interleaved plan is one chunk; interleaved ranks hold v
+  // chunks each, cut at the gaps of their block lists.
+  const std::int64_t chunks = c.pp * c.virtual_stages;
+  std::vector<std::vector<std::int64_t>> chunk_layers(static_cast<std::size_t>(chunks));
+  std::vector<recipe::Recompute> chunk_rc(static_cast<std::size_t>(chunks), recipe::Recompute::none);
+  for (std::int64_t k = 0; k < c.pp; ++k) {
+    const StagePlan& s = best.stages[static_cast<std::size_t>(k)];
+    std::int64_t v = 0;
+    for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+      if (i > 0 && s.blocks[i] != s.blocks[i - 1] + 1) ++v;
+      const auto j = static_cast<std::size_t>(std::min(v, c.virtual_stages - 1) * c.pp + k);
+      chunk_layers[j].push_back(s.blocks[i]);
+      if (static_cast<int>(s.recompute[i]) > static_cast<int>(chunk_rc[j])) chunk_rc[j] = s.recompute[i];
+    }
+  }
+  for (std::int64_t j = 0; j < chunks; ++j) {
+    recipe::Stage st;
+    st.index = j;
+    st.layers = chunk_layers[static_cast<std::size_t>(j)];
+    st.recompute = chunk_rc[static_cast<std::size_t>(j)];
+    st.ranks = stage_ranks(c, j % c.pp);
+    out.stages.push_back(std::move(st));
+  }
+
+  recipe::Layout mesh;
+  for (int i = 2; i >= 0; --i) {
+    mesh.device_matrix.push_back(degree(c, c.order[i]));
+    mesh.alias_name.push_back(axis_name(c.order[i]));
+  }
+  out.layouts["*"] = mesh;
+  return out;
+}
+
+}  // namespace hp::planner

@@ -1,0 +1,36 @@
+// Private to libs/planner: the per-configuration cost table and the evaluation of one pipeline
+// rank's share (its blocks, with the recompute choice that fits its memory at the least time).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/planner/cost.h"
+
+namespace hp::planner {
+
+/// block_cost() of every block of a model under one configuration.
+struct CostTable {
+  std::vector<BlockCost> blocks;
+  BlockCost prologue, epilogue;
+};
+CostTable cost_table(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
+                     const AxisLinks& links);
+
+/// Everything evaluate_stage needs, bundled so the search passes one reference.
+struct StageContext {
+  const ModelProfile& model;
+  const Config& config;
+  const Workload& work;
+  const Machine& machine;
+  const AxisLinks& links;
+  const CostTable& costs;
+};
+
+/// The cost of pipeline rank `stage` holding `blocks`: picks per-block recomputation greedily by
+/// memory saved per second added until the rank fits (blocks of one stage are near-identical, so the
+/// greedy choice is the knapsack optimum up to one block). `feasible` is false when even full
+/// recomputation of every block does not fit.
+StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks);
+
+}  // namespace hp::planner

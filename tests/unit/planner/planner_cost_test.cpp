@@ -1,0 +1,109 @@
+// Planner cost model: ZeRO state bytes, in-flight micro-batches per schedule, Korthikanti activation
+// memory under TP/SP/recompute, TP communication, and the GPT-3 175B skeleton's parameters and FLOPs
+// against the 12 l h^2 formulas (reference/planner.md §3, §5).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "hp/model/summary.h"
+#include "hp/planner/cost.h"
+#include "hp/planner/planner.h"
+#include "hp/topology/collectives.h"
+
+using namespace hp;
+using namespace hp::planner;
+
+TEST_CASE("planner: ZeRO state bytes match the ZeRO paper's 7.5B / 64-way table", "[planner]") {
+  Workload w;  // bf16 weights and grads, K = 12
+  const double psi = 7.5e9;
+  CHECK(psi * state_bytes_per_param(w, 2, 0, 64) / 1e9 == Approx(120.0));
+  CHECK(psi * state_bytes_per_param(w, 2, 1, 64) / 1e9 == Approx(31.40625));
+  CHECK(psi * state_bytes_per_param(w, 2, 2, 64) / 1e9 == Approx(16.640625));
+  CHECK(psi * state_bytes_per_param(w, 2, 3, 64) / 1e9 == Approx(1.875));
+  w.train = false;
+  CHECK(state_bytes_per_param(w, 2, 3, 64) == 2.0);
+}
+
+TEST_CASE("planner: in-flight micro-batches per schedule", "[planner]") {
+  Config c;
+  c.pp = 8;
+  c.micro_batches = 64;
+  c.schedule = recipe::Schedule::one_f_one_b;
+  CHECK(in_flight(c, 0) == 8.0);
+  CHECK(in_flight(c, 7) == 1.0);
+  c.schedule = recipe::Schedule::gpipe;
+  CHECK(in_flight(c, 3) == 64.0);
+  c.schedule = recipe::Schedule::interleaved;
+  c.virtual_stages = 3;
+  CHECK(in_flight(c, 0) == Approx(8.0 * (1.0 + 7.0 / 24.0)));
+  c.schedule = recipe::Schedule::one_f_one_b;
+  c.micro_batches = 2;
+  CHECK(in_flight(c, 0) == 2.0);  // m < p: only m micro-batches exist
+}
+
+namespace {
+
+// A GPT layer per Korthikanti Table 2: 34 s h bytes (16-bit) per sequence plus 5 a s^2 of attention
+// scores; its forward is 24 s h^2 + 4 s^2 h FLOPs.
+BlockProfile gpt_layer(double s, double h, double a) {
+  BlockProfile b;
+  b.parameters = 12 * h * h;
+  b.fwd_flops = 24 * s * h * h + 4 * s * s * h;
+  b.quadratic_flops = 4 * s * s * h;
+  b.quadratic_act_bytes = 5 * a * s * s;
+  b.act_bytes = 34 * s * h + b.quadratic_act_bytes;
+  b.boundary_bytes = 2 * s * h;
+  b.tp_collectives = 2;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("planner: activation bytes follow Korthikanti Table 2", "[planner]") {
+  const double s = 2048, h = 12288, a = 96, t = 8, mb = 1;
+  ModelProfile m;
+  m.seq = 2048;
+  m.hidden_bytes = 2 * s * h;
+  Config c;
+  c.tp = 8;
+  Workload w;
+  Machine mc;
+  mc.peak_flops = 312e12;
+  AxisLinks links;
+  links.tp = {"node", 0, 300e9, 3e-6};
+  BlockCost tp_only = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
+  CHECK(tp_only.act[0] == Approx(s * mb * h * (10 + 24 / t + 5 * a * s / (h * t))));
+  CHECK(tp_only.act[1] == Approx(s * mb * h * (10 + 24 / t)));
+  CHECK(tp_only.act[2] == Approx(2 * s * mb * h));
+  c.sequence_parallel = true;
+  BlockCost sp = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
+  CHECK(sp.act[0] == Approx(s * mb * h * (34 / t + 5 * a * s / (h * t))));
+  CHECK(sp.act[1] == Approx(34 * s * mb * h / t));
+
+  // Compute: forward at 60% of peak, backward twice that; TP: 2 all-reduces of b s h each way.
+  const double fwd = (24 * s * h * h + 4 * s * s * h) / t / (312e12 * 0.6);
+  CHECK(sp.fwd == Approx(fwd));
+  CHECK(sp.bwd == Approx(2 * fwd));
+  CHECK(sp.tp_comm == Approx(4 * topology::all_reduce_time(links.tp, 8, 2 * s * h)));
+  // Korthikanti Fig. 1 check of states: 18 bytes/param there; ZeRO-0 here with K = 12 is 16 bytes.
+  CHECK(sp.state_bytes == Approx(12 * h * h / t * 16));
+}
+
+TEST_CASE("planner: the 175B skeleton's parameters and FLOPs match 12 l h^2", "[planner]") {
+  model::SummaryOptions so;
+  so.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/gpt-175b-skeleton.onnx";
+  so.dims = {{"batch", 1}, {"seq", 2048}};
+  auto s = model::summarize_model(so);
+  REQUIRE(s);
+  auto p = profile_model(*s, 2048, 2);
+  REQUIRE(p);
+  const double l = 96, h = 12288, V = 50257, seq = 2048;
+  REQUIRE(p->blocks.size() == 96);
+  const double params = 12 * l * h * h * (1 + 13 / (12 * h) + (V + seq) / (12 * l * h));
+  CHECK(p->total_parameters() == Approx(params).epsilon(0.01));
+  // Per layer forward: 24 s h^2 + 4 s^2 h (2 FLOPs per MAC), plus softmax/norm elementwise work.
+  CHECK(p->blocks[10].fwd_flops == Approx(24 * seq * h * h + 4 * seq * seq * h).epsilon(0.02));
+  CHECK(p->blocks[10].quadratic_flops > 4 * seq * seq * h * 0.9);
+  CHECK(p->blocks[10].tp_collectives == 2);
+  CHECK(p->hidden_bytes == Approx(2 * seq * h));
+}
