@@ -10,9 +10,18 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "cpu_internal.h"
+#include "cpu_ops.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#define HP_CPU_HAS_OPENMP 1
+#else
+#define HP_CPU_HAS_OPENMP 0
+#endif
 
 using hp_common::make_status;
 
@@ -22,9 +31,22 @@ hp_status* check_dev(int32_t dev, const char* call) {
   return dev == 0 ? nullptr : make_status(HP_INVALID, "cpu: %s: no device %d (the cpu backend has one)", call, dev);
 }
 
-hp_status* cpu_open(const char* const*, size_t, hp_ctx** out) {
+/// Open options: "threads=N" sets the OpenMP (and so oneDNN) thread count of the process, which keeps
+/// `hp launch --threads N` from oversubscribing cores; without it OpenMP's default (the cores in the
+/// affinity mask) applies.
+hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {
     if (!out) return make_status(HP_INVALID, "cpu: open: null output");
+    for (size_t i = 0; kv && i < n_kv; ++i) {
+      if (!kv[i] || std::strncmp(kv[i], "threads=", 8) != 0) continue;
+      char* end = nullptr;
+      long n = std::strtol(kv[i] + 8, &end, 10);
+      if (!end || *end || n < 1 || n > 4096)
+        return make_status(HP_INVALID, "cpu: open: bad option '%s' (want threads=N, N >= 1)", kv[i]);
+#if HP_CPU_HAS_OPENMP
+      omp_set_num_threads(static_cast<int>(n));
+#endif
+    }
     *out = new hp_ctx();
     return nullptr;
   })
@@ -146,6 +168,7 @@ const hp_backend_v1 kTable = {
     cpu_copy_async, hp_cpu::gemm, hp_cpu::elementwise,
     nullptr, nullptr, nullptr,  // no whole-graph execution
     cpu_event_query, cpu_mem_info,
+    hp_cpu::supports_op, hp_cpu::run_op,
 };
 
 }  // namespace

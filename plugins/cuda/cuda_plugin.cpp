@@ -226,6 +226,7 @@ const hp_backend_v1 kTable = {
     cu_copy_async, hp_cuda::gemm, cu_elementwise,
     nullptr, nullptr, nullptr,
     cu_event_query, cu_mem_info,
+    nullptr, nullptr,  // no generic op execution yet (1.2): the executor falls back to cpu
 };
 
 }  // namespace

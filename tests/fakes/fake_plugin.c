@@ -251,6 +251,7 @@ static const hp_backend_v1 table = {
 #else
     f_event_query, f_mem_info,
 #endif
+    NULL, NULL, /* 1.2 supports_op / run_op: optional, absent */
 };
 
 #ifdef FAKE_MAJOR2_SYMBOL

@@ -10,8 +10,8 @@
 namespace hp::plugin {
 
 const char* dtype_name(int dtype) {
-  static const char* const names[HP_DTYPE_COUNT] = {"f32", "f16", "bf16", "f64", "i8", "i32", "i64", "f8"};
-  return dtype >= 0 && dtype < HP_DTYPE_COUNT ? names[dtype] : "?";
+  static const char* const names[] = {"f32", "f16", "bf16", "f64", "i8", "i32", "i64", "f8", "bool", "u8"};
+  return dtype >= 0 && dtype <= HP_U8 ? names[dtype] : "?";
 }
 
 const char* prov_name(hp_prov p) {
@@ -174,6 +174,31 @@ Status Backend::event_sync(hp_event* e) const { return take(table_->event_sync(c
 
 Status Backend::event_destroy(hp_event* e) const {
   return take(table_->event_destroy(ctx_, e), "event_destroy");
+}
+
+bool Backend::has_run_op() const {
+  return HP_HAS_MEMBER(table_, hp_backend_v1, run_op) && table_->supports_op != nullptr &&
+         table_->run_op != nullptr;
+}
+
+bool Backend::supports_op(int dev, const char* op_type, const char* domain, std::int64_t opset,
+                          const std::vector<std::int32_t>& input_dtypes) const {
+  if (!has_run_op()) return false;
+  return table_->supports_op(ctx_, dev, op_type, domain, opset, input_dtypes.data(),
+                             static_cast<std::int64_t>(input_dtypes.size())) != 0;
+}
+
+bool Backend::supports_op_type(int dev, const char* op_type, const char* domain, std::int64_t opset) const {
+  if (!has_run_op()) return false;
+  return table_->supports_op(ctx_, dev, op_type, domain, opset, nullptr, 0) != 0;
+}
+
+Status Backend::run_op(hp_stream* s, const hp_op_desc& d) const {
+  if (!has_run_op())
+    return Error(Errc::not_implemented,
+                 fmt::format("{} plugin implements ABI {}.{}, run_op needs 1.2", name(), table_->abi_major,
+                             table_->abi_minor));
+  return take(table_->run_op(ctx_, s, &d), d.op_type ? d.op_type : "run_op");
 }
 
 Expected<bool> Backend::event_query(hp_event* e) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hp/core/expected.h"
 #include "hp/plugin/hp_plugin.h"
@@ -57,6 +58,8 @@ class Backend {
   /// True when the table has the 1.1 member `event_query` / `mem_info`.
   bool has_event_query() const;
   bool has_mem_info() const;
+  /// True when the table has the 1.2 members supports_op and run_op (both set).
+  bool has_run_op() const;
 
   Expected<int> device_count() const;
   Expected<DeviceInfo> device_info(int dev) const;
@@ -77,6 +80,13 @@ class Backend {
   Status copy_async(hp_stream* s, void* dst, const void* src, std::size_t bytes, hp_copy_dir dir) const;
   Status gemm(hp_stream* s, const hp_gemm_desc& d) const;
   Status elementwise(hp_stream* s, const hp_elementwise_desc& d) const;
+  /// 1.2: whether ONNX op `op_type` runs on `dev` with these input dtypes; false on an older plugin.
+  bool supports_op(int dev, const char* op_type, const char* domain, std::int64_t opset,
+                   const std::vector<std::int32_t>& input_dtypes) const;
+  /// 1.2: whether the op type is implemented at all (for some dtypes); false on an older plugin.
+  bool supports_op_type(int dev, const char* op_type, const char* domain, std::int64_t opset) const;
+  /// 1.2: runs one ONNX node; not_implemented on an older plugin.
+  Status run_op(hp_stream* s, const hp_op_desc& d) const;
 
   /// Converts (and frees) a status returned by this plugin; NULL gives success.
   Status take(hp_status* st, const char* call) const;

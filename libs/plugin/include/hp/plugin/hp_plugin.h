@@ -16,6 +16,8 @@
  *   1.0  the core surface: status, open/close, devices, supports, memory, streams, events, copies,
  *        gemm, elementwise, optional graph execution
  *   1.1  appended event_query and mem_info
+ *   1.2  appended supports_op and run_op: generic execution of one ONNX node (hp_op_desc), with
+ *        tensor dtypes HP_BOOL and HP_U8 beyond the FLOP-rated set
  *
  * Errors. Fallible functions return `hp_status*`: NULL means success; otherwise an object allocated by
  * the plugin that the host reads with status_code/status_message and releases with status_free.
@@ -34,7 +36,7 @@ extern "C" {
 #endif
 
 #define HP_ABI_MAJOR 1
-#define HP_ABI_MINOR 1
+#define HP_ABI_MINOR 2
 
 /** True when `member` of the struct pointed to by `p` lies inside `p->struct_size`. */
 #define HP_HAS_MEMBER(p, type, member) \
@@ -72,7 +74,10 @@ typedef enum hp_dtype {
   HP_I32 = 5,
   HP_I64 = 6,
   HP_F8 = 7,
-  HP_DTYPE_COUNT = 8
+  HP_DTYPE_COUNT = 8,  /**< size of the FLOP-rated set (hp_device_info::peak_flops) */
+  /* 1.2: tensor element types that carry no FLOP figure */
+  HP_BOOL = 8,         /**< one byte per element, 0 or 1 */
+  HP_U8 = 9
 } hp_dtype;
 
 /** Where a device figure comes from. */
@@ -189,6 +194,73 @@ typedef struct hp_elementwise_desc {
   void* out;            /**< device pointer */
 } hp_elementwise_desc;
 
+/** Attribute kinds of hp_op_attr (1.2). */
+typedef enum hp_attr_kind {
+  HP_ATTR_INT = 0,     /**< i */
+  HP_ATTR_FLOAT = 1,   /**< f */
+  HP_ATTR_STRING = 2,  /**< s (NUL-terminated) */
+  HP_ATTR_INTS = 3,    /**< ints[0..n) */
+  HP_ATTR_FLOATS = 4,  /**< floats[0..n) */
+  HP_ATTR_TENSOR = 5   /**< tensor (a host-memory hp_tensor_desc, e.g. Constant's value) */
+} hp_attr_kind;
+
+/** Maximum rank of an hp_tensor_desc. */
+#define HP_MAX_RANK 8
+
+/**
+ * A dense, row-major (contiguous) tensor (1.2). `data` is a device pointer of the backend that runs
+ * the op, except for attribute tensors, which live in host memory. A rank-0 tensor is a scalar with
+ * one element; a dim of 0 gives an empty tensor (data may then be NULL).
+ */
+typedef struct hp_tensor_desc {
+  int32_t dtype;                 /**< hp_dtype */
+  int32_t rank;                  /**< 0..HP_MAX_RANK */
+  int64_t dims[HP_MAX_RANK];
+  void* data;
+} hp_tensor_desc;
+
+/** One node attribute (1.2). Strings and arrays are owned by the host and valid during the call. */
+typedef struct hp_op_attr {
+  const char* name;
+  int32_t kind;                  /**< hp_attr_kind */
+  int64_t i;
+  double f;
+  const char* s;
+  const int64_t* ints;
+  const double* floats;
+  int64_t n;                     /**< element count of ints / floats */
+  const hp_tensor_desc* tensor;
+} hp_op_attr;
+
+/**
+ * Output allocation callback of run_op (1.2). Output shapes are the plugin's to compute (some depend
+ * on input values: Reshape, Range, TopK), so the plugin asks the host for each output's buffer once it
+ * knows the shape. The host fills out->data with device memory of this backend (NULL for an empty
+ * tensor) and returns nonzero on success, 0 when it cannot allocate.
+ */
+typedef int32_t (*hp_alloc_output_fn)(void* user, int32_t index, int32_t dtype, int32_t rank,
+                                      const int64_t* dims, hp_tensor_desc* out);
+
+/**
+ * One ONNX node to execute (1.2). Inputs omitted in the model (optional, empty name) have
+ * dtype -1 and data NULL. Outputs are obtained through alloc_output, exactly once per output index
+ * in [0, n_outputs).
+ */
+typedef struct hp_op_desc {
+  size_t struct_size;            /**< sizeof(hp_op_desc) as the caller knows it */
+  const char* op_type;           /**< ONNX op type, e.g. "MatMul" */
+  const char* domain;            /**< "" for ai.onnx */
+  int64_t opset;                 /**< the model's opset of that domain */
+  const char* node_name;         /**< for messages; may be "" */
+  const hp_op_attr* attrs;
+  int64_t n_attrs;
+  const hp_tensor_desc* inputs;
+  int64_t n_inputs;
+  int64_t n_outputs;
+  hp_alloc_output_fn alloc_output;
+  void* alloc_user;
+} hp_op_desc;
+
 /** The function table of ABI major 1. Members are appended only; see the version history above. */
 typedef struct hp_backend_v1 {
   size_t struct_size;   /**< sizeof(hp_backend_v1) as the plugin was compiled */
@@ -264,6 +336,18 @@ typedef struct hp_backend_v1 {
   hp_status* (*event_query)(hp_ctx* ctx, hp_event* e, int32_t* done);
   /** Optional (1.1): current free and total memory of device `dev` in bytes. */
   hp_status* (*mem_info)(hp_ctx* ctx, int32_t dev, uint64_t* free_bytes, uint64_t* total_bytes);
+
+  /* ---- 1.2 ---- */
+  /**
+   * Optional (1.2): 1 when ONNX op `op_type` of `domain` ("" = ai.onnx) at `opset` runs on device
+   * `dev` with inputs of the given hp_dtypes (-1 for an omitted optional input), else 0. With
+   * input_dtypes NULL the question is whether the op type is implemented for some dtypes (the host
+   * asks this before it knows every tensor's dtype). Never fails.
+   */
+  int32_t (*supports_op)(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain,
+                         int64_t opset, const int32_t* input_dtypes, int64_t n_inputs);
+  /** Optional (1.2): queues the node `desc` on `s` (see hp_op_desc). */
+  hp_status* (*run_op)(hp_ctx* ctx, hp_stream* s, const hp_op_desc* desc);
 } hp_backend_v1;
 
 /** Size of a 1.0 table: everything up to and including graph_free. */

@@ -1,10 +1,14 @@
-// hp launch: runs a model or recipe on backend plugins, one rank or an MPMD job (issues #3, #6).
+// hp launch and hp verify MODEL.onnx: run a model on one rank without a recipe (an implicit
+// single-device recipe) and compare outputs. Recipes and MPMD jobs arrive with issue #6.
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "hp/core/expected.h"
+#include "hp/runtime/executor.h"
 
 namespace hp::runtime {
 
@@ -17,13 +21,62 @@ struct LaunchOptions {
   bool dry_run = false;
   std::filesystem::path hostfile;
   double timeout_s = 0;
+  std::vector<std::filesystem::path> plugin_paths;  ///< --plugin-path entries
 };
 
 struct LaunchReport {
   std::string summary;
+  ExecStats stats;
 };
 
-/// Not implemented yet: returns Errc::not_implemented.
+/// MODEL.onnx: reads --inputs, runs, writes --outputs atomically. RECIPE.toml: not implemented yet
+/// (issue #6). Errors: usage (missing --inputs/--outputs), bad_input (model, inputs, unsupported ops),
+/// unavailable (the requested backend), runtime (a kernel failed).
 Expected<LaunchReport> launch(const LaunchOptions& options);
+
+/// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.
+struct ModelVerifyOptions {
+  std::filesystem::path model;
+  std::filesystem::path inputs;
+  std::filesystem::path expected;
+  double rtol = 1e-4;
+  double atol = 1e-5;
+  std::string backend;            ///< empty: best available
+  int threads = 0;
+  std::vector<std::filesystem::path> plugin_paths;
+};
+
+/// The comparison of one output.
+struct OutputCheck {
+  std::string name;
+  double max_abs = 0;             ///< max |got - want|
+  double max_rel = 0;             ///< max |got - want| / |want| over elements with want != 0
+  std::int64_t bad = 0;           ///< elements with |got - want| > atol + rtol * |want|
+  std::string problem;            ///< dtype or shape mismatch, else empty
+  bool ok() const { return bad == 0 && problem.empty(); }
+};
+
+struct ModelVerifyReport {
+  std::vector<OutputCheck> outputs;
+  ExecStats stats;
+  std::string backend;
+  bool ok() const;
+  /// One line per output (name, max abs/rel error, verdict) and a closing line.
+  std::string format() const;
+};
+
+/// Runs the model and compares every output with expected/output_K.pb. A mismatch is not an error
+/// here: the report says which outputs are out of tolerance (the CLI exits with the mismatch code).
+Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& options);
+
+/// Compares two tensors elementwise (NaN equals NaN; integer and bool tensors must match exactly).
+OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol, double atol);
+
+/// The backends a run uses, opened with "threads=N" when threads > 0.
+struct Backends {
+  std::shared_ptr<plugin::Backend> primary, cpu;
+};
+Expected<Backends> open_backends(const std::string& name, int threads,
+                                 const std::vector<std::filesystem::path>& plugin_paths);
 
 }  // namespace hp::runtime

@@ -1,0 +1,109 @@
+// The executor: runs an ONNX graph node by node on backend plugins.
+//
+// Preparation (Executor::create) does everything that can fail before any work starts: it orders the
+// nodes topologically, asks the backends which ops they support and lists *every* unsupported op with its
+// node name in one error, converts attributes to the plugin ABI's hp_op_attr form once, loads the
+// initializers (external data included) and plans lifetimes: each tensor's last reader is known, so its
+// buffer goes back to a per-backend pool right after that node, and later allocations of the same size
+// reuse it (no allocator traffic on the hot path once the pool is warm). The peak of live bytes is
+// reported.
+//
+// Placement: every node runs on the primary backend when its supports_op says yes for the node's input
+// dtypes, otherwise on the cpu backend (always loaded, the reference). A tensor needed on the other
+// backend is copied there once and the copy lives as long as the tensor.
+//
+// A rank's partition (issue #6) also holds communication nodes of the "hp" domain (hp.AllReduce,
+// hp.AllGather, hp.ReduceScatter, hp.AllToAll, hp.Send, hp.Recv). The executor does not know MPI:
+// it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes are
+// reported as unsupported before the run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/model/model.h"
+#include "hp/plugin/backend.h"
+#include "hp/runtime/tensor.h"
+
+namespace hp::runtime {
+
+/// One "hp"-domain communication node as the comm layer sees it.
+struct CommNode {
+  std::string name;
+  std::string op_type;                 ///< "AllReduce", "Send", ...
+  std::vector<std::string> inputs, outputs;
+  /// Integer and string attributes (group, peer, reduce op ...) as text.
+  std::vector<std::pair<std::string, std::string>> attrs;
+};
+
+/// The seam to the communication layer: implemented over MPI by the comm layer (issue #6), by fakes in
+/// tests. Tensors are on the host for now; device-resident collectives come with the comm layer.
+class CommOps {
+ public:
+  virtual ~CommOps() = default;
+  /// True when this layer runs `op_type` of the "hp" domain.
+  virtual bool handles(const std::string& op_type) const = 0;
+  /// Runs one node: `inputs` in node input order; fills `outputs` (one per node output).
+  virtual Status run(const CommNode& node, const std::vector<const HostTensor*>& inputs,
+                     std::vector<HostTensor>& outputs) = 0;
+};
+
+struct ExecOptions {
+  std::shared_ptr<plugin::Backend> backend;  ///< primary backend (nullptr: the cpu backend)
+  std::shared_ptr<plugin::Backend> cpu;      ///< the cpu backend: fallback for unsupported ops; required
+  CommOps* comm = nullptr;                   ///< runs "hp"-domain nodes; not owned
+};
+
+/// A declared graph input or output.
+struct GraphIO {
+  std::string name;
+  int dtype = -1;                       ///< hp_dtype; -1 when undeclared or not runnable
+  std::int32_t onnx_type = 0;
+  std::vector<std::int64_t> dims;       ///< -1 for a symbolic or unknown dim
+  bool has_shape = false;
+};
+
+/// Figures of the last run.
+struct ExecStats {
+  std::int64_t peak_bytes = 0;          ///< most bytes of tensors alive at once (weights included)
+  std::int64_t weight_bytes = 0;        ///< initializers
+  int nodes = 0;
+  int nodes_on_fallback = 0;            ///< nodes run on the cpu backend while another was primary
+  int copies = 0;                       ///< tensors copied between backends
+  double seconds = 0;
+};
+
+class Executor {
+ public:
+  /// Prepares `model` (loaded with LoadMode::require_data) for execution; see the file comment.
+  /// Errors: Errc::bad_input listing every unsupported op (node names in `where`), or a weight whose
+  /// data is missing or malformed.
+  static Expected<std::unique_ptr<Executor>> create(const model::Model& model, const ExecOptions& options);
+  ~Executor();
+
+  const std::vector<GraphIO>& inputs() const;
+  const std::vector<GraphIO>& outputs() const;
+
+  /// Runs the graph on `inputs` (graph input order, already checked by bind_inputs or the caller).
+  /// Returns the outputs in graph output order, named after the graph outputs.
+  Expected<std::vector<HostTensor>> run(const std::vector<HostTensor>& inputs);
+  const ExecStats& stats() const;
+
+  struct Impl;
+
+ private:
+  explicit Executor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Orders `given` (tensors read from input_K.pb) as the graph inputs and checks them: a tensor named
+/// after a graph input binds to it, an unnamed one binds by position; a name the graph lacks, a missing
+/// input, a wrong dtype or a shape that contradicts the declared dims is Errc::bad_input, with `where` =
+/// `source/input_K.pb`.
+Expected<std::vector<HostTensor>> bind_inputs(const std::vector<GraphIO>& graph_inputs,
+                                              std::vector<HostTensor> given, const std::string& source);
+
+}  // namespace hp::runtime

@@ -1,0 +1,79 @@
+// Private state of the executor, shared by exec_prepare.cpp (ordering, op checks, attributes,
+// initializers, lifetimes) and exec_run.cpp (buffers, placement, the node loop).
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hp/plugin/hp_plugin.h"
+#include "hp/runtime/executor.h"
+
+namespace hp::runtime {
+
+/// A node ready to run: ABI attribute records whose strings and arrays live in `store_*`.
+struct PreparedNode {
+  std::string name, op_type, domain;
+  std::int64_t opset = 0;
+  std::vector<int> inputs, outputs;        ///< tensor ids; -1 for an omitted input / unused output
+  std::vector<hp_op_attr> attrs;
+  std::deque<std::string> store_strings;   ///< deques: element addresses stay valid while growing
+  std::deque<std::vector<std::int64_t>> store_ints;
+  std::deque<std::vector<double>> store_floats;
+  std::deque<HostTensor> store_tensors;
+  std::deque<hp_tensor_desc> store_descs;
+  std::vector<int> release_after;          ///< tensor ids whose last reader is this node
+  bool comm = false;                       ///< an "hp"-domain node for CommOps
+  CommNode comm_node;
+};
+
+/// One tensor's buffers: at most one replica per backend slot (0 = cpu, 1 = primary).
+struct Slot {
+  int dtype = -1;
+  std::vector<std::int64_t> dims;
+  std::size_t bytes = 0;
+  void* ptr[2] = {nullptr, nullptr};
+  bool live = false;
+};
+
+/// Size-keyed free lists per backend slot: freed buffers are reused by later allocations.
+struct Pool {
+  std::multimap<std::size_t, void*> free[2];
+};
+
+struct Executor::Impl {
+  ExecOptions opts;
+  plugin::Backend* be[2] = {nullptr, nullptr};  ///< [0] cpu, [1] primary (null when cpu is primary)
+  hp_stream* stream[2] = {nullptr, nullptr};
+  std::vector<std::string> tensor_names;
+  std::map<std::string, int> tensor_ids;
+  std::vector<GraphIO> inputs, outputs;
+  std::vector<int> input_ids, output_ids;
+  std::vector<std::pair<int, HostTensor>> weights;  ///< initializer id -> data
+  std::deque<PreparedNode> nodes;  // deque: nodes never move (their attrs point into them)
+  std::vector<Slot> slots;
+  Pool pool;
+  std::int64_t live_bytes = 0;
+  ExecStats stats;
+
+  int id_of(const std::string& name);
+
+  // exec_run.cpp
+  Expected<void*> alloc(int where, std::size_t bytes);
+  void release(int where, void* p, std::size_t bytes);
+  void free_slot(int id);
+  Status place(int id, int where);
+  Status run_node(PreparedNode& n);
+  Status run_comm(PreparedNode& n);
+  Expected<HostTensor> to_host(int id);
+  void drain();
+  ~Impl();
+};
+
+/// Converts a graph value's declared type into a GraphIO.
+GraphIO graph_io_of(const onnx::ValueInfoProto& v);
+
+}  // namespace hp::runtime

@@ -1,0 +1,278 @@
+// Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32, through the same oneDNN matmul
+// path as the ABI's gemm entry, so primitives are cached by shape), Softmax/LogSoftmax, LayerNormalization
+// and Conv.
+//
+// MatMul follows numpy: 1-D operands get a dim inserted and removed again, batch dims broadcast. When
+// B has no batch (the weight of a linear layer) A's batch is folded into M and one GEMM runs; when the
+// batch shapes are equal one strided batched GEMM runs; other broadcasts loop over the batch.
+//
+// Softmax before opset 13 flattens the input to 2-D at `axis`; from 13 it works along `axis` only.
+// Conv is a direct loop (any spatial rank, groups, dilations, explicit or auto padding), adequate for the
+// patch embeddings and small convolutions of the test models; a oneDNN primitive is the next step.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "cpu_ops.h"
+
+namespace hp_cpu {
+namespace {
+
+hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const float* a, const float* b, float* c,
+                       double alpha = 1.0) {
+  hp_gemm_desc d;
+  std::memset(&d, 0, sizeof d);
+  d.struct_size = sizeof d;
+  d.trans_a = ta;
+  d.trans_b = tb;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.lda = ta ? m : k;
+  d.ldb = tb ? k : n;
+  d.ldc = n;
+  d.batch = 1;
+  d.alpha = alpha;
+  d.beta = 0;
+  d.type_a = d.type_b = d.type_c = d.type_compute = HP_F32;
+  d.a = a;
+  d.b = b;
+  d.c = c;
+  return d;
+}
+
+void run_gemm(OpCall& c, const hp_gemm_desc& d) {
+  if (d.m == 0 || d.n == 0) return;
+  if (d.k == 0) {
+    std::memset(d.c, 0, static_cast<size_t>(d.m * d.n * d.batch) * sizeof(float));
+    return;
+  }
+  if (hp_status* st = gemm(c.ctx(), c.stream(), &d)) {
+    std::string m = st->message;
+    delete st;
+    c.fail(m);
+  }
+}
+
+void matmul(OpCall& c) {
+  View a = c.need(0), b = c.need(1);
+  const bool a1 = a.dims.size() == 1, b1 = b.dims.size() == 1;
+  if (a.dims.empty() || b.dims.empty()) c.fail("matmul operands must have rank >= 1");
+  if (a1) a.dims.insert(a.dims.begin(), 1);
+  if (b1) b.dims.push_back(1);
+  const int64_t m = a.dims[a.dims.size() - 2], k = a.dims.back(), n = b.dims.back();
+  if (b.dims[b.dims.size() - 2] != k) c.fail("inner dims differ: " + dims_str(a.dims) + " x " + dims_str(b.dims));
+  Dims ab(a.dims.begin(), a.dims.end() - 2), bb(b.dims.begin(), b.dims.end() - 2);
+  Dims batch = broadcast_shapes(ab, bb, c);
+  Dims out = batch;
+  if (!a1) out.push_back(m);
+  if (!b1) out.push_back(n);
+  View y = c.out(0, HP_F32, out);
+  const float *pa = a.as<float>(), *pb = b.as<float>();
+  float* py = y.as<float>();
+  const int64_t nb = numel(batch);
+  if (numel(bb) == 1 && numel(ab) == nb) {
+    run_gemm(c, gemm_desc(nb * m, n, k, false, false, pa, pb, py));
+  } else if (ab == bb) {
+    hp_gemm_desc d = gemm_desc(m, n, k, false, false, pa, pb, py);
+    d.batch = nb;
+    d.stride_a = m * k;
+    d.stride_b = k * n;
+    d.stride_c = m * n;
+    if (nb > 0) run_gemm(c, d);
+  } else {
+    Dims sa = broadcast_strides(ab, batch), sb = broadcast_strides(bb, batch);
+    Dims idx(batch.size(), 0);
+    for (int64_t q = 0; q < nb; ++q) {
+      int64_t oa = 0, ob = 0;
+      for (size_t d = 0; d < batch.size(); ++d) {
+        oa += idx[d] * sa[d];
+        ob += idx[d] * sb[d];
+      }
+      run_gemm(c, gemm_desc(m, n, k, false, false, pa + oa * m * k, pb + ob * k * n, py + q * m * n));
+      for (size_t d = batch.size(); d-- > 0;) {
+        if (++idx[d] < batch[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+}
+
+void gemm_op(OpCall& c) {
+  const View &a = c.need(0), &b = c.need(1), &bias = c.in(2);
+  if (a.dims.size() != 2 || b.dims.size() != 2) c.fail("gemm operands must be 2-D");
+  const bool ta = c.i("transA", 0) != 0, tb = c.i("transB", 0) != 0;
+  const int64_t m = ta ? a.dims[1] : a.dims[0], k = ta ? a.dims[0] : a.dims[1];
+  const int64_t n = tb ? b.dims[0] : b.dims[1];
+  if ((tb ? b.dims[1] : b.dims[0]) != k) c.fail("inner dims differ");
+  View y = c.out(0, HP_F32, {m, n});
+  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.as<float>(), b.as<float>(), y.as<float>(), c.f("alpha", 1.0)));
+  if (bias.present() && bias.numel() > 0) {
+    const float beta = static_cast<float>(c.f("beta", 1.0));
+    Dims st = broadcast_strides(bias.dims, {m, n});
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) y.as<float>()[i * n + j] += beta * bias.as<float>()[i * st[0] + j * st[1]];
+  }
+}
+
+template <class T>
+void softmax_rows(const T* x, T* y, int64_t outer, int64_t len, int64_t inner, bool log) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t in = 0; in < inner; ++in) {
+      const T* px = x + o * len * inner + in;
+      T* py = y + o * len * inner + in;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < len; ++i) mx = std::max(mx, px[i * inner]);
+      T sum = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        T e = std::exp(px[i * inner] - mx);
+        sum += e;
+        if (!log) py[i * inner] = e;
+      }
+      if (log) {
+        const T ls = std::log(sum);
+        for (int64_t i = 0; i < len; ++i) py[i * inner] = px[i * inner] - mx - ls;
+      } else {
+        const T inv = T(1) / sum;
+        for (int64_t i = 0; i < len; ++i) py[i * inner] *= inv;
+      }
+    }
+}
+
+void softmax(OpCall& c, bool log) {
+  const View& x = c.need(0);
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  View y = c.out(0, x.dtype, x.dims);
+  const int64_t a = c.axis(c.i("axis", c.opset() >= 13 ? -1 : 1), std::max<int64_t>(r, 1));
+  int64_t outer = 1, len = 1, inner = 1;
+  for (int64_t d = 0; d < r; ++d) {
+    const int64_t v = x.dims[static_cast<size_t>(d)];
+    if (d < a) outer *= v;
+    else if (d == a || c.opset() < 13) len *= v;
+    else inner *= v;
+  }
+  if (x.numel() == 0) return;
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) softmax_rows<T>(x.as<T>(), y.as<T>(), outer, len, inner, log);
+  });
+}
+
+void layer_norm(OpCall& c) {
+  const View &x = c.need(0), &scale = c.need(1), &bias = c.in(2);
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  const int64_t a = c.axis(c.i("axis", -1), r);
+  const float eps = static_cast<float>(c.f("epsilon", 1e-5));
+  int64_t outer = 1, len = 1;
+  for (int64_t d = 0; d < r; ++d) (d < a ? outer : len) *= x.dims[static_cast<size_t>(d)];
+  if (scale.numel() != len && scale.numel() != 1) c.fail("scale does not match the normalised dims");
+  View y = c.out(0, x.dtype, x.dims);
+  Dims stat_dims = x.dims;
+  for (int64_t d = a; d < r; ++d) stat_dims[static_cast<size_t>(d)] = 1;
+  float* mean_out = c.n_outputs() > 1 ? c.out(1, HP_F32, stat_dims).as<float>() : nullptr;
+  float* rstd_out = c.n_outputs() > 2 ? c.out(2, HP_F32, stat_dims).as<float>() : nullptr;
+  const float* px = x.as<float>();
+  float* py = y.as<float>();
+  const float* ps = scale.as<float>();
+  const float* pb = bias.present() ? bias.as<float>() : nullptr;
+  const bool bias_full = pb && bias.numel() == len;
+  for (int64_t o = 0; o < outer; ++o) {
+    const float* row = px + o * len;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < len; ++i) mean += row[i];
+    mean /= static_cast<double>(len);
+    for (int64_t i = 0; i < len; ++i) var += (row[i] - mean) * (row[i] - mean);
+    var /= static_cast<double>(len);
+    const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float mu = static_cast<float>(mean);
+    for (int64_t i = 0; i < len; ++i) {
+      float v = (row[i] - mu) * rstd * ps[scale.numel() == 1 ? 0 : i];
+      if (pb) v += pb[bias_full ? i : 0];
+      py[o * len + i] = v;
+    }
+    if (mean_out) mean_out[o] = mu;
+    if (rstd_out) rstd_out[o] = rstd;
+  }
+}
+
+void conv(OpCall& c) {
+  const View &x = c.need(0), &w = c.need(1), &bias = c.in(2);
+  const size_t sp = x.dims.size() < 3 ? 0 : x.dims.size() - 2;
+  if (sp == 0 || w.dims.size() != x.dims.size()) c.fail("conv needs N x C x spatial input and matching weights");
+  const int64_t group = c.i("group", 1), N = x.dims[0], C = x.dims[1], M = w.dims[0];
+  if (C != w.dims[1] * group || M % group) c.fail("channels do not match the weights and groups");
+  std::vector<int64_t> strides = c.ints("strides"), dil = c.ints("dilations"), pads = c.ints("pads");
+  strides.resize(sp, 1);
+  dil.resize(sp, 1);
+  for (auto& v : strides) v = v ? v : 1;
+  for (auto& v : dil) v = v ? v : 1;
+  pads.resize(2 * sp, 0);
+  const std::string ap = c.s("auto_pad", "NOTSET");
+  Dims out{N, M};
+  for (size_t d = 0; d < sp; ++d) {
+    const int64_t in = x.dims[2 + d], kk = (w.dims[2 + d] - 1) * dil[d] + 1;
+    if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      const int64_t o = (in + strides[d] - 1) / strides[d];
+      const int64_t total = std::max<int64_t>((o - 1) * strides[d] + kk - in, 0);
+      pads[d] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[d + sp] = total - pads[d];
+    } else if (ap == "VALID") {
+      pads[d] = pads[d + sp] = 0;
+    }
+    out.push_back((in + pads[d] + pads[d + sp] - kk) / strides[d] + 1);
+  }
+  View y = c.out(0, HP_F32, out);
+  const Dims xs = strides_of(x.dims), ws = strides_of(w.dims), ys = strides_of(out);
+  const int64_t cg = C / group, mg = M / group;
+  Dims ksz(w.dims.begin() + 2, w.dims.end()), osz(out.begin() + 2, out.end());
+  const int64_t kn = numel(ksz), on = numel(osz);
+  Dims oo(sp);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t g = m / mg;
+      for (int64_t op = 0; op < on; ++op) {
+        int64_t rest = op;
+        for (size_t d = sp; d-- > 0;) {
+          oo[d] = rest % osz[d];
+          rest /= osz[d];
+        }
+        double acc = bias.present() ? bias.as<float>()[m] : 0.0;
+        for (int64_t ci = 0; ci < cg; ++ci)
+          for (int64_t kp = 0; kp < kn; ++kp) {
+            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1], woff = m * ws[0] + ci * ws[1];
+            bool inside = true;
+            for (size_t d = sp; d-- > 0;) {
+              const int64_t kd = rem % ksz[d];
+              rem /= ksz[d];
+              const int64_t pos = oo[d] * strides[d] - pads[d] + kd * dil[d];
+              if (pos < 0 || pos >= x.dims[2 + d]) { inside = false; break; }
+              xoff += pos * xs[2 + d];
+              woff += kd * ws[2 + d];
+            }
+            if (inside) acc += static_cast<double>(x.as<float>()[xoff]) * w.as<float>()[woff];
+          }
+        y.as<float>()[n * ys[0] + m * ys[1] + op] = static_cast<float>(acc);
+      }
+    }
+}
+
+bool floats(const std::vector<int32_t>& d) {
+  for (int32_t t : d)
+    if (t != -1 && t != HP_F32 && t != HP_F64) return false;
+  return !d.empty() && d[0] != -1;
+}
+
+}  // namespace
+
+void register_nn_ops(OpTable& t) {
+  t["MatMul"] = {matmul, all_f32};
+  t["Gemm"] = {gemm_op, all_f32};
+  t["Softmax"] = {[](OpCall& c) { softmax(c, false); }, floats};
+  t["LogSoftmax"] = {[](OpCall& c) { softmax(c, true); }, floats};
+  t["LayerNormalization"] = {layer_norm, all_f32};
+  t["Conv"] = {conv, all_f32};
+}
+
+}  // namespace hp_cpu

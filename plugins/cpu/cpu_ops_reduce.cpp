@@ -1,0 +1,214 @@
+// Reductions and contractions on the cpu backend: ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/
+// LogSumExp, ArgMax/ArgMin, and Einsum.
+//
+// Reductions split the dims into kept and reduced ones; each output element walks the reduced index
+// space with precomputed strides, so any set of axes works in one pass. Axes come from the attribute before the opset where
+// they became an input (13 for ReduceSum, 18 for the others). Accumulation is in double.
+//
+// Einsum is a direct loop over the product of all index letters: exact and general (any explicit or
+// implicit equation without an ellipsis), and fast enough for the small contractions exporters emit.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "cpu_ops.h"
+
+namespace hp_cpu {
+namespace {
+
+enum class Red { sum, mean, max, min, prod, l1, l2, sumsq, logsumexp };
+
+void reduce(OpCall& c, Red kind) {
+  const View& x = c.need(0);
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  const int64_t axes_input_from = kind == Red::sum ? 13 : 18;
+  std::vector<int64_t> axes = c.opset() >= axes_input_from
+                                  ? (c.in(1).present() ? c.in(1).ints() : std::vector<int64_t>{})
+                                  : c.ints("axes");
+  const bool keep = c.i("keepdims", 1) != 0;
+  std::vector<bool> red(static_cast<size_t>(r), false);
+  if (axes.empty()) {
+    if (c.i("noop_with_empty_axes", 0) != 0) {
+      View y = c.out(0, x.dtype, x.dims);
+      if (x.numel()) std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
+      return;
+    }
+    red.assign(static_cast<size_t>(r), true);
+  }
+  for (int64_t a : axes) red[static_cast<size_t>(c.axis(a, r))] = true;
+  Dims out, kept_dims, kept_st, red_dims, red_st;
+  const Dims st = strides_of(x.dims);
+  for (size_t d = 0; d < red.size(); ++d) {
+    if (red[d]) {
+      red_dims.push_back(x.dims[d]);
+      red_st.push_back(st[d]);
+      if (keep) out.push_back(1);
+    } else {
+      kept_dims.push_back(x.dims[d]);
+      kept_st.push_back(st[d]);
+      out.push_back(x.dims[d]);
+    }
+  }
+  View y = c.out(0, x.dtype, out);
+  const int64_t n_out = numel(kept_dims), n_red = numel(red_dims);
+  dispatch_num(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    Dims oi(kept_dims.size(), 0), ri(red_dims.size(), 0);
+    for (int64_t o = 0; o < n_out; ++o) {
+      int64_t base = 0;
+      for (size_t d = 0; d < oi.size(); ++d) base += oi[d] * kept_st[d];
+      double acc = kind == Red::max ? -std::numeric_limits<double>::infinity()
+                   : kind == Red::min ? std::numeric_limits<double>::infinity()
+                   : kind == Red::prod ? 1.0 : 0.0;
+      double mx = -std::numeric_limits<double>::infinity();
+      if (kind == Red::logsumexp) {
+        std::fill(ri.begin(), ri.end(), 0);
+        for (int64_t k = 0; k < n_red; ++k) {
+          int64_t off = base;
+          for (size_t d = 0; d < ri.size(); ++d) off += ri[d] * red_st[d];
+          mx = std::max(mx, static_cast<double>(px[off]));
+          for (size_t d = ri.size(); d-- > 0;) { if (++ri[d] < red_dims[d]) break; ri[d] = 0; }
+        }
+      }
+      std::fill(ri.begin(), ri.end(), 0);
+      for (int64_t k = 0; k < n_red; ++k) {
+        int64_t off = base;
+        for (size_t d = 0; d < ri.size(); ++d) off += ri[d] * red_st[d];
+        const double v = static_cast<double>(px[off]);
+        switch (kind) {
+          case Red::sum: case Red::mean: acc += v; break;
+          case Red::max: acc = std::max(acc, v); break;
+          case Red::min: acc = std::min(acc, v); break;
+          case Red::prod: acc *= v; break;
+          case Red::l1: acc += std::fabs(v); break;
+          case Red::l2: case Red::sumsq: acc += v * v; break;
+          case Red::logsumexp: acc += std::exp(v - mx); break;
+        }
+        for (size_t d = ri.size(); d-- > 0;) { if (++ri[d] < red_dims[d]) break; ri[d] = 0; }
+      }
+      if (kind == Red::mean) acc /= static_cast<double>(n_red);
+      if (kind == Red::l2) acc = std::sqrt(acc);
+      if (kind == Red::logsumexp) acc = std::log(acc) + mx;
+      y.as<T>()[o] = static_cast<T>(acc);
+      for (size_t d = oi.size(); d-- > 0;) { if (++oi[d] < kept_dims[d]) break; oi[d] = 0; }
+    }
+  });
+}
+
+void arg(OpCall& c, bool is_max) {
+  const View& x = c.need(0);
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  const size_t a = static_cast<size_t>(c.axis(c.i("axis", 0), r));
+  const bool keep = c.i("keepdims", 1) != 0, last = c.i("select_last_index", 0) != 0;
+  Dims out = x.dims;
+  if (keep) out[a] = 1;
+  else out.erase(out.begin() + static_cast<int64_t>(a));
+  View y = c.out(0, HP_I64, out);
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < a; ++d) outer *= x.dims[d];
+  for (size_t d = a + 1; d < x.dims.size(); ++d) inner *= x.dims[d];
+  const int64_t n = x.dims[a];
+  dispatch_num(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t in = 0; in < inner; ++in) {
+        const T* p = x.as<T>() + o * n * inner + in;
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; ++i) {
+          const T v = p[i * inner], b = p[best * inner];
+          if (is_max ? (v > b || (last && v == b)) : (v < b || (last && v == b))) best = i;
+        }
+        y.as<int64_t>()[o * inner + in] = best;
+      }
+  });
+}
+
+void einsum(OpCall& c) {
+  std::string eq = c.s("equation", "");
+  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
+  if (eq.find("...") != std::string::npos) throw OpError("einsum with an ellipsis is not supported", HP_UNSUPPORTED);
+  const size_t arrow = eq.find("->");
+  std::string lhs = eq.substr(0, arrow), rhs;
+  std::vector<std::string> terms;
+  for (size_t p = 0;;) {
+    size_t q = lhs.find(',', p);
+    terms.push_back(lhs.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  if (terms.size() != c.n_inputs()) c.fail("equation names " + std::to_string(terms.size()) + " operands");
+  std::map<char, int64_t> size, count;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    const View& v = c.need(t);
+    if (terms[t].size() != v.dims.size()) c.fail("term '" + terms[t] + "' does not match the operand's rank");
+    for (size_t k = 0; k < terms[t].size(); ++k) {
+      const char l = terms[t][k];
+      if (size.count(l) && size[l] != v.dims[k] && size[l] != 1 && v.dims[k] != 1) c.fail(std::string("size of '") + l + "' differs");
+      size[l] = std::max(size.count(l) ? size[l] : 0, v.dims[k]);
+      ++count[l];
+    }
+  }
+  if (arrow != std::string::npos) rhs = eq.substr(arrow + 2);
+  else
+    for (auto& [l, n] : count)
+      if (n == 1) rhs += l;
+  std::string letters = rhs;
+  for (auto& [l, n] : size)
+    if (rhs.find(l) == std::string::npos) letters += l;
+  Dims out, all;
+  for (char l : rhs) out.push_back(size.at(l));
+  for (char l : letters) all.push_back(size[l]);
+  View y = c.out(0, c.need(0).dtype, out);
+  // Per operand, the stride of each letter (0 when absent or broadcast).
+  std::vector<Dims> st(terms.size(), Dims(letters.size(), 0));
+  for (size_t t = 0; t < terms.size(); ++t) {
+    const Dims s = strides_of(c.in(t).dims);
+    for (size_t k = 0; k < terms[t].size(); ++k)
+      if (c.in(t).dims[k] != 1) st[t][letters.find(terms[t][k])] += s[k];
+  }
+  dispatch_num(y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* py = y.as<T>();
+    std::fill(py, py + y.numel(), T(0));
+    const int64_t total = numel(all), n_red = numel(all) / std::max<int64_t>(numel(out), 1);
+    Dims idx(all.size(), 0);
+    for (int64_t i = 0; i < total && numel(out) > 0; ++i) {
+      T prod = T(1);
+      for (size_t t = 0; t < terms.size(); ++t) {
+        int64_t off = 0;
+        for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * st[t][d];
+        prod *= c.in(t).template as<T>()[off];
+      }
+      py[i / std::max<int64_t>(n_red, 1)] += prod;
+      for (size_t d = idx.size(); d-- > 0;) { if (++idx[d] < all[d]) break; idx[d] = 0; }
+    }
+  });
+}
+
+bool num1(const std::vector<int32_t>& d) { return !d.empty() && is_num(d[0]); }
+
+}  // namespace
+
+void register_reduce_ops(OpTable& t) {
+  const std::pair<const char*, Red> reds[] = {
+      {"ReduceSum", Red::sum}, {"ReduceMean", Red::mean}, {"ReduceMax", Red::max}, {"ReduceMin", Red::min},
+      {"ReduceProd", Red::prod}, {"ReduceL1", Red::l1}, {"ReduceL2", Red::l2},
+      {"ReduceSumSquare", Red::sumsq}, {"ReduceLogSumExp", Red::logsumexp}};
+  for (const auto& [name, kind] : reds) {
+    Red k = kind;
+    t[name] = {[k](OpCall& c) { reduce(c, k); }, num1};
+  }
+  t["ArgMax"] = {[](OpCall& c) { arg(c, true); }, num1};
+  t["ArgMin"] = {[](OpCall& c) { arg(c, false); }, num1};
+  t["Einsum"] = {einsum, [](const std::vector<int32_t>& d) {
+                   if (d.empty()) return false;
+                   for (int32_t x : d)
+                     if (x != d[0] || !is_num(x)) return false;
+                   return true;
+                 }};
+}
+
+}  // namespace hp_cpu

@@ -1,0 +1,266 @@
+// Executor unit tests on graphs built here with the onnx protobuf API: tensor files (round trip and
+// malformed files), input binding errors, a small MLP against hand-computed values, lifetime planning
+// (peak memory), the up-front list of unsupported ops, missing external data, and the CommOps seam.
+#include <catch2/catch.hpp>
+
+#include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "hp/runtime/launch.h"
+
+namespace fs = std::filesystem;
+using namespace hp;
+using namespace hp::runtime;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("hp_runtime_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+HostTensor f32(std::vector<std::int64_t> dims, std::vector<float> v, std::string name = "") {
+  HostTensor t;
+  t.name = std::move(name);
+  t.dtype = HP_F32;
+  t.dims = std::move(dims);
+  t.data.resize(v.size() * 4);
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+void add_value(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const std::string& name,
+               std::vector<std::int64_t> dims, int type = onnx::TensorProto::FLOAT) {
+  auto* v = list->Add();
+  v->set_name(name);
+  auto* tt = v->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(type);
+  for (auto d : dims) {
+    auto* dim = tt->mutable_shape()->add_dim();
+    if (d < 0) dim->set_dim_param("batch");
+    else dim->set_dim_value(d);
+  }
+}
+
+onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in,
+                          std::vector<std::string> out, const std::string& name, const std::string& domain = "") {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(name);
+  n->set_domain(domain);
+  for (auto& s : in) n->add_input(s);
+  for (auto& s : out) n->add_output(s);
+  return n;
+}
+
+/// y = Relu(x @ W + b), x: [batch, 2], W: [2, 3] (W optionally external).
+fs::path write_mlp(const fs::path& dir, bool external_w = false) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("mlp");
+  add_value(g->mutable_input(), "x", {-1, 2});
+  add_value(g->mutable_output(), "y", {-1, 3});
+  auto* w = g->add_initializer();
+  w->set_name("W");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(2);
+  w->add_dims(3);
+  std::vector<float> wv = {1, 2, 3, -1, -2, -3};
+  if (external_w) {
+    w->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* kv = w->add_external_data();
+    kv->set_key("location");
+    kv->set_value("mlp.weights");
+  } else {
+    for (float f : wv) w->add_float_data(f);
+  }
+  auto* b = g->add_initializer();
+  b->set_name("b");
+  b->set_data_type(onnx::TensorProto::FLOAT);
+  b->add_dims(3);
+  for (float f : {0.5f, -10.f, 0.f}) b->add_float_data(f);
+  add_node(g, "MatMul", {"x", "W"}, {"xw"}, "mm");
+  add_node(g, "Add", {"xw", "b"}, {"h"}, "bias");
+  add_node(g, "Relu", {"h"}, {"y"}, "act");
+  fs::path p = dir / "mlp.onnx";
+  std::ofstream(p, std::ios::binary) << m.SerializeAsString();
+  return p;
+}
+
+Backends cpu() {
+  auto b = open_backends("cpu", 1, {});
+  REQUIRE(b.ok());
+  return *b;
+}
+
+model::Model load(const fs::path& p) {
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::shapes_only;
+  auto m = model::load_model(p, lo);
+  REQUIRE(m.ok());
+  return *m;
+}
+
+}  // namespace
+
+TEST_CASE("tensor files round-trip and malformed ones are named", "[runtime]") {
+  fs::path d = temp_dir("io");
+  HostTensor t = f32({2, 2}, {1, 2, 3, 4}, "x");
+  REQUIRE(write_tensor_file(d / "input_0.pb", t).ok());
+  auto back = read_tensor_file(d / "input_0.pb");
+  REQUIRE(back.ok());
+  CHECK(back->dims == t.dims);
+  CHECK(back->data == t.data);
+  CHECK(back->name == "x");
+
+  std::ofstream(d / "bad.pb") << "\x08\x01\x12garbage";
+  auto bad = read_tensor_file(d / "bad.pb");
+  REQUIRE(!bad.ok());
+  CHECK(bad.error().code == Errc::bad_input);
+  CHECK(bad.error().where() == (d / "bad.pb").string());
+
+  auto missing = read_tensor_file(d / "nope.pb");
+  REQUIRE(!missing.ok());
+  CHECK(missing.error().code == Errc::bad_input);
+
+  REQUIRE(write_tensor_dir(d / "out", {t, t}).ok());
+  CHECK(fs::exists(d / "out" / "output_1.pb"));
+  auto all = read_tensor_dir(d / "out", "output");
+  REQUIRE(all.ok());
+  CHECK(all->size() == 2);
+  fs::remove_all(d);
+}
+
+TEST_CASE("input binding reports wrong dtype, shape, names and missing files", "[runtime]") {
+  std::vector<GraphIO> ins(1);
+  ins[0].name = "x";
+  ins[0].dtype = HP_F32;
+  ins[0].has_shape = true;
+  ins[0].dims = {-1, 2};
+  CHECK(bind_inputs(ins, {f32({5, 2}, std::vector<float>(10, 0))}, "d").ok());
+  auto shape = bind_inputs(ins, {f32({5, 3}, std::vector<float>(15, 0))}, "d");
+  REQUIRE(!shape.ok());
+  CHECK(shape.error().where() == "d/input_0.pb");
+  CHECK(shape.error().message().find("shape [?,2]") != std::string::npos);
+  HostTensor i64;
+  i64.dtype = HP_I64;
+  i64.dims = {1, 2};
+  i64.data.resize(16);
+  auto dtype = bind_inputs(ins, {i64}, "d");
+  REQUIRE(!dtype.ok());
+  CHECK(dtype.error().message().find("must be f32") != std::string::npos);
+  auto name = bind_inputs(ins, {f32({1, 2}, {0, 0}), f32({1, 2}, {0, 0}, "zz")}, "d");
+  REQUIRE(!name.ok());
+  CHECK(name.error().message().find("'zz'") != std::string::npos);
+  auto none = bind_inputs(ins, {}, "d");
+  REQUIRE(!none.ok());
+  CHECK(none.error().message().find("missing") != std::string::npos);
+}
+
+TEST_CASE("an mlp runs node by node and matches hand-computed values", "[runtime]") {
+  fs::path d = temp_dir("mlp");
+  auto m = load(write_mlp(d));
+  Backends b = cpu();
+  auto ex = Executor::create(m, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  auto out = (*ex)->run({f32({2, 2}, {1, 1, 2, 0})});
+  REQUIRE(out.ok());
+  REQUIRE(out->size() == 1);
+  const HostTensor& y = (*out)[0];
+  CHECK(y.dims == std::vector<std::int64_t>{2, 3});
+  // x @ W = [[0,0,0],[2,4,6]]; + b = [[0.5,-10,0],[2.5,-6,6]]; relu.
+  std::vector<float> want = {0.5f, 0, 0, 2.5f, 0, 6};
+  for (int i = 0; i < 6; ++i) CHECK(y.as<float>()[i] == Approx(want[static_cast<std::size_t>(i)]));
+  CHECK((*ex)->stats().nodes == 3);
+  CHECK((*ex)->stats().peak_bytes > 0);
+  // Freed buffers are reused: a second run peaks no higher.
+  const auto peak = (*ex)->stats().peak_bytes;
+  REQUIRE((*ex)->run({f32({2, 2}, {1, 1, 2, 0})}).ok());
+  CHECK((*ex)->stats().peak_bytes == peak);
+  fs::remove_all(d);
+}
+
+TEST_CASE("every unsupported op is listed with its node name before running", "[runtime]") {
+  fs::path d = temp_dir("unsupported");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {2});
+  add_value(g->mutable_output(), "z", {2});
+  add_node(g, "FancyOp", {"x"}, {"y"}, "first_bad");
+  add_node(g, "Relu", {"y"}, {"y2"}, "fine");
+  add_node(g, "OtherOp", {"y2"}, {"z"}, "second_bad");
+  std::ofstream(d / "m.onnx", std::ios::binary) << m.SerializeAsString();
+  Backends b = cpu();
+  auto ex = Executor::create(load(d / "m.onnx"), {b.primary, b.cpu, nullptr});
+  REQUIRE(!ex.ok());
+  CHECK(ex.error().code == Errc::bad_input);
+  auto all = ex.error().all();
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].where == "node 'first_bad'");
+  CHECK(all[1].where == "node 'second_bad'");
+  fs::remove_all(d);
+}
+
+TEST_CASE("a weight whose external data file is missing fails before the run", "[runtime]") {
+  fs::path d = temp_dir("external");
+  auto m = load(write_mlp(d, /*external_w=*/true));
+  Backends b = cpu();
+  auto ex = Executor::create(m, {b.primary, b.cpu, nullptr});
+  REQUIRE(!ex.ok());
+  CHECK(ex.error().code == Errc::bad_input);
+  CHECK(ex.error().message().find("mlp.weights") != std::string::npos);
+  fs::remove_all(d);
+}
+
+namespace {
+/// Doubles its input: stands in for an all-reduce over two ranks holding the same values.
+struct FakeComm : CommOps {
+  int calls = 0;
+  bool handles(const std::string& op) const override { return op == "AllReduce"; }
+  Status run(const CommNode& node, const std::vector<const HostTensor*>& in, std::vector<HostTensor>& out) override {
+    ++calls;
+    CHECK(node.name == "ar");
+    out[0] = *in[0];
+    for (std::int64_t i = 0; i < out[0].numel(); ++i) out[0].as<float>()[i] *= 2;
+    return {};
+  }
+};
+}  // namespace
+
+TEST_CASE("hp-domain communication nodes go through the CommOps seam", "[runtime]") {
+  fs::path d = temp_dir("comm");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* hp_opset = m.add_opset_import();
+  hp_opset->set_domain("hp");
+  hp_opset->set_version(1);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {3});
+  add_value(g->mutable_output(), "z", {3});
+  add_node(g, "AllReduce", {"x"}, {"y"}, "ar", "hp");
+  add_node(g, "Neg", {"y"}, {"z"}, "neg");
+  std::ofstream(d / "m.onnx", std::ios::binary) << m.SerializeAsString();
+  auto model = load(d / "m.onnx");
+  Backends b = cpu();
+  // Without a comm layer the node is reported as unsupported.
+  auto none = Executor::create(model, {b.primary, b.cpu, nullptr});
+  REQUIRE(!none.ok());
+  CHECK(none.error().message().find("hp.AllReduce") != std::string::npos);
+  FakeComm comm;
+  auto ex = Executor::create(model, {b.primary, b.cpu, &comm});
+  REQUIRE(ex.ok());
+  auto out = (*ex)->run({f32({3}, {1, 2, 3})});
+  REQUIRE(out.ok());
+  CHECK(comm.calls == 1);
+  CHECK((*out)[0].as<float>()[2] == -6.0f);
+  fs::remove_all(d);
+}
