@@ -1,0 +1,31 @@
+// The PyTorch-exported test models (tests/data/models: GPT-2 style, Llama style with RoPE and GQA,
+// ViT, MLP, dense MoE) run on the cpu plugin and match PyTorch's outputs within 1e-4 absolute. The
+// reference inputs/outputs come from gen_test_data.py (<name>.io/test_data_set_0).
+#include <catch2/catch.hpp>
+
+#include "hp/runtime/launch.h"
+
+using namespace hp;
+using namespace hp::runtime;
+
+TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[runtime][models]") {
+  const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
+  auto name = GENERATE(as<std::string>{}, "tiny-mlp", "tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-moe");
+  SECTION(name) {
+    ModelVerifyOptions o;
+    o.model = dir + name + ".onnx";
+    o.inputs = o.expected = dir + name + ".io/test_data_set_0";
+    o.rtol = 0;
+    o.atol = 1e-4;
+    o.backend = "cpu";
+    o.threads = 2;
+    auto r = verify_model(o);
+    REQUIRE(r.ok());
+    INFO(r->format());
+    REQUIRE(r->outputs.size() == 1);
+    CHECK(r->outputs[0].ok());
+    CHECK(r->outputs[0].max_abs < 1e-4);
+    CHECK(r->stats.nodes > 0);
+    CHECK(r->stats.peak_bytes >= r->stats.weight_bytes);
+  }
+}
