@@ -11,14 +11,14 @@
 // order of a CUDA/ACL launch plus a partial wave; 1 us on CPUs) per forward and twice per backward.
 // This is what makes small micro-batches slower than large ones at equal FLOPs.
 //
-// Calibration. There is no profiler behind these numbers yet. compute_efficiency is an achievable
-// fraction of the datasheet peak taken from published figures, not fitted: Korthikanti et al. 2022
-// (Table 5) report 51-56% model-FLOPs utilisation on A100 for 175B-1T GPT with SP + selective
-// recompute, *including* communication and pipeline bubbles, and Megatron's own GEMM-only numbers
-// are higher; we take 0.60 for GPUs and NPUs (Ascend 910 MFU reports are in the same 30-50% range
-// end-to-end, so 0.60 is optimistic there) and 0.50 for CPUs. The validation test against the
-// Korthikanti iteration times (issue #4) is what will pin these down; until then treat absolute
-// times as +-30% and rankings as the useful output.
+// Calibration. There is no profiler behind these numbers. GEMM efficiency grows with the matrix
+// width each device multiplies, n = hidden / tp, so the achievable fraction of peak is the
+// saturating curve 0.8 * n / (n + 444) for GPUs and NPUs. Its two constants were FITTED by hand to
+// the four A100 iteration times of Korthikanti et al. 2022 (22B/175B/530B/1T with SP + selective
+// recompute, reference/planner.md §8: n = 768..3200 gives 0.51..0.70), so the validation test on
+// those same points is a consistency check, not independent evidence. NPUs reuse the GPU curve
+// untested (Ascend 910 end-to-end MFU reports are lower, 30-50%); CPUs use a flat 0.5. Small
+// models (n of a few dozen) get a few percent: realistic for launch-bound kernels on accelerators.
 //
 // Communication (alpha-beta over topology::group_link of the group each axis forms under the chosen
 // placement). TP (Megatron): each transformer block does 2 all-reduces of b*s*h in forward and 2 in
@@ -55,9 +55,19 @@ double ModelProfile::total_fwd_flops() const {
 
 Calibration calibration_for(recipe::DeviceKind kind) {
   Calibration c;
-  c.compute_efficiency = kind == recipe::DeviceKind::cpu ? 0.5 : 0.6;
+  if (kind == recipe::DeviceKind::cpu) {
+    c.compute_efficiency = 0.5;
+  } else {
+    c.compute_efficiency = 0.8;
+    c.efficiency_half_width = 444;
+  }
   c.kernel_overhead = kind == recipe::DeviceKind::cpu ? 1e-6 : 4e-6;
   return c;
+}
+
+double efficiency(const Calibration& c, double width) {
+  if (c.efficiency_half_width <= 0) return c.compute_efficiency;
+  return c.compute_efficiency * width / (width + c.efficiency_half_width);
 }
 
 const char* axis_name(Axis a) {
@@ -131,7 +141,8 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   BlockCost r;
   const double mb = static_cast<double>(c.micro_batch_size);
   const double t = static_cast<double>(c.tp);
-  const double rate = mc.peak_flops * mc.cal.compute_efficiency;
+  const double width = m.hidden_bytes / (static_cast<double>(std::max<std::int64_t>(1, m.seq)) * m.dtype_bytes) / t;
+  const double rate = mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
   r.fwd = mb * b.fwd_flops / t / rate + b.kernels * mc.cal.kernel_overhead;
   r.bwd = w.train ? 2.0 * r.fwd : 0.0;
   r.rc_selective = mb * b.quadratic_flops / t / rate;

@@ -44,13 +44,18 @@ std::string block_ranges(const StagePlan& s) {
   return recipe::format_ranges(s.blocks);
 }
 
+// The tier each axis talks over ("self" for a degree-1 axis).
+std::string tier(const topology::Link& l) { return l.level < 0 ? "self" : l.tier; }
+
 json parallel_json(const Plan& p) {
   const Config& c = p.config;
   return {{"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"optimizer_shard", c.optimizer_shard},
           {"micro_batch_size", c.micro_batch_size}, {"micro_batches", c.micro_batches},
           {"schedule", recipe::schedule_name(c.schedule)}, {"virtual_stages", c.virtual_stages},
           {"sequence_parallel", c.sequence_parallel}, {"expert_parallel", 1},
-          {"recompute", overall_recompute(p)}, {"placement", {axis_name(c.order[0]), axis_name(c.order[1]), axis_name(c.order[2])}}};
+          {"recompute", overall_recompute(p)},
+          {"placement", {{"order", {axis_name(c.order[0]), axis_name(c.order[1]), axis_name(c.order[2])}},
+                         {"tp_tier", tier(p.links.tp)}, {"dp_tier", tier(p.links.dp)}, {"pp_tier", tier(p.links.pp)}}}};
 }
 
 json predicted_json(const Prediction& p) {
@@ -133,6 +138,8 @@ std::string format_plan_text(const PlanReport& r) {
                        block_ranges(s), recompute_summary(s), format_bytes(s.memory), format_bytes(r.device_memory),
                        format_bytes(s.states), format_bytes(s.activations));
   }
+  out += fmt::format("  axes: tp over {}, dp over {}, pp over {} (placement innermost first: {})\n",
+                     tier(best.links.tp), tier(best.links.dp), tier(best.links.pp), placement(best.config));
   out += fmt::format("\nwhy: {}\n", r.why);
   out += fmt::format("flops: {}\n", flops_convention());
   return out;

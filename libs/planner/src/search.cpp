@@ -207,14 +207,16 @@ SearchResult search(const SearchInput& in) {
         if (!seen_links.insert({links->tp.level, links->dp.level, links->pp.level}).second) continue;
         for (std::int64_t mbs : divisors(B / dp)) {
           for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+            Config c = base;
+            c.micro_batch_size = mbs;
+            c.micro_batches = B / dp / mbs;
+            c.sequence_parallel = sp == 1;
+            // Times do not depend on the ZeRO level: one table serves all four, states rescaled.
+            const CostTable table = cost_table(m, c, w, mc, *links);
+            Totals t = totals(m, table, c);
             for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero) {
-              Config c = base;
-              c.micro_batch_size = mbs;
-              c.micro_batches = B / dp / mbs;
-              c.sequence_parallel = sp == 1;
               c.optimizer_shard = zero;
-              const CostTable table = cost_table(m, c, w, mc, *links);
-              const Totals t = totals(m, table, c);
+              t.states = t.params * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp : 1);
               std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
               if (pp > 1 && w.train) {
                 scheds.push_back({recipe::Schedule::gpipe, 1});
@@ -266,7 +268,7 @@ SearchResult search(const SearchInput& in) {
       note_shortfall(res.shortfall, worst.memory, worst.states, worst.activations, c);
       continue;
     }
-    Plan plan{c, std::move(stages), {}};
+    Plan plan{c, std::move(stages), {}, *links};
     plan.predicted = predict(m, c, w, mc, *links, plan.stages);
     auto at = std::upper_bound(res.plans.begin(), res.plans.end(), plan.predicted.iteration,
                                [](double t, const Plan& p) { return t < p.predicted.iteration; });

@@ -24,7 +24,18 @@ CostTable cost_table(const ModelProfile& m, const Config& c, const Workload& w, 
                      const AxisLinks& links) {
   CostTable t;
   t.blocks.reserve(m.blocks.size());
-  for (const auto& b : m.blocks) t.blocks.push_back(block_cost(b, m, c, w, mc, links));
+  // Repeated blocks are usually identical: cost each distinct profile once.
+  auto same = [](const BlockProfile& x, const BlockProfile& y) {
+    return x.parameters == y.parameters && x.fwd_flops == y.fwd_flops && x.quadratic_flops == y.quadratic_flops &&
+           x.act_bytes == y.act_bytes && x.quadratic_act_bytes == y.quadratic_act_bytes &&
+           x.boundary_bytes == y.boundary_bytes && x.tp_collectives == y.tp_collectives && x.kernels == y.kernels;
+  };
+  for (std::size_t i = 0; i < m.blocks.size(); ++i) {
+    if (i > 0 && same(m.blocks[i], m.blocks[i - 1]))
+      t.blocks.push_back(t.blocks.back());
+    else
+      t.blocks.push_back(block_cost(m.blocks[i], m, c, w, mc, links));
+  }
   t.prologue = block_cost(m.prologue, m, c, w, mc, links);
   t.epilogue = block_cost(m.epilogue, m, c, w, mc, links);
   return t;

@@ -69,6 +69,8 @@ TEST_CASE("planner: activation bytes follow Korthikanti Table 2", "[planner]") {
   Workload w;
   Machine mc;
   mc.peak_flops = 312e12;
+  mc.cal = calibration_for(recipe::DeviceKind::gpu);
+  m.dtype_bytes = 2;
   AxisLinks links;
   links.tp = {"node", 0, 300e9, 3e-6};
   BlockCost tp_only = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
@@ -80,8 +82,10 @@ TEST_CASE("planner: activation bytes follow Korthikanti Table 2", "[planner]") {
   CHECK(sp.act[0] == Approx(s * mb * h * (34 / t + 5 * a * s / (h * t))));
   CHECK(sp.act[1] == Approx(34 * s * mb * h / t));
 
-  // Compute: forward at 60% of peak, backward twice that; TP: 2 all-reduces of b s h each way.
-  const double fwd = (24 * s * h * h + 4 * s * s * h) / t / (312e12 * 0.6);
+  // Compute: forward at the width-dependent efficiency, backward twice that; TP: 2 all-reduces of
+  // b s h each way.
+  const double eff = 0.8 * (h / t) / (h / t + 444);
+  const double fwd = (24 * s * h * h + 4 * s * s * h) / t / (312e12 * eff);
   CHECK(sp.fwd == Approx(fwd));
   CHECK(sp.bwd == Approx(2 * fwd));
   CHECK(sp.tp_comm == Approx(4 * topology::all_reduce_time(links.tp, 8, 2 * s * h)));

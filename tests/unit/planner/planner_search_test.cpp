@@ -227,3 +227,52 @@ TEST_CASE("planner: run() fails with infeasible for 175B on one DGX node", "[pla
   CHECK(rep.error().code == Errc::infeasible);
   CHECK(rep.error().message().find("no plan fits") != std::string::npos);
 }
+
+TEST_CASE("planner: a 1T-class GPT on 3072 A100s plans quickly", "[planner]") {
+  auto topo = preset("dgx-a100", 384);
+  ModelProfile m = small_gpt(128, 2048, 25600, 51200);  // Korthikanti's 1T: 128 layers, h = 25600
+  Workload w;
+  w.global_batch = 3072;
+  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3}});
+  REQUIRE(!r.plans.empty());
+  WARN("1T on 3072 ranks: " << r.stats.evaluated << " configurations in " << r.stats.seconds << " s ("
+                            << static_cast<double>(r.stats.evaluated) / r.stats.seconds << "/s), level 2 on "
+                            << r.stats.level2);
+  CHECK(r.stats.seconds < 10.0);  // < 1 s in release builds; loose for sanitizer builds
+  CHECK(r.plans.front().config.tp <= 8);
+}
+
+TEST_CASE("planner: Korthikanti 2022 configurations predict their published iteration times", "[planner]") {
+  struct Case {
+    const char* name;
+    int layers;
+    double hidden;
+    std::int64_t tp, pp, v, gpus, batch, mbs;
+    double published;  // seconds per iteration, SP + selective recompute (reference/planner.md §8)
+  };
+  const Case cases[] = {{"22B", 48, 6144, 8, 1, 1, 8, 4, 4, 1.10},
+                        {"175B", 96, 12288, 8, 8, 3, 64, 64, 1, 13.75},
+                        {"530B", 105, 20480, 8, 35, 3, 280, 280, 1, 37.83},
+                        {"1T", 128, 25600, 8, 64, 1, 512, 512, 1, 71.49}};
+  for (const Case& k : cases) {
+    auto topo = preset("dgx-a100", k.gpus / 8);
+    ModelProfile m = small_gpt(k.layers, 2048, k.hidden, 51200);
+    m.prologue.parameters = (51200 + 2048) * k.hidden;
+    Workload w;
+    w.global_batch = k.batch;
+    Config c;
+    c.dp = k.gpus / k.tp / k.pp, c.tp = k.tp, c.pp = k.pp;
+    c.micro_batch_size = k.mbs, c.micro_batches = k.batch / c.dp / k.mbs;
+    c.schedule = k.v > 1 ? recipe::Schedule::interleaved : recipe::Schedule::one_f_one_b;
+    c.virtual_stages = k.v;
+    c.sequence_parallel = true;
+    auto links = axis_links(topo, c);
+    REQUIRE(links);
+    auto stages = assign_stages(m, c, w, a100(80.0 * (1 << 30)), *links);
+    REQUIRE(!stages.empty());
+    Prediction p = predict(m, c, w, a100(80.0 * (1 << 30)), *links, stages);
+    WARN(k.name << ": predicted " << p.iteration << " s, published " << k.published << " s, MFU " << p.mfu);
+    CHECK(p.iteration > k.published * 0.85);
+    CHECK(p.iteration < k.published * 1.15);
+  }
+}

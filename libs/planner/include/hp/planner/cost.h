@@ -43,7 +43,10 @@ struct ModelProfile {
 
 /// Achievable fractions and overlap ratios. See src/cost.cpp for where each number comes from.
 struct Calibration {
-  double compute_efficiency = 0.6;  ///< achieved / peak FLOP/s of dense training kernels
+  /// Achieved / peak FLOP/s of dense kernels as a function of the per-device GEMM width
+  /// n = hidden / tp: compute_efficiency * n / (n + efficiency_half_width). 0 half-width = constant.
+  double compute_efficiency = 0.6;
+  double efficiency_half_width = 0;
   double kernel_overhead = 4e-6;    ///< seconds per kernel launch and tail, per micro-batch and pass
   double overlap_tp = 0.0;          ///< share of TP collectives hidden under compute
   double overlap_dp = 0.5;          ///< share of the DP gradient reduction hidden under backward
@@ -54,6 +57,8 @@ struct Calibration {
 
 /// The calibration hp uses for a device kind (gpu / npu / cpu).
 Calibration calibration_for(recipe::DeviceKind kind);
+/// The compute efficiency at per-device GEMM width `width` (elements).
+double efficiency(const Calibration& c, double width);
 
 /// How the parallel axes are laid onto ranks: order[0] is the innermost (stride 1) axis.
 enum class Axis { tp, dp, pp };

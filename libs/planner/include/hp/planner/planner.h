@@ -25,6 +25,7 @@ struct Plan {
   Config config;
   std::vector<StagePlan> stages;     ///< one per pipeline rank
   Prediction predicted;
+  AxisLinks links;                   ///< the tier each axis's groups talk over under the placement
 };
 
 /// Counters of one search.
