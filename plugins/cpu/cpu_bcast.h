@@ -10,12 +10,34 @@
 
 namespace hp_cpu {
 
+/// Below this many elements a loop runs on one thread (fork/join costs more than it saves).
+constexpr int64_t kParallelMin = 1 << 16;
+
 /// Calls row(out_offset, offs, n, inner) once per innermost row of `out`: offs[k] is operand k's
-/// element offset at the row start, inner[k] its innermost stride, n the row length.
+/// element offset at the row start, inner[k] its innermost stride, n the row length. Large outputs are
+/// split across OpenMP threads by rows (each row's offsets computed from its index); `row` must then
+/// be safe to call concurrently for different rows.
 template <size_t N, class F>
 void bcast_rows(const Dims& out, const std::array<Dims, N>& st, F&& row) {
   const size_t r = out.size();
   if (numel(out) == 0) return;
+  if (r >= 2 && numel(out) >= kParallelMin) {
+    const int64_t n = out[r - 1], rows = numel(out) / n;
+    std::array<int64_t, N> inner{};
+    for (size_t k = 0; k < N; ++k) inner[k] = st[k][r - 1];
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < rows; ++q) {
+      std::array<int64_t, N> offs{};
+      int64_t rest = q;
+      for (size_t d = r - 1; d-- > 0;) {
+        const int64_t i = rest % out[d];
+        rest /= out[d];
+        for (size_t k = 0; k < N; ++k) offs[k] += i * st[k][d];
+      }
+      row(q * n, offs, n, inner);
+    }
+    return;
+  }
   if (r == 0) {
     std::array<int64_t, N> offs{}, inner{};
     row(int64_t{0}, offs, int64_t{1}, inner);
@@ -49,6 +71,7 @@ void binary_bcast(const View& a, const View& b, const View& out, F&& f) {
   R* po = out.as<R>();
   if (a.dims == out.dims && b.dims == out.dims) {
     const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
     return;
   }

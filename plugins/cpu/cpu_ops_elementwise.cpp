@@ -41,6 +41,7 @@ void unary_float(OpTable& t, const char* name, double (*fn)(double, double, doub
                if (x.dtype == HP_F32) {
                  const float* px = x.as<float>();
                  float* py = y.as<float>();
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
                  for (int64_t i = 0; i < n; ++i) py[i] = static_cast<float>(fn(px[i], a, b));
                } else {
                  const double* px = x.as<double>();
@@ -61,6 +62,7 @@ void unary_f32_fast(OpTable& t, const char* name, F fn) {
                if (x.dtype == HP_F32) {
                  const float* px = x.as<float>();
                  float* py = y.as<float>();
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
                  for (int64_t i = 0; i < n; ++i) py[i] = fn(px[i]);
                } else {
                  const double* px = x.as<double>();

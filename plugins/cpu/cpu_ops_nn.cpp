@@ -15,7 +15,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "cpu_ops.h"
+#include "cpu_bcast.h"
 
 namespace hp_cpu {
 namespace {
@@ -119,6 +119,7 @@ void gemm_op(OpCall& c) {
 
 template <class T>
 void softmax_rows(const T* x, T* y, int64_t outer, int64_t len, int64_t inner, bool log) {
+#pragma omp parallel for schedule(static) collapse(2) if (outer * len * inner >= (1 << 15))
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t in = 0; in < inner; ++in) {
       const T* px = x + o * len * inner + in;
@@ -178,6 +179,7 @@ void layer_norm(OpCall& c) {
   const float* ps = scale.as<float>();
   const float* pb = bias.present() ? bias.as<float>() : nullptr;
   const bool bias_full = pb && bias.numel() == len;
+#pragma omp parallel for schedule(static) if (outer * len >= (1 << 15))
   for (int64_t o = 0; o < outer; ++o) {
     const float* row = px + o * len;
     double mean = 0, var = 0;
