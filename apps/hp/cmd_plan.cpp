@@ -136,6 +136,9 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "none"}));
   sub->add_option("--mode", opts->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
   sub->add_option("-o,--output", opts->output, "file to write (the recipe; with --summary, the summary)");
+  sub->add_option("--fix", opts->fix_args, "pin KEY=VALUE (dp, tp, pp, optimizer_shard, micro_batch_size, micro_batches, "
+                                           "schedule, virtual_stages, sequence_parallel, recompute); repeatable")
+      ->allow_extra_args(false);
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")->check(CLI::PositiveNumber);
   sub->callback([opts, &ctx] { ctx.exit_code = run_plan(*opts); });
 }

@@ -126,7 +126,17 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   w.grad_bytes = dtype_size(opts.dtype);
   w.optimizer_state_bytes = optimizer_bytes(opts.optimizer, opts.dtype);
 
-  SearchResult found = search({*profile, *topo, w, mc, {opts.top_k}});
+  auto fixed = parse_fixes(opts.fix_args);
+  if (!fixed) return std::move(fixed).error();
+  SearchResult found = search({*profile, *topo, w, mc, {opts.top_k, *fixed}});
+  if (found.stats.evaluated == 0)
+    return Error(Errc::bad_input,
+                 fmt::format("no configuration matches --fix: it needs dp*tp*pp = {} ranks, pp <= {} blocks, dp "
+                             "dividing the global batch {}, micro_batch_size*micro_batches = {}/dp, and for "
+                             "interleaving micro_batches a multiple of pp and pp*virtual_stages <= {} blocks",
+                             topo->ranks(), profile->blocks.size(), w.global_batch, w.global_batch,
+                             profile->blocks.size()),
+                 opts.model, "relax or correct the --fix values");
   if (found.plans.empty()) return infeasible(found.shortfall, mc.memory);
 
   rep.model = opts.model;

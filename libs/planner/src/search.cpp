@@ -187,13 +187,15 @@ SearchResult search(const SearchInput& in) {
   const std::int64_t L = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.blocks.size()));
   const std::int64_t B = w.global_batch;
   const double margin = mc.cal.transient_margin * mc.memory;
+  const Fixed& fixed = in.limits.fixed;
 
   std::vector<Candidate> cands;
   for (std::int64_t tp : divisors(N)) {
+    if (fixed.tp && *fixed.tp != tp) continue;
     for (std::int64_t pp : divisors(N / tp)) {
-      if (pp > L) continue;
+      if (pp > L || (fixed.pp && *fixed.pp != pp)) continue;
       const std::int64_t dp = N / tp / pp;
-      if (B % dp != 0) continue;
+      if (B % dp != 0 || (fixed.dp && *fixed.dp != dp)) continue;
       std::set<std::tuple<int, int, int>> seen_links;
       Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
                            {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
@@ -201,6 +203,7 @@ SearchResult search(const SearchInput& in) {
       for (auto& order : orders) {
         Config base;
         base.tp = tp, base.pp = pp, base.dp = dp;
+        if (fixed.recompute) base.forced_recompute = static_cast<int>(*fixed.recompute);
         std::copy(order, order + 3, base.order);
         auto links = axis_links(in.topo, base);
         if (!links) continue;
@@ -220,12 +223,15 @@ SearchResult search(const SearchInput& in) {
               std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
               if (pp > 1 && w.train) {
                 scheds.push_back({recipe::Schedule::gpipe, 1});
-                for (std::int64_t v : {2, 3, 4, 6, 8})
-                  if (pp * v <= L && c.micro_batches % pp == 0) scheds.push_back({recipe::Schedule::interleaved, v});
+                std::vector<std::int64_t> vs = {2, 3, 4, 6, 8};
+                if (fixed.virtual_stages) vs = {*fixed.virtual_stages};
+                for (std::int64_t v : vs)
+                  if (v > 1 && pp * v <= L && c.micro_batches % pp == 0) scheds.push_back({recipe::Schedule::interleaved, v});
               }
               for (auto [sched, v] : scheds) {
                 c.schedule = sched;
                 c.virtual_stages = v;
+                if (!fixed.admits(c)) continue;
                 ++res.stats.evaluated;
                 const double mem_bound = t.states / static_cast<double>(pp) + margin;
                 if (mem_bound > mc.memory) {

@@ -107,7 +107,14 @@ StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vecto
   auto total = [&] { return states + acts + fixed + transient; };
 
   // Recompute greedily while over the limit: best bytes saved per second added first.
-  if (ctx.work.train && total() > ctx.machine.memory) {
+  if (ctx.work.train && c.forced_recompute > 0) {
+    const auto forced = static_cast<Recompute>(c.forced_recompute);
+    for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+      const BlockCost& bc = costs.blocks[s.blocks[i]];
+      acts -= (bc.act[0] - bc.act[level(forced)]) * flight;
+      s.recompute[i] = forced;
+    }
+  } else if (ctx.work.train && c.forced_recompute < 0 && total() > ctx.machine.memory) {
     std::vector<Upgrade> ups;
     for (std::size_t i = 0; i < s.blocks.size(); ++i) {
       const BlockCost& bc = costs.blocks[s.blocks[i]];

@@ -161,7 +161,7 @@ TEST_CASE("planner: on two DGX A100 nodes a 13B-class model keeps TP inside a no
   ModelProfile m = small_gpt(40, 2048, 5120, 51200);
   Workload w;
   w.global_batch = 64;
-  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3}});
+  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3, {}}});
   REQUIRE(!r.plans.empty());
   const Plan& best = r.plans.front();
   CHECK(best.config.dp * best.config.tp * best.config.pp == 16);
@@ -180,7 +180,7 @@ TEST_CASE("planner: nothing fits reports the smallest need", "[planner]") {
   ModelProfile m = small_gpt(96, 2048, 12288, 51200);  // 175B on 8 GPUs cannot fit
   Workload w;
   w.global_batch = 8;
-  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3}});
+  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3, {}}});
   CHECK(r.plans.empty());
   CHECK(r.shortfall.need > 80.0 * (1 << 30));
 }
@@ -233,7 +233,7 @@ TEST_CASE("planner: a 1T-class GPT on 3072 A100s plans quickly", "[planner]") {
   ModelProfile m = small_gpt(128, 2048, 25600, 51200);  // Korthikanti's 1T: 128 layers, h = 25600
   Workload w;
   w.global_batch = 3072;
-  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3}});
+  SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3, {}}});
   REQUIRE(!r.plans.empty());
   WARN("1T on 3072 ranks: " << r.stats.evaluated << " configurations in " << r.stats.seconds << " s ("
                             << static_cast<double>(r.stats.evaluated) / r.stats.seconds << "/s), level 2 on "

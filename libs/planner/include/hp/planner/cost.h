@@ -73,6 +73,7 @@ struct Config {
   std::int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   Axis order[3] = {Axis::tp, Axis::dp, Axis::pp};
+  int forced_recompute = -1;        ///< 0..2 forces none/selective/full on every block (--fix recompute)
 };
 
 /// What the planner is asked to plan.

@@ -23,6 +23,7 @@ struct PlanOptions {
   std::string mode = "train";        ///< train | infer
   std::string output;                ///< recipe to write
   std::int64_t top_k = 3;            ///< plans to rank
+  std::vector<std::string> fix_args; ///< raw --fix KEY=VALUE arguments (restrict the search)
 };
 
 }  // namespace hp::planner

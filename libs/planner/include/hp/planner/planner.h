@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,26 @@ struct Shortfall {
   Config config;
 };
 
+/// What --fix KEY=VALUE pins; unset fields are searched.
+struct Fixed {
+  std::optional<std::int64_t> dp, tp, pp, micro_batch_size, micro_batches, virtual_stages;
+  std::optional<int> optimizer_shard;
+  std::optional<recipe::Schedule> schedule;
+  std::optional<bool> sequence_parallel;
+  std::optional<recipe::Recompute> recompute;
+  /// Whether `c` agrees with every pinned value (recompute is applied, not matched).
+  bool admits(const Config& c) const;
+};
+
+/// Parses --fix arguments: keys dp, tp, pp, optimizer_shard (0..3 or none|optimizer|gradients|
+/// parameters), micro_batch_size, micro_batches, schedule (gpipe|1f1b|interleaved), virtual_stages,
+/// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
+/// and a key given twice with different values are Errc::usage.
+Expected<Fixed> parse_fixes(const std::vector<std::string>& args);
+
 struct SearchLimits {
   std::int64_t top_k = 3;
+  Fixed fixed;
 };
 
 /// Everything the search needs besides the model.
