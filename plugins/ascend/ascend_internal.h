@@ -83,5 +83,9 @@ hp_status* use_device(const hp_ctx* ctx, int32_t dev);
 hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* desc);
 hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* desc);
 int32_t supports_op(const hp_ctx* ctx, int32_t op);
+/// ABI 1.2 (ascend_ops.cpp): ONNX MatMul, Add/Sub/Mul/Div and unary activations on the kernels above.
+int32_t supports_onnx_op(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain, int64_t opset,
+                         const int32_t* dtypes, int64_t n);
+hp_status* run_onnx_op(hp_ctx* ctx, hp_stream* s, const hp_op_desc* desc);
 
 }  // namespace hp_ascend

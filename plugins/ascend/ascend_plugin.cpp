@@ -215,7 +215,7 @@ const hp_backend_v1 kTable = {
     asc_copy_async, hp_ascend::gemm, hp_ascend::elementwise,
     nullptr, nullptr, nullptr,
     asc_event_query, asc_mem_info,
-    nullptr, nullptr,  // no generic op execution yet (1.2): the executor falls back to cpu
+    hp_ascend::supports_onnx_op, hp_ascend::run_onnx_op,
 };
 
 }  // namespace

@@ -67,6 +67,8 @@ struct Executor::Impl {
   void free_slot(int id);
   Status place(int id, int where);
   Status run_node(PreparedNode& n);
+  Status launch_on(PreparedNode& n, int where);
+  int last_launch_allocated_ = 0;
   Status run_comm(PreparedNode& n);
   Expected<HostTensor> to_host(int id);
   void drain();

@@ -8,7 +8,9 @@
 // dtypes, else on the cpu backend. Inputs that live on the other backend are copied once (through
 // host-visible cpu memory: D2H on the primary backend's stream, or H2D); the replica is kept until the
 // tensor's last reader has run. Outputs are allocated when the plugin calls alloc_output, on the
-// backend that runs the node.
+// backend that runs the node. supports_op sees only dtypes, so a primary backend may still refuse a
+// node once it sees the shapes (HP_UNSUPPORTED before allocating any output, e.g. a broadcast it lacks);
+// the node then runs on the cpu backend instead.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -27,6 +29,7 @@ struct AllocCtx {
   PreparedNode* node;
   int where;
   std::vector<int> temps;  ///< output slots used only for unused outputs
+  int allocated = 0;       ///< outputs handed out so far
   Status error;
 };
 
@@ -114,6 +117,7 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
   }
   s.ptr[c->where] = *p;
   s.live = true;
+  ++c->allocated;
   out->dtype = dtype;
   out->rank = rank;
   for (int k = 0; k < rank; ++k) out->dims[k] = dims[k];
@@ -136,7 +140,21 @@ Status Executor::Impl::run_node(PreparedNode& n) {
     return Error(Errc::not_implemented, fmt::format("op {} is not supported for input types ({})", n.op_type, list),
                  n.name.empty() ? n.op_type : n.name);
   }
+  Status st = launch_on(n, where);
+  // A backend may find out only when it sees the shapes that it lacks this form of the op
+  // (HP_UNSUPPORTED before any output was allocated): the cpu backend then runs the node.
+  if (!st.ok() && where == 1 && st.error().code == Errc::not_implemented && last_launch_allocated_ == 0) {
+    where = 0;
+    st = launch_on(n, where);
+  }
+  if (!st.ok()) return st;
   if (be[1] && where == 0) ++stats.nodes_on_fallback;
+  ++stats.nodes;
+  return {};
+}
+
+Status Executor::Impl::launch_on(PreparedNode& n, int where) {
+  const char* dom = n.domain.c_str();
   std::vector<hp_tensor_desc> ins(n.inputs.size());
   for (std::size_t k = 0; k < n.inputs.size(); ++k) {
     hp_tensor_desc& d = ins[k];
@@ -150,7 +168,7 @@ Status Executor::Impl::run_node(PreparedNode& n) {
     for (std::size_t j = 0; j < s.dims.size(); ++j) d.dims[j] = s.dims[j];
     d.data = s.ptr[where];
   }
-  AllocCtx actx{this, &n, where, {}, {}};
+  AllocCtx actx{this, &n, where, {}, 0, {}};
   hp_op_desc desc{};
   desc.struct_size = sizeof desc;
   desc.op_type = n.op_type.c_str();
@@ -165,6 +183,7 @@ Status Executor::Impl::run_node(PreparedNode& n) {
   desc.alloc_output = alloc_output;
   desc.alloc_user = &actx;
   Status st = be[where]->run_op(stream[where], desc);
+  last_launch_allocated_ = actx.allocated;
   for (int t : actx.temps) free_slot(t);
   if (!actx.error.ok()) return actx.error;
   if (!st.ok()) {
@@ -177,7 +196,6 @@ Status Executor::Impl::run_node(PreparedNode& n) {
   for (int t : n.outputs)
     if (t >= 0 && !slots[static_cast<std::size_t>(t)].live)
       return Error(Errc::runtime, fmt::format("backend produced no tensor for output '{}'", tensor_names[static_cast<std::size_t>(t)]), n.name);
-  ++stats.nodes;
   return {};
 }
 

@@ -3,6 +3,8 @@
 // reference inputs/outputs come from gen_test_data.py (<name>.io/test_data_set_0).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include "hp/runtime/launch.h"
 
 using namespace hp;
@@ -28,4 +30,27 @@ TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[runtime][models
     CHECK(r->stats.nodes > 0);
     CHECK(r->stats.peak_bytes >= r->stats.weight_bytes);
   }
+}
+
+TEST_CASE("on the ascend plugin (fake CANN) supported nodes run there, the rest on the cpu fallback",
+          "[runtime][models][ascend]") {
+  ::setenv("HP_ASCEND_LIB", HP_FAKE_ACL_LIB, 1);
+  const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
+  for (const char* name : {"tiny-mlp", "tiny-gpt2"}) {
+    ModelVerifyOptions o;
+    o.model = dir + name + ".onnx";
+    o.inputs = o.expected = dir + name + ".io/test_data_set_0";
+    o.rtol = 0;
+    o.atol = 1e-4;
+    o.backend = "ascend";
+    auto r = verify_model(o);
+    REQUIRE(r.ok());
+    INFO(name << ": " << r->format());
+    CHECK(r->backend == "ascend");
+    CHECK(r->ok());
+    CHECK(r->stats.copies > 0);
+    CHECK(r->stats.nodes_on_fallback < r->stats.nodes);
+    CHECK(r->stats.nodes_on_fallback > 0);  // Gemm, Softmax, ... are not in the ascend op set
+  }
+  ::unsetenv("HP_ASCEND_LIB");
 }
