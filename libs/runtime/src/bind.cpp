@@ -18,14 +18,10 @@ Expected<std::vector<HostTensor>> bind_inputs(const std::vector<GraphIO>& graph_
       slot = graph_inputs.size();
       for (std::size_t j = 0; j < graph_inputs.size(); ++j)
         if (graph_inputs[j].name == given[k].name) slot = j;
-      // Unknown names only matter when positions do not settle it either.
       if (slot == graph_inputs.size()) {
-        if (k >= graph_inputs.size()) {
-          errors.push_back({file_of(k), fmt::format("names input '{}', which the graph lacks", given[k].name),
-                            "the graph's inputs are listed by 'hp plan MODEL --summary'"});
-          continue;
-        }
-        slot = k;
+        errors.push_back({file_of(k), fmt::format("names input '{}', which the graph lacks", given[k].name),
+                          "the graph's inputs are listed by 'hp plan MODEL --summary'"});
+        continue;
       }
     }
     if (slot >= graph_inputs.size()) {
