@@ -364,6 +364,40 @@ void register_elementwise_ops(OpTable& t) {
                 });
               },
               [](const std::vector<int32_t>& d) { return d.size() == 2 && same_num(d); }};
+  binary_num(t, "PRelu", [](auto x, auto slope) { return x < decltype(x)(0) ? slope * x : x; });
+  // Before opset 7 (and in exporters of that time) a 1-D slope holds one value per channel (dim 1).
+  t["PRelu"].run = [run = t["PRelu"].run](OpCall& c) {
+    const View &x = c.need(0), &slope = c.need(1);
+    if (slope.dims.size() == 1 && x.dims.size() > 2 && slope.dims[0] == x.dims[1] && slope.dims[0] != x.dims.back() &&
+        slope.dims[0] != 1) {
+      View s2 = slope;
+      s2.dims.assign(x.dims.size() - 1, 1);
+      s2.dims[0] = slope.dims[0];
+      View y = c.out(0, x.dtype, x.dims);
+      dispatch_num(x.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        binary_bcast<T, T, T>(x, s2, y, [](T a, T b) { return a < T(0) ? b * a : a; });
+      });
+      return;
+    }
+    run(c);
+  };
+  t["CastLike"] = {[](OpCall& c) {
+                     const View& like = c.need(1);
+                     const View& x = c.need(0);
+                     View y = c.out(0, like.dtype, x.dims);
+                     dispatch(x.dtype, [&](auto src) {
+                       using S = decltype(src);
+                       dispatch(like.dtype, [&](auto dst) {
+                         using D = decltype(dst);
+                         for (int64_t i = 0, n = x.numel(); i < n; ++i)
+                           y.as<D>()[i] = like.dtype == HP_BOOL ? D(x.as<S>()[i] != S(0)) : static_cast<D>(x.as<S>()[i]);
+                       });
+                     });
+                   },
+                   [](const std::vector<int32_t>& d) {
+                     return d.size() == 2 && (is_num(d[0]) || d[0] == HP_BOOL) && (is_num(d[1]) || d[1] == HP_BOOL);
+                   }};
   variadic(t, "Sum", [](auto a, auto b) { return a + b; }, false);
   variadic(t, "Mean", [](auto a, auto b) { return a + b; }, true);
   variadic(t, "Max", [](auto a, auto b) { return a > b || b != b ? a : b; }, false);

@@ -1,5 +1,5 @@
 // Reductions and contractions on the cpu backend: ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/
-// LogSumExp, ArgMax/ArgMin, and Einsum.
+// LogSumExp/LogSum, ArgMax/ArgMin, and Einsum.
 //
 // Reductions split the dims into kept and reduced ones; each output element walks the reduced index
 // space with precomputed strides, so any set of axes works in one pass. Axes come from the attribute before the opset where
@@ -18,7 +18,7 @@
 namespace hp_cpu {
 namespace {
 
-enum class Red { sum, mean, max, min, prod, l1, l2, sumsq, logsumexp };
+enum class Red { sum, mean, max, min, prod, l1, l2, sumsq, logsumexp, logsum };
 
 void reduce(OpCall& c, Red kind) {
   const View& x = c.need(0);
@@ -79,7 +79,7 @@ void reduce(OpCall& c, Red kind) {
         for (size_t d = 0; d < ri.size(); ++d) off += ri[d] * red_st[d];
         const double v = static_cast<double>(px[off]);
         switch (kind) {
-          case Red::sum: case Red::mean: acc += v; break;
+          case Red::sum: case Red::mean: case Red::logsum: acc += v; break;
           case Red::max: acc = std::max(acc, v); break;
           case Red::min: acc = std::min(acc, v); break;
           case Red::prod: acc *= v; break;
@@ -91,6 +91,7 @@ void reduce(OpCall& c, Red kind) {
       }
       if (kind == Red::mean) acc /= static_cast<double>(n_red);
       if (kind == Red::l2) acc = std::sqrt(acc);
+      if (kind == Red::logsum) acc = std::log(acc);
       if (kind == Red::logsumexp) acc = std::log(acc) + mx;
       y.as<T>()[o] = static_cast<T>(acc);
       for (size_t d = oi.size(); d-- > 0;) { if (++oi[d] < kept_dims[d]) break; oi[d] = 0; }
@@ -196,7 +197,7 @@ void register_reduce_ops(OpTable& t) {
   const std::pair<const char*, Red> reds[] = {
       {"ReduceSum", Red::sum}, {"ReduceMean", Red::mean}, {"ReduceMax", Red::max}, {"ReduceMin", Red::min},
       {"ReduceProd", Red::prod}, {"ReduceL1", Red::l1}, {"ReduceL2", Red::l2},
-      {"ReduceSumSquare", Red::sumsq}, {"ReduceLogSumExp", Red::logsumexp}};
+      {"ReduceSumSquare", Red::sumsq}, {"ReduceLogSumExp", Red::logsumexp}, {"ReduceLogSum", Red::logsum}};
   for (const auto& [name, kind] : reds) {
     Red k = kind;
     t[name] = {[k](OpCall& c) { reduce(c, k); }, num1};
