@@ -8,20 +8,7 @@
 #include "plugin_test_util.h"
 
 using namespace hp::plugin;
-
-namespace {
-
-PluginRecord load_only(const std::filesystem::path& file) {
-  SearchOptions o;
-  o.plugin_paths = {file};
-  o.use_env = o.use_install_dir = o.use_build_dir = false;
-  auto reg = discover(o);
-  REQUIRE(reg.ok());
-  REQUIRE(reg->plugins.size() == 1);
-  return reg->plugins[0];
-}
-
-}  // namespace
+using hp_test::load_only;
 
 TEST_CASE("abi: HP_BACKEND_V1_0_SIZE ends at graph_free and 1.1 members lie beyond it", "[plugin]") {
   hp_backend_v1 t{};

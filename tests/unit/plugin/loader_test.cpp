@@ -10,22 +10,8 @@
 #include "plugin_test_util.h"
 
 using namespace hp::plugin;
+using hp_test::load_only;
 using hp_test::fake_plugin;
-
-namespace {
-
-/// Loads exactly one file, the way --plugin-path FILE does, with no other search dirs.
-PluginRecord load_only(const std::filesystem::path& file) {
-  SearchOptions o;
-  o.plugin_paths = {file};
-  o.use_env = o.use_install_dir = o.use_build_dir = false;
-  auto reg = discover(o);
-  REQUIRE(reg.ok());
-  REQUIRE(reg->plugins.size() == 1);
-  return reg->plugins[0];
-}
-
-}  // namespace
 
 TEST_CASE("loader: search order is --plugin-path, HP_PLUGIN_PATH, install dir, build tree", "[plugin]") {
   hp_test::ScopedEnv env("HP_PLUGIN_PATH", std::string("/env/a::/env/b"));

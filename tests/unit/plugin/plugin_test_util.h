@@ -1,4 +1,5 @@
-// Helpers for the plugin tests: paths of the fake plugins, a scoped environment variable, a temp dir.
+// Helpers for the plugin tests: paths of the fake plugins, loading one file, a scoped environment
+// variable, a temp dir.
 #pragma once
 
 #include <cstdlib>
@@ -6,6 +7,10 @@
 #include <optional>
 #include <random>
 #include <string>
+
+#include <catch2/catch.hpp>
+
+#include "hp/plugin/registry.h"
 
 namespace hp_test {
 
@@ -15,6 +20,17 @@ inline std::filesystem::path fake_plugin(const std::string& name) {
 
 inline std::filesystem::path cpu_plugin() {
   return std::filesystem::path(HP_BUILD_PLUGIN_DIR) / "libhp-backend-cpu.so";
+}
+
+/// Loads exactly one file, the way --plugin-path FILE does, with no other search dirs.
+inline hp::plugin::PluginRecord load_only(const std::filesystem::path& file) {
+  hp::plugin::SearchOptions o;
+  o.plugin_paths = {file};
+  o.use_env = o.use_install_dir = o.use_build_dir = false;
+  auto reg = hp::plugin::discover(o);
+  REQUIRE(reg.ok());
+  REQUIRE(reg->plugins.size() == 1);
+  return reg->plugins[0];
 }
 
 /// Sets (or unsets, with nullopt) an environment variable for the scope.
