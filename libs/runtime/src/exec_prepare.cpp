@@ -11,6 +11,7 @@
 //     them.
 //  5. Lifetimes: for each tensor its last reader; graph outputs are never released early.
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <set>
 
@@ -189,8 +190,14 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
     }
     if (n.comm) {
       n.comm_node = {n.name, n.op_type, {np.input().begin(), np.input().end()}, {np.output().begin(), np.output().end()}, {}};
-      for (const auto& a : np.attribute())
-        n.comm_node.attrs.emplace_back(a.name(), a.type() == onnx::AttributeProto::STRING ? a.s() : std::to_string(a.i()));
+      // Attributes as text: strings as is, ints in decimal, int lists comma-separated ("0,2,1,3").
+      for (const auto& a : np.attribute()) {
+        std::string v;
+        if (a.type() == onnx::AttributeProto::STRING) v = a.s();
+        else if (a.type() == onnx::AttributeProto::INTS) v = fmt::format("{}", fmt::join(a.ints(), ","));
+        else v = std::to_string(a.i());
+        n.comm_node.attrs.emplace_back(a.name(), std::move(v));
+      }
     }
     HP_TRY(convert_attrs(np, n, dir));
   }

@@ -35,7 +35,7 @@ struct CommNode {
   std::string name;
   std::string op_type;                 ///< "AllReduce", "Send", ...
   std::vector<std::string> inputs, outputs;
-  /// Integer and string attributes (group, peer, reduce op ...) as text.
+  /// Attributes as text (hp_domain.h): strings as is, ints in decimal, int lists comma-separated.
   std::vector<std::pair<std::string, std::string>> attrs;
 };
 
