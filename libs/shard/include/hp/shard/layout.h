@@ -71,6 +71,10 @@ enum class Uneven { reject, chunk };
 Expected<Sharding> parse_tensor_map(const Mesh& mesh, const std::vector<std::vector<std::string>>& map,
                                     std::string_view tensor, int tensor_rank = -1);
 
+/// Checks a Sharding built in code against the mesh: axis indices in range, no axis on two dims or
+/// twice in one, partial axes neither sharding a dim nor listed twice. check_shape calls it.
+Status check_sharding(const Mesh& mesh, const Sharding& s, std::string_view tensor);
+
 /// Checks `shape` against the sharding: rank match, and (Uneven::reject) every dim divisible by its
 /// shard count: "layout: dim 0 of 'w' (5) is not divisible by 4 (dp*mp)".
 Status check_shape(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
@@ -82,6 +86,11 @@ struct Range {
   std::int64_t size() const { return end - begin; }
   friend bool operator==(const Range&, const Range&) = default;
 };
+
+/// Block k of `parts` of a dim of n_global elements (reject: n_global / parts each; chunk: as above).
+Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k, Uneven uneven = Uneven::reject);
+/// Mesh axes no dim of `s` is split over (ascending): the axes its replicas (or partial addends) span.
+std::vector<int> unused_axes(const Mesh& mesh, const Sharding& s);
 
 /// The slice of the global tensor `global_rank` holds (one Range per dim). Precondition: check_shape.
 std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
