@@ -82,11 +82,22 @@ int run_planner(const planner::PlanOptions& opts, std::optional<recipe::Cluster>
     if (!c) return report_error(c.error());
     cluster = std::move(*c);
   }
+  if (!opts.sweep.empty()) {
+    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
+      return report_error(Error(Errc::usage, "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
+                                "", "run the value you want without --sweep"));
+    auto rows = planner::run_sweep(opts, *cluster);
+    if (!rows) return report_error(rows.error());
+    fmt::print("{}", *rows);
+    return 0;
+  }
   auto report = planner::run(opts, *cluster);
   if (!report) return report_error(report.error());
   if (report->cluster_ref.empty()) report->cluster_ref = "local-cpu";
   for (const auto& w : report->warnings) report_warning(opts.model, w);
   fmt::print("{}", opts.json ? planner::format_plan_json(*report) : planner::format_plan_text(*report));
+  if (!opts.schedule_svg.empty())
+    if (auto svg = write_file_atomic(opts.schedule_svg, planner::schedule_svg(*report)); !svg) return report_error(svg.error());
   if (opts.output.empty()) return 0;
   auto written = recipe::write_recipe(planner::plan_to_recipe(*report, opts.output), opts.output);
   return written ? 0 : report_error(written.error());
@@ -136,9 +147,14 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "none"}));
   sub->add_option("--mode", opts->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
   sub->add_option("-o,--output", opts->output, "file to write (the recipe; with --summary, the summary)");
-  sub->add_option("--fix", opts->fix_args, "pin KEY=VALUE (dp, tp, pp, optimizer_shard, micro_batch_size, micro_batches, "
+  sub->add_option("--fix", opts->fix_args, "pin KEY=VALUE (dp, tp, pp, ep, optimizer_shard, micro_batch_size, micro_batches, "
                                            "schedule, virtual_stages, sequence_parallel, recompute); repeatable")
       ->allow_extra_args(false);
+  sub->add_flag("--compare", opts->compare, "also plan with a DP x TP-only planner and a greedy one-axis-at-a-time "
+                                           "expert, and print the best plan's speedup over each");
+  sub->add_option("--sweep", opts->sweep, "plan once per value: nodes=1,2,4,8 or global-batch=64,128 (CSV; JSON lines "
+                                          "with --json)");
+  sub->add_option("--schedule-svg", opts->schedule_svg, "draw the best plan's pipeline schedule into this SVG file");
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")->check(CLI::PositiveNumber);
   sub->callback([opts, &ctx] { ctx.exit_code = run_plan(*opts); });
 }

@@ -87,15 +87,24 @@ std::int64_t degree(const Config& c, Axis a) {
 
 // The first group of axis `a`: ranks 0, stride, 2*stride, ... where stride is the product of the
 // degrees of the axes placed inside it.
-Expected<topology::Link> first_group_link(const topology::Topology& topo, const Config& c, Axis a) {
+std::int64_t axis_stride(const Config& c, Axis a) {
   std::int64_t stride = 1;
   for (Axis x : c.order) {
     if (x == a) break;
     stride *= degree(c, x);
   }
+  return stride;
+}
+
+// `count` ranks `step` apart from rank 0 (one group of an axis, or of part of the DP axis).
+Expected<topology::Link> group_link(const topology::Topology& topo, std::int64_t count, std::int64_t step) {
   std::vector<std::int64_t> ranks;
-  for (std::int64_t i = 0; i < degree(c, a); ++i) ranks.push_back(i * stride);
+  for (std::int64_t i = 0; i < count; ++i) ranks.push_back(i * step);
   return topo.group_link(ranks);
+}
+
+Expected<topology::Link> first_group_link(const topology::Topology& topo, const Config& c, Axis a) {
+  return group_link(topo, degree(c, a), axis_stride(c, a));
 }
 
 }  // namespace
@@ -107,7 +116,29 @@ Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c) 
   if (!dp) return std::move(dp).error();
   auto pp = first_group_link(topo, c, Axis::pp);
   if (!pp) return std::move(pp).error();
-  return AxisLinks{*tp, *dp, *pp};
+  // Expert parallelism takes the innermost ep ranks of each DP group (Megatron's EP inside DP), so
+  // the all-to-all stays on the fastest tier the DP axis reaches; the expert-DP group strides over them.
+  const std::int64_t ep = std::max<std::int64_t>(1, c.ep), sdp = axis_stride(c, Axis::dp);
+  auto ep_link = group_link(topo, ep, sdp);
+  if (!ep_link) return std::move(ep_link).error();
+  auto edp = group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp);
+  if (!edp) return std::move(edp).error();
+  return AxisLinks{*tp, *dp, *pp, *ep_link, *edp};
+}
+
+double usable_memory(const Machine& mc) { return mc.memory * (1.0 - mc.cal.transient_margin); }
+
+double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc, const AxisLinks& links,
+                          double dense, double expert) {
+  if (!w.train) return 0;
+  const std::int64_t ep = std::max<std::int64_t>(1, c.ep), edp = std::max<std::int64_t>(1, c.dp / ep);
+  auto sync = [&](const topology::Link& l, std::int64_t n, double params) {
+    const double bytes = params * w.grad_bytes;
+    return c.optimizer_shard == 0 ? topology::all_reduce_time(l, n, bytes) : topology::reduce_scatter_time(l, n, bytes);
+  };
+  double t = sync(links.dp, c.dp, dense);
+  if (expert > 0) t += sync(links.edp, edp, expert);
+  return t * (1.0 - mc.cal.overlap_dp);
 }
 
 double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level, std::int64_t shard) {
@@ -165,10 +196,28 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
     r.act[1] = lin;
     r.act[2] = mb * b.boundary_bytes / (c.sequence_parallel ? t : 1.0);
   }
-  const double params = b.parameters / t;
-  const std::int64_t shard = c.optimizer_shard > 0 ? c.dp : 1;
-  r.state_bytes = params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, shard);
-  r.weight_bytes = params * m.dtype_bytes;
+  r.act_infer = mb * b.act_bytes * (replicated + (1.0 - replicated) / t);
+  // Routed experts are split over ep (and TP inside each expert, ETP = TP); their optimizer states
+  // shard over the dp/ep ranks that hold the same experts. The rest is Megatron-TP split.
+  const std::int64_t ep = b.experts > 0 ? std::max<std::int64_t>(1, c.ep) : 1;
+  r.dense_params = (b.parameters - b.expert_parameters) / t;
+  r.expert_params = b.expert_parameters / t / static_cast<double>(ep);
+  const std::int64_t dshard = c.optimizer_shard > 0 ? c.dp : 1;
+  const std::int64_t eshard = c.optimizer_shard > 0 ? std::max<std::int64_t>(1, c.dp / ep) : 1;
+  r.state_bytes = r.dense_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, dshard) +
+                  r.expert_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, eshard);
+  r.weight_bytes = (r.dense_params + r.expert_params) * m.dtype_bytes;
+  r.grad_bytes = w.train ? (r.dense_params + r.expert_params) * w.grad_bytes : 0.0;
+  if (b.experts > 0 && ep > 1) {
+    // Dispatch and combine: each rank sends its tokens' top_k copies of the hidden state (split over
+    // TP under SP), a 1/ep share to every peer; backward mirrors both (planner.md §6).
+    const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb * m.hidden_bytes /
+                       (c.sequence_parallel ? t : 1.0);
+    const double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);
+    r.ep_comm = (w.train ? 4.0 : 2.0) * one;
+    r.rc_full += 2.0 * one;  // a full recompute repeats the forward dispatch and combine
+    r.a2a_buffer = 2.0 * msg;
+  }
   return r;
 }
 

@@ -4,7 +4,8 @@
 //   3. profile its blocks in the planned dtype (profile.cpp);
 //   4. describe the machine: topology, device peak for the dtype, calibration (cost.cpp);
 //   5. search level 1 + level 2 (search.cpp);
-//   6. explain the winner, or say why nothing fits.
+//   6. explain the winner, or say why nothing fits;
+//   7. with --compare, search the two baselines' restricted spaces under the same cost model.
 #include "hp/planner/planner.h"
 
 #include <cmath>
@@ -39,6 +40,7 @@ std::string short_config(const Config& c) {
   if (c.pp > 1) s += fmt::format(" {}", recipe::schedule_name(c.schedule));
   if (c.virtual_stages > 1) s += fmt::format(" v{}", c.virtual_stages);
   if (c.sequence_parallel) s += " sp";
+  if (c.ep > 1) s += fmt::format(" ep{}", c.ep);
   return s;
 }
 
@@ -46,7 +48,7 @@ std::string short_config(const Config& c) {
 std::string biggest_difference(const Prediction& a, const Prediction& b) {
   const std::pair<const char*, double> parts[] = {
       {"compute", b.compute - a.compute},         {"recompute", b.recompute - a.recompute},
-      {"bubble", b.bubble - a.bubble},            {"tp comm", b.tp_exposed - a.tp_exposed},
+      {"bubble", b.bubble - a.bubble},            {"tp comm", b.tp_exposed - a.tp_exposed},       {"ep comm", b.ep_exposed - a.ep_exposed},
       {"pp comm", b.pp_exposed - a.pp_exposed},   {"dp comm", b.dp_exposed - a.dp_exposed},
       {"optimizer-shard comm", b.opt_exposed - a.opt_exposed},
       {"optimizer step", b.optimizer_step - a.optimizer_step}};
@@ -66,12 +68,12 @@ std::string explain(const std::vector<Plan>& plans) {
                            biggest_difference(b.predicted, r.predicted));
 }
 
-Error infeasible(const Shortfall& s, double memory) {
+Error infeasible(const Shortfall& s, double memory, double usable) {
   const char* what = s.states >= s.activations ? "model states" : "activations";
   return Error(Errc::infeasible,
-               fmt::format("no plan fits: the smallest need is {} per device against {} (states {}, activations {}; "
-                           "{} dominate) at {}",
-                           format_bytes(s.need), format_bytes(memory), format_bytes(s.states),
+               fmt::format("no plan fits: the smallest need is {} per device against {} usable of {} (states {}, "
+                           "activations {}; {} dominate) at {}",
+                           format_bytes(s.need), format_bytes(usable), format_bytes(memory), format_bytes(s.states),
                            format_bytes(s.activations), what, short_config(s.config)),
                "", "use more nodes, a smaller global batch or sequence, or a cluster with more memory per device");
 }
@@ -128,6 +130,11 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
 
   auto fixed = parse_fixes(opts.fix_args);
   if (!fixed) return std::move(fixed).error();
+  if (auto st = check_fixes(*fixed, topo->ranks(), *profile, w.global_batch); !st) {
+    Error e = std::move(st).error();
+    e.what.where = opts.model;
+    return e;
+  }
   SearchResult found = search({*profile, *topo, w, mc, {opts.top_k, *fixed}});
   if (found.stats.evaluated == 0)
     return Error(Errc::bad_input,
@@ -137,7 +144,7 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
                              topo->ranks(), profile->blocks.size(), w.global_batch, w.global_batch,
                              profile->blocks.size()),
                  opts.model, "relax or correct the --fix values");
-  if (found.plans.empty()) return infeasible(found.shortfall, mc.memory);
+  if (found.plans.empty()) return infeasible(found.shortfall, mc.memory, usable_memory(mc));
 
   rep.model = opts.model;
   rep.cluster = cluster.name;
@@ -156,6 +163,7 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.stats = found.stats;
   rep.why = explain(found.plans);
   rep.plans = std::move(found.plans);
+  if (opts.compare) rep.baselines = run_baselines({*profile, *topo, w, mc, {1, {}}}, rep.plans.front());
   return rep;
 }
 

@@ -19,6 +19,12 @@
 // and redoes exactly this work. The number of TP collectives per block follows Megatron's pairing of
 // a column-parallel with a row-parallel matmul: one all-reduce per pair in forward, so a transformer
 // block (attention + MLP) has 2; a block with one or two weight matmuls has 1.
+//
+// Mixture of experts, also found without names: a matmul whose weight is a stacked parameter of rank
+// 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and the
+// last dim of a TopK output in the block is the routing top-k. Expert parallelism splits exactly
+// these parameters (planner.md §5: routed experts by ETP*EP, router, norms and shared experts stay
+// replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
 #include <algorithm>
 #include <set>
 
@@ -74,7 +80,8 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
   p.parameters = static_cast<double>(b.parameters);
   p.fwd_flops = b.flops;
   int weighted = 0;
-  std::set<int> saved;  // activation tensors kept for the backward pass, each once
+  std::set<int> saved;    // activation tensors kept for the backward pass, each once
+  std::set<int> experts;  // stacked expert weights, each once
   for (int ni : b.nodes) {
     const auto& n = g.node(ni);
     bool quad = false, kernel = false;
@@ -102,11 +109,35 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
     }
     for (int ti : n.inputs)
       if (ti >= 0 && quadratic(g.tensor(ti), seq)) quad = true;
+    // The score tensor (batch 1 x heads x seq x seq) gives the head count TP must divide.
+    for (int ti : n.outputs)
+      if (ti >= 0 && quadratic(g.tensor(ti), seq)) {
+        std::int64_t h = 1, seqs = 0;
+        for (const auto& d : g.tensor(ti).dims) {
+          if (d.value == seq && seqs < 2) ++seqs;
+          else if (d.value > 0) h *= d.value;
+        }
+        p.heads = std::max(p.heads, h);
+      }
     if (quad) p.quadratic_flops += n.cost.flops();
     if (kernel) p.kernels += 1;
     const bool matmul = n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "Einsum";
     if (matmul && n.cost.parameters > 0) ++weighted;
+    // Routed experts: a matmul over a stacked weight (experts x in x out) read by the whole block.
+    for (int ti : n.inputs) {
+      if (!matmul || ti < 0 || !g.tensor(ti).is_parameter() || g.tensor(ti).dims.size() < 3 || !experts.insert(ti).second)
+        continue;
+      const Tensor& t = g.tensor(ti);
+      if (auto numel = t.numel()) p.expert_parameters += static_cast<double>(*numel);
+      p.experts = std::max(p.experts, t.dims[0].value);
+    }
+    if (n.op_type == "TopK" && !n.outputs.empty() && n.outputs[0] >= 0) {
+      const Tensor& t = g.tensor(n.outputs[0]);
+      if (t.has_shape && !t.dims.empty()) p.top_k = std::max(p.top_k, t.dims.back().value);
+    }
   }
+  if (p.experts == 0) p.expert_parameters = 0, p.top_k = 0;
+  if (p.experts > 0 && p.top_k <= 0) p.top_k = 1;
   for (int ti : saved) {
     const double bytes = tensor_bytes(g.tensor(ti), dtype_bytes);
     p.act_bytes += bytes;
@@ -145,8 +176,10 @@ Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t 
     m.blocks.push_back(m.prologue);
     m.prologue = BlockProfile{"prologue"};
   }
-  for (auto& b : m.blocks)
+  for (auto& b : m.blocks) {
     if (b.boundary_bytes == 0) b.boundary_bytes = m.hidden_bytes;
+    m.heads = std::max(m.heads, b.heads);
+  }
   if (m.total_fwd_flops() <= 0)
     return Error(Errc::bad_input, "the model has no countable FLOPs at the bound dims", s.model,
                  "check 'hp plan --summary' for unknown shapes");

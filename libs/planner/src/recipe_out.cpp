@@ -65,7 +65,7 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
   out.parallel.schedule = c.schedule;
   out.parallel.virtual_stages = c.virtual_stages;
   out.parallel.sequence_parallel = c.sequence_parallel;
-  out.parallel.expert_parallel = 1;
+  out.parallel.expert_parallel = c.ep;
 
   // Chunks in model order: stage k of a non-interleaved plan is one chunk; interleaved ranks hold v
   // chunks each, cut at the gaps of their block lists.

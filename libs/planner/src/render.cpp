@@ -52,10 +52,11 @@ json parallel_json(const Plan& p) {
   return {{"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"optimizer_shard", c.optimizer_shard},
           {"micro_batch_size", c.micro_batch_size}, {"micro_batches", c.micro_batches},
           {"schedule", recipe::schedule_name(c.schedule)}, {"virtual_stages", c.virtual_stages},
-          {"sequence_parallel", c.sequence_parallel}, {"expert_parallel", 1},
+          {"sequence_parallel", c.sequence_parallel}, {"expert_parallel", c.ep},
           {"recompute", overall_recompute(p)},
           {"placement", {{"order", {axis_name(c.order[0]), axis_name(c.order[1]), axis_name(c.order[2])}},
-                         {"tp_tier", tier(p.links.tp)}, {"dp_tier", tier(p.links.dp)}, {"pp_tier", tier(p.links.pp)}}}};
+                         {"tp_tier", tier(p.links.tp)}, {"dp_tier", tier(p.links.dp)}, {"pp_tier", tier(p.links.pp)},
+                         {"ep_tier", tier(p.links.ep)}}}};
 }
 
 json predicted_json(const Prediction& p) {
@@ -64,7 +65,7 @@ json predicted_json(const Prediction& p) {
           {"mfu", p.mfu}, {"hfu", p.hfu}, {"peak_memory_bytes", p.peak_memory},
           {"breakdown_seconds",
            {{"compute", p.compute}, {"recompute", p.recompute}, {"bubble", p.bubble},
-            {"tp_comm", p.tp_exposed}, {"pp_comm", p.pp_exposed}, {"dp_comm", p.dp_exposed},
+            {"tp_comm", p.tp_exposed}, {"ep_comm", p.ep_exposed}, {"pp_comm", p.pp_exposed}, {"dp_comm", p.dp_exposed},
             {"optimizer_shard_comm", p.opt_exposed}, {"optimizer_step", p.optimizer_step}}}};
 }
 
@@ -99,6 +100,21 @@ std::string format_plan_json(const PlanReport& r) {
                         {"level2", r.stats.level2}, {"pruned_memory", r.stats.pruned_memory},
                         {"pruned_time", r.stats.pruned_time}, {"level2_infeasible", r.stats.level2_infeasible}}},
             {"warnings", r.warnings}};
+  if (!r.baselines.empty()) {
+    json cmp = json::object();
+    for (const auto& b : r.baselines) {
+      json e = {{"description", b.description}, {"evaluated", b.evaluated}};
+      if (b.plan) {
+        e["parallel"] = parallel_json(*b.plan);
+        e["predicted"] = predicted_json(b.plan->predicted);
+        e["speedup"] = b.speedup;
+      } else {
+        e["infeasible"] = true;
+      }
+      cmp[b.name] = e;
+    }
+    j["compare"] = cmp;
+  }
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
@@ -109,15 +125,15 @@ std::string format_plan_text(const PlanReport& r) {
   out += fmt::format("search       {} configurations in {}, level 2 on {}; pruned {} by memory, {} by time bound ({:.0f} configurations/s)\n\n",
                      r.stats.evaluated, format_seconds(r.stats.seconds), r.stats.level2, r.stats.pruned_memory,
                      r.stats.pruned_time, r.stats.seconds > 0 ? static_cast<double>(r.stats.evaluated) / r.stats.seconds : 0.0);
-  out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} {:>6} {:>10} {}\n", "#", "dp", "tp",
-                     "pp", "zero", "mbs x n", "schedule", "v", "sp", "placement", "iteration", "tokens/s", "MFU", "HFU",
+  out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} {:>6} {:>10} {}\n", "#", "dp", "tp",
+                     "pp", "ep", "zero", "mbs x n", "schedule", "v", "sp", "placement", "iteration", "tokens/s", "MFU", "HFU",
                      "TF/s/dev", "peak mem / limit");
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
     const Config& c = p.config;
     const Prediction& q = p.predicted;
-    out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>5.1f}% {:>5.1f}% {:>10.4g} {} / {}\n",
-                       i + 1, c.dp, c.tp, c.pp, c.optimizer_shard, fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
+    out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>5.1f}% {:>5.1f}% {:>10.4g} {} / {}\n",
+                       i + 1, c.dp, c.tp, c.pp, c.ep, c.optimizer_shard, fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
                        recipe::schedule_name(c.schedule), c.virtual_stages, c.sequence_parallel ? "yes" : "no", placement(c),
                        format_seconds(q.iteration), format_count(q.tokens_per_second), 100 * q.mfu, 100 * q.hfu,
                        q.tflops_model, format_bytes(q.peak_memory), format_bytes(r.device_memory));
@@ -125,9 +141,9 @@ std::string format_plan_text(const PlanReport& r) {
   out += "\ntime breakdown per iteration (exposed communication per pattern)\n";
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const Prediction& q = r.plans[i].predicted;
-    out += fmt::format("{:>2} compute {}, recompute {}, bubble {}, tp {}, pp {}, dp {}, optimizer-shard {}, optimizer step {}\n",
+    out += fmt::format("{:>2} compute {}, recompute {}, bubble {}, tp {}, ep {}, pp {}, dp {}, optimizer-shard {}, optimizer step {}\n",
                        i + 1, format_seconds(q.compute), format_seconds(q.recompute), format_seconds(q.bubble),
-                       format_seconds(q.tp_exposed), format_seconds(q.pp_exposed), format_seconds(q.dp_exposed),
+                       format_seconds(q.tp_exposed), format_seconds(q.ep_exposed), format_seconds(q.pp_exposed), format_seconds(q.dp_exposed),
                        format_seconds(q.opt_exposed), format_seconds(q.optimizer_step));
   }
   const Plan& best = r.plans.front();
@@ -140,6 +156,23 @@ std::string format_plan_text(const PlanReport& r) {
   }
   out += fmt::format("  axes: tp over {}, dp over {}, pp over {} (placement innermost first: {})\n",
                      tier(best.links.tp), tier(best.links.dp), tier(best.links.pp), placement(best.config));
+  if (best.config.ep > 1)
+    out += fmt::format("  experts: ep {} inside dp, all-to-all over {}\n", best.config.ep, tier(best.links.ep));
+  if (!r.baselines.empty()) {
+    out += "\nbaselines (same cost model; speedup = baseline iteration / best iteration - 1)\n";
+    for (const auto& b : r.baselines) {
+      if (!b.plan) {
+        out += fmt::format("  {:<14} no plan fits ({} configurations; {})\n", b.name, b.evaluated, b.description);
+        continue;
+      }
+      const Config& c = b.plan->config;
+      out += fmt::format("  {:<14} dp{} tp{} pp{} zero{} mbs{}x{} recompute {}: {}, MFU {:.1f}%; best plan is {:+.2f}% faster "
+                         "({} configurations; {})\n",
+                         b.name, c.dp, c.tp, c.pp, c.optimizer_shard, c.micro_batch_size, c.micro_batches,
+                         overall_recompute(*b.plan), format_seconds(b.plan->predicted.iteration),
+                         100 * b.plan->predicted.mfu, 100 * b.speedup, b.evaluated, b.description);
+    }
+  }
   out += fmt::format("\nwhy: {}\n", r.why);
   out += fmt::format("flops: {}\n", flops_convention());
   return out;

@@ -28,6 +28,8 @@
 #include <limits>
 #include <set>
 #include <tuple>
+#include <unordered_map>
+#include <optional>
 
 #include "hp/planner/planner.h"
 #include "hp/topology/collectives.h"
@@ -47,44 +49,134 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return d;
 }
 
-std::vector<StagePlan> interleaved_split(const StageContext& ctx) {
-  const Config& c = ctx.config;
-  const std::int64_t L = static_cast<std::int64_t>(ctx.model.blocks.size());
-  const std::int64_t chunks = c.pp * c.virtual_stages;
-  std::vector<std::vector<std::int64_t>> per_rank(static_cast<std::size_t>(c.pp));
-  for (std::int64_t j = 0; j < chunks; ++j)
-    for (std::int64_t b = j * L / chunks; b < (j + 1) * L / chunks; ++b)
-      per_rank[static_cast<std::size_t>(j % c.pp)].push_back(b);
-  std::vector<StagePlan> out;
-  for (std::int64_t k = 0; k < c.pp; ++k) out.push_back(evaluate_stage(ctx, k, per_rank[static_cast<std::size_t>(k)]));
-  return out;
-}
-
 std::vector<std::int64_t> range(std::int64_t a, std::int64_t b) {
   std::vector<std::int64_t> v;
   for (std::int64_t i = a; i < b; ++i) v.push_back(i);
   return v;
 }
 
-// Greedy maximal packing under threshold t; empty when some stage cannot meet it.
-std::vector<StagePlan> pack(const StageContext& ctx, double t) {
+// A level-2 result in the making: the blocks of every pipeline rank and the slowest rank's time.
+struct Packing {
+  std::vector<std::vector<std::int64_t>> blocks;
+  double tmax = 0;
+};
+
+// Stage feasibility and time of (rank k, blocks [i, j)), memoised: the threshold search asks the
+// same ranges again and again.
+class RangeCosts {
+ public:
+  explicit RangeCosts(const StageContext& ctx) : ctx_(ctx), L_(static_cast<std::uint64_t>(ctx.model.blocks.size()) + 1) {}
+  std::pair<bool, double> operator()(std::int64_t k, std::int64_t i, std::int64_t j) {
+    const std::uint64_t key = (static_cast<std::uint64_t>(k) * L_ + static_cast<std::uint64_t>(i)) * L_ + static_cast<std::uint64_t>(j);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const StagePlan s = evaluate_stage(ctx_, k, range(i, j));
+    return memo_[key] = {s.feasible, s.time};
+  }
+
+ private:
+  const StageContext& ctx_;
+  std::uint64_t L_;
+  std::unordered_map<std::uint64_t, std::pair<bool, double>> memo_;
+};
+
+// Greedy maximal packing under threshold t: each rank takes the longest run of blocks that fits
+// and meets t (found by bisection: a rank's cost grows with its blocks); nullopt when some rank
+// cannot. With costs monotone in the block set this succeeds iff some contiguous assignment does.
+std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t) {
   const std::int64_t L = static_cast<std::int64_t>(ctx.model.blocks.size());
   const std::int64_t p = ctx.config.pp;
-  std::vector<StagePlan> out;
+  auto ok = [&](std::int64_t k, std::int64_t i, std::int64_t j) {
+    auto [feasible, time] = cost(k, i, j);
+    return feasible && time <= t;
+  };
+  Packing out;
   std::int64_t i = 0;
   for (std::int64_t k = 0; k < p; ++k) {
-    const std::int64_t max_end = L - (p - k - 1);
-    std::int64_t j = k == p - 1 ? L : i + 1;
-    StagePlan s = evaluate_stage(ctx, k, range(i, j));
-    if (!s.feasible || s.time > t) return {};
-    while (j < max_end) {
-      StagePlan next = evaluate_stage(ctx, k, range(i, j + 1));
-      if (!next.feasible || next.time > t) break;
-      s = std::move(next);
-      ++j;
+    std::int64_t j = L;
+    if (k < p - 1) {
+      if (!ok(k, i, i + 1)) return std::nullopt;
+      std::int64_t lo = i + 1, hi = L - (p - k - 1);
+      while (lo < hi) {
+        const std::int64_t mid = (lo + hi + 1) / 2;
+        if (ok(k, i, mid)) lo = mid;
+        else hi = mid - 1;
+      }
+      j = lo;
+    } else if (!ok(k, i, L)) {
+      return std::nullopt;
     }
-    out.push_back(std::move(s));
+    out.tmax = std::max(out.tmax, cost(k, i, j).second);
+    out.blocks.push_back(range(i, j));
     i = j;
+  }
+  return out;
+}
+
+// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even as
+// the count allows): chunk j = round * pp + rank, in model order.
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
+  const auto pp = static_cast<std::int64_t>(counts.size());
+  std::vector<std::vector<std::int64_t>> per_rank(counts.size());
+  std::int64_t next = 0;
+  for (std::int64_t round = 0; round < v; ++round)
+    for (std::int64_t k = 0; k < pp; ++k) {
+      const std::int64_t a = counts[static_cast<std::size_t>(k)];
+      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
+      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
+    }
+  return per_rank;
+}
+
+// Rank k's blocks alone under the same layout (the trial packings ask for one rank at a time).
+std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& counts, std::int64_t v, std::int64_t k) {
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(counts[static_cast<std::size_t>(k)]));
+  std::int64_t next = 0;
+  for (std::int64_t round = 0; round < v; ++round)
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      const std::int64_t a = counts[r];
+      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
+      if (static_cast<std::int64_t>(r) == k)
+        for (std::int64_t i = 0; i < size; ++i) out.push_back(next + i);
+      next += size;
+    }
+  return out;
+}
+
+// Interleaved level 2: blocks per rank chosen like pack() (greedy maximal counts under threshold t,
+// at least v per rank so no chunk is empty); the ranks still to come are assumed even while a rank
+// is sized, and the final layout is evaluated as laid out.
+std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, double t) {
+  const std::int64_t L = static_cast<std::int64_t>(ctx.model.blocks.size());
+  const std::int64_t p = ctx.config.pp, v = ctx.config.virtual_stages;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(p), v);
+  std::int64_t used = 0;
+  auto ok = [&](std::int64_t k, std::int64_t a) {
+    std::vector<std::int64_t> cs = counts;
+    cs[static_cast<std::size_t>(k)] = a;
+    const std::int64_t rest = p - k - 1, left = L - used - a;
+    for (std::int64_t r = k + 1; r < p; ++r) cs[static_cast<std::size_t>(r)] = left / rest + (r - k - 1 < left % rest ? 1 : 0);
+    const StagePlan s = evaluate_stage(ctx, k, interleaved_rank(cs, v, k));
+    return s.feasible && s.time <= t;
+  };
+  for (std::int64_t k = 0; k < p - 1; ++k) {
+    if (!ok(k, v)) return std::nullopt;
+    std::int64_t lo = v, hi = L - used - v * (p - k - 1);
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi + 1) / 2;
+      if (ok(k, mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    counts[static_cast<std::size_t>(k)] = lo;
+    used += lo;
+  }
+  counts[static_cast<std::size_t>(p - 1)] = L - used;
+  Packing out{interleaved_layout(counts, v), 0};
+  for (std::int64_t k = 0; k < p; ++k) {
+    const StagePlan s = evaluate_stage(ctx, k, out.blocks[static_cast<std::size_t>(k)]);
+    if (!s.feasible || s.time > t) return std::nullopt;
+    out.tmax = std::max(out.tmax, s.time);
   }
   return out;
 }
@@ -100,30 +192,34 @@ std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, con
     if (!s.feasible) return {};
     return {s};
   }
-  if (c.virtual_stages > 1) {
-    auto out = interleaved_split(ctx);
-    for (const auto& s : out)
-      if (!s.feasible) return {};
-    return out;
+  RangeCosts cost(ctx);
+  const auto packer = c.virtual_stages > 1 ? pack_interleaved : pack;
+  auto best = packer(ctx, cost, std::numeric_limits<double>::infinity());
+  if (!best) return {};
+  // Minimise the slowest rank: bisect the threshold, then finish exactly (stage times take finitely
+  // many values, so step just below the best maximum until no packing meets it).
+  double lo = best->tmax / static_cast<double>(c.pp) / 4;
+  for (int it = 0; it < 24 && best->tmax - lo > 1e-4 * best->tmax; ++it) {
+    const double mid = 0.5 * (lo + best->tmax);
+    if (auto got = packer(ctx, cost, mid)) best = std::move(got);
+    else lo = mid;
   }
-  double hi = std::numeric_limits<double>::max() / 4;
-  auto best = pack(ctx, hi);
-  if (best.empty()) return {};
-  hi = 0;
-  for (const auto& s : best) hi = std::max(hi, s.time);
-  double lo = hi / static_cast<double>(c.pp) / 4;
-  for (int it = 0; it < 24 && hi - lo > 1e-4 * hi; ++it) {
-    const double mid = 0.5 * (lo + hi);
-    auto got = pack(ctx, mid);
-    if (got.empty()) {
-      lo = mid;
-    } else {
-      hi = 0;
-      for (const auto& s : got) hi = std::max(hi, s.time);
-      best = std::move(got);
-    }
+  for (int it = 0; it < 64; ++it) {
+    auto got = packer(ctx, cost, best->tmax * (1 - 1e-12));
+    if (!got) break;
+    best = std::move(got);
   }
-  return best;
+  std::vector<StagePlan> out;
+  for (std::int64_t k = 0; k < c.pp; ++k) out.push_back(evaluate_stage(ctx, k, best->blocks[static_cast<std::size_t>(k)]));
+  return out;
+}
+
+StagePlan stage_plan(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
+                     const AxisLinks& links, std::int64_t stage, std::vector<std::int64_t> blocks,
+                     std::vector<recipe::Recompute> recompute) {
+  const CostTable table = cost_table(m, c, w, mc, links);
+  const StageContext ctx{m, c, w, mc, links, table};
+  return cost_stage(ctx, stage, std::move(blocks), std::move(recompute));
 }
 
 namespace {
@@ -135,19 +231,20 @@ struct Candidate {
 
 // Per-rank average micro-batch time and parameters of a cost table: the inputs to the bounds.
 struct Totals {
-  double time = 0, params = 0, states = 0;
+  double time = 0, dense = 0, expert = 0, states = 0;
 };
 
-Totals totals(const ModelProfile& m, const CostTable& t, const Config& c) {
+Totals totals(const ModelProfile& m, const CostTable& t) {
   Totals s;
-  auto add = [&](const BlockCost& b, const BlockProfile& p) {
-    s.time += b.fwd + b.bwd + b.tp_comm;
-    s.params += p.parameters / static_cast<double>(c.tp);
+  auto add = [&](const BlockCost& b) {
+    s.time += b.fwd + b.bwd + b.tp_comm + b.ep_comm;
+    s.dense += b.dense_params;
+    s.expert += b.expert_params;
     s.states += b.state_bytes;
   };
-  add(t.prologue, m.prologue);
-  add(t.epilogue, m.epilogue);
-  for (std::size_t i = 0; i < m.blocks.size(); ++i) add(t.blocks[i], m.blocks[i]);
+  add(t.prologue);
+  add(t.epilogue);
+  for (std::size_t i = 0; i < m.blocks.size(); ++i) add(t.blocks[i]);
   return s;
 }
 
@@ -158,15 +255,27 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
   const double avg = t.time / pp;
   const double mbs = static_cast<double>(c.micro_batches);
   const double v = static_cast<double>(c.virtual_stages);
-  double bound = mbs * avg + (pp - 1.0) * avg / v;
-  if (w.train) {
-    const double params = t.params / pp;
-    const double grads = params * w.grad_bytes;
-    if (c.optimizer_shard == 0)
-      bound += topology::all_reduce_time(links.dp, c.dp, grads) * (1.0 - mc.cal.overlap_dp);
-    else
-      bound += topology::reduce_scatter_time(links.dp, c.dp, grads) * (1.0 - mc.cal.overlap_dp);
+  // Pipeline sends are the same for every assignment: spread them over the ranks like the work.
+  double hops = 0;
+  if (c.pp > 1) {
+    const double msg = static_cast<double>(c.micro_batch_size) * m.hidden_bytes /
+                       (c.sequence_parallel ? static_cast<double>(c.tp) : 1.0);
+    hops = (2.0 * pp - 2.0) * (w.train ? 2.0 : 1.0) * v * topology::send_recv_time(links.pp, msg) *
+           (1.0 - mc.cal.overlap_pp) / pp;
   }
+  double bound = mbs * (avg + hops) + (pp - 1.0) * (avg + hops) / v;
+  if (!w.train) return bound;
+  // The post-flush terms are affine in the bytes (gradient sync, gathers) or linear (optimizer
+  // step), so the average rank's are at most the biggest rank's.
+  bound += gradient_sync_time(c, w, mc, links, t.dense / pp, t.expert / pp);
+  const double dshard = c.optimizer_shard > 0 ? static_cast<double>(c.dp) : 1.0;
+  const double eshard = c.optimizer_shard > 0 ? static_cast<double>(std::max<std::int64_t>(1, c.dp / std::max<std::int64_t>(1, c.ep))) : 1.0;
+  if (c.optimizer_shard > 0) {
+    const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
+    const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
+    bound += gathers * topology::all_gather_time(links.dp, c.dp, (t.dense + t.expert) / pp * m.dtype_bytes) * (1.0 - hidden);
+  }
+  if (mc.memory_bandwidth > 0) bound += 32.0 * (t.dense / dshard + t.expert / eshard) / pp / mc.memory_bandwidth;
   return bound;
 }
 
@@ -186,60 +295,71 @@ SearchResult search(const SearchInput& in) {
   const std::int64_t N = in.topo.ranks();
   const std::int64_t L = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.blocks.size()));
   const std::int64_t B = w.global_batch;
-  const double margin = mc.cal.transient_margin * mc.memory;
+  const double usable = usable_memory(mc);
   const Fixed& fixed = in.limits.fixed;
+  std::int64_t experts = 0;
+  for (const auto& b : m.blocks) experts = std::max(experts, b.experts);
 
   std::vector<Candidate> cands;
   for (std::int64_t tp : divisors(N)) {
-    if (fixed.tp && *fixed.tp != tp) continue;
+    if ((fixed.tp && *fixed.tp != tp) || (in.limits.whole_heads && m.heads > 0 && m.heads % tp != 0)) continue;
     for (std::int64_t pp : divisors(N / tp)) {
       if (pp > L || (fixed.pp && *fixed.pp != pp)) continue;
       const std::int64_t dp = N / tp / pp;
       if (B % dp != 0 || (fixed.dp && *fixed.dp != dp)) continue;
-      std::set<std::tuple<int, int, int>> seen_links;
+      // Expert parallelism is carved out of DP: ep divides dp and the expert count.
+      std::vector<std::int64_t> eps;
+      for (std::int64_t ep : divisors(dp))
+        if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
+      std::set<std::tuple<int, int, int, int, int, std::int64_t>> seen_links;
       Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
                            {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
                            {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
       for (auto& order : orders) {
-        Config base;
-        base.tp = tp, base.pp = pp, base.dp = dp;
-        if (fixed.recompute) base.forced_recompute = static_cast<int>(*fixed.recompute);
-        std::copy(order, order + 3, base.order);
-        auto links = axis_links(in.topo, base);
-        if (!links) continue;
-        if (!seen_links.insert({links->tp.level, links->dp.level, links->pp.level}).second) continue;
-        for (std::int64_t mbs : divisors(B / dp)) {
-          for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-            Config c = base;
-            c.micro_batch_size = mbs;
-            c.micro_batches = B / dp / mbs;
-            c.sequence_parallel = sp == 1;
-            // Times do not depend on the ZeRO level: one table serves all four, states rescaled.
-            const CostTable table = cost_table(m, c, w, mc, *links);
-            Totals t = totals(m, table, c);
-            for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero) {
-              c.optimizer_shard = zero;
-              t.states = t.params * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp : 1);
-              std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
-              if (pp > 1 && w.train) {
-                scheds.push_back({recipe::Schedule::gpipe, 1});
-                std::vector<std::int64_t> vs = {2, 3, 4, 6, 8};
-                if (fixed.virtual_stages) vs = {*fixed.virtual_stages};
-                for (std::int64_t v : vs)
-                  if (v > 1 && pp * v <= L && c.micro_batches % pp == 0) scheds.push_back({recipe::Schedule::interleaved, v});
-              }
-              for (auto [sched, v] : scheds) {
-                c.schedule = sched;
-                c.virtual_stages = v;
-                if (!fixed.admits(c)) continue;
-                ++res.stats.evaluated;
-                const double mem_bound = t.states / static_cast<double>(pp) + margin;
-                if (mem_bound > mc.memory) {
-                  ++res.stats.pruned_memory;
-                  note_shortfall(res.shortfall, mem_bound, t.states / static_cast<double>(pp), 0, c);
-                  continue;
+        for (std::int64_t ep : eps) {
+          Config base;
+          base.tp = tp, base.pp = pp, base.dp = dp, base.ep = ep;
+          if (fixed.recompute) base.forced_recompute = static_cast<int>(*fixed.recompute);
+          std::copy(order, order + 3, base.order);
+          auto links = axis_links(in.topo, base);
+          if (!links) continue;
+          // Orders that put every group on the same tiers cost the same: one candidate for all.
+          if (!seen_links.insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep})
+                   .second)
+            continue;
+          for (std::int64_t mbs : divisors(B / dp)) {
+            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+              Config c = base;
+              c.micro_batch_size = mbs;
+              c.micro_batches = B / dp / mbs;
+              c.sequence_parallel = sp == 1;
+              // Times do not depend on the ZeRO level: one table serves all four, states rescaled.
+              const CostTable table = cost_table(m, c, w, mc, *links);
+              Totals t = totals(m, table);
+              for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero) {
+                c.optimizer_shard = zero;
+                t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp : 1) +
+                           t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp / ep : 1);
+                std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
+                if (pp > 1 && w.train) {
+                  scheds.push_back({recipe::Schedule::gpipe, 1});
+                  // Megatron interleaves only when the micro-batch count is a multiple of pp.
+                  if (c.micro_batches % pp == 0)
+                    for (std::int64_t v = 2; pp * v <= L; ++v) scheds.push_back({recipe::Schedule::interleaved, v});
                 }
-                cands.push_back({c, time_bound(m, c, w, mc, *links, t)});
+                for (auto [sched, v] : scheds) {
+                  c.schedule = sched;
+                  c.virtual_stages = v;
+                  if (!fixed.admits(c)) continue;
+                  ++res.stats.evaluated;
+                  const double mem_bound = t.states / static_cast<double>(pp);
+                  if (mem_bound > usable) {
+                    ++res.stats.pruned_memory;
+                    note_shortfall(res.shortfall, mem_bound, mem_bound, 0, c);
+                    continue;
+                  }
+                  cands.push_back({c, time_bound(m, c, w, mc, *links, t)});
+                }
               }
             }
           }
@@ -276,6 +396,20 @@ SearchResult search(const SearchInput& in) {
     }
     Plan plan{c, std::move(stages), {}, *links};
     plan.predicted = predict(m, c, w, mc, *links, plan.stages);
+    // Equivalent plans (same degrees, micro-batching and schedule, same predicted time: a ZeRO level,
+    // SP or placement that changes nothing the model sees) fill the top k with one choice; keep the
+    // one needing less memory.
+    auto same = std::find_if(res.plans.begin(), res.plans.end(), [&](const Plan& q) {
+      const Config& a = q.config;
+      return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep && a.micro_batch_size == c.micro_batch_size &&
+             a.schedule == c.schedule && a.virtual_stages == c.virtual_stages &&
+             std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-9 * plan.predicted.iteration;
+    });
+    if (same != res.plans.end()) {
+      ++res.stats.duplicates;
+      if (same->predicted.peak_memory <= plan.predicted.peak_memory) continue;
+      res.plans.erase(same);
+    }
     auto at = std::upper_bound(res.plans.begin(), res.plans.end(), plan.predicted.iteration,
                                [](double t, const Plan& p) { return t < p.predicted.iteration; });
     res.plans.insert(at, std::move(plan));

@@ -3,9 +3,12 @@
 // A rank's peak memory is its model states, plus the activations of its blocks times the number of
 // micro-batches the schedule keeps in flight there (in_flight(): 1F1B stage k holds p-k, GPipe all m,
 // interleaving adds (p-1)/(p v)), plus communication buffers (a send and a receive buffer for the
-// pipeline, a TP collective buffer, a DP gradient bucket, the prefetched gathered block under
-// ZeRO-3), plus the activations a fully recomputed block rebuilds during its backward, plus the
-// transient margin. Recompute choices are per block (none / selective / full).
+// pipeline, a TP collective buffer, a DP gradient bucket, expert all-to-all buffers, the prefetched
+// gathered block under ZeRO-3), plus the activations a fully recomputed block rebuilds during its
+// backward. It must fit the device memory less the transient margin (fragmentation, workspaces),
+// which is kept free rather than added to the prediction. Recompute choices are per block (none /
+// selective / full): exact (every count of full and selective blocks) when a rank's blocks are
+// identical, greedy by bytes saved per second added otherwise.
 //
 // The step time (predict) is the Metis form of planner.md §1 generalised to interleaving:
 //   T_pipe = m * max_k t_k + (sum_k t_k - max_k t_k) / v
@@ -15,6 +18,7 @@
 #include "stage.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "hp/topology/collectives.h"
 
@@ -28,7 +32,8 @@ CostTable cost_table(const ModelProfile& m, const Config& c, const Workload& w, 
   auto same = [](const BlockProfile& x, const BlockProfile& y) {
     return x.parameters == y.parameters && x.fwd_flops == y.fwd_flops && x.quadratic_flops == y.quadratic_flops &&
            x.act_bytes == y.act_bytes && x.quadratic_act_bytes == y.quadratic_act_bytes &&
-           x.boundary_bytes == y.boundary_bytes && x.tp_collectives == y.tp_collectives && x.kernels == y.kernels;
+           x.boundary_bytes == y.boundary_bytes && x.tp_collectives == y.tp_collectives && x.kernels == y.kernels &&
+           x.expert_parameters == y.expert_parameters && x.experts == y.experts && x.top_k == y.top_k;
   };
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     if (i > 0 && same(m.blocks[i], m.blocks[i - 1]))
@@ -58,103 +63,163 @@ struct Upgrade {
   double saves = 0, costs = 0;
 };
 
-double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks) {
+// Communication buffers, scaled to what the plan actually moves: the pipeline's send and receive
+// buffers, one TP collective buffer, a DP gradient bucket (DDP's default bucket, 25M fp32 elements =
+// 100 MB, never more than the rank's gradients), the expert all-to-all dispatch and combine buffers,
+// and under ZeRO-3 the gathered block plus its prefetch.
+double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks, double grad_bytes) {
   const Config& c = ctx.config;
   const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes;
   double bytes = 0;
   if (c.pp > 1) bytes += 2.0 * msg;
   if (c.tp > 1) bytes += msg;
-  if (ctx.work.train && c.dp > 1) bytes += 64.0 * 1024 * 1024;  // one gradient bucket (DDP default 25M fp32 ~ 100 MB; we count 64 MiB)
-  if (c.optimizer_shard == 3) {
-    double biggest = 0;
-    for (auto b : blocks) biggest = std::max(biggest, ctx.costs.blocks[b].weight_bytes);
-    bytes += 2.0 * biggest * static_cast<double>(c.dp);  // gathered block + prefetch
+  if (ctx.work.train && c.dp > 1) bytes += std::min(100e6, grad_bytes);
+  double a2a = 0, biggest = 0;
+  for (auto b : blocks) {
+    a2a = std::max(a2a, ctx.costs.blocks[static_cast<std::size_t>(b)].a2a_buffer);
+    biggest = std::max(biggest, ctx.costs.blocks[static_cast<std::size_t>(b)].weight_bytes);
   }
+  bytes += a2a;
+  if (c.optimizer_shard == 3) bytes += 2.0 * biggest * static_cast<double>(c.dp);
   return bytes;
+}
+
+// Whether every block of a stage has the same cost entry (the usual case: repeated layers).
+bool uniform(const CostTable& t, const std::vector<std::int64_t>& blocks) {
+  for (std::size_t i = 1; i < blocks.size(); ++i) {
+    const BlockCost& a = t.blocks[static_cast<std::size_t>(blocks[0])];
+    const BlockCost& b = t.blocks[static_cast<std::size_t>(blocks[i])];
+    if (a.act[0] != b.act[0] || a.act[1] != b.act[1] || a.act[2] != b.act[2] || a.rc_selective != b.rc_selective ||
+        a.rc_full != b.rc_full)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
+                     std::vector<Recompute> recompute) {
+  const Config& c = ctx.config;
+  const auto& costs = ctx.costs;
+  const bool first = stage == 0, last = stage == c.pp - 1;
+  const bool train = ctx.work.train;
+  StagePlan s;
+  s.blocks = std::move(blocks);
+  s.recompute = std::move(recompute);
+  s.recompute.resize(s.blocks.size(), Recompute::none);
+  const double flight = train ? in_flight(c, stage) : 1.0;
+  double states = 0, acts = 0, transient = 0, grads = 0, a2a = 0;
+  auto add = [&](const BlockCost& b, const BlockProfile& p, Recompute r) {
+    states += b.state_bytes;
+    grads += b.grad_bytes;
+    acts += b.act[level(r)] * flight;
+    s.compute += b.fwd + b.bwd;
+    s.tp_comm += b.tp_comm;
+    a2a += b.ep_comm;
+    s.recompute_time += rc_time(b, r);
+    const double rc_flops = r == Recompute::none ? 0.0 : r == Recompute::selective ? p.quadratic_flops : p.fwd_flops;
+    s.recompute_flops += static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
+    // Inference keeps one block's activations at a time; a fully recomputed block rebuilds its
+    // whole activations once during its backward.
+    if (!train) transient = std::max(transient, b.act_infer);
+    if (r == Recompute::full) transient = std::max(transient, b.act[0]);
+  };
+  if (first) add(costs.prologue, ctx.model.prologue, Recompute::none);
+  if (last) add(costs.epilogue, ctx.model.epilogue, Recompute::none);
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+    const auto b = static_cast<std::size_t>(s.blocks[i]);
+    add(costs.blocks[b], ctx.model.blocks[b], train ? s.recompute[i] : Recompute::none);
+  }
+  s.ep_comm = a2a;
+  if (c.pp > 1) {
+    const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes /
+                       (c.sequence_parallel ? static_cast<double>(c.tp) : 1.0);
+    const double sends = (first || last ? 1.0 : 2.0) * (train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
+    s.pp_comm = sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
+  }
+  s.states = states;
+  s.activations = acts;
+  s.memory = states + acts + transient + buffers(ctx, s.blocks, grads);
+  s.feasible = s.memory <= usable_memory(ctx.machine);
+  s.time = s.compute + s.recompute_time + s.tp_comm + s.ep_comm + s.pp_comm;
+  return s;
+}
+
+namespace {
+
+// Exact recompute choice for a stage of identical blocks: for every count of fully recomputed
+// blocks, the fewest selective ones that make the stage fit; the cheapest pair wins.
+std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t stage,
+                                         const std::vector<std::int64_t>& blocks) {
+  const std::size_t n = blocks.size();
+  std::vector<Recompute> none(n, Recompute::none);
+  const StagePlan base = cost_stage(ctx, stage, blocks, none);
+  const double limit = usable_memory(ctx.machine);
+  if (base.memory <= limit || n == 0) return none;
+  const BlockCost& bc = ctx.costs.blocks[static_cast<std::size_t>(blocks[0])];
+  const double flight = in_flight(ctx.config, stage);
+  const double save_sel = (bc.act[0] - bc.act[1]) * flight, save_full = (bc.act[0] - bc.act[2]) * flight;
+  double best = -1;
+  std::size_t best_full = 0, best_sel = 0;
+  for (std::size_t nf = 0; nf <= n; ++nf) {
+    // In training the only transient is the one fully recomputed block rebuilding its activations.
+    const double mem = base.memory - static_cast<double>(nf) * save_full + (nf > 0 ? bc.act[0] : 0.0);
+    const double over = mem - limit;
+    std::size_t ns = 0;
+    if (over > 0) {
+      if (save_sel <= 0) continue;
+      ns = static_cast<std::size_t>(std::ceil(over / save_sel * (1 - 1e-12)));
+      if (nf + ns > n) continue;
+    }
+    const double t = static_cast<double>(nf) * bc.rc_full + static_cast<double>(ns) * bc.rc_selective;
+    if (best < 0 || t < best) best = t, best_full = nf, best_sel = ns;
+    if (save_full <= 0) break;
+  }
+  std::vector<Recompute> r(n, Recompute::none);
+  if (best < 0) {
+    std::fill(r.begin(), r.end(), Recompute::full);
+    return r;
+  }
+  for (std::size_t i = 0; i < best_full; ++i) r[i] = Recompute::full;
+  for (std::size_t i = best_full; i < best_full + best_sel; ++i) r[i] = Recompute::selective;
+  return r;
+}
+
+// Greedy recompute choice for mixed blocks: best bytes saved per second added first.
+std::vector<Recompute> greedy_recompute(const StageContext& ctx, std::int64_t stage,
+                                        const std::vector<std::int64_t>& blocks) {
+  std::vector<Recompute> r(blocks.size(), Recompute::none);
+  const double limit = usable_memory(ctx.machine);
+  if (cost_stage(ctx, stage, blocks, r).memory <= limit) return r;
+  const double flight = in_flight(ctx.config, stage);
+  std::vector<Upgrade> ups;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const BlockCost& bc = ctx.costs.blocks[static_cast<std::size_t>(blocks[i])];
+    ups.push_back({i, 1, (bc.act[0] - bc.act[1]) * flight, bc.rc_selective});
+    ups.push_back({i, 2, (bc.act[1] - bc.act[2]) * flight, bc.rc_full - bc.rc_selective});
+  }
+  std::stable_sort(ups.begin(), ups.end(), [](const Upgrade& a, const Upgrade& b) {
+    return a.saves * b.costs > b.saves * a.costs;  // a.saves/a.costs > b.saves/b.costs, no division
+  });
+  for (const auto& u : ups) {
+    if (u.saves <= 0 || level(r[u.slot]) >= u.to) continue;
+    r[u.slot] = u.to == 1 ? Recompute::selective : Recompute::full;
+    if (cost_stage(ctx, stage, blocks, r).memory <= limit) break;
+  }
+  return r;
 }
 
 }  // namespace
 
 StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks) {
   const Config& c = ctx.config;
-  const auto& costs = ctx.costs;
-  const bool first = stage == 0, last = stage == c.pp - 1;
-  StagePlan s;
-  s.blocks = std::move(blocks);
-  s.recompute.assign(s.blocks.size(), Recompute::none);
-  const double flight = ctx.work.train ? in_flight(c, stage) : 1.0;
-
-  // Fixed parts: states, buffers, margin, prologue/epilogue activations (never recomputed).
-  double fixed = buffers(ctx, s.blocks) + ctx.machine.cal.transient_margin * ctx.machine.memory;
-  double states = 0, acts = 0, transient = 0;
-  auto add_edge = [&](const BlockCost& b) {
-    states += b.state_bytes;
-    acts += b.act[0] * flight;
-    s.compute += b.fwd + b.bwd;
-    s.tp_comm += b.tp_comm;
-    if (!ctx.work.train) transient = std::max(transient, b.act[0]);
-  };
-  if (first) add_edge(costs.prologue);
-  if (last) add_edge(costs.epilogue);
-  for (auto b : s.blocks) {
-    const BlockCost& bc = costs.blocks[b];
-    states += bc.state_bytes;
-    acts += bc.act[0] * flight;
-    s.compute += bc.fwd + bc.bwd;
-    s.tp_comm += bc.tp_comm;
-    if (!ctx.work.train) transient = std::max(transient, ctx.model.blocks[b].act_bytes);
-  }
-  auto total = [&] { return states + acts + fixed + transient; };
-
-  // Recompute greedily while over the limit: best bytes saved per second added first.
-  if (ctx.work.train && c.forced_recompute > 0) {
-    const auto forced = static_cast<Recompute>(c.forced_recompute);
-    for (std::size_t i = 0; i < s.blocks.size(); ++i) {
-      const BlockCost& bc = costs.blocks[s.blocks[i]];
-      acts -= (bc.act[0] - bc.act[level(forced)]) * flight;
-      s.recompute[i] = forced;
-    }
-  } else if (ctx.work.train && c.forced_recompute < 0 && total() > ctx.machine.memory) {
-    std::vector<Upgrade> ups;
-    for (std::size_t i = 0; i < s.blocks.size(); ++i) {
-      const BlockCost& bc = costs.blocks[s.blocks[i]];
-      ups.push_back({i, 1, (bc.act[0] - bc.act[1]) * flight, bc.rc_selective});
-      ups.push_back({i, 2, (bc.act[1] - bc.act[2]) * flight, bc.rc_full - bc.rc_selective});
-    }
-    std::stable_sort(ups.begin(), ups.end(), [](const Upgrade& a, const Upgrade& b) {
-      return a.saves * b.costs > b.saves * a.costs;  // a.saves/a.costs > b.saves/b.costs, no division
-    });
-    for (const auto& u : ups) {
-      if (total() <= ctx.machine.memory) break;
-      if (u.saves <= 0 || level(s.recompute[u.slot]) >= u.to) continue;
-      const BlockCost& bc = costs.blocks[s.blocks[u.slot]];
-      acts -= (bc.act[level(s.recompute[u.slot])] - bc.act[u.to]) * flight;
-      s.recompute[u.slot] = u.to == 1 ? Recompute::selective : Recompute::full;
-    }
-  }
-  // A fully recomputed block rebuilds its whole activations once during its backward.
-  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
-    const BlockCost& bc = costs.blocks[s.blocks[i]];
-    if (s.recompute[i] == Recompute::full) transient = std::max(transient, bc.act[0]);
-    s.recompute_time += rc_time(bc, s.recompute[i]);
-    const double rc_flops = s.recompute[i] == Recompute::none ? 0.0
-                            : s.recompute[i] == Recompute::selective ? ctx.model.blocks[s.blocks[i]].quadratic_flops
-                                                                     : ctx.model.blocks[s.blocks[i]].fwd_flops;
-    s.recompute_flops += static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
-  }
-  if (c.pp > 1) {
-    const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes /
-                       (c.sequence_parallel ? static_cast<double>(c.tp) : 1.0);
-    const double sends = (first || last ? 1.0 : 2.0) * (ctx.work.train ? 2.0 : 1.0) *
-                         static_cast<double>(c.virtual_stages);
-    s.pp_comm = sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
-  }
-  s.states = states;
-  s.activations = acts;
-  s.memory = total();
-  s.feasible = s.memory <= ctx.machine.memory;
-  s.time = s.compute + s.recompute_time + s.tp_comm + s.pp_comm;
-  return s;
+  std::vector<Recompute> rc(blocks.size(), Recompute::none);
+  if (ctx.work.train && c.forced_recompute > 0)
+    std::fill(rc.begin(), rc.end(), static_cast<Recompute>(c.forced_recompute));
+  else if (ctx.work.train && c.forced_recompute < 0)
+    rc = uniform(ctx.costs, blocks) ? uniform_recompute(ctx, stage, blocks) : greedy_recompute(ctx, stage, blocks);
+  return cost_stage(ctx, stage, std::move(blocks), std::move(rc));
 }
 
 Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
@@ -163,42 +228,45 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
   const double mbs = static_cast<double>(c.micro_batches);
   const double v = static_cast<double>(c.virtual_stages);
   const double pp = static_cast<double>(c.pp);
-  double tmax = 0, tsum = 0, rc_flops = 0, states_params = 0;
+  double tmax = 0, tsum = 0, rc_flops = 0;
   for (const auto& s : stages) {
     tmax = std::max(tmax, s.time);
     tsum += s.time;
     p.compute += mbs * s.compute / pp;
     p.recompute += mbs * s.recompute_time / pp;
     p.tp_exposed += mbs * s.tp_comm / pp;
+    p.ep_exposed += mbs * s.ep_comm / pp;
     p.pp_exposed += mbs * s.pp_comm / pp;
     rc_flops += s.recompute_flops;
     p.peak_memory = std::max(p.peak_memory, s.memory);
   }
   const double pipeline = mbs * tmax + (tsum - tmax) / v;
-  p.bubble = std::max(0.0, pipeline - (p.compute + p.recompute + p.tp_exposed + p.pp_exposed));
+  p.bubble = std::max(0.0, pipeline - (p.compute + p.recompute + p.tp_exposed + p.ep_exposed + p.pp_exposed));
 
   if (w.train) {
-    // The biggest rank's parameters decide the post-flush collectives and the optimizer step.
+    // The slowest rank's gradient reduction and the biggest rank's gathers and optimizer step follow
+    // the flush.
+    const CostTable t = cost_table(m, c, w, mc, links);
+    double weights = 0, opt_params = 0;
     for (std::size_t k = 0; k < stages.size(); ++k) {
-      double params = 0;
-      for (auto b : stages[k].blocks) params += m.blocks[b].parameters;
-      if (k == 0) params += m.prologue.parameters;
-      if (k + 1 == stages.size()) params += m.epilogue.parameters;
-      states_params = std::max(states_params, params / static_cast<double>(c.tp));
+      double dense = 0, expert = 0;
+      auto add = [&](const BlockCost& b) { dense += b.dense_params, expert += b.expert_params; };
+      for (auto b : stages[k].blocks) add(t.blocks[static_cast<std::size_t>(b)]);
+      if (k == 0) add(t.prologue);
+      if (k + 1 == stages.size()) add(t.epilogue);
+      p.dp_exposed = std::max(p.dp_exposed, gradient_sync_time(c, w, mc, links, dense, expert));
+      weights = std::max(weights, (dense + expert) * m.dtype_bytes);
+      const double shard = c.optimizer_shard > 0 ? static_cast<double>(c.dp) : 1.0;
+      const double eshard = c.optimizer_shard > 0 ? static_cast<double>(std::max<std::int64_t>(1, c.dp / std::max<std::int64_t>(1, c.ep))) : 1.0;
+      opt_params = std::max(opt_params, dense / shard + expert / eshard);
     }
-    const double grads = states_params * w.grad_bytes;
-    const double weights = states_params * m.dtype_bytes;
-    if (c.optimizer_shard == 0) {
-      p.dp_exposed = topology::all_reduce_time(links.dp, c.dp, grads) * (1.0 - mc.cal.overlap_dp);
-    } else {
-      p.dp_exposed = topology::reduce_scatter_time(links.dp, c.dp, grads) * (1.0 - mc.cal.overlap_dp);
+    if (c.optimizer_shard > 0) {
       const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
       const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
       p.opt_exposed = gathers * topology::all_gather_time(links.dp, c.dp, weights) * (1.0 - hidden);
     }
     // Adam reads weights, grads, master, two moments and writes four of them: ~32 bytes/param.
-    const double shard = c.optimizer_shard > 0 ? static_cast<double>(c.dp) : 1.0;
-    if (mc.memory_bandwidth > 0) p.optimizer_step = 32.0 * states_params / shard / mc.memory_bandwidth;
+    if (mc.memory_bandwidth > 0) p.optimizer_step = 32.0 * opt_params / mc.memory_bandwidth;
   }
   p.iteration = pipeline + p.dp_exposed + p.opt_exposed + p.optimizer_step;
 

@@ -28,9 +28,13 @@ struct StageContext {
 };
 
 /// The cost of pipeline rank `stage` holding `blocks`: picks per-block recomputation greedily by
-/// memory saved per second added until the rank fits (blocks of one stage are near-identical, so the
-/// greedy choice is the knapsack optimum up to one block). `feasible` is false when even full
+/// memory saved per second added until the rank fits (exact when the rank's blocks are identical).
+/// `feasible` is false when even full
 /// recomputation of every block does not fit.
 StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks);
+
+/// The cost of rank `stage` holding `blocks` with the given recompute choice per block.
+StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
+                     std::vector<recipe::Recompute> recompute);
 
 }  // namespace hp::planner

@@ -274,5 +274,12 @@ TEST_CASE("planner: Korthikanti 2022 configurations predict their published iter
     WARN(k.name << ": predicted " << p.iteration << " s, published " << k.published << " s, MFU " << p.mfu);
     CHECK(p.iteration > k.published * 0.85);
     CHECK(p.iteration < k.published * 1.15);
+    // The planner's own best for the same model, cluster and batch is at least as fast.
+    SearchResult own = search({m, topo, w, a100(80.0 * (1 << 30)), {1, {}}});
+    REQUIRE(!own.plans.empty());
+    WARN(k.name << ": planner's best " << own.plans.front().predicted.iteration << " s (dp "
+                << own.plans.front().config.dp << " tp " << own.plans.front().config.tp << " pp "
+                << own.plans.front().config.pp << ")");
+    CHECK(own.plans.front().predicted.iteration <= p.iteration * (1 + 1e-9));
   }
 }

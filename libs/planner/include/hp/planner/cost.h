@@ -26,6 +26,12 @@ struct BlockProfile {
   double boundary_bytes = 0;    ///< the tensor crossing into the next block (one sequence)
   int tp_collectives = 0;       ///< forward all-reduces under Megatron TP (2 for attention + MLP)
   double kernels = 0;           ///< nodes producing activations (each a kernel launch in forward)
+  // Mixture of experts (zero for dense blocks): routed experts are stacked weights whose leading
+  // dim is the expert count; expert parallelism splits them, everything else stays replicated.
+  double expert_parameters = 0; ///< of `parameters`, in routed experts
+  std::int64_t experts = 0;     ///< routed experts per MoE layer (0 = dense block)
+  std::int64_t top_k = 0;       ///< experts each token is routed to
+  std::int64_t heads = 0;       ///< attention heads (from the seq x seq score tensors); 0 = none seen
 };
 
 /// The model as the planner sees it: prologue, repeated blocks, epilogue.
@@ -36,6 +42,7 @@ struct ModelProfile {
   std::int64_t seq = 0;
   double dtype_bytes = 2;       ///< bytes per element of the planned dtype
   double hidden_bytes = 0;      ///< b=1 boundary activation (s x h x dtype): TP/PP message size unit
+  std::int64_t heads = 0;       ///< attention heads (from the seq x seq score tensors); 0 = unknown
 
   double total_parameters() const;
   double total_fwd_flops() const;  ///< one forward, one sequence
@@ -52,6 +59,7 @@ struct Calibration {
   double overlap_dp = 0.5;          ///< share of the DP gradient reduction hidden under backward
   double overlap_opt = 0.5;         ///< share of optimizer-shard gathers hidden (ZeRO-3 prefetch)
   double overlap_pp = 0.0;          ///< share of pipeline send/recv hidden
+  double overlap_ep = 0.0;          ///< share of expert all-to-alls hidden (dispatch waits on routing)
   double transient_margin = 0.08;   ///< fraction of device memory kept for fragmentation/workspace
 };
 
@@ -72,6 +80,7 @@ struct Config {
   recipe::Schedule schedule = recipe::Schedule::one_f_one_b;
   std::int64_t virtual_stages = 1;
   bool sequence_parallel = false;
+  std::int64_t ep = 1;              ///< expert-parallel degree: carved out of dp, splits routed experts
   Axis order[3] = {Axis::tp, Axis::dp, Axis::pp};
   int forced_recompute = -1;        ///< 0..2 forces none/selective/full on every block (--fix recompute)
 };
@@ -91,10 +100,14 @@ struct Machine {
   double memory_bandwidth = 0;
   Calibration cal;
 };
+/// The memory a plan may use: the device's minus the transient margin kept free.
+double usable_memory(const Machine& mc);
 
 /// Links of the TP, DP and PP groups of a configuration (from topology::group_link).
 struct AxisLinks {
   topology::Link tp, dp, pp;
+  topology::Link ep;                ///< the innermost ep ranks of a DP group (expert all-to-all)
+  topology::Link edp;               ///< the DP ranks holding the same experts (dp/ep of them)
 };
 Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c);
 
@@ -103,15 +116,25 @@ struct BlockCost {
   double fwd = 0, bwd = 0;          ///< compute seconds
   double rc_selective = 0, rc_full = 0; ///< extra forward seconds when recomputed
   double tp_comm = 0;               ///< exposed TP (or SP) collective seconds, fwd + bwd
+  double ep_comm = 0;               ///< exposed expert all-to-all seconds, fwd + bwd
   double act[3] = {0, 0, 0};        ///< bytes kept per micro-batch for none / selective / full
+  double act_infer = 0;             ///< bytes alive while the block runs one micro-batch forward
+  double a2a_buffer = 0;            ///< dispatch + combine buffers of the expert all-to-all
   double state_bytes = 0;           ///< parameters + gradients + optimizer states on one device
   double weight_bytes = 0;          ///< parameters alone on one device (planned dtype)
+  double grad_bytes = 0;            ///< gradients on one device (training)
+  double dense_params = 0, expert_params = 0; ///< parameter elements on one device, by kind
 };
 BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c, const Workload& w,
                      const Machine& mc, const AxisLinks& links);
 
 /// Bytes of model states per parameter on one device under a ZeRO level and shard degree.
 double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level, std::int64_t shard);
+
+/// Exposed seconds of the gradient reduction after the flush for a rank holding `dense` replicated
+/// and `expert` expert-parallel parameter elements (all-reduce, or reduce-scatter under ZeRO).
+double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc, const AxisLinks& links,
+                          double dense, double expert);
 
 /// Micro-batches whose activations stage k (0-based) keeps alive at the peak, per schedule.
 double in_flight(const Config& c, std::int64_t stage);
@@ -124,7 +147,7 @@ struct StagePlan {
   bool feasible = true;             ///< memory <= device memory
   double recompute_flops = 0;       ///< extra forward FLOPs per micro-batch on one device
   double time = 0;                  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
-  double compute = 0, recompute_time = 0, tp_comm = 0, pp_comm = 0;
+  double compute = 0, recompute_time = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0;
   double memory = 0;                ///< peak bytes (states + activations + buffers + margin)
   double states = 0, activations = 0;
 };
@@ -133,7 +156,7 @@ struct StagePlan {
 struct Prediction {
   double iteration = 0;             ///< seconds per step
   double compute = 0, recompute = 0, bubble = 0;
-  double tp_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0, optimizer_step = 0;
+  double tp_exposed = 0, ep_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0, optimizer_step = 0;
   double tokens_per_second = 0;
   double model_flops = 0;           ///< per step, no recomputation (MFU convention)
   double hardware_flops = 0;        ///< per step, with recomputation (HFU)

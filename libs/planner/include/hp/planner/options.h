@@ -24,6 +24,9 @@ struct PlanOptions {
   std::string output;                ///< recipe to write
   std::int64_t top_k = 3;            ///< plans to rank
   std::vector<std::string> fix_args; ///< raw --fix KEY=VALUE arguments (restrict the search)
+  bool compare = false;              ///< also run the DP x TP-only and greedy "expert" baselines
+  std::string sweep;                 ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
+  std::string schedule_svg;          ///< file to draw the best plan's pipeline schedule into
 };
 
 }  // namespace hp::planner

@@ -37,6 +37,7 @@ struct SearchStats {
   std::int64_t pruned_time = 0;      ///< dropped by the time lower bound against the k-th best
   std::int64_t level2 = 0;           ///< configurations that ran level 2
   std::int64_t level2_infeasible = 0;
+  std::int64_t duplicates = 0;       ///< plans dropped as equivalent to a ranked one
 };
 
 /// The smallest memory any candidate needed when nothing fits.
@@ -48,7 +49,7 @@ struct Shortfall {
 
 /// What --fix KEY=VALUE pins; unset fields are searched.
 struct Fixed {
-  std::optional<std::int64_t> dp, tp, pp, micro_batch_size, micro_batches, virtual_stages;
+  std::optional<std::int64_t> dp, tp, pp, ep, micro_batch_size, micro_batches, virtual_stages;
   std::optional<int> optimizer_shard;
   std::optional<recipe::Schedule> schedule;
   std::optional<bool> sequence_parallel;
@@ -57,15 +58,24 @@ struct Fixed {
   bool admits(const Config& c) const;
 };
 
-/// Parses --fix arguments: keys dp, tp, pp, optimizer_shard (0..3 or none|optimizer|gradients|
+/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), optimizer_shard (0..3 or none|optimizer|gradients|
 /// parameters), micro_batch_size, micro_batches, schedule (gpipe|1f1b|interleaved), virtual_stages,
 /// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
 /// and a key given twice with different values are Errc::usage.
 Expected<Fixed> parse_fixes(const std::vector<std::string>& args);
 
+/// Checks pinned values against the cluster and the model before searching: the degrees' product
+/// against the rank count, pp against the blocks, tp against the attention heads, ep against the
+/// experts and dp, micro_batch_size against the global batch. Each mismatch is Errc::bad_input
+/// naming both sides.
+Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m, std::int64_t global_batch);
+
 struct SearchLimits {
   std::int64_t top_k = 3;
   Fixed fixed;
+  /// Megatron TP splits whole attention heads, so tp must divide the head count. Operator-level
+  /// sharding (the D-Rec baseline) may split any dimension and clears this.
+  bool whole_heads = true;
 };
 
 /// Everything the search needs besides the model.
@@ -90,8 +100,32 @@ SearchResult search(const SearchInput& in);
 std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, const Workload& w,
                                      const Machine& mc, const AxisLinks& links);
 
+/// One pipeline rank holding `blocks` with the given recompute choice per block: the cost level 2
+/// minimises over (public so tests can enumerate every assignment and recompute set against it).
+StagePlan stage_plan(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
+                     const AxisLinks& links, std::int64_t stage, std::vector<std::int64_t> blocks,
+                     std::vector<recipe::Recompute> recompute);
+
 /// The profile of a summarised model (bound at batch 1 and the planned seq) in the planned dtype.
 Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq, double dtype_bytes);
+
+/// A baseline planner's best plan for the same problem (--compare).
+struct Baseline {
+  std::string name;                  ///< "dp-tp-only" | "greedy-expert"
+  std::string description;
+  std::optional<Plan> plan;          ///< empty when nothing in its space fits
+  std::int64_t evaluated = 0;        ///< configurations it looked at
+  double speedup = 0;                ///< its iteration time / the best plan's - 1 (0.2 = 20% faster)
+};
+
+/// The two baselines of the H2O paper, each searched under the same cost model:
+///  dp-tp-only: DP x TP degrees and the micro-batch size only (no pipeline, no optimizer sharding,
+///    no recomputation, no SP) - the D-Rec-style planner H2O compares against; its operator-level
+///    sharding may split any dimension, so tp need not divide the heads, and expert dims may be split;
+///  greedy-expert: one axis at a time (tp, pp, ZeRO level, micro-batch size, one recompute policy
+///    for every block), each set to its best value with the others held, until nothing changes -
+///    how an expert tunes by hand. It starts from tp = pp = 1, ZeRO-3, micro-batch 1, full recompute.
+std::vector<Baseline> run_baselines(const SearchInput& in, const Plan& best);
 
 /// What `hp plan` reports.
 struct PlanReport {
@@ -109,6 +143,7 @@ struct PlanReport {
   SearchStats stats;
   std::string why;                   ///< why the best plan wins
   std::vector<std::string> warnings;
+  std::vector<Baseline> baselines;   ///< with --compare
 };
 
 /// Plans opts.model on `cluster` (already scaled to its node count). No feasible plan is
@@ -122,6 +157,17 @@ const char* flops_convention();
 std::string format_plan_text(const PlanReport& r);
 /// One JSON object: best.parallel, best.predicted, best.stages, candidates, search, ...
 std::string format_plan_json(const PlanReport& r);
+
+/// Runs the planner once per value of opts.sweep ("nodes=1,2,4,8" scales `cluster`;
+/// "global-batch=64,128" sets the batch) and renders one CSV row per value after a header, or one
+/// JSON object per line with opts.json. A value where nothing fits is a row with status
+/// "infeasible"; any other error stops the sweep. A malformed spec is Errc::usage.
+Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& cluster);
+
+/// The best plan's pipeline schedule as an SVG picture: one row per pipeline rank over one
+/// iteration, forward, backward, recomputation and send/recv boxes from the cost model; the gaps
+/// are bubbles. Interleaved plans are drawn as 1F1B over m * v micro-batch chunks of 1/v the work.
+std::string schedule_svg(const PlanReport& r);
 
 /// The best plan as a complete recipe whose model and cluster paths are relative to `recipe_path`.
 recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path);

@@ -1,0 +1,204 @@
+// Planner features beyond the core search: MoE profiling and expert parallelism, the --compare
+// baselines, --sweep, the schedule picture, --fix checks against the model and cluster, and the
+// de-duplication of the top-k list.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "hp/planner/planner.h"
+#include "hp/recipe/presets.h"
+
+using namespace hp;
+using namespace hp::planner;
+
+namespace {
+
+recipe::Cluster cluster(const std::string& name, std::int64_t nodes) {
+  auto c = recipe::load_cluster_ref(name, {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
+  REQUIRE(c);
+  auto scaled = recipe::scale_cluster(*c, nodes);
+  REQUIRE(scaled);
+  return *scaled;
+}
+
+std::string data_model(const std::string& name) { return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name; }
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("planner: the DeepSeek-style skeleton profiles as 58 MoE blocks of 96 experts, top-6", "[planner]") {
+  auto sum = model::summarize_model({data_model("planner-deepseek-moe-141b.onnx"), model::DimBindings{{"batch", 1}, {"seq", 4096}}, false});
+  if (!sum) FAIL(sum.error().str());
+  auto m = profile_model(*sum, 4096, 2);
+  REQUIRE(m);
+  REQUIRE(m->blocks.size() == 58);
+  const BlockProfile& b = m->blocks[10];
+  CHECK(b.experts == 96);
+  CHECK(b.top_k == 6);
+  CHECK(b.expert_parameters == Approx(3.0 * 96 * 5120 * 1536));
+  CHECK(m->heads == 40);
+  CHECK(m->total_parameters() == Approx(141.26e9).epsilon(0.01));
+  // Active FLOPs: the routed experts cost top_k / experts of a dense expert layer.
+  const double per_token_experts = 2.0 * 3 * 6 * 5120 * 1536;
+  CHECK(b.fwd_flops > per_token_experts * 4096);
+  CHECK(b.fwd_flops < 2.0 * 3 * 96 * 5120 * 1536 * 4096 / 4);
+}
+
+TEST_CASE("planner: expert parallelism splits expert states and adds all-to-all time", "[planner]") {
+  ModelProfile m;
+  m.seq = 1024;
+  m.hidden_bytes = 2.0 * 1024 * 1024;
+  BlockProfile b;
+  b.parameters = 1e9;
+  b.expert_parameters = 0.8e9;
+  b.experts = 8;
+  b.top_k = 2;
+  b.fwd_flops = 1e12;
+  m.blocks.push_back(b);
+  Workload w;
+  Machine mc;
+  mc.peak_flops = 300e12;
+  mc.memory = 64e9;
+  mc.cal = calibration_for(recipe::DeviceKind::npu);
+  AxisLinks links;
+  links.ep = {"node", 0, 100e9, 5e-6};
+  Config c1, c8;
+  c1.dp = c8.dp = 8;
+  c8.ep = 8;
+  const BlockCost one = block_cost(b, m, c1, w, mc, links), eight = block_cost(b, m, c8, w, mc, links);
+  CHECK(one.ep_comm == 0);
+  CHECK(eight.ep_comm > 0);
+  CHECK(eight.expert_params == Approx(0.1e9));
+  CHECK(eight.dense_params == Approx(0.2e9));
+  CHECK(eight.state_bytes < one.state_bytes / 3);
+}
+
+TEST_CASE("planner: --compare on the DeepSeek-style MoE on 128 Ascend 910B", "[planner][compare]") {
+  PlanOptions opts;
+  opts.model = data_model("planner-deepseek-moe-141b.onnx");
+  opts.global_batch = 512;
+  opts.seq = 4096;
+  opts.compare = true;
+  auto rep = run(opts, cluster("ascend-910b-8x", 16));
+  if (!rep) FAIL(rep.error().str());
+  REQUIRE(rep->baselines.size() == 2);
+  const Plan& best = rep->plans.front();
+  CHECK(best.config.ep > 1);  // expert parallelism pays on a 141B MoE
+  for (const auto& b : rep->baselines) {
+    INFO(b.name);
+    REQUIRE(b.plan);
+    WARN("MoE " << b.name << ": " << b.plan->predicted.iteration << " s vs best " << best.predicted.iteration
+                << " s, speedup " << 100 * b.speedup << "%");
+    CHECK(b.speedup >= 0);
+    CHECK(b.plan->config.dp * b.plan->config.tp * b.plan->config.pp == 128);
+  }
+  CHECK(rep->baselines[0].plan->config.pp == 1);
+  CHECK(rep->baselines[0].plan->config.optimizer_shard == 0);
+  const std::string text = format_plan_text(*rep);
+  CHECK(text.find("dp-tp-only") != std::string::npos);
+  CHECK(text.find("greedy-expert") != std::string::npos);
+}
+
+TEST_CASE("planner: --compare on a dense 141B GPT on 128 Ascend 910B", "[planner][compare]") {
+  PlanOptions opts;
+  opts.model = data_model("planner-gpt-141b.onnx");
+  opts.global_batch = 512;
+  opts.seq = 4096;
+  opts.compare = true;
+  auto rep = run(opts, cluster("ascend-910b-8x", 16));
+  if (!rep) FAIL(rep.error().str());
+  REQUIRE(rep->baselines.size() == 2);
+  for (const auto& b : rep->baselines) {
+    INFO(b.name);
+    REQUIRE(b.plan);
+    WARN("dense " << b.name << ": " << b.plan->predicted.iteration << " s vs best "
+                  << rep->plans.front().predicted.iteration << " s, speedup " << 100 * b.speedup << "%");
+    CHECK(b.speedup >= 0);
+  }
+  const std::string json = format_plan_json(*rep);
+  CHECK(json.find("\"compare\"") != std::string::npos);
+  CHECK(json.find("\"speedup\"") != std::string::npos);
+}
+
+TEST_CASE("planner: --sweep prints one CSV row per value, infeasible rows included", "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("gpt-175b-skeleton.onnx");
+  opts.seq = 2048;
+  opts.global_batch = 64;
+  opts.sweep = "nodes=1,16";
+  auto rows = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(rows);
+  INFO(*rows);
+  CHECK(count(*rows, "\n") == 3);
+  CHECK(rows->find("1,8,64,infeasible") != std::string::npos);
+  CHECK(rows->find("16,128,64,ok,") != std::string::npos);
+  opts.sweep = "nodes=1,x";
+  auto bad = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(!bad);
+  CHECK(bad.error().code == Errc::usage);
+}
+
+TEST_CASE("planner: the schedule picture has one forward and one backward box per micro-batch and stage", "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 64;
+  opts.global_batch = 16;
+  opts.fix_args = {"pp=2", "dp=1", "tp=4", "micro_batch_size=2", "schedule=1f1b"};
+  auto rep = run(opts, cluster("dgx-a100", 1));
+  REQUIRE(rep);
+  const Config& c = rep->plans.front().config;
+  REQUIRE(c.pp == 2);
+  const std::string svg = schedule_svg(*rep);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(count(svg, "<title>forward ") == static_cast<std::size_t>(c.micro_batches * c.pp));
+  CHECK(count(svg, "<title>backward ") == static_cast<std::size_t>(c.micro_batches * c.pp));
+}
+
+TEST_CASE("planner: --fix is checked against the cluster and the model", "[planner]") {
+  ModelProfile m;
+  m.heads = 12;
+  m.blocks.resize(6);
+  auto check = [&](std::vector<std::string> args, std::int64_t ranks, std::int64_t batch) {
+    auto f = parse_fixes(args);
+    REQUIRE(f);
+    return check_fixes(*f, ranks, m, batch);
+  };
+  CHECK(check({"dp=2", "tp=2", "pp=2"}, 8, 8));
+  CHECK(!check({"dp=2", "tp=2", "pp=1"}, 8, 8));
+  CHECK(!check({"dp=3"}, 8, 8));
+  CHECK(!check({"pp=8"}, 8, 8));
+  CHECK(!check({"tp=8"}, 8, 8));
+  CHECK(check({"tp=4"}, 8, 8));
+  CHECK(!check({"ep=2"}, 8, 8));
+  CHECK(!check({"dp=4"}, 8, 6));
+  CHECK(!check({"dp=2", "micro_batch_size=3"}, 8, 8));
+  CHECK(!check({"pp=2", "virtual_stages=4"}, 8, 8));
+  auto e = check({"tp=8"}, 8, 8);
+  CHECK(std::move(e).error().code == Errc::bad_input);
+}
+
+TEST_CASE("planner: the top-k plans are pairwise different configurations", "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 64;
+  opts.global_batch = 32;
+  opts.top_k = 10;
+  auto rep = run(opts, cluster("dgx-a100", 2));
+  REQUIRE(rep);
+  std::set<std::string> seen;
+  for (const auto& p : rep->plans) {
+    const Config& c = p.config;
+    std::string key = std::to_string(c.dp) + "/" + std::to_string(c.tp) + "/" + std::to_string(c.pp) + "/" +
+                      std::to_string(c.ep) + "/" + std::to_string(c.optimizer_shard) + "/" +
+                      std::to_string(c.micro_batch_size) + "/" + recipe::schedule_name(c.schedule) + "/" +
+                      std::to_string(c.virtual_stages) + "/" + (c.sequence_parallel ? "sp" : "") + "/" +
+                      p.links.tp.tier + p.links.dp.tier + p.links.pp.tier;
+    CHECK(seen.insert(key).second);
+  }
+}
