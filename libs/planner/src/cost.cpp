@@ -123,7 +123,25 @@ Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c) 
   if (!ep_link) return std::move(ep_link).error();
   auto edp = group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp);
   if (!edp) return std::move(edp).error();
-  return AxisLinks{*tp, *dp, *pp, *ep_link, *edp};
+  // HSDP shards over the innermost shard_group ranks of the DP group; the shard's replicas stride over them.
+  const std::int64_t o = c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : c.dp;
+  auto shard = group_link(topo, o, sdp);
+  if (!shard) return std::move(shard).error();
+  auto replica = group_link(topo, c.dp / o, o * sdp);
+  if (!replica) return std::move(replica).error();
+  return AxisLinks{*tp, *dp, *pp, *ep_link, *edp, *shard, *replica};
+}
+
+std::int64_t dense_shard(const Config& c) {
+  if (c.optimizer_shard == 0) return 1;
+  return c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : c.dp;
+}
+
+std::int64_t expert_shard(const Config& c) {
+  if (c.optimizer_shard == 0) return 1;
+  const std::int64_t ep = std::max<std::int64_t>(1, c.ep), o = dense_shard(c);
+  if (o == c.dp) return std::max<std::int64_t>(1, c.dp / ep);
+  return o % ep == 0 ? o / ep : 1;  // the HSDP group holds o/ep copies of each expert
 }
 
 double usable_memory(const Machine& mc) { return mc.memory * (1.0 - mc.cal.transient_margin); }
@@ -132,12 +150,18 @@ double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
                           double dense, double expert) {
   if (!w.train) return 0;
   const std::int64_t ep = std::max<std::int64_t>(1, c.ep), edp = std::max<std::int64_t>(1, c.dp / ep);
-  auto sync = [&](const topology::Link& l, std::int64_t n, double params) {
+  // ZeRO reduce-scatters into the shard group; under HSDP the shards are then all-reduced across
+  // their replicas (the slower tier), 1/o of the bytes each.
+  auto sync = [&](const topology::Link& l, std::int64_t n, std::int64_t shard, double params) {
     const double bytes = params * w.grad_bytes;
-    return c.optimizer_shard == 0 ? topology::all_reduce_time(l, n, bytes) : topology::reduce_scatter_time(l, n, bytes);
+    if (c.optimizer_shard == 0) return topology::all_reduce_time(l, n, bytes);
+    if (shard >= n) return topology::reduce_scatter_time(l, n, bytes);
+    const auto o = std::max<std::int64_t>(1, shard);
+    return topology::reduce_scatter_time(links.shard, o, bytes) +
+           topology::all_reduce_time(links.replica, n / o, bytes / static_cast<double>(o));
   };
-  double t = sync(links.dp, c.dp, dense);
-  if (expert > 0) t += sync(links.edp, edp, expert);
+  double t = sync(links.dp, c.dp, dense_shard(c), dense);
+  if (expert > 0) t += sync(links.edp, edp, expert_shard(c), expert);
   return t * (1.0 - mc.cal.overlap_dp);
 }
 
@@ -202,8 +226,7 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   const std::int64_t ep = b.experts > 0 ? std::max<std::int64_t>(1, c.ep) : 1;
   r.dense_params = (b.parameters - b.expert_parameters) / t;
   r.expert_params = b.expert_parameters / t / static_cast<double>(ep);
-  const std::int64_t dshard = c.optimizer_shard > 0 ? c.dp : 1;
-  const std::int64_t eshard = c.optimizer_shard > 0 ? std::max<std::int64_t>(1, c.dp / ep) : 1;
+  const std::int64_t dshard = dense_shard(c), eshard = expert_shard(c);
   r.state_bytes = r.dense_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, dshard) +
                   r.expert_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, eshard);
   r.weight_bytes = (r.dense_params + r.expert_params) * m.dtype_bytes;

@@ -20,7 +20,7 @@ std::optional<std::int64_t> parse_int(std::string_view v) {
 
 Error bad(const std::string& arg, const std::string& why) {
   return Error(Errc::usage, fmt::format("--fix {}: {}", arg, why), "",
-               "keys: dp, tp, pp, ep, optimizer_shard, micro_batch_size, micro_batches, schedule, virtual_stages, "
+               "keys: dp, tp, pp, ep, shard_group, optimizer_shard, micro_batch_size, micro_batches, schedule, virtual_stages, "
                "sequence_parallel, recompute");
 }
 
@@ -58,6 +58,7 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
     else if (key == "tp") st = need_int(f.tp, 1);
     else if (key == "pp") st = need_int(f.pp, 1);
     else if (key == "ep" || key == "expert_parallel") st = need_int(f.ep, 1);
+    else if (key == "shard_group") st = need_int(f.shard_group, 1);
     else if (key == "micro_batch_size") st = need_int(f.micro_batch_size, 1);
     else if (key == "micro_batches") st = need_int(f.micro_batches, 1);
     else if (key == "virtual_stages") st = need_int(f.virtual_stages, 1);
@@ -125,6 +126,9 @@ Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m, st
     return bad_input(fmt::format("--fix ep={} does not divide the model's {} experts", *f.ep, experts), "use a divisor of the expert count");
   if (f.ep && f.dp && *f.dp % *f.ep != 0)
     return bad_input(fmt::format("--fix ep={} does not divide dp={}", *f.ep, *f.dp), "expert parallelism is carved out of dp");
+  if (f.shard_group && f.dp && *f.dp % *f.shard_group != 0)
+    return bad_input(fmt::format("--fix shard_group={} does not divide dp={}", *f.shard_group, *f.dp),
+                     "the HSDP group is a divisor of the DP group");
   if (f.dp && global_batch % *f.dp != 0)
     return bad_input(fmt::format("the global batch {} is not divisible by --fix dp={}", global_batch, *f.dp),
                      "use a global batch that is a multiple of dp");

@@ -50,6 +50,7 @@ std::string tier(const topology::Link& l) { return l.level < 0 ? "self" : l.tier
 json parallel_json(const Plan& p) {
   const Config& c = p.config;
   return {{"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"optimizer_shard", c.optimizer_shard},
+          {"optimizer_shard_group", dense_shard(c)},
           {"micro_batch_size", c.micro_batch_size}, {"micro_batches", c.micro_batches},
           {"schedule", recipe::schedule_name(c.schedule)}, {"virtual_stages", c.virtual_stages},
           {"sequence_parallel", c.sequence_parallel}, {"expert_parallel", c.ep},
@@ -125,15 +126,17 @@ std::string format_plan_text(const PlanReport& r) {
   out += fmt::format("search       {} configurations in {}, level 2 on {}; pruned {} by memory, {} by time bound ({:.0f} configurations/s)\n\n",
                      r.stats.evaluated, format_seconds(r.stats.seconds), r.stats.level2, r.stats.pruned_memory,
                      r.stats.pruned_time, r.stats.seconds > 0 ? static_cast<double>(r.stats.evaluated) / r.stats.seconds : 0.0);
-  out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} {:>6} {:>10} {}\n", "#", "dp", "tp",
+  out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>5} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} {:>6} {:>10} {}\n", "#", "dp", "tp",
                      "pp", "ep", "zero", "mbs x n", "schedule", "v", "sp", "placement", "iteration", "tokens/s", "MFU", "HFU",
                      "TF/s/dev", "peak mem / limit");
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
     const Config& c = p.config;
     const Prediction& q = p.predicted;
-    out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>4} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>5.1f}% {:>5.1f}% {:>10.4g} {} / {}\n",
-                       i + 1, c.dp, c.tp, c.pp, c.ep, c.optimizer_shard, fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
+    out += fmt::format("{:>2} {:>5} {:>3} {:>3} {:>3} {:>5} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>5.1f}% {:>5.1f}% {:>10.4g} {} / {}\n",
+                       i + 1, c.dp, c.tp, c.pp, c.ep,
+                       dense_shard(c) > 1 && dense_shard(c) < c.dp ? fmt::format("{}h{}", c.optimizer_shard, dense_shard(c))
+                                                                   : fmt::format("{}", c.optimizer_shard), fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
                        recipe::schedule_name(c.schedule), c.virtual_stages, c.sequence_parallel ? "yes" : "no", placement(c),
                        format_seconds(q.iteration), format_count(q.tokens_per_second), 100 * q.mfu, 100 * q.hfu,
                        q.tflops_model, format_bytes(q.peak_memory), format_bytes(r.device_memory));

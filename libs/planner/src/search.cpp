@@ -268,12 +268,12 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
   // The post-flush terms are affine in the bytes (gradient sync, gathers) or linear (optimizer
   // step), so the average rank's are at most the biggest rank's.
   bound += gradient_sync_time(c, w, mc, links, t.dense / pp, t.expert / pp);
-  const double dshard = c.optimizer_shard > 0 ? static_cast<double>(c.dp) : 1.0;
-  const double eshard = c.optimizer_shard > 0 ? static_cast<double>(std::max<std::int64_t>(1, c.dp / std::max<std::int64_t>(1, c.ep))) : 1.0;
+  const auto dshard = static_cast<double>(dense_shard(c)), eshard = static_cast<double>(expert_shard(c));
   if (c.optimizer_shard > 0) {
     const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
     const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
-    bound += gathers * topology::all_gather_time(links.dp, c.dp, (t.dense + t.expert) / pp * m.dtype_bytes) * (1.0 - hidden);
+    bound += gathers * topology::all_gather_time(links.shard, dense_shard(c), (t.dense + t.expert) / pp * m.dtype_bytes) *
+             (1.0 - hidden);
   }
   if (mc.memory_bandwidth > 0) bound += 32.0 * (t.dense / dshard + t.expert / eshard) / pp / mc.memory_bandwidth;
   return bound;
@@ -311,7 +311,7 @@ SearchResult search(const SearchInput& in) {
       std::vector<std::int64_t> eps;
       for (std::int64_t ep : divisors(dp))
         if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
-      std::set<std::tuple<int, int, int, int, int, std::int64_t>> seen_links;
+      std::set<std::tuple<int, int, int, int, int, std::int64_t, std::int64_t, int>> seen_links;
       Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
                            {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
                            {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
@@ -323,8 +323,40 @@ SearchResult search(const SearchInput& in) {
           std::copy(order, order + 3, base.order);
           auto links = axis_links(in.topo, base);
           if (!links) continue;
+          // HSDP: the largest DP sub-group (innermost ranks) on a faster tier than the whole group.
+          std::int64_t hsdp = 0;
+          std::optional<AxisLinks> hsdp_links;
+          if (w.train && dp > 1) {
+            // Tiers only get slower as the group grows: bisect the proper divisors of dp.
+            std::int64_t sdp = 1;
+            for (Axis x : base.order) {
+              if (x == Axis::dp) break;
+              sdp *= x == Axis::tp ? tp : pp;
+            }
+            auto faster = [&](std::int64_t o) {
+              std::vector<std::int64_t> ranks;
+              for (std::int64_t i = 0; i < o; ++i) ranks.push_back(i * sdp);
+              auto l = in.topo.group_link(ranks);
+              return l && l->level < links->dp.level;
+            };
+            auto ds = divisors(dp);
+            ds.erase(std::remove_if(ds.begin(), ds.end(), [&](std::int64_t o) { return o == 1 || o == dp; }), ds.end());
+            std::size_t lo = 0, hi = ds.size();  // ds[0, lo) are faster, ds[hi, end) are not
+            while (lo < hi) {
+              const std::size_t mid = (lo + hi) / 2;
+              if (faster(ds[mid])) lo = mid + 1;
+              else hi = mid;
+            }
+            if (lo > 0) {
+              Config h = base;
+              h.shard_group = ds[lo - 1];
+              if (auto hl = axis_links(in.topo, h)) hsdp = ds[lo - 1], hsdp_links = *hl;
+            }
+          }
           // Orders that put every group on the same tiers cost the same: one candidate for all.
-          if (!seen_links.insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep})
+          if (!seen_links
+                   .insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep, hsdp,
+                            hsdp_links ? hsdp_links->replica.level : -1})
                    .second)
             continue;
           for (std::int64_t mbs : divisors(B / dp)) {
@@ -336,10 +368,15 @@ SearchResult search(const SearchInput& in) {
               // Times do not depend on the ZeRO level: one table serves all four, states rescaled.
               const CostTable table = cost_table(m, c, w, mc, *links);
               Totals t = totals(m, table);
-              for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero) {
+              for (int zs = 0; zs <= (w.train && dp > 1 ? 3 + 3 * (hsdp > 0) : 0); ++zs) {
+                // zs 0..3: ZeRO 0..3 over the whole DP group; 4..6: ZeRO 1..3 over the HSDP group.
+                const int zero = zs <= 3 ? zs : zs - 3;
                 c.optimizer_shard = zero;
-                t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp : 1) +
-                           t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, zero > 0 ? dp / ep : 1);
+                c.shard_group = zs <= 3 ? 0 : hsdp;
+                if (fixed.shard_group && *fixed.shard_group != (c.shard_group > 0 ? c.shard_group : dp)) continue;
+                const AxisLinks& zl = zs <= 3 ? *links : *hsdp_links;
+                t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, dense_shard(c)) +
+                           t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, expert_shard(c));
                 std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
                 if (pp > 1 && w.train) {
                   scheds.push_back({recipe::Schedule::gpipe, 1});
@@ -358,7 +395,7 @@ SearchResult search(const SearchInput& in) {
                     note_shortfall(res.shortfall, mem_bound, mem_bound, 0, c);
                     continue;
                   }
-                  cands.push_back({c, time_bound(m, c, w, mc, *links, t)});
+                  cands.push_back({c, time_bound(m, c, w, mc, zl, t)});
                 }
               }
             }

@@ -80,7 +80,7 @@ double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks,
     biggest = std::max(biggest, ctx.costs.blocks[static_cast<std::size_t>(b)].weight_bytes);
   }
   bytes += a2a;
-  if (c.optimizer_shard == 3) bytes += 2.0 * biggest * static_cast<double>(c.dp);
+  if (c.optimizer_shard == 3) bytes += 2.0 * biggest;  // the gathered block and the prefetched next one
   return bytes;
 }
 
@@ -256,14 +256,13 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
       if (k + 1 == stages.size()) add(t.epilogue);
       p.dp_exposed = std::max(p.dp_exposed, gradient_sync_time(c, w, mc, links, dense, expert));
       weights = std::max(weights, (dense + expert) * m.dtype_bytes);
-      const double shard = c.optimizer_shard > 0 ? static_cast<double>(c.dp) : 1.0;
-      const double eshard = c.optimizer_shard > 0 ? static_cast<double>(std::max<std::int64_t>(1, c.dp / std::max<std::int64_t>(1, c.ep))) : 1.0;
+      const auto shard = static_cast<double>(dense_shard(c)), eshard = static_cast<double>(expert_shard(c));
       opt_params = std::max(opt_params, dense / shard + expert / eshard);
     }
     if (c.optimizer_shard > 0) {
       const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
       const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
-      p.opt_exposed = gathers * topology::all_gather_time(links.dp, c.dp, weights) * (1.0 - hidden);
+      p.opt_exposed = gathers * topology::all_gather_time(links.shard, dense_shard(c), weights) * (1.0 - hidden);
     }
     // Adam reads weights, grads, master, two moments and writes four of them: ~32 bytes/param.
     if (mc.memory_bandwidth > 0) p.optimizer_step = 32.0 * opt_params / mc.memory_bandwidth;

@@ -1,6 +1,7 @@
 // Level 1 + level 2 against brute force (issue 4, "Done means"): on small instances, search() must
 // return the same best iteration time as enumerating the whole space under the same cost model:
-// every degree combination (tp, pp, dp, ep), every axis order, micro-batch size, ZeRO level, sequence
+// every degree combination (tp, pp, dp, ep), every axis order, micro-batch size, ZeRO level and HSDP
+// shard group (every DP sub-group on a faster tier than the whole DP group), sequence
 // parallelism, schedule and virtual-stage count, every stage assignment (for interleaving, every
 // split into pp * v chunks) and every recompute level of every block. The enumeration is written
 // independently of search.cpp; it shares only the cost functions (stage_plan, predict, axis_links).
@@ -145,6 +146,7 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
           for (std::int64_t mbs : divisors(B / dp))
             for (int sp = 0; sp <= (tp > 1); ++sp)
               for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero)
+                for (std::int64_t group : divisors(dp))  // HSDP shard group (dp = plain ZeRO)
                 for (std::int64_t v = 1; pp * v <= L; ++v)
                   for (int sched = 0; sched < 3; ++sched) {
                     Config c;
@@ -153,6 +155,7 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
                     c.micro_batch_size = mbs, c.micro_batches = B / dp / mbs;
                     c.sequence_parallel = sp == 1;
                     c.optimizer_shard = zero;
+                    c.shard_group = group == dp ? 0 : group;
                     c.virtual_stages = v;
                     c.schedule = sched == 0 ? recipe::Schedule::one_f_one_b
                                  : sched == 1 ? recipe::Schedule::gpipe
@@ -161,8 +164,11 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
                     if (pp == 1 && sched != 0) continue;       // one stage: no pipeline schedule
                     if (!w.train && sched != 0) continue;      // inference: forward only
                     if (v > 1 && c.micro_batches % pp != 0) continue;  // Megatron's interleaving rule
+                    if (group < dp && (zero == 0 || group == 1)) continue;
                     auto links = axis_links(topo, c);
                     REQUIRE(links);
+                    // HSDP groups live on a faster tier than the whole DP group (else it is plain ZeRO).
+                    if (group < dp && links->shard.level >= links->dp.level) continue;
                     all_assignments(m, c, w, mc, *links, out);
                   }
       }

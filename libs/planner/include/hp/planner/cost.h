@@ -81,6 +81,9 @@ struct Config {
   std::int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   std::int64_t ep = 1;              ///< expert-parallel degree: carved out of dp, splits routed experts
+  /// HSDP: ZeRO shards over the innermost shard_group ranks of each DP group (a faster tier) and
+  /// replicates across the dp / shard_group such groups; 0 = shard over the whole DP group.
+  std::int64_t shard_group = 0;
   Axis order[3] = {Axis::tp, Axis::dp, Axis::pp};
   int forced_recompute = -1;        ///< 0..2 forces none/selective/full on every block (--fix recompute)
 };
@@ -108,7 +111,14 @@ struct AxisLinks {
   topology::Link tp, dp, pp;
   topology::Link ep;                ///< the innermost ep ranks of a DP group (expert all-to-all)
   topology::Link edp;               ///< the DP ranks holding the same experts (dp/ep of them)
+  topology::Link shard;             ///< the ranks ZeRO shards over (the DP group, or the HSDP group)
+  topology::Link replica;           ///< HSDP: the dp/shard_group ranks holding the same shard
 };
+/// Ranks the optimizer states of replicated (dense) parameters are split over: 1 without ZeRO, the
+/// HSDP group when set, else the whole DP group.
+std::int64_t dense_shard(const Config& c);
+/// The same for routed experts, whose copies live on the dp/ep ranks holding the same experts.
+std::int64_t expert_shard(const Config& c);
 Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c);
 
 /// Per-block costs for one micro-batch under a configuration (one device's share).

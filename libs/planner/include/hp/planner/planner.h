@@ -50,6 +50,7 @@ struct Shortfall {
 /// What --fix KEY=VALUE pins; unset fields are searched.
 struct Fixed {
   std::optional<std::int64_t> dp, tp, pp, ep, micro_batch_size, micro_batches, virtual_stages;
+  std::optional<std::int64_t> shard_group;  ///< ranks ZeRO shards over (dp = no HSDP)
   std::optional<int> optimizer_shard;
   std::optional<recipe::Schedule> schedule;
   std::optional<bool> sequence_parallel;
@@ -58,7 +59,7 @@ struct Fixed {
   bool admits(const Config& c) const;
 };
 
-/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), optimizer_shard (0..3 or none|optimizer|gradients|
+/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), shard_group (HSDP), optimizer_shard (0..3 or none|optimizer|gradients|
 /// parameters), micro_batch_size, micro_batches, schedule (gpipe|1f1b|interleaved), virtual_stages,
 /// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
 /// and a key given twice with different values are Errc::usage.
