@@ -28,6 +28,14 @@ struct PreparedNode {
   std::vector<int> release_after;          ///< tensor ids whose last reader is this node
   bool comm = false;                       ///< an "hp"-domain node for CommOps
   CommNode comm_node;
+  bool dead = false;                       ///< fused into a later node (exec_fuse.cpp): never runs
+  int op_slot = 0;                         ///< index of its op type in Impl::op_types (time accounting)
+  /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes (or,
+  /// for Shape/Size, only its input's dims), so its outputs stay alive between runs and it reruns only
+  /// when `memo` (its inputs' versions, or the dims a Shape node saw) differs from the last time.
+  bool cached = false;
+  bool memo_valid = false;
+  std::vector<std::int64_t> memo;
 };
 
 /// One tensor's buffers: at most one replica per backend slot (0 = cpu, 1 = primary).
@@ -37,6 +45,8 @@ struct Slot {
   std::size_t bytes = 0;
   void* ptr[2] = {nullptr, nullptr};
   bool live = false;
+  bool persistent = false;  ///< a weight or a cached node's output: kept alive across runs
+  std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
 };
 
 /// Size-keyed free lists per backend slot: freed buffers are reused by later allocations.
@@ -58,6 +68,9 @@ struct Executor::Impl {
   Pool pool;
   std::int64_t live_bytes = 0;
   ExecStats stats;
+  bool weights_loaded = false;
+  std::vector<std::string> op_types;  ///< distinct op types, indexed by PreparedNode::op_slot
+  std::vector<OpTime> op_time;        ///< per op_slot, for the run in progress
 
   int id_of(const std::string& name);
 
@@ -67,13 +80,19 @@ struct Executor::Impl {
   void free_slot(int id);
   Status place(int id, int where);
   Status run_node(PreparedNode& n);
+  /// Runs `n` unless it is cached and its memo is unchanged; true in *ran when it ran.
+  Status run_or_reuse(PreparedNode& n, bool* ran);
   Status launch_on(PreparedNode& n, int where);
   int last_launch_allocated_ = 0;
   Status run_comm(PreparedNode& n);
   Expected<HostTensor> to_host(int id);
-  void drain();
+  /// Frees every live tensor except the persistent ones (all of them when `all`).
+  void drain(bool all = false);
   ~Impl();
 };
+
+/// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
+int fuse_nodes(Executor::Impl& im);
 
 /// Converts a graph value's declared type into a GraphIO.
 GraphIO graph_io_of(const onnx::ValueInfoProto& v);

@@ -10,6 +10,12 @@
 //  4. Initializers are decoded (inline or external data) and kept on the host until the run places
 //     them.
 //  5. Lifetimes: for each tensor its last reader; graph outputs are never released early.
+//  6. Fusion (exec_fuse.cpp): node chains one kernel does in a pass, e.g. the exported exact GELU.
+//  7. Constant folding across runs: a node whose inputs are all weights or outputs of such nodes
+//     (exporters emit many: Constant, ConstantOfShape, Range, the Trilu of a causal mask, ...) and the
+//     Shape/Size nodes (their output depends only on dims) are "cached": their outputs persist between
+//     runs, like the weights, and they rerun only when an input changed (exec_run.cpp). With static
+//     input shapes the exporter's Shape -> Gather -> Concat -> Reshape-target arithmetic then runs once.
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -131,6 +137,11 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
   return {};
 }
 
+/// Ops whose outputs are a function of their inputs and attributes (the random ones are not).
+bool deterministic(const std::string& op) {
+  return op.rfind("Random", 0) != 0 && op != "Bernoulli" && op != "Multinomial";
+}
+
 bool runnable(const ExecOptions& o, const PreparedNode& n) {
   if (n.domain == "hp") return o.comm && o.comm->handles(n.op_type);
   const char* dom = n.domain.c_str();
@@ -216,21 +227,48 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
     impl->weights.emplace_back(impl->id_of(t.name()), std::move(*h));
   }
 
-  // Lifetimes: the last node reading each tensor releases it.
+  fuse_nodes(*impl);
+
+  // Cached (constant-folded across runs) nodes and persistent tensors.
   impl->slots.resize(impl->tensor_names.size());
+  for (const auto& [id, h] : impl->weights) impl->slots[static_cast<std::size_t>(id)].persistent = true;
+  std::map<std::string, int> op_slots;
+  for (PreparedNode& n : impl->nodes) {
+    const std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
+    auto [it, added] = op_slots.emplace(label, static_cast<int>(impl->op_types.size()));
+    if (added) impl->op_types.push_back(label);
+    n.op_slot = it->second;
+    if (n.dead || n.comm || !deterministic(n.op_type)) continue;
+    bool all_const = true;
+    if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
+      all_const = true;  // depends on its input's dims only
+    } else {
+      for (int t : n.inputs)
+        if (t >= 0 && !impl->slots[static_cast<std::size_t>(t)].persistent) all_const = false;
+    }
+    if (!all_const) continue;
+    n.cached = true;
+    for (int t : n.outputs)
+      if (t >= 0) impl->slots[static_cast<std::size_t>(t)].persistent = true;
+  }
+
+  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never released.
   std::vector<int> last(impl->tensor_names.size(), -1);
   for (std::size_t k = 0; k < impl->nodes.size(); ++k)
-    for (int t : impl->nodes[k].inputs)
-      if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
+    if (!impl->nodes[k].dead)
+      for (int t : impl->nodes[k].inputs)
+        if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
   std::set<int> keep(impl->output_ids.begin(), impl->output_ids.end());
   for (std::size_t t = 0; t < last.size(); ++t)
-    if (last[t] >= 0 && !keep.count(static_cast<int>(t)))
+    if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !impl->slots[t].persistent)
       impl->nodes[static_cast<std::size_t>(last[t])].release_after.push_back(static_cast<int>(t));
   // Outputs nobody reads (unused optional outputs, dead ends) are released right after their producer.
   for (std::size_t k = 0; k < impl->nodes.size(); ++k)
-    for (int t : impl->nodes[k].outputs)
-      if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t))
-        impl->nodes[k].release_after.push_back(t);
+    if (!impl->nodes[k].dead)
+      for (int t : impl->nodes[k].outputs)
+        if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
+            !impl->slots[static_cast<std::size_t>(t)].persistent)
+          impl->nodes[k].release_after.push_back(t);
 
   for (int s = 0; s < 2; ++s) {
     if (!impl->be[s]) continue;

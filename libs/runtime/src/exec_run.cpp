@@ -11,6 +11,12 @@
 // backend that runs the node. supports_op sees only dtypes, so a primary backend may still refuse a
 // node once it sees the shapes (HP_UNSUPPORTED before allocating any output, e.g. a broadcast it lacks);
 // the node then runs on the cpu backend instead.
+//
+// Persistent tensors (weights, outputs of cached nodes; exec_prepare.cpp) are loaded or computed once
+// and stay alive across runs: the weights are not copied again each run, and a cached node reruns only
+// when its memo changes (the versions of its inputs; for Shape/Size the dims of its input). A failed run
+// forgets every memo, so the next run recomputes from scratch. Each node's wall time is added to its
+// op type (ExecStats::by_op).
 #include <fmt/core.h>
 
 #include <chrono>
@@ -244,13 +250,44 @@ Status Executor::Impl::run_comm(PreparedNode& n) {
   return {};
 }
 
-void Executor::Impl::drain() {
+void Executor::Impl::drain(bool all) {
   for (std::size_t id = 0; id < slots.size(); ++id)
-    if (slots[id].live) free_slot(static_cast<int>(id));
+    if (slots[id].live && (all || !slots[id].persistent)) free_slot(static_cast<int>(id));
+}
+
+Status Executor::Impl::run_or_reuse(PreparedNode& n, bool* ran) {
+  *ran = false;
+  if (!n.cached) {
+    *ran = true;
+    return run_node(n);
+  }
+  std::vector<std::int64_t> key;
+  if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
+    const int t = n.inputs.empty() ? -1 : n.inputs[0];
+    if (t >= 0) {
+      const Slot& s = slots[static_cast<std::size_t>(t)];
+      key.push_back(s.live ? static_cast<std::int64_t>(s.dims.size()) : -1);
+      key.insert(key.end(), s.dims.begin(), s.dims.end());
+    }
+  } else {
+    for (int t : n.inputs) key.push_back(t < 0 ? -1 : static_cast<std::int64_t>(slots[static_cast<std::size_t>(t)].version));
+  }
+  bool outputs_live = true;
+  for (int t : n.outputs)
+    if (t >= 0 && !slots[static_cast<std::size_t>(t)].live) outputs_live = false;
+  if (n.memo_valid && outputs_live && key == n.memo) return {};
+  n.memo_valid = false;
+  *ran = true;
+  HP_TRY(run_node(n));
+  for (int t : n.outputs)
+    if (t >= 0) ++slots[static_cast<std::size_t>(t)].version;
+  n.memo = std::move(key);
+  n.memo_valid = true;
+  return {};
 }
 
 Executor::Impl::~Impl() {
-  drain();
+  drain(true);
   for (int w = 0; w < 2; ++w) {
     if (!be[w]) continue;
     for (auto& [size, p] : pool.free[w]) (void)be[w]->free_mem(0, p);
@@ -276,23 +313,48 @@ static Status load_host(Executor::Impl& im, int id, const HostTensor& h) {
 Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& inputs) {
   Impl& im = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
-  im.stats.peak_bytes = 0;
-  im.stats.nodes = im.stats.nodes_on_fallback = im.stats.copies = 0;
-  im.live_bytes = 0;
+  im.stats.nodes = im.stats.nodes_on_fallback = im.stats.copies = im.stats.nodes_cached = 0;
+  im.stats.by_op.clear();
   if (inputs.size() != im.input_ids.size())
     return Error(Errc::bad_input, fmt::format("the graph has {} inputs, {} were given", im.input_ids.size(), inputs.size()));
   auto fail = [&](Error e) {
     im.drain();
+    for (PreparedNode& n : im.nodes) n.memo_valid = false;
     return e;
   };
-  for (auto& [id, h] : im.weights)
-    if (Status st = load_host(im, id, h); !st) return fail(std::move(st).error());
+  if (!im.weights_loaded) {
+    for (auto& [id, h] : im.weights)
+      if (Status st = load_host(im, id, h); !st) return fail(std::move(st).error());
+    im.weights_loaded = true;
+    // The slots hold the weights from now on; the decoded copies would only double the memory.
+    for (auto& w : im.weights) std::vector<unsigned char>().swap(w.second.data);
+  }
+  // Persistent tensors from earlier runs count towards this run's peak from the start.
+  im.live_bytes = 0;
+  for (const Slot& s : im.slots)
+    if (s.live)
+      for (void* p : s.ptr)
+        if (p) im.live_bytes += static_cast<std::int64_t>(rounded(s.bytes));
+  im.stats.peak_bytes = im.live_bytes;
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (Status st = load_host(im, im.input_ids[k], inputs[k]); !st) return fail(std::move(st).error());
+  im.op_time.assign(im.op_types.size(), OpTime{});
   for (PreparedNode& n : im.nodes) {
-    if (Status st = im.run_node(n); !st) return fail(std::move(st).error());
+    if (n.dead) continue;
+    const auto s0 = std::chrono::steady_clock::now();
+    bool ran = false;
+    if (Status st = im.run_or_reuse(n, &ran); !st) return fail(std::move(st).error());
+    if (ran) {
+      OpTime& ot = im.op_time[static_cast<std::size_t>(n.op_slot)];
+      ++ot.nodes;
+      ot.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    } else {
+      ++im.stats.nodes_cached;
+    }
     for (int t : n.release_after) im.free_slot(t);
   }
+  for (std::size_t k = 0; k < im.op_types.size(); ++k)
+    if (im.op_time[k].nodes) im.stats.by_op[im.op_types[k]] = im.op_time[k];
   std::vector<HostTensor> out;
   for (std::size_t k = 0; k < im.output_ids.size(); ++k) {
     auto h = im.to_host(im.output_ids[k]);

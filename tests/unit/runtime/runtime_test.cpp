@@ -1,10 +1,12 @@
 // Executor unit tests on graphs built here with the onnx protobuf API: tensor files (round trip and
 // malformed files), input binding errors, a small MLP against hand-computed values, lifetime planning
-// (peak memory), the up-front list of unsupported ops, missing external data, and the CommOps seam.
+// (peak memory), the up-front list of unsupported ops, missing external data, the CommOps seam, constant
+// and shape-only nodes cached across runs, and the fusion of the exported GELU chain.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -262,5 +264,135 @@ TEST_CASE("hp-domain communication nodes go through the CommOps seam", "[runtime
   REQUIRE(out.ok());
   CHECK(comm.calls == 1);
   CHECK((*out)[0].as<float>()[2] == -6.0f);
+  fs::remove_all(d);
+}
+
+namespace {
+
+onnx::NodeProto* add_scalar_constant(onnx::GraphProto* g, const std::string& out, float v) {
+  auto* n = add_node(g, "Constant", {}, {out}, out);
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+  a->mutable_t()->add_float_data(v);
+  return n;
+}
+
+fs::path write_model(const fs::path& dir, const onnx::ModelProto& m) {
+  fs::path p = dir / "m.onnx";
+  std::ofstream(p, std::ios::binary) << m.SerializeAsString();
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("constant and shape-only nodes run once and rerun when an input shape changes", "[runtime]") {
+  fs::path d = temp_dir("cached");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {-1, -1});
+  add_value(g->mutable_output(), "y", {-1});
+  add_value(g->mutable_output(), "s", {2}, onnx::TensorProto::INT64);
+  // y = Reshape(x * (c + c), [-1]) where c is a Constant; s = Shape(x).
+  add_scalar_constant(g, "c", 1.5f);
+  add_node(g, "Add", {"c", "c"}, {"c2"}, "fold");  // constant input only: cached
+  add_node(g, "Mul", {"x", "c2"}, {"xc"}, "scale");
+  add_node(g, "Shape", {"x"}, {"s"}, "shape");       // cached while x keeps its dims
+  auto* flat = g->add_initializer();
+  flat->set_name("flat");
+  flat->set_data_type(onnx::TensorProto::INT64);
+  flat->add_dims(1);
+  flat->add_int64_data(-1);
+  add_node(g, "Reshape", {"xc", "flat"}, {"y"}, "reshape");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  auto check = [&](std::vector<std::int64_t> dims, std::vector<float> v) {
+    auto out = (*ex)->run({f32(dims, v)});
+    REQUIRE(out.ok());
+    REQUIRE(out->size() == 2);
+    REQUIRE((*out)[0].numel() == static_cast<std::int64_t>(v.size()));
+    for (std::size_t i = 0; i < v.size(); ++i) CHECK((*out)[0].as<float>()[i] == Approx(3 * v[i]));
+    CHECK((*out)[1].dims == std::vector<std::int64_t>{2});
+    CHECK((*out)[1].as<std::int64_t>()[0] == dims[0]);
+    CHECK((*out)[1].as<std::int64_t>()[1] == dims[1]);
+  };
+  check({2, 3}, {1, 2, 3, 4, 5, 6});
+  CHECK((*ex)->stats().nodes_cached == 0);
+  CHECK((*ex)->stats().nodes == 5);
+  check({2, 3}, {6, 5, 4, 3, 2, 1});
+  CHECK((*ex)->stats().nodes_cached == 3);  // Constant, the Add of constants, Shape
+  CHECK((*ex)->stats().nodes == 2);
+  check({3, 1}, {7, 8, 9});                 // new dims: Shape reruns, the constants do not
+  CHECK((*ex)->stats().nodes_cached == 2);
+  CHECK((*ex)->stats().by_op.at("Shape").nodes == 1);
+  CHECK((*ex)->stats().by_op.count("Constant") == 0);
+  CHECK((*ex)->stats().peak_bytes > 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same values", "[runtime]") {
+  fs::path d = temp_dir("gelu");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {4});
+  add_value(g->mutable_output(), "y", {4});
+  add_scalar_constant(g, "sqrt2", 1.4142135381698608f);
+  add_scalar_constant(g, "one", 1.0f);
+  add_scalar_constant(g, "half", 0.5f);
+  add_node(g, "Div", {"x", "sqrt2"}, {"d"}, "div");
+  add_node(g, "Erf", {"d"}, {"e"}, "erf");
+  add_node(g, "Add", {"e", "one"}, {"a"}, "add");
+  add_node(g, "Mul", {"x", "a"}, {"xm"}, "mul");
+  add_node(g, "Mul", {"xm", "half"}, {"y"}, "mul_half");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  const std::vector<float> xs = {-3.f, -0.5f, 0.25f, 2.f};
+  auto out = (*ex)->run({f32({4}, xs)});
+  REQUIRE(out.ok());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    CHECK((*out)[0].as<float>()[i] == Approx(0.5 * xs[i] * (1 + std::erf(xs[i] / std::sqrt(2.0)))).margin(1e-6));
+  const auto& by_op = (*ex)->stats().by_op;
+  CHECK(by_op.count("Gelu") == 1);
+  CHECK(by_op.count("Erf") == 0);
+  CHECK(by_op.count("Div") == 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a GELU-like chain whose intermediate is also a graph output is not fused", "[runtime]") {
+  fs::path d = temp_dir("gelu_nofuse");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {2});
+  add_value(g->mutable_output(), "y", {2});
+  add_value(g->mutable_output(), "e", {2});
+  add_scalar_constant(g, "sqrt2", 1.4142135381698608f);
+  add_scalar_constant(g, "one", 1.0f);
+  add_scalar_constant(g, "half", 0.5f);
+  add_node(g, "Div", {"x", "sqrt2"}, {"d"}, "div");
+  add_node(g, "Erf", {"d"}, {"e"}, "erf");
+  add_node(g, "Add", {"e", "one"}, {"a"}, "add");
+  add_node(g, "Mul", {"x", "a"}, {"xm"}, "mul");
+  add_node(g, "Mul", {"xm", "half"}, {"y"}, "mul_half");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  auto out = (*ex)->run({f32({2}, {1.f, -1.f})});
+  REQUIRE(out.ok());
+  REQUIRE(out->size() == 2);
+  CHECK((*out)[1].as<float>()[0] == Approx(std::erf(1 / std::sqrt(2.0))).margin(1e-6));
+  CHECK((*ex)->stats().by_op.count("Erf") == 1);
+  CHECK((*ex)->stats().by_op.count("Gelu") == 0);
   fs::remove_all(d);
 }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,12 @@ struct GraphIO {
   bool has_shape = false;
 };
 
+/// Time spent in one op type during the last run.
+struct OpTime {
+  int nodes = 0;                        ///< nodes of this type that ran
+  double seconds = 0;                   ///< wall time in their kernels (copies to their backend included)
+};
+
 /// Figures of the last run.
 struct ExecStats {
   std::int64_t peak_bytes = 0;          ///< most bytes of tensors alive at once (weights included)
@@ -73,7 +80,9 @@ struct ExecStats {
   int nodes = 0;
   int nodes_on_fallback = 0;            ///< nodes run on the cpu backend while another was primary
   int copies = 0;                       ///< tensors copied between backends
+  int nodes_cached = 0;                 ///< constant-input nodes not rerun: their outputs are kept from before
   double seconds = 0;
+  std::map<std::string, OpTime> by_op;  ///< per op type ("MatMul", "hp.AllReduce"): where the time went
 };
 
 class Executor {
