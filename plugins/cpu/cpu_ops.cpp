@@ -180,6 +180,8 @@ const OpTable& op_table() {
     register_index_ops(t);
     register_nn_ops(t);
     register_reduce_ops(t);
+    register_pool_ops(t);
+    register_resample_ops(t);
     return t;
   }();
   return table;

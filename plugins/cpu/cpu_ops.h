@@ -112,6 +112,8 @@ void register_shape_ops(OpTable& t);
 void register_index_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
+void register_pool_ops(OpTable& t);
+void register_resample_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();

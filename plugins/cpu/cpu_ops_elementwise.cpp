@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "cpu_bcast.h"
+#include "cpu_kernels.h"
+#include "cpu_math.h"
 
 namespace hp_cpu {
 namespace {
@@ -162,7 +164,6 @@ void variadic(OpTable& t, const char* name, F fn, bool mean) {
              [](const std::vector<int32_t>& d) { return same_num(d); }};
 }
 
-double erf_d(double x, double, double) { return std::erf(x); }
 double softplus_d(double x, double, double) { return x > 30 ? x : std::log1p(std::exp(x)); }
 double softsign_d(double x, double, double) { return x / (1 + std::fabs(x)); }
 double leaky_d(double x, double a, double) { return x >= 0 ? x : a * x; }
@@ -190,10 +191,32 @@ double atanh_d(double x, double, double) { return std::atanh(x); }
 double floor_d(double x, double, double) { return std::floor(x); }
 double ceil_d(double x, double, double) { return std::ceil(x); }
 
+/// Erf: float32 through the vectorisable erf_f (cpu_math.h), float64 through libm.
+void erf_op(OpCall& c) {
+  const View& x = c.need(0);
+  View y = c.out(0, x.dtype, x.dims);
+  const int64_t n = x.numel();
+  if (x.dtype == HP_F32) {
+    const float* px = x.as<float>();
+    float* py = y.as<float>();
+    for_spans(n, [&](int64_t b, int64_t e) { erf_span(px + b, py + b, e - b); });
+  } else {
+    const double* px = x.as<double>();
+    double* py = y.as<double>();
+    for (int64_t i = 0; i < n; ++i) py[i] = std::erf(px[i]);
+  }
+}
+
 void gelu(OpCall& c) {
   const View& x = c.need(0);
   View y = c.out(0, x.dtype, x.dims);
   const bool tanh_approx = c.s("approximate", "none") == "tanh";
+  if (x.dtype == HP_F32 && !tanh_approx) {
+    const float* px = x.as<float>();
+    float* py = y.as<float>();
+    for_spans(x.numel(), [&](int64_t b, int64_t e) { gelu_span(px + b, py + b, e - b); });
+    return;
+  }
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.as<T>();
@@ -278,10 +301,16 @@ void cast(OpCall& c) {
 }  // namespace
 
 void register_elementwise_ops(OpTable& t) {
-  unary_float(t, "Erf", erf_d, nullptr, 0, nullptr, 0);
-  unary_f32_fast(t, "Sigmoid", [](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
+  t["Erf"] = {erf_op, [](const std::vector<int32_t>& d) { return d.size() == 1 && f32_or_f64(d); }};
+  unary_f32_fast(t, "Sigmoid", [](auto x) {
+    if constexpr (std::is_same_v<decltype(x), float>) return 1.f / (1.f + exp_f(-x));
+    else return 1.0 / (1.0 + std::exp(-x));
+  });
   unary_f32_fast(t, "Tanh", [](auto x) { return std::tanh(x); });
-  unary_f32_fast(t, "Exp", [](auto x) { return std::exp(x); });
+  unary_f32_fast(t, "Exp", [](auto x) {
+    if constexpr (std::is_same_v<decltype(x), float>) return exp_f(x);
+    else return std::exp(x);
+  });
   unary_f32_fast(t, "Sqrt", [](auto x) { return std::sqrt(x); });
   unary_float(t, "Log", log_d, nullptr, 0, nullptr, 0);
   unary_float(t, "Reciprocal", recip_d, nullptr, 0, nullptr, 0);

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "cpu_bcast.h"
+#include "cpu_kernels.h"
 
 namespace hp_cpu {
 namespace {
@@ -117,6 +118,12 @@ void gemm_op(OpCall& c) {
   }
 }
 
+/// The common case: float32 along the innermost axis, contiguous rows (cpu_kernels.cpp).
+void softmax_rows_f32(const float* x, float* y, int64_t rows, int64_t len, bool log) {
+#pragma omp parallel for schedule(static) if (rows * len >= (1 << 15))
+  for (int64_t o = 0; o < rows; ++o) softmax_row(x + o * len, y + o * len, len, log);
+}
+
 template <class T>
 void softmax_rows(const T* x, T* y, int64_t outer, int64_t len, int64_t inner, bool log) {
 #pragma omp parallel for schedule(static) collapse(2) if (outer * len * inner >= (1 << 15))
@@ -155,6 +162,7 @@ void softmax(OpCall& c, bool log) {
     else inner *= v;
   }
   if (x.numel() == 0) return;
+  if (x.dtype == HP_F32 && inner == 1) return softmax_rows_f32(x.as<float>(), y.as<float>(), outer, len, log);
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) softmax_rows<T>(x.as<T>(), y.as<T>(), outer, len, inner, log);
@@ -177,26 +185,12 @@ void layer_norm(OpCall& c) {
   const float* px = x.as<float>();
   float* py = y.as<float>();
   const float* ps = scale.as<float>();
-  const float* pb = bias.present() ? bias.as<float>() : nullptr;
-  const bool bias_full = pb && bias.numel() == len;
+  const float* pb = bias.present() && bias.numel() > 0 ? bias.as<float>() : nullptr;
+  const int64_t ss = scale.numel() == 1 ? 0 : 1, bs = pb && bias.numel() == len ? 1 : 0;
 #pragma omp parallel for schedule(static) if (outer * len >= (1 << 15))
-  for (int64_t o = 0; o < outer; ++o) {
-    const float* row = px + o * len;
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < len; ++i) mean += row[i];
-    mean /= static_cast<double>(len);
-    for (int64_t i = 0; i < len; ++i) var += (row[i] - mean) * (row[i] - mean);
-    var /= static_cast<double>(len);
-    const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-    const float mu = static_cast<float>(mean);
-    for (int64_t i = 0; i < len; ++i) {
-      float v = (row[i] - mu) * rstd * ps[scale.numel() == 1 ? 0 : i];
-      if (pb) v += pb[bias_full ? i : 0];
-      py[o * len + i] = v;
-    }
-    if (mean_out) mean_out[o] = mu;
-    if (rstd_out) rstd_out[o] = rstd;
-  }
+  for (int64_t o = 0; o < outer; ++o)
+    layer_norm_row(px + o * len, py + o * len, len, ps, ss, pb, bs, eps, mean_out ? mean_out + o : nullptr,
+                   rstd_out ? rstd_out + o : nullptr);
 }
 
 void conv(OpCall& c) {

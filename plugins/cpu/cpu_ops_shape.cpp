@@ -97,24 +97,64 @@ void unsqueeze(OpCall& c) {
   same_data(c, out);
 }
 
-/// Copies `x` into `y` where y[i] = x[sum(idx_k * st_k)] over y's shape (general strided gather).
+template <class T>
+void strided_row(const char* src, char* dst, int64_t n, int64_t stride) {
+  const T* s = reinterpret_cast<const T*>(src);
+  T* d = reinterpret_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
+}
+
+/// Copies `x` into `y` where y[i] = x[base + sum(idx_k * st_k)] over y's shape (general strided gather:
+/// Transpose, Expand, Slice). Dims of size 1 are dropped and neighbours that are contiguous in the
+/// source too are merged, so a Transpose that keeps the innermost dim (attention's [b,t,h,d] ->
+/// [b,h,t,d]) becomes a few long memcpy rows; other rows are typed strided loops. Large copies split
+/// their rows across OpenMP threads.
 void strided_copy(const View& x, View& y, const Dims& st, int64_t base = 0) {
   const int es = dtype_size(x.dtype);
   const char* px = static_cast<const char*>(x.data);
   char* py = static_cast<char*>(y.data);
   const int64_t n = y.numel();
-  const size_t r = y.dims.size();
   if (n == 0) return;
-  Dims idx(r, 0);
-  int64_t off = base;
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(py + i * es, px + off * es, static_cast<size_t>(es));
-    for (size_t d = r; d-- > 0;) {
-      if (++idx[d] < y.dims[d]) { off += st[d]; break; }
-      off -= st[d] * (y.dims[d] - 1);
-      idx[d] = 0;
+  Dims dims, strides;
+  for (size_t d = 0; d < y.dims.size(); ++d) {
+    if (y.dims[d] == 1) continue;
+    if (!dims.empty() && strides.back() == st[d] * y.dims[d]) {
+      dims.back() *= y.dims[d];
+      strides.back() = st[d];
+    } else {
+      dims.push_back(y.dims[d]);
+      strides.push_back(st[d]);
     }
   }
+  if (dims.empty()) {
+    dims.push_back(1);
+    strides.push_back(0);
+  }
+  const size_t r = dims.size();
+  const int64_t len = dims[r - 1], inner = strides[r - 1], rows = n / len;
+  auto row = [&](int64_t q) {
+    int64_t off = base, rest = q;
+    for (size_t d = r - 1; d-- > 0;) {
+      off += (rest % dims[d]) * strides[d];
+      rest /= dims[d];
+    }
+    const char* src = px + off * es;
+    char* dst = py + q * len * es;
+    if (inner == 1) {
+      std::memcpy(dst, src, static_cast<size_t>(len * es));
+      return;
+    }
+    switch (es) {
+      case 1: strided_row<uint8_t>(src, dst, len, inner); break;
+      case 2: strided_row<uint16_t>(src, dst, len, inner); break;
+      case 4: strided_row<uint32_t>(src, dst, len, inner); break;
+      case 8: strided_row<uint64_t>(src, dst, len, inner); break;
+      default:
+        for (int64_t i = 0; i < len; ++i) std::memcpy(dst + i * es, src + i * inner * es, static_cast<size_t>(es));
+    }
+  };
+#pragma omp parallel for schedule(static) if (n >= (1 << 16) && rows > 1)
+  for (int64_t q = 0; q < rows; ++q) row(q);
 }
 
 void transpose(OpCall& c) {

@@ -1,0 +1,76 @@
+// See cpu_kernels.h. Built with -O3 -fno-trapping-math (CMakeLists.txt) so the selects in cpu_math.h
+// vectorise; the reductions use OpenMP simd reductions (float partial sums per lane: the order differs
+// from a serial sum by float rounding only).
+#include "cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu_math.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define HP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define HP_CPU_CLONES
+#endif
+
+namespace hp_cpu {
+
+HP_CPU_CLONES void gelu_span(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + erf_f(x[i] * 0.70710678118654752f));
+}
+
+HP_CPU_CLONES void erf_span(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = erf_f(x[i]);
+}
+
+HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[i]);
+  if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // an all -inf row: NaNs, as libm gives
+  float sum = 0;
+  if (log) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < len; ++i) sum += exp_f(x[i] - mx);
+    const float ls = std::log(sum);
+    for (int64_t i = 0; i < len; ++i) y[i] = x[i] - mx - ls;
+    return;
+  }
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) {
+    const float e = exp_f(x[i] - mx);
+    y[i] = e;
+    sum += e;
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < len; ++i) y[i] *= inv;
+}
+
+HP_CPU_CLONES void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,
+                                  const float* bias, int64_t bias_stride, float eps, float* mean_out,
+                                  float* rstd_out) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) sum += x[i];
+  const float mean = sum / static_cast<float>(len);
+  float var = 0;  // two passes: no cancellation when the mean is large against the spread
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < len; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<float>(len);
+  const float rstd = 1.f / std::sqrt(var + eps);
+  if (scale_stride == 1 && bias && bias_stride == 1) {
+    for (int64_t i = 0; i < len; ++i) y[i] = (x[i] - mean) * rstd * scale[i] + bias[i];
+  } else {
+    for (int64_t i = 0; i < len; ++i) {
+      float v = (x[i] - mean) * rstd * scale[i * scale_stride];
+      if (bias) v += bias[i * bias_stride];
+      y[i] = v;
+    }
+  }
+  if (mean_out) *mean_out = mean;
+  if (rstd_out) *rstd_out = rstd;
+}
+
+}  // namespace hp_cpu

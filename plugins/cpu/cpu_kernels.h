@@ -1,0 +1,33 @@
+// Hot float32 loops of the cpu kernels, compiled twice (GCC target_clones): for x86-64-v3 (AVX2, FMA)
+// and for the baseline, picked once at load time by the CPU the plugin runs on. The plugin is built
+// for baseline x86-64 (a distribution binary), where these loops run 3-4x slower; everything else
+// stays baseline. The loops are serial over a span; callers split work across OpenMP threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace hp_cpu {
+
+/// Calls f(begin, end) over [0, n) in spans of 16K elements, spread across OpenMP threads when n is
+/// large enough for that to pay.
+template <class F>
+void for_spans(int64_t n, F&& f) {
+  constexpr int64_t kSpan = int64_t{1} << 14;
+  const int64_t spans = (n + kSpan - 1) / kSpan;
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t s = 0; s < spans; ++s) f(s * kSpan, std::min(n, (s + 1) * kSpan));
+}
+
+/// y = x * (1 + erf(x / sqrt 2)) / 2 (the exact GELU).
+void gelu_span(const float* x, float* y, int64_t n);
+/// y = erf(x).
+void erf_span(const float* x, float* y, int64_t n);
+/// One softmax (or log-softmax) over a contiguous row of `len` values.
+void softmax_row(const float* x, float* y, int64_t len, bool log);
+/// One LayerNormalization row: y = (x - mean) * rstd * scale + bias, where scale and bias are `len`
+/// long, or one value when their stride is 0, and bias may be null. Returns mean and rstd.
+void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,
+                    const float* bias, int64_t bias_stride, float eps, float* mean_out, float* rstd_out);
+
+}  // namespace hp_cpu

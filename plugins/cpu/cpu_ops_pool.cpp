@@ -1,0 +1,239 @@
+// Pooling and normalisation ONNX ops on the cpu backend: MaxPool, AveragePool, GlobalAveragePool,
+// GlobalMaxPool and BatchNormalization (inference form), all on N x C x spatial... tensors of any
+// spatial rank.
+//
+// Window geometry follows the ONNX spec: explicit `pads` (begin values then end values) or auto_pad
+// SAME_UPPER / SAME_LOWER (output ceil(in / stride), the odd pad at the end / the beginning) / VALID;
+// output floor((in + pads - window) / stride) + 1, or ceil with ceil_mode, where a last window that
+// would start in the end padding is dropped (as PyTorch and ONNX Runtime do). A window position p reads
+// input index p * stride - pad_begin + k * dilation. AveragePool divides by the window positions inside
+// the input, or with count_include_pad by those inside the padded input.
+//
+// The forms not implemented report HP_UNSUPPORTED (the executor then says which node): MaxPool's
+// Indices output and BatchNormalization's training mode.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "cpu_ops.h"
+
+namespace hp_cpu {
+namespace {
+
+struct Window {
+  Dims kernel, strides, dil, pad_begin, pad_end, out;
+};
+
+Window window_of(OpCall& c, const View& x, bool dilations) {
+  const size_t sp = x.dims.size() - 2;
+  Window w;
+  w.kernel = c.ints("kernel_shape");
+  if (w.kernel.size() != sp) c.fail("kernel_shape must have one entry per spatial dim");
+  w.strides = c.ints("strides");
+  w.dil = dilations ? c.ints("dilations") : Dims{};
+  Dims pads = c.ints("pads");
+  w.strides.resize(sp, 1);
+  w.dil.resize(sp, 1);
+  pads.resize(2 * sp, 0);
+  const std::string ap = c.s("auto_pad", "NOTSET");
+  const bool ceil_mode = c.i("ceil_mode", 0) != 0;
+  w.pad_begin.assign(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(sp));
+  w.pad_end.assign(pads.begin() + static_cast<std::ptrdiff_t>(sp), pads.end());
+  w.out.resize(sp);
+  for (size_t d = 0; d < sp; ++d) {
+    if (w.kernel[d] < 1 || w.strides[d] < 1 || w.dil[d] < 1) c.fail("kernel, strides and dilations must be >= 1");
+    const int64_t in = x.dims[2 + d], span = (w.kernel[d] - 1) * w.dil[d] + 1;
+    if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      const int64_t o = (in + w.strides[d] - 1) / w.strides[d];
+      const int64_t total = std::max<int64_t>((o - 1) * w.strides[d] + span - in, 0);
+      w.pad_begin[d] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      w.pad_end[d] = total - w.pad_begin[d];
+      w.out[d] = o;
+      continue;
+    }
+    if (ap == "VALID") w.pad_begin[d] = w.pad_end[d] = 0;
+    const int64_t room = in + w.pad_begin[d] + w.pad_end[d] - span;
+    if (room < 0) c.fail("the pooling window is larger than the padded input");
+    int64_t o = (ceil_mode ? (room + w.strides[d] - 1) / w.strides[d] : room / w.strides[d]) + 1;
+    if (ceil_mode && (o - 1) * w.strides[d] >= in + w.pad_begin[d]) --o;
+    w.out[d] = o;
+  }
+  return w;
+}
+
+/// Calls f(q, offs, padded) for each output position q of one N x C plane: offs are the plane offsets
+/// of the window positions inside the input, padded the number of window positions inside the padded
+/// input (AveragePool's count_include_pad divisor).
+template <class F>
+void for_each_window(const Window& w, const Dims& in_sp, F&& f) {
+  const size_t sp = in_sp.size();
+  const Dims in_st = strides_of(in_sp);
+  const int64_t n_out = numel(w.out), n_k = numel(w.kernel);
+  Dims o(sp, 0);
+  std::vector<int64_t> offs;
+  offs.reserve(static_cast<size_t>(n_k));
+  for (int64_t q = 0; q < n_out; ++q) {
+    int64_t rest = q;
+    for (size_t d = sp; d-- > 0;) {
+      o[d] = rest % w.out[d];
+      rest /= w.out[d];
+    }
+    offs.clear();
+    int64_t padded = 1;
+    for (size_t d = 0; d < sp; ++d) {
+      int64_t cnt = 0;
+      for (int64_t k = 0; k < w.kernel[d]; ++k) {
+        const int64_t p = o[d] * w.strides[d] - w.pad_begin[d] + k * w.dil[d];
+        if (p >= -w.pad_begin[d] && p < in_sp[d] + w.pad_end[d]) ++cnt;
+      }
+      padded *= cnt;
+    }
+    for (int64_t kq = 0; kq < n_k; ++kq) {
+      int64_t r2 = kq, off = 0;
+      bool inside = true;
+      for (size_t d = sp; d-- > 0;) {
+        const int64_t k = r2 % w.kernel[d];
+        r2 /= w.kernel[d];
+        const int64_t p = o[d] * w.strides[d] - w.pad_begin[d] + k * w.dil[d];
+        if (p < 0 || p >= in_sp[d]) { inside = false; break; }
+        off += p * in_st[d];
+      }
+      if (inside) offs.push_back(off);
+    }
+    f(q, offs, padded);
+  }
+}
+
+void pool(OpCall& c, bool max) {
+  const View& x = c.need(0);
+  if (x.dims.size() < 3) c.fail("pooling needs an N x C x spatial input");
+  if (max && c.n_outputs() > 1) throw OpError("MaxPool's Indices output is not implemented", HP_UNSUPPORTED);
+  const Window w = window_of(c, x, max || c.opset() >= 19);
+  const bool include_pad = c.i("count_include_pad", 0) != 0;
+  Dims out{x.dims[0], x.dims[1]};
+  out.insert(out.end(), w.out.begin(), w.out.end());
+  View y = c.out(0, x.dtype, out);
+  const Dims in_sp(x.dims.begin() + 2, x.dims.end());
+  const int64_t planes = x.dims[0] * x.dims[1], in_plane = numel(in_sp), out_plane = numel(w.out);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    T* py = y.as<T>();
+#pragma omp parallel for schedule(static) if (planes * out_plane * numel(w.kernel) >= (1 << 16))
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* xp = px + p * in_plane;
+      T* yp = py + p * out_plane;
+      for_each_window(w, in_sp, [&](int64_t q, const std::vector<int64_t>& offs, int64_t padded) {
+        if (max) {
+          T m = std::numeric_limits<T>::lowest();
+          if constexpr (std::is_floating_point_v<T>) m = -std::numeric_limits<T>::infinity();
+          for (int64_t o : offs) m = std::max(m, xp[o]);
+          yp[q] = m;
+        } else {
+          double s = 0;
+          for (int64_t o : offs) s += static_cast<double>(xp[o]);
+          const double n = include_pad ? static_cast<double>(padded) : static_cast<double>(offs.size());
+          yp[q] = static_cast<T>(n > 0 ? s / n : 0);
+        }
+      });
+    }
+  };
+  switch (x.dtype) {
+    case HP_F32: run(float{}); break;
+    case HP_F64: run(double{}); break;
+    case HP_U8: run(uint8_t{}); break;
+    case HP_I8: run(int8_t{}); break;
+    default: throw OpError("pooling of dtype " + std::to_string(x.dtype) + " is not implemented", HP_UNSUPPORTED);
+  }
+}
+
+void global_pool(OpCall& c, bool max) {
+  const View& x = c.need(0);
+  if (x.dims.size() < 3) c.fail("global pooling needs an N x C x spatial input");
+  Dims out(x.dims.size(), 1);
+  out[0] = x.dims[0];
+  out[1] = x.dims[1];
+  View y = c.out(0, x.dtype, out);
+  const int64_t planes = x.dims[0] * x.dims[1], len = x.numel() / std::max<int64_t>(planes, 1);
+  dispatch_num(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* px = x.as<T>();
+      T* py = y.as<T>();
+      for (int64_t p = 0; p < planes; ++p) {
+        const T* row = px + p * len;
+        if (max) {
+          T m = -std::numeric_limits<T>::infinity();
+          for (int64_t i = 0; i < len; ++i) m = std::max(m, row[i]);
+          py[p] = m;
+        } else {
+          double s = 0;
+          for (int64_t i = 0; i < len; ++i) s += static_cast<double>(row[i]);
+          py[p] = static_cast<T>(len ? s / static_cast<double>(len) : 0);
+        }
+      }
+    } else {
+      throw OpError("global pooling of integer tensors is not implemented", HP_UNSUPPORTED);
+    }
+  });
+}
+
+/// Inference form: y = (x - mean) / sqrt(var + epsilon) * scale + B, per channel (dim 1).
+void batch_norm(OpCall& c) {
+  if (c.i("training_mode", 0) != 0 || c.n_outputs() > 1)
+    throw OpError("BatchNormalization in training mode is not implemented", HP_UNSUPPORTED);
+  const View &x = c.need(0), &scale = c.need(1), &bias = c.need(2), &mean = c.need(3), &var = c.need(4);
+  if (x.dims.size() < 2) c.fail("BatchNormalization needs an N x C x ... input");
+  const int64_t C = x.dims[1];
+  for (const View* v : {&scale, &bias, &mean, &var})
+    if (v->numel() != C) c.fail("scale, B, mean and var must have C = " + std::to_string(C) + " elements");
+  const double eps = c.f("epsilon", 1e-5);
+  View y = c.out(0, x.dtype, x.dims);
+  const int64_t N = x.dims[0], inner = C ? x.numel() / std::max<int64_t>(N * C, 1) : 0;
+  dispatch_num(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      std::vector<T> a(static_cast<size_t>(C)), b(static_cast<size_t>(C));
+      for (int64_t ch = 0; ch < C; ++ch) {
+        const double inv = 1.0 / std::sqrt(static_cast<double>(var.as<T>()[ch]) + eps);
+        a[static_cast<size_t>(ch)] = static_cast<T>(scale.as<T>()[ch] * inv);
+        b[static_cast<size_t>(ch)] = static_cast<T>(bias.as<T>()[ch] - mean.as<T>()[ch] * scale.as<T>()[ch] * inv);
+      }
+      const T* px = x.as<T>();
+      T* py = y.as<T>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t ch = 0; ch < C; ++ch) {
+          const T* xi = px + (n * C + ch) * inner;
+          T* yi = py + (n * C + ch) * inner;
+          const T sa = a[static_cast<size_t>(ch)], sb = b[static_cast<size_t>(ch)];
+          for (int64_t i = 0; i < inner; ++i) yi[i] = xi[i] * sa + sb;
+        }
+    } else {
+      throw OpError("BatchNormalization of integer tensors is not implemented", HP_UNSUPPORTED);
+    }
+  });
+}
+
+bool pool_types(const std::vector<int32_t>& d) {
+  return d.size() == 1 && (d[0] == HP_F32 || d[0] == HP_F64 || d[0] == HP_U8 || d[0] == HP_I8);
+}
+
+bool float_first(const std::vector<int32_t>& d) { return !d.empty() && (d[0] == HP_F32 || d[0] == HP_F64); }
+
+}  // namespace
+
+void register_pool_ops(OpTable& t) {
+  t["MaxPool"] = {[](OpCall& c) { pool(c, true); }, pool_types};
+  t["AveragePool"] = {[](OpCall& c) { pool(c, false); }, pool_types};
+  t["GlobalMaxPool"] = {[](OpCall& c) { global_pool(c, true); }, float_first};
+  t["GlobalAveragePool"] = {[](OpCall& c) { global_pool(c, false); }, float_first};
+  t["BatchNormalization"] = {batch_norm, [](const std::vector<int32_t>& d) {
+                               if (d.size() != 5) return false;
+                               for (int32_t x : d)
+                                 if (x != d[0]) return false;
+                               return d[0] == HP_F32 || d[0] == HP_F64;
+                             }};
+}
+
+}  // namespace hp_cpu
