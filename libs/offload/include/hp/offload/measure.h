@@ -1,0 +1,40 @@
+// Bandwidth probes (`--measure`): copies of several sizes through the backend plugin's own alloc and
+// copy_async (device <-> pinned host), the median of repeats per size, and a plain memcpy loop over
+// the same sizes measured in the same run, interleaved with the plugin's copies so both see the
+// same machine load. For the CPU plugin device and host memory are the same DRAM, so its figures
+// should match memcpy; a GPU plugin measures its host link.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+
+namespace hp::offload {
+
+struct ProbeSize {
+  double bytes = 0;
+  double h2d = 0, d2h = 0;            ///< plugin copies, median bytes/s
+  double memcpy = 0;                  ///< plain memcpy loop, median bytes/s
+};
+
+struct BandwidthReport {
+  std::string backend, device, probe, date;  ///< probe: "<backend>-copy"; date: YYYY-MM-DD
+  int repeats = 0;
+  std::vector<ProbeSize> sizes;       ///< ascending
+  double h2d = 0, d2h = 0, memcpy = 0;  ///< at the largest size
+  /// "measured:<probe> <date>", the provenance written into the recipe.
+  std::string source() const { return "measured:" + probe + " " + date; }
+};
+
+struct MeasureOptions {
+  std::string backend = "cpu";        ///< plugin name
+  std::vector<double> sizes = {4.0 * (1 << 20), 16.0 * (1 << 20), 64.0 * (1 << 20)};
+  int repeats = 9;
+};
+
+/// Runs the probes. A backend that is not installed or cannot copy is Errc::unavailable.
+Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt);
+
+}  // namespace hp::offload

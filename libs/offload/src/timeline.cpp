@@ -1,0 +1,127 @@
+// The un-offloaded memory timeline of one stage (timeline.h). Model states are allocated for the
+// whole step (frameworks keep weight, gradient and optimizer buffers across steps); an activation
+// lives from its forward to the end of its backward; the KV cache of inference from its forward to
+// the end of the step.
+#include "hp/offload/timeline.h"
+
+#include <algorithm>
+
+#include <fmt/core.h>
+
+namespace hp::offload {
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::parameters: return "parameters";
+    case Kind::gradients: return "gradients";
+    case Kind::optimizer: return "optimizer";
+    case Kind::activations: return "activations";
+    case Kind::kv_cache: return "kv_cache";
+    case Kind::buffers: return "buffers";
+    case Kind::workspace: return "workspace";
+  }
+  return "?";
+}
+
+double sum(const Breakdown& b) {
+  double s = 0;
+  for (double x : b) s += x;
+  return s;
+}
+
+std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m, std::int64_t v,
+                             bool train) {
+  std::vector<Op> ops;
+  const std::int64_t chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
+  if (!train) {
+    for (std::int64_t j = 0; j < m; ++j)
+      for (std::int64_t c = 0; c < chunks; ++c) ops.push_back({true, j, c});
+    return ops;
+  }
+  if (s == recipe::Schedule::gpipe) {
+    for (std::int64_t j = 0; j < m; ++j) ops.push_back({true, j, 0});
+    for (std::int64_t j = m - 1; j >= 0; --j) ops.push_back({false, j, 0});
+    return ops;
+  }
+  // Virtual micro-batch i of the interleaved order (Megatron-LM schedules.py): groups of p
+  // micro-batches run through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
+  const std::int64_t group = p * chunks;
+  auto fwd = [&](std::int64_t i) { return Op{true, (i / group) * p + i % p, (i % group) / p}; };
+  auto bwd = [&](std::int64_t i) { return Op{false, (i / group) * p + i % p, chunks - 1 - (i % group) / p}; };
+  const std::int64_t total = m * chunks;
+  const std::int64_t warmup = chunks == 1 ? std::min(p - k - 1, m) : std::min((p - k - 1) * 2 + (chunks - 1) * p, total);
+  for (std::int64_t i = 0; i < warmup; ++i) ops.push_back(fwd(i));
+  for (std::int64_t i = 0; i < total - warmup; ++i) {
+    ops.push_back(fwd(warmup + i));
+    ops.push_back(bwd(i));
+  }
+  for (std::int64_t i = total - warmup; i < total; ++i) ops.push_back(bwd(i));
+  return ops;
+}
+
+Timeline simulate(const StageInput& in) {
+  Timeline t;
+  Breakdown fixed{};
+  for (const auto& u : in.units) {
+    fixed[static_cast<int>(Kind::parameters)] += u.parameters;
+    fixed[static_cast<int>(Kind::gradients)] += u.gradients;
+    fixed[static_cast<int>(Kind::optimizer)] += u.optimizer;
+  }
+  fixed[static_cast<int>(Kind::buffers)] = in.buffers;
+  fixed[static_cast<int>(Kind::workspace)] = in.workspace;
+  double acts = 0, kv = 0, clock = 0;
+  auto push = [&](Slot::Type type, std::int64_t u, std::int64_t j, double dur, double transient_act,
+                  double transient_buf) {
+    Slot s;
+    s.type = type;
+    s.unit = u;
+    s.micro = j;
+    s.start = clock;
+    s.duration = dur;
+    s.memory = fixed;
+    s.memory[static_cast<int>(Kind::activations)] = acts + transient_act;
+    s.memory[static_cast<int>(Kind::kv_cache)] = kv;
+    s.memory[static_cast<int>(Kind::buffers)] += transient_buf;
+    clock += dur;
+    t.slots.push_back(s);
+  };
+  const auto n = static_cast<std::int64_t>(in.units.size());
+  for (const Op& op : schedule_ops(in.schedule, in.stages, in.stage, in.micro_batches, in.virtual_stages, in.train)) {
+    if (op.forward) {
+      for (std::int64_t u = 0; u < n; ++u) {
+        const Unit& x = in.units[static_cast<std::size_t>(u)];
+        if (x.chunk != op.chunk) continue;
+        // The activation kept for backward is written during this forward: count it now.
+        acts += in.train ? x.act : 0.0;
+        kv += x.kv;
+        // Inference keeps nothing for backward, but the layer's activations exist while it runs.
+        push(Slot::forward, u, op.micro, x.fwd, in.train ? 0.0 : x.act, x.gather);
+      }
+    } else {
+      for (std::int64_t u = n - 1; u >= 0; --u) {
+        const Unit& x = in.units[static_cast<std::size_t>(u)];
+        if (x.chunk != op.chunk) continue;
+        push(Slot::backward, u, op.micro, x.bwd, x.act_transient, x.gather);
+        acts -= x.act;  // freed once its backward has run
+      }
+    }
+  }
+  if (in.train)
+    for (std::int64_t u = n - 1; u >= 0; --u) push(Slot::optimizer, u, 0, in.units[static_cast<std::size_t>(u)].opt, 0, 0);
+  t.step = clock;
+  for (std::size_t i = 0; i < t.slots.size(); ++i)
+    if (sum(t.slots[i].memory) > sum(t.slots[t.peak].memory)) t.peak = i;
+  return t;
+}
+
+std::string describe_slot(const StageInput& in, const Slot& s) {
+  const std::string& name = in.units[static_cast<std::size_t>(s.unit)].name;
+  switch (s.type) {
+    case Slot::forward: return fmt::format("forward of {}, micro-batch {}", name, s.micro);
+    case Slot::backward: return fmt::format("backward of {}, micro-batch {}", name, s.micro);
+    case Slot::optimizer: return fmt::format("optimizer step of {}", name);
+  }
+  return name;
+}
+
+}  // namespace hp::offload
