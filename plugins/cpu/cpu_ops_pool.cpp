@@ -1,5 +1,5 @@
 // Pooling and normalisation ONNX ops on the cpu backend: MaxPool, AveragePool, GlobalAveragePool,
-// GlobalMaxPool and BatchNormalization (inference form), all on N x C x spatial... tensors of any
+// GlobalMaxPool and BatchNormalization, all on N x C x spatial... tensors of any
 // spatial rank.
 //
 // Window geometry follows the ONNX spec: explicit `pads` (begin values then end values) or auto_pad
@@ -9,8 +9,8 @@
 // input index p * stride - pad_begin + k * dilation. AveragePool divides by the window positions inside
 // the input, or with count_include_pad by those inside the padded input.
 //
-// The forms not implemented report HP_UNSUPPORTED (the executor then says which node): MaxPool's
-// Indices output and BatchNormalization's training mode.
+// MaxPool's optional Indices output and BatchNormalization's training mode (batch statistics, running
+// mean and var outputs) are implemented too.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -108,7 +108,6 @@ void for_each_window(const Window& w, const Dims& in_sp, F&& f) {
 void pool(OpCall& c, bool max) {
   const View& x = c.need(0);
   if (x.dims.size() < 3) c.fail("pooling needs an N x C x spatial input");
-  if (max && c.n_outputs() > 1) throw OpError("MaxPool's Indices output is not implemented", HP_UNSUPPORTED);
   const Window w = window_of(c, x, max || c.opset() >= 19);
   const bool include_pad = c.i("count_include_pad", 0) != 0;
   Dims out{x.dims[0], x.dims[1]};
@@ -116,6 +115,19 @@ void pool(OpCall& c, bool max) {
   View y = c.out(0, x.dtype, out);
   const Dims in_sp(x.dims.begin() + 2, x.dims.end());
   const int64_t planes = x.dims[0] * x.dims[1], in_plane = numel(in_sp), out_plane = numel(w.out);
+  // MaxPool's optional Indices: the argmax as a flat index into X, row-major (storage_order 0) or with
+  // the spatial dims column-major (storage_order 1).
+  int64_t* ind = max && c.n_outputs() > 1 ? c.out(1, HP_I64, out).as<int64_t>() : nullptr;
+  const bool col_major = c.i("storage_order", 0) != 0;
+  const Dims row_st = strides_of(in_sp);
+  Dims col_st(in_sp.size(), 1);
+  for (size_t d = 1; d < in_sp.size(); ++d) col_st[d] = col_st[d - 1] * in_sp[d - 1];
+  auto flat_index = [&](int64_t plane, int64_t off) {
+    if (!col_major) return plane * in_plane + off;
+    int64_t idx = 0;
+    for (size_t d = 0; d < in_sp.size(); ++d) idx += (off / row_st[d]) % in_sp[d] * col_st[d];
+    return plane * in_plane + idx;
+  };
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.as<T>();
@@ -128,8 +140,14 @@ void pool(OpCall& c, bool max) {
         if (max) {
           T m = std::numeric_limits<T>::lowest();
           if constexpr (std::is_floating_point_v<T>) m = -std::numeric_limits<T>::infinity();
-          for (int64_t o : offs) m = std::max(m, xp[o]);
+          int64_t at = offs.empty() ? 0 : offs[0];
+          for (int64_t o : offs)
+            if (xp[o] > m) {
+              m = xp[o];
+              at = o;
+            }
           yp[q] = m;
+          if (ind) ind[p * out_plane + q] = flat_index(p, at);
         } else {
           double s = 0;
           for (int64_t o : offs) s += static_cast<double>(xp[o]);
@@ -179,28 +197,53 @@ void global_pool(OpCall& c, bool max) {
   });
 }
 
-/// Inference form: y = (x - mean) / sqrt(var + epsilon) * scale + B, per channel (dim 1).
+/// y = (x - mean) / sqrt(var + epsilon) * scale + B, per channel (dim 1). Inference uses the given
+/// mean and var; training_mode (opset 14+) uses the batch's own (biased) statistics and also outputs
+/// running_mean = mean * momentum + batch_mean * (1 - momentum), running_var likewise.
 void batch_norm(OpCall& c) {
-  if (c.i("training_mode", 0) != 0 || c.n_outputs() > 1)
-    throw OpError("BatchNormalization in training mode is not implemented", HP_UNSUPPORTED);
+  const bool training = c.i("training_mode", 0) != 0;
   const View &x = c.need(0), &scale = c.need(1), &bias = c.need(2), &mean = c.need(3), &var = c.need(4);
   if (x.dims.size() < 2) c.fail("BatchNormalization needs an N x C x ... input");
+  if (!training && c.n_outputs() > 1 && c.opset() >= 14)
+    c.fail("outputs running_mean and running_var exist only in training mode");
+  if (!training && c.n_outputs() > 1)
+    throw OpError("BatchNormalization's pre-opset-14 training outputs are not implemented", HP_UNSUPPORTED);
   const int64_t C = x.dims[1];
   for (const View* v : {&scale, &bias, &mean, &var})
     if (v->numel() != C) c.fail("scale, B, mean and var must have C = " + std::to_string(C) + " elements");
-  const double eps = c.f("epsilon", 1e-5);
+  const double eps = c.f("epsilon", 1e-5), momentum = c.f("momentum", 0.9);
   View y = c.out(0, x.dtype, x.dims);
   const int64_t N = x.dims[0], inner = C ? x.numel() / std::max<int64_t>(N * C, 1) : 0;
   dispatch_num(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) {
+      const T* px = x.as<T>();
+      std::vector<double> mu(static_cast<size_t>(C)), va(static_cast<size_t>(C));
+      for (int64_t ch = 0; ch < C; ++ch) {
+        if (!training) {
+          mu[static_cast<size_t>(ch)] = static_cast<double>(mean.as<T>()[ch]);
+          va[static_cast<size_t>(ch)] = static_cast<double>(var.as<T>()[ch]);
+          continue;
+        }
+        double s = 0, s2 = 0;
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t i = 0; i < inner; ++i) s += static_cast<double>(px[(n * C + ch) * inner + i]);
+        const double cnt = static_cast<double>(std::max<int64_t>(N * inner, 1)), m = s / cnt;
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t i = 0; i < inner; ++i) {
+            const double d = static_cast<double>(px[(n * C + ch) * inner + i]) - m;
+            s2 += d * d;
+          }
+        mu[static_cast<size_t>(ch)] = m;
+        va[static_cast<size_t>(ch)] = s2 / cnt;
+      }
       std::vector<T> a(static_cast<size_t>(C)), b(static_cast<size_t>(C));
       for (int64_t ch = 0; ch < C; ++ch) {
-        const double inv = 1.0 / std::sqrt(static_cast<double>(var.as<T>()[ch]) + eps);
-        a[static_cast<size_t>(ch)] = static_cast<T>(scale.as<T>()[ch] * inv);
-        b[static_cast<size_t>(ch)] = static_cast<T>(bias.as<T>()[ch] - mean.as<T>()[ch] * scale.as<T>()[ch] * inv);
+        const size_t k = static_cast<size_t>(ch);
+        const double inv = 1.0 / std::sqrt(va[k] + eps);
+        a[k] = static_cast<T>(static_cast<double>(scale.as<T>()[ch]) * inv);
+        b[k] = static_cast<T>(static_cast<double>(bias.as<T>()[ch]) - mu[k] * static_cast<double>(scale.as<T>()[ch]) * inv);
       }
-      const T* px = x.as<T>();
       T* py = y.as<T>();
       for (int64_t n = 0; n < N; ++n)
         for (int64_t ch = 0; ch < C; ++ch) {
@@ -209,6 +252,14 @@ void batch_norm(OpCall& c) {
           const T sa = a[static_cast<size_t>(ch)], sb = b[static_cast<size_t>(ch)];
           for (int64_t i = 0; i < inner; ++i) yi[i] = xi[i] * sa + sb;
         }
+      for (int64_t o = 1; o < std::min<int64_t>(c.n_outputs(), 3); ++o) {
+        const View& given = o == 1 ? mean : var;
+        const std::vector<double>& batch = o == 1 ? mu : va;
+        T* r = c.out(o, x.dtype, given.dims).template as<T>();
+        for (int64_t ch = 0; ch < C; ++ch)
+          r[ch] = static_cast<T>(static_cast<double>(given.as<T>()[ch]) * momentum +
+                                 batch[static_cast<size_t>(ch)] * (1 - momentum));
+      }
     } else {
       throw OpError("BatchNormalization of integer tensors is not implemented", HP_UNSUPPORTED);
     }

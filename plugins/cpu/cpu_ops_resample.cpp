@@ -1,13 +1,14 @@
 // Padding, resampling and scans on the cpu backend: Pad (constant, edge, reflect, wrap; negative pads
-// crop), Resize (nearest and N-linear, every coordinate transformation mode of opsets 10-19) and
+// crop), Resize (nearest, N-linear and cubic, every coordinate transformation mode of opsets 10-19) and
 // CumSum (exclusive, reverse).
 //
 // Pad and Resize map each output index to input indices dim by dim: a per-dim table is built once
 // (source index, or -1 for "outside" in Pad; two taps and a weight in Resize), then the output is
-// walked row-major, so the per-element work is a table lookup per dim.
+// walked row-major, so the per-element work is a table lookup per dim (and, in Resize, a sum over the
+// product of the dims' taps).
 //
-// Resize's cubic mode, antialias and keep_aspect_ratio_policy other than "stretch" report
-// HP_UNSUPPORTED (the executor names the node).
+// Resize's antialias, axes and keep_aspect_ratio_policy other than "stretch" report HP_UNSUPPORTED
+// (the executor names the node).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -133,13 +134,23 @@ void cumsum(OpCall& c) {
   });
 }
 
-/// One output index of one dim of Resize: input taps i0, i1 and the weight of i1 (linear), or the
-/// single source index in i0 (nearest); `outside` for tf_crop_and_resize points off the input.
+/// One output index of one dim of Resize: up to four input taps and their weights (1 for nearest, 2 for
+/// linear, 4 for cubic); `outside` for a tf_crop_and_resize point off the input.
 struct Tap {
-  int64_t i0 = 0, i1 = 0;
-  double w1 = 0;
+  int n = 1;
+  int64_t idx[4] = {0, 0, 0, 0};
+  double w[4] = {1, 0, 0, 0};
   bool outside = false;
 };
+
+/// Cubic convolution weights (Keys, coefficient a) of the taps at floor(x) - 1 .. floor(x) + 2, t = x - floor(x).
+void cubic_weights(double t, double a, double* w) {
+  const double d[4] = {t + 1, t, 1 - t, 2 - t};
+  for (int k = 0; k < 4; ++k) {
+    const double z = d[k];
+    w[k] = z <= 1 ? ((a + 2) * z - (a + 3)) * z * z + 1 : ((a * z - 5 * a) * z + 8 * a) * z - 4 * a;
+  }
+}
 
 double original_coord(const std::string& mode, double x, double scale, int64_t in, int64_t out, double roi_start,
                       double roi_end) {
@@ -175,7 +186,7 @@ void resize(OpCall& c) {
   const View& x = c.need(0);
   const size_t r = x.dims.size();
   const std::string mode = c.s("mode", "nearest");
-  if (mode != "nearest" && mode != "linear")
+  if (mode != "nearest" && mode != "linear" && mode != "cubic")
     throw OpError("resize mode '" + mode + "' is not implemented", HP_UNSUPPORTED);
   if (c.i("antialias", 0) != 0) throw OpError("resize with antialias is not implemented", HP_UNSUPPORTED);
   if (c.s("keep_aspect_ratio_policy", "stretch") != "stretch")
@@ -218,7 +229,8 @@ void resize(OpCall& c) {
   if (coord == "tf_crop_and_resize" && roi.size() != 2 * r) c.fail("tf_crop_and_resize needs an roi of 2 x rank values");
   View y = c.out(0, x.dtype, out);
   if (y.numel() == 0 || x.numel() == 0) return;
-  const bool linear = mode == "linear";
+  const double cubic_a = c.f("cubic_coeff_a", -0.75);
+  const bool exclude_outside = c.i("exclude_outside", 0) != 0;
   std::vector<std::vector<Tap>> taps(r);
   for (size_t d = 0; d < r; ++d) {
     const int64_t in = x.dims[d];
@@ -226,7 +238,7 @@ void resize(OpCall& c) {
     for (int64_t i = 0; i < out[d]; ++i) {
       Tap& t = taps[d][static_cast<size_t>(i)];
       if (scales[d] == 1.0 && in == out[d] && coord != "tf_crop_and_resize") {  // an unscaled dim maps to itself
-        t.i0 = t.i1 = i;
+        t.idx[0] = i;
         continue;
       }
       const double xo = original_coord(coord, static_cast<double>(i), scales[d], in, out[d],
@@ -235,13 +247,28 @@ void resize(OpCall& c) {
         t.outside = true;
         continue;
       }
-      if (linear) {
+      if (mode == "nearest") {
+        t.idx[0] = std::clamp<int64_t>(nearest_index(nearest, xo), 0, in - 1);
+      } else if (mode == "linear") {
         const double xc = std::clamp(xo, 0.0, static_cast<double>(in - 1));
-        t.i0 = static_cast<int64_t>(std::floor(xc));
-        t.i1 = std::min(t.i0 + 1, in - 1);
-        t.w1 = xc - static_cast<double>(t.i0);
-      } else {
-        t.i0 = t.i1 = std::clamp<int64_t>(nearest_index(nearest, xo), 0, in - 1);
+        t.n = 2;
+        t.idx[0] = static_cast<int64_t>(std::floor(xc));
+        t.idx[1] = std::min(t.idx[0] + 1, in - 1);
+        t.w[1] = xc - static_cast<double>(t.idx[0]);
+        t.w[0] = 1 - t.w[1];
+      } else {  // cubic: taps past the edge repeat the edge value, or with exclude_outside drop out
+        const double f = std::floor(xo);
+        t.n = 4;
+        cubic_weights(xo - f, cubic_a, t.w);
+        double sum = 0;
+        for (int k = 0; k < 4; ++k) {
+          const int64_t at = static_cast<int64_t>(f) - 1 + k;
+          if (exclude_outside && (at < 0 || at >= in)) t.w[k] = 0;
+          sum += t.w[k];
+          t.idx[k] = std::clamp<int64_t>(at, 0, in - 1);
+        }
+        if (exclude_outside && sum != 0)
+          for (double& w : t.w) w /= sum;
       }
     }
   }
@@ -251,7 +278,7 @@ void resize(OpCall& c) {
     const T* px = x.as<T>();
     T* py = y.as<T>();
     Dims idx(r, 0);
-    const int64_t corners = linear ? (int64_t{1} << r) : 1;
+    std::vector<int> k(r, 0);  // the tap of each dim in the current combination
     for (int64_t i = 0, n = y.numel(); i < n; ++i) {
       bool outside = false;
       for (size_t d = 0; d < r; ++d) outside = outside || taps[d][static_cast<size_t>(idx[d])].outside;
@@ -259,16 +286,22 @@ void resize(OpCall& c) {
       if (outside) {
         v = extrapolation;
       } else {
-        for (int64_t k = 0; k < corners; ++k) {
+        std::fill(k.begin(), k.end(), 0);
+        while (true) {  // every combination of the dims' taps
           double w = 1;
           int64_t off = 0;
           for (size_t d = 0; d < r; ++d) {
             const Tap& t = taps[d][static_cast<size_t>(idx[d])];
-            const bool hi = linear && ((k >> d) & 1);
-            w *= linear ? (hi ? t.w1 : 1 - t.w1) : 1.0;
-            off += (hi ? t.i1 : t.i0) * xs[d];
+            w *= t.w[k[d]];
+            off += t.idx[k[d]] * xs[d];
           }
           if (w != 0) v += w * static_cast<double>(px[off]);
+          size_t d = r;
+          while (d-- > 0) {
+            if (++k[d] < taps[d][static_cast<size_t>(idx[d])].n) break;
+            k[d] = 0;
+          }
+          if (d == static_cast<size_t>(-1)) break;
         }
       }
       if constexpr (std::is_floating_point_v<T>) py[i] = static_cast<T>(v);
