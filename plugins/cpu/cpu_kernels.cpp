@@ -18,7 +18,7 @@
 namespace hp_cpu {
 
 HP_CPU_CLONES void gelu_span(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + erf_f(x[i] * 0.70710678118654752f));
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_f(x[i]);
 }
 
 HP_CPU_CLONES void erf_span(const float* x, float* y, int64_t n) {
