@@ -86,16 +86,20 @@ struct Planner {
     if (step.kind != StepKind::permute) {
       if (axes_size(step.axes) == 1) return;
       step.groups = mesh.groups(step.axes);
-    } else if (std::all_of(step.pairs.begin(), step.pairs.end(), [](auto p) { return p.first == p.second; })) {
-      return;
+    } else if (step.pairs.size() == step.groups[0].size() &&
+               std::all_of(step.pairs.begin(), step.pairs.end(), [](auto p) { return p.first == p.second; })) {
+      return;  // every member keeps its own block
     }
     bool gathered = step.kind == StepKind::all_gather;
     plan.steps.push_back(std::move(step));
-    bool replicated = std::all_of(cur.dims.begin(), cur.dims.end(), [](const Axes& a) { return a.empty(); });
-    if (gathered && replicated && cur.dims != tgt.dims) plan.full_rematerialization = true;
+    auto whole = [&](const Sharding& s) {
+      return std::all_of(s.dims.begin(), s.dims.end(), [&](const Axes& a) { return axes_size(a) == 1; });
+    };
+    if (gathered && whole(cur) && !whole(tgt)) plan.full_rematerialization = true;
   }
 
   void resolve_partials();
+  void create_partials();
   bool try_slice();
   bool try_permute();
   std::optional<Axes> permute_target(const Sharding& state, std::size_t d) const;
@@ -143,6 +147,29 @@ void Planner::resolve_partials() {
     next.partial.erase(std::find(next.partial.begin(), next.partial.end(), p));
     RedistStep step = make_step(StepKind::all_reduce, {p.axis}, -1, -1, p.op);
     step.bytes = local_bytes();
+    emit(std::move(step), std::move(next));
+  }
+}
+
+/// Partial axes the target has and the current layout lacks (the axis is free by now: a target's
+/// partial axis shards none of its dims). avg, max and min of equal copies are the copy, so those are a
+/// relabelling; sum keeps the value at coordinate 0 of the axis and zeros the other copies, which is a
+/// collective-permute whose only pairs are those ranks to themselves (a rank without a source gets
+/// zeros, hp_domain.h). No data crosses the network.
+void Planner::create_partials() {
+  for (const PartialAxis& p : tgt.partial) {
+    if (std::find(cur.partial.begin(), cur.partial.end(), p) != cur.partial.end()) continue;
+    Sharding next = cur;
+    next.partial.push_back(p);
+    if (p.op != ReduceOp::sum) {
+      cur = std::move(next);
+      if (!plan.steps.empty()) plan.steps.back().after = cur;  // the last step's result reads as partial
+      continue;
+    }
+    RedistStep step = make_step(StepKind::permute, {p.axis});
+    step.groups = {mesh.rank_list};
+    for (std::int64_t r : mesh.rank_list)
+      if (mesh.coords(r)[static_cast<std::size_t>(p.axis)] == 0) step.pairs.emplace_back(r, r);
     emit(std::move(step), std::move(next));
   }
 }
@@ -273,15 +300,17 @@ bool Planner::try_gather() {
 
 Status check_partials(const Mesh& mesh, const Sharding& from, const Sharding& to) {
   for (const PartialAxis& p : to.partial)
-    if (std::find(from.partial.begin(), from.partial.end(), p) == from.partial.end())
+    if (p.op == ReduceOp::prod && std::find(from.partial.begin(), from.partial.end(), p) == from.partial.end())
       return Error(Errc::bad_input,
-                   fmt::format("redistribute: the target is partial({}) over '{}' but the source is not",
-                               reduce_op_name(p.op), mesh.axes[static_cast<std::size_t>(p.axis)]));
-  for (const PartialAxis& p : from.partial)
-    if (p.op != from.partial[0].op)
-      return Error(Errc::bad_input, fmt::format("redistribute: partial axes mix {} and {}; the order of the "
-                                                "reductions would be ambiguous",
-                                                reduce_op_name(from.partial[0].op), reduce_op_name(p.op)));
+                   fmt::format("redistribute: cannot create partial(prod) over '{}'; only sum, avg, max and min "
+                               "partials can be made from replicated values",
+                               mesh.axes[static_cast<std::size_t>(p.axis)]));
+  for (const Sharding* s : {&from, &to})
+    for (const PartialAxis& p : s->partial)
+      if (p.op != s->partial[0].op)
+        return Error(Errc::bad_input, fmt::format("redistribute: partial axes mix {} and {}; the order of the "
+                                                  "reductions would be ambiguous",
+                                                  reduce_op_name(s->partial[0].op), reduce_op_name(p.op)));
   return {};
 }
 
@@ -315,6 +344,7 @@ Expected<RedistPlan> plan_redistribution(const Mesh& mesh, const Sharding& from,
       return Error(Errc::internal, fmt::format("redistribute: no plan from {} to {}", format_sharding(mesh, from),
                                                format_sharding(mesh, to)));
   }
+  p.create_partials();
   return std::move(p.plan);
 }
 
@@ -345,7 +375,8 @@ std::string RedistPlan::describe(const Mesh& mesh) const {
       std::vector<std::string> moves;
       for (auto [src, dst] : s.pairs)
         if (src != dst) moves.push_back(fmt::format("{}->{}", src, dst));
-      members = fmt::format("pairs {}", fmt::join(moves, " "));
+      members = moves.empty() ? std::string("no transfers, ranks without a pair zero their copy")
+                              : fmt::format("pairs {}", fmt::join(moves, " "));
     } else {
       std::vector<std::string> gs;
       for (const auto& g : s.groups) gs.push_back(fmt::format("[{}]", fmt::join(g, ",")));

@@ -179,6 +179,23 @@ TEST_CASE("redistribute: partial sums (shard.md §11.4, row-parallel output)", "
   }
 }
 
+TEST_CASE("redistribute: partials created from replicated values", "[shard][redistribute]") {
+  Mesh m = make_mesh({2, 2}, {"x", "y"});
+  // sum: coordinate 0 of y keeps its copy (ranks 0 and 2), ranks 1 and 3 get zeros; nothing moves.
+  RedistPlan sum = plan(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::sum}}), {4, 4});
+  REQUIRE(sum.steps.size() == 1);
+  CHECK(sum.steps[0].kind == StepKind::permute);
+  CHECK(sum.steps[0].pairs == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {2, 2}});
+  CHECK(sum.describe(m).find("ranks without a pair zero their copy") != std::string::npos);
+  // avg and max of equal copies are the copy: a relabelling, no step.
+  CHECK(plan(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::avg}}), {4, 4}).steps.empty());
+  CHECK(plan(m, L({{0}, {1}}), L({{}, {0}}, {{1, ReduceOp::max}}), {4, 4}).steps.size() == 2);
+  // A partial(sum) source changing its op: all-reduce, then the new partial is a relabelling.
+  RedistPlan change = plan(m, L({{}, {}}, {{1, ReduceOp::sum}}), L({{}, {}}, {{1, ReduceOp::max}}), {4, 4});
+  REQUIRE(change.steps.size() == 1);
+  CHECK(change.steps[0].kind == StepKind::all_reduce);
+}
+
 TEST_CASE("redistribute: bytes per step follow shard.md §9", "[shard][redistribute]") {
   Mesh m = make_mesh({2, 2}, {"x", "y"});
   RedistPlan g = plan(m, L({{0}, {1}}), L({{}, {}}), {4, 4});
@@ -195,9 +212,10 @@ TEST_CASE("redistribute: errors", "[shard][redistribute]") {
   auto indivisible = plan_redistribution(m, L({{0}, {}}), L({{}, {}}), {5, 4}, 4);
   REQUIRE_FALSE(indivisible.ok());
   CHECK(indivisible.error().code == hp::Errc::bad_input);
-  auto create = plan_redistribution(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::sum}}), {4, 4}, 4);
+  auto create = plan_redistribution(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::prod}}), {4, 4}, 4);
   REQUIRE_FALSE(create.ok());
-  CHECK(create.error().message() == "redistribute: the target is partial(sum) over 'y' but the source is not");
+  CHECK(create.error().message() == "redistribute: cannot create partial(prod) over 'y'; only sum, avg, max and "
+                                    "min partials can be made from replicated values");
   auto mixed = plan_redistribution(m, L({{}, {}}, {{0, ReduceOp::sum}, {1, ReduceOp::max}}), L({{}, {}}), {4, 4}, 4);
   REQUIRE_FALSE(mixed.ok());
   CHECK(mixed.error().code == hp::Errc::bad_input);

@@ -45,8 +45,11 @@ struct RedistPlan {
 };
 
 /// Plans `from` -> `to` for a tensor of `shape` with `elem_bytes`-byte elements. Partial axes of `from`
-/// are resolved first (§6); `to` may not be partial except where `from` already is on the same axes
-/// (or sum created locally from replicate). Errors: bad_input when shapes or layouts do not fit the mesh.
+/// are resolved first (§6). Partial axes of `to` are kept where `from` has them with the same op, else
+/// created at the end from the replicated values: avg/max/min by relabelling (no step), sum by a
+/// permute in which only coordinate 0 of the axis keeps its copy (the others get zeros); prod cannot
+/// be created. All partial axes of one layout must share an op. Errors: bad_input when shapes or
+/// layouts do not fit the mesh (indivisible dims included: plans are for even layouts).
 Expected<RedistPlan> plan_redistribution(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                          const std::vector<std::int64_t>& shape, int elem_bytes);
 
