@@ -1,24 +1,74 @@
-// hp shard: HyperShard layouts, redistribution plans and per-rank partitions (issue #5).
+// hp shard: HyperShard layouts, sharding propagation and per-rank model partitions (issue #5).
+//
+//   hp shard RECIPE.toml -o DIR                 one ONNX file per rank + manifest.toml (manifest.h)
+//   hp shard RECIPE.toml --explain TENSOR [--json]   a tensor's layout, every rank's slice, and the
+//                                               redistributions on its path
+//
+// The logical mesh of a stage is [dp, tp] (axis names "dp", "tp", or those of the recipe's [layouts]
+// meshes, which must all be that mesh); stage k's ranks are the recipe's [[stages]] ranks, or
+// k*dp*tp .. (k+1)*dp*tp-1 in row-major mesh order (tp fastest).
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "hp/core/expected.h"
+#include "hp/model/graph.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
+#include "hp/recipe/recipe.h"
+#include "hp/shard/manifest.h"
+#include "hp/shard/partition.h"
+#include "hp/shard/propagate.h"
 
 namespace hp::shard {
 
 struct ShardOptions {
   std::filesystem::path recipe;   ///< recipe to partition
   std::filesystem::path out_dir;  ///< where the per-rank ONNX files and manifest go
+  std::string explain;            ///< tensor to explain instead of writing partitions
+  bool json = false;              ///< --explain as JSON
 };
 
 struct ShardReport {
   std::string summary;
 };
 
-/// Partitions the recipe's model into per-rank programs. Not implemented yet: returns
-/// Errc::not_implemented so scripts can tell "missing feature" from "bad input".
+/// Everything between the recipe and the files: the model at bound dims, its blocks, the mesh, the
+/// propagated layouts and the per-stage node sets. Not movable: the plan points into it.
+struct Prepared {
+  std::filesystem::path recipe_path, model_path;
+  recipe::Recipe recipe;
+  recipe::SourceMap where;
+  model::Model model;
+  model::Graph graph;
+  model::Layering layering;
+  int dp_axis = 0, tp_axis = 1;
+  Propagation prop;
+  PartitionPlan plan;
+
+  Prepared() = default;
+  Prepared(const Prepared&) = delete;
+  Prepared& operator=(const Prepared&) = delete;
+};
+
+/// Reads the recipe and its model, resolves layouts and stages, propagates. Errors: bad_input naming
+/// the recipe line (a layout naming a missing alias, an indivisible dim, a glob that matches
+/// nothing, a mesh whose size is not dp*tp, stages that do not cover the model's blocks, ...).
+Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe);
+
+/// The manifest of `p` (file names rank<R>.onnx).
+Manifest make_manifest(const Prepared& p);
+
+/// Writes every rank's partition and manifest.toml into `out_dir` atomically: a temporary sibling
+/// directory renamed into place, nothing left behind on error.
+Expected<ShardReport> write_partitions(const Prepared& p, const std::filesystem::path& out_dir);
+
+/// The --explain text (or JSON) for one tensor; bad_input when the model has no such tensor.
+Expected<std::string> explain(const Prepared& p, const std::string& tensor, bool json);
+
+/// The command: prepare, then explain or write.
 Expected<ShardReport> run(const ShardOptions& options);
 
 }  // namespace hp::shard

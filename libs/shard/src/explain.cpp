@@ -1,0 +1,107 @@
+// hp shard --explain TENSOR: the tensor's layout and where it came from, each rank's slice as index
+// ranges, and every redistribution on its path (its producer's side and each consumer's).
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <set>
+
+#include "hp/shard/shard.h"
+
+namespace hp::shard {
+namespace {
+
+std::string ranges_text(const std::vector<Range>& rs) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < rs.size(); ++i) s += fmt::format("{}{}:{}", i ? ", " : "", rs[i].begin, rs[i].end);
+  return s + "]";
+}
+
+std::string dims_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Expected<std::string> explain(const Prepared& p, const std::string& name, bool json) {
+  const auto& g = p.graph;
+  int t = g.find_tensor(name);
+  if (t < 0) {
+    std::string close;
+    for (const auto& tensor : g.tensors)
+      if (close.empty() && tensor.name.find(name) != std::string::npos) close = tensor.name;
+    return Error(Errc::bad_input, fmt::format("the model has no tensor '{}'", name), p.model_path.string(),
+                 close.empty() ? std::string("the manifest's [[layouts]] list every tensor")
+                               : fmt::format("did you mean '{}'?", close));
+  }
+  const auto& tensor = g.tensor(t);
+  const auto& mesh = p.prop.mesh;
+  const Sharding& s = p.prop.layout[static_cast<std::size_t>(t)];
+  auto shape = global_shape(tensor);
+  std::set<int> stages;
+  for (const auto& st : p.plan.stages)
+    for (int i : st.nodes) {
+      const auto& n = g.node(i);
+      bool touches = std::find(n.inputs.begin(), n.inputs.end(), t) != n.inputs.end() ||
+                     std::find(n.outputs.begin(), n.outputs.end(), t) != n.outputs.end();
+      if (touches) stages.insert(st.index);
+    }
+  nlohmann::json j;
+  j["tensor"] = name;
+  j["shape"] = shape;
+  j["layout"] = format_sharding(mesh, s);
+  j["origin"] = p.prop.origin[static_cast<std::size_t>(t)];
+  j["mesh"] = {{"device_matrix", mesh.dims}, {"alias_name", mesh.axes}};
+  std::string text = fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", name, dims_text(shape),
+                                 format_sharding(mesh, s), p.prop.origin[static_cast<std::size_t>(t)],
+                                 dims_text(mesh.dims), fmt::format("({})", fmt::join(mesh.axes, ", ")));
+  j["slices"] = nlohmann::json::array();
+  text += "slices:\n";
+  for (int si : stages) {
+    const auto& st = p.plan.stages[static_cast<std::size_t>(si)];
+    for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
+      auto rs = slice_of(mesh, s, shape, static_cast<std::int64_t>(pos));
+      auto c = mesh.coords(static_cast<std::int64_t>(pos));
+      nlohmann::json rj;
+      rj["rank"] = st.ranks[pos];
+      rj["stage"] = si;
+      rj["coords"] = c;
+      rj["ranges"] = nlohmann::json::array();
+      for (const auto& r : rs) rj["ranges"].push_back({r.begin, r.end});
+      rj["local_shape"] = local_shape(mesh, s, shape, static_cast<std::int64_t>(pos));
+      j["slices"].push_back(rj);
+      text += fmt::format("  rank {:>3} (stage {}, {} {}, {} {}): {}\n", st.ranks[pos], si, mesh.axes[0], c[0],
+                          mesh.axes.size() > 1 ? mesh.axes[1] : "", c.size() > 1 ? c[1] : 0, ranges_text(rs));
+    }
+  }
+  j["redistributions"] = nlohmann::json::array();
+  int count = 0;
+  for (const auto& r : p.prop.redistributions) {
+    if (r.tensor != t) continue;
+    ++count;
+    std::string consumer = r.node >= 0 ? fmt::format("{} ({})", g.node(r.node).name, g.node(r.node).op_type)
+                                       : std::string("graph output");
+    std::string plan = describe_plan(mesh, r.plan);
+    j["redistributions"].push_back({{"consumer", consumer},
+                                    {"from", format_sharding(mesh, r.from)},
+                                    {"to", format_sharding(mesh, r.to)},
+                                    {"steps", plan}});
+    text += fmt::format("redistribution before {}: {} -> {}\n", consumer, format_sharding(mesh, r.from),
+                        format_sharding(mesh, r.to));
+    for (std::size_t a = 0, b; a < plan.size(); a = b + 1) {
+      b = plan.find('\n', a);
+      if (b == std::string::npos) b = plan.size();
+      if (b > a) text += "  " + plan.substr(a, b - a) + "\n";
+    }
+  }
+  if (count == 0) text += "no redistribution: every consumer reads it as produced\n";
+  for (const auto& b : p.plan.boundaries)
+    if (b.tensor == t) text += fmt::format("pipeline: sent from stage {} to stage {} (tag {})\n", b.from_stage, b.to_stage, b.tag);
+  if (json) return j.dump(2) + "\n";
+  return text;
+}
+
+}  // namespace hp::shard

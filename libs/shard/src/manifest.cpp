@@ -1,0 +1,201 @@
+// manifest.toml writing (fixed key order, so manifests diff well) and reading (TOML++).
+#include "hp/shard/manifest.h"
+
+#include <fmt/core.h>
+
+#include <toml++/toml.h>
+
+#include "hp/core/fs.h"
+
+namespace hp::shard {
+namespace {
+
+std::string quote(std::string_view s) {
+  std::string o = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", static_cast<int>(c));
+        else o += c;
+    }
+  }
+  return o + "\"";
+}
+
+std::string ints(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string strs(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
+  return s + "]";
+}
+
+std::string map_text(const std::vector<std::vector<std::string>>& m) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < m.size(); ++i) s += (i ? ", " : "") + strs(m[i]);
+  return s + "]";
+}
+
+// Reading helpers: a missing or mistyped key is an error at the table's position.
+struct Reader {
+  std::string file;
+  std::vector<Diagnostic> problems;
+
+  std::string at(const toml::node& n) const {
+    const auto& b = n.source().begin;
+    return b.line ? fmt::format("{}:{}:{}", file, b.line, b.column) : file;
+  }
+  template <class T>
+  T get(const toml::table& t, std::string_view key, T dflt, bool required = true) {
+    const toml::node* n = t.get(key);
+    if (!n) {
+      if (required) problems.push_back({at(t), fmt::format("manifest: missing key '{}'", key), ""});
+      return dflt;
+    }
+    if (auto v = n->value<T>()) return *v;
+    problems.push_back({at(*n), fmt::format("manifest: key '{}' has the wrong type", key), ""});
+    return dflt;
+  }
+  std::vector<std::int64_t> int_list(const toml::table& t, std::string_view key) {
+    std::vector<std::int64_t> v;
+    const toml::array* a = t.get_as<toml::array>(key);
+    if (!a) {
+      problems.push_back({at(t), fmt::format("manifest: missing array '{}'", key), ""});
+      return v;
+    }
+    for (const auto& e : *a) v.push_back(e.value<std::int64_t>().value_or(0));
+    return v;
+  }
+  std::vector<std::string> str_list(const toml::node* n) {
+    std::vector<std::string> v;
+    if (const toml::array* a = n ? n->as_array() : nullptr)
+      for (const auto& e : *a) v.push_back(e.value<std::string>().value_or(""));
+    return v;
+  }
+  template <class F>
+  void each(const toml::table& root, std::string_view key, F f) {
+    const toml::array* a = root.get_as<toml::array>(key);
+    if (!a) return;
+    for (const auto& e : *a)
+      if (const toml::table* t = e.as_table()) f(*t);
+  }
+};
+
+}  // namespace
+
+std::string format_manifest(const Manifest& m) {
+  std::string s = "# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).\n";
+  s += fmt::format("[manifest]\nversion = {}\nmodel = {}\nrecipe = {}\ndp = {}\ntp = {}\npp = {}\nweights = {}\n", m.version,
+                   quote(m.model), quote(m.recipe), m.dp, m.tp, m.pp, m.weights ? "true" : "false");
+  s += fmt::format("device_matrix = {}\nalias_name = {}\n", ints(m.device_matrix), strs(m.alias_name));
+  std::string dims;
+  for (const auto& [k, v] : m.dims) dims += (dims.empty() ? "" : ", ") + quote(k) + " = " + std::to_string(v);
+  s += "dims = { " + dims + (dims.empty() ? "}\n" : " }\n");
+  for (const auto& r : m.ranks)
+    s += fmt::format("\n[[ranks]]\nrank = {}\nstage = {}\nfile = {}\ndp = {}\ntp = {}\npp = {}\n", r.rank, r.stage,
+                     quote(r.file), r.dp, r.tp, r.pp);
+  for (const auto& g : m.groups)
+    s += fmt::format("\n[[groups]]\nname = {}\nkind = {}\nmembers = {}\n", quote(g.name), quote(g.kind), ints(g.members));
+  for (const auto& st : m.stages)
+    s += fmt::format("\n[[stages]]\nindex = {}\nlayers = {}\nranks = {}\n", st.index, ints(st.layers), ints(st.ranks));
+  for (const auto& b : m.boundaries)
+    s += fmt::format("\n[[boundaries]]\ntensor = {}\nfrom_stage = {}\nto_stage = {}\ntag = {}\n", quote(b.tensor),
+                     b.from_stage, b.to_stage, b.tag);
+  for (const auto& l : m.layouts)
+    s += fmt::format("\n[[layouts]]\ntensor = {}\nshape = {}\ntensor_map = {}\npartial = {}\norigin = {}\n",
+                     quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin));
+  for (const auto& r : m.redistributions)
+    s += fmt::format("\n[[redistributions]]\ntensor = {}\nconsumer = {}\nfrom = {}\nto = {}\nsteps = {}\n",
+                     quote(r.tensor), quote(r.consumer), quote(r.from), quote(r.to), strs(r.steps));
+  return s;
+}
+
+Expected<Manifest> parse_manifest(std::string_view text, const std::string& display_path) {
+  toml::table root;
+  try {
+    root = toml::parse(text, display_path);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    return Error(Errc::bad_input, fmt::format("manifest: TOML syntax error: {}", e.description()),
+                 b.line ? fmt::format("{}:{}:{}", display_path, b.line, b.column) : display_path);
+  }
+  Reader rd{display_path, {}};
+  Manifest m;
+  const toml::table* head = root.get_as<toml::table>("manifest");
+  if (!head) return Error(Errc::bad_input, "manifest: missing [manifest] table", display_path);
+  m.version = static_cast<int>(rd.get<std::int64_t>(*head, "version", 1));
+  if (m.version != 1)
+    return Error(Errc::bad_input, fmt::format("manifest: version {} is not supported (this hp reads 1)", m.version),
+                 rd.at(*head));
+  m.model = rd.get<std::string>(*head, "model", "");
+  m.recipe = rd.get<std::string>(*head, "recipe", "");
+  m.dp = rd.get<std::int64_t>(*head, "dp", 1);
+  m.tp = rd.get<std::int64_t>(*head, "tp", 1);
+  m.pp = rd.get<std::int64_t>(*head, "pp", 1);
+  m.weights = rd.get<bool>(*head, "weights", true);
+  m.device_matrix = rd.int_list(*head, "device_matrix");
+  m.alias_name = rd.str_list(head->get("alias_name"));
+  if (const toml::table* d = head->get_as<toml::table>("dims"))
+    for (auto&& [k, v] : *d) m.dims[std::string(k.str())] = v.value<std::int64_t>().value_or(0);
+  rd.each(root, "ranks", [&](const toml::table& t) {
+    ManifestRank r;
+    r.rank = rd.get<std::int64_t>(t, "rank", 0);
+    r.stage = static_cast<int>(rd.get<std::int64_t>(t, "stage", 0));
+    r.file = rd.get<std::string>(t, "file", "");
+    r.dp = rd.get<std::int64_t>(t, "dp", 0);
+    r.tp = rd.get<std::int64_t>(t, "tp", 0);
+    r.pp = rd.get<std::int64_t>(t, "pp", 0);
+    if (r.stage < 0 || r.stage >= m.pp)
+      rd.problems.push_back({rd.at(t), fmt::format("manifest: rank {} names stage {}, pp is {}", r.rank, r.stage, m.pp), ""});
+    m.ranks.push_back(r);
+  });
+  rd.each(root, "groups", [&](const toml::table& t) {
+    m.groups.push_back({rd.get<std::string>(t, "name", ""), rd.get<std::string>(t, "kind", ""), rd.int_list(t, "members")});
+  });
+  rd.each(root, "stages", [&](const toml::table& t) {
+    m.stages.push_back({static_cast<int>(rd.get<std::int64_t>(t, "index", 0)), rd.int_list(t, "layers"),
+                        rd.int_list(t, "ranks")});
+  });
+  rd.each(root, "boundaries", [&](const toml::table& t) {
+    m.boundaries.push_back({rd.get<std::string>(t, "tensor", ""), static_cast<int>(rd.get<std::int64_t>(t, "from_stage", 0)),
+                            static_cast<int>(rd.get<std::int64_t>(t, "to_stage", 0)),
+                            static_cast<int>(rd.get<std::int64_t>(t, "tag", 0))});
+  });
+  rd.each(root, "layouts", [&](const toml::table& t) {
+    ManifestLayout l;
+    l.tensor = rd.get<std::string>(t, "tensor", "");
+    l.shape = rd.int_list(t, "shape");
+    if (const toml::array* a = t.get_as<toml::array>("tensor_map"))
+      for (const auto& e : *a) l.tensor_map.push_back(rd.str_list(&e));
+    l.partial = rd.str_list(t.get("partial"));
+    l.origin = rd.get<std::string>(t, "origin", "", false);
+    m.layouts.push_back(std::move(l));
+  });
+  rd.each(root, "redistributions", [&](const toml::table& t) {
+    ManifestRedistribution r;
+    r.tensor = rd.get<std::string>(t, "tensor", "");
+    r.consumer = rd.get<std::string>(t, "consumer", "");
+    r.from = rd.get<std::string>(t, "from", "");
+    r.to = rd.get<std::string>(t, "to", "");
+    r.steps = rd.str_list(t.get("steps"));
+    m.redistributions.push_back(std::move(r));
+  });
+  if (!rd.problems.empty()) return collect_errors(Errc::bad_input, std::move(rd.problems));
+  return m;
+}
+
+Expected<Manifest> read_manifest(const std::filesystem::path& path) {
+  auto text = read_file(path);
+  if (!text) return std::move(text).error();
+  return parse_manifest(*text, path.string());
+}
+
+}  // namespace hp::shard

@@ -1,0 +1,169 @@
+// The manifest of a prepared recipe, and writing the partition directory atomically.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "hp/core/fs.h"
+#include "hp/shard/shard.h"
+
+namespace hp::shard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::vector<std::string>> alias_map(const Mesh& m, const Sharding& s) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& e : s.dims) {
+    std::vector<std::string> names;
+    for (int a : e) names.push_back(m.axes[static_cast<std::size_t>(a)]);
+    out.push_back(std::move(names));
+  }
+  return out;
+}
+
+std::string rank_file(std::int64_t rank) { return fmt::format("rank{}.onnx", rank); }
+
+Status write_plain(const fs::path& path, const std::string& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  f.close();
+  if (!f) return Error(Errc::runtime, "could not write the file", path.string());
+  return {};
+}
+
+}  // namespace
+
+Manifest make_manifest(const Prepared& p) {
+  const auto& mesh = p.prop.mesh;
+  const auto& r = p.recipe;
+  Manifest m;
+  m.model = p.model_path.filename().string();
+  m.recipe = p.recipe_path.filename().string();
+  m.dp = r.parallel.dp;
+  m.tp = r.parallel.tp;
+  m.pp = r.parallel.pp;
+  m.device_matrix = mesh.dims;
+  m.alias_name = mesh.axes;
+  m.dims = r.dims;
+  for (const auto& st : p.plan.stages) {
+    for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
+      auto c = mesh.coords(static_cast<std::int64_t>(pos));
+      m.ranks.push_back({st.ranks[pos], st.index, rank_file(st.ranks[pos]), c[static_cast<std::size_t>(p.dp_axis)],
+                         c[static_cast<std::size_t>(p.tp_axis)], st.index});
+    }
+    m.stages.push_back({st.index, st.layers, st.ranks});
+    for (auto [axis, kind] : {std::pair{p.tp_axis, "tp"}, std::pair{p.dp_axis, "dp"}}) {
+      auto groups = mesh.groups({axis});
+      for (std::size_t i = 0; i < groups.size(); ++i) {
+        std::vector<std::int64_t> members;
+        for (auto pos : groups[i]) members.push_back(st.ranks[static_cast<std::size_t>(pos)]);
+        m.groups.push_back({fmt::format("{}.s{}.{}", kind, st.index, i), kind, members});
+      }
+    }
+  }
+  std::sort(m.ranks.begin(), m.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  if (!p.plan.stages.empty())
+    for (std::size_t pos = 0; pos < p.plan.stages[0].ranks.size(); ++pos) {
+      std::vector<std::int64_t> members;
+      for (const auto& st : p.plan.stages) members.push_back(st.ranks[pos]);
+      m.groups.push_back({fmt::format("pp.{}", pos), "pp", members});
+    }
+  for (const auto& b : p.plan.boundaries)
+    m.boundaries.push_back({p.graph.tensor(b.tensor).name, b.from_stage, b.to_stage, b.tag});
+  for (std::size_t t = 0; t < p.graph.tensors.size(); ++t) {
+    const auto& tensor = p.graph.tensors[t];
+    if (tensor.kind == model::TensorKind::shape || tensor.kind == model::TensorKind::constant) continue;
+    if (tensor.kind == model::TensorKind::initializer && tensor.consumers.empty()) continue;
+    const auto& s = p.prop.layout[t];
+    ManifestLayout l;
+    l.tensor = tensor.name;
+    l.shape = global_shape(tensor);
+    l.tensor_map = alias_map(mesh, s);
+    for (const auto& pa : s.partial) l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
+    l.origin = p.prop.origin[t];
+    m.layouts.push_back(std::move(l));
+  }
+  for (const auto& rd : p.prop.redistributions) {
+    ManifestRedistribution x;
+    x.tensor = p.graph.tensor(rd.tensor).name;
+    x.consumer = rd.node >= 0 ? p.graph.node(rd.node).name : "";
+    x.from = format_sharding(mesh, rd.from);
+    x.to = format_sharding(mesh, rd.to);
+    std::string d = describe_plan(mesh, rd.plan);
+    for (std::size_t a = 0, b; a < d.size(); a = b + 1) {
+      b = d.find('\n', a);
+      if (b == std::string::npos) b = d.size();
+      if (b > a) x.steps.push_back(d.substr(a, b - a));
+    }
+    m.redistributions.push_back(std::move(x));
+  }
+  return m;
+}
+
+Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_dir) {
+  std::error_code ec;
+  fs::path target = fs::absolute(out_dir, ec);
+  if (target.filename().empty()) target = target.parent_path();
+  if (fs::exists(target, ec) && (!fs::is_directory(target, ec) ||
+                                 (!fs::is_empty(target, ec) && !fs::exists(target / "manifest.toml", ec))))
+    return Error(Errc::bad_input, "exists and is not an earlier 'hp shard' output; not replacing it",
+                 out_dir.string(), "choose another -o directory");
+  fs::path parent = target.parent_path();
+  if (!fs::is_directory(parent, ec))
+    return Error(Errc::bad_input, "the parent directory does not exist", parent.string());
+  fs::path tmp = parent / fmt::format(".{}.hp-tmp-{}", target.filename().string(), ::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) return Error(Errc::runtime, fmt::format("cannot create a temporary directory: {}", ec.message()), tmp.string());
+  auto fail = [&](Error e) {
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+    return e;
+  };
+  int files = 0, comm = 0, sends = 0;
+  std::int64_t weight_bytes = 0;
+  bool weights = true;
+  for (const auto& st : p.plan.stages)
+    for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
+      auto part = build_partition(p.plan, st.index, static_cast<std::int64_t>(pos));
+      if (!part) return fail(std::move(part).error());
+      if (auto s = write_plain(tmp / rank_file(part->rank), part->onnx); !s) return fail(std::move(s).error());
+      ++files;
+      comm += part->comm_nodes;
+      sends += part->sends;
+      weight_bytes += part->weight_bytes;
+      weights = weights && part->weights_written;
+    }
+  Manifest m = make_manifest(p);
+  m.weights = weights;
+  if (auto s = write_plain(tmp / "manifest.toml", format_manifest(m)); !s) return fail(std::move(s).error());
+  // Into place: an earlier output is moved aside first and removed only once the new one is there.
+  fs::path old = parent / fmt::format(".{}.hp-old-{}", target.filename().string(), ::getpid());
+  bool had = fs::exists(target, ec);
+  if (had) {
+    fs::rename(target, old, ec);
+    if (ec) return fail(Error(Errc::runtime, fmt::format("cannot move the earlier output aside: {}", ec.message()),
+                              target.string()));
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::error_code ignore;
+    if (had) fs::rename(old, target, ignore);
+    return fail(Error(Errc::runtime, fmt::format("cannot rename into place: {}", ec.message()), target.string()));
+  }
+  if (had) fs::remove_all(old, ec);
+  ShardReport rep;
+  rep.summary = fmt::format(
+      "wrote {} rank partitions (dp={} tp={} pp={}) and manifest.toml to {}\n"
+      "  {} layouts, {} redistributions ({} comm nodes over all ranks), {} pipeline boundaries ({} sends)\n"
+      "  weights: {}\n",
+      files, m.dp, m.tp, m.pp, out_dir.string(), m.layouts.size(), m.redistributions.size(), comm,
+      m.boundaries.size(), sends,
+      weights ? fmt::format("{} bytes over all ranks", weight_bytes) : std::string("not written (the model has no weight data; shapes only)"));
+  for (const auto& n : p.prop.notes) rep.summary += "  note: " + n + "\n";
+  return rep;
+}
+
+}  // namespace hp::shard

@@ -1,0 +1,462 @@
+// Building one rank's partition: its stage's nodes in topological order, with
+//   - hp.Recv for activations an earlier stage produced and hp.Send for those a later stage reads,
+//   - the redistributions propagation recorded, as hp-domain collectives (or a local ONNX Slice)
+//     right before the node that reads the tensor,
+//   - Shape/Size replaced by constants of the global shape, Reshape/Expand targets by local shapes,
+//   - each weight cut to the rank's slice (a Partial(sum) weight, Gemm's bias under a row-parallel
+//     weight, stores its slice divided by the partial size).
+#include "hp/shard/partition.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "hp/core/hp_domain.h"
+#include "partition_weights.h"
+
+namespace hp::shard {
+namespace {
+
+namespace dom = hp::domain;
+
+std::vector<std::int64_t> shape_of(const model::Tensor& t) { return global_shape(t); }
+
+std::int64_t prod(const std::vector<std::int64_t>& v) {
+  std::int64_t n = 1;
+  for (auto d : v) n *= d;
+  return n;
+}
+
+void add_int_attr(onnx::NodeProto* n, std::string_view name, std::int64_t v) {
+  auto* a = n->add_attribute();
+  a->set_name(std::string(name));
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+void add_ints_attr(onnx::NodeProto* n, std::string_view name, const std::vector<std::int64_t>& v) {
+  auto* a = n->add_attribute();
+  a->set_name(std::string(name));
+  a->set_type(onnx::AttributeProto::INTS);
+  for (auto x : v) a->add_ints(x);
+}
+
+void add_str_attr(onnx::NodeProto* n, std::string_view name, const std::string& v) {
+  auto* a = n->add_attribute();
+  a->set_name(std::string(name));
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(v);
+}
+
+void set_value_info(onnx::ValueInfoProto* v, const std::string& name, std::int32_t elem,
+                    const std::vector<std::int64_t>& dims) {
+  v->set_name(name);
+  auto* tt = v->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(elem);
+  auto* sh = tt->mutable_shape();
+  for (auto d : dims) sh->add_dim()->set_dim_value(d);
+}
+
+onnx::TensorProto int64_tensor(const std::string& name, const std::vector<std::int64_t>& v) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(onnx::TensorProto::INT64);
+  t.add_dims(static_cast<std::int64_t>(v.size()));
+  for (auto x : v) t.add_int64_data(x);
+  return t;
+}
+
+// Emits one rank's program.
+class Builder {
+ public:
+  Builder(const PartitionPlan& plan, int stage, std::int64_t position)
+      : plan_(plan), g_(*plan.graph), prop_(*plan.prop), pg_(plan.model->proto->graph()),
+        stage_(plan.stages[static_cast<std::size_t>(stage)]), s_(stage), pos_(position) {}
+
+  Expected<RankPartition> build();
+
+ private:
+  std::int64_t rank_of(const StageNodes& st, std::int64_t position) const {
+    return st.ranks[static_cast<std::size_t>(position)];
+  }
+  std::vector<std::int64_t> local(int t, const Sharding& s) const {
+    return local_shape(prop_.mesh, s, shape_of(g_.tensor(t)), pos_);
+  }
+  std::vector<std::int64_t> group_of(const RedistStep& st) const {
+    for (const auto& grp : st.groups)
+      if (std::find(grp.begin(), grp.end(), pos_) != grp.end()) {
+        std::vector<std::int64_t> out;
+        for (auto p : grp) out.push_back(rank_of(stage_, p));
+        return out;
+      }
+    return {};
+  }
+  std::string fresh(const std::string& base) { return fmt::format("{}.hp{}", base, counter_++); }
+  Expected<std::string> redistribute(int tensor, const std::string& name, const Redistribution& r);
+  Status add_initializer(int t);
+
+  const PartitionPlan& plan_;
+  const model::Graph& g_;
+  const Propagation& prop_;
+  const onnx::GraphProto& pg_;
+  const StageNodes& stage_;
+  int s_;
+  std::int64_t pos_;
+  onnx::GraphProto* out_ = nullptr;
+  RankPartition result_;
+  int counter_ = 0;
+  std::set<int> inits_;
+};
+
+Expected<std::string> Builder::redistribute(int tensor, const std::string& name, const Redistribution& r) {
+  std::string cur = name;
+  const auto& t = g_.tensor(tensor);
+  auto gshape = shape_of(t);
+  for (const auto& st : r.plan.steps) {
+    std::string next = fresh(t.name);
+    onnx::NodeProto* n = out_->add_node();
+    n->set_name(fresh(t.name + "/" + std::string(step_kind_text(st.kind))));
+    n->add_input(cur);
+    n->add_output(next);
+    if (st.kind == StepKind::local_slice) {
+      n->set_op_type("Slice");
+      auto before = slice_of(prop_.mesh, st.before, gshape, pos_);
+      auto after = slice_of(prop_.mesh, st.after, gshape, pos_);
+      std::vector<std::int64_t> starts, ends, axes;
+      for (std::size_t d = 0; d < gshape.size(); ++d) {
+        if (before[d] == after[d]) continue;
+        starts.push_back(after[d].begin - before[d].begin);
+        ends.push_back(after[d].end - before[d].begin);
+        axes.push_back(static_cast<std::int64_t>(d));
+      }
+      std::string base = n->name();
+      for (auto [suffix, v] : {std::pair{"starts", starts}, {"ends", ends}, {"axes", axes}}) {
+        *out_->add_initializer() = int64_tensor(base + "/" + suffix, v);
+        n->add_input(base + "/" + suffix);
+      }
+    } else {
+      ++result_.comm_nodes;
+      n->set_domain(std::string(dom::kDomain));
+      auto group = group_of(st);
+      if (group.empty()) return Error(Errc::internal, fmt::format("no group holds mesh position {}", pos_));
+      switch (st.kind) {
+        case StepKind::all_reduce:
+          n->set_op_type(std::string(dom::kAllReduce));
+          add_str_attr(n, dom::kAttrOp, reduce_op_name(st.op));
+          break;
+        case StepKind::all_gather:
+          n->set_op_type(std::string(dom::kAllGather));
+          add_int_attr(n, dom::kAttrAxis, st.dim);
+          break;
+        case StepKind::reduce_scatter:
+          n->set_op_type(std::string(dom::kReduceScatter));
+          add_int_attr(n, dom::kAttrAxis, st.dim);
+          add_str_attr(n, dom::kAttrOp, reduce_op_name(st.op));
+          break;
+        case StepKind::all_to_all:
+          n->set_op_type(std::string(dom::kAllToAll));
+          add_int_attr(n, dom::kAttrSplitAxis, st.dim);
+          add_int_attr(n, dom::kAttrConcatAxis, st.concat_dim);
+          break;
+        case StepKind::permute: {
+          n->set_op_type(std::string(dom::kCollectivePermute));
+          std::vector<std::int64_t> pairs;
+          for (auto [a, b] : st.pairs) {
+            pairs.push_back(rank_of(stage_, a));
+            pairs.push_back(rank_of(stage_, b));
+          }
+          add_ints_attr(n, dom::kAttrPairs, pairs);
+          break;
+        }
+        case StepKind::local_slice: break;
+      }
+      add_ints_attr(n, dom::kAttrGroup, group);
+      std::string axes;
+      for (int a : st.axes) axes += (axes.empty() ? "" : "_") + prop_.mesh.axes[static_cast<std::size_t>(a)];
+      add_str_attr(n, dom::kAttrGroupName, fmt::format("{}.s{}", axes, s_));
+    }
+    cur = next;
+  }
+  return cur;
+}
+
+Status Builder::add_initializer(int t) {
+  if (!inits_.insert(t).second) return {};
+  const auto& tensor = g_.tensor(t);
+  const onnx::TensorProto* src = nullptr;
+  for (const auto& i : pg_.initializer())
+    if (i.name() == tensor.name) src = &i;
+  if (!src) return Error(Errc::internal, fmt::format("initializer '{}' not found", tensor.name));
+  const Sharding& s = prop_.layout[static_cast<std::size_t>(t)];
+  auto gshape = shape_of(tensor);
+  auto lshape = local_shape(prop_.mesh, s, gshape, pos_);
+  onnx::TensorProto* dst = out_->add_initializer();
+  dst->set_name(tensor.name);
+  dst->set_data_type(src->data_type());
+  for (auto d : lshape) dst->add_dims(d);
+  auto bytes = detail::tensor_bytes(*src, plan_.model->path.parent_path());
+  if (!bytes) return std::move(bytes).error();
+  int elem = model::elem_size(src->data_type());
+  if (!bytes->has_value()) {
+    // Shapes only: the weights are not there to slice. The file names a data file that is not written.
+    result_.weights_written = false;
+    dst->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* kv = dst->add_external_data();
+    kv->set_key("location");
+    kv->set_value("weights-not-written.bin");
+    auto* len = dst->add_external_data();
+    len->set_key("length");
+    len->set_value(std::to_string(prod(lshape) * elem));
+    return {};
+  }
+  if (static_cast<std::int64_t>((*bytes)->size()) != prod(gshape) * elem)
+    return Error(Errc::bad_input, fmt::format("initializer '{}' holds {} bytes, its shape needs {}", tensor.name,
+                                              (*bytes)->size(), prod(gshape) * elem));
+  std::string data = detail::slice_bytes(**bytes, gshape, slice_of(prop_.mesh, s, gshape, pos_), elem);
+  if (!s.partial.empty()) {
+    std::int64_t n = 1;
+    for (const auto& p : s.partial) n *= prop_.mesh.dims[static_cast<std::size_t>(p.axis)];
+    HP_TRY(detail::divide_elements(data, src->data_type(), n, tensor.name));
+  }
+  result_.weight_bytes += static_cast<std::int64_t>(data.size());
+  dst->set_raw_data(std::move(data));
+  return {};
+}
+
+Expected<RankPartition> Builder::build() {
+  onnx::ModelProto m;
+  const auto& src = *plan_.model->proto;
+  m.set_ir_version(std::max<std::int64_t>(src.ir_version(), 8));
+  m.set_producer_name("hp shard");
+  for (const auto& op : src.opset_import())
+    if (op.domain() != dom::kDomain) *m.add_opset_import() = op;
+  auto* hp_op = m.add_opset_import();
+  hp_op->set_domain(std::string(dom::kDomain));
+  hp_op->set_version(dom::kOpsetVersion);
+  out_ = m.mutable_graph();
+  result_.stage = s_;
+  result_.position = pos_;
+  result_.rank = rank_of(stage_, pos_);
+  out_->set_name(fmt::format("{}.rank{}", pg_.name().empty() ? "hp" : pg_.name(), result_.rank));
+
+  std::set<int> in_stage(stage_.nodes.begin(), stage_.nodes.end());
+  // Graph inputs read here.
+  std::set<int> used;
+  for (int i : stage_.nodes)
+    for (int t : g_.node(i).inputs)
+      if (t >= 0) used.insert(t);
+  for (int t : g_.inputs)
+    if (used.count(t)) {
+      const auto& tensor = g_.tensor(t);
+      set_value_info(out_->add_input(), tensor.name, tensor.elem_type, local(t, prop_.layout[static_cast<std::size_t>(t)]));
+    }
+  // Activations from earlier stages.
+  for (const auto& b : plan_.boundaries) {
+    if (b.to_stage != s_) continue;
+    const auto& tensor = g_.tensor(b.tensor);
+    const auto& from = plan_.stages[static_cast<std::size_t>(b.from_stage)];
+    onnx::NodeProto* n = out_->add_node();
+    n->set_op_type(std::string(dom::kRecv));
+    n->set_domain(std::string(dom::kDomain));
+    n->set_name(fmt::format("recv/{}", tensor.name));
+    n->add_output(tensor.name);
+    add_int_attr(n, dom::kAttrPeer, rank_of(from, pos_));
+    add_int_attr(n, dom::kAttrTag, b.tag);
+    add_int_attr(n, dom::kAttrDtype, tensor.elem_type);
+    add_ints_attr(n, dom::kAttrShape, local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
+    ++result_.recvs;
+  }
+  // Graph outputs that need their layout changed are renamed where produced.
+  std::map<std::string, std::string> rename;
+  std::map<int, const Redistribution*> out_redist;
+  for (const auto& r : prop_.redistributions)
+    if (r.node < 0) {
+      out_redist[r.tensor] = &r;
+      rename[g_.tensor(r.tensor).name] = g_.tensor(r.tensor).name + ".hp_pre";
+    }
+  auto renamed = [&](const std::string& s) {
+    auto it = rename.find(s);
+    return it == rename.end() ? s : it->second;
+  };
+  std::map<std::pair<int, int>, std::string> redist_done;  // (tensor, redistribution index) -> name
+  std::map<int, std::vector<std::size_t>> redist_by_node;
+  for (std::size_t k = 0; k < prop_.redistributions.size(); ++k)
+    if (prop_.redistributions[k].node >= 0) redist_by_node[prop_.redistributions[k].node].push_back(k);
+
+  for (int i : stage_.nodes) {
+    const auto& node = g_.node(i);
+    const onnx::NodeProto& pn = pg_.node(i);
+    if (pn.op_type() == "Shape" || pn.op_type() == "Size") {
+      // The global shape as a constant: shape arithmetic computes what it did unsharded.
+      const auto& x = g_.tensor(node.inputs[0]);
+      auto gs = shape_of(x);
+      std::vector<std::int64_t> v;
+      if (pn.op_type() == "Size") {
+        v = {prod(gs)};
+      } else {
+        auto r = static_cast<std::int64_t>(gs.size());
+        std::int64_t start = 0, end = r;
+        for (const auto& a : pn.attribute()) {
+          if (a.name() == "start") start = a.i();
+          if (a.name() == "end") end = a.i();
+        }
+        if (start < 0) start += r;
+        if (end < 0) end += r;
+        start = std::clamp<std::int64_t>(start, 0, r);
+        end = std::clamp<std::int64_t>(end, start, r);
+        v.assign(gs.begin() + start, gs.begin() + end);
+      }
+      onnx::NodeProto* n = out_->add_node();
+      n->set_op_type("Constant");
+      n->set_name(pn.name().empty() ? fresh("shape") : pn.name());
+      n->add_output(renamed(pn.output(0)));
+      auto* a = n->add_attribute();
+      a->set_name("value");
+      a->set_type(onnx::AttributeProto::TENSOR);
+      *a->mutable_t() = int64_tensor("", v);
+      if (pn.op_type() == "Size") a->mutable_t()->clear_dims();
+      continue;
+    }
+    onnx::NodeProto n = pn;
+    // Inputs: redistributed where propagation said so.
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      int t = node.inputs[k];
+      if (t < 0) continue;
+      const auto& tensor = g_.tensor(t);
+      if (tensor.kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
+      std::string name = renamed(pn.input(static_cast<int>(k)));
+      for (std::size_t ri : redist_by_node[i]) {
+        const auto& r = prop_.redistributions[ri];
+        if (r.tensor != t || r.to != prop_.reads[static_cast<std::size_t>(i)][k]) continue;
+        auto key = std::pair{t, static_cast<int>(ri)};
+        // The same tensor redistributed the same way for another consumer is reused.
+        for (const auto& [kk, v] : redist_done)
+          if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to) key = kk;
+        auto it = redist_done.find(key);
+        if (it == redist_done.end()) {
+          auto made = redistribute(t, name, r);
+          if (!made) return std::move(made).error();
+          it = redist_done.emplace(key, *made).first;
+        }
+        name = it->second;
+        break;
+      }
+      n.set_input(static_cast<int>(k), name);
+    }
+    for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
+    // Reshape/Expand targets: the local output shape.
+    if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 && pn.input_size() > 1) {
+      int o = node.outputs[0];
+      auto ls = local(o, prop_.layout[static_cast<std::size_t>(o)]);
+      std::string cname = fresh((pn.name().empty() ? g_.tensor(o).name : pn.name()) + "/local_shape");
+      *out_->add_initializer() = int64_tensor(cname, ls);
+      n.set_input(1, cname);
+      for (auto& a : *n.mutable_attribute())
+        if (a.name() == "allowzero") a.set_i(0);
+    }
+    *out_->add_node() = std::move(n);
+  }
+  // Graph outputs produced here, in the layout propagation asked of them.
+  for (int t : g_.outputs) {
+    const auto& tensor = g_.tensor(t);
+    int prod_node = tensor.producer;
+    bool here = prod_node < 0 ? used.count(t) > 0 : in_stage.count(prod_node) > 0;
+    if (!here) continue;
+    Sharding s = prop_.layout[static_cast<std::size_t>(t)];
+    auto it = out_redist.find(t);
+    if (it != out_redist.end()) {
+      auto made = redistribute(t, renamed(tensor.name), *it->second);
+      if (!made) return std::move(made).error();
+      onnx::NodeProto* id = out_->add_node();
+      id->set_op_type("Identity");
+      id->set_name(fresh("output"));
+      id->add_input(*made);
+      id->add_output(tensor.name);
+      s = it->second->to;
+    }
+    set_value_info(out_->add_output(), tensor.name, tensor.elem_type, local(t, s));
+  }
+  // Activations later stages read: sent, and also returned (a stage's result for inspection).
+  for (const auto& b : plan_.boundaries) {
+    if (b.from_stage != s_) continue;
+    const auto& tensor = g_.tensor(b.tensor);
+    const auto& to = plan_.stages[static_cast<std::size_t>(b.to_stage)];
+    onnx::NodeProto* n = out_->add_node();
+    n->set_op_type(std::string(dom::kSend));
+    n->set_domain(std::string(dom::kDomain));
+    n->set_name(fmt::format("send/{}/s{}", tensor.name, b.to_stage));
+    n->add_input(renamed(tensor.name));
+    add_int_attr(n, dom::kAttrPeer, rank_of(to, pos_));
+    add_int_attr(n, dom::kAttrTag, b.tag);
+    ++result_.sends;
+    bool listed = false;
+    for (const auto& o : out_->output()) listed = listed || o.name() == tensor.name;
+    if (!listed && !rename.count(tensor.name))
+      set_value_info(out_->add_output(), tensor.name, tensor.elem_type,
+                     local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
+  }
+  if (!m.SerializeToString(&result_.onnx))
+    return Error(Errc::internal, fmt::format("could not serialize the partition of rank {}", result_.rank));
+  return result_;
+}
+
+}  // namespace
+
+Status plan_boundaries(PartitionPlan& plan) {
+  const auto& g = *plan.graph;
+  std::vector<int> owner(g.nodes.size(), -1);
+  for (const auto& st : plan.stages)
+    for (int i : st.nodes)
+      if (owner[static_cast<std::size_t>(i)] < 0) owner[static_cast<std::size_t>(i)] = st.index;
+  for (std::size_t i = 0; i < owner.size(); ++i)
+    if (owner[i] < 0) owner[i] = 0;
+  std::vector<std::set<int>> sets(plan.stages.size());
+  for (std::size_t i = 0; i < owner.size(); ++i) sets[static_cast<std::size_t>(owner[i])].insert(static_cast<int>(i));
+  std::map<std::pair<int, int>, int> seen;  // (tensor, to_stage) -> tag
+  plan.boundaries.clear();
+  for (std::size_t s = 0; s < sets.size(); ++s) {
+    // Shape and constant producers are recomputed in every stage that reads them.
+    std::vector<int> work(sets[s].begin(), sets[s].end());
+    while (!work.empty()) {
+      int i = work.back();
+      work.pop_back();
+      for (int t : g.node(i).inputs) {
+        if (t < 0) continue;
+        const auto& tensor = g.tensor(t);
+        int p = tensor.producer;
+        if (p < 0 || sets[s].count(p)) continue;
+        if (tensor.kind == model::TensorKind::activation) continue;
+        sets[s].insert(p);
+        work.push_back(p);
+      }
+    }
+    for (int i : sets[s])
+      for (int t : g.node(i).inputs) {
+        if (t < 0) continue;
+        const auto& tensor = g.tensor(t);
+        int p = tensor.producer;
+        if (p < 0 || sets[s].count(p) || tensor.kind != model::TensorKind::activation) continue;
+        int from = owner[static_cast<std::size_t>(p)];
+        if (from > static_cast<int>(s))
+          return Error(Errc::bad_input,
+                       fmt::format("stage {} reads '{}' which stage {} produces: stages must follow the layer order",
+                                   s, tensor.name, from));
+        auto key = std::pair{t, static_cast<int>(s)};
+        if (seen.count(key)) continue;
+        int tag = static_cast<int>(plan.boundaries.size());
+        seen[key] = tag;
+        plan.boundaries.push_back(Boundary{t, from, static_cast<int>(s), tag});
+      }
+    plan.stages[s].nodes.assign(sets[s].begin(), sets[s].end());
+  }
+  return {};
+}
+
+Expected<RankPartition> build_partition(const PartitionPlan& plan, int stage, std::int64_t position) {
+  return Builder(plan, stage, position).build();
+}
+
+}  // namespace hp::shard

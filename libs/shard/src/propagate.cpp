@@ -1,0 +1,206 @@
+// Sharding propagation driver: walks the nodes in topological order, asks each op's rule
+// (propagate_rules.cpp) what layout it needs of its inputs, fixes the layout of weights on their
+// first use, and records a redistribution wherever a need differs from what the producer left.
+#include "hp/shard/propagate.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "propagate_rules.h"
+
+namespace hp::shard {
+
+std::vector<std::int64_t> global_shape(const model::Tensor& t) {
+  std::vector<std::int64_t> s;
+  for (const auto& d : t.dims) s.push_back(d.value);
+  return s;
+}
+
+namespace {
+
+int model_opset(const model::Model& m) {
+  auto it = m.opsets.find("");
+  return it == m.opsets.end() ? 17 : static_cast<int>(it->second);
+}
+
+bool shape_known(const model::Tensor& t) {
+  if (!t.has_shape) return false;
+  return std::all_of(t.dims.begin(), t.dims.end(), [](const model::Dim& d) { return d.known(); });
+}
+
+}  // namespace
+
+Expected<Propagation> propagate(const model::Model& model, const model::Graph& g, const PropagateOptions& o) {
+  const onnx::GraphProto& pg = model.proto->graph();
+  Propagation p;
+  p.mesh = o.mesh;
+  std::size_t nt = g.tensors.size();
+  p.layout.resize(nt);
+  p.origin.resize(nt);
+  std::vector<bool> decided(nt, false);
+  for (std::size_t t = 0; t < nt; ++t) p.layout[t] = Sharding::replicated(g.tensors[t].dims.size());
+
+  for (const auto& [t, s] : o.declared) {
+    const auto& tensor = g.tensor(t);
+    auto ok = check_shape(o.mesh, s, global_shape(tensor), tensor.name);
+    if (!ok) {
+      Error e = ok.error();
+      auto w = o.declared_where.find(t);
+      if (w != o.declared_where.end()) e.what.where = w->second;
+      return e;
+    }
+    p.layout[static_cast<std::size_t>(t)] = s;
+    decided[static_cast<std::size_t>(t)] = true;
+    auto w = o.declared_where.find(t);
+    p.origin[static_cast<std::size_t>(t)] = "recipe" + (w != o.declared_where.end() ? " (" + w->second + ")" : std::string());
+  }
+  // Graph inputs: the batch (first) dim over the data-parallel axis.
+  for (int in : g.inputs) {
+    auto& t = g.tensor(in);
+    if (decided[static_cast<std::size_t>(in)]) continue;
+    Sharding s = Sharding::replicated(t.dims.size());
+    if (o.dp_axis >= 0 && !t.dims.empty()) {
+      std::int64_t n = o.mesh.dims[static_cast<std::size_t>(o.dp_axis)];
+      if (n > 1 && t.dims[0].known() && t.dims[0].value % n == 0) s.dims[0] = {o.dp_axis};
+      else if (n > 1)
+        p.notes.push_back(fmt::format("input '{}' is replicated over dp: its first dim ({}) does not divide by {}",
+                                      t.name, t.dims[0].value, n));
+    }
+    p.layout[static_cast<std::size_t>(in)] = s;
+    decided[static_cast<std::size_t>(in)] = true;
+    p.origin[static_cast<std::size_t>(in)] = s.dims.empty() || s.dims[0].empty() ? "replicated input" : "batch over dp";
+  }
+
+  auto add_redist = [&](int tensor, int node, const Sharding& from, const Sharding& to) -> Status {
+    const auto& t = g.tensor(tensor);
+    auto plan = plan_steps(o.mesh, from, to, global_shape(t), std::max(1, model::elem_size(t.elem_type)));
+    if (!plan) return std::move(plan).error();
+    p.redistributions.push_back(Redistribution{tensor, node, from, to, std::move(*plan)});
+    return {};
+  };
+
+  p.reads.resize(g.nodes.size());
+  detail::RuleContext c;
+  c.proto = &pg;
+  c.graph = &g;
+  c.mesh = &o.mesh;
+  c.tp_axis = o.tp_axis;
+  c.dp_axis = o.dp_axis;
+  c.sequence_parallel = o.sequence_parallel;
+  c.opset = model_opset(model);
+  // A weight the graph transposes (or casts) before use, as exporters do for Linear: the copy stays
+  // undecided like the weight itself, and the layout its consumer picks is mapped back onto the weight.
+  std::map<int, int> deferred;  // constant tensor -> the node computing it from a flexible weight
+  auto is_flexible = [&](int t) {
+    const auto& tensor = g.tensor(t);
+    return !decided[static_cast<std::size_t>(t)] &&
+           (tensor.kind == model::TensorKind::initializer || deferred.count(t) > 0);
+  };
+  std::function<void(int, const Sharding&)> fix = [&](int t, const Sharding& need) {
+    auto ti = static_cast<std::size_t>(t);
+    p.layout[ti] = need;
+    decided[ti] = true;
+    auto d = deferred.find(t);
+    if (d == deferred.end()) return;
+    int j = d->second;
+    const auto& pn = pg.node(j);
+    int src = g.node(j).inputs[0];
+    Sharding in = need;
+    if (pn.op_type() == "Transpose") {
+      std::vector<std::int64_t> perm;
+      for (const auto& a : pn.attribute())
+        if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
+      if (perm.empty())
+        for (std::size_t q = 0; q < need.dims.size(); ++q) perm.push_back(static_cast<std::int64_t>(need.dims.size() - 1 - q));
+      for (std::size_t q = 0; q < perm.size() && q < need.dims.size(); ++q)
+        in.dims[static_cast<std::size_t>(perm[q])] = need.dims[q];
+    }
+    p.reads[static_cast<std::size_t>(j)].assign(g.node(j).inputs.size(), Sharding{});
+    p.reads[static_cast<std::size_t>(j)][0] = in;
+    p.origin[static_cast<std::size_t>(src)] = p.origin[ti];
+    fix(src, in);
+  };
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const auto& n = g.nodes[i];
+    c.node = &pg.node(static_cast<int>(i));
+    const std::string& op = c.node->op_type();
+    if ((op == "Transpose" || op == "Identity" || op == "Cast") && n.inputs.size() == 1 && n.inputs[0] >= 0 &&
+        n.outputs.size() == 1 && n.outputs[0] >= 0 && is_flexible(n.inputs[0]) &&
+        g.tensor(n.outputs[0]).kind == model::TensorKind::constant) {
+      deferred[n.outputs[0]] = static_cast<int>(i);
+      continue;
+    }
+    c.in.assign(n.inputs.size(), {});
+    bool known = true;
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      int t = n.inputs[k];
+      if (t < 0) continue;
+      const auto& tensor = g.tensor(t);
+      auto& in = c.in[k];
+      in.present = true;
+      in.shape = global_shape(tensor);
+      in.is_weight = tensor.kind == model::TensorKind::initializer || deferred.count(t) > 0;
+      in.flexible = is_flexible(t);
+      in.cur = p.layout[static_cast<std::size_t>(t)];
+      known = known && shape_known(tensor);
+    }
+    c.out_shapes.clear();
+    for (int t : n.outputs) {
+      if (t < 0) { c.out_shapes.emplace_back(); continue; }
+      known = known && shape_known(g.tensor(t));
+      c.out_shapes.push_back(global_shape(g.tensor(t)));
+    }
+    if (!known)
+      return Error(Errc::bad_input,
+                   fmt::format("node '{}' ({}) has tensors of unknown shape; hp shard needs every dim bound",
+                               n.name, n.op_type),
+                   n.name, "bind the model's symbolic dims in the recipe's [model] dims");
+    detail::RuleResult r = detail::apply_rule(c);
+    p.reads[i].resize(n.inputs.size());
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      int t = n.inputs[k];
+      if (t < 0) continue;
+      auto ti = static_cast<std::size_t>(t);
+      Sharding need = r.req[k];
+      if (c.in[k].flexible) {
+        if (!check_shape(o.mesh, need, c.in[k].shape, g.tensor(t).name)) {
+          p.notes.push_back(fmt::format("'{}' stays replicated: {} does not fit its shape",
+                                        g.tensor(t).name, format_sharding(o.mesh, need)));
+          need = Sharding::replicated(c.in[k].shape.size());
+        }
+        p.origin[ti] = r.why[k].empty() ? "propagated" : r.why[k];
+        fix(t, need);
+      }
+      p.reads[i][k] = need;
+      if (need != p.layout[ti]) HP_TRY(add_redist(t, static_cast<int>(i), p.layout[ti], need));
+    }
+    for (std::size_t j = 0; j < n.outputs.size(); ++j) {
+      int t = n.outputs[j];
+      if (t < 0) continue;
+      p.layout[static_cast<std::size_t>(t)] = r.out[j];
+      decided[static_cast<std::size_t>(t)] = true;
+      p.origin[static_cast<std::size_t>(t)] = "propagated";
+    }
+  }
+  // Weight copies no node read: replicated, like their weights.
+  for (const auto& [t, j] : deferred)
+    if (!decided[static_cast<std::size_t>(t)]) {
+      p.origin[static_cast<std::size_t>(t)] = "replicated";
+      fix(t, Sharding::replicated(g.tensor(t).dims.size()));
+    }
+  // Graph outputs leave each rank whole except for the data-parallel split.
+  for (int out : g.outputs) {
+    Sharding s = p.layout[static_cast<std::size_t>(out)];
+    Sharding want = Sharding::replicated(s.dims.size());
+    for (std::size_t d = 0; d < s.dims.size(); ++d)
+      for (int a : s.dims[d])
+        if (a == o.dp_axis) want.dims[d] = {a};
+    if (want != s) HP_TRY(add_redist(out, -1, s, want));
+  }
+  return p;
+}
+
+}  // namespace hp::shard

@@ -1,0 +1,52 @@
+// Private: the per-op sharding rules propagation applies (propagate_rules.cpp) and the context they
+// see. A rule reads the current layout of each input (a weight not yet laid out is "flexible": it
+// takes whatever layout the rule asks of it) and answers the layout it needs of each input and the
+// layout of each output.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/model/graph.h"
+#include "hp/shard/layout.h"
+
+namespace hp::shard::detail {
+
+using Entry = std::vector<int>;   // mesh axes of one tensor dim, first major
+
+struct RuleInput {
+  bool present = false;           // false for an omitted optional input
+  Sharding cur;                   // current layout (replicated when flexible)
+  bool flexible = false;          // a weight with no layout yet: takes the requirement as its layout
+  bool is_weight = false;         // an initializer (stored, sliced for free)
+  std::vector<std::int64_t> shape;
+};
+
+struct RuleContext {
+  const onnx::GraphProto* proto = nullptr;
+  const onnx::NodeProto* node = nullptr;
+  const model::Graph* graph = nullptr;
+  const Mesh* mesh = nullptr;
+  int tp_axis = -1, dp_axis = -1;
+  bool sequence_parallel = false;
+  int opset = 17;
+  std::vector<RuleInput> in;
+  std::vector<std::vector<std::int64_t>> out_shapes;
+};
+
+struct RuleResult {
+  std::vector<Sharding> req;      // one per input slot (ignored for absent inputs)
+  std::vector<Sharding> out;      // one per output
+  std::vector<std::string> why;   // per input: "column-parallel", ... (for flexible weights)
+};
+
+/// Applies the rule of the node's op (or the replicate-everything default).
+RuleResult apply_rule(const RuleContext& c);
+
+/// Int64 values of a constant tensor (initializer or Constant node output), empty when unknown.
+std::vector<std::int64_t> const_ints(const onnx::GraphProto& g, const std::string& name);
+
+}  // namespace hp::shard::detail

@@ -1,0 +1,61 @@
+// manifest.toml: the manifest of a real partition round-trips through format/parse, names every rank
+// once with its stage and coordinates, orders group members, and malformed manifests are located errors.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "shard_test_util.h"
+
+using namespace hp;
+using namespace hp::shard;
+
+TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent", "[shard][manifest]") {
+  auto p = prepare(shard_test::recipe_file("gpt2-dp2-tp2-pp2"));
+  REQUIRE(p.ok());
+  Manifest m = make_manifest(**p);
+  CHECK(m.dp == 2);
+  CHECK(m.tp == 2);
+  CHECK(m.pp == 2);
+  REQUIRE(m.ranks.size() == 8);
+  std::set<std::int64_t> ranks;
+  for (const auto& r : m.ranks) {
+    ranks.insert(r.rank);
+    CHECK(r.file == "rank" + std::to_string(r.rank) + ".onnx");
+    // Megatron order: tp fastest, then dp, then pp.
+    CHECK(r.rank == r.pp * 4 + r.dp * 2 + r.tp);
+  }
+  CHECK(ranks.size() == 8);
+  int tp = 0, dp = 0, pp = 0;
+  for (const auto& g : m.groups) {
+    if (g.kind == "tp") { ++tp; CHECK(g.members[1] == g.members[0] + 1); }
+    if (g.kind == "dp") { ++dp; CHECK(g.members[1] == g.members[0] + 2); }
+    if (g.kind == "pp") { ++pp; CHECK(g.members[1] == g.members[0] + 4); }
+  }
+  CHECK(tp == 4);
+  CHECK(dp == 4);
+  CHECK(pp == 4);
+  CHECK(!m.boundaries.empty());
+  CHECK(!m.redistributions.empty());
+  CHECK(!m.layouts.empty());
+  std::string text = format_manifest(m);
+  auto back = parse_manifest(text, "manifest.toml");
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+}
+
+TEST_CASE("malformed manifests are located errors", "[shard][manifest]") {
+  auto bad_syntax = parse_manifest("[manifest\n", "m.toml");
+  REQUIRE(!bad_syntax.ok());
+  CHECK(bad_syntax.error().where().rfind("m.toml:1:", 0) == 0);
+  auto missing = parse_manifest("[manifest]\nversion = 1\n", "m.toml");
+  REQUIRE(!missing.ok());
+  CHECK(missing.error().message().find("missing key") != std::string::npos);
+  auto wrong_stage = parse_manifest(
+      "[manifest]\nversion = 1\nmodel = \"m\"\nrecipe = \"r\"\ndp = 1\ntp = 1\npp = 1\nweights = true\n"
+      "device_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n[[ranks]]\nrank = 0\nstage = 3\nfile = \"rank0.onnx\"\n"
+      "dp = 0\ntp = 0\npp = 3\n",
+      "m.toml");
+  REQUIRE(!wrong_stage.ok());
+  CHECK(wrong_stage.error().where() == "m.toml:11:1");
+  CHECK(parse_manifest("[manifest]\nversion = 2\n", "m.toml").error().message().find("version 2") != std::string::npos);
+}
