@@ -154,6 +154,7 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.ranks = topo->ranks();
   rep.device = dev.name;
   rep.device_memory = mc.memory;
+  rep.usable_memory = usable_memory(mc);
   rep.global_batch = w.global_batch;
   rep.seq = seq;
   rep.dtype = opts.dtype;

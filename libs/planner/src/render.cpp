@@ -90,7 +90,7 @@ std::string format_plan_json(const PlanReport& r) {
   for (const auto& p : r.plans) cands.push_back({{"parallel", parallel_json(p)}, {"predicted", predicted_json(p.predicted)}});
   json j = {{"model", r.model},
             {"cluster", {{"name", r.cluster}, {"nodes", r.nodes}, {"ranks", r.ranks}, {"device", r.device},
-                         {"memory_bytes", r.device_memory}}},
+                         {"memory_bytes", r.device_memory}, {"usable_memory_bytes", r.usable_memory}}},
             {"workload", {{"global_batch", r.global_batch}, {"seq", r.seq}, {"dtype", r.dtype}, {"mode", r.mode},
                           {"optimizer", r.optimizer}, {"parameters", r.parameters}, {"blocks", r.blocks}}},
             {"best", plan_json(r.plans.front())},
@@ -121,7 +121,9 @@ std::string format_plan_json(const PlanReport& r) {
 
 std::string format_plan_text(const PlanReport& r) {
   std::string out = fmt::format("model        {} ({} parameters, {} blocks)\n", r.model, format_count(r.parameters), r.blocks);
-  out += fmt::format("cluster      {}: {} ranks of {} ({} each)\n", r.cluster, r.ranks, r.device, format_bytes(r.device_memory));
+  out += fmt::format("cluster      {}: {} ranks of {} ({} each, {} usable: a {:.0f}% transient margin stays free)\n",
+                     r.cluster, r.ranks, r.device, format_bytes(r.device_memory), format_bytes(r.usable_memory),
+                     r.device_memory > 0 ? 100 * (1 - r.usable_memory / r.device_memory) : 0.0);
   out += fmt::format("workload     {}, global batch {} x seq {}, {}, {}\n", r.mode, r.global_batch, r.seq, r.dtype, r.optimizer);
   out += fmt::format("search       {} configurations in {}, level 2 on {}; pruned {} by memory, {} by time bound ({:.0f} configurations/s)\n\n",
                      r.stats.evaluated, format_seconds(r.stats.seconds), r.stats.level2, r.stats.pruned_memory,
@@ -139,7 +141,7 @@ std::string format_plan_text(const PlanReport& r) {
                                                                    : fmt::format("{}", c.optimizer_shard), fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
                        recipe::schedule_name(c.schedule), c.virtual_stages, c.sequence_parallel ? "yes" : "no", placement(c),
                        format_seconds(q.iteration), format_count(q.tokens_per_second), 100 * q.mfu, 100 * q.hfu,
-                       q.tflops_model, format_bytes(q.peak_memory), format_bytes(r.device_memory));
+                       q.tflops_model, format_bytes(q.peak_memory), format_bytes(r.usable_memory));
   }
   out += "\ntime breakdown per iteration (exposed communication per pattern)\n";
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
@@ -154,7 +156,7 @@ std::string format_plan_text(const PlanReport& r) {
   for (std::size_t k = 0; k < best.stages.size(); ++k) {
     const StagePlan& s = best.stages[k];
     out += fmt::format("  stage {:<3} blocks {:<14} recompute {:<26} memory {} / {} (states {}, activations {})\n", k,
-                       block_ranges(s), recompute_summary(s), format_bytes(s.memory), format_bytes(r.device_memory),
+                       block_ranges(s), recompute_summary(s), format_bytes(s.memory), format_bytes(r.usable_memory),
                        format_bytes(s.states), format_bytes(s.activations));
   }
   out += fmt::format("  axes: tp over {}, dp over {}, pp over {} (placement innermost first: {})\n",

@@ -136,6 +136,7 @@ struct PlanReport {
   std::int64_t nodes = 1, ranks = 1;
   std::string device;
   double device_memory = 0;
+  double usable_memory = 0;          ///< what a plan may use: device memory less the transient margin
   std::int64_t global_batch = 0, seq = 0;
   std::string dtype, mode, optimizer;
   double parameters = 0;
