@@ -6,6 +6,7 @@
 
 #include <deque>
 #include <map>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct PreparedNode {
   std::vector<int> release_after;          ///< tensor ids whose last reader is this node
   bool comm = false;                       ///< an "hp"-domain node for CommOps
   CommNode comm_node;
+  std::vector<std::int32_t> placed_dtypes;  ///< input dtypes of the last placement decision
+  int placed_where = -1;                   ///< the backend slot chosen for them
   bool dead = false;                       ///< fused into a later node (exec_fuse.cpp): never runs
   int op_slot = 0;                         ///< index of its op type in Impl::op_types (time accounting)
   /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes (or,
@@ -49,9 +52,10 @@ struct Slot {
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
 };
 
-/// Size-keyed free lists per backend slot: freed buffers are reused by later allocations.
+/// Size-keyed free lists per backend slot: freed buffers are reused by later allocations. Vectors, not
+/// a multimap, so that once warm, releasing and reusing a buffer allocates nothing.
 struct Pool {
-  std::multimap<std::size_t, void*> free[2];
+  std::unordered_map<std::size_t, std::vector<void*>> free[2];
 };
 
 struct Executor::Impl {
@@ -71,6 +75,9 @@ struct Executor::Impl {
   bool weights_loaded = false;
   std::vector<std::string> op_types;  ///< distinct op types, indexed by PreparedNode::op_slot
   std::vector<OpTime> op_time;        ///< per op_slot, for the run in progress
+  std::vector<std::int32_t> scratch_dtypes;    ///< reused per node (no heap traffic on the hot path)
+  std::vector<hp_tensor_desc> scratch_inputs;
+  std::vector<std::int64_t> scratch_key;
 
   int id_of(const std::string& name);
 

@@ -46,9 +46,9 @@ Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes) {
   auto& fl = pool.free[where];
   auto it = fl.find(size);
   void* p = nullptr;
-  if (it != fl.end()) {
-    p = it->second;
-    fl.erase(it);
+  if (it != fl.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
   } else {
     auto got = be[where]->alloc(0, size);
     if (!got) return std::move(got).error();
@@ -62,7 +62,7 @@ Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes) {
 void Executor::Impl::release(int where, void* p, std::size_t bytes) {
   if (!p) return;
   const std::size_t size = rounded(bytes);
-  pool.free[where].emplace(size, p);
+  pool.free[where][size].push_back(p);
   live_bytes -= static_cast<std::int64_t>(size);
 }
 
@@ -135,22 +135,28 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
 
 Status Executor::Impl::run_node(PreparedNode& n) {
   if (n.comm) return run_comm(n);
-  std::vector<int32_t> dts;
+  std::vector<int32_t>& dts = scratch_dtypes;
+  dts.clear();
   for (int t : n.inputs) dts.push_back(t < 0 ? -1 : slots[static_cast<std::size_t>(t)].dtype);
   const char* dom = n.domain.c_str();
   int where = 0;
-  if (be[1] && be[1]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts)) where = 1;
+  // The placement depends on the input dtypes only: decided again only when they change.
+  if (n.placed_where >= 0 && dts == n.placed_dtypes) where = n.placed_where;
+  else if (be[1] && be[1]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts)) where = 1;
   else if (!be[0]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts)) {
     std::string list;
     for (int32_t d : dts) list += (list.empty() ? "" : ", ") + (d < 0 ? std::string("-") : dtype_label(d));
     return Error(Errc::not_implemented, fmt::format("op {} is not supported for input types ({})", n.op_type, list),
                  n.name.empty() ? n.op_type : n.name);
   }
+  n.placed_dtypes = dts;
+  n.placed_where = where;
   Status st = launch_on(n, where);
   // A backend may find out only when it sees the shapes that it lacks this form of the op
   // (HP_UNSUPPORTED before any output was allocated): the cpu backend then runs the node.
   if (!st.ok() && where == 1 && st.error().code == Errc::not_implemented && last_launch_allocated_ == 0) {
     where = 0;
+    n.placed_where = -1;  // shapes decided it: ask again next run
     st = launch_on(n, where);
   }
   if (!st.ok()) return st;
@@ -161,7 +167,8 @@ Status Executor::Impl::run_node(PreparedNode& n) {
 
 Status Executor::Impl::launch_on(PreparedNode& n, int where) {
   const char* dom = n.domain.c_str();
-  std::vector<hp_tensor_desc> ins(n.inputs.size());
+  std::vector<hp_tensor_desc>& ins = scratch_inputs;
+  ins.resize(n.inputs.size());
   for (std::size_t k = 0; k < n.inputs.size(); ++k) {
     hp_tensor_desc& d = ins[k];
     std::memset(&d, 0, sizeof d);
@@ -261,7 +268,8 @@ Status Executor::Impl::run_or_reuse(PreparedNode& n, bool* ran) {
     *ran = true;
     return run_node(n);
   }
-  std::vector<std::int64_t> key;
+  std::vector<std::int64_t>& key = scratch_key;
+  key.clear();
   if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
     const int t = n.inputs.empty() ? -1 : n.inputs[0];
     if (t >= 0) {
@@ -281,7 +289,7 @@ Status Executor::Impl::run_or_reuse(PreparedNode& n, bool* ran) {
   HP_TRY(run_node(n));
   for (int t : n.outputs)
     if (t >= 0) ++slots[static_cast<std::size_t>(t)].version;
-  n.memo = std::move(key);
+  n.memo.assign(key.begin(), key.end());
   n.memo_valid = true;
   return {};
 }
@@ -290,7 +298,8 @@ Executor::Impl::~Impl() {
   drain(true);
   for (int w = 0; w < 2; ++w) {
     if (!be[w]) continue;
-    for (auto& [size, p] : pool.free[w]) (void)be[w]->free_mem(0, p);
+    for (auto& [size, list] : pool.free[w])
+      for (void* p : list) (void)be[w]->free_mem(0, p);
     if (stream[w]) (void)be[w]->stream_destroy(stream[w]);
   }
 }
