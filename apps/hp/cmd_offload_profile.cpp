@@ -3,6 +3,10 @@
 //
 // The flags fill hp::offload::OffloadOptions; hp::offload::run simulates every stage's memory over
 // one step, plans offload under the budget, writes --svg / -o, and the report prints as text or JSON.
+// Exit codes: 0 ok; 2 usage (malformed --hbm or --latency-budget, unknown state kind in --offload,
+// bad --mode); 3 bad input (unreadable or invalid recipe, a recipe without a plan, a model or
+// cluster that does not match it); 4 infeasible (the budget is below what any offload schedule
+// needs; the message says how much is needed); 7 unavailable (--measure without the backend plugin).
 #include <fmt/core.h>
 
 #include "commands.h"

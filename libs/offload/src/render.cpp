@@ -115,8 +115,9 @@ std::string format_text(const OffloadReport& r) {
     const auto& m = *r.measured;
     o += fmt::format("\nmeasured      {} on {}, median of {} ({})\n", m.probe, m.device, m.repeats, m.date);
     for (const auto& s : m.sizes)
-      o += fmt::format("  {:>10}  h2d {}  d2h {}  memcpy {}  (h2d/memcpy {:.3f})\n", format_bytes(s.bytes),
-                       format_rate(s.h2d, "B"), format_rate(s.d2h, "B"), format_rate(s.memcpy, "B"), s.h2d / s.memcpy);
+      o += fmt::format("  {:>10}  h2d {}  d2h {}  memcpy {}  (vs memcpy: h2d {:.3f}, d2h {:.3f})\n",
+                       format_bytes(s.bytes), format_rate(s.h2d, "B"), format_rate(s.d2h, "B"),
+                       format_rate(s.memcpy, "B"), s.h2d_vs_memcpy, s.d2h_vs_memcpy);
   }
   for (const auto& n : r.notes) o += fmt::format("note: {}\n", n);
   return o;
@@ -189,9 +190,11 @@ std::string format_json(const OffloadReport& r) {
     const auto& m = *r.measured;
     json sizes = json::array();
     for (const auto& s : m.sizes)
-      sizes.push_back({{"bytes", s.bytes}, {"h2d", s.h2d}, {"d2h", s.d2h}, {"memcpy", s.memcpy}});
+      sizes.push_back({{"bytes", s.bytes}, {"h2d", s.h2d}, {"d2h", s.d2h}, {"memcpy", s.memcpy},
+                       {"h2d_vs_memcpy", s.h2d_vs_memcpy}, {"d2h_vs_memcpy", s.d2h_vs_memcpy}});
     j["measured"] = {{"backend", m.backend}, {"probe", m.probe}, {"date", m.date}, {"repeats", m.repeats},
-                     {"h2d", m.h2d}, {"d2h", m.d2h}, {"memcpy", m.memcpy}, {"source", m.source()}, {"sizes", sizes}};
+                     {"h2d", m.h2d}, {"d2h", m.d2h}, {"memcpy", m.memcpy},
+                     {"h2d_vs_memcpy", m.h2d_vs_memcpy}, {"d2h_vs_memcpy", m.d2h_vs_memcpy}, {"source", m.source()}, {"sizes", sizes}};
   }
   j["notes"] = r.notes;
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";

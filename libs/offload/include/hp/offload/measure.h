@@ -1,7 +1,7 @@
 // Bandwidth probes (`--measure`): copies of several sizes through the backend plugin's own alloc and
-// copy_async (device <-> pinned host), the median of repeats per size, and a plain memcpy loop over
-// the same sizes measured in the same run, interleaved with the plugin's copies so both see the
-// same machine load. For the CPU plugin device and host memory are the same DRAM, so its figures
+// copy_async (device <-> pinned host), the median of repeats per size, and a plain memcpy between
+// the same two buffers measured in the same run, interleaved with the plugin's copies (in
+// alternating order) so both see the same pages, caches and machine load. For the CPU plugin device and host memory are the same DRAM, so its figures
 // should match memcpy; a GPU plugin measures its host link.
 #pragma once
 
@@ -17,6 +17,9 @@ struct ProbeSize {
   double bytes = 0;
   double h2d = 0, d2h = 0;            ///< plugin copies, median bytes/s
   double memcpy = 0;                  ///< plain memcpy loop, median bytes/s
+  /// Medians over repeats of (plugin bandwidth / memcpy bandwidth in the same repeat): the
+  /// comparison, robust to a repeat slowed down as a whole.
+  double h2d_vs_memcpy = 0, d2h_vs_memcpy = 0;
 };
 
 struct BandwidthReport {
@@ -24,6 +27,7 @@ struct BandwidthReport {
   int repeats = 0;
   std::vector<ProbeSize> sizes;       ///< ascending
   double h2d = 0, d2h = 0, memcpy = 0;  ///< at the largest size
+  double h2d_vs_memcpy = 0, d2h_vs_memcpy = 0;  ///< at the largest size
   /// "measured:<probe> <date>", the provenance written into the recipe.
   std::string source() const { return "measured:" + probe + " " + date; }
 };
