@@ -97,6 +97,24 @@ class Builder {
   std::string fresh(const std::string& base) { return fmt::format("{}.hp{}", base, counter_++); }
   Expected<std::string> redistribute(int tensor, const std::string& name, const Redistribution& r);
   Status add_initializer(int t);
+  Status vocab_parallel_gather(int i, onnx::NodeProto n);
+  std::string scalar(const std::string& base, std::int32_t type, std::int64_t v) {
+    std::string name = fresh(base);
+    onnx::TensorProto* t = out_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(type);
+    if (type == onnx::TensorProto::INT32) t->add_int32_data(static_cast<std::int32_t>(v));
+    else t->add_int64_data(v);
+    return name;
+  }
+  onnx::NodeProto* op(const std::string& type, std::vector<std::string> in, const std::string& out) {
+    onnx::NodeProto* n = out_->add_node();
+    n->set_op_type(type);
+    n->set_name(fresh(out));
+    for (auto& x : in) n->add_input(x);
+    n->add_output(out);
+    return n;
+  }
 
   const PartitionPlan& plan_;
   const model::Graph& g_;
@@ -181,6 +199,66 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
     cur = next;
   }
   return cur;
+}
+
+// A Gather from a table split on the gathered axis (vocabulary-parallel embedding): look up the
+// indices inside this rank's rows, zero the rest; the consumer's AllReduce adds the ranks' parts.
+Status Builder::vocab_parallel_gather(int i, onnx::NodeProto n) {
+  const auto& node = g_.node(i);
+  int data = node.inputs[0];
+  const Sharding& s = prop_.layout[static_cast<std::size_t>(data)];
+  auto dshape = shape_of(g_.tensor(data));
+  std::int64_t axis = 0;
+  for (const auto& a : n.attribute())
+    if (a.name() == "axis") axis = a.i();
+  if (axis < 0) axis += static_cast<std::int64_t>(dshape.size());
+  if (s.dims[static_cast<std::size_t>(axis)].empty()) {
+    *out_->add_node() = std::move(n);
+    return {};
+  }
+  if (axis != 0 || dshape.size() != 2)
+    return Error(Errc::internal, fmt::format("'{}': only 2-D tables split on rows are gathered in parts", n.name()));
+  auto rows = slice_of(prop_.mesh, s, dshape, pos_)[0];
+  const auto& idx_t = g_.tensor(node.inputs[1]);
+  std::int32_t it = idx_t.elem_type;
+  std::string idx = n.input(1), out = n.output(0), base = out + "/vocab";
+  std::string lo = scalar(base + "/lo", it, rows.begin), hi = scalar(base + "/hi", it, rows.end);
+  std::string zero = scalar(base + "/zero", it, 0);
+  op("GreaterOrEqual", {idx, lo}, fresh(base + "/ge"));
+  std::string ge = out_->node(out_->node_size() - 1).output(0);
+  op("Less", {idx, hi}, fresh(base + "/lt"));
+  std::string lt = out_->node(out_->node_size() - 1).output(0);
+  std::string in_range = fresh(base + "/in_range");
+  op("And", {ge, lt}, in_range);
+  std::string shifted = fresh(base + "/shifted");
+  op("Sub", {idx, lo}, shifted);
+  std::string local = fresh(base + "/local");
+  op("Where", {in_range, shifted, zero}, local);
+  std::string looked = fresh(base + "/rows");
+  n.set_input(1, local);
+  n.set_output(0, looked);
+  *out_->add_node() = std::move(n);
+  std::string mask = fresh(base + "/mask");
+  auto* cast = op("Cast", {in_range}, mask);
+  auto* to = cast->add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(g_.tensor(data).elem_type);
+  std::string mask3 = fresh(base + "/mask3");
+  std::int64_t opset = 17;
+  for (const auto& o : plan_.model->proto->opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
+  auto rank = static_cast<std::int64_t>(idx_t.dims.size());
+  if (opset >= 13) {
+    std::string axes = fresh(base + "/axes");
+    *out_->add_initializer() = int64_tensor(axes, {rank});
+    op("Unsqueeze", {mask, axes}, mask3);
+  } else {
+    auto* u = op("Unsqueeze", {mask}, mask3);
+    add_ints_attr(u, "axes", {rank});
+  }
+  op("Mul", {looked, mask3}, out);
+  return {};
 }
 
 Status Builder::add_initializer(int t) {
@@ -356,6 +434,11 @@ Expected<RankPartition> Builder::build() {
       n.set_input(1, cname);
       for (auto& a : *n.mutable_attribute())
         if (a.name() == "allowzero") a.set_i(0);
+    }
+    if (pn.op_type() == "Gather" && node.inputs[0] >= 0 &&
+        g_.tensor(node.inputs[0]).kind == model::TensorKind::initializer) {
+      HP_TRY(vocab_parallel_gather(i, n));
+      continue;
     }
     *out_->add_node() = std::move(n);
   }

@@ -144,6 +144,7 @@ Expected<Propagation> propagate(const model::Model& model, const model::Graph& g
       in.shape = global_shape(tensor);
       in.is_weight = tensor.kind == model::TensorKind::initializer || deferred.count(t) > 0;
       in.flexible = is_flexible(t);
+      in.is_activation = tensor.kind == model::TensorKind::activation || tensor.kind == model::TensorKind::input;
       in.cur = p.layout[static_cast<std::size_t>(t)];
       known = known && shape_known(tensor);
     }

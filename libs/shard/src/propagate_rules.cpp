@@ -450,25 +450,41 @@ RuleResult gather(const RuleContext& c) {
   int axis = norm_axis(attr_int(*c.node, "axis", 0), rd);
   Sharding sd = data.flexible ? Sharding::replicated(rd) : data.cur;
   sd.partial.clear();
-  sd.dims[static_cast<std::size_t>(axis)].clear();
   Sharding si = idx.cur;
   si.partial.clear();
+  // Vocabulary-parallel embedding (Megatron): the table's rows split over tp; each rank looks up the
+  // indices in its range, zeroes the rest, and the output is a partial sum over tp.
+  const bool tp = c.tp_axis >= 0 && c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] > 1;
+  bool idx_tp = false;
+  for (const auto& e : si.dims) idx_tp = idx_tp || std::find(e.begin(), e.end(), c.tp_axis) != e.end();
+  if (data.flexible && data.is_weight && idx.is_activation && tp && axis == 0 && rd == 2 && !idx_tp &&
+      data.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
+    sd.dims[0] = Entry{c.tp_axis};
+    r.why[0] = "vocab-parallel";
+  }
+  Entry rows = sd.dims[static_cast<std::size_t>(axis)];
+  std::set<int> idx_axes;
+  for (const auto& e : si.dims) idx_axes.insert(e.begin(), e.end());
+  if (!data.is_weight || std::any_of(rows.begin(), rows.end(), [&](int a) { return idx_axes.count(a) > 0; }))
+    rows.clear();
+  sd.dims[static_cast<std::size_t>(axis)] = rows;
   std::vector<Entry> o;
   for (int d = 0; d < axis; ++d) o.push_back(sd.dims[static_cast<std::size_t>(d)]);
   for (const auto& e : si.dims) o.push_back(e);
   for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < rd; ++d) o.push_back(sd.dims[d]);
+  std::set<int> used(rows.begin(), rows.end());
   // Indices first: they carry the batch split.
   std::vector<int> order;
   for (std::size_t d = 0; d < si.dims.size(); ++d) order.push_back(axis + static_cast<int>(d));
   for (std::size_t d = 0; d < o.size(); ++d)
     if (d < static_cast<std::size_t>(axis) || d >= static_cast<std::size_t>(axis) + si.dims.size())
       order.push_back(static_cast<int>(d));
-  make_unique(o, order);
+  make_unique(o, order, used);
   for (int d = 0; d < axis; ++d) sd.dims[static_cast<std::size_t>(d)] = o[static_cast<std::size_t>(d)];
   for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < rd; ++d) sd.dims[d] = o[d + si.dims.size() - 1];
   r.req[0] = sd;
   r.req[1] = si;
-  if (o.size() == c.out_shapes[0].size()) r.out[0] = make(o);
+  if (o.size() == c.out_shapes[0].size()) r.out[0] = make(o, sum_over(rows));
   else return replicate_all(c);
   return r;
 }

@@ -22,6 +22,7 @@ struct RuleInput {
   Sharding cur;                   // current layout (replicated when flexible)
   bool flexible = false;          // a weight with no layout yet: takes the requirement as its layout
   bool is_weight = false;         // an initializer (stored, sliced for free)
+  bool is_activation = false;     // depends on the data of a graph input
   std::vector<std::int64_t> shape;
 };
 

@@ -8,7 +8,10 @@
 
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -214,6 +217,8 @@ void check_numerics(const std::string& recipe_name, const std::string& model_nam
   }
   INFO(recipe_name << ": max abs diff " << worst << ", " << wr.collectives << " collective calls, "
                    << wr.messages << " pipeline messages");
+  std::printf("%s: %d ranks, max |partitioned - pytorch| = %.3g, %d collective calls, %d pipeline messages\n",
+              recipe_name.c_str(), static_cast<int>(wr.parts.size()), worst, wr.collectives, wr.messages);
   CHECK(compared > 0);
   CHECK(worst < 1e-4);
   if (expect_comm) CHECK(wr.collectives > 0);
@@ -230,6 +235,41 @@ TEST_CASE("weights reassembled from the per-rank files equal the original exactl
 TEST_CASE("tensor-parallel partitions run rank by rank and match the unsharded model", "[shard][partition][numerics]") {
   SECTION("mlp tp=2") { check_numerics("mlp-tp2", "tiny-mlp", true); }
   SECTION("gpt2 tp=2") { check_numerics("gpt2-tp2", "tiny-gpt2", true); }
+  SECTION("gpt2 tp=2 with sequence parallelism") { check_numerics("gpt2-tp2-sp", "tiny-gpt2", true); }
+  SECTION("llama tp=4 > kv heads (2): k/v gathered before the head split") {
+    check_numerics("llama-tp4", "tiny-llama", true);
+  }
+}
+
+TEST_CASE("bad input leaves no output directory behind", "[shard][partition]") {
+  fs::path d = fs::temp_directory_path() / ("hp_shard_bad_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "r.toml") << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" << HP_SOURCE_DIR
+                              << "/tests/data/models/tiny-mlp.onnx\"\ncluster = \"local-cpu\"\n[model]\n"
+                                 "dims = { batch = 3 }\n[parallel]\ndp = 1\ntp = 4\npp = 1\n"
+                                 "[layouts.\"out.weight\"]\ndevice_matrix = [1, 4]\nalias_name = [\"dp\", \"tp\"]\n"
+                                 "tensor_map = [\"tp\", \"None\"]\n";
+  ShardOptions o;
+  o.recipe = d / "r.toml";
+  o.out_dir = d / "parts";
+  auto r = run(o);
+  REQUIRE(!r.ok());
+  CHECK(r.error().code == Errc::bad_input);
+  CHECK(r.error().where().find("r.toml:15") != std::string::npos);
+  CHECK(r.error().message().find("out.weight") != std::string::npos);
+  CHECK(!fs::exists(d / "parts"));
+  for (const auto& e : fs::directory_iterator(d)) CHECK(e.path().filename() == "r.toml");
+  // A good recipe into the same place writes the directory whole, and again over the earlier one.
+  o.recipe = recipe_file("mlp-tp2");
+  REQUIRE(run(o).ok());
+  REQUIRE(run(o).ok());
+  CHECK(fs::exists(d / "parts" / "manifest.toml"));
+  CHECK(fs::exists(d / "parts" / "rank1.onnx"));
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(d)) entries += e.path().filename() != "r.toml";
+  CHECK(entries == 1);
+  fs::remove_all(d);
 }
 
 TEST_CASE("8-rank partitions (dp=2, tp=2, pp=2) match the unsharded model", "[shard][partition][numerics]") {

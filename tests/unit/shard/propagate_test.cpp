@@ -122,6 +122,9 @@ TEST_CASE("GPT-2 and Llama: attention and MLP projections split Megatron-style, 
     const Prepared& P = **p;
     CHECK(count_weights(P, "column-parallel") >= 4 * 2);  // c_fc (and c_attn) per layer
     CHECK(count_weights(P, "row-parallel") >= 4);         // mlp projection per layer
+    // The token embedding is vocabulary-parallel (its lookups a partial sum); positions stay whole.
+    CHECK(count_weights(P, "vocab-parallel") == 1);
+    CHECK(P.prop.origin[static_cast<std::size_t>(P.graph.find_tensor("wte.weight"))] == "vocab-parallel");
     for (std::size_t t = 0; t < P.graph.tensors.size(); ++t) {
       INFO(P.graph.tensors[t].name);
       CHECK(check_shape(P.prop.mesh, P.prop.layout[t], global_shape(P.graph.tensors[t]), P.graph.tensors[t].name).ok());
