@@ -4,10 +4,15 @@
 #include "hp/runtime/launch.h"
 
 #include <fmt/core.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <ctime>
 
 #include "hp/plugin/registry.h"
+#include "hp/recipe/recipe.h"
+#include "hp/runtime/launcher.h"
+#include "hp/runtime/worker.h"
 
 namespace hp::runtime {
 
@@ -78,13 +83,98 @@ std::string stats_line(const ExecStats& s, const std::string& backend) {
 
 }  // namespace
 
+namespace {
+
+std::filesystem::path default_run_dir(const recipe::Recipe& r, const std::filesystem::path& recipe_path) {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  const std::string name = r.name.empty() ? recipe_path.stem().string() : r.name;
+  return std::filesystem::path("hp-runs") / fmt::format("{}-{}-{}", name, stamp, ::getpid());
+}
+
+// Each group's outputs from the lowest of its ranks that wrote any, in recipe group order; a name
+// already gathered from an earlier group is not taken again.
+Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const JobPlan& plan) {
+  std::vector<HostTensor> all;
+  for (const auto& c : plan.contexts) {
+    const recipe::Group* g = r.groups.empty() ? nullptr : &r.groups[static_cast<std::size_t>(c.index)];
+    for (int k = c.first_rank; k < c.first_rank + c.ranks; ++k) {
+      const auto dir = rank_output_dir(plan.run_dir, k);
+      if (!std::filesystem::is_directory(dir)) continue;
+      auto outs = read_tensor_dir(dir, "output");
+      if (!outs) return std::move(outs).error();
+      for (auto& t : *outs) {
+        bool wanted = !g || g->outputs.empty();
+        if (g)
+          for (const auto& n : g->outputs) wanted |= n == t.name;
+        for (const auto& have : all) wanted &= have.name != t.name;  // replicas (TP, DP) hold copies
+        if (wanted) all.push_back(std::move(t));
+      }
+      break;
+    }
+  }
+  return all;
+}
+
+Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
+  if (o.worker) {
+    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths};
+    auto rep = run_worker(w);
+    if (!rep) return std::move(rep).error();
+    LaunchReport r;
+    r.stats = rep->stats;
+    r.summary = rep->summary();
+    return r;
+  }
+  auto rec = recipe::load_recipe(o.target);
+  if (!rec) return std::move(rec).error();
+  JobOptions jo;
+  jo.recipe = o.target;
+  std::error_code ec;
+  jo.worker = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return Error(Errc::internal, "cannot find the hp executable (/proc/self/exe) to start the ranks with");
+  jo.run_dir = o.run_dir.empty() ? default_run_dir(*rec, o.target) : o.run_dir;
+  jo.inputs = o.inputs;
+  jo.hostfile = o.hostfile;
+  jo.launcher = o.launcher;
+  jo.timeout_s = o.timeout_s;
+  jo.threads = o.threads;
+  jo.allow_run_as_root = o.allow_run_as_root;
+  jo.plugin_paths = o.plugin_paths;
+  if (!o.backend.empty())
+    return Error(Errc::usage, "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
+  auto plan = plan_job(*rec, jo, probe_host());
+  if (!plan) return std::move(plan).error();
+  LaunchReport r;
+  if (o.dry_run) {
+    r.summary = format_dry_run(*plan);
+    return r;
+  }
+  auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
+  auto job = run_job(*plan, jo, sink);
+  if (!job) return std::move(job).error();
+  r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", job->ranks,
+                          plan->contexts.size(), job->seconds, job->log_dir.string());
+  if (!o.outputs.empty()) {
+    auto outs = gather_outputs(*rec, *plan);
+    if (!outs) return std::move(outs).error();
+    HP_TRY(write_tensor_dir(o.outputs, *outs));
+    r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
+  }
+  return r;
+}
+
+}  // namespace
+
 Expected<LaunchReport> launch(const LaunchOptions& o) {
+  if (o.target.extension() == ".toml") return launch_recipe(o);
   if (o.target.extension() != ".onnx")
-    return Error(Errc::not_implemented, "'hp launch RECIPE.toml' is not implemented yet", o.target.string(),
-                 "multi-rank launches arrive with issue #6; 'hp launch MODEL.onnx' runs one rank");
+    return Error(Errc::usage, fmt::format("'{}' is neither a RECIPE.toml nor a MODEL.onnx", o.target.string()));
+  if (o.worker) return Error(Errc::usage, "--worker applies to RECIPE.toml");
+  if (o.dry_run) return Error(Errc::usage, "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
   if (o.inputs.empty() || o.outputs.empty())
     return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR and --outputs DIR");
-  if (o.dry_run) return Error(Errc::not_implemented, "--dry-run applies to recipes (issue #6)");
   auto p = prepare(o.target, o.inputs, o.backend, o.threads, o.plugin_paths);
   if (!p) return std::move(p).error();
   auto outs = p->exec->run(p->inputs);

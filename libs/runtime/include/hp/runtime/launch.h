@@ -1,8 +1,10 @@
 // hp launch and hp verify MODEL.onnx: run a model on one rank without a recipe (an implicit
-// single-device recipe) and compare outputs. Recipes and MPMD jobs arrive with issue #6.
+// single-device recipe) and compare outputs. hp launch RECIPE.toml: one MPMD job over Open MPI
+// (launcher.h) whose ranks run `hp launch RECIPE.toml --worker` (worker.h).
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,13 @@ struct LaunchOptions {
   std::filesystem::path hostfile;
   double timeout_s = 0;
   std::vector<std::filesystem::path> plugin_paths;  ///< --plugin-path entries
+  // RECIPE.toml only:
+  std::filesystem::path run_dir;  ///< logs and rank outputs; empty: hp-runs/<recipe>-<time>
+  std::string launcher = "mpirun";///< mpirun or slurm
+  bool allow_run_as_root = false;
+  bool worker = false;            ///< this process is a rank (hidden: started by mpirun)
+  /// Console lines of the ranks ("[group:rank] ..."); err for their stderr. Unset: dropped.
+  std::function<void(bool err, const std::string& line)> sink;
 };
 
 struct LaunchReport {
@@ -29,9 +38,16 @@ struct LaunchReport {
   ExecStats stats;
 };
 
-/// MODEL.onnx: reads --inputs, runs, writes --outputs atomically. RECIPE.toml: not implemented yet
-/// (issue #6). Errors: usage (missing --inputs/--outputs), bad_input (model, inputs, unsupported ops),
-/// unavailable (the requested backend), runtime (a kernel failed).
+/// MODEL.onnx: reads --inputs, runs, writes --outputs atomically. Errors: usage (missing
+/// --inputs/--outputs), bad_input (model, inputs, unsupported ops), unavailable (the requested
+/// backend), runtime (a kernel failed).
+/// RECIPE.toml: plans the MPMD job; --dry-run returns the command and app file as the summary; else
+/// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of the
+/// group that wrote any (filtered by the group's `outputs` names when given; a name already taken from
+/// an earlier group is skipped), groups in recipe order.
+/// A failed rank's Error carries the rank's own hp exit code where it had one, else Errc::runtime;
+/// timeouts are Errc::runtime. With `worker`, runs this process as one rank (worker.h); the caller
+/// must mpi_abort() on error.
 Expected<LaunchReport> launch(const LaunchOptions& options);
 
 /// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.

@@ -1,0 +1,364 @@
+// Real MPMD jobs through `hp launch RECIPE.toml` (mpirun underneath, 2 ranks, as root in CI
+// containers via OMPI_ALLOW_RUN_AS_ROOT*, set by tests/mpi/CMakeLists.txt):
+//   - hand-built partitions written here: a TP=2 MLP (column- then row-parallel, hp.AllReduce over a
+//     non-ascending group) and a PP=2 pipeline (hp.Send / hp.Recv, 1F1B and GPipe over micro-batches)
+//     give the unsharded model's outputs (run by `hp launch MODEL.onnx`) within 1e-5;
+//   - faults: a crashing rank, a rank hanging past --timeout, a missing plugin on one group's backend:
+//     each ends the whole job within seconds with a clear message and the documented exit code, and
+//     leaves no rank process behind.
+#include <catch2/catch.hpp>
+
+#include <onnx/onnx_pb.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <signal.h>
+
+#include "hp/plugin/hp_plugin.h"
+#include "hp/runtime/tensor.h"
+
+namespace fs = std::filesystem;
+using namespace hp::runtime;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / ("hp_mpi_launch_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct Matrix {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<float> v;
+};
+
+Matrix random_matrix(std::int64_t rows, std::int64_t cols, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  Matrix m{rows, cols, {}};
+  for (std::int64_t i = 0; i < rows * cols; ++i) m.v.push_back(d(gen));
+  return m;
+}
+
+// Columns [c0, c1) or rows [r0, r1) of a matrix; a bias is a 1 x n matrix.
+Matrix cols_of(const Matrix& m, std::int64_t c0, std::int64_t c1) {
+  Matrix s{m.rows, c1 - c0, {}};
+  for (std::int64_t i = 0; i < m.rows; ++i)
+    for (std::int64_t j = c0; j < c1; ++j) s.v.push_back(m.v[static_cast<std::size_t>(i * m.cols + j)]);
+  return s;
+}
+Matrix rows_of(const Matrix& m, std::int64_t r0, std::int64_t r1) {
+  Matrix s{r1 - r0, m.cols, {}};
+  s.v.assign(m.v.begin() + r0 * m.cols, m.v.begin() + r1 * m.cols);
+  return s;
+}
+
+struct Graph {
+  onnx::ModelProto m;
+  onnx::GraphProto* g;
+  Graph() {
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    auto* hp = m.add_opset_import();
+    hp->set_domain("hp");
+    hp->set_version(1);
+    g = m.mutable_graph();
+    g->set_name("part");
+  }
+  void io(bool input, const std::string& name, std::vector<std::int64_t> dims) {
+    auto* v = input ? g->add_input() : g->add_output();
+    v->set_name(name);
+    auto* tt = v->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    for (auto d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  void weight(const std::string& name, const Matrix& w, bool vector = false) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    if (!vector) t->add_dims(w.rows);
+    t->add_dims(w.cols);
+    for (float f : w.v) t->add_float_data(f);
+  }
+  onnx::NodeProto* node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
+                        const std::string& domain = "") {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + std::to_string(g->node_size()));
+    n->set_domain(domain);
+    for (auto& s : in) n->add_input(s);
+    for (auto& s : out) n->add_output(s);
+    return n;
+  }
+  static void attr(onnx::NodeProto* n, const std::string& name, std::vector<std::int64_t> v, bool list) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    if (list) {
+      a->set_type(onnx::AttributeProto::INTS);
+      for (auto x : v) a->add_ints(x);
+    } else {
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(v.at(0));
+    }
+  }
+  void save(const fs::path& p) { std::ofstream(p, std::ios::binary) << m.SerializeAsString(); }
+};
+
+constexpr std::int64_t kBatch = 4, kIn = 8, kHidden = 16, kOut = 6;
+
+struct Mlp {
+  Matrix w1 = random_matrix(kIn, kHidden, 1), b1 = random_matrix(1, kHidden, 2), w2 = random_matrix(kHidden, kOut, 3),
+         b2 = random_matrix(1, kOut, 4);
+};
+
+// y = Relu(x W1 + b1) W2 + b2, unsharded.
+void write_full(const Mlp& p, const fs::path& file) {
+  Graph g;
+  g.io(true, "x", {kBatch, kIn});
+  g.io(false, "y", {kBatch, kOut});
+  g.weight("W1", p.w1);
+  g.weight("b1", p.b1, true);
+  g.weight("W2", p.w2);
+  g.weight("b2", p.b2, true);
+  g.node("MatMul", {"x", "W1"}, {"a"});
+  g.node("Add", {"a", "b1"}, {"b"});
+  g.node("Relu", {"b"}, {"h"});
+  g.node("MatMul", {"h", "W2"}, {"c"});
+  g.node("Add", {"c", "b2"}, {"y"});
+  g.save(file);
+}
+
+// Rank r of TP=2: W1 split by columns, W2 by rows, partial products summed by hp.AllReduce.
+void write_tp(const Mlp& p, int r, const fs::path& file) {
+  const std::int64_t h0 = r * kHidden / 2, h1 = (r + 1) * kHidden / 2;
+  Graph g;
+  g.io(true, "x", {kBatch, kIn});
+  g.io(false, "y", {kBatch, kOut});
+  g.weight("W1", cols_of(p.w1, h0, h1));
+  g.weight("b1", cols_of(p.b1, h0, h1), true);
+  g.weight("W2", rows_of(p.w2, h0, h1));
+  g.weight("b2", p.b2, true);
+  g.node("MatMul", {"x", "W1"}, {"a"});
+  g.node("Add", {"a", "b1"}, {"b"});
+  g.node("Relu", {"b"}, {"h"});
+  g.node("MatMul", {"h", "W2"}, {"c"});
+  auto* ar = g.node("AllReduce", {"c"}, {"s"}, "hp");
+  Graph::attr(ar, "group", {1, 0}, true);
+  auto* op = ar->add_attribute();
+  op->set_name("op");
+  op->set_type(onnx::AttributeProto::STRING);
+  op->set_s("sum");
+  g.node("Add", {"s", "b2"}, {"y"});
+  g.save(file);
+}
+
+// PP=2 over micro-batches of `mb_rows` rows: stage 0 computes h and sends it, stage 1 receives it.
+void write_pp(const Mlp& p, int stage, std::int64_t mb_rows, const fs::path& file) {
+  Graph g;
+  if (stage == 0) {
+    g.io(true, "x", {mb_rows, kIn});
+    g.weight("W1", p.w1);
+    g.weight("b1", p.b1, true);
+    g.node("MatMul", {"x", "W1"}, {"a"});
+    g.node("Add", {"a", "b1"}, {"b"});
+    g.node("Relu", {"b"}, {"h"});
+    g.io(false, "h", {mb_rows, kHidden});  // ONNX graphs need an output; the job's output is y (recipe)
+    auto* s = g.node("Send", {"h"}, {}, "hp");
+    Graph::attr(s, "peer", {1}, false);
+    Graph::attr(s, "tag", {0}, false);
+  } else {
+    g.io(false, "y", {mb_rows, kOut});
+    g.weight("W2", p.w2);
+    g.weight("b2", p.b2, true);
+    auto* r = g.node("Recv", {}, {"h"}, "hp");
+    Graph::attr(r, "peer", {0}, false);
+    Graph::attr(r, "tag", {0}, false);
+    Graph::attr(r, "dtype", {onnx::TensorProto::FLOAT}, false);
+    Graph::attr(r, "shape", {mb_rows, kHidden}, true);
+    g.node("MatMul", {"h", "W2"}, {"c"});
+    g.node("Add", {"c", "b2"}, {"y"});
+  }
+  g.save(file);
+}
+
+void write_input(const fs::path& dir) {
+  fs::create_directories(dir);
+  Matrix x = random_matrix(kBatch, kIn, 7);
+  HostTensor t;
+  t.name = "x";
+  t.dtype = HP_F32;
+  t.dims = {kBatch, kIn};
+  t.data.resize(x.v.size() * 4);
+  std::memcpy(t.data.data(), x.v.data(), t.data.size());
+  REQUIRE(write_tensor_file(dir / "input_0.pb", t).ok());
+}
+
+// A recipe with two one-rank groups running `m0` and `m1`, both declaring the job output y (the
+// launcher gathers it from the first group that has it); `parallel` goes into [parallel], `env1` and
+// `backend1` into the second group.
+void write_recipe(const fs::path& file, const std::string& parallel, const std::string& m0, const std::string& m1,
+                  const std::string& env1 = "", const std::string& backend1 = "") {
+  std::ofstream f(file);
+  f << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"full.onnx\"\ncluster = \"local-cpu\"\n\n[parallel]\n" << parallel
+    << "\n\n[[groups]]\nname = \"g0\"\nranks = \"0\"\nmodule = \"" << m0 << "\"\nbackend = \"cpu\"\noutputs = [\"y\"]\n"
+    << "\n[[groups]]\nname = \"g1\"\nranks = \"1\"\nmodule = \"" << m1 << "\"\nbackend = \"" << (backend1.empty() ? "cpu" : backend1)
+    << "\"\noutputs = [\"y\"]\n";
+  if (!env1.empty()) f << "env = { " << env1 << " }\n";
+}
+
+struct Run {
+  int rc = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+Run run_hp(const std::string& args) {
+  Run r;
+  const auto start = std::chrono::steady_clock::now();
+  std::string cmd = std::string(HP_EXE) + " " + args + " 2>&1 </dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
+  const int st = ::pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+double max_abs_diff(const fs::path& a, const fs::path& b) {
+  auto x = read_tensor_file(a), y = read_tensor_file(b);
+  REQUIRE(x.ok());
+  REQUIRE(y.ok());
+  REQUIRE(x->dims == y->dims);
+  double d = 0;
+  for (std::int64_t i = 0; i < x->numel(); ++i) d = std::max(d, std::fabs(double(x->as<float>()[i]) - y->as<float>()[i]));
+  return d;
+}
+
+// True when no process recorded under RUN/pids is still alive (zombies of our own children aside).
+bool no_rank_left(const fs::path& run) {
+  for (int tries = 0; tries < 50; ++tries) {
+    bool alive = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(run / "pids", ec)) {
+      std::ifstream in(e.path());
+      long pid = 0;
+      if (in >> pid && ::kill(static_cast<pid_t>(pid), 0) == 0) {
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string s;
+        std::getline(stat, s);
+        const auto close = s.rfind(')');
+        if (close == std::string::npos || s.substr(close + 2, 1) != "Z") alive = true;
+      }
+    }
+    if (!alive) return true;
+    ::usleep(100 * 1000);
+  }
+  return false;
+}
+
+struct Fixture {
+  TempDir d;
+  Mlp p;
+  explicit Fixture(const std::string& name) : d(name) {
+    write_full(p, d.path / "full.onnx");
+    write_input(d.path / "in");
+    Run ref = run_hp("launch " + (d.path / "full.onnx").string() + " --inputs " + (d.path / "in").string() + " --outputs " +
+                 (d.path / "ref").string());
+    INFO(ref.out);
+    REQUIRE(ref.rc == 0);
+  }
+  std::string launch(const std::string& recipe, const std::string& extra = "") {
+    return "launch " + (d.path / recipe).string() + " --inputs " + (d.path / "in").string() + " --outputs " +
+           (d.path / "out").string() + " --run-dir " + (d.path / "run").string() + " --threads 1 " + extra;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("mpi launch: a TP=2 MLP equals the unsharded model", "[mpi]") {
+  Fixture f("tp");
+  write_tp(f.p, 0, f.d.path / "tp0.onnx");
+  write_tp(f.p, 1, f.d.path / "tp1.onnx");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx");
+  Run r = run_hp(f.launch("tp.toml", "--timeout 60"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("[g0:0] rank 0 of 2 (group 'g0'): 1 forward(s)") != std::string::npos);
+  CHECK(r.out.find("[g1:1] rank 1 of 2 (group 'g1')") != std::string::npos);
+  CHECK(fs::exists(f.d.path / "run" / "logs" / "rank-1.log"));
+  CHECK(max_abs_diff(f.d.path / "out" / "output_0.pb", f.d.path / "ref" / "output_0.pb") <= 1e-5);
+}
+
+TEST_CASE("mpi launch: a PP=2 pipeline over micro-batches equals the unsharded model", "[mpi]") {
+  Fixture f("pp");
+  for (auto [schedule, m] : std::vector<std::pair<std::string, int>>{{"1f1b", 2}, {"gpipe", 4}}) {
+    const std::int64_t rows = kBatch / m;
+    write_pp(f.p, 0, rows, f.d.path / "s0.onnx");
+    write_pp(f.p, 1, rows, f.d.path / "s1.onnx");
+    write_recipe(f.d.path / "pp.toml",
+                 "dp = 1\ntp = 1\npp = 2\nmicro_batches = " + std::to_string(m) + "\nschedule = \"" + schedule + "\"",
+                 "s0.onnx", "s1.onnx");
+    fs::remove_all(f.d.path / "run");
+    Run r = run_hp(f.launch("pp.toml", "--timeout 60"));
+    INFO(schedule << "\n" << r.out);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("[g1:1] rank 1 of 2 (group 'g1'): " + std::to_string(m) + " forward(s)") != std::string::npos);
+    CHECK(max_abs_diff(f.d.path / "out" / "output_0.pb", f.d.path / "ref" / "output_0.pb") <= 1e-5);
+  }
+}
+
+TEST_CASE("mpi launch: a crashing rank ends the job with the runtime code and names the rank", "[mpi][fault]") {
+  Fixture f("crash");
+  write_tp(f.p, 0, f.d.path / "tp0.onnx");
+  write_tp(f.p, 1, f.d.path / "tp1.onnx");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "HP_TEST_FAULT = \"segv\"");
+  Run r = run_hp(f.launch("tp.toml", "--timeout 60"));
+  INFO(r.out);
+  CHECK(r.rc == 5);
+  CHECK(r.out.find("hp: error: ") != std::string::npos);
+  CHECK(r.out.find("rank 1 (group 'g1') failed first (killed by signal 11)") != std::string::npos);
+  CHECK(r.seconds < 30);
+  CHECK(no_rank_left(f.d.path / "run"));
+}
+
+TEST_CASE("mpi launch: a rank hanging past --timeout is stopped, nothing left behind", "[mpi][fault]") {
+  Fixture f("hang");
+  write_tp(f.p, 0, f.d.path / "tp0.onnx");
+  write_tp(f.p, 1, f.d.path / "tp1.onnx");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "HP_TEST_FAULT = \"hang\"");
+  Run r = run_hp(f.launch("tp.toml", "--timeout 3"));
+  INFO(r.out);
+  CHECK(r.rc == 5);
+  CHECK(r.out.find("the job ran past --timeout 3 s and was stopped") != std::string::npos);
+  CHECK(r.seconds < 3 + 20);
+  CHECK(no_rank_left(f.d.path / "run"));
+}
+
+TEST_CASE("mpi launch: a missing plugin on one group's backend stops the job as unavailable", "[mpi][fault]") {
+  Fixture f("plugin");
+  write_tp(f.p, 0, f.d.path / "tp0.onnx");
+  write_tp(f.p, 1, f.d.path / "tp1.onnx");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "", "nosuch");
+  Run r = run_hp(f.launch("tp.toml", "--timeout 60"));
+  INFO(r.out);
+  CHECK(r.rc == 7);
+  CHECK(r.out.find("rank 1 (group 'g1') failed first (exit code 7): group 'g1': backend 'nosuch' was not found") !=
+        std::string::npos);
+  CHECK(r.out.find("last lines of") != std::string::npos);
+  CHECK(r.seconds < 30);
+  CHECK(no_rank_left(f.d.path / "run"));
+}
