@@ -182,6 +182,7 @@ const OpTable& op_table() {
     register_reduce_ops(t);
     register_pool_ops(t);
     register_resample_ops(t);
+    register_scatter_ops(t);
     return t;
   }();
   return table;

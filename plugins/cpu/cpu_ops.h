@@ -114,6 +114,7 @@ void register_nn_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);
+void register_scatter_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();
