@@ -489,6 +489,40 @@ RuleResult gather(const RuleContext& c) {
   return r;
 }
 
+// Conv: the batch dim keeps its split; with tp, a weight splits its output channels (the output's
+// channel dim follows, no communication); input channels and spatial dims must be whole.
+RuleResult conv(const RuleContext& c) {
+  RuleResult r = base(c);
+  const auto& X = c.in[0];
+  const auto& W = c.in[1];
+  std::size_t rx = X.shape.size(), rw = W.shape.size();
+  if (rx < 3 || rw != rx || c.out_shapes.empty() || c.out_shapes[0].size() != rx) return replicate_all(c);
+  Sharding sx = X.flexible ? Sharding::replicated(rx) : X.cur;
+  sx.partial.clear();
+  for (std::size_t d = 1; d < rx; ++d) sx.dims[d].clear();
+  Sharding sw = W.flexible ? Sharding::replicated(rw) : W.cur;
+  sw.partial.clear();
+  for (std::size_t d = 1; d < rw; ++d) sw.dims[d].clear();
+  const bool tp = c.tp_axis >= 0 && c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] > 1;
+  bool grouped = attr_int(*c.node, "group", 1) != 1;
+  if (W.flexible && tp && !grouped && W.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
+    sw.dims[0] = Entry{c.tp_axis};
+    r.why[1] = "output-channel parallel";
+  }
+  const Entry& b = sx.dims[0];
+  if (grouped || std::any_of(sw.dims[0].begin(), sw.dims[0].end(),
+                             [&](int a) { return std::find(b.begin(), b.end(), a) != b.end(); }))
+    sw.dims[0].clear();
+  r.req[0] = sx;
+  r.req[1] = sw;
+  if (c.in.size() > 2 && c.in[2].present) r.req[2] = make({sw.dims[0]});
+  std::vector<Entry> o(rx);
+  o[0] = sx.dims[0];
+  o[1] = sw.dims[0];
+  r.out[0] = make(o);
+  return r;
+}
+
 RuleResult expand(const RuleContext& c) {
   RuleResult r = base(c);
   const auto& in = c.in[0];
@@ -579,6 +613,7 @@ RuleResult apply_rule(const RuleContext& c) {
   if (op == "Transpose") return transpose(c);
   if (op == "Gather") return gather(c);
   if (op == "Expand") return expand(c);
+  if (op == "Conv") return conv(c);
   if (op == "Concat") return concat(c);
   std::size_t R = c.in[0].shape.size();
   if (op == "Softmax" || op == "LogSoftmax") {

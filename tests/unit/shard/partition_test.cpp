@@ -278,6 +278,16 @@ TEST_CASE("8-rank partitions (dp=2, tp=2, pp=2) match the unsharded model", "[sh
   SECTION("moe") { check_numerics("moe-dp2-tp2-pp2", "tiny-moe", true); }
 }
 
+TEST_CASE("ViT: the Conv patch embedding splits its output channels", "[shard][partition][numerics]") {
+  check_numerics("vit-dp2-tp2", "tiny-vit", true);
+  check_weights_reassemble("vit-dp2-tp2");
+  auto p = prepare(recipe_file("vit-dp2-tp2"));
+  REQUIRE(p.ok());
+  int conv = 0;
+  for (std::size_t t = 0; t < (*p)->graph.tensors.size(); ++t) conv += (*p)->prop.origin[t] == "output-channel parallel";
+  CHECK(conv == 1);
+}
+
 TEST_CASE("partitions hold hp-domain comm nodes, Send/Recv pairs and the hp opset", "[shard][partition]") {
   auto p = prepare(recipe_file("gpt2-dp2-tp2-pp2"));
   REQUIRE(p.ok());
