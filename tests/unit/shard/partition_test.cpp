@@ -276,6 +276,9 @@ TEST_CASE("8-rank partitions (dp=2, tp=2, pp=2) match the unsharded model", "[sh
   SECTION("gpt2") { check_numerics("gpt2-dp2-tp2-pp2", "tiny-gpt2", true); }
   SECTION("llama (GQA)") { check_numerics("llama-dp2-tp2-pp2", "tiny-llama", true); }
   SECTION("moe") { check_numerics("moe-dp2-tp2-pp2", "tiny-moe", true); }
+  SECTION("gpt2 with explicit [[stages]]: 3 + 1 layers, stage 0 on ranks 2-3, stage 1 on ranks 0-1") {
+    check_numerics("gpt2-tp2-pp2-stages", "tiny-gpt2", true);
+  }
 }
 
 TEST_CASE("ViT: the Conv patch embedding splits its output channels", "[shard][partition][numerics]") {
