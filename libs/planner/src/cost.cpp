@@ -16,7 +16,9 @@
 // saturating curve 0.8 * n / (n + 444) for GPUs and NPUs. Its two constants were FITTED by hand to
 // the four A100 iteration times of Korthikanti et al. 2022 (22B/175B/530B/1T with SP + selective
 // recompute, reference/planner.md §8: n = 768..3200 gives 0.51..0.70), so the validation test on
-// those same points is a consistency check, not independent evidence. NPUs reuse the GPU curve
+// those same points is a consistency check, not independent evidence. Widths beyond the widest fitted
+// point (n = 3200, the 1T model at tp 8) keep its 0.70: extrapolating the curve made 175B prefer tp 2
+// (n = 6144 would get 0.75) on no evidence. NPUs reuse the GPU curve
 // untested (Ascend 910 end-to-end MFU reports are lower, 30-50%); CPUs use a flat 0.5. Small
 // models (n of a few dozen) get a few percent: realistic for launch-bound kernels on accelerators.
 //
@@ -60,6 +62,7 @@ Calibration calibration_for(recipe::DeviceKind kind) {
   } else {
     c.compute_efficiency = 0.8;
     c.efficiency_half_width = 444;
+    c.efficiency_max_width = 3200;
   }
   c.kernel_overhead = kind == recipe::DeviceKind::cpu ? 1e-6 : 4e-6;
   return c;
@@ -67,6 +70,7 @@ Calibration calibration_for(recipe::DeviceKind kind) {
 
 double efficiency(const Calibration& c, double width) {
   if (c.efficiency_half_width <= 0) return c.compute_efficiency;
+  if (c.efficiency_max_width > 0) width = std::min(width, c.efficiency_max_width);
   return c.compute_efficiency * width / (width + c.efficiency_half_width);
 }
 

@@ -433,18 +433,21 @@ SearchResult search(const SearchInput& in) {
     }
     Plan plan{c, std::move(stages), {}, *links};
     plan.predicted = predict(m, c, w, mc, *links, plan.stages);
-    // Equivalent plans (same degrees, micro-batching and schedule, same predicted time: a ZeRO level,
-    // SP or placement that changes nothing the model sees) fill the top k with one choice; keep the
-    // one needing less memory.
+    // Equivalent plans (same degrees, micro-batching and schedule, the same predicted time to 1e-6: a
+    // ZeRO level, SP or placement that changes nothing that matters) would fill the top k with one
+    // choice; only one of them is kept.
     auto same = std::find_if(res.plans.begin(), res.plans.end(), [&](const Plan& q) {
       const Config& a = q.config;
       return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep && a.micro_batch_size == c.micro_batch_size &&
              a.schedule == c.schedule && a.virtual_stages == c.virtual_stages &&
-             std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-9 * plan.predicted.iteration;
+             std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-6 * plan.predicted.iteration;
     });
     if (same != res.plans.end()) {
       ++res.stats.duplicates;
-      if (same->predicted.peak_memory <= plan.predicted.peak_memory) continue;
+      // The faster stays (the best time must be exact); on a tie, the one needing less memory.
+      const double dt = plan.predicted.iteration - same->predicted.iteration;
+      const bool tie = std::abs(dt) <= 1e-12 * plan.predicted.iteration;
+      if (tie ? same->predicted.peak_memory <= plan.predicted.peak_memory : dt > 0) continue;
       res.plans.erase(same);
     }
     auto at = std::upper_bound(res.plans.begin(), res.plans.end(), plan.predicted.iteration,

@@ -54,6 +54,9 @@ struct Calibration {
   /// n = hidden / tp: compute_efficiency * n / (n + efficiency_half_width). 0 half-width = constant.
   double compute_efficiency = 0.6;
   double efficiency_half_width = 0;
+  /// The widest n of the fitting data: wider GEMMs get the efficiency at this width (the curve is
+  /// not extrapolated past what it was fitted on). 0 = no cap.
+  double efficiency_max_width = 0;
   double kernel_overhead = 4e-6;    ///< seconds per kernel launch and tail, per micro-batch and pass
   double overlap_tp = 0.0;          ///< share of TP collectives hidden under compute
   double overlap_dp = 0.5;          ///< share of the DP gradient reduction hidden under backward
