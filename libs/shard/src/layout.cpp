@@ -117,6 +117,7 @@ std::int64_t Mesh::rank_at(const std::vector<std::int64_t>& c) const {
 
 std::vector<std::int64_t> Mesh::group(std::int64_t global_rank, const std::vector<int>& group_axes) const {
   std::vector<std::int64_t> c = coords(global_rank);
+  if (c.empty()) return {};  // not on the mesh
   std::int64_t n = 1;
   for (int a : group_axes) n *= dims[static_cast<std::size_t>(a)];
   std::vector<std::int64_t> out;
@@ -246,6 +247,7 @@ Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k, Une
 std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
                             std::int64_t global_rank, Uneven uneven) {
   std::vector<std::int64_t> c = mesh.coords(global_rank);
+  if (c.empty()) return {};  // not on the mesh (a precondition; never index past the coordinates)
   std::vector<Range> out;
   for (std::size_t d = 0; d < s.dims.size(); ++d) {
     std::int64_t n = 1, id = 0;

@@ -73,6 +73,8 @@ TEST_CASE("layout: rank_list variants place global ranks at mesh positions", "[s
   CHECK(slice_of(m, s, shape, 7) == Ranges{{2, 4}, {2, 4}});
   CHECK_FALSE(m.holds(0));
   CHECK(m.holds(7));
+  CHECK(slice_of(m, s, shape, 0).empty());  // rank 0 is not on this mesh
+  CHECK(m.group(0, {0}).empty());
 
   Mesh p = mesh({2, 2}, {"x", "y"}, {0, 2, 1, 3});
   CHECK(slice_of(p, s, shape, 0) == Ranges{{0, 2}, {0, 2}});

@@ -36,6 +36,7 @@ struct Mesh {
   std::int64_t rank_at(const std::vector<std::int64_t>& coords) const;
   /// The ranks whose coordinates differ from `global_rank`'s only on `axes`, ordered by the mixed-radix
   /// number of those coordinates (first listed axis major): the chunk order for gathers and splits.
+  /// Empty for a rank not on the mesh.
   std::vector<std::int64_t> group(std::int64_t global_rank, const std::vector<int>& axes) const;
   /// Every such group, each ordered as group(), groups ordered by their smallest mesh position.
   std::vector<std::vector<std::int64_t>> groups(const std::vector<int>& axes) const;
@@ -93,6 +94,7 @@ Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k, Une
 std::vector<int> unused_axes(const Mesh& mesh, const Sharding& s);
 
 /// The slice of the global tensor `global_rank` holds (one Range per dim). Precondition: check_shape.
+/// Empty for a rank not on the mesh.
 std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
                             std::int64_t global_rank, Uneven uneven = Uneven::reject);
 /// Shard count per dim (prod of the dim's axis sizes).
