@@ -192,9 +192,12 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
         case StepKind::local_slice: break;
       }
       add_ints_attr(n, dom::kAttrGroup, group);
-      std::string axes;
-      for (int a : st.axes) axes += (axes.empty() ? "" : "_") + prop_.mesh.axes[static_cast<std::size_t>(a)];
-      add_str_attr(n, dom::kAttrGroupName, fmt::format("{}.s{}", axes, s_));
+      // The manifest's name for this group: "<dp|tp>.s<stage>.<index>" (mesh axis 0 is dp, 1 is tp).
+      std::size_t gi = 0;
+      for (std::size_t q = 0; q < st.groups.size(); ++q)
+        if (std::find(st.groups[q].begin(), st.groups[q].end(), pos_) != st.groups[q].end()) gi = q;
+      if (st.axes.size() == 1)
+        add_str_attr(n, dom::kAttrGroupName, fmt::format("{}.s{}.{}", st.axes[0] == 0 ? "dp" : "tp", s_, gi));
     }
     cur = next;
   }

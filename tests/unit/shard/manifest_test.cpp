@@ -2,6 +2,8 @@
 // once with its stage and coordinates, orders group members, and malformed manifests are located errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "shard_test_util.h"
@@ -41,6 +43,37 @@ TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent", "
   auto back = parse_manifest(text, "manifest.toml");
   REQUIRE(back.ok());
   CHECK(*back == m);
+}
+
+TEST_CASE("every comm node's group_name is a manifest group with the same ordered members", "[shard][manifest]") {
+  auto p = prepare(shard_test::recipe_file("gpt2-dp2-tp2-pp2"));
+  REQUIRE(p.ok());
+  Manifest m = make_manifest(**p);
+  std::map<std::string, std::vector<std::int64_t>> groups;
+  for (const auto& g : m.groups) groups[g.name] = g.members;
+  int checked = 0;
+  for (const auto& st : (*p)->plan.stages)
+    for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
+      auto part = build_partition((*p)->plan, st.index, static_cast<std::int64_t>(pos));
+      REQUIRE(part.ok());
+      onnx::ModelProto model;
+      REQUIRE(model.ParseFromString(part->onnx));
+      for (const auto& n : model.graph().node()) {
+        if (n.domain() != "hp" || n.op_type() == "Send" || n.op_type() == "Recv") continue;
+        std::string name;
+        std::vector<std::int64_t> members;
+        for (const auto& a : n.attribute()) {
+          if (a.name() == "group_name") name = a.s();
+          if (a.name() == "group") members.assign(a.ints().begin(), a.ints().end());
+        }
+        INFO(n.name() << " group_name " << name);
+        REQUIRE(groups.count(name) == 1);
+        CHECK(groups[name] == members);
+        CHECK(std::find(members.begin(), members.end(), part->rank) != members.end());
+        ++checked;
+      }
+    }
+  CHECK(checked > 0);
 }
 
 TEST_CASE("malformed manifests are located errors", "[shard][manifest]") {
