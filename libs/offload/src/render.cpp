@@ -162,7 +162,14 @@ std::string format_json(const OffloadReport& r) {
       st["stage_seconds"] = sc.step;
       st["h2d_bytes"] = transfer_bytes(sc, true);
       st["d2h_bytes"] = transfer_bytes(sc, false);
-      st["transfers"] = sc.transfers.size();
+      // Every copy, timed on its link; exposed > 0 marks the ones compute waited for.
+      json xs = json::array();
+      for (const auto& x : sc.transfers)
+        xs.push_back({{"kind", kind_name(x.kind)}, {"unit", s.input.units[static_cast<std::size_t>(x.unit)].name},
+                      {"micro_batch", x.micro}, {"direction", x.to_device ? "h2d" : "d2h"}, {"bytes", x.bytes},
+                      {"start", x.start}, {"end", x.end}, {"exposed", x.exposed},
+                      {"hidden", x.exposed <= 0}});
+      st["transfers"] = xs;
       st["evictions"] = sc.evictions;
       st["fetches"] = sc.fetches;
       st["lower_bound"] = sc.lower_bound;
