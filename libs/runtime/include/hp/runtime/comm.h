@@ -72,6 +72,7 @@ class TransportCommOps : public CommOps {
  private:
   Transport& t_;
   int micro_batch_ = 0;
+  std::vector<unsigned char> scratch_;  ///< AllReduce works in place here (reused memory is faster for MPI)
 };
 
 /// Parses "0,2,1,3" (an int-list attribute as the executor hands it over). Errc::bad_input when malformed.
