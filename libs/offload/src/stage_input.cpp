@@ -123,7 +123,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
           return Error(Errc::bad_input,
                        fmt::format("stage {} names layer {} but the model has {} blocks", st.index, b, nblocks),
                        r.name, "re-plan the recipe for this model");
-        ranks[static_cast<std::size_t>(st.index % p.pp)].push_back({st.index / p.pp, b, st.recompute});
+        ranks[static_cast<std::size_t>(st.index % p.pp)].push_back({st.index / p.pp, b, st.recompute_of(b)});
       }
   }
   ranks.front().insert(ranks.front().begin(), Placed{0, -1, recipe::Recompute::none});

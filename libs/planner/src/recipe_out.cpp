@@ -4,8 +4,9 @@
 // pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline coordinate
 // is k. The mesh is written as one layout "*" whose device_matrix lists the axes outermost first
 // (the recipe's major-first convention) with their alias names. Interleaved plans write one stage
-// per model chunk (pp * v entries; chunk j runs on pipeline rank j mod pp). A stage carries one
-// recompute policy in recipe version 1, so a stage whose blocks differ gets the strongest of them.
+// per model chunk (pp * v entries; chunk j runs on pipeline rank j mod pp). Level 2 chooses
+// recomputation per block: a stage's `recompute` is the policy most of its blocks use, and the other
+// blocks are listed in its `recompute_layers`, so the recipe keeps every choice.
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
@@ -71,7 +72,7 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
   // chunks each, cut at the gaps of their block lists.
   const std::int64_t chunks = c.pp * c.virtual_stages;
   std::vector<std::vector<std::int64_t>> chunk_layers(static_cast<std::size_t>(chunks));
-  std::vector<recipe::Recompute> chunk_rc(static_cast<std::size_t>(chunks), recipe::Recompute::none);
+  std::vector<std::vector<recipe::Recompute>> chunk_rc(static_cast<std::size_t>(chunks));
   for (std::int64_t k = 0; k < c.pp; ++k) {
     const StagePlan& s = best.stages[static_cast<std::size_t>(k)];
     std::int64_t v = 0;
@@ -79,14 +80,22 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
       if (i > 0 && s.blocks[i] != s.blocks[i - 1] + 1) ++v;
       const auto j = static_cast<std::size_t>(std::min(v, c.virtual_stages - 1) * c.pp + k);
       chunk_layers[j].push_back(s.blocks[i]);
-      if (static_cast<int>(s.recompute[i]) > static_cast<int>(chunk_rc[j])) chunk_rc[j] = s.recompute[i];
+      chunk_rc[j].push_back(s.recompute[i]);
     }
   }
   for (std::int64_t j = 0; j < chunks; ++j) {
     recipe::Stage st;
     st.index = j;
     st.layers = chunk_layers[static_cast<std::size_t>(j)];
-    st.recompute = chunk_rc[static_cast<std::size_t>(j)];
+    const auto& rc = chunk_rc[static_cast<std::size_t>(j)];
+    // The most common policy is the stage's (ties go to the lighter one); the rest are overrides.
+    std::size_t best_count = 0;
+    for (auto mode : {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full}) {
+      const auto n = static_cast<std::size_t>(std::count(rc.begin(), rc.end(), mode));
+      if (n > best_count) best_count = n, st.recompute = mode;
+    }
+    for (std::size_t i = 0; i < rc.size(); ++i)
+      if (rc[i] != st.recompute) st.recompute_layers[rc[i]].push_back(st.layers[i]);
     st.ranks = stage_ranks(c, j % c.pp);
     out.stages.push_back(std::move(st));
   }

@@ -86,10 +86,17 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
 }
 
 void read_stage(TomlReader& rd, const toml::table& t, const std::string& path, Stage& s) {
-  rd.check_keys(t, path, {"index", "layers", "recompute", "ranks"});
+  rd.check_keys(t, path, {"index", "layers", "recompute", "recompute_layers", "ranks"});
   if (auto v = rd.get_int(t, "index", path, true)) s.index = *v;
   if (auto v = rd.get_int_list(t, "layers", path, true)) s.layers = *v;
   if (auto v = get_enum(rd, t, "recompute", path, kRecomputes)) s.recompute = *v;
+  // recompute_layers = { full = "4-5", selective = [2] }: the keys are recompute modes.
+  if (const toml::table* o = rd.get_table(t, "recompute_layers", path, false)) {
+    const std::string sub = TomlReader::join(path, "recompute_layers");
+    rd.check_keys(*o, sub, {"none", "selective", "full"});
+    for (const auto& [name, mode] : kRecomputes)
+      if (auto v = rd.get_int_list(*o, name, sub, false)) s.recompute_layers[mode] = *v;
+  }
   if (auto v = rd.get_int_list(t, "ranks", path, false)) s.ranks = *v;
 }
 

@@ -105,6 +105,20 @@ void check_stages(Checker& ck, const Recipe& r) {
       auto [it, fresh] = layer_owner.emplace(l, s.index);
       if (!fresh) ck.fail(key + ".layers", fmt::format("layer {} is in stage {} and stage {}", l, it->second, s.index));
     }
+    // Overrides name layers of this stage, each at most once.
+    std::map<std::int64_t, Recompute> overridden;
+    for (const auto& [mode, layers] : s.recompute_layers)
+      for (auto l : layers) {
+        if (!std::binary_search(s.layers.begin(), s.layers.end(), l))
+          ck.fail(key + ".recompute_layers",
+                  fmt::format("'{}.recompute_layers.{}' names layer {}, which is not in stage {}", key,
+                              recompute_name(mode), l, s.index),
+                  "list only layers of the stage's 'layers'");
+        else if (auto [it, fresh] = overridden.emplace(l, mode); !fresh)
+          ck.fail(key + ".recompute_layers",
+                  fmt::format("layer {} of stage {} is both '{}' and '{}' in 'recompute_layers'", l, s.index,
+                              recompute_name(it->second), recompute_name(mode)));
+      }
     if (!s.ranks.empty() && static_cast<std::int64_t>(s.ranks.size()) != p.dp * p.tp)
       ck.fail(key + ".ranks", fmt::format("stage {} has {} ranks but dp*tp is {}", s.index, s.ranks.size(), p.dp * p.tp));
     check_rank_list(ck, key + ".ranks", s.ranks);

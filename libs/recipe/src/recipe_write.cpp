@@ -3,6 +3,7 @@
 // decision that changed. Layers and ranks are written as range strings ("0-11") because a 384-rank
 // stage as an integer array would swamp the file. parse_recipe(format_recipe(r)) == r is a tested
 // invariant (tests/unit/recipe/recipe_test.cpp).
+#include <algorithm>
 #include <fmt/core.h>
 
 #include "hp/core/fs.h"
@@ -25,6 +26,12 @@ const char* schedule_name(Schedule s) {
     case Schedule::interleaved: return "interleaved";
   }
   return "1f1b";
+}
+
+Recompute Stage::recompute_of(std::int64_t layer) const {
+  for (const auto& [mode, layers] : recompute_layers)
+    if (std::find(layers.begin(), layers.end(), layer) != layers.end()) return mode;
+  return recompute;
 }
 
 const char* recompute_name(Recompute r) {
@@ -97,9 +104,17 @@ std::string format_recipe(const Recipe& r) {
   s += fmt::format("micro_batches = {}\nschedule = {}\nvirtual_stages = {}\nsequence_parallel = {}\nexpert_parallel = {}\n",
                    p.micro_batches, quote(schedule_name(p.schedule)), p.virtual_stages,
                    p.sequence_parallel ? "true" : "false", p.expert_parallel);
-  for (const auto& st : r.stages)
-    s += fmt::format("\n[[stages]]\nindex = {}\nlayers = {}\nrecompute = {}\nranks = {}\n", st.index,
-                     quote(format_ranges(st.layers)), quote(recompute_name(st.recompute)), quote(format_ranges(st.ranks)));
+  for (const auto& st : r.stages) {
+    s += fmt::format("\n[[stages]]\nindex = {}\nlayers = {}\nrecompute = {}\n", st.index,
+                     quote(format_ranges(st.layers)), quote(recompute_name(st.recompute)));
+    if (!st.recompute_layers.empty()) {
+      std::string o;
+      for (const auto& [mode, layers] : st.recompute_layers)
+        o += fmt::format("{}{} = {}", o.empty() ? "" : ", ", recompute_name(mode), quote(format_ranges(layers)));
+      s += "recompute_layers = { " + o + " }\n";
+    }
+    s += fmt::format("ranks = {}\n", quote(format_ranges(st.ranks)));
+  }
   for (const auto& [name, l] : r.layouts) s += format_layout(name, l);
   for (const auto& g : r.groups) s += format_group(g);
   if (r.offload) s += format_offload(*r.offload);

@@ -26,6 +26,8 @@ constexpr KeyDoc kRecipe[] = {
     {"[[stages]]", "index", "integer", "yes", "stage number, 0-based, in order"},
     {"[[stages]]", "layers", "range or integer array", "yes", "layer (block) indices of the stage, e.g. \"0-11\""},
     {"[[stages]]", "recompute", "none|selective|full", "no (none)", "activation recomputation of the stage"},
+    {"[[stages]]", "recompute_layers", "table: mode = layer ranges", "no ({})",
+     "per-layer overrides of 'recompute', e.g. { full = \"4-5\" } (the planner chooses recomputation per block)"},
     {"[[stages]]", "ranks", "range or integer array", "no (\"\")", "global ranks running the stage (dp*tp of them)"},
     {"[layouts.<tensor>]", "device_matrix", "integer array", "yes", "logical device mesh shape; <tensor> is a name or glob"},
     {"[layouts.<tensor>]", "alias_name", "string array", "yes", "one axis name per mesh axis"},

@@ -23,6 +23,7 @@ inline Recipe full_recipe() {
     st.index = s;
     st.layers = {3 * s, 3 * s + 1, 3 * s + 2};
     st.recompute = s == 0 ? Recompute::selective : (s == 3 ? Recompute::full : Recompute::none);
+    if (s == 1) st.recompute_layers = {{Recompute::full, {4, 5}}, {Recompute::selective, {3}}};
     int base = (s % 2) * 4;
     st.ranks = {base, base + 1, base + 2, base + 3};
     r.stages.push_back(st);

@@ -214,3 +214,20 @@ TEST_CASE("recipe: random bytes and truncated files never crash the parser", "[r
     (void)doc;  // any outcome is fine as long as it is a value, not a crash
   }
 }
+
+TEST_CASE("recipe: per-layer recompute overrides must name the stage's layers once", "[recipe]") {
+  RecipeDocument doc = parse_with(R"([parallel]
+dp = 1
+tp = 1
+pp = 1
+[[stages]]
+index = 0
+layers = "0-3"
+recompute = "selective"
+recompute_layers = { full = "2-4", none = [2], sometimes = [1] }
+)");
+  INFO(dump(doc.problems));
+  CHECK(has(doc.problems, "recipe.toml:14:48", "unknown key 'sometimes' in [stages[0].recompute_layers]"));
+  CHECK(has(doc.problems, "recipe.toml:14:20", "'stages[0].recompute_layers.full' names layer 4, which is not in stage 0"));
+  CHECK(has(doc.problems, "recipe.toml:14:20", "layer 2 of stage 0 is both 'none' and 'full' in 'recompute_layers'"));
+}

@@ -9,7 +9,7 @@
 //                       (or 0..3); micro_batch_size; micro_batches; schedule = gpipe|1f1b|interleaved;
 //                       virtual_stages; sequence_parallel; expert_parallel
 //   [[stages]]          index, layers = "0-11" (or [0, 1, ...]), recompute = none|selective|full,
-//                       ranks = "0-7"
+//                       recompute_layers = { full = "4-5" } (per-layer overrides), ranks = "0-7"
 //   [layouts."<tensor or glob>"]
 //                       device_matrix = [2, 4], alias_name = ["dp", "mp"],
 //                       tensor_map = ["None", "mp"] (an entry may be ["dp", "mp"]), rank_list = [...]
@@ -62,8 +62,12 @@ struct Parallel {
 struct Stage {
   std::int64_t index = 0;
   std::vector<std::int64_t> layers;      ///< layer indices (block numbers from layer discovery)
-  Recompute recompute = Recompute::none;
+  Recompute recompute = Recompute::none; ///< the policy of every layer not in recompute_layers
+  /// Per-layer overrides (the planner's level 2 chooses recomputation per block): mode -> layers.
+  std::map<Recompute, std::vector<std::int64_t>> recompute_layers;
   std::vector<std::int64_t> ranks;       ///< global ranks running this stage; may be empty
+  /// The policy of one of the stage's layers: its override, else the stage's `recompute`.
+  Recompute recompute_of(std::int64_t layer) const;
   friend bool operator==(const Stage&, const Stage&) = default;
 };
 
