@@ -207,7 +207,13 @@ TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy
   }
   INFO("h2d " << last.h2d << " d2h " << last.d2h << " memcpy " << last.memcpy << " ratios " << last.h2d_vs_memcpy
               << " " << last.d2h_vs_memcpy);
+#if defined(__SANITIZE_ADDRESS__)
+  // Sanitizer builds instrument the plugin's copies differently from the test's memcpy: the
+  // comparison is only meaningful in a normal build (which the test suite also runs).
+  WARN("address sanitizer build: bandwidth ratio not judged");
+#else
   CHECK(within);
+#endif
   CHECK(last.source().rfind("measured:cpu-copy ", 0) == 0);
   CHECK(last.sizes.size() == 3);
 }
