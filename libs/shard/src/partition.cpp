@@ -136,7 +136,7 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
   for (const auto& st : r.plan.steps) {
     std::string next = fresh(t.name);
     onnx::NodeProto* n = out_->add_node();
-    n->set_name(fresh(t.name + "/" + std::string(step_kind_text(st.kind))));
+    n->set_name(fresh(t.name + "/" + std::string(step_kind_name(st.kind))));
     n->add_input(cur);
     n->add_output(next);
     if (st.kind == StepKind::local_slice) {

@@ -21,18 +21,6 @@ std::int64_t local_bytes(const Mesh& m, const Sharding& s, const std::vector<std
 
 }  // namespace
 
-const char* step_kind_text(StepKind k) {
-  switch (k) {
-    case StepKind::local_slice: return "local_slice";
-    case StepKind::all_gather: return "all_gather";
-    case StepKind::reduce_scatter: return "reduce_scatter";
-    case StepKind::all_reduce: return "all_reduce";
-    case StepKind::all_to_all: return "all_to_all";
-    case StepKind::permute: return "permute";
-  }
-  return "?";
-}
-
 Expected<RedistPlan> plan_steps(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                 const std::vector<std::int64_t>& shape, int elem_bytes) {
   if (from.dims.size() != to.dims.size() || from.dims.size() != shape.size())
@@ -107,7 +95,7 @@ std::string describe_plan(const Mesh& mesh, const RedistPlan& plan) {
   for (const auto& st : plan.steps) {
     std::string axes;
     for (int a : st.axes) axes += (axes.empty() ? "" : ",") + mesh.axes[static_cast<std::size_t>(a)];
-    s += fmt::format("{}", step_kind_text(st.kind));
+    s += fmt::format("{}", step_kind_name(st.kind));
     if (st.dim >= 0) s += fmt::format(" dim {}", st.dim);
     s += fmt::format(" over {}", axes);
     if (st.kind == StepKind::all_reduce || st.kind == StepKind::reduce_scatter) s += fmt::format(" ({})", reduce_op_name(st.op));

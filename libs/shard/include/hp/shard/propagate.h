@@ -73,9 +73,6 @@ Expected<RedistPlan> plan_steps(const Mesh& mesh, const Sharding& from, const Sh
 /// Global shape of a tensor at bound dims; empty optional-like (has_shape false) gives {}.
 std::vector<std::int64_t> global_shape(const model::Tensor& t);
 
-/// "all_gather", "local_slice", ... (the manifest's and --explain's step names).
-const char* step_kind_text(StepKind k);
-
 /// "all_gather dim 1 over tp" ... one line per step.
 std::string describe_plan(const Mesh& mesh, const RedistPlan& plan);
 
