@@ -335,14 +335,16 @@ TEST_CASE("constant and shape-only nodes run once and rerun when an input shape 
   fs::remove_all(d);
 }
 
-TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same values", "[runtime]") {
-  fs::path d = temp_dir("gelu");
+// PyTorch's export of the exact GELU: y = x * (erf(x / sqrt 2) + 1) * 0.5, five nodes over a
+// length-n input; `erf_is_output` also exposes the Erf result as a second graph output.
+onnx::ModelProto gelu_chain_model(std::int64_t n, bool erf_is_output) {
   onnx::ModelProto m;
   m.set_ir_version(8);
   m.add_opset_import()->set_version(17);
   auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {4});
-  add_value(g->mutable_output(), "y", {4});
+  add_value(g->mutable_input(), "x", {n});
+  add_value(g->mutable_output(), "y", {n});
+  if (erf_is_output) add_value(g->mutable_output(), "e", {n});
   add_scalar_constant(g, "sqrt2", 1.4142135381698608f);
   add_scalar_constant(g, "one", 1.0f);
   add_scalar_constant(g, "half", 0.5f);
@@ -351,7 +353,12 @@ TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same val
   add_node(g, "Add", {"e", "one"}, {"a"}, "add");
   add_node(g, "Mul", {"x", "a"}, {"xm"}, "mul");
   add_node(g, "Mul", {"xm", "half"}, {"y"}, "mul_half");
-  auto mm = load(write_model(d, m));
+  return m;
+}
+
+TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same values", "[runtime]") {
+  fs::path d = temp_dir("gelu");
+  auto mm = load(write_model(d, gelu_chain_model(4, false)));
   Backends b = cpu();
   auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
   REQUIRE(ex.ok());
@@ -369,22 +376,7 @@ TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same val
 
 TEST_CASE("a GELU-like chain whose intermediate is also a graph output is not fused", "[runtime]") {
   fs::path d = temp_dir("gelu_nofuse");
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {2});
-  add_value(g->mutable_output(), "y", {2});
-  add_value(g->mutable_output(), "e", {2});
-  add_scalar_constant(g, "sqrt2", 1.4142135381698608f);
-  add_scalar_constant(g, "one", 1.0f);
-  add_scalar_constant(g, "half", 0.5f);
-  add_node(g, "Div", {"x", "sqrt2"}, {"d"}, "div");
-  add_node(g, "Erf", {"d"}, {"e"}, "erf");
-  add_node(g, "Add", {"e", "one"}, {"a"}, "add");
-  add_node(g, "Mul", {"x", "a"}, {"xm"}, "mul");
-  add_node(g, "Mul", {"xm", "half"}, {"y"}, "mul_half");
-  auto mm = load(write_model(d, m));
+  auto mm = load(write_model(d, gelu_chain_model(2, true)));
   Backends b = cpu();
   auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
   REQUIRE(ex.ok());
