@@ -13,9 +13,11 @@
 
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
+#include "planner_test_util.h"
 
 using namespace hp;
 using namespace hp::planner;
+using hp_test::a100;
 
 namespace {
 
@@ -174,15 +176,6 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
       }
     }
   return out;
-}
-
-Machine a100(double memory) {
-  Machine mc;
-  mc.peak_flops = 312e12;
-  mc.memory = memory;
-  mc.memory_bandwidth = 2e12;
-  mc.cal = calibration_for(recipe::DeviceKind::gpu);
-  return mc;
 }
 
 void check_same_optimum(const ModelProfile& m, const topology::Topology& topo, const Workload& w, double memory) {

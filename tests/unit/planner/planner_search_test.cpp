@@ -9,6 +9,7 @@
 
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
+#include "planner_test_util.h"
 #include "hp/recipe/verify.h"
 
 #include <unistd.h>
@@ -17,6 +18,7 @@
 
 using namespace hp;
 using namespace hp::planner;
+using hp_test::a100;
 
 namespace {
 
@@ -52,15 +54,6 @@ ModelProfile small_gpt(int layers, double s, double h, double vocab) {
   m.epilogue.fwd_flops = 2 * s * h * vocab;
   m.epilogue.act_bytes = 2 * s * vocab;
   return m;
-}
-
-Machine a100(double memory) {
-  Machine mc;
-  mc.peak_flops = 312e12;
-  mc.memory = memory;
-  mc.memory_bandwidth = 2e12;
-  mc.cal = calibration_for(recipe::DeviceKind::gpu);
-  return mc;
 }
 
 }  // namespace
