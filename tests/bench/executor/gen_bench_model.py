@@ -10,59 +10,17 @@ GELU MLP, tied lm_head) exported the way users export: dynamic batch/seq axes an
 constant folding, so the graph carries the exporter's usual Shape/Gather/Concat shape arithmetic.
 """
 import argparse
-import math
 import os
 
+import sys
+
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from onnx import numpy_helper
 
-
-class Block(nn.Module):
-    def __init__(self, h, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln_1 = nn.LayerNorm(h)
-        self.c_attn = nn.Linear(h, 3 * h)
-        self.c_proj = nn.Linear(h, h)
-        self.ln_2 = nn.LayerNorm(h)
-        self.c_fc = nn.Linear(h, 4 * h)
-        self.mlp_proj = nn.Linear(4 * h, h)
-
-    def forward(self, x):
-        b, t, c = x.size()
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        hd = c // self.heads
-        q = q.view(b, t, self.heads, hd).transpose(1, 2)
-        k = k.view(b, t, self.heads, hd).transpose(1, 2)
-        v = v.view(b, t, self.heads, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
-        x = x + self.c_proj(y)
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, pos, h, heads, layers):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, h)
-        self.wpe = nn.Embedding(pos, h)
-        self.h = nn.ModuleList([Block(h, heads) for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(h)
-        self.lm_head = nn.Linear(h, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight
-
-    def forward(self, idx):
-        t = idx.size(1)
-        pos = torch.arange(0, t, dtype=torch.long).unsqueeze(0)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+# The GPT-2 block stack of the repo's test models (same module, so the benchmark runs what the
+# correctness tests check); only the sizes differ.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "models"))
+from gen_models import GPT  # noqa: E402
 
 
 def main():
@@ -76,7 +34,7 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     a = ap.parse_args()
     torch.manual_seed(0)
-    m = GPT(a.vocab, max(a.seq, 128), a.hidden, a.heads, a.layers).eval()
+    m = GPT(a.vocab, max(a.seq, 128), a.hidden, a.heads, a.layers, tied=True).eval()
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0.0, 0.02)
