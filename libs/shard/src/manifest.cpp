@@ -95,6 +95,7 @@ std::string format_manifest(const Manifest& m) {
   std::string s = "# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).\n";
   s += fmt::format("[manifest]\nversion = {}\nmodel = {}\nrecipe = {}\ndp = {}\ntp = {}\npp = {}\nweights = {}\n", m.version,
                    quote(m.model), quote(m.recipe), m.dp, m.tp, m.pp, m.weights ? "true" : "false");
+  if (m.micro_batches != 1) s += fmt::format("micro_batches = {}\n", m.micro_batches);
   s += fmt::format("device_matrix = {}\nalias_name = {}\n", ints(m.device_matrix), strs(m.alias_name));
   std::string dims;
   for (const auto& [k, v] : m.dims) dims += (dims.empty() ? "" : ", ") + quote(k) + " = " + std::to_string(v);
@@ -109,9 +110,14 @@ std::string format_manifest(const Manifest& m) {
   for (const auto& b : m.boundaries)
     s += fmt::format("\n[[boundaries]]\ntensor = {}\nfrom_stage = {}\nto_stage = {}\ntag = {}\n", quote(b.tensor),
                      b.from_stage, b.to_stage, b.tag);
-  for (const auto& l : m.layouts)
-    s += fmt::format("\n[[layouts]]\ntensor = {}\nshape = {}\ntensor_map = {}\npartial = {}\norigin = {}\n",
-                     quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin));
+  auto layouts = [&](const char* key, const std::vector<ManifestLayout>& v) {
+    for (const auto& l : v)
+      s += fmt::format("\n[[{}]]\ntensor = {}\nshape = {}\ntensor_map = {}\npartial = {}\norigin = {}\n", key,
+                       quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin));
+  };
+  layouts("inputs", m.inputs);
+  layouts("outputs", m.outputs);
+  layouts("layouts", m.layouts);
   for (const auto& r : m.redistributions)
     s += fmt::format("\n[[redistributions]]\ntensor = {}\nconsumer = {}\nfrom = {}\nto = {}\nsteps = {}\n",
                      quote(r.tensor), quote(r.consumer), quote(r.from), quote(r.to), strs(r.steps));
@@ -141,6 +147,9 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   m.tp = rd.get<std::int64_t>(*head, "tp", 1);
   m.pp = rd.get<std::int64_t>(*head, "pp", 1);
   m.weights = rd.get<bool>(*head, "weights", true);
+  m.micro_batches = rd.get<std::int64_t>(*head, "micro_batches", 1, false);
+  if (m.micro_batches < 1)
+    rd.problems.push_back({rd.at(*head), fmt::format("manifest: micro_batches = {} (must be >= 1)", m.micro_batches), ""});
   m.device_matrix = rd.int_list(*head, "device_matrix");
   m.alias_name = rd.str_list(head->get("alias_name"));
   if (const toml::table* d = head->get_as<toml::table>("dims"))
@@ -169,16 +178,24 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
                             static_cast<int>(rd.get<std::int64_t>(t, "to_stage", 0)),
                             static_cast<int>(rd.get<std::int64_t>(t, "tag", 0))});
   });
-  rd.each(root, "layouts", [&](const toml::table& t) {
-    ManifestLayout l;
-    l.tensor = rd.get<std::string>(t, "tensor", "");
-    l.shape = rd.int_list(t, "shape");
-    if (const toml::array* a = t.get_as<toml::array>("tensor_map"))
-      for (const auto& e : *a) l.tensor_map.push_back(rd.str_list(&e));
-    l.partial = rd.str_list(t.get("partial"));
-    l.origin = rd.get<std::string>(t, "origin", "", false);
-    m.layouts.push_back(std::move(l));
-  });
+  auto layouts = [&](const char* key, std::vector<ManifestLayout>& out) {
+    rd.each(root, key, [&](const toml::table& t) {
+      ManifestLayout l;
+      l.tensor = rd.get<std::string>(t, "tensor", "");
+      l.shape = rd.int_list(t, "shape");
+      if (const toml::array* a = t.get_as<toml::array>("tensor_map"))
+        for (const auto& e : *a) l.tensor_map.push_back(rd.str_list(&e));
+      l.partial = rd.str_list(t.get("partial"));
+      l.origin = rd.get<std::string>(t, "origin", "", false);
+      if (l.tensor_map.size() != l.shape.size())
+        rd.problems.push_back({rd.at(t), fmt::format("manifest: '{}' has {} dims but a tensor_map of {}", l.tensor,
+                                                     l.shape.size(), l.tensor_map.size()), ""});
+      out.push_back(std::move(l));
+    });
+  };
+  layouts("inputs", m.inputs);
+  layouts("outputs", m.outputs);
+  layouts("layouts", m.layouts);
   rd.each(root, "redistributions", [&](const toml::table& t) {
     ManifestRedistribution r;
     r.tensor = rd.get<std::string>(t, "tensor", "");

@@ -46,7 +46,8 @@ Manifest make_manifest(const Prepared& p) {
   m.pp = r.parallel.pp;
   m.device_matrix = mesh.dims;
   m.alias_name = mesh.axes;
-  m.dims = r.dims;
+  m.dims = p.dims;
+  m.micro_batches = p.micro_batches;
   for (const auto& st : p.plan.stages) {
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto c = mesh.coords(static_cast<std::int64_t>(pos));
@@ -98,6 +99,25 @@ Manifest make_manifest(const Prepared& p) {
       if (b > a) x.steps.push_back(d.substr(a, b - a));
     }
     m.redistributions.push_back(std::move(x));
+  }
+  // The graph's inputs and outputs as the ranks hold them: an output's final layout is the one its
+  // graph-output redistribution (node -1) leaves, if any.
+  const std::string last = fmt::format("stage {}", p.plan.stages.empty() ? 0 : p.plan.stages.back().index);
+  auto io = [&](int t, const Sharding& s, std::string origin) {
+    ManifestLayout l;
+    l.tensor = p.graph.tensor(t).name;
+    l.shape = global_shape(p.graph.tensor(t));
+    l.tensor_map = alias_map(mesh, s);
+    for (const auto& pa : s.partial) l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
+    l.origin = std::move(origin);
+    return l;
+  };
+  for (int t : p.graph.inputs) m.inputs.push_back(io(t, p.prop.layout[static_cast<std::size_t>(t)], "graph input"));
+  for (int t : p.graph.outputs) {
+    Sharding s = p.prop.layout[static_cast<std::size_t>(t)];
+    for (const auto& rd : p.prop.redistributions)
+      if (rd.node < 0 && rd.tensor == t) s = rd.to;
+    m.outputs.push_back(io(t, s, last));
   }
   return m;
 }

@@ -4,9 +4,11 @@
 
 #include <fmt/core.h>
 #include <fnmatch.h>
+#include <onnx/onnx_pb.h>
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 namespace hp::shard {
 namespace {
@@ -173,6 +175,36 @@ Status assign_stages(Prepared& p) {
 
 }  // namespace
 
+// With several pipeline stages the partitions run one micro-batch at a time (they have static shapes),
+// so the batch dims — the symbolic axis 0 of every graph input — are bound to batch / micro_batches.
+// Without a pipeline the micro-batches are a planning notion only and the partitions take the batch.
+Status bind_micro_batch_dims(Prepared& p) {
+  const auto& r = p.recipe;
+  p.dims = r.dims;
+  p.micro_batches = r.parallel.pp > 1 ? r.parallel.micro_batches : 1;
+  if (p.micro_batches <= 1) return {};
+  std::set<std::string> batch_dims;
+  for (const auto& in : p.model.proto->graph().input()) {
+    const auto& shape = in.type().tensor_type().shape();
+    if (shape.dim_size() > 0 && shape.dim(0).has_dim_param()) batch_dims.insert(shape.dim(0).dim_param());
+  }
+  if (batch_dims.empty())
+    return Error(Errc::bad_input,
+                 fmt::format("micro_batches = {} needs a symbolic batch dim (axis 0 of a graph input); the model "
+                             "has none", p.micro_batches),
+                 p.where.at("parallel.micro_batches"), "set micro_batches = 1 or export the model with a dynamic batch");
+  for (const auto& name : batch_dims) {
+    auto it = p.dims.find(name);
+    if (it == p.dims.end()) continue;  // reported as an unbound dim below
+    if (it->second % p.micro_batches != 0)
+      return Error(Errc::bad_input,
+                   fmt::format("dim '{}' = {} does not split into micro_batches = {}", name, it->second, p.micro_batches),
+                   p.where.at("parallel.micro_batches"), "make the batch a multiple of micro_batches");
+    it->second /= p.micro_batches;
+  }
+  return {};
+}
+
 Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe_path) {
   auto p = std::make_unique<Prepared>();
   p->recipe_path = recipe_path;
@@ -187,7 +219,8 @@ Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe_
   auto model = model::load_model(p->model_path);
   if (!model) return std::move(model).error();
   p->model = std::move(*model);
-  auto graph = model::build_graph(p->model, r.dims);
+  HP_TRY(bind_micro_batch_dims(*p));
+  auto graph = model::build_graph(p->model, p->dims);
   if (!graph) return std::move(graph).error();
   p->graph = std::move(*graph);
   if (!p->graph.unknown_dims.empty()) {

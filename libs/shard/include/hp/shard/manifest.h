@@ -12,6 +12,13 @@
 //   [[layouts]]       tensor, shape, tensor_map (per dim: [] or alias list), partial (aliases),
 //                     origin ("recipe (r.toml:12:1)", "column-parallel", "propagated", ...)
 //   [[redistributions]] tensor, consumer (node name, "" for a graph output), from, to, steps
+//   [[inputs]] / [[outputs]]  the graph's inputs and outputs as the partitions hold them, in graph
+//                     order: tensor, shape (global, of one micro-batch), tensor_map, partial (always
+//                     empty for outputs: they are resolved), origin (the stage that feeds / holds it)
+//
+// micro_batches (in [manifest], default 1): the partitions are specialised to one micro-batch — the
+// batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the runtime
+// splits the recipe's batch into that many micro-batches along axis 0 (hp/runtime/sharded.h).
 //
 // The launcher reads it with read_manifest(): for each rank the file to run and, for each group,
 // the ordered members its communicators must be created over.
@@ -75,6 +82,7 @@ struct Manifest {
   int version = 1;
   std::string model, recipe;
   std::int64_t dp = 1, tp = 1, pp = 1;
+  std::int64_t micro_batches = 1;
   bool weights = true;
   std::vector<std::int64_t> device_matrix;
   std::vector<std::string> alias_name;
@@ -85,6 +93,7 @@ struct Manifest {
   std::vector<ManifestBoundary> boundaries;
   std::vector<ManifestLayout> layouts;
   std::vector<ManifestRedistribution> redistributions;
+  std::vector<ManifestLayout> inputs, outputs;
   friend bool operator==(const Manifest&, const Manifest&) = default;
 };
 

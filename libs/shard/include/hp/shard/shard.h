@@ -10,6 +10,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,10 @@ struct Prepared {
   std::filesystem::path recipe_path, model_path;
   recipe::Recipe recipe;
   recipe::SourceMap where;
+  /// The dims the partitions are specialised to: the recipe's, with the batch dims (axis 0 of the
+  /// graph inputs) divided by [parallel] micro_batches when the pipeline has several stages.
+  std::map<std::string, std::int64_t> dims;
+  std::int64_t micro_batches = 1;
   model::Model model;
   model::Graph graph;
   model::Layering layering;

@@ -1,0 +1,48 @@
+// The manifest's view of the graph's inputs and outputs and of micro-batching: what the runtime needs
+// to feed the ranks and to reassemble the outputs (hp/runtime/sharded.h).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shard_test_util.h"
+
+using namespace hp;
+using namespace hp::shard;
+using namespace shard_test;
+
+TEST_CASE("a pipeline with micro-batches specialises the partitions to one micro-batch", "[shard][manifest]") {
+  auto p = prepare(recipe_file("gpt2-dp2-pp2-mb2"));
+  REQUIRE(p.ok());
+  Manifest m = make_manifest(**p);
+  CHECK(m.micro_batches == 2);
+  CHECK(m.dims.at("batch") == 2);  // 4 rows / 2 micro-batches; dp splits it further per rank
+  CHECK(m.dims.at("seq") == 12);
+  REQUIRE(m.inputs.size() == 1);
+  CHECK(m.inputs[0].shape == std::vector<std::int64_t>{2, 12});
+  CHECK(m.inputs[0].tensor_map[0] == std::vector<std::string>{"dp"});
+  REQUIRE(m.outputs.size() == 1);
+  CHECK(m.outputs[0].shape[0] == 2);
+  CHECK(m.outputs[0].partial.empty());
+  CHECK(m.outputs[0].origin == "stage 1");
+  auto back = parse_manifest(format_manifest(m), "m.toml");
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+}
+
+TEST_CASE("micro-batches that do not divide the batch are a located error", "[shard][manifest]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("hp_shard_mb_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "r.toml") << "[recipe]\nversion = 1\nname = \"x\"\nmodel = \"" << HP_SOURCE_DIR
+                                << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\n[model]\n"
+                                   "dims = { batch = 3, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
+                                   "micro_batches = 2\n";
+  auto p = prepare(dir / "r.toml");
+  fs::remove_all(dir);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.error().str().find("micro_batches") != std::string::npos);
+  CHECK(p.error().str().find("r.toml:") != std::string::npos);
+}
