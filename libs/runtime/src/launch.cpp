@@ -6,13 +6,19 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
 
+#include "hp/core/fs.h"
 #include "hp/plugin/registry.h"
 #include "hp/recipe/recipe.h"
 #include "hp/runtime/launcher.h"
+#include "hp/runtime/sharded.h"
+#include "hp/shard/shard.h"
+#include "worker_internal.h"
 #include "hp/runtime/worker.h"
 
 namespace hp::runtime {
@@ -122,6 +128,41 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
   return all;
 }
 
+// A sharded job's outputs: every rank's pieces put back together by the manifest's layouts.
+Expected<std::vector<HostTensor>> gather_sharded_outputs(const std::filesystem::path& run_dir, int ranks) {
+  auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
+  if (!m) return std::move(m).error();
+  std::vector<std::vector<HostTensor>> per_rank(static_cast<std::size_t>(ranks));
+  for (int k = 0; k < ranks; ++k) {
+    const auto dir = rank_output_dir(run_dir, k);
+    if (!std::filesystem::is_directory(dir)) continue;
+    auto outs = read_tensor_dir(dir, "output");
+    if (!outs) return std::move(outs).error();
+    per_rank[static_cast<std::size_t>(k)] = std::move(*outs);
+  }
+  return assemble_outputs(*m, per_rank);
+}
+
+// The ranks' action times (RUN/timing/rank-N.json, written by sharded ranks).
+Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir, int ranks) {
+  std::vector<RankRun> out;
+  for (int k = 0; k < ranks; ++k) {
+    auto text = read_file(run_dir / "timing" / fmt::format("rank-{}.json", k));
+    if (!text) return std::move(text).error();
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_discarded()) return Error(Errc::internal, "unreadable timing file", fmt::format("rank-{}.json", k));
+    RankRun r;
+    r.rank = j.value("rank", k);
+    r.stage = j.value("stage", 0);
+    r.seconds = j.value("seconds", 0.0);
+    if (j.contains("actions"))
+      for (const auto& a : j["actions"]) r.actions.push_back(
+            {a.value("micro_batch", 0), a.value("start", 0.0), a.value("end", 0.0), a.value("wait", 0.0)});
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
     WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths};
@@ -156,13 +197,41 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     r.summary = format_dry_run(*plan);
     return r;
   }
+  // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
+  const bool sharded = rec->groups.empty();
+  if (sharded) {
+    auto prepared = shard::prepare(o.target);
+    if (!prepared) return std::move(prepared).error();
+    std::error_code ec;
+    std::filesystem::create_directories(jo.run_dir, ec);
+    auto written = shard::write_partitions(**prepared, shard_dir_of(jo.run_dir));
+    if (!written) return std::move(written).error();
+    // Check the inputs here, once, rather than on every rank after mpirun started them.
+    if (!o.inputs.empty()) {
+      auto m = shard::read_manifest(shard_dir_of(jo.run_dir) / "manifest.toml");
+      if (!m) return std::move(m).error();
+      auto given = read_tensor_dir(o.inputs, "input");
+      if (!given) return std::move(given).error();
+      std::vector<GraphIO> all;
+      for (const auto& in : m->inputs) all.push_back({in.tensor, -1, 0, {}, false});
+      auto fed = rank_inputs(*m, static_cast<int>(m->ranks.front().rank), all, *given);
+      if (!fed) return std::move(fed).error();
+    }
+  }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   auto job = run_job(*plan, jo, sink);
   if (!job) return std::move(job).error();
   r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", job->ranks,
                           plan->contexts.size(), job->seconds, job->log_dir.string());
+  if (sharded) {
+    auto timing = read_timing(jo.run_dir, job->ranks);
+    if (timing)
+      r.summary += format_step_timing(*timing, static_cast<int>(rec->parallel.pp),
+                                      static_cast<int>(rec->parallel.pp > 1 ? rec->parallel.micro_batches : 1),
+                                      recipe::schedule_name(rec->parallel.schedule));
+  }
   if (!o.outputs.empty()) {
-    auto outs = gather_outputs(*rec, *plan);
+    auto outs = sharded ? gather_sharded_outputs(jo.run_dir, job->ranks) : gather_outputs(*rec, *plan);
     if (!outs) return std::move(outs).error();
     HP_TRY(write_tensor_dir(o.outputs, *outs));
     r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());

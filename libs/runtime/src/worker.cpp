@@ -15,6 +15,7 @@
 #include "hp/runtime/comm.h"
 #include "hp/runtime/launch.h"
 #include "hp/runtime/schedule.h"
+#include "worker_internal.h"
 
 namespace hp::runtime {
 namespace fs = std::filesystem;
@@ -121,6 +122,9 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
     if (std::strcmp(fault, "hang") == 0)
       for (;;) ::pause();
   }
+
+  // No [[groups]]: the recipe's model, sharded by `hp launch` into RUN/shard before the job started.
+  if (rec->groups.empty()) return run_sharded_worker(o, *rec, t, std::move(rep));
 
   auto backends = open_backends(group.backend, o.threads, o.plugin_paths);
   if (!backends) {

@@ -113,7 +113,8 @@ std::string format_manifest(const Manifest& m) {
   auto layouts = [&](const char* key, const std::vector<ManifestLayout>& v) {
     for (const auto& l : v)
       s += fmt::format("\n[[{}]]\ntensor = {}\nshape = {}\ntensor_map = {}\npartial = {}\norigin = {}\n", key,
-                       quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin));
+                       quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin)) +
+           (l.batched ? "batched = true\n" : "");
   };
   layouts("inputs", m.inputs);
   layouts("outputs", m.outputs);
@@ -187,6 +188,7 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
         for (const auto& e : *a) l.tensor_map.push_back(rd.str_list(&e));
       l.partial = rd.str_list(t.get("partial"));
       l.origin = rd.get<std::string>(t, "origin", "", false);
+      l.batched = rd.get<bool>(t, "batched", false, false);
       if (l.tensor_map.size() != l.shape.size())
         rd.problems.push_back({rd.at(t), fmt::format("manifest: '{}' has {} dims but a tensor_map of {}", l.tensor,
                                                      l.shape.size(), l.tensor_map.size()), ""});

@@ -1,5 +1,6 @@
 // The manifest of a prepared recipe, and writing the partition directory atomically.
 #include <fmt/core.h>
+#include <onnx/onnx_pb.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,12 +113,25 @@ Manifest make_manifest(const Prepared& p) {
     l.origin = std::move(origin);
     return l;
   };
-  for (int t : p.graph.inputs) m.inputs.push_back(io(t, p.prop.layout[static_cast<std::size_t>(t)], "graph input"));
+  // Batched inputs: axis 0 is one of the batch dims (by the model's declared dim name). Every output
+  // of a micro-batched run is concatenated along axis 0.
+  const auto& proto_inputs = p.model.proto->graph().input();
+  for (int t : p.graph.inputs) {
+    auto l = io(t, p.prop.layout[static_cast<std::size_t>(t)], "graph input");
+    for (const auto& in : proto_inputs) {
+      const auto& shape = in.type().tensor_type().shape();
+      if (in.name() == l.tensor && shape.dim_size() > 0 && shape.dim(0).has_dim_param())
+        l.batched = p.micro_batches > 1 && p.batch_dims.count(shape.dim(0).dim_param()) > 0;
+    }
+    m.inputs.push_back(std::move(l));
+  }
   for (int t : p.graph.outputs) {
     Sharding s = p.prop.layout[static_cast<std::size_t>(t)];
     for (const auto& rd : p.prop.redistributions)
       if (rd.node < 0 && rd.tensor == t) s = rd.to;
-    m.outputs.push_back(io(t, s, last));
+    auto l = io(t, s, last);
+    l.batched = p.micro_batches > 1 && !l.shape.empty();
+    m.outputs.push_back(std::move(l));
   }
   return m;
 }

@@ -182,18 +182,17 @@ Status bind_micro_batch_dims(Prepared& p) {
   const auto& r = p.recipe;
   p.dims = r.dims;
   p.micro_batches = r.parallel.pp > 1 ? r.parallel.micro_batches : 1;
-  if (p.micro_batches <= 1) return {};
-  std::set<std::string> batch_dims;
   for (const auto& in : p.model.proto->graph().input()) {
     const auto& shape = in.type().tensor_type().shape();
-    if (shape.dim_size() > 0 && shape.dim(0).has_dim_param()) batch_dims.insert(shape.dim(0).dim_param());
+    if (shape.dim_size() > 0 && shape.dim(0).has_dim_param()) p.batch_dims.insert(shape.dim(0).dim_param());
   }
-  if (batch_dims.empty())
+  if (p.micro_batches <= 1) return {};
+  if (p.batch_dims.empty())
     return Error(Errc::bad_input,
                  fmt::format("micro_batches = {} needs a symbolic batch dim (axis 0 of a graph input); the model "
                              "has none", p.micro_batches),
                  p.where.at("parallel.micro_batches"), "set micro_batches = 1 or export the model with a dynamic batch");
-  for (const auto& name : batch_dims) {
+  for (const auto& name : p.batch_dims) {
     auto it = p.dims.find(name);
     if (it == p.dims.end()) continue;  // reported as an unbound dim below
     if (it->second % p.micro_batches != 0)

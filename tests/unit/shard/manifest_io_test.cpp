@@ -23,6 +23,8 @@ TEST_CASE("a pipeline with micro-batches specialises the partitions to one micro
   REQUIRE(m.inputs.size() == 1);
   CHECK(m.inputs[0].shape == std::vector<std::int64_t>{2, 12});
   CHECK(m.inputs[0].tensor_map[0] == std::vector<std::string>{"dp"});
+  CHECK(m.inputs[0].batched);
+  CHECK(m.outputs[0].batched);
   REQUIRE(m.outputs.size() == 1);
   CHECK(m.outputs[0].shape[0] == 2);
   CHECK(m.outputs[0].partial.empty());

@@ -14,7 +14,8 @@
 //   [[redistributions]] tensor, consumer (node name, "" for a graph output), from, to, steps
 //   [[inputs]] / [[outputs]]  the graph's inputs and outputs as the partitions hold them, in graph
 //                     order: tensor, shape (global, of one micro-batch), tensor_map, partial (always
-//                     empty for outputs: they are resolved), origin (the stage that feeds / holds it)
+//                     empty for outputs: they are resolved), origin (the stage that feeds / holds it),
+//                     batched (true: axis 0 is the batch, cut into micro_batches; written when true)
 //
 // micro_batches (in [manifest], default 1): the partitions are specialised to one micro-batch — the
 // batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the runtime
@@ -69,6 +70,8 @@ struct ManifestLayout {
   std::vector<std::vector<std::string>> tensor_map;
   std::vector<std::string> partial;       ///< aliases holding a pending sum
   std::string origin;
+  /// [[inputs]] / [[outputs]] only: axis 0 is the batch, cut into micro_batches blocks of rows.
+  bool batched = false;
   friend bool operator==(const ManifestLayout&, const ManifestLayout&) = default;
 };
 

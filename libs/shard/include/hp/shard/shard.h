@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -46,6 +47,7 @@ struct Prepared {
   /// graph inputs) divided by [parallel] micro_batches when the pipeline has several stages.
   std::map<std::string, std::int64_t> dims;
   std::int64_t micro_batches = 1;
+  std::set<std::string> batch_dims;     ///< the symbolic axis-0 dims of the graph inputs
   model::Model model;
   model::Graph graph;
   model::Layering layering;

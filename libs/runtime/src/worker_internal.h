@@ -1,0 +1,20 @@
+// Private to run_worker: the two kinds of rank. A recipe without [[groups]] is one sharded model: every
+// rank runs its `hp shard` partition (worker_sharded.cpp). A recipe with [[groups]] runs each group's
+// own module (worker.cpp).
+#pragma once
+
+#include "hp/recipe/recipe.h"
+#include "hp/runtime/comm.h"
+#include "hp/runtime/worker.h"
+
+namespace hp::runtime {
+
+/// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
+std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
+
+/// Runs this rank's partition (sharded.h run_rank), writes its outputs to rank_output_dir and its
+/// action times to RUN/timing/rank-N.json. `rep` comes in with rank, ranks and group set.
+Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::Recipe& r, Transport& t,
+                                          WorkerReport rep);
+
+}  // namespace hp::runtime
