@@ -52,18 +52,24 @@ std::vector<std::pair<fs::path, std::string>> search_dirs(const SearchOptions& o
       }
     }
   }
+  bool installed = false;
   if (opts.use_install_dir) {
 #ifdef HP_INSTALL_PLUGIN_DIR
     fs::path rel = HP_INSTALL_PLUGIN_DIR;
 #else
     fs::path rel = "lib/hp/plugins";
 #endif
-    dirs.emplace_back((executable_dir() / ".." / rel).lexically_normal(), "install dir");
+    fs::path dir = (executable_dir() / ".." / rel).lexically_normal();
+    std::error_code ec;
+    installed = fs::is_directory(dir, ec);
+    dirs.emplace_back(dir, "install dir");
   }
   if (opts.use_build_dir) {
     if (!opts.build_dir.empty()) {
       dirs.emplace_back(opts.build_dir, "build tree");
-    } else {
+    } else if (!installed) {
+      // The compiled-in build tree is for an hp run from its build directory; an installed hp (or an
+      // unpacked .deb) must not pick up plugins of whatever tree it was once built in.
 #ifdef HP_BUILD_PLUGIN_DIR
       dirs.emplace_back(fs::path(HP_BUILD_PLUGIN_DIR), "build tree");
 #endif

@@ -20,7 +20,9 @@ std::vector<fs::path> preset_dirs(const fs::path& exe_dir, const fs::path& sourc
   std::error_code ec;
   if (!exe_dir.empty()) {
     fs::path installed = exe_dir / ".." / "share" / "hp" / "recipes" / "clusters";
-    if (fs::is_directory(installed, ec)) dirs.push_back(installed.lexically_normal());
+    // An installed hp uses only its own presets: the source tree it was built from may since hold
+    // another version's presets, or belong to someone else on this machine.
+    if (fs::is_directory(installed, ec)) return {installed.lexically_normal()};
   }
   if (!source_dir.empty()) {
     fs::path tree = source_dir / "recipes" / "clusters";
