@@ -58,12 +58,21 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
   std::string text = fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", name, dims_text(shape),
                                  format_sharding(mesh, s), p.prop.origin[static_cast<std::size_t>(t)],
                                  dims_text(mesh.dims), fmt::format("({})", fmt::join(mesh.axes, ", ")));
+  // A blocked tensor (fused q|k|v) is held as the view [.., k, n/k, ..]: its slices are of the view.
+  HeldView view = held_view(p.prop, t, shape);
+  auto blk = p.prop.blocked.find(t);
+  if (blk != p.prop.blocked.end()) {
+    j["blocked"] = {{"dim", blk->second.dim}, {"blocks", blk->second.blocks}, {"view_shape", view.shape}};
+    text += fmt::format("blocked: dim {} is {} equal blocks, each split as the layout says; ranges below are "
+                        "of the view {}\n",
+                        blk->second.dim, blk->second.blocks, dims_text(view.shape));
+  }
   j["slices"] = nlohmann::json::array();
   text += "slices:\n";
   for (int si : stages) {
     const auto& st = p.plan.stages[static_cast<std::size_t>(si)];
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
-      auto rs = slice_of(mesh, s, shape, static_cast<std::int64_t>(pos));
+      auto rs = slice_of(mesh, view.layout, view.shape, static_cast<std::int64_t>(pos));
       auto c = mesh.coords(static_cast<std::int64_t>(pos));
       nlohmann::json rj;
       rj["rank"] = st.ranks[pos];

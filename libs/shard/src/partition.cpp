@@ -98,6 +98,7 @@ class Builder {
   Expected<std::string> redistribute(int tensor, const std::string& name, const Redistribution& r);
   Status add_initializer(int t);
   Status vocab_parallel_gather(int i, onnx::NodeProto n);
+  Status local_split_sizes(int i, onnx::NodeProto& n);
   std::string scalar(const std::string& base, std::int32_t type, std::int64_t v) {
     std::string name = fresh(base);
     onnx::TensorProto* t = out_->add_initializer();
@@ -264,6 +265,35 @@ Status Builder::vocab_parallel_gather(int i, onnx::NodeProto n) {
   return {};
 }
 
+// A Split whose axis arrives split (a blocked q|k|v tensor): each part is cut to its local size.
+Status Builder::local_split_sizes(int i, onnx::NodeProto& n) {
+  const auto& node = g_.node(i);
+  const auto& read = prop_.reads[static_cast<std::size_t>(i)];
+  if (node.inputs.empty() || node.inputs[0] < 0 || read.empty()) return {};
+  auto rank = static_cast<std::int64_t>(read[0].dims.size());
+  std::int64_t axis = 0;
+  for (const auto& a : n.attribute())
+    if (a.name() == "axis") axis = a.i();
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank || read[0].dims[static_cast<std::size_t>(axis)].empty()) return {};
+  std::vector<std::int64_t> sizes;
+  for (int o : node.outputs) {
+    if (o < 0) return Error(Errc::internal, fmt::format("split '{}' has an unnamed output", n.name()));
+    sizes.push_back(local(o, prop_.layout[static_cast<std::size_t>(o)])[static_cast<std::size_t>(axis)]);
+  }
+  if (n.input_size() > 1 && !n.input(1).empty()) {
+    std::string cname = fresh((n.name().empty() ? g_.tensor(node.outputs[0]).name : n.name()) + "/local_split");
+    *out_->add_initializer() = int64_tensor(cname, sizes);
+    n.set_input(1, cname);
+  }
+  for (auto& a : *n.mutable_attribute())
+    if (a.name() == "split") {
+      a.clear_ints();
+      for (auto x : sizes) a.add_ints(x);
+    }
+  return {};
+}
+
 Status Builder::add_initializer(int t) {
   if (!inits_.insert(t).second) return {};
   const auto& tensor = g_.tensor(t);
@@ -296,7 +326,9 @@ Status Builder::add_initializer(int t) {
   if (static_cast<std::int64_t>((*bytes)->size()) != prod(gshape) * elem)
     return Error(Errc::bad_input, fmt::format("initializer '{}' holds {} bytes, its shape needs {}", tensor.name,
                                               (*bytes)->size(), prod(gshape) * elem));
-  std::string data = detail::slice_bytes(**bytes, gshape, slice_of(prop_.mesh, s, gshape, pos_), elem);
+  // A blocked (fused q|k|v) weight holds its piece of every block: contiguous in the held view.
+  HeldView v = held_view(prop_, t, gshape);
+  std::string data = detail::slice_bytes(**bytes, v.shape, slice_of(prop_.mesh, v.layout, v.shape, pos_), elem);
   if (!s.partial.empty()) {
     std::int64_t n = 1;
     for (const auto& p : s.partial) n *= prop_.mesh.dims[static_cast<std::size_t>(p.axis)];
@@ -438,6 +470,7 @@ Expected<RankPartition> Builder::build() {
       for (auto& a : *n.mutable_attribute())
         if (a.name() == "allowzero") a.set_i(0);
     }
+    if (pn.op_type() == "Split") HP_TRY(local_split_sizes(i, n));
     if (pn.op_type() == "Gather" && node.inputs[0] >= 0 &&
         g_.tensor(node.inputs[0]).kind == model::TensorKind::initializer) {
       HP_TRY(vocab_parallel_gather(i, n));

@@ -72,6 +72,8 @@ inline RuleResult base(const RuleContext& c) {
   r.req.resize(c.in.size());
   r.why.resize(c.in.size());
   for (std::size_t k = 0; k < c.in.size(); ++k) r.req[k] = c.in[k].cur;  // no requirement
+  r.req_blocked.assign(c.in.size(), -1);
+  r.out_blocked.assign(c.out_shapes.size(), -1);
   r.out.resize(c.out_shapes.size());
   for (std::size_t j = 0; j < c.out_shapes.size(); ++j) r.out[j] = Sharding::replicated(c.out_shapes[j].size());
   return r;

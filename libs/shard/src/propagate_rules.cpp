@@ -14,6 +14,42 @@ namespace hp::shard::detail {
 namespace {
 
 
+// Elementwise ops on a blocked input (propagate.h): the output is blocked on the same dim when every
+// input covering it is blocked the same way or is a flexible weight (a bias, then cut the same way).
+void mark_blocked(const RuleContext& c, const std::vector<int>& slots, RuleResult& r) {
+  if (c.out_shapes.empty() || r.out.empty()) return;
+  std::size_t R = c.out_shapes[0].size();
+  int d = -1;
+  std::int64_t k = 1;
+  for (int s : slots) {
+    const auto& in = c.in[static_cast<std::size_t>(s)];
+    if (!in.present || in.blocked_dim < 0) continue;
+    int od = in.blocked_dim + static_cast<int>(R) - static_cast<int>(in.shape.size());
+    if ((d >= 0 && (od != d || in.blocks != k)) || od < 0) return;
+    d = od;
+    k = in.blocks;
+  }
+  if (d < 0) return;
+  auto ud = static_cast<std::size_t>(d);
+  const Entry& e = r.out[0].dims[ud];
+  if (e.empty()) return;
+  for (int s : slots) {
+    const auto& in = c.in[static_cast<std::size_t>(s)];
+    if (!in.present) continue;
+    std::size_t rk = in.shape.size();
+    if (ud + rk < R) continue;
+    std::size_t ik = ud + rk - R;
+    if (in.shape[ik] == 1 && c.out_shapes[0][ud] != 1) continue;
+    if (r.req[static_cast<std::size_t>(s)].dims[ik] != e) return;
+    if (in.flexible) r.req_blocked[static_cast<std::size_t>(s)] = static_cast<int>(ik);
+    else if (in.blocked_dim != static_cast<int>(ik)) return;
+  }
+  for (std::size_t j = 0; j < r.out.size(); ++j)
+    if (c.out_shapes[j].size() == R) r.out_blocked[j] = d;
+  r.blocks = k;
+  r.blocks_ok = true;
+}
+
 // Numpy-broadcasting elementwise ops over any number of inputs.
 RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
   RuleResult r = base(c);
@@ -24,6 +60,9 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
   bool partial_tp = false;
   for (std::size_t d = 0; d < R; ++d) {
     bool have = false, conflict = false;
+    // A whole activation (no pending sum) meeting split activations: a residual stream, which the next
+    // norm needs whole anyway, so gather the split one once here rather than before every norm.
+    bool whole_activation = false, split_all_activations = true;
     Entry chosen;
     for (int k : slots) {
       const auto& in = c.in[static_cast<std::size_t>(k)];
@@ -33,6 +72,9 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
       std::size_t ik = d + rk - R;
       if (in.shape[ik] == 1 && os[d] != 1) continue;
       const Entry& e = in.cur.dims[ik];
+      if (e.empty()) whole_activation = whole_activation || (in.is_activation && in.cur.partial.empty());
+      else split_all_activations = split_all_activations && in.is_activation &&
+                                   std::find(e.begin(), e.end(), c.dp_axis) == e.end();  // batch splits stay
       if (!have) { chosen = e; have = true; }
       else if (e != chosen) {
         // One side split, the other whole: slicing the whole one is free, gathering is not.
@@ -40,6 +82,7 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
         else if (!e.empty()) conflict = true;
       }
     }
+    if (whole_activation && split_all_activations) conflict = true;
     ent[d] = conflict ? Entry{} : chosen;
   }
   for (int k : slots) {
@@ -71,6 +114,7 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
     r.req[static_cast<std::size_t>(k)] = s;
   }
   for (auto& o : r.out) o = make(ent);
+  mark_blocked(c, slots, r);
   return r;
 }
 
@@ -121,6 +165,14 @@ RuleResult reshape(const RuleContext& c) {
     for (std::size_t k = ia; k < i; ++k) {
       Entry& e = s.dims[k];
       if (e.empty()) continue;
+      if (static_cast<int>(k) == in.blocked_dim) {
+        // A blocked dim [k*n] -> [k, H, ..]: each block's split lands on H (the fused q|k|v head split).
+        if (pi == pj && i - ia == 1 && om + 1 < j && O[om] == in.blocks && divides(*c.mesh, e, O[om + 1])) {
+          out[om + 1] = e;
+          r.blocks_ok = true;
+        }
+        continue;
+      }
       bool ok = pi == pj && k == im && om < j && divides(*c.mesh, e, O[om]);
       if (ok) out[om] = e;
       else e.clear();
@@ -260,7 +312,11 @@ RuleResult apply_rule(const RuleContext& c) {
   const std::string& dom = c.node->domain();
   if (!dom.empty() && dom != "ai.onnx") return replicate_all(c);
   bool shapes_ok = !c.in.empty() && c.in[0].present;
-  if (op == "Shape" || op == "Size" || op == "Constant") return base(c);  // read no data
+  if (op == "Shape" || op == "Size" || op == "Constant") {  // read no data
+    RuleResult r = base(c);
+    r.blocks_ok = true;
+    return r;
+  }
   if (!shapes_ok) return replicate_all(c);
   if (elementwise_ops().count(op)) {
     // Dropout's second output (mask) and CastLike's target follow the data.
@@ -299,6 +355,20 @@ RuleResult apply_rule(const RuleContext& c) {
   if (op.rfind("Reduce", 0) == 0 || op == "ArgMax" || op == "ArgMin") return reduce(c);
   if (op == "Split") {
     int axis = norm_axis(attr_int(*c.node, "axis", 0), R);
+    const auto& in = c.in[0];
+    if (in.blocked_dim == axis && !in.flexible && static_cast<std::int64_t>(c.out_shapes.size()) == in.blocks) {
+      // A fused q|k|v split into its k blocks: every part keeps the split of its block, locally.
+      const Entry& e = in.cur.dims[static_cast<std::size_t>(axis)];
+      bool even = !e.empty();
+      for (const auto& os : c.out_shapes)
+        even = even && os.size() == R && os[static_cast<std::size_t>(axis)] * in.blocks == in.shape[static_cast<std::size_t>(axis)] &&
+               divides(*c.mesh, e, os[static_cast<std::size_t>(axis)]);
+      if (even) {
+        RuleResult r = keep_except(c, {});
+        r.blocks_ok = true;
+        return r;
+      }
+    }
     return keep_except(c, {axis});
   }
   if (op == "TopK") {

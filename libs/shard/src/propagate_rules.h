@@ -7,6 +7,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct RuleInput {
   bool is_weight = false;         // an initializer (stored, sliced for free)
   bool is_activation = false;     // depends on the data of a graph input
   std::vector<std::int64_t> shape;
+  int tensor = -1;                // graph tensor index
+  int blocked_dim = -1;           // Propagation::blocked: the dim made of `blocks` blocks, -1 if none
+  std::int64_t blocks = 1;
 };
 
 struct RuleContext {
@@ -34,6 +38,9 @@ struct RuleContext {
   int tp_axis = -1, dp_axis = -1;
   bool sequence_parallel = false;
   int opset = 17;
+  int node_index = -1;
+  const std::set<int>* no_fuse = nullptr;     // weights not to split blocked (a fusion that failed)
+  const std::set<int>* replicate = nullptr;   // weights a head reshape could not keep split: replicated
   std::vector<RuleInput> in;
   std::vector<std::vector<std::int64_t>> out_shapes;
 };
@@ -42,6 +49,11 @@ struct RuleResult {
   std::vector<Sharding> req;      // one per input slot (ignored for absent inputs)
   std::vector<Sharding> out;      // one per output
   std::vector<std::string> why;   // per input: "column-parallel", ... (for flexible weights)
+  // Blocked dims (propagate.h): per input, the dim the rule wants a flexible weight blocked on; per
+  // output, the dim it produces blocked (-1: none); the block count is `blocks`.
+  std::vector<int> req_blocked, out_blocked;
+  std::int64_t blocks = 1;
+  bool blocks_ok = false;         // the rule understood its blocked inputs (else propagation refuses them)
 };
 
 /// Applies the rule of the node's op (or the replicate-everything default).

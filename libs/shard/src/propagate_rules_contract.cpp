@@ -7,6 +7,7 @@
 
 #include "propagate_rule_util.h"
 #include "propagate_rules.h"
+#include "hp/shard/propagate.h"
 
 namespace hp::shard::detail {
 namespace {
@@ -15,6 +16,69 @@ namespace {
 struct MMIdx {
   int aM, aK, bK, bN;
 };
+
+bool is_graph_output(const model::Graph& g, int t) {
+  return std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end();
+}
+
+// The k of a fused projection (propagate.h): the MatMul's output, through an Add of a 1-D weight bias
+// read nowhere else, is read only by Splits of its last dim into k equal parts or Reshapes to
+// [.., k, H, D, ..] with H divisible by `n`, and each of the k blocks divides by n. 0 otherwise.
+std::int64_t fused_blocks(const RuleContext& c, std::int64_t n) {
+  const auto& g = *c.graph;
+  if (c.node_index < 0) return 0;
+  const auto& mm = g.node(c.node_index);
+  if (mm.outputs.empty() || mm.outputs[0] < 0) return 0;
+  int y = mm.outputs[0];
+  auto shape = global_shape(g.tensor(y));
+  if (shape.size() < 2) return 0;
+  std::size_t R = shape.size();
+  std::int64_t N = shape[R - 1];
+  int z = y;
+  const auto& yc = g.tensor(y).consumers;
+  if (is_graph_output(g, y) || yc.empty()) return 0;
+  if (yc.size() == 1 && g.node(yc[0]).op_type == "Add" && g.node(yc[0]).inputs.size() == 2) {
+    const auto& add = g.node(yc[0]);
+    int other = add.inputs[0] == y ? add.inputs[1] : add.inputs[0];
+    const auto& b = g.tensor(other);
+    if (other >= 0 && b.kind == model::TensorKind::initializer && b.dims.size() == 1 && b.dims[0].value == N &&
+        b.consumers.size() == 1 && !add.outputs.empty() && add.outputs[0] >= 0)
+      z = add.outputs[0];
+  }
+  if (z == y && yc.size() == 1 && g.node(yc[0]).op_type == "Add") return 0;  // an Add this does not know
+  const auto& zc = g.tensor(z).consumers;
+  if (is_graph_output(g, z) || zc.empty()) return 0;
+  std::int64_t k = 0;
+  for (int ci : zc) {
+    const auto& n2 = g.node(ci);
+    const auto& pn = c.proto->node(ci);
+    std::int64_t kk = 0;
+    if (n2.op_type == "Split" && !n2.inputs.empty() && n2.inputs[0] == z) {
+      if (norm_axis(attr_int(pn, "axis", 0), R) != static_cast<int>(R - 1) || n2.outputs.size() < 2) return 0;
+      kk = static_cast<std::int64_t>(n2.outputs.size());
+      for (int o : n2.outputs) {
+        if (o < 0) return 0;
+        auto os = global_shape(g.tensor(o));
+        if (os.size() != R || os[R - 1] * kk != N) return 0;
+      }
+    } else if (n2.op_type == "Reshape" && !n2.inputs.empty() && n2.inputs[0] == z && !n2.outputs.empty() &&
+               n2.outputs[0] >= 0) {
+      auto os = global_shape(g.tensor(n2.outputs[0]));
+      // [.., k, heads, head_dim]: a plain head reshape [.., heads, head_dim] is not fused.
+      if (os.size() < R + 2 || !std::equal(shape.begin(), shape.end() - 1, os.begin())) return 0;
+      std::int64_t rest = 1;
+      for (std::size_t d = R; d < os.size(); ++d) rest *= os[d];
+      kk = os[R - 1];
+      if (kk * rest != N || os[R] % n != 0) return 0;
+    } else {
+      return 0;
+    }
+    if (k != 0 && kk != k) return 0;
+    k = kk;
+  }
+  if (k < 2 || N % k != 0 || (N / k) % n != 0) return 0;
+  return k;
+}
 
 }  // namespace
 
@@ -51,9 +115,18 @@ RuleResult matmul(const RuleContext& c, bool gemm) {
     if (!aK.empty()) {
       sb.dims[static_cast<std::size_t>(ix.bK)] = aK;
       r.why[1] = std::find(aK.begin(), aK.end(), c.tp_axis) != aK.end() ? "row-parallel" : "follows input";
+    } else if (tp && rb == 2 && !a_batch_tp && c.replicate && c.replicate->count(B.tensor)) {
+      r.why[1] = "replicated (its column split would cut a head)";
     } else if (tp && rb == 2 && !a_batch_tp && n % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
       sb.dims[static_cast<std::size_t>(ix.bN)] = Entry{c.tp_axis};
       r.why[1] = "column-parallel";
+      std::int64_t k = (c.no_fuse && c.no_fuse->count(B.tensor)) || gemm
+                           ? 0 : fused_blocks(c, c.mesh->dims[static_cast<std::size_t>(c.tp_axis)]);
+      if (k > 0) {
+        r.req_blocked[1] = ix.bN;
+        r.out_blocked[0] = static_cast<int>(std::max(ra, rb) - 1);
+        r.blocks = k;
+      }
     } else {
       r.why[1] = "replicated";
     }

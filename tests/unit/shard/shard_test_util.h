@@ -94,13 +94,15 @@ class World {
   std::map<std::string, Slot> slots;                                // collective key -> deposits
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, HostTensor> mail;  // (src, dst, tag)
   int collectives = 0, messages = 0;
+  std::map<std::string, int> by_op;   // collective calls by op type (summed over ranks)
 };
 
 class Comm : public hp::runtime::CommOps {
  public:
   Comm(World& w, std::int64_t rank) : w_(w), rank_(rank) {}
   bool handles(const std::string& op) const override {
-    return op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" || op == "Send" || op == "Recv";
+    return op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" || op == "AllToAll" || op == "Send" ||
+           op == "Recv";
   }
   hp::Status run(const CommNode& node, const std::vector<const HostTensor*>& in,
                  std::vector<HostTensor>& out) override {
@@ -124,6 +126,7 @@ class Comm : public hp::runtime::CommOps {
     auto& slot = w_.slots[key];
     slot.in[rank_] = *in[0];
     ++w_.collectives;
+    ++w_.by_op[node.op_type];
     w_.cv.notify_all();
     w_.cv.wait(lock, [&] { return w_.slots[key].in.size() == group.size(); });
     std::vector<HostTensor> parts;
@@ -143,6 +146,14 @@ class Comm : public hp::runtime::CommOps {
     else if (node.op_type == "AllGather") out[0] = concat(parts, std::stoll(attr(node, "axis")));
     else if (node.op_type == "ReduceScatter")
       out[0] = split(sum(), std::stoll(attr(node, "axis")), static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)];
+    else if (node.op_type == "AllToAll") {
+      // Member j's chunk `me` (split along split_axis), concatenated along concat_axis in member order.
+      std::vector<HostTensor> mine;
+      for (const auto& part : parts)
+        mine.push_back(split(part, std::stoll(attr(node, "split_axis")),
+                             static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)]);
+      out[0] = concat(mine, std::stoll(attr(node, "concat_axis")));
+    }
     return {};
   }
 

@@ -15,6 +15,25 @@
 // its output dim). A column-parallel projection therefore feeds a row-parallel one through elementwise
 // ops, head reshapes and attention, and the partial sum is resolved where the residual stream needs it
 // whole (AllReduce, or ReduceScatter on the sequence dim with sequence parallelism).
+//
+// Fused projections (GPT-2's c_attn, ViT's qkv: one MatMul to k*n columns, then a Split into k equal
+// parts or a Reshape to [.., k, heads, head_dim]) are split Megatron's "blocked" way: the output dim
+// is k equal blocks (q | k | v) and each block is split over the axis on its own, so a rank holds its
+// 1/tp of q's columns, of k's and of v's, and the Split (or head Reshape) runs locally with each part
+// split on its heads: attention stays head-parallel with no gather before the Split. Propagation
+// records this in Propagation::blocked; the tensor's Sharding then describes the *blocked order* of
+// the dim (block b's i-th chunk before block b+1's), so every layout tool (slice_of, local_shape,
+// redistribution) works on the held_view() of the tensor, in which the dim is [k, n/k] with the split
+// on the minor: a reshape, so row-major bytes and flat indices are those of the tensor itself.
+// Partitioning cuts the weight's k pieces (held_view) and gives Split its local sizes; the manifest's
+// layout origin says "(blocked: k blocks on dim d)". Only the pattern above is made blocked, decided
+// from the MatMul's consumers before the weight is fixed; if a blocked tensor then met a consumer or a
+// redistribution that does not know blocks, propagation runs again with that weight not fused.
+//
+// GQA and other head reshapes the split cannot survive (kv heads fewer than the tp degree: a column
+// split of k_proj would cut a head): the column-parallel weight whose output a head Reshape would
+// have to gather is replicated instead (each rank computes all kv heads, no collective; after
+// repeat_kv the heads it needs are sliced locally), with a note saying so.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +66,17 @@ struct PropagateOptions {
   std::map<int, std::string> declared_where;
 };
 
+/// A dim made of `blocks` equal blocks, each split by the tensor's layout of that dim on its own.
+struct BlockedDim {
+  int dim = -1;
+  std::int64_t blocks = 1;
+  friend bool operator==(const BlockedDim&, const BlockedDim&) = default;
+};
+
 struct Propagation {
   Mesh mesh;
+  /// Tensors whose layout is blocked on one dim (fused q|k|v projections and their biases, outputs).
+  std::map<int, BlockedDim> blocked;
   std::vector<Sharding> layout;        ///< per graph tensor: its layout as produced (or stored)
   std::vector<std::string> origin;     ///< per tensor: "recipe (file:line)", "column-parallel", ...
   /// Per node, per input slot: the layout the node reads (after any redistribution).
@@ -64,9 +92,25 @@ struct Propagation {
 Expected<Propagation> propagate(const model::Model& model, const model::Graph& g,
                                 const PropagateOptions& options);
 
+/// The tensor as its ranks hold it: `shape` and `layout`, except that a blocked dim d of size n
+/// becomes two dims [k, n/k] with d's axes on the minor one. Contiguous slices of the view
+/// (slice_of) are what each rank holds; the view's row-major order is the tensor's.
+struct HeldView {
+  std::vector<std::int64_t> shape;
+  Sharding layout;
+};
+HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layout, const BlockedDim* blocked);
+HeldView held_view(const Propagation& p, int tensor, const std::vector<std::int64_t>& shape);
+
+/// The plan propagation inserts: plan_redistribution (which moves a split between dims with one
+/// all-to-all) when some axis of `from` splits another dim in `to`, else plan_steps.
+Expected<RedistPlan> plan_for_consumer(const Mesh& mesh, const Sharding& from, const Sharding& to,
+                                       const std::vector<std::int64_t>& shape, int elem_bytes);
+
 /// Plans from -> to with AllReduce / ReduceScatter for partial axes, AllGather for dropped split axes
 /// (minor axis first, so member order is chunk order) and local slices for added ones. Always valid;
-/// not always the cheapest (an axis moving between dims is gathered then sliced, not all-to-all'd).
+/// not always the cheapest (an axis moving between dims is gathered then sliced: plan_for_consumer
+/// uses the all-to-all of plan_redistribution there).
 Expected<RedistPlan> plan_steps(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                 const std::vector<std::int64_t>& shape, int elem_bytes);
 
