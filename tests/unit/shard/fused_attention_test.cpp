@@ -72,7 +72,106 @@ std::map<std::string, int> comm_ops(const Prepared& P, int stage, std::int64_t p
   return n;
 }
 
+struct TpRun {
+  double worst = 0;                      // max |partitioned - PyTorch| over every rank's output
+  std::map<std::string, int> by_op;      // collective calls (all ranks)
+  std::map<std::string, int> hp_nodes;   // hp-domain nodes in the partitions (all ranks)
+};
+
+// Runs a dp = 1, pp = 1 recipe's ranks in threads (each gets the whole input and returns the whole
+// output) and compares with the model's PyTorch outputs.
+TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::path& dir) {
+  TpRun run;
+  World world;
+  auto backends = runtime::open_backends("cpu", 1, {});
+  REQUIRE(backends.ok());
+  std::string io = std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name + ".io/test_data_set_0";
+  auto inputs = runtime::read_tensor_dir(io, "input");
+  REQUIRE(inputs.ok());
+  auto expected = runtime::read_tensor_dir(io, "output");
+  REQUIRE(expected.ok());
+  REQUIRE(P.plan.stages.size() == 1);
+  auto n = static_cast<std::int64_t>(P.plan.stages[0].ranks.size());
+  std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::unique_ptr<runtime::Executor>> execs;
+  for (std::int64_t pos = 0; pos < n; ++pos) {
+    auto part = build_partition(P.plan, 0, pos);
+    REQUIRE(part.ok());
+    onnx::ModelProto mp;
+    REQUIRE(mp.ParseFromString(part->onnx));
+    for (const auto& node : mp.graph().node())
+      if (node.domain() == "hp") ++run.hp_nodes[node.op_type()];
+    fs::path f = dir / fmt::format("rank{}.onnx", part->rank);
+    std::ofstream(f, std::ios::binary) << part->onnx;
+    auto model = model::load_model(f, {model::LoadMode::require_data});
+    REQUIRE(model.ok());
+    comms.push_back(std::make_unique<Comm>(world, part->rank));
+    auto ex = runtime::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
+    REQUIRE(ex.ok());
+    execs.push_back(std::move(*ex));
+  }
+  std::vector<std::vector<HostTensor>> outs(static_cast<std::size_t>(n));
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (std::size_t k = 0; k < outs.size(); ++k)
+    threads.emplace_back([&, k] {
+      auto out = execs[k]->run(*inputs);
+      if (!out) errors[k] = out.error().str();
+      else outs[k] = std::move(*out);
+    });
+  for (auto& t : threads) t.join();
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    INFO("rank " << k << ": " << errors[k]);
+    REQUIRE(errors[k].empty());
+    const auto& want = (*expected)[0];
+    const auto& got = outs[k][0];
+    REQUIRE(got.dims == want.dims);
+    for (std::int64_t i = 0; i < want.numel(); ++i)
+      run.worst = std::max(run.worst, static_cast<double>(std::fabs(want.as<float>()[i] - got.as<float>()[i])));
+  }
+  run.by_op = world.by_op;
+  return run;
+}
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path d = fs::temp_directory_path() / ("hp_shard_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const char* kGpt2Head =
+    "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" HP_SOURCE_DIR "/tests/data/models/tiny-gpt2.onnx\"\n"
+    "cluster = \"local-cpu\"\n[model]\ndims = { batch = 2, seq = 12 }\n";
+
 }  // namespace
+
+TEST_CASE("a fusion whose bias the recipe fixes whole is undone; the rest stay blocked and match PyTorch",
+          "[shard][fused][numerics]") {
+  // h.0's bias declared replicated cannot be cut into blocks: propagation runs again without fusing
+  // h.0.c_attn (gathered before its Split, as before), the other three blocks stay fused.
+  fs::path d = temp_dir("unfuse");
+  std::ofstream(d / "r.toml") << kGpt2Head
+                              << "[parallel]\ndp = 1\ntp = 2\npp = 1\n"
+                                 "[layouts.\"h.0.c_attn.bias\"]\ndevice_matrix = [1, 2]\n"
+                                 "alias_name = [\"dp\", \"tp\"]\ntensor_map = [\"None\"]\n";
+  auto p = prepare(d / "r.toml");
+  REQUIRE(p.ok());
+  const Prepared& P = **p;
+  int w0 = P.graph.find_tensor("h.0.c_attn.weight"), w1 = P.graph.find_tensor("h.1.c_attn.weight");
+  REQUIRE(w0 >= 0);
+  REQUIRE(w1 >= 0);
+  CHECK(P.prop.blocked.count(w0) == 0);
+  CHECK(P.prop.origin[static_cast<std::size_t>(w0)] == "column-parallel");
+  CHECK(P.prop.blocked.count(w1) == 1);
+  auto comm = per_block(P);
+  CHECK(comm[0].all_gather >= 1);
+  CHECK(comm[1].all_gather == 0);
+  auto run = run_tp_world(P, "tiny-gpt2", d);
+  std::printf("gpt2 tp=2, h.0 unfused: max |partitioned - pytorch| = %.3g\n", run.worst);
+  CHECK(run.worst < 1e-4);
+  fs::remove_all(d);
+}
 
 TEST_CASE("fused q|k|v projections are split blocked: no gather before the head split", "[shard][fused]") {
   auto name = GENERATE(as<std::string>{}, "gpt2-tp2", "gpt2-dp2-tp2-pp2", "vit-dp2-tp2");
@@ -195,13 +294,9 @@ TEST_CASE("a [layouts] override that moves a split from seq to hidden runs with 
           "[shard][alltoall][numerics]") {
   // Sequence parallelism leaves ln_2's output split on seq; declaring c_fc row-parallel (split on its
   // input dim) makes the MatMul read it split on hidden: seq -> hidden is one all-to-all over tp.
-  fs::path d = fs::temp_directory_path() / ("hp_shard_a2a_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  std::ofstream(d / "r.toml") << "[recipe]\nversion = 1\nname = \"a2a\"\nmodel = \"" << HP_SOURCE_DIR
-                              << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\n"
-                                 "[model]\ndims = { batch = 2, seq = 12 }\n"
-                                 "[parallel]\ndp = 1\ntp = 2\npp = 1\nsequence_parallel = true\n"
+  fs::path d = temp_dir("a2a");
+  std::ofstream(d / "r.toml") << kGpt2Head
+                              << "[parallel]\ndp = 1\ntp = 2\npp = 1\nsequence_parallel = true\n"
                                  "[layouts.\"h.1.c_fc.weight\"]\ndevice_matrix = [1, 2]\n"
                                  "alias_name = [\"dp\", \"tp\"]\ntensor_map = [\"None\", \"tp\"]\n";
   auto p = prepare(d / "r.toml");
@@ -217,60 +312,11 @@ TEST_CASE("a [layouts] override that moves a split from seq to hidden runs with 
         CHECK(prove_plan(P.prop.mesh, global_shape(P.graph.tensor(r.tensor)), r.from, r.to, r.plan).ok());
       }
   CHECK(a2a == 1);
-  // Rank by rank in threads, against the unsharded model's PyTorch outputs.
-  std::vector<RankPartition> parts;
-  std::vector<std::string> files;
-  World world;
-  auto backends = runtime::open_backends("cpu", 1, {});
-  REQUIRE(backends.ok());
-  auto inputs = runtime::read_tensor_dir(std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-gpt2.io/test_data_set_0",
-                                         "input");
-  REQUIRE(inputs.ok());
-  auto expected = runtime::read_tensor_dir(
-      std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-gpt2.io/test_data_set_0", "output");
-  REQUIRE(expected.ok());
-  std::vector<std::unique_ptr<Comm>> comms;
-  std::vector<std::unique_ptr<runtime::Executor>> execs;
-  int a2a_nodes = 0;
-  for (std::int64_t pos = 0; pos < 2; ++pos) {
-    auto part = build_partition(P.plan, 0, pos);
-    REQUIRE(part.ok());
-    onnx::ModelProto mp;
-    REQUIRE(mp.ParseFromString(part->onnx));
-    for (const auto& n : mp.graph().node()) a2a_nodes += n.domain() == "hp" && n.op_type() == "AllToAll";
-    fs::path f = d / fmt::format("rank{}.onnx", part->rank);
-    std::ofstream(f, std::ios::binary) << part->onnx;
-    auto model = model::load_model(f, {model::LoadMode::require_data});
-    REQUIRE(model.ok());
-    comms.push_back(std::make_unique<Comm>(world, part->rank));
-    auto ex = runtime::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
-    REQUIRE(ex.ok());
-    execs.push_back(std::move(*ex));
-  }
-  CHECK(a2a_nodes == 2);
-  std::vector<std::vector<HostTensor>> outs(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (std::size_t k = 0; k < 2; ++k)
-    threads.emplace_back([&, k] {
-      auto out = execs[k]->run({(*inputs)[0]});
-      if (!out) errors[k] = out.error().str();
-      else outs[k] = std::move(*out);
-    });
-  for (auto& t : threads) t.join();
-  double worst = 0;
-  for (std::size_t k = 0; k < 2; ++k) {
-    INFO("rank " << k << ": " << errors[k]);
-    REQUIRE(errors[k].empty());
-    const auto& want = (*expected)[0];
-    const auto& got = outs[k][0];
-    REQUIRE(got.dims == want.dims);
-    for (std::int64_t i = 0; i < want.numel(); ++i)
-      worst = std::max(worst, static_cast<double>(std::fabs(want.as<float>()[i] - got.as<float>()[i])));
-  }
-  std::printf("seq -> hidden via AllToAll: max |partitioned - pytorch| = %.3g, %d AllToAll calls\n", worst,
-              world.by_op["AllToAll"]);
-  CHECK(worst < 1e-4);
-  CHECK(world.by_op["AllToAll"] == 2);
+  auto run = run_tp_world(P, "tiny-gpt2", d);
+  std::printf("seq -> hidden via AllToAll: max |partitioned - pytorch| = %.3g, %d AllToAll calls\n", run.worst,
+              run.by_op["AllToAll"]);
+  CHECK(run.worst < 1e-4);
+  CHECK(run.hp_nodes["AllToAll"] == 2);
+  CHECK(run.by_op["AllToAll"] == 2);
   fs::remove_all(d);
 }
