@@ -216,6 +216,7 @@ const hp_backend_v1 kTable = {
     nullptr, nullptr, nullptr,
     asc_event_query, asc_mem_info,
     hp_ascend::supports_onnx_op, hp_ascend::run_onnx_op,
+    nullptr,  // no device-memory accounting yet (1.3 mem_stats)
 };
 
 }  // namespace

@@ -73,7 +73,7 @@ bool has_flag(const CpuFacts& f, const char* flag) { return f.flags.find(std::st
 
 }  // namespace
 
-hp_status* device_info(hp_ctx*, int32_t dev, hp_device_info* out) {
+hp_status* device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out) {
   if (dev != 0 || !out) return hp_common::make_status(HP_INVALID, "cpu: device_info: no device %d", dev);
   CpuFacts f = read_cpuinfo();
   auto [total, avail] = read_meminfo();
@@ -97,6 +97,12 @@ hp_status* device_info(hp_ctx*, int32_t dev, hp_device_info* out) {
   d.numa_node = -1;
   d.mem_total = total;
   d.mem_free = avail;
+  // With a device budget the "device" is an arena of that size (cpu_plugin.cpp).
+  if (ctx && ctx->arena.limit > 0) {
+    const std::uint64_t used = ctx->arena.in_use.load();
+    d.mem_total = ctx->arena.limit;
+    d.mem_free = used >= ctx->arena.limit ? 0 : ctx->arena.limit - used;
+  }
   d.compute_units = f.physical_cores;
   d.clock_hz = f.mhz * 1e6;
   if (d.clock_hz > 0) {

@@ -32,9 +32,18 @@ class GemmCache {
 
 }  // namespace hp_cpu
 
+/// Device-memory accounting (ABI 1.3 mem_stats). "Device" memory is host memory here, so without a
+/// budget it only counts; with "device_budget=BYTES" it is an arena of that size: an allocation that
+/// would take in_use past the limit is refused (HP_NO_MEMORY), as a device of that size would.
+struct CpuArena {
+  std::atomic<std::uint64_t> in_use{0}, peak{0}, allocs{0}, refused{0};
+  std::uint64_t limit = 0;  ///< 0 = no budget; set once at open
+};
+
 struct hp_ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   hp_cpu::GemmCache gemms;
+  CpuArena arena;
 };
 
 /// The cpu backend executes synchronously: each call has finished when it returns, so a stream is only

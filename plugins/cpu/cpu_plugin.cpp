@@ -9,6 +9,9 @@
 // are memcpy.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -31,14 +34,41 @@ hp_status* check_dev(int32_t dev, const char* call) {
   return dev == 0 ? nullptr : make_status(HP_INVALID, "cpu: %s: no device %d (the cpu backend has one)", call, dev);
 }
 
-/// Open options: "threads=N" sets the OpenMP (and so oneDNN) thread count of the process, which keeps
-/// `hp launch --threads N` from oversubscribing cores; without it OpenMP's default (the cores in the
-/// affinity mask) applies.
+/// Parses the N of "key=N" (decimal, optionally with a binary suffix K/M/G meaning KiB/MiB/GiB).
+bool parse_count(const char* text, unsigned long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(text, &end, 10);
+  if (end == text || errno || text[0] == '-') return false;
+  unsigned long long scale = 1;
+  if (*end == 'K') scale = 1ull << 10, ++end;
+  else if (*end == 'M') scale = 1ull << 20, ++end;
+  else if (*end == 'G') scale = 1ull << 30, ++end;
+  if (*end || n > ~0ull / scale) return false;
+  *out = n * scale;
+  return true;
+}
+
+/// Open options:
+///  - "threads=N" sets the OpenMP (and so oneDNN) thread count of the process, which keeps
+///    `hp launch --threads N` from oversubscribing cores; without it OpenMP's default (the cores in the
+///    affinity mask) applies.
+///  - "device_budget=BYTES" (suffix K, M or G allowed) makes device memory an arena of that size:
+///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller device
+///    is really exercised on this one (issue #7). 0 or absent: no budget.
+/// Other keys belong to other backends (every plugin sees every option) and are ignored.
 hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {
     if (!out) return make_status(HP_INVALID, "cpu: open: null output");
+    unsigned long long budget = 0;
     for (size_t i = 0; kv && i < n_kv; ++i) {
-      if (!kv[i] || std::strncmp(kv[i], "threads=", 8) != 0) continue;
+      if (!kv[i]) continue;
+      if (std::strncmp(kv[i], "device_budget=", 14) == 0) {
+        if (!parse_count(kv[i] + 14, &budget))
+          return make_status(HP_INVALID, "cpu: open: bad option '%s' (want device_budget=BYTES)", kv[i]);
+        continue;
+      }
+      if (std::strncmp(kv[i], "threads=", 8) != 0) continue;
       char* end = nullptr;
       long n = std::strtol(kv[i] + 8, &end, 10);
       if (!end || *end || n < 1 || n > 4096)
@@ -48,6 +78,7 @@ hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
 #endif
     }
     *out = new hp_ctx();
+    (*out)->arena.limit = budget;
     return nullptr;
   })
 }
@@ -65,21 +96,77 @@ int32_t cpu_supports(hp_ctx*, int32_t dev, int32_t op, int32_t dtype) {
   return op == HP_OP_GEMM || hp_common::is_binary(op) || hp_common::is_unary(op);
 }
 
-hp_status* cpu_alloc(hp_ctx*, int32_t dev, size_t bytes, int32_t kind, void** out) {
+// Every allocation carries a 64-byte header (its size and kind) in front of the pointer handed out,
+// so free_mem knows how many device bytes to give back without a lookup table; 64 keeps the pointer's
+// alignment. Only HP_MEM_DEVICE counts against the arena: pinned host memory is the host pool that
+// offloaded tensors live in.
+constexpr size_t kHeader = 64;
+struct AllocHeader {
+  uint64_t bytes;
+  int32_t kind;
+};
+
+hp_status* cpu_alloc(hp_ctx* ctx, int32_t dev, size_t bytes, int32_t kind, void** out) {
   if (hp_status* st = check_dev(dev, "alloc")) return st;
   if (!out) return make_status(HP_INVALID, "cpu: alloc: null output");
   if (kind != HP_MEM_DEVICE && kind != HP_MEM_PINNED_HOST)
     return make_status(HP_INVALID, "cpu: alloc: unknown memory kind %d", kind);
+  *out = nullptr;
   // 64-byte alignment suits AVX-512 loads and cache lines; aligned_alloc wants a multiple of it.
   size_t rounded = (bytes + 63) / 64 * 64;
-  *out = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (!*out) return make_status(HP_NO_MEMORY, "cpu: alloc: cannot allocate %zu bytes", bytes);
+  if (rounded == 0) rounded = 64;
+  CpuArena* a = ctx && kind == HP_MEM_DEVICE ? &ctx->arena : nullptr;
+  if (a) {
+    // Reserve first (compare-exchange), so concurrent allocations cannot both slip under the limit.
+    uint64_t used = a->in_use.load();
+    do {
+      if (a->limit > 0 && used + rounded > a->limit) {
+        a->refused.fetch_add(1);
+        return make_status(HP_NO_MEMORY,
+                           "cpu: alloc: device budget of %llu bytes exceeded: %zu bytes requested with %llu in use",
+                           static_cast<unsigned long long>(a->limit), bytes, static_cast<unsigned long long>(used));
+      }
+    } while (!a->in_use.compare_exchange_weak(used, used + rounded));
+  }
+  auto* base = static_cast<unsigned char*>(std::aligned_alloc(64, rounded + kHeader));
+  if (!base) {
+    if (a) a->in_use.fetch_sub(rounded);
+    return make_status(HP_NO_MEMORY, "cpu: alloc: cannot allocate %zu bytes", bytes);
+  }
+  auto* h = reinterpret_cast<AllocHeader*>(base);
+  h->bytes = rounded;
+  h->kind = kind;
+  if (a) {
+    a->allocs.fetch_add(1);
+    const uint64_t now = a->in_use.load();
+    uint64_t p = a->peak.load();
+    while (now > p && !a->peak.compare_exchange_weak(p, now)) {}
+  }
+  *out = base + kHeader;
   return nullptr;
 }
 
-hp_status* cpu_free(hp_ctx*, int32_t dev, void* p, int32_t) {
+hp_status* cpu_free(hp_ctx* ctx, int32_t dev, void* p, int32_t) {
   if (hp_status* st = check_dev(dev, "free_mem")) return st;
-  std::free(p);
+  if (!p) return nullptr;
+  auto* base = static_cast<unsigned char*>(p) - kHeader;
+  const auto* h = reinterpret_cast<const AllocHeader*>(base);
+  if (ctx && h->kind == HP_MEM_DEVICE) ctx->arena.in_use.fetch_sub(h->bytes);
+  std::free(base);
+  return nullptr;
+}
+
+hp_status* cpu_mem_stats(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_stats* out) {
+  if (hp_status* st = check_dev(dev, "mem_stats")) return st;
+  if (!ctx || !out || out->struct_size < offsetof(hp_mem_stats, in_use) + sizeof(uint64_t))
+    return make_status(HP_INVALID, "cpu: mem_stats: null or too small output");
+  const CpuArena& a = ctx->arena;
+  const hp_mem_stats m = {sizeof(hp_mem_stats), a.in_use.load(), a.peak.load(), a.limit, a.allocs.load(),
+                          a.refused.load()};
+  std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
+              reinterpret_cast<const unsigned char*>(&m) + sizeof(size_t),
+              std::min(out->struct_size, sizeof m) - sizeof(size_t));
+  if (reset_peak) ctx->arena.peak.store(ctx->arena.in_use.load());
   return nullptr;
 }
 
@@ -169,6 +256,7 @@ const hp_backend_v1 kTable = {
     nullptr, nullptr, nullptr,  // no whole-graph execution
     cpu_event_query, cpu_mem_info,
     hp_cpu::supports_op, hp_cpu::run_op,
+    cpu_mem_stats,
 };
 
 }  // namespace

@@ -227,6 +227,7 @@ const hp_backend_v1 kTable = {
     nullptr, nullptr, nullptr,
     cu_event_query, cu_mem_info,
     nullptr, nullptr,  // no generic op execution yet (1.2): the executor falls back to cpu
+    nullptr,           // no device-memory accounting yet (1.3 mem_stats)
 };
 
 }  // namespace

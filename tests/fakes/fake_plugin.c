@@ -252,6 +252,7 @@ static const hp_backend_v1 table = {
     f_event_query, f_mem_info,
 #endif
     NULL, NULL, /* 1.2 supports_op / run_op: optional, absent */
+    NULL,       /* 1.3 mem_stats: optional, absent */
 };
 
 #ifdef FAKE_MAJOR2_SYMBOL

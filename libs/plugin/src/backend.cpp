@@ -201,6 +201,21 @@ Status Backend::run_op(hp_stream* s, const hp_op_desc& d) const {
   return take(table_->run_op(ctx_, s, &d), d.op_type ? d.op_type : "run_op");
 }
 
+bool Backend::has_mem_stats() const {
+  return HP_HAS_MEMBER(table_, hp_backend_v1, mem_stats) && table_->mem_stats != nullptr;
+}
+
+Expected<MemStats> Backend::mem_stats(int dev, bool reset_peak) const {
+  if (!has_mem_stats())
+    return Error(Errc::not_implemented,
+                 fmt::format("{} plugin implements ABI {}.{}, mem_stats needs 1.3", name(), table_->abi_major,
+                             table_->abi_minor));
+  hp_mem_stats m{};
+  m.struct_size = sizeof m;
+  HP_TRY(take(table_->mem_stats(ctx_, dev, reset_peak ? 1 : 0, &m), "mem_stats"));
+  return MemStats{m.in_use, m.peak, m.limit, m.allocs, m.refused};
+}
+
 Expected<bool> Backend::event_query(hp_event* e) const {
   if (!has_event_query())
     return Error(Errc::not_implemented,

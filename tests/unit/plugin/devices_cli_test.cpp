@@ -60,7 +60,7 @@ TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plug
   CHECK_THAT(r.out, Catch::Contains("mandatory member 'gemm' is null"));
   CHECK_THAT(r.out, Catch::Contains("libhpfakevendor.so: cannot open shared object file"));
   CHECK_THAT(r.out, Catch::Contains("fakenodevices plugin reports no devices"));
-  CHECK_THAT(r.out, Catch::Contains("fakegood 9.9.9 (abi 1.2)"));
+  CHECK_THAT(r.out, Catch::Contains("fakegood 9.9.9 (abi 1.3)"));
   CHECK_THAT(r.out, Catch::Contains("fakeold 9.9.9 (abi 1.0)"));
 }
 

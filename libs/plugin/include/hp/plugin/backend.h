@@ -35,6 +35,13 @@ struct DeviceInfo {
   std::uint64_t caps = 0;
 };
 
+/// hp_mem_stats in C++ terms (1.3).
+struct MemStats {
+  std::uint64_t in_use = 0, peak = 0;
+  std::uint64_t limit = 0;     ///< enforced device budget; 0 = none
+  std::uint64_t allocs = 0, refused = 0;
+};
+
 const char* dtype_name(int dtype);        ///< "f32", "bf16", ...
 const char* prov_name(hp_prov p);         ///< "measured", "table", "unknown"
 const char* kind_name(hp_device_kind k);  ///< "cpu", "gpu", "npu"
@@ -87,6 +94,11 @@ class Backend {
   bool supports_op_type(int dev, const char* op_type, const char* domain, std::int64_t opset) const;
   /// 1.2: runs one ONNX node; not_implemented on an older plugin.
   Status run_op(hp_stream* s, const hp_op_desc& d) const;
+  /// True when the table has the 1.3 member mem_stats (set).
+  bool has_mem_stats() const;
+  /// 1.3: device-memory accounting (in use, peak, enforced budget); not_implemented on an older plugin.
+  /// With `reset_peak` the peak restarts from what is in use after this read.
+  Expected<MemStats> mem_stats(int dev, bool reset_peak = false) const;
 
   /// Converts (and frees) a status returned by this plugin; NULL gives success.
   Status take(hp_status* st, const char* call) const;

@@ -18,6 +18,7 @@
  *   1.1  appended event_query and mem_info
  *   1.2  appended supports_op and run_op: generic execution of one ONNX node (hp_op_desc), with
  *        tensor dtypes HP_BOOL and HP_U8 beyond the FLOP-rated set
+ *   1.3  appended mem_stats: device bytes in use, their peak and an enforced budget (hp_mem_stats)
  *
  * Errors. Fallible functions return `hp_status*`: NULL means success; otherwise an object allocated by
  * the plugin that the host reads with status_code/status_message and releases with status_free.
@@ -36,7 +37,7 @@ extern "C" {
 #endif
 
 #define HP_ABI_MAJOR 1
-#define HP_ABI_MINOR 2
+#define HP_ABI_MINOR 3
 
 /** True when `member` of the struct pointed to by `p` lies inside `p->struct_size`. */
 #define HP_HAS_MEMBER(p, type, member) \
@@ -261,6 +262,21 @@ typedef struct hp_op_desc {
   void* alloc_user;
 } hp_op_desc;
 
+/**
+ * Device-memory accounting of one device (1.3): what alloc(HP_MEM_DEVICE) handed out and not yet freed.
+ * A backend opened with a device budget (the cpu backend's "device_budget=BYTES") refuses, with
+ * HP_NO_MEMORY, an allocation that would take in_use past `limit`; that is how a host-memory backend
+ * stands in for a device of that size (offload schedules are then really exercised).
+ */
+typedef struct hp_mem_stats {
+  size_t struct_size;   /**< sizeof(hp_mem_stats) as the caller knows it */
+  uint64_t in_use;      /**< bytes of live device allocations (as the backend rounds them) */
+  uint64_t peak;        /**< the most in_use since open or the last reset */
+  uint64_t limit;       /**< the enforced budget in bytes; 0 = none */
+  uint64_t allocs;      /**< device allocations that succeeded */
+  uint64_t refused;     /**< device allocations refused because of the limit */
+} hp_mem_stats;
+
 /** The function table of ABI major 1. Members are appended only; see the version history above. */
 typedef struct hp_backend_v1 {
   size_t struct_size;   /**< sizeof(hp_backend_v1) as the plugin was compiled */
@@ -348,6 +364,13 @@ typedef struct hp_backend_v1 {
                          int64_t opset, const int32_t* input_dtypes, int64_t n_inputs);
   /** Optional (1.2): queues the node `desc` on `s` (see hp_op_desc). */
   hp_status* (*run_op)(hp_ctx* ctx, hp_stream* s, const hp_op_desc* desc);
+
+  /* ---- 1.3 ---- */
+  /**
+   * Optional (1.3): device-memory accounting of device `dev` (see hp_mem_stats); `out->struct_size` is
+   * set by the caller. With reset_peak nonzero, peak restarts from in_use after it was read.
+   */
+  hp_status* (*mem_stats)(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_stats* out);
 } hp_backend_v1;
 
 /** Size of a 1.0 table: everything up to and including graph_free. */
