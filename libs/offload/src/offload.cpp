@@ -269,6 +269,9 @@ recipe::Recipe with_offload_section(const recipe::Recipe& in, const OffloadRepor
       if (s.schedule) used = std::max(used, s.schedule->max_lookahead);
   }
   o.prefetch_lookahead = std::max<std::int64_t>(1, used);
+  // The budget the schedule was planned for: `hp launch` keeps every rank under it (and the cpu
+  // backend enforces it), so the run exercises the schedule this report shows.
+  o.device_budget = r.budget;
   out.offload = o;
   return out;
 }

@@ -157,7 +157,7 @@ void read_sourced(TomlReader& rd, const toml::table& t, std::string_view key, bo
 void read_offload(TomlReader& rd, const toml::table& t, Offload& o) {
   rd.check_keys(t, "offload", {"enabled", "targets", "h2d_bandwidth", "h2d_bandwidth_source", "d2h_bandwidth",
                                "d2h_bandwidth_source", "host_memory", "host_memory_source", "margin",
-                               "prefetch_lookahead"});
+                               "prefetch_lookahead", "device_budget"});
   if (auto v = rd.get_bool(t, "enabled", "offload", true)) o.enabled = *v;
   if (auto v = rd.get_string_list(t, "targets", "offload", false)) o.targets = *v;
   read_sourced(rd, t, "h2d_bandwidth", false, o.h2d_bandwidth);
@@ -165,6 +165,7 @@ void read_offload(TomlReader& rd, const toml::table& t, Offload& o) {
   read_sourced(rd, t, "host_memory", true, o.host_memory);
   if (auto v = rd.get_number(t, "margin", "offload", false)) o.margin = *v;
   if (auto v = rd.get_int(t, "prefetch_lookahead", "offload", false)) o.prefetch_lookahead = *v;
+  if (auto v = rd.get_bytes(t, "device_budget", "offload", false)) o.device_budget = *v;
 }
 
 template <class T, class F>

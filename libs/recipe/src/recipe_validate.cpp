@@ -209,6 +209,8 @@ void check_offload(Checker& ck, const Offload& o) {
   if (!(o.margin >= 0 && o.margin <= 0.5))  // also false for nan
     ck.fail("offload.margin", fmt::format("'offload.margin' must be between 0 and 0.5, got {}", o.margin));
   ck.in_range("offload.prefetch_lookahead", o.prefetch_lookahead, 1);
+  if (!(o.device_budget >= 0) || !std::isfinite(o.device_budget))
+    ck.fail("offload.device_budget", "'offload.device_budget' must be a finite, non-negative number of bytes");
   for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}}) {
     std::string k = std::string("offload.") + key;

@@ -85,7 +85,8 @@ std::string format_offload(const Offload& o) {
   for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}})
     s += fmt::format("{} = {}\n{}_source = {}\n", key, number(v->value), key, quote(v->source));
-  s += fmt::format("margin = {}\nprefetch_lookahead = {}\n", number(o.margin), o.prefetch_lookahead);
+  s += fmt::format("margin = {}\nprefetch_lookahead = {}\ndevice_budget = {}\n", number(o.margin),
+                   o.prefetch_lookahead, number(o.device_budget));
   return s;
 }
 

@@ -51,6 +51,8 @@ constexpr KeyDoc kRecipe[] = {
     {"[offload]", "host_memory_source", "string", "no (user/unknown)", "provenance of host_memory"},
     {"[offload]", "margin", "float 0..0.5", "no (0.1)", "fraction of device memory kept free"},
     {"[offload]", "prefetch_lookahead", "integer >= 1", "no (1)", "ops ahead that a prefetch is issued"},
+    {"[offload]", "device_budget", "bytes", "no (0)",
+     "device bytes the schedule keeps each rank under (0: device memory x (1 - margin)); enforced on the cpu backend"},
 };
 
 constexpr KeyDoc kCluster[] = {

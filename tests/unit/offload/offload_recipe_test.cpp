@@ -106,6 +106,9 @@ TEST_CASE("GPT-175B under a budget below its peak stays under it at every slot o
   CHECK(back->offload->enabled);
   CHECK(back->offload->h2d_bandwidth.value == Approx(25e9));
   CHECK(back->offload->h2d_bandwidth.source == "table");
+  // The budget the schedule was planned for, for `hp launch` to keep each rank under.
+  CHECK(back->offload->device_budget == Approx(budget).epsilon(1e-9));
+  CHECK(hp::recipe::format_recipe(*back).find("device_budget = ") != std::string::npos);
   auto svg = hp::read_file(dir / "mem.svg");
   REQUIRE(svg.ok());
   CHECK(svg->find("<svg") == 0);

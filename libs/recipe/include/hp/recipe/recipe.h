@@ -17,7 +17,7 @@
 //                       inputs = [...], outputs = [...], env = { KEY = "value" }
 //   [offload]           enabled, targets = [...], h2d_bandwidth + h2d_bandwidth_source,
 //                       d2h_bandwidth + d2h_bandwidth_source, host_memory + host_memory_source,
-//                       margin, prefetch_lookahead
+//                       margin, prefetch_lookahead, device_budget
 //
 // Sources are "table", "user", "unknown" or "measured:<probe> <date>". Sizes and bandwidths may be
 // numbers (bytes, bytes/s) or strings with units ("64 GiB", "25 GB/s"). Unknown keys are errors.
@@ -109,6 +109,9 @@ struct Offload {
   SourcedValue host_memory;              ///< bytes of host memory hp may pin
   double margin = 0.1;                   ///< fraction of device memory kept free (0..0.5)
   std::int64_t prefetch_lookahead = 1;   ///< ops ahead an H2D copy is issued
+  /// Bytes of device memory the schedule keeps each rank under (offload-profile's budget); 0 = the
+  /// device's memory x (1 - margin). `hp launch` enforces it on the cpu backend (an arena of that size).
+  double device_budget = 0;
   friend bool operator==(const Offload&, const Offload&) = default;
 };
 
