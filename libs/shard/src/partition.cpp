@@ -4,7 +4,9 @@
 //     right before the node that reads the tensor,
 //   - Shape/Size replaced by constants of the global shape, Reshape/Expand targets by local shapes,
 //   - each weight cut to the rank's slice (a Partial(sum) weight, Gemm's bias under a row-parallel
-//     weight, stores its slice divided by the partial size).
+//     weight, stores its slice divided by the partial size; a blocked fused q|k|v weight stores its
+//     piece of every block, propagate.h),
+//   - a Split whose axis arrives split (a blocked q|k|v tensor) given its local part sizes.
 #include "hp/shard/partition.h"
 
 #include <fmt/core.h>
