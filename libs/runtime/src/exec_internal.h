@@ -6,6 +6,7 @@
 
 #include <deque>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -52,6 +53,12 @@ struct Slot {
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
 };
 
+/// Bytes a buffer of `bytes` takes from the pool and the backend (256-byte granules, 64 for empty).
+inline std::size_t pool_size(std::size_t bytes) { return bytes == 0 ? 64 : (bytes + 255) / 256 * 256; }
+
+/// Offload state and schedule of an executor (exec_offload.cpp); null when offload is off.
+struct OffloadState;
+
 /// Size-keyed free lists per backend slot: freed buffers are reused by later allocations. Vectors, not
 /// a multimap, so that once warm, releasing and reusing a buffer allocates nothing.
 struct Pool {
@@ -79,10 +86,14 @@ struct Executor::Impl {
   std::vector<hp_tensor_desc> scratch_inputs;
   std::vector<std::int64_t> scratch_key;
 
+  std::shared_ptr<OffloadState> off;
+
   int id_of(const std::string& name);
 
   // exec_run.cpp
-  Expected<void*> alloc(int where, std::size_t bytes);
+  /// A buffer from the pool or the backend; when the backend refuses (a device budget), the pool's
+  /// cached buffers go back to it and the request is retried once. `id`: the tensor, for the error.
+  Expected<void*> alloc(int where, std::size_t bytes, int id = -1);
   void release(int where, void* p, std::size_t bytes);
   void free_slot(int id);
   Status place(int id, int where);
@@ -97,6 +108,22 @@ struct Executor::Impl {
   void drain(bool all = false);
   ~Impl();
 };
+
+// exec_offload.cpp: host-pool offload (offload_run.h), hooked into create and the run loop.
+/// At the end of create: checks the configuration and keeps what planning needs.
+Status offload_prepare(Executor::Impl& im, const model::Model& model);
+/// True when weight `id` lives in the host pool (not loaded onto the device with the others).
+bool offload_keeps_on_host(const Executor::Impl& im, int id);
+/// After the inputs are loaded: (re)plans for these input shapes, resets the device peak.
+Status offload_begin_run(Executor::Impl& im, const std::vector<HostTensor>& inputs);
+/// Evictions and fetches the schedule issues before node k.
+Status offload_before_node(Executor::Impl& im, std::size_t k);
+/// Drops weights whose last reader was node k.
+void offload_after_node(Executor::Impl& im, std::size_t k);
+/// Frees what is still resident and records the run's figures.
+void offload_end_run(Executor::Impl& im);
+/// The primary device's peak allocation (mem_stats) into stats; resets it when `reset`.
+void read_device_peak(Executor::Impl& im, bool reset);
 
 /// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
 int fuse_nodes(Executor::Impl& im);

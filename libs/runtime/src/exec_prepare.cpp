@@ -276,6 +276,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
     if (!st) return std::move(st).error();
     impl->stream[s] = *st;
   }
+  if (options.offload.enabled) HP_TRY(offload_prepare(*impl, model));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 

@@ -28,7 +28,7 @@ namespace hp::runtime {
 
 namespace {
 
-std::size_t rounded(std::size_t bytes) { return bytes == 0 ? 64 : (bytes + 255) / 256 * 256; }
+std::size_t rounded(std::size_t bytes) { return pool_size(bytes); }
 
 struct AllocCtx {
   Executor::Impl* impl;
@@ -41,7 +41,7 @@ struct AllocCtx {
 
 }  // namespace
 
-Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes) {
+Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes, int id) {
   const std::size_t size = rounded(bytes);
   auto& fl = pool.free[where];
   auto it = fl.find(size);
@@ -51,7 +51,24 @@ Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes) {
     it->second.pop_back();
   } else {
     auto got = be[where]->alloc(0, size);
-    if (!got) return std::move(got).error();
+    if (!got) {
+      // Under a device budget the pool's idle buffers count against it: hand them back and retry.
+      for (auto& [sz, list] : fl)
+        for (void* q : list) (void)be[where]->free_mem(0, q);
+      fl.clear();
+      got = be[where]->alloc(0, size);
+    }
+    if (!got) {
+      Error e = std::move(got).error();
+      const std::string name = id >= 0 && static_cast<std::size_t>(id) < tensor_names.size() ? tensor_names[static_cast<std::size_t>(id)] : "";
+      e.what.message = fmt::format("cannot allocate {} bytes for {} on {}: {}", size,
+                                   name.empty() ? std::string("an unnamed output") : "tensor '" + name + "'",
+                                   be[where]->name(), e.what.message);
+      if (e.what.hint.empty())
+        e.what.hint = "the run needs more device memory than the budget: offload to the host pool ([offload] in the "
+                      "recipe, planned by 'hp offload-profile -o') or raise the budget";
+      return e;
+    }
     p = *got;
   }
   live_bytes += static_cast<std::int64_t>(size);
@@ -79,7 +96,7 @@ Status Executor::Impl::place(int id, int where) {
   Slot& s = slots[static_cast<std::size_t>(id)];
   if (!s.live) return Error(Errc::internal, fmt::format("tensor '{}' read before it was written", tensor_names[static_cast<std::size_t>(id)]));
   if (s.ptr[where] || s.bytes == 0) return {};
-  auto p = alloc(where, s.bytes);
+  auto p = alloc(where, s.bytes, id);
   if (!p) return std::move(p).error();
   s.ptr[where] = *p;
   ++stats.copies;
@@ -116,7 +133,7 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
   std::int64_t n = 1;
   for (int k = 0; k < rank; ++k) n *= dims[k];
   s.bytes = static_cast<std::size_t>(n * esz);
-  auto p = im.alloc(c->where, s.bytes);
+  auto p = im.alloc(c->where, s.bytes, id);
   if (!p) {
     c->error = std::move(p).error();
     return 0;
@@ -311,7 +328,7 @@ static Status load_host(Executor::Impl& im, int id, const HostTensor& h) {
   s.dtype = h.dtype;
   s.dims = h.dims;
   s.bytes = h.data.size();
-  auto p = im.alloc(0, s.bytes);
+  auto p = im.alloc(0, s.bytes, id);
   if (!p) return std::move(p).error();
   s.ptr[0] = *p;
   s.live = true;
@@ -333,10 +350,12 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
   };
   if (!im.weights_loaded) {
     for (auto& [id, h] : im.weights)
-      if (Status st = load_host(im, id, h); !st) return fail(std::move(st).error());
+      if (offload_keeps_on_host(im, id)) continue;  // copied in before its readers (exec_offload.cpp)
+      else if (Status st = load_host(im, id, h); !st) return fail(std::move(st).error());
     im.weights_loaded = true;
     // The slots hold the weights from now on; the decoded copies would only double the memory.
-    for (auto& w : im.weights) std::vector<unsigned char>().swap(w.second.data);
+    for (auto& w : im.weights)
+      if (!offload_keeps_on_host(im, w.first)) std::vector<unsigned char>().swap(w.second.data);
   }
   // Persistent tensors from earlier runs count towards this run's peak from the start.
   im.live_bytes = 0;
@@ -345,11 +364,15 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
       for (void* p : s.ptr)
         if (p) im.live_bytes += static_cast<std::int64_t>(rounded(s.bytes));
   im.stats.peak_bytes = im.live_bytes;
+  read_device_peak(im, true);
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (Status st = load_host(im, im.input_ids[k], inputs[k]); !st) return fail(std::move(st).error());
+  if (Status st = offload_begin_run(im, inputs); !st) return fail(std::move(st).error());
   im.op_time.assign(im.op_types.size(), OpTime{});
-  for (PreparedNode& n : im.nodes) {
+  for (std::size_t k = 0; k < im.nodes.size(); ++k) {
+    PreparedNode& n = im.nodes[k];
     if (n.dead) continue;
+    if (Status st = offload_before_node(im, k); !st) return fail(std::move(st).error());
     const auto s0 = std::chrono::steady_clock::now();
     bool ran = false;
     if (Status st = im.run_or_reuse(n, &ran); !st) return fail(std::move(st).error());
@@ -361,6 +384,7 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
       ++im.stats.nodes_cached;
     }
     for (int t : n.release_after) im.free_slot(t);
+    offload_after_node(im, k);
   }
   for (std::size_t k = 0; k < im.op_types.size(); ++k)
     if (im.op_time[k].nodes) im.stats.by_op[im.op_types[k]] = im.op_time[k];
@@ -371,6 +395,8 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
     out.push_back(std::move(*h));
   }
   im.drain();
+  offload_end_run(im);
+  read_device_peak(im, false);
   im.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

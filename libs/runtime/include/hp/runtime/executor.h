@@ -16,6 +16,10 @@
 // hp.AllGather, hp.ReduceScatter, hp.AllToAll, hp.Send, hp.Recv). The executor does not know MPI:
 // it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes are
 // reported as unsupported before the run.
+//
+// With ExecOptions::offload (offload_run.h) the weights, and optionally activations, live in a host
+// pool and are copied onto the device ahead of the nodes that read them, on a schedule planned for
+// the device budget (exec_offload.cpp).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +31,7 @@
 #include "hp/core/expected.h"
 #include "hp/model/model.h"
 #include "hp/plugin/backend.h"
+#include "hp/runtime/offload_run.h"
 #include "hp/runtime/tensor.h"
 
 namespace hp::runtime {
@@ -56,6 +61,7 @@ struct ExecOptions {
   std::shared_ptr<plugin::Backend> backend;  ///< primary backend (nullptr: the cpu backend)
   std::shared_ptr<plugin::Backend> cpu;      ///< the cpu backend: fallback for unsupported ops; required
   CommOps* comm = nullptr;                   ///< runs "hp"-domain nodes; not owned
+  OffloadConfig offload{};                   ///< host-pool offload under a device budget (offload_run.h)
 };
 
 /// A declared graph input or output.
@@ -83,6 +89,13 @@ struct ExecStats {
   int nodes_cached = 0;                 ///< constant-input nodes not rerun: their outputs are kept from before
   double seconds = 0;
   std::map<std::string, OpTime> by_op;  ///< per op type ("MatMul", "hp.AllReduce"): where the time went
+  /// Most device bytes the primary backend had allocated during the run, as it counts them (ABI 1.3
+  /// mem_stats: the executor's buffer pool included); -1 when the backend does not report it.
+  std::int64_t device_peak = -1;
+  // Offload (ExecOptions::offload): the planned peak and the copies of the last run.
+  std::int64_t offload_planned_peak = 0;
+  std::int64_t offload_fetches = 0, offload_evictions = 0;
+  std::int64_t offload_bytes = 0;       ///< bytes copied between the host pool and the device
 };
 
 class Executor {
