@@ -48,7 +48,9 @@ struct OffloadRun {
 
 /// The offload settings of pipeline stage `stage` of `r` on backend `backend` ("" = the default).
 /// Without an enabled [offload] section: exec.enabled is false and there are no open options. On the
-/// cpu backend the budget is enforced (open option "device_budget=BYTES"). A stage outside
+/// cpu backend the budget is enforced (open option "device_budget=BYTES"; also for backend "", whose
+/// default is the cpu backend on a machine without accelerators; where one is found, its cpu fallback
+/// is then held to the budget as well). A stage outside
 /// [0, parallel.pp) is Errc::usage; device_budget missing on the cpu backend (whose "device" memory is
 /// the whole host) is Errc::bad_input: there would be nothing to enforce.
 Expected<OffloadRun> offload_run_for(const recipe::Recipe& r, std::int64_t stage, const std::string& backend);
