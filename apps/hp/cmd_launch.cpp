@@ -1,6 +1,7 @@
 // hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one rank.
 // hp launch RECIPE.toml [--dry-run] [--timeout S] [--hostfile F] [--launcher slurm]: one MPMD job over
-// Open MPI, an app context per [[groups]] entry (hp::runtime::launch). The ranks run the hidden
+// Open MPI, an app context per [[groups]] entry, or the recipe's model sharded over dp*tp*pp ranks when
+// it has no groups (hp::runtime::launch). The ranks run the hidden
 // `hp launch RECIPE.toml --worker`, which must end with MPI_Abort on any error. See hp-launch(1).
 #include <fmt/core.h>
 
@@ -24,6 +25,7 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
   sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds");
   sub->add_option("--run-dir", opts->run_dir, "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
+  sub->add_option("--shard-dir", opts->shard_dir, "run these hp shard partitions instead of sharding afresh");
   sub->add_option("--launcher", opts->launcher, "mpirun (default) or slurm (srun --multi-prog)");
   sub->add_flag("--allow-run-as-root", opts->allow_run_as_root, "let Open MPI start ranks as root (containers)");
   sub->add_flag("--dry-run", opts->dry_run, "print the mpirun command and app file; start nothing");

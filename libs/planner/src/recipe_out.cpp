@@ -34,7 +34,8 @@ std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
   for (std::int64_t d = 0; d < c.dp; ++d)
     for (std::int64_t t = 0; t < c.tp; ++t)
       ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) + t * stride(c, Axis::tp));
-  std::sort(ranks.begin(), ranks.end());
+  // Not sorted: [[stages]] ranks are in stage-mesh order (dp major, tp minor), which hp shard reads
+  // as the global rank at each mesh position.
   return ranks;
 }
 
@@ -56,7 +57,9 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
   std::error_code ec;
   out.cluster = fs::is_regular_file(r.cluster_ref, ec) ? relative_to(r.cluster_ref, recipe_path) : r.cluster_ref;
   out.nodes = r.nodes;
-  out.dims = {{"batch", c.micro_batch_size}, {"seq", r.seq}};
+  // [model] dims are the shapes of one step's inputs (what hp shard / launch / verify feed the job):
+  // the global batch, which dp splits and micro-batching cuts further.
+  out.dims = {{"batch", c.dp * c.micro_batch_size * c.micro_batches}, {"seq", r.seq}};
   out.parallel.dp = c.dp;
   out.parallel.tp = c.tp;
   out.parallel.pp = c.pp;
@@ -100,12 +103,8 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
     out.stages.push_back(std::move(st));
   }
 
-  recipe::Layout mesh;
-  for (int i = 2; i >= 0; --i) {
-    mesh.device_matrix.push_back(degree(c, c.order[i]));
-    mesh.alias_name.push_back(axis_name(c.order[i]));
-  }
-  out.layouts["*"] = mesh;
+  // No [layouts] table: the rank placement is in [[stages]] ranks, and hp shard derives the
+  // Megatron-style layouts from the degrees (a recipe's [layouts] are for overriding them).
   return out;
 }
 

@@ -163,6 +163,44 @@ Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir,
   return out;
 }
 
+// RUN/shard for a sharded job: `hp shard` into it, or a link to --shard-dir's partitions; then the
+// inputs are checked against the manifest here, once, rather than on every rank after mpirun.
+Status prepare_shards(const recipe::Recipe& rec, const LaunchOptions& o, const std::filesystem::path& run_dir) {
+  if (rec.parallel.schedule == recipe::Schedule::interleaved && rec.parallel.pp > 1)
+    return Error(Errc::not_implemented, "interleaved schedules need one partition per model chunk; hp shard writes one per "
+                                        "rank", o.target.string(), "use schedule = \"1f1b\" or \"gpipe\"");
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  if (!o.shard_dir.empty()) {
+    auto m = shard::read_manifest(o.shard_dir / "manifest.toml");
+    if (!m) return std::move(m).error();
+    if (static_cast<std::int64_t>(m->ranks.size()) != rec.ranks())
+      return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks; the recipe has {}", m->ranks.size(),
+                                                rec.ranks()),
+                   (o.shard_dir / "manifest.toml").string());
+    std::filesystem::create_directory_symlink(std::filesystem::absolute(o.shard_dir), shard_dir_of(run_dir), ec);
+    if (ec) return Error(Errc::runtime, "cannot link the partitions into the run directory: " + ec.message(),
+                         shard_dir_of(run_dir).string());
+  } else {
+    auto prepared = shard::prepare(o.target);
+    if (!prepared) return std::move(prepared).error();
+    auto written = shard::write_partitions(**prepared, shard_dir_of(run_dir));
+    if (!written) return std::move(written).error();
+  }
+  // Check the inputs here, once, rather than on every rank after mpirun started them.
+  if (!o.inputs.empty()) {
+    auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
+    if (!m) return std::move(m).error();
+    auto given = read_tensor_dir(o.inputs, "input");
+    if (!given) return std::move(given).error();
+    std::vector<GraphIO> all;
+    for (const auto& in : m->inputs) all.push_back({in.tensor, -1, 0, {}, false});
+    auto fed = rank_inputs(*m, static_cast<int>(m->ranks.front().rank), all, *given);
+    if (!fed) return std::move(fed).error();
+  }
+  return {};
+}
+
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
     WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths};
@@ -199,25 +237,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   }
   // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
   const bool sharded = rec->groups.empty();
-  if (sharded) {
-    auto prepared = shard::prepare(o.target);
-    if (!prepared) return std::move(prepared).error();
-    std::error_code ec;
-    std::filesystem::create_directories(jo.run_dir, ec);
-    auto written = shard::write_partitions(**prepared, shard_dir_of(jo.run_dir));
-    if (!written) return std::move(written).error();
-    // Check the inputs here, once, rather than on every rank after mpirun started them.
-    if (!o.inputs.empty()) {
-      auto m = shard::read_manifest(shard_dir_of(jo.run_dir) / "manifest.toml");
-      if (!m) return std::move(m).error();
-      auto given = read_tensor_dir(o.inputs, "input");
-      if (!given) return std::move(given).error();
-      std::vector<GraphIO> all;
-      for (const auto& in : m->inputs) all.push_back({in.tensor, -1, 0, {}, false});
-      auto fed = rank_inputs(*m, static_cast<int>(m->ranks.front().rank), all, *given);
-      if (!fed) return std::move(fed).error();
-    }
-  }
+  if (!sharded && !o.shard_dir.empty())
+    return Error(Errc::usage, "--shard-dir applies to a recipe without [[groups]] (one sharded model)");
+  if (sharded) HP_TRY(prepare_shards(*rec, o, jo.run_dir));
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   auto job = run_job(*plan, jo, sink);
   if (!job) return std::move(job).error();

@@ -26,6 +26,9 @@ struct LaunchOptions {
   std::vector<std::filesystem::path> plugin_paths;  ///< --plugin-path entries
   // RECIPE.toml only:
   std::filesystem::path run_dir;  ///< logs and rank outputs; empty: hp-runs/<recipe>-<time>
+  /// A recipe without [[groups]]: run these `hp shard` partitions (linked as RUN/shard) instead of
+  /// sharding the model afresh. Their manifest must be for the recipe's ranks.
+  std::filesystem::path shard_dir;
   std::string launcher = "mpirun";///< mpirun or slurm
   bool allow_run_as_root = false;
   bool worker = false;            ///< this process is a rank (hidden: started by mpirun)
