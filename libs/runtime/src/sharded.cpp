@@ -202,27 +202,32 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
     for (int k = 0; k < mb; ++k) actions.push_back({ActionKind::forward, 0, k, -1});
   }
   std::vector<std::vector<HostTensor>> outs(static_cast<std::size_t>(mb));
-  // A barrier, so every rank's clock starts with the schedule (model loading times differ).
+  // A barrier before every step, so every rank's clock starts with the schedule (model loading
+  // times differ, and a step's last stage finishes after the first).
   std::vector<int> everyone;
   for (int k = 0; k < t.size(); ++k) everyone.push_back(k);
-  std::int32_t one = 1, sum = 0;
-  HP_TRY(t.allreduce(everyone, &one, &sum, 1, HP_I32, ReduceOp::sum));
-  const auto t0 = std::chrono::steady_clock::now();
-  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  for (const Action& a : actions) {
-    if (!a.is_compute()) continue;  // SEND/RECV run as the partition's hp.Send / hp.Recv nodes
-    comm.set_micro_batch(a.micro_batch);
-    ActionTime at{a.micro_batch, since(), 0};
-    auto out = (*ex)->run((*inputs)[static_cast<std::size_t>(a.micro_batch)]);
-    if (!out) return std::move(out).error();
-    at.end_s = since();
-    const auto& by_op = (*ex)->stats().by_op;
-    if (auto w = by_op.find("hp.Recv"); w != by_op.end()) at.wait_s = w->second.seconds;
-    rr.actions.push_back(at);
-    outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);
+  for (int step = 0; step < std::max(o.steps, 1); ++step) {
+    std::int32_t one = 1, sum = 0;
+    HP_TRY(t.allreduce(everyone, &one, &sum, 1, HP_I32, ReduceOp::sum));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    rr.actions.clear();
+    for (const Action& a : actions) {
+      if (!a.is_compute()) continue;  // SEND/RECV run as the partition's hp.Send / hp.Recv nodes
+      comm.set_micro_batch(a.micro_batch);
+      ActionTime at{a.micro_batch, since(), 0};
+      auto out = (*ex)->run((*inputs)[static_cast<std::size_t>(a.micro_batch)]);
+      if (!out) return std::move(out).error();
+      at.end_s = since();
+      const auto& by_op = (*ex)->stats().by_op;
+      if (auto w = by_op.find("hp.Recv"); w != by_op.end()) at.wait_s = w->second.seconds;
+      rr.actions.push_back(at);
+      outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);
+    }
+    HP_TRY(t.flush());
+    rr.seconds = since();
+    rr.step_seconds.push_back(rr.seconds);
   }
-  HP_TRY(t.flush());
-  rr.seconds = since();
   rr.stats = (*ex)->stats();
   // Local outputs, micro-batches concatenated along axis 0.
   for (std::size_t j = 0; !outs.empty() && j < outs[0].size(); ++j) {
@@ -357,6 +362,18 @@ std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int mi
   }
   std::string s = fmt::format("step: {:.4f} s (slowest rank, {} micro-batch{})", step, micro_batches,
                               micro_batches == 1 ? "" : "es");
+  // Several steps: the slowest rank's time per step, median over the steps.
+  std::size_t steps = 0;
+  for (const auto& r : ranks) steps = std::max(steps, r.step_seconds.size());
+  if (steps > 1) {
+    std::vector<double> per_step(steps, 0.0);
+    for (const auto& r : ranks)
+      for (std::size_t k = 0; k < r.step_seconds.size(); ++k) per_step[k] = std::max(per_step[k], r.step_seconds[k]);
+    const double first = per_step[0];
+    std::sort(per_step.begin(), per_step.end());
+    s = fmt::format("step: {:.4f} s median of {} steps (first {:.4f} s; slowest rank, {} micro-batch{})",
+                    per_step[steps / 2], steps, first, micro_batches, micro_batches == 1 ? "" : "es");
+  }
   if (pp > 1) {
     std::string stages;
     for (double b : busy) stages += fmt::format("{}{:.4f}", stages.empty() ? "" : " / ", b);

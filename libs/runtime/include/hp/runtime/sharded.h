@@ -36,6 +36,7 @@ struct ShardedRunOptions {
   std::string schedule = "1f1b";         ///< gpipe | 1f1b (the recipe's [parallel] schedule)
   std::string backend;                   ///< empty: best available
   int threads = 0;                       ///< per rank
+  int steps = 1;                         ///< run the whole schedule this many times (benchmarks)
   std::vector<std::filesystem::path> plugin_paths;
 };
 
@@ -52,9 +53,10 @@ struct ActionTime {
 struct RankRun {
   int rank = 0, stage = 0;
   std::vector<HostTensor> outputs;       ///< local pieces of the graph outputs (empty off the last stage)
-  std::vector<ActionTime> actions;
+  std::vector<ActionTime> actions;       ///< of the last step (the first one also warms caches up)
   ExecStats stats;
-  double seconds = 0;                    ///< schedule start to last action end
+  double seconds = 0;                    ///< the last step: schedule start to last action end
+  std::vector<double> step_seconds;      ///< every step, in order
 };
 
 /// The ranks' inputs: per micro-batch, the rank's slice of every graph input its partition declares
@@ -84,8 +86,10 @@ Expected<SimulatedRun> run_sharded_in_process(const ShardedRunOptions& o, const 
 /// (makespan over all ranks). 0 when there is one stage.
 double measured_bubble(const std::vector<RankRun>& ranks);
 
-/// "step: 0.412 s (slowest rank); stage busy 0.19 / 0.20 s; bubble measured 0.21, schedule's 0.20
-/// (1f1b, p=2, m=4)" — the measured bubble next to bubble_fraction() of the schedule.
+/// "step: 0.412 s (slowest rank, 4 micro-batches); stage compute 0.19 / 0.20 s; pipeline bubble
+/// measured 0.21, schedule's 0.20 (1f1b, p=2, m=4)" — the measured bubble (of the last step) next to
+/// bubble_fraction() of the schedule. With several steps: the median step (slowest rank per step)
+/// and the first one.
 std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule);
 
 }  // namespace hp::runtime
