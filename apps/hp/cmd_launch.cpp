@@ -25,6 +25,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
   sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds");
   sub->add_option("--run-dir", opts->run_dir, "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
+  sub->add_option("--steps", opts->steps, "repeat a sharded recipe's schedule N times; report the median step")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--shard-dir", opts->shard_dir, "run these hp shard partitions instead of sharding afresh");
   sub->add_option("--launcher", opts->launcher, "mpirun (default) or slurm (srun --multi-prog)");
   sub->add_flag("--allow-run-as-root", opts->allow_run_as_root, "let Open MPI start ranks as root (containers)");

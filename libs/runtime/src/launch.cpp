@@ -155,6 +155,7 @@ Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir,
     r.rank = j.value("rank", k);
     r.stage = j.value("stage", 0);
     r.seconds = j.value("seconds", 0.0);
+    r.step_seconds = j.value("steps", std::vector<double>{});
     if (j.contains("actions"))
       for (const auto& a : j["actions"]) r.actions.push_back(
             {a.value("micro_batch", 0), a.value("start", 0.0), a.value("end", 0.0), a.value("wait", 0.0)});
@@ -203,7 +204,7 @@ Status prepare_shards(const recipe::Recipe& rec, const LaunchOptions& o, const s
 
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
-    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths};
+    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, o.steps};
     auto rep = run_worker(w);
     if (!rep) return std::move(rep).error();
     LaunchReport r;
@@ -226,6 +227,8 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   jo.threads = o.threads;
   jo.allow_run_as_root = o.allow_run_as_root;
   jo.plugin_paths = o.plugin_paths;
+  if (o.steps < 1) return Error(Errc::usage, "--steps must be at least 1");
+  jo.steps = o.steps;
   if (!o.backend.empty())
     return Error(Errc::usage, "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
   auto plan = plan_job(*rec, jo, probe_host());

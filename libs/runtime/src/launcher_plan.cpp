@@ -111,6 +111,10 @@ Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const H
       c.argv.push_back("--plugin-path");
       c.argv.push_back(fs::absolute(p).string());
     }
+    if (o.steps > 1) {
+      c.argv.push_back("--steps");
+      c.argv.push_back(std::to_string(o.steps));
+    }
   }
 
   // Launcher environment: container-safe defaults unless the user already chose.

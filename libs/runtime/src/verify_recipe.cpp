@@ -119,15 +119,9 @@ Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
     rep.skipped = "the model does not load: " + probe.error().what.message;
     return rep;
   }
-  auto prepared = shard::prepare(o.recipe);
-  if (!prepared) return std::move(prepared).error();
-  const shard::Prepared& P = **prepared;
-  const shard::Manifest manifest = shard::make_manifest(P);
-  rep.ranks = static_cast<int>(manifest.ranks.size());
-
   // The schedule the ranks will run.
   const auto& par = rec->parallel;
-  const int pp = static_cast<int>(par.pp), mb = static_cast<int>(manifest.micro_batches);
+  const int pp = static_cast<int>(par.pp);
   auto kind = par.schedule == recipe::Schedule::gpipe         ? ScheduleKind::gpipe
               : par.schedule == recipe::Schedule::interleaved ? ScheduleKind::interleaved
                                                               : ScheduleKind::one_f_one_b;
@@ -139,13 +133,29 @@ Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
   rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(kind), pp,
                              par.micro_batches, chunks > 1 ? fmt::format(", v={}", chunks) : "", check.bubble());
 
+  // Weights decide whether anything can run; an interleaved pipeline cannot (one partition per rank).
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
-  auto model = model::load_model(P.model_path, lo);
+  auto model = model::load_model(o.recipe.parent_path() / rec->model, lo);
   if (!model) {
     rep.skipped = "the model has no weight data (shapes only): " + model.error().what.message;
+    if (kind != ScheduleKind::interleaved || pp == 1) {  // still check that it partitions
+      auto prepared = shard::prepare(o.recipe);
+      if (!prepared) return std::move(prepared).error();
+    }
     return rep;
   }
+  if (kind == ScheduleKind::interleaved && pp > 1)
+    return Error(Errc::not_implemented, "interleaved schedules need one partition per model chunk; hp shard writes one "
+                                        "per rank, so this recipe cannot run", o.recipe.string(),
+                 "verify it with --static, or use schedule = \"1f1b\" / \"gpipe\"");
+  auto prepared = shard::prepare(o.recipe);
+  if (!prepared) return std::move(prepared).error();
+  const shard::Prepared& P = **prepared;
+  const shard::Manifest manifest = shard::make_manifest(P);
+  rep.ranks = static_cast<int>(manifest.ranks.size());
+  const int mb = static_cast<int>(manifest.micro_batches);
+
   auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
   if (!backends) return std::move(backends).error();
   auto unsharded = Executor::create(*model, {backends->primary, backends->cpu, nullptr});

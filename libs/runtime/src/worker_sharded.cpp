@@ -21,6 +21,7 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
   so.shard_dir = shard_dir_of(o.run_dir);
   so.schedule = recipe::schedule_name(r.parallel.schedule);
   so.threads = o.threads;
+  so.steps = o.steps;
   so.plugin_paths = o.plugin_paths;
   auto m = shard::read_manifest(so.shard_dir / "manifest.toml");
   if (!m) return std::move(m).error();
@@ -38,7 +39,7 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
   auto rr = run_rank(*m, so, t, *backends, inputs);
   if (!rr) return std::move(rr).error();
   if (!rr->outputs.empty()) HP_TRY(write_tensor_dir(rank_output_dir(o.run_dir, rep.rank), rr->outputs));
-  nlohmann::json j = {{"rank", rep.rank}, {"stage", rr->stage}, {"seconds", rr->seconds}};
+  nlohmann::json j = {{"rank", rep.rank}, {"stage", rr->stage}, {"seconds", rr->seconds}, {"steps", rr->step_seconds}};
   for (const auto& a : rr->actions)
     j["actions"].push_back({{"micro_batch", a.micro_batch}, {"start", a.start_s}, {"end", a.end_s}, {"wait", a.wait_s}});
   std::error_code ec;

@@ -29,6 +29,9 @@ struct LaunchOptions {
   /// A recipe without [[groups]]: run these `hp shard` partitions (linked as RUN/shard) instead of
   /// sharding the model afresh. Their manifest must be for the recipe's ranks.
   std::filesystem::path shard_dir;
+  /// A recipe without [[groups]]: run the whole schedule this many times and report the median step
+  /// (benchmarks: the first step pays for first-run work).
+  int steps = 1;
   std::string launcher = "mpirun";///< mpirun or slurm
   bool allow_run_as_root = false;
   bool worker = false;            ///< this process is a rank (hidden: started by mpirun)

@@ -49,6 +49,7 @@ struct JobOptions {
   int threads = 0;                      ///< per rank; 0: cores / ranks (at least 1)
   bool allow_run_as_root = false;
   std::vector<std::filesystem::path> plugin_paths;
+  int steps = 1;                        ///< passed to the ranks as --steps when > 1
 };
 
 /// One mpirun app context (one [[groups]] entry).

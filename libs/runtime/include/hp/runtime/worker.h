@@ -33,6 +33,7 @@ struct WorkerOptions {
   std::filesystem::path inputs;  ///< may be empty: the module then needs no graph inputs
   int threads = 0;
   std::vector<std::filesystem::path> plugin_paths;
+  int steps = 1;  ///< sharded ranks: repeat the schedule (hp launch --steps, for benchmarks)
 };
 
 struct WorkerReport {
