@@ -13,6 +13,7 @@
 #include "hp/core/fs.h"
 #include "hp/recipe/presets.h"
 #include "hp/recipe/verify.h"
+#include "hp/runtime/group_flow.h"
 #include "hp/runtime/launch.h"
 #include "hp/runtime/verify_run.h"
 
@@ -69,6 +70,9 @@ void add_verify_command(CLI::App& app, Context& ctx) {
     // Presets: the install's share/hp first, then this build's source tree.
     f->opts.preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     auto result = recipe::check_recipe(f->opts);
+    // [[groups]] that exchange tensors: every flow's producer and consumers agree (group_flow.h).
+    if (result)
+      if (Status flows = runtime::check_group_flows(f->opts.recipe); !flows.ok()) result = std::move(flows).error();
     if (!result || f->static_only) {
       if (f->json) fmt::print("{}\n", recipe::format_verify_json(f->opts.recipe, result));
       else if (result) fmt::print("{}", recipe::format_verify_summary(*result));

@@ -36,10 +36,16 @@ constexpr KeyDoc kRecipe[] = {
     {"[layouts.<tensor>]", "rank_list", "integer array", "no (0..n-1)", "global rank at each row-major mesh position"},
     {"[[groups]]", "name", "string", "yes", "MPMD group (mpirun app context) name"},
     {"[[groups]]", "ranks", "range or integer array", "yes", "consecutive ranks, following the previous group"},
-    {"[[groups]]", "module", "string", "no (\"\")", "what the ranks run (stage program, scheduler, ...)"},
+    {"[[groups]]", "module", "string", "no (\"\")",
+     "ONNX file the ranks run (relative to the recipe), or \"scheduler\": one rank, no model, that sends the "
+     "requests (--inputs) to the groups and collects the results as the job's outputs"},
     {"[[groups]]", "backend", "string", "no (\"\")", "plugin to run on: cpu, cuda, ascend; empty = default"},
-    {"[[groups]]", "inputs", "string array", "no ([])", "tensors the group receives"},
-    {"[[groups]]", "outputs", "string array", "no ([])", "tensors the group produces"},
+    {"[[groups]]", "inputs", "string array", "no ([])",
+     "module inputs the group receives: a name in another group's outputs flows from it over MPI (rank i of n "
+     "serves rows [i*B/n, (i+1)*B/n) of the B requests); otherwise it is read from --inputs"},
+    {"[[groups]]", "outputs", "string array", "no ([])",
+     "module outputs the group produces: sent to every group that lists them in its inputs (one producer per "
+     "tensor, no cycles); otherwise job outputs"},
     {"[[groups]]", "env", "table name -> string", "no ({})", "environment exported to the group's ranks"},
     {"[offload]", "enabled", "boolean", "yes", "use host memory behind device memory"},
     {"[offload]", "targets", "string array", "no ([])", "parameters, gradients, optimizer, activations, kv_cache"},

@@ -15,6 +15,7 @@
 #include "hp/core/fs.h"
 #include "hp/plugin/registry.h"
 #include "hp/recipe/recipe.h"
+#include "hp/runtime/group_flow.h"
 #include "hp/runtime/launcher.h"
 #include "hp/runtime/sharded.h"
 #include "hp/shard/shard.h"
@@ -116,7 +117,8 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
       auto outs = read_tensor_dir(dir, "output");
       if (!outs) return std::move(outs).error();
       for (auto& t : *outs) {
-        bool wanted = !g || g->outputs.empty();
+        // A scheduler group writes what it collected (its inputs): those are the job's outputs.
+        bool wanted = !g || g->outputs.empty() || is_scheduler(*g);
         if (g)
           for (const auto& n : g->outputs) wanted |= n == t.name;
         for (const auto& have : all) wanted &= have.name != t.name;  // replicas (TP, DP) hold copies

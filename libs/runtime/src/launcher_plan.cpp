@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "hp/runtime/group_flow.h"
 #include "hp/runtime/launcher.h"
 
 namespace hp::runtime {
@@ -77,9 +78,11 @@ Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const H
     const auto& g = groups[i];
     const std::string key = fmt::format("{}: groups[{}] ('{}')", where, i, g.name);
     fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module) : base / g.module;
-    if (module.extension() != ".onnx")
+    if (is_scheduler(g))
+      ;  // runs no model (group_flow.h)
+    else if (module.extension() != ".onnx")
       problems.push_back({key, fmt::format("module '{}' is not an ONNX file", g.module),
-                          "each group runs an ONNX module (a path relative to the recipe)"});
+                          "each group runs an ONNX module (a path relative to the recipe) or is the \"scheduler\""});
     else if (!fs::is_regular_file(module))
       problems.push_back({key, fmt::format("module '{}' does not exist ({})", g.module, module.string()), ""});
     AppContext c;
@@ -91,6 +94,9 @@ Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const H
     plan.contexts.push_back(std::move(c));
   }
   if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
+  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
+  // fail once every rank has started.
+  if (has_flows(r)) HP_TRY(check_group_flows(o.recipe));
   plan.total_ranks = next;
   const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
 

@@ -13,6 +13,7 @@
 #include "hp/model/model.h"
 #include "hp/recipe/recipe.h"
 #include "hp/runtime/comm.h"
+#include "hp/runtime/group_flow.h"
 #include "hp/runtime/launch.h"
 #include "hp/runtime/schedule.h"
 #include "worker_internal.h"
@@ -125,6 +126,8 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
 
   // No [[groups]]: the recipe's model, sharded by `hp launch` into RUN/shard before the job started.
   if (rec->groups.empty()) return run_sharded_worker(o, *rec, t, std::move(rep));
+  // Groups that exchange tensors (group_flow.h): received inputs, one forward, sent outputs.
+  if (has_flows(*rec)) return run_flow_worker(o, *rec, *gi, t, std::move(rep));
 
   auto backends = open_backends(group.backend, o.threads, o.plugin_paths);
   if (!backends) {

@@ -17,4 +17,9 @@ std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::Recipe& r, Transport& t,
                                           WorkerReport rep);
 
+/// Runs this rank of a recipe whose groups exchange tensors (group_flow.h): group `group` of `r`,
+/// the scheduler or a module group. Finalises MPI on success. `rep` as for run_sharded_worker.
+Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const recipe::Recipe& r, std::size_t group, Transport& t,
+                                       WorkerReport rep);
+
 }  // namespace hp::runtime

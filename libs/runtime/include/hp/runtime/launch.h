@@ -49,8 +49,9 @@ struct LaunchReport {
 /// backend), runtime (a kernel failed).
 /// RECIPE.toml: plans the MPMD job; --dry-run returns the command and app file as the summary; else
 /// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of the
-/// group that wrote any (filtered by the group's `outputs` names when given; a name already taken from
-/// an earlier group is skipped), groups in recipe order.
+/// group that wrote any (filtered by the group's `outputs` names when given, except for a scheduler
+/// group, whose outputs are the results it collected: group_flow.h; a name already taken from an
+/// earlier group is skipped), groups in recipe order.
 /// A failed rank's Error carries the rank's own hp exit code where it had one, else Errc::runtime;
 /// timeouts are Errc::runtime. With `worker`, runs this process as one rank (worker.h); the caller
 /// must mpi_abort() on error.

@@ -74,8 +74,9 @@ struct JobPlan {
 };
 
 /// Builds the launch. Errors: bad_input (recipe groups inconsistent with dp*tp*pp, a module file
-/// missing, a hostfile missing), usage (unknown launcher, negative timeout), unavailable (root without
-/// opt-in; reported as a configuration problem with the two ways out).
+/// missing, a hostfile missing, tensor flows between groups that do not check: group_flow.h), usage
+/// (unknown launcher, negative timeout), unavailable (root without opt-in; reported as a configuration
+/// problem with the two ways out).
 Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const HostInfo& host);
 
 /// `--dry-run`: the environment and exact command on one line (shell-quoted), then the app file.

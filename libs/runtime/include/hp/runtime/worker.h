@@ -10,6 +10,8 @@
 // [parallel] micro_batches, splitting its inputs along axis 0; the hp.Send / hp.Recv nodes of the
 // partition carry the SEND/RECV actions, with tags offset per micro-batch. Otherwise it runs one
 // forward. Its outputs (micro-batches concatenated along axis 0) go to RUN/outputs/rank-N/.
+// A recipe whose groups exchange tensors (group_flow.h) runs instead: inputs received from the
+// producer groups, one forward, outputs sent to the consumer groups; the scheduler rank runs no model.
 //
 // Errors are returned; the caller prints them and must then call mpi_abort(exit code), never return
 // normally: a rank that finalises and exits non-zero while others wait hangs the job.
