@@ -41,8 +41,8 @@ constexpr KeyDoc kRecipe[] = {
      "requests (--inputs) to the groups and collects the results as the job's outputs"},
     {"[[groups]]", "backend", "string", "no (\"\")", "plugin to run on: cpu, cuda, ascend; empty = default"},
     {"[[groups]]", "inputs", "string array", "no ([])",
-     "module inputs the group receives: a name in another group's outputs flows from it over MPI (rank i of n "
-     "serves rows [i*B/n, (i+1)*B/n) of the B requests); otherwise it is read from --inputs"},
+     "module inputs the group receives: a name in another group's outputs flows from it over MPI (rank i of a "
+     "group of n serves the i-th of n equal row blocks of the requests); otherwise it is read from --inputs"},
     {"[[groups]]", "outputs", "string array", "no ([])",
      "module outputs the group produces: sent to every group that lists them in its inputs (one producer per "
      "tensor, no cycles); otherwise job outputs"},
