@@ -161,14 +161,14 @@ TEST_CASE("launcher: missing and non-ONNX modules are bad input, all listed", "[
   auto o = options(d);
   fs::remove(d.path / "a.onnx");
   auto r = recipe_of(kTwoGroups);
-  r.groups[1].module = "scheduler";
+  r.groups[1].module = "encoder.py";  // ("scheduler" is the one module that is no ONNX file: group_flow.h)
   auto plan = plan_job(r, o, HostInfo{8, false});
   REQUIRE_FALSE(plan);
   CHECK(plan.error().code == hp::Errc::bad_input);
   auto all = plan.error().all();
   REQUIRE(all.size() == 2);
   CHECK(all[0].message.find("module 'a.onnx' does not exist") != std::string::npos);
-  CHECK(all[1].message == "module 'scheduler' is not an ONNX file");
+  CHECK(all[1].message == "module 'encoder.py' is not an ONNX file");
   o.launcher = "pbs";
   CHECK(plan_job(recipe_of(kTwoGroups), o, HostInfo{8, false}).error().code == hp::Errc::usage);
 }
