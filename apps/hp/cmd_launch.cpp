@@ -8,6 +8,8 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "hp/core/fs.h"
+#include "hp/recipe/presets.h"
 #include "hp/runtime/comm.h"
 #include "hp/runtime/launch.h"
 
@@ -38,6 +40,7 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       fmt::print(f, "{}\n", line);
       std::fflush(f);
     };
+    opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     auto report = runtime::launch(*opts);
     if (!report) {
       ctx.exit_code = report_error(report.error());

@@ -17,6 +17,7 @@
 #include "hp/recipe/recipe.h"
 #include "hp/runtime/group_flow.h"
 #include "hp/runtime/launcher.h"
+#include "hp/runtime/predict.h"
 #include "hp/runtime/sharded.h"
 #include "hp/shard/shard.h"
 #include "worker_internal.h"
@@ -256,6 +257,11 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
       r.summary += format_step_timing(*timing, static_cast<int>(rec->parallel.pp),
                                       static_cast<int>(rec->parallel.pp > 1 ? rec->parallel.micro_batches : 1),
                                       recipe::schedule_name(rec->parallel.schedule));
+    if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs))
+      r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
+                               *predicted, rec->cluster);
+    else
+      r.summary += fmt::format("plan's prediction: none ({})\n", predicted.error().what.message);
   }
   if (!o.outputs.empty()) {
     auto outs = sharded ? gather_sharded_outputs(jo.run_dir, job->ranks) : gather_outputs(*rec, *plan);

@@ -32,6 +32,8 @@ struct LaunchOptions {
   /// A recipe without [[groups]]: run the whole schedule this many times and report the median step
   /// (benchmarks: the first step pays for first-run work).
   int steps = 1;
+  /// Where cluster presets are looked up for the plan's predicted step (hp/recipe/presets.h).
+  std::vector<std::filesystem::path> preset_dirs;
   std::string launcher = "mpirun";///< mpirun or slurm
   bool allow_run_as_root = false;
   bool worker = false;            ///< this process is a rank (hidden: started by mpirun)
