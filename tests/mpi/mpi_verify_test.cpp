@@ -5,7 +5,9 @@
 //   - 1F1B and GPipe over several micro-batches; interleaved is refused with "not implemented" (8);
 //   - a corrupted shard (one weight element of one rank changed) fails with the mismatch code (6),
 //     over MPI and with --simulate;
-//   - hp launch --outputs gives the PyTorch reference outputs of the model (tests/data/models/*.io).
+//   - hp launch --outputs gives the PyTorch reference outputs of the model (tests/data/models/*.io);
+//   - the recipe's [offload] schedule under a device budget the cpu plugin enforces gives the same
+//     outputs; with nothing allowed to move, the budget is refused (exit 4).
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -178,4 +180,43 @@ TEST_CASE("hp launch of a sharded recipe writes the model's reference outputs", 
   CHECK(bad.rc == 3);
   CHECK(bad.out.find("2 micro-batches of [2,12]") != std::string::npos);
   CHECK(!fs::exists(d.path / "run2" / "logs"));
+}
+
+TEST_CASE("offload under an enforced device budget gives the same outputs; without it the budget is refused",
+          "[mpi][launch][offload]") {
+  TempDir d("offload");
+  const std::string io = kData + "/models/tiny-gpt2.io/test_data_set_0";
+  auto write = [&](const std::string& name, const std::string& targets) {
+    auto p = recipe_copy(d.path, "gpt2-tp2", {});
+    fs::path q = d.path / (name + ".toml");
+    fs::rename(p, q);
+    std::ofstream(q, std::ios::app) << "\n[offload]\nenabled = true\ntargets = [" << targets
+                                    << "]\ndevice_budget = 60000\n";
+    return q;
+  };
+  // Weights in the host pool, fetched ahead of use: each rank's device memory stays under 60000 bytes
+  // (the cpu plugin refuses any allocation past it), and the outputs are PyTorch's.
+  auto off = write("off", "\"parameters\"");
+  Run r = run_hp("launch " + off.string() + " --inputs " + io + " --outputs " + (d.path / "out").string() +
+                 " --run-dir " + (d.path / "run").string() + " --timeout 120");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("offload: ") != std::string::npos);
+  CHECK(r.out.find(" fetches") != std::string::npos);
+  auto got = hp::runtime::read_tensor_file(d.path / "out" / "output_0.pb");
+  auto want = hp::runtime::read_tensor_file(io + "/output_0.pb");
+  REQUIRE(got.ok());
+  REQUIRE(want.ok());
+  REQUIRE(got->dims == want->dims);
+  double worst = 0;
+  for (std::int64_t i = 0; i < got->numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(got->as<float>()[i] - want->as<float>()[i])));
+  CHECK(worst < 1e-4);
+  // Nothing may move: the same budget cannot hold the weights; the job ends with "infeasible" (4).
+  auto none = write("none", "");
+  Run bad = run_hp("launch " + none.string() + " --inputs " + io + " --run-dir " + (d.path / "run2").string() +
+                   " --timeout 120");
+  INFO(bad.out);
+  CHECK(bad.rc == 4);
+  CHECK(bad.out.find("device budget") != std::string::npos);
 }

@@ -251,6 +251,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     result.shapes = collect_shapes(g);
     int progress = pin_known_values(g, result.shapes, opset, serial);
     progress += fix_einsum_shapes(g, result.shapes, fixed);
+    progress += fix_hp_domain_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }
 

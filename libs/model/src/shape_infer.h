@@ -30,6 +30,10 @@ struct InferResult {
 /// Runs inference on a weight-less copy of `model` with `dims` bound on the graph inputs.
 Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims);
 
+/// Output shapes of "hp"-domain communication nodes (shape_hp.cpp) whose input shapes are known and
+/// whose outputs ONNX left unknown, added to `fixed`; returns how many.
+int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed);
+
 /// A small tensor value computed from shapes and constants (what the exporter's
 /// Shape/Gather/Concat arithmetic produces). Values are doubles: exact for any realistic dim.
 struct Value {

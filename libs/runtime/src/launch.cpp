@@ -26,7 +26,8 @@
 namespace hp::runtime {
 
 Expected<Backends> open_backends(const std::string& name, int threads,
-                                 const std::vector<std::filesystem::path>& plugin_paths) {
+                                 const std::vector<std::filesystem::path>& plugin_paths,
+                                 const std::vector<std::string>& open_options) {
   if (threads < 0) return Error(Errc::usage, "--threads must be at least 1");
   // OpenMP workers that spin between ops steal the cores from each other (and from MPI ranks) when
   // cores are shared: measured 3x slower 2-thread runs on a busy machine. Passive waiting costs
@@ -35,6 +36,7 @@ Expected<Backends> open_backends(const std::string& name, int threads,
   plugin::SearchOptions so;
   so.plugin_paths = plugin_paths;
   if (threads > 0) so.open_options.push_back(fmt::format("threads={}", threads));
+  so.open_options.insert(so.open_options.end(), open_options.begin(), open_options.end());
   auto reg = plugin::discover(so);
   if (!reg) return std::move(reg).error();
   Backends b;

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "hp/model/model.h"
+#include "hp/runtime/offload_run.h"
 #include "hp/runtime/schedule.h"
 #include "hp/runtime/tensor.h"
 #include "hp/shard/layout.h"
@@ -156,8 +157,15 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
   return per_mb;
 }
 
+Expected<int> stage_of(const shard::Manifest& m, int rank) {
+  const shard::ManifestRank* mr = find_rank(m, rank);
+  if (!mr) return Error(Errc::bad_input, fmt::format("the manifest has no rank {}", rank));
+  return mr->stage;
+}
+
 Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o, Transport& t,
-                           const Backends& backends, const std::vector<HostTensor>& global_inputs) {
+                           const Backends& backends, const std::vector<HostTensor>& global_inputs,
+                           const OffloadConfig& offload) {
   const int rank = t.rank();
   const shard::ManifestRank* mr = find_rank(m, rank);
   if (!mr) return Error(Errc::bad_input, fmt::format("the manifest has no rank {} (it lists {} ranks)", rank, m.ranks.size()),
@@ -178,7 +186,7 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
   auto model = model::load_model(o.shard_dir / mr->file, lo);
   if (!model) return std::move(model).error();
   TransportCommOps comm(t);
-  auto ex = Executor::create(*model, {backends.primary, backends.cpu, &comm});
+  auto ex = Executor::create(*model, {backends.primary, backends.cpu, &comm, offload});
   if (!ex) return std::move(ex).error();
   auto inputs = rank_inputs(m, rank, (*ex)->inputs(), global_inputs);
   if (!inputs) return std::move(inputs).error();
@@ -321,7 +329,17 @@ Expected<SimulatedRun> run_sharded_in_process(const ShardedRunOptions& o, const 
   std::mutex mu;
   const auto t0 = std::chrono::steady_clock::now();
   Status st = run_in_process(ranks, [&](int rank, Transport& t) -> Status {
-    auto rr = run_rank(*m, o, t, *backends, global_inputs);
+    // Each rank follows its stage's offload schedule; the budget is not enforced here, because all
+    // ranks share this process's one cpu backend (hp launch gives each rank its own).
+    OffloadConfig off;
+    if (o.recipe) {
+      auto stage = stage_of(*m, rank);
+      if (!stage) return std::move(stage).error();
+      auto run = offload_run_for(*o.recipe, *stage, o.backend);
+      if (!run) return std::move(run).error();
+      off = run->exec;
+    }
+    auto rr = run_rank(*m, o, t, *backends, global_inputs, off);
     if (!rr) return std::move(rr).error();
     std::lock_guard<std::mutex> lock(mu);
     sim.ranks[static_cast<std::size_t>(rank)] = std::move(*rr);

@@ -206,6 +206,7 @@ Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
     so.backend = o.backend;
     so.threads = 1;  // the ranks share this process's cores
     so.plugin_paths = o.plugin_paths;
+    so.recipe = &*rec;
     auto sim = run_sharded_in_process(so, *bound);
     if (!sim) return std::move(sim).error();
     got = std::move(sim->outputs);

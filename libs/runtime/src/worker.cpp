@@ -26,8 +26,13 @@ std::filesystem::path rank_output_dir(const std::filesystem::path& run_dir, int 
 }
 
 std::string WorkerReport::summary() const {
-  return fmt::format("rank {} of {} (group '{}'): {} forward(s), {} nodes each, in {:.3f} s\n", rank, ranks, group,
-                     forwards, stats.nodes, seconds);
+  std::string s = fmt::format("rank {} of {} (group '{}'): {} forward(s), {} nodes each, in {:.3f} s", rank, ranks,
+                              group, forwards, stats.nodes, seconds);
+  if (stats.device_peak >= 0) s += fmt::format("; device peak {} bytes", stats.device_peak);
+  if (stats.offload_fetches + stats.offload_evictions > 0)
+    s += fmt::format("; offload: {} fetches, {} evictions, {} bytes moved (planned peak {} bytes)", stats.offload_fetches,
+                     stats.offload_evictions, stats.offload_bytes, stats.offload_planned_peak);
+  return s + "\n";
 }
 
 namespace {

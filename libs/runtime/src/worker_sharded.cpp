@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/core/fs.h"
+#include "hp/runtime/offload_run.h"
 #include "hp/runtime/sharded.h"
 #include "hp/runtime/tensor.h"
 #include "worker_internal.h"
@@ -28,7 +29,13 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
   if (static_cast<int>(m->ranks.size()) != t.size())
     return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks, the job has {}", m->ranks.size(), t.size()),
                  (so.shard_dir / "manifest.toml").string());
-  auto backends = open_backends(so.backend, so.threads, so.plugin_paths);
+  // The recipe's [offload] section for this rank's stage: the budget goes to the backend (enforced
+  // by the cpu plugin), the schedule to the executor (offload_run.h).
+  auto stage = stage_of(*m, rep.rank);
+  if (!stage) return std::move(stage).error();
+  auto off = offload_run_for(r, *stage, so.backend);
+  if (!off) return std::move(off).error();
+  auto backends = open_backends(so.backend, so.threads, so.plugin_paths, off->open_options);
   if (!backends) return std::move(backends).error();
   std::vector<HostTensor> inputs;
   if (!o.inputs.empty()) {
@@ -36,7 +43,7 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
     if (!given) return std::move(given).error();
     inputs = std::move(*given);
   }
-  auto rr = run_rank(*m, so, t, *backends, inputs);
+  auto rr = run_rank(*m, so, t, *backends, inputs, off->exec);
   if (!rr) return std::move(rr).error();
   if (!rr->outputs.empty()) HP_TRY(write_tensor_dir(rank_output_dir(o.run_dir, rep.rank), rr->outputs));
   nlohmann::json j = {{"rank", rep.rank}, {"stage", rr->stage}, {"seconds", rr->seconds}, {"steps", rr->step_seconds}};

@@ -101,7 +101,10 @@ OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, doubl
 struct Backends {
   std::shared_ptr<plugin::Backend> primary, cpu;
 };
+/// `open_options` are appended to every plugin's open options (e.g. "device_budget=BYTES" from the
+/// recipe's [offload] section, offload_run.h).
 Expected<Backends> open_backends(const std::string& name, int threads,
-                                 const std::vector<std::filesystem::path>& plugin_paths);
+                                 const std::vector<std::filesystem::path>& plugin_paths,
+                                 const std::vector<std::string>& open_options = {});
 
 }  // namespace hp::runtime

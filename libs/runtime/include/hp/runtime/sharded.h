@@ -26,6 +26,7 @@
 #include "hp/core/expected.h"
 #include "hp/runtime/comm.h"
 #include "hp/runtime/executor.h"
+#include "hp/recipe/recipe.h"
 #include "hp/runtime/launch.h"
 #include "hp/shard/manifest.h"
 
@@ -37,6 +38,10 @@ struct ShardedRunOptions {
   std::string backend;                   ///< empty: best available
   int threads = 0;                       ///< per rank
   int steps = 1;                         ///< run the whole schedule this many times (benchmarks)
+  /// The recipe, for its [offload] section: each rank's executor then follows the offload schedule of
+  /// its stage under the stage's device budget, enforced on the cpu backend (offload_run.h). Empty:
+  /// no offload.
+  const recipe::Recipe* recipe = nullptr;
   std::vector<std::filesystem::path> plugin_paths;
 };
 
@@ -65,9 +70,14 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
                                                            const std::vector<GraphIO>& wanted,
                                                            const std::vector<HostTensor>& global_inputs);
 
-/// Runs `rank` of the sharded job on transport `t` with opened `backends` (steps 2-4 above).
+/// Runs `rank` of the sharded job on transport `t` with opened `backends` (steps 2-4 above), with
+/// `offload` for its executor (OffloadConfig{}: none).
 Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o, Transport& t,
-                           const Backends& backends, const std::vector<HostTensor>& global_inputs);
+                           const Backends& backends, const std::vector<HostTensor>& global_inputs,
+                           const OffloadConfig& offload = {});
+
+/// The stage of `rank` in the manifest (bad_input when absent).
+Expected<int> stage_of(const shard::Manifest& m, int rank);
 
 /// The global outputs from every rank's RankRun::outputs (indexed by rank; empty for ranks without
 /// outputs). bad_input when no rank holds some slice of an output, or when a piece has the wrong shape.

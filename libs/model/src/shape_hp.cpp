@@ -1,0 +1,66 @@
+// Output shapes of the "hp" domain's communication nodes (hp/core/hp_domain.h), which ONNX's own
+// inference does not know: partitions written by `hp shard` hold them, and the executor's offload
+// planner and the cost model need every tensor's size.
+#include <onnx/onnx_pb.h>
+
+#include "hp/core/hp_domain.h"
+#include "shape_infer.h"
+
+namespace hp::model {
+
+int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed) {
+  int added = 0;
+  for (const auto& n : g.node()) {
+    if (n.domain() != domain::kDomain || n.output_size() == 0 || n.output(0).empty()) continue;
+    const std::string& out = n.output(0);
+    if (fixed.count(out)) continue;
+    if (auto it = shapes.find(out); it != shapes.end() && it->second.has_shape) {
+      bool known = true;
+      for (const auto& d : it->second.dims) known = known && d.known();
+      if (known) continue;
+    }
+    ShapeInfo y;
+    const std::string op = n.op_type();
+    if (op == domain::kRecv) {
+      y.elem_type = static_cast<std::int32_t>(attr_int(n, std::string(domain::kAttrDtype), 0));
+      for (auto d : attr_ints(n, std::string(domain::kAttrShape))) y.dims.push_back(Dim{d, {}});
+    } else {
+      if (n.input_size() == 0) continue;
+      auto it = shapes.find(n.input(0));
+      if (it == shapes.end() || !it->second.has_shape) continue;
+      y = it->second;
+      bool known = true;
+      for (const auto& d : y.dims) known = known && d.known();
+      if (!known) continue;
+      const auto p = static_cast<std::int64_t>(attr_ints(n, std::string(domain::kAttrGroup)).size());
+      const auto rank = static_cast<std::int64_t>(y.dims.size());
+      auto at = [&](std::string_view name) {
+        std::int64_t a = attr_int(n, std::string(name), 0);
+        return a < 0 ? a + rank : a;
+      };
+      auto in_range = [&](std::int64_t a) { return a >= 0 && a < rank; };
+      if (op == domain::kAllGather) {
+        const auto a = at(domain::kAttrAxis);
+        if (!in_range(a) || p < 1) continue;
+        y.dims[static_cast<std::size_t>(a)].value *= p;
+      } else if (op == domain::kReduceScatter) {
+        const auto a = at(domain::kAttrAxis);
+        if (!in_range(a) || p < 1 || y.dims[static_cast<std::size_t>(a)].value % p != 0) continue;
+        y.dims[static_cast<std::size_t>(a)].value /= p;
+      } else if (op == domain::kAllToAll) {
+        const auto s = at(domain::kAttrSplitAxis), c = at(domain::kAttrConcatAxis);
+        if (!in_range(s) || !in_range(c) || p < 1 || y.dims[static_cast<std::size_t>(s)].value % p != 0) continue;
+        y.dims[static_cast<std::size_t>(s)].value /= p;
+        y.dims[static_cast<std::size_t>(c)].value *= p;
+      } else if (op != domain::kAllReduce && op != domain::kCollectivePermute) {
+        continue;  // Send has no output; anything else is not an hp op this build knows
+      }
+    }
+    y.has_shape = true;
+    fixed[out] = std::move(y);
+    ++added;
+  }
+  return added;
+}
+
+}  // namespace hp::model
