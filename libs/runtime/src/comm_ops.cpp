@@ -187,8 +187,10 @@ Status TransportCommOps::run(const CommNode& n, const std::vector<const HostTens
     if (!peer) return std::move(peer).error();
     auto tag = int_attr(n, domain::kAttrTag, 0);
     if (!tag) return std::move(tag).error();
-    if (*peer < 0 || *peer >= world || *peer == me)
-      return node_error(n, fmt::format("peer {} is not another rank of the job (0..{}, this is {})", *peer, world - 1, me));
+    // A rank may send to itself: with interleaved stages its later model chunk reads what an earlier
+    // one produced (the message is buffered, as every send is).
+    if (*peer < 0 || *peer >= world)
+      return node_error(n, fmt::format("peer {} is not a rank of the job (0..{}, this is {})", *peer, world - 1, me));
     if (*tag < 0 || *tag >= 4096) return node_error(n, fmt::format("tag {} is outside 0..4095", *tag));
     const int full_tag = micro_batch_ * 4096 + static_cast<int>(*tag);
     if (n.op_type == domain::kSend)

@@ -172,16 +172,13 @@ Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir,
 // RUN/shard for a sharded job: `hp shard` into it, or a link to --shard-dir's partitions; then the
 // inputs are checked against the manifest here, once, rather than on every rank after mpirun.
 Status prepare_shards(const recipe::Recipe& rec, const LaunchOptions& o, const std::filesystem::path& run_dir) {
-  if (rec.parallel.schedule == recipe::Schedule::interleaved && rec.parallel.pp > 1)
-    return Error(Errc::not_implemented, "interleaved schedules need one partition per model chunk; hp shard writes one per "
-                                        "rank", o.target.string(), "use schedule = \"1f1b\" or \"gpipe\"");
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   if (!o.shard_dir.empty()) {
     auto m = shard::read_manifest(o.shard_dir / "manifest.toml");
     if (!m) return std::move(m).error();
-    if (static_cast<std::int64_t>(m->ranks.size()) != rec.ranks())
-      return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks; the recipe has {}", m->ranks.size(),
+    if (rank_count(*m) != rec.ranks())
+      return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks; the recipe has {}", rank_count(*m),
                                                 rec.ranks()),
                    (o.shard_dir / "manifest.toml").string());
     std::filesystem::create_directory_symlink(std::filesystem::absolute(o.shard_dir), shard_dir_of(run_dir), ec);
@@ -258,7 +255,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     if (timing)
       r.summary += format_step_timing(*timing, static_cast<int>(rec->parallel.pp),
                                       static_cast<int>(rec->parallel.pp > 1 ? rec->parallel.micro_batches : 1),
-                                      recipe::schedule_name(rec->parallel.schedule));
+                                      recipe::schedule_name(rec->parallel.schedule),
+                                      rec->parallel.schedule == recipe::Schedule::interleaved
+                                          ? static_cast<int>(rec->parallel.virtual_stages) : 1);
     if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs))
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "hp/model/model.h"
 #include "hp/runtime/offload_run.h"
@@ -160,7 +161,13 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
 Expected<int> stage_of(const shard::Manifest& m, int rank) {
   const shard::ManifestRank* mr = find_rank(m, rank);
   if (!mr) return Error(Errc::bad_input, fmt::format("the manifest has no rank {}", rank));
-  return mr->stage;
+  return static_cast<int>(mr->stage % m.pp);
+}
+
+int rank_count(const shard::Manifest& m) {
+  std::set<std::int64_t> ranks;
+  for (const auto& r : m.ranks) ranks.insert(r.rank);
+  return static_cast<int>(ranks.size());
 }
 
 Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o, Transport& t,
@@ -175,37 +182,60 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
                  (o.shard_dir / "manifest.toml").string(), "shard a model exported with its weights");
   auto kind = parse_schedule_kind(o.schedule);
   if (!kind) return std::move(kind).error();
-  if (*kind == ScheduleKind::interleaved && m.pp > 1)
-    return Error(Errc::not_implemented, "interleaved schedules need one partition per model chunk; hp shard writes one "
-                                        "per rank", "", "use schedule = \"1f1b\" or \"gpipe\"");
+  const int v = static_cast<int>(m.virtual_stages);
+  if (v > 1 && *kind != ScheduleKind::interleaved)
+    return Error(Errc::bad_input, fmt::format("the partitions hold {} model chunks per rank; the schedule is {}", v,
+                                              o.schedule));
   RankRun rr;
   rr.rank = rank;
-  rr.stage = mr->stage;
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::require_data;
-  auto model = model::load_model(o.shard_dir / mr->file, lo);
-  if (!model) return std::move(model).error();
+  rr.stage = static_cast<int>(mr->stage % m.pp);
+
+  // One executor per model chunk this rank holds (chunk c = virtual stage c * pp + pipeline index),
+  // each with its inputs per micro-batch.
+  struct Chunk {
+    std::unique_ptr<Executor> exec;
+    std::vector<std::vector<HostTensor>> inputs;  // [micro-batch][input]
+  };
+  std::vector<Chunk> chunks(static_cast<std::size_t>(v));
   TransportCommOps comm(t);
-  auto ex = Executor::create(*model, {backends.primary, backends.cpu, &comm, offload});
-  if (!ex) return std::move(ex).error();
-  auto inputs = rank_inputs(m, rank, (*ex)->inputs(), global_inputs);
-  if (!inputs) return std::move(inputs).error();
-  for (auto& in : *inputs) {
-    auto bound = bind_inputs((*ex)->inputs(), std::move(in), fmt::format("rank {}", rank));
-    if (!bound) return std::move(bound).error();
-    in = std::move(*bound);
+  for (const auto& entry : m.ranks) {
+    if (entry.rank != rank) continue;
+    const auto c = static_cast<std::size_t>(entry.stage / m.pp);
+    if (c >= chunks.size() || chunks[c].exec)
+      return Error(Errc::bad_input, fmt::format("rank {} lists stage {} twice or outside the {} chunks", rank, entry.stage, v),
+                   (o.shard_dir / "manifest.toml").string());
+    model::LoadOptions lo;
+    lo.mode = model::LoadMode::require_data;
+    auto model = model::load_model(o.shard_dir / entry.file, lo);
+    if (!model) return std::move(model).error();
+    auto ex = Executor::create(*model, {backends.primary, backends.cpu, &comm, offload});
+    if (!ex) return std::move(ex).error();
+    auto inputs = rank_inputs(m, rank, (*ex)->inputs(), global_inputs);
+    if (!inputs) return std::move(inputs).error();
+    for (auto& in : *inputs) {
+      auto bound = bind_inputs((*ex)->inputs(), std::move(in), fmt::format("rank {}", rank));
+      if (!bound) return std::move(bound).error();
+      in = std::move(*bound);
+    }
+    chunks[c] = {std::move(*ex), std::move(*inputs)};
   }
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (!chunks[c].exec)
+      return Error(Errc::bad_input, fmt::format("rank {} has no partition for model chunk {}", rank, c),
+                   (o.shard_dir / "manifest.toml").string());
 
   const int mb = static_cast<int>(m.micro_batches);
   std::vector<Action> actions;
   if (m.pp > 1) {
-    auto s = make_schedule(*kind == ScheduleKind::gpipe ? ScheduleKind::gpipe : ScheduleKind::one_f_one_b,
-                           static_cast<int>(m.pp), mb, 1, false);
+    const auto k = *kind == ScheduleKind::gpipe ? ScheduleKind::gpipe
+                   : v > 1                      ? ScheduleKind::interleaved
+                                                : ScheduleKind::one_f_one_b;
+    auto s = make_schedule(k, static_cast<int>(m.pp), mb, v, false);
     if (!s) return std::move(s).error();
     auto lowered = lower_send_recv(*s);
     auto check = check_schedule(lowered);
     if (!check.ok) return Error(Errc::internal, "the pipeline schedule does not simulate: " + check.problem);
-    actions = lowered.per_rank[static_cast<std::size_t>(mr->stage)];
+    actions = lowered.per_rank[static_cast<std::size_t>(rr.stage)];
   } else {
     for (int k = 0; k < mb; ++k) actions.push_back({ActionKind::forward, 0, k, -1});
   }
@@ -223,20 +253,21 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
     for (const Action& a : actions) {
       if (!a.is_compute()) continue;  // SEND/RECV run as the partition's hp.Send / hp.Recv nodes
       comm.set_micro_batch(a.micro_batch);
+      Chunk& ch = chunks[static_cast<std::size_t>(a.stage / m.pp)];
       ActionTime at{a.micro_batch, since(), 0};
-      auto out = (*ex)->run((*inputs)[static_cast<std::size_t>(a.micro_batch)]);
+      auto out = ch.exec->run(ch.inputs[static_cast<std::size_t>(a.micro_batch)]);
       if (!out) return std::move(out).error();
       at.end_s = since();
-      const auto& by_op = (*ex)->stats().by_op;
+      const auto& by_op = ch.exec->stats().by_op;
       if (auto w = by_op.find("hp.Recv"); w != by_op.end()) at.wait_s = w->second.seconds;
       rr.actions.push_back(at);
-      outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);
+      if (!out->empty()) outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);  // the chunk with outputs
     }
     HP_TRY(t.flush());
     rr.seconds = since();
     rr.step_seconds.push_back(rr.seconds);
   }
-  rr.stats = (*ex)->stats();
+  rr.stats = chunks.back().exec->stats();
   // Local outputs, micro-batches concatenated along axis 0.
   for (std::size_t j = 0; !outs.empty() && j < outs[0].size(); ++j) {
     HostTensor c = outs[0][j];
@@ -323,7 +354,7 @@ Expected<SimulatedRun> run_sharded_in_process(const ShardedRunOptions& o, const 
   if (!m) return std::move(m).error();
   auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
   if (!backends) return std::move(backends).error();
-  const int ranks = static_cast<int>(m->ranks.size());
+  const int ranks = rank_count(*m);
   SimulatedRun sim;
   sim.ranks.resize(static_cast<std::size_t>(ranks));
   std::mutex mu;
@@ -368,7 +399,8 @@ double measured_bubble(const std::vector<RankRun>& ranks) {
   return stages > 1 && makespan > 0 ? 1.0 - busiest / makespan : 0.0;
 }
 
-std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule) {
+std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule,
+                               int chunks) {
   double step = 0;
   std::vector<double> busy(static_cast<std::size_t>(std::max(pp, 1)), 0.0);
   for (const auto& r : ranks) {
@@ -396,9 +428,10 @@ std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int mi
     std::string stages;
     for (double b : busy) stages += fmt::format("{}{:.4f}", stages.empty() ? "" : " / ", b);
     auto kind = parse_schedule_kind(schedule);
-    const double theory = kind ? bubble_fraction(*kind, pp, micro_batches, 1) : 0;
-    s += fmt::format("; stage compute {} s; pipeline bubble measured {:.3f}, schedule's {:.3f} ({}, p={}, m={})", stages,
-                     measured_bubble(ranks), theory, schedule, pp, micro_batches);
+    const double theory = kind ? bubble_fraction(*kind, pp, micro_batches, chunks) : 0;
+    s += fmt::format("; stage compute {} s; pipeline bubble measured {:.3f}, schedule's {:.3f} ({}, p={}, m={}{})", stages,
+                     measured_bubble(ranks), theory, schedule, pp, micro_batches,
+                     chunks > 1 ? fmt::format(", v={}", chunks) : "");
   }
   return s + "\n";
 }

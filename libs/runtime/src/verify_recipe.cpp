@@ -133,27 +133,21 @@ Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
   rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(kind), pp,
                              par.micro_batches, chunks > 1 ? fmt::format(", v={}", chunks) : "", check.bubble());
 
-  // Weights decide whether anything can run; an interleaved pipeline cannot (one partition per rank).
+  // Weights decide whether anything can run.
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   auto model = model::load_model(o.recipe.parent_path() / rec->model, lo);
   if (!model) {
     rep.skipped = "the model has no weight data (shapes only): " + model.error().what.message;
-    if (kind != ScheduleKind::interleaved || pp == 1) {  // still check that it partitions
-      auto prepared = shard::prepare(o.recipe);
-      if (!prepared) return std::move(prepared).error();
-    }
+    auto prepared = shard::prepare(o.recipe);  // still check that it partitions
+    if (!prepared) return std::move(prepared).error();
     return rep;
   }
-  if (kind == ScheduleKind::interleaved && pp > 1)
-    return Error(Errc::not_implemented, "interleaved schedules need one partition per model chunk; hp shard writes one "
-                                        "per rank, so this recipe cannot run", o.recipe.string(),
-                 "verify it with --static, or use schedule = \"1f1b\" / \"gpipe\"");
   auto prepared = shard::prepare(o.recipe);
   if (!prepared) return std::move(prepared).error();
   const shard::Prepared& P = **prepared;
   const shard::Manifest manifest = shard::make_manifest(P);
-  rep.ranks = static_cast<int>(manifest.ranks.size());
+  rep.ranks = rank_count(manifest);
   const int mb = static_cast<int>(manifest.micro_batches);
 
   auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
@@ -211,7 +205,7 @@ Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
     if (!sim) return std::move(sim).error();
     got = std::move(sim->outputs);
     rep.how = fmt::format("simulated in one process, {} ranks", rep.ranks);
-    rep.timing = format_step_timing(sim->ranks, pp, mb, so.schedule);
+    rep.timing = format_step_timing(sim->ranks, pp, mb, so.schedule, chunks);
   } else {
     HP_TRY(write_tensor_dir(tmp.path / "inputs", *bound, "input"));
     LaunchOptions lo2;

@@ -26,8 +26,8 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
   so.plugin_paths = o.plugin_paths;
   auto m = shard::read_manifest(so.shard_dir / "manifest.toml");
   if (!m) return std::move(m).error();
-  if (static_cast<int>(m->ranks.size()) != t.size())
-    return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks, the job has {}", m->ranks.size(), t.size()),
+  if (rank_count(*m) != t.size())
+    return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks, the job has {}", rank_count(*m), t.size()),
                  (so.shard_dir / "manifest.toml").string());
   // The recipe's [offload] section for this rank's stage: the budget goes to the backend (enforced
   // by the cpu plugin), the schedule to the executor (offload_run.h).

@@ -96,6 +96,7 @@ std::string format_manifest(const Manifest& m) {
   s += fmt::format("[manifest]\nversion = {}\nmodel = {}\nrecipe = {}\ndp = {}\ntp = {}\npp = {}\nweights = {}\n", m.version,
                    quote(m.model), quote(m.recipe), m.dp, m.tp, m.pp, m.weights ? "true" : "false");
   if (m.micro_batches != 1) s += fmt::format("micro_batches = {}\n", m.micro_batches);
+  if (m.virtual_stages != 1) s += fmt::format("virtual_stages = {}\n", m.virtual_stages);
   s += fmt::format("device_matrix = {}\nalias_name = {}\n", ints(m.device_matrix), strs(m.alias_name));
   std::string dims;
   for (const auto& [k, v] : m.dims) dims += (dims.empty() ? "" : ", ") + quote(k) + " = " + std::to_string(v);
@@ -149,6 +150,9 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   m.pp = rd.get<std::int64_t>(*head, "pp", 1);
   m.weights = rd.get<bool>(*head, "weights", true);
   m.micro_batches = rd.get<std::int64_t>(*head, "micro_batches", 1, false);
+  m.virtual_stages = rd.get<std::int64_t>(*head, "virtual_stages", 1, false);
+  if (m.virtual_stages < 1)
+    rd.problems.push_back({rd.at(*head), fmt::format("manifest: virtual_stages = {} (must be >= 1)", m.virtual_stages), ""});
   if (m.micro_batches < 1)
     rd.problems.push_back({rd.at(*head), fmt::format("manifest: micro_batches = {} (must be >= 1)", m.micro_batches), ""});
   m.device_matrix = rd.int_list(*head, "device_matrix");
@@ -163,8 +167,9 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
     r.dp = rd.get<std::int64_t>(t, "dp", 0);
     r.tp = rd.get<std::int64_t>(t, "tp", 0);
     r.pp = rd.get<std::int64_t>(t, "pp", 0);
-    if (r.stage < 0 || r.stage >= m.pp)
-      rd.problems.push_back({rd.at(t), fmt::format("manifest: rank {} names stage {}, pp is {}", r.rank, r.stage, m.pp), ""});
+    if (r.stage < 0 || r.stage >= m.pp * m.virtual_stages)
+      rd.problems.push_back({rd.at(t), fmt::format("manifest: rank {} names stage {}, there are {}", r.rank, r.stage,
+                                                   m.pp * m.virtual_stages), ""});
     m.ranks.push_back(r);
   });
   rd.each(root, "groups", [&](const toml::table& t) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <tuple>
 
 #include "hp/core/fs.h"
 #include "hp/shard/shard.h"
@@ -24,7 +25,15 @@ std::vector<std::vector<std::string>> alias_map(const Mesh& m, const Sharding& s
   return out;
 }
 
-std::string rank_file(std::int64_t rank) { return fmt::format("rank{}.onnx", rank); }
+// One file per rank, or per (rank, chunk) with interleaved virtual stages.
+std::string rank_file(std::int64_t rank, int stage, std::int64_t pp, std::int64_t v) {
+  return v > 1 ? fmt::format("rank{}.c{}.onnx", rank, stage / pp) : fmt::format("rank{}.onnx", rank);
+}
+
+std::int64_t chunks_of(const Prepared& p) {
+  const auto& par = p.recipe.parallel;
+  return par.schedule == recipe::Schedule::interleaved ? par.virtual_stages : 1;
+}
 
 Status write_plain(const fs::path& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -45,6 +54,7 @@ Manifest make_manifest(const Prepared& p) {
   m.dp = r.parallel.dp;
   m.tp = r.parallel.tp;
   m.pp = r.parallel.pp;
+  m.virtual_stages = chunks_of(p);
   m.device_matrix = mesh.dims;
   m.alias_name = mesh.axes;
   m.dims = p.dims;
@@ -52,7 +62,8 @@ Manifest make_manifest(const Prepared& p) {
   for (const auto& st : p.plan.stages) {
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto c = mesh.coords(static_cast<std::int64_t>(pos));
-      m.ranks.push_back({st.ranks[pos], st.index, rank_file(st.ranks[pos]), c[static_cast<std::size_t>(p.dp_axis)],
+      m.ranks.push_back({st.ranks[pos], st.index, rank_file(st.ranks[pos], st.index, m.pp, m.virtual_stages),
+                         c[static_cast<std::size_t>(p.dp_axis)],
                          c[static_cast<std::size_t>(p.tp_axis)], st.index});
     }
     m.stages.push_back({st.index, st.layers, st.ranks});
@@ -65,11 +76,13 @@ Manifest make_manifest(const Prepared& p) {
       }
     }
   }
-  std::sort(m.ranks.begin(), m.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  std::sort(m.ranks.begin(), m.ranks.end(),
+            [](const auto& a, const auto& b) { return std::tie(a.rank, a.stage) < std::tie(b.rank, b.stage); });
   if (!p.plan.stages.empty())
     for (std::size_t pos = 0; pos < p.plan.stages[0].ranks.size(); ++pos) {
       std::vector<std::int64_t> members;
-      for (const auto& st : p.plan.stages) members.push_back(st.ranks[pos]);
+      for (const auto& st : p.plan.stages)
+        if (st.index < m.pp) members.push_back(st.ranks[pos]);  // chunks of a rank are on the same ranks
       m.groups.push_back({fmt::format("pp.{}", pos), "pp", members});
     }
   for (const auto& b : p.plan.boundaries)
@@ -163,7 +176,8 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto part = build_partition(p.plan, st.index, static_cast<std::int64_t>(pos));
       if (!part) return fail(std::move(part).error());
-      if (auto s = write_plain(tmp / rank_file(part->rank), part->onnx); !s) return fail(std::move(s).error());
+      if (auto s = write_plain(tmp / rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p)), part->onnx); !s)
+        return fail(std::move(s).error());
       ++files;
       comm += part->comm_nodes;
       sends += part->sends;

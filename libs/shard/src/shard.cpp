@@ -122,15 +122,22 @@ Status declare_layouts(const Prepared& p, PropagateOptions& o) {
   return {};
 }
 
+// Stages are virtual stages: with an interleaved schedule each of the pp pipeline ranks holds v model
+// chunks, virtual stage j = chunk * pp + rank group (Megatron's interleaving), so there are pp * v of
+// them and stage j runs on the ranks of stage j % pp. Otherwise v = 1.
 Status assign_stages(Prepared& p) {
   const auto& r = p.recipe;
   const auto& L = p.layering;
   auto nb = static_cast<std::int64_t>(L.blocks.size());
-  std::int64_t pp = r.parallel.pp, per = r.parallel.dp * r.parallel.tp;
+  const std::int64_t v = r.parallel.schedule == recipe::Schedule::interleaved ? r.parallel.virtual_stages : 1;
+  std::int64_t groups = r.parallel.pp, pp = groups * v, per = r.parallel.dp * r.parallel.tp;
   std::vector<StageNodes> stages(static_cast<std::size_t>(pp));
   if (!r.stages.empty()) {
     if (static_cast<std::int64_t>(r.stages.size()) != pp)
-      return Error(Errc::bad_input, fmt::format("{} [[stages]] for pp = {}", r.stages.size(), pp), p.where.at("stages"));
+      return Error(Errc::bad_input,
+                   v > 1 ? fmt::format("{} [[stages]] for pp = {} x virtual_stages = {}", r.stages.size(), groups, v)
+                         : fmt::format("{} [[stages]] for pp = {}", r.stages.size(), pp),
+                   p.where.at("stages"));
     for (std::size_t i = 0; i < r.stages.size(); ++i) {
       const auto& st = r.stages[i];
       if (st.index < 0 || st.index >= pp)
@@ -161,7 +168,12 @@ Status assign_stages(Prepared& p) {
     auto& st = stages[static_cast<std::size_t>(s)];
     st.index = static_cast<int>(s);
     if (st.ranks.empty())
-      for (std::int64_t i = 0; i < per; ++i) st.ranks.push_back(s * per + i);
+      for (std::int64_t i = 0; i < per; ++i) st.ranks.push_back((s % groups) * per + i);
+    if (s >= groups && st.ranks != stages[static_cast<std::size_t>(s % groups)].ranks)
+      return Error(Errc::bad_input,
+                   fmt::format("virtual stage {} must run on the ranks of stage {} (chunk {} of the same ranks)", s,
+                               s % groups, s / groups),
+                   p.where.at("stages"));
     if (s == 0) st.nodes = L.prologue.nodes;
     for (auto b : st.layers) {
       const auto& blk = L.blocks[static_cast<std::size_t>(b)].nodes;

@@ -48,3 +48,33 @@ TEST_CASE("micro-batches that do not divide the batch are a located error", "[sh
   CHECK(p.error().str().find("micro_batches") != std::string::npos);
   CHECK(p.error().str().find("r.toml:") != std::string::npos);
 }
+
+TEST_CASE("interleaved stages give every rank one partition per model chunk", "[shard][manifest]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("hp_shard_il_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "r.toml") << "[recipe]\nversion = 1\nname = \"il\"\nmodel = \"" << HP_SOURCE_DIR
+                                << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\nnodes = 2\n"
+                                   "[model]\ndims = { batch = 2, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
+                                   "micro_batches = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\n";
+  auto p = prepare(dir / "r.toml");
+  REQUIRE(p.ok());
+  Manifest m = make_manifest(**p);
+  CHECK(m.virtual_stages == 2);
+  REQUIRE(m.ranks.size() == 4);  // (rank, chunk) entries
+  CHECK(m.ranks[0].rank == 0);
+  CHECK(m.ranks[0].stage == 0);
+  CHECK(m.ranks[0].file == "rank0.c0.onnx");
+  CHECK(m.ranks[1].rank == 0);
+  CHECK(m.ranks[1].stage == 2);
+  CHECK(m.ranks[1].file == "rank0.c1.onnx");
+  CHECK(m.stages.size() == 4);
+  CHECK(m.stages[2].ranks == m.stages[0].ranks);  // virtual stage 2 is chunk 1 of stage 0's ranks
+  auto back = parse_manifest(format_manifest(m), "m.toml");
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+  auto w = write_partitions(**p, dir / "parts");
+  REQUIRE(w.ok());
+  CHECK(fs::exists(dir / "parts" / "rank1.c1.onnx"));
+  fs::remove_all(dir);
+}

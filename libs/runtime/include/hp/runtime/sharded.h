@@ -15,8 +15,8 @@
 //      concatenated along axis 0; assemble_outputs() puts every rank's piece at its slice of each
 //      micro-batch's global output (the first holder of a replicated slice wins) and concatenates the
 //      micro-batches, giving the unsharded model's outputs.
-// Interleaved schedules need one partition per model chunk; `hp shard` writes one per rank, so they
-// are refused here (Errc::not_implemented).
+// Interleaved schedules: a rank holds one partition per model chunk (manifest virtual_stages) and
+// runs the chunk of each action's virtual stage; a chunk may send to a later chunk of its own rank.
 #pragma once
 
 #include <filesystem>
@@ -56,7 +56,7 @@ struct ActionTime {
 
 /// What one rank did.
 struct RankRun {
-  int rank = 0, stage = 0;
+  int rank = 0, stage = 0;               ///< stage: the pipeline index 0..pp-1
   std::vector<HostTensor> outputs;       ///< local pieces of the graph outputs (empty off the last stage)
   std::vector<ActionTime> actions;       ///< of the last step (the first one also warms caches up)
   ExecStats stats;
@@ -76,8 +76,10 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
                            const Backends& backends, const std::vector<HostTensor>& global_inputs,
                            const OffloadConfig& offload = {});
 
-/// The stage of `rank` in the manifest (bad_input when absent).
+/// The pipeline index (0..pp-1) of `rank` in the manifest (bad_input when absent).
 Expected<int> stage_of(const shard::Manifest& m, int rank);
+/// Distinct ranks of the manifest (entries are per rank and model chunk).
+int rank_count(const shard::Manifest& m);
 
 /// The global outputs from every rank's RankRun::outputs (indexed by rank; empty for ranks without
 /// outputs). bad_input when no rank holds some slice of an output, or when a piece has the wrong shape.
@@ -100,6 +102,7 @@ double measured_bubble(const std::vector<RankRun>& ranks);
 /// measured 0.21, schedule's 0.20 (1f1b, p=2, m=4)" — the measured bubble (of the last step) next to
 /// bubble_fraction() of the schedule. With several steps: the median step (slowest rank per step)
 /// and the first one.
-std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule);
+std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule,
+                               int chunks = 1);
 
 }  // namespace hp::runtime

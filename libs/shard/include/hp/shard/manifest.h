@@ -17,6 +17,10 @@
 //                     empty for outputs: they are resolved), origin (the stage that feeds / holds it),
 //                     batched (true: axis 0 is the batch, cut into micro_batches; written when true)
 //
+// virtual_stages (in [manifest], default 1): with an interleaved schedule every rank holds that many
+// model chunks: [[ranks]] lists one entry per (rank, chunk) with stage = chunk * pp + the rank's
+// pipeline index and file "rank<R>.c<chunk>.onnx"; [[stages]] lists the pp * virtual_stages stages.
+//
 // micro_batches (in [manifest], default 1): the partitions are specialised to one micro-batch — the
 // batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the runtime
 // splits the recipe's batch into that many micro-batches along axis 0 (hp/runtime/sharded.h).
@@ -86,6 +90,7 @@ struct Manifest {
   std::string model, recipe;
   std::int64_t dp = 1, tp = 1, pp = 1;
   std::int64_t micro_batches = 1;
+  std::int64_t virtual_stages = 1;        ///< model chunks per pipeline rank (interleaved)
   bool weights = true;
   std::vector<std::int64_t> device_matrix;
   std::vector<std::string> alias_name;
