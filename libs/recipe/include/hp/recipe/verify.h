@@ -1,6 +1,7 @@
-// `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model file),
-// and later (issue #3) the numeric comparison of sharded against unsharded outputs. apps/hp/cmd_verify.cpp
-// binds flags into VerifyOptions and calls check_recipe().
+// `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model file).
+// The numeric comparison of the sharded job against the unsharded model is in libs/runtime
+// (hp/runtime/verify_run.h). apps/hp/cmd_verify.cpp binds flags into VerifyOptions and calls
+// check_recipe(), then the runtime.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,8 @@ namespace hp::recipe {
 
 struct VerifyOptions {
   std::filesystem::path recipe;
-  std::filesystem::path inputs;            ///< input tensors to run with (not yet supported)
-  std::filesystem::path expected;          ///< expected output tensors (not yet supported)
+  // The comparison's settings, bound from the command line here and passed on to the runtime's
+  // checks (check_recipe itself does not use them).
   double rtol = 1e-4;
   double atol = 1e-5;
   std::string backend = "cpu";
@@ -34,8 +35,7 @@ struct VerifyReport {
   std::filesystem::path cluster_path;
 };
 
-/// Runs every static check and collects every problem into one bad_input Error. When the static
-/// checks pass and inputs/expected were given, fails with not_implemented (running arrives with #3).
+/// Runs every static check and collects every problem into one bad_input Error.
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts);
 
 /// The short human summary of a passing report (several lines, each ending in '\n').
