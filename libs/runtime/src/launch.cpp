@@ -191,7 +191,13 @@ Status prepare_shards(const recipe::Recipe& rec, const LaunchOptions& o, const s
     if (!written) return std::move(written).error();
   }
   // Check the inputs here, once, rather than on every rank after mpirun started them.
-  if (!o.inputs.empty()) {
+  if (o.inputs.empty()) {
+    auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
+    if (!m) return std::move(m).error();
+    if (!m->inputs.empty())
+      return Error(Errc::usage, fmt::format("the model reads {} graph input(s) ('{}', ...); pass --inputs DIR",
+                                            m->inputs.size(), m->inputs.front().tensor));
+  } else {
     auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
     if (!m) return std::move(m).error();
     auto given = read_tensor_dir(o.inputs, "input");
@@ -244,7 +250,15 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   const bool sharded = rec->groups.empty();
   if (!sharded && !o.shard_dir.empty())
     return Error(Errc::usage, "--shard-dir applies to a recipe without [[groups]] (one sharded model)");
-  if (sharded) HP_TRY(prepare_shards(*rec, o, jo.run_dir));
+  if (sharded) {
+    // A run directory made here is removed again when the job cannot start: nothing half-made stays.
+    std::error_code ec;
+    const bool fresh = !std::filesystem::exists(jo.run_dir, ec);
+    if (Status st = prepare_shards(*rec, o, jo.run_dir); !st) {
+      if (fresh) std::filesystem::remove_all(jo.run_dir, ec);
+      return std::move(st).error();
+    }
+  }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   auto job = run_job(*plan, jo, sink);
   if (!job) return std::move(job).error();
