@@ -101,17 +101,6 @@ TEST_CASE("verify: an unknown preset and a broken cluster file are reported", "[
   CHECK(test::has(all, "c.toml:3:8", "'cluster.name' must be a string, got an integer"));
 }
 
-TEST_CASE("verify: --inputs/--expected is not implemented after passing static checks", "[recipe]") {
-  TempDir d;
-  d.write("models/m.onnx", "x");
-  d.write("r.toml", kRecipe);
-  VerifyOptions o = options(d.path / "r.toml");
-  o.inputs = d.path;
-  auto rep = check_recipe(o);
-  REQUIRE(!rep.ok());
-  CHECK(rep.error().code == hp::Errc::not_implemented);
-}
-
 TEST_CASE("verify: the quick-start recipe passes its static checks", "[recipe]") {
   fs::path quick = fs::path(HP_SOURCE_DIR) / "recipes" / "quickstart.toml";
   auto doc = read_recipe(quick);
