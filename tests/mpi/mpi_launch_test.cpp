@@ -8,6 +8,8 @@
 //     leaves no rank process behind.
 #include <catch2/catch.hpp>
 
+#include "mpi_test_util.h"
+
 #include <onnx/onnx_pb.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,14 +31,14 @@ using namespace hp::runtime;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("hp_mpi_launch_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+using mpi_test::max_abs_diff;
+using mpi_test::no_rank_left;
+using mpi_test::Run;
+using mpi_test::run_hp;
+
+// This file's temporary directories: hp_mpi_launch_<name>_<pid>.
+struct TempDir : mpi_test::TempDir {
+  explicit TempDir(const std::string& name) : mpi_test::TempDir("launch", name) {}
 };
 
 struct Matrix {
@@ -216,58 +218,6 @@ void write_recipe(const fs::path& file, const std::string& parallel, const std::
     << "\n[[groups]]\nname = \"g1\"\nranks = \"1\"\nmodule = \"" << m1 << "\"\nbackend = \"" << (backend1.empty() ? "cpu" : backend1)
     << "\"\noutputs = [\"y\"]\n";
   if (!env1.empty()) f << "env = { " << env1 << " }\n";
-}
-
-struct Run {
-  int rc = -1;
-  std::string out;
-  double seconds = 0;
-};
-
-Run run_hp(const std::string& args) {
-  Run r;
-  const auto start = std::chrono::steady_clock::now();
-  std::string cmd = std::string(HP_EXE) + " " + args + " 2>&1 </dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
-  const int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
-
-double max_abs_diff(const fs::path& a, const fs::path& b) {
-  auto x = read_tensor_file(a), y = read_tensor_file(b);
-  REQUIRE(x.ok());
-  REQUIRE(y.ok());
-  REQUIRE(x->dims == y->dims);
-  double d = 0;
-  for (std::int64_t i = 0; i < x->numel(); ++i) d = std::max(d, std::fabs(double(x->as<float>()[i]) - y->as<float>()[i]));
-  return d;
-}
-
-// True when no process recorded under RUN/pids is still alive (zombies of our own children aside).
-bool no_rank_left(const fs::path& run) {
-  for (int tries = 0; tries < 50; ++tries) {
-    bool alive = false;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(run / "pids", ec)) {
-      std::ifstream in(e.path());
-      long pid = 0;
-      if (in >> pid && ::kill(static_cast<pid_t>(pid), 0) == 0) {
-        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-        std::string s;
-        std::getline(stat, s);
-        const auto close = s.rfind(')');
-        if (close == std::string::npos || s.substr(close + 2, 1) != "Z") alive = true;
-      }
-    }
-    if (!alive) return true;
-    ::usleep(100 * 1000);
-  }
-  return false;
 }
 
 struct Fixture {

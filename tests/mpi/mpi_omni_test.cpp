@@ -6,6 +6,8 @@
 // tensor the scheduler sends stop the whole running job with exit 3 and leave no rank behind.
 #include <catch2/catch.hpp>
 
+#include "mpi_test_util.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,61 +25,18 @@ using namespace hp::runtime;
 
 namespace {
 
+using mpi_test::no_rank_left;
+using mpi_test::Run;
+using mpi_test::run_hp;
+
+// This file's temporary directories: hp_mpi_omni_<name>_<pid>.
+struct TempDir : mpi_test::TempDir {
+  explicit TempDir(const std::string& name) : mpi_test::TempDir("omni", name) {}
+};
+
 const fs::path kSource = HP_SOURCE_DIR;
 const fs::path kRecipe = kSource / "recipes" / "omni-modal.toml";
 const fs::path kRequests = kSource / "recipes" / "omni-modal" / "requests";
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("hp_mpi_omni_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-struct Run {
-  int rc = -1;
-  std::string out;
-  double seconds = 0;
-};
-
-Run run_hp(const std::string& args) {
-  Run r;
-  const auto start = std::chrono::steady_clock::now();
-  std::string cmd = std::string(HP_EXE) + " " + args + " 2>&1 </dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
-  const int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
-
-// True when no process recorded under RUN/pids is still alive (zombies aside).
-bool no_rank_left(const fs::path& run) {
-  for (int tries = 0; tries < 50; ++tries) {
-    bool alive = false;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(run / "pids", ec)) {
-      std::ifstream in(e.path());
-      long pid = 0;
-      if (in >> pid && ::kill(static_cast<pid_t>(pid), 0) == 0) {
-        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-        std::string s;
-        std::getline(stat, s);
-        const auto close = s.rfind(')');
-        if (close == std::string::npos || s.substr(close + 2, 1) != "Z") alive = true;
-      }
-    }
-    if (!alive) return true;
-    ::usleep(100 * 1000);
-  }
-  return false;
-}
 
 // The bundled recipe's text with `from` replaced by `to` (modules made absolute), written to `file`.
 void write_variant(const fs::path& file, const std::string& from, const std::string& to) {

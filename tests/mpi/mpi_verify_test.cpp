@@ -10,6 +10,8 @@
 //     outputs; with nothing allowed to move, the budget is refused (exit 4).
 #include <catch2/catch.hpp>
 
+#include "mpi_test_util.h"
+
 #include <onnx/onnx_pb.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,34 +29,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using mpi_test::max_abs_diff;
+using mpi_test::Run;
+using mpi_test::run_hp;
+
+// This file's temporary directories: hp_mpi_verify_<name>_<pid>.
+struct TempDir : mpi_test::TempDir {
+  explicit TempDir(const std::string& name) : mpi_test::TempDir("verify", name) {}
+};
+
 const std::string kData = std::string(HP_SOURCE_DIR) + "/tests/data";
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("hp_mpi_verify_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-struct Run {
-  int rc = -1;
-  std::string out;
-};
-
-Run run_hp(const std::string& args) {
-  Run r;
-  std::string cmd = std::string(HP_EXE) + " " + args + " 2>&1 </dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
-  const int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
 
 std::string recipe(const std::string& name) { return kData + "/recipes/shard/" + name + ".toml"; }
 
@@ -169,15 +153,7 @@ TEST_CASE("hp launch of a sharded recipe writes the model's reference outputs", 
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("[main:7]") != std::string::npos);
   CHECK(r.out.find("pipeline bubble measured") != std::string::npos);
-  auto got = hp::runtime::read_tensor_file(d.path / "out" / "output_0.pb");
-  auto want = hp::runtime::read_tensor_file(kData + "/models/tiny-gpt2.io/test_data_set_0/output_0.pb");
-  REQUIRE(got.ok());
-  REQUIRE(want.ok());
-  REQUIRE(got->dims == want->dims);
-  double worst = 0;
-  for (std::int64_t i = 0; i < got->numel(); ++i)
-    worst = std::max(worst, static_cast<double>(std::fabs(got->as<float>()[i] - want->as<float>()[i])));
-  CHECK(worst < 1e-4);
+  CHECK(max_abs_diff(d.path / "out" / "output_0.pb", kData + "/models/tiny-gpt2.io/test_data_set_0/output_0.pb") < 1e-4);
   // Wrongly shaped inputs are refused before any rank starts.
   Run bad = run_hp("launch " + recipe("gpt2-dp2-pp2-mb2") + " --inputs " + kData +
                    "/models/tiny-gpt2.io/test_data_set_0 --run-dir " + (d.path / "run2").string());
@@ -208,15 +184,7 @@ TEST_CASE("offload under an enforced device budget gives the same outputs; witho
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("offload: ") != std::string::npos);
   CHECK(r.out.find(" fetches") != std::string::npos);
-  auto got = hp::runtime::read_tensor_file(d.path / "out" / "output_0.pb");
-  auto want = hp::runtime::read_tensor_file(io + "/output_0.pb");
-  REQUIRE(got.ok());
-  REQUIRE(want.ok());
-  REQUIRE(got->dims == want->dims);
-  double worst = 0;
-  for (std::int64_t i = 0; i < got->numel(); ++i)
-    worst = std::max(worst, static_cast<double>(std::fabs(got->as<float>()[i] - want->as<float>()[i])));
-  CHECK(worst < 1e-4);
+  CHECK(max_abs_diff(d.path / "out" / "output_0.pb", io + "/output_0.pb") < 1e-4);
   // Nothing may move: the same budget cannot hold the weights. The job ends with "infeasible" (4) when
   // the offload planner sees it first, or with the cpu plugin's refusal (5) when an allocation does.
   auto none = write("none", "");
