@@ -192,19 +192,9 @@ Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
 // A model group's rank: inputs from flows (or --inputs), one forward, outputs to flows (or written).
 Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerReport& rep) {
   const auto& g = fr.r.groups[gi];
-  auto backends = open_backends(g.backend, o.threads, o.plugin_paths);
-  if (!backends) {
-    Error e = std::move(backends).error();
-    e.what.message = fmt::format("group '{}': {}", g.name, e.what.message);
-    return e;
-  }
-  const fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module)
-                                                            : fs::absolute(o.recipe).parent_path() / g.module;
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::require_data;
-  auto m = model::load_model(module, lo);
-  if (!m) return std::move(m).error();
-  auto ex = Executor::create(*m, {backends->primary, backends->cpu, nullptr});
+  auto gm = load_group_module(o, g);
+  if (!gm) return std::move(gm).error();
+  auto ex = Executor::create(gm->model, {gm->backends.primary, gm->backends.cpu, nullptr});
   if (!ex) return std::move(ex).error();
   Executor& exec = **ex;
 
@@ -237,7 +227,7 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
       return Error(Errc::bad_input,
                    fmt::format("module input '{}' of group '{}' is fed by no flow and is not among the requests", in.name,
                                g.name),
-                   module.string(), "list it in the group's inputs and in its producer group's outputs");
+                   gm->path.string(), "list it in the group's inputs and in its producer group's outputs");
     }
   }
   auto bound = bind_inputs(exec.inputs(), std::move(given), fmt::format("group '{}'", g.name));

@@ -93,6 +93,22 @@ Expected<std::size_t> find_group(const recipe::Recipe& r, int rank, int ranks) {
 
 }  // namespace
 
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const recipe::Group& g) {
+  auto backends = open_backends(g.backend, o.threads, o.plugin_paths);
+  if (!backends) {
+    Error e = std::move(backends).error();
+    e.what.message = fmt::format("group '{}': {}", g.name, e.what.message);
+    return e;
+  }
+  const fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module)
+                                                            : fs::absolute(o.recipe).parent_path() / g.module;
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  auto m = model::load_model(module, lo);
+  if (!m) return std::move(m).error();
+  return GroupModule{std::move(*backends), std::move(*m), module};
+}
+
 Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   auto world = mpi_world();
@@ -134,20 +150,10 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   // Groups that exchange tensors (group_flow.h): received inputs, one forward, sent outputs.
   if (has_flows(*rec)) return run_flow_worker(o, *rec, *gi, t, std::move(rep));
 
-  auto backends = open_backends(group.backend, o.threads, o.plugin_paths);
-  if (!backends) {
-    Error e = std::move(backends).error();
-    e.what.message = fmt::format("group '{}': {}", group.name, e.what.message);
-    return e;
-  }
-  const fs::path module = fs::path(group.module).is_absolute() ? fs::path(group.module)
-                                                                : fs::absolute(o.recipe).parent_path() / group.module;
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::require_data;
-  auto m = model::load_model(module, lo);
-  if (!m) return std::move(m).error();
+  auto gm = load_group_module(o, group);
+  if (!gm) return std::move(gm).error();
   TransportCommOps comm(t);
-  auto ex = Executor::create(*m, {backends->primary, backends->cpu, &comm});
+  auto ex = Executor::create(gm->model, {gm->backends.primary, gm->backends.cpu, &comm});
   if (!ex) return std::move(ex).error();
   Executor& exec = **ex;
 

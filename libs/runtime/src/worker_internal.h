@@ -3,11 +3,22 @@
 // own module (worker.cpp).
 #pragma once
 
+#include "hp/model/model.h"
 #include "hp/recipe/recipe.h"
+#include "hp/runtime/launch.h"
 #include "hp/runtime/comm.h"
 #include "hp/runtime/worker.h"
 
 namespace hp::runtime {
+
+/// A group's backends (errors name the group) and its module (an ONNX file, relative to the recipe),
+/// loaded with its weights.
+struct GroupModule {
+  Backends backends;
+  model::Model model;
+  std::filesystem::path path;  ///< the module file, resolved
+};
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const recipe::Group& g);
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
