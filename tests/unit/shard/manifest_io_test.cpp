@@ -78,3 +78,20 @@ TEST_CASE("interleaved stages give every rank one partition per model chunk", "[
   CHECK(fs::exists(dir / "parts" / "rank1.c1.onnx"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("malformed micro-batch, chunk and input entries of a manifest are located errors", "[shard][manifest]") {
+  const std::string head = "[manifest]\nversion = 1\nmodel = \"m.onnx\"\nrecipe = \"r.toml\"\ndp = 1\ntp = 1\npp = 1\n"
+                           "weights = true\ndevice_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n";
+  auto bad_mb = parse_manifest(head + "micro_batches = 0\n", "m.toml");
+  REQUIRE_FALSE(bad_mb.ok());
+  CHECK(bad_mb.error().str().find("micro_batches = 0") != std::string::npos);
+  CHECK(bad_mb.error().str().find("m.toml:") != std::string::npos);
+  auto bad_v = parse_manifest(head + "virtual_stages = -1\n", "m.toml");
+  REQUIRE_FALSE(bad_v.ok());
+  CHECK(bad_v.error().str().find("virtual_stages = -1") != std::string::npos);
+  auto bad_in = parse_manifest(head + "\n[[inputs]]\ntensor = \"x\"\nshape = [2, 3]\ntensor_map = [[\"dp\"]]\n"
+                                      "partial = []\n", "m.toml");
+  REQUIRE_FALSE(bad_in.ok());
+  CHECK(bad_in.error().str().find("'x' has 2 dims but a tensor_map of 1") != std::string::npos);
+  CHECK(bad_in.error().str().find("m.toml:") != std::string::npos);
+}
