@@ -1,5 +1,6 @@
 // Private state of the executor, shared by exec_prepare.cpp (ordering, op checks, attributes,
-// initializers, lifetimes) and exec_run.cpp (buffers, placement, the node loop).
+// initializers, lifetimes), exec_run.cpp (buffers, placement, the node loop) and exec_comm.cpp
+// (communication nodes).
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -85,6 +86,9 @@ struct Executor::Impl {
   std::vector<std::int32_t> scratch_dtypes;    ///< reused per node (no heap traffic on the hot path)
   std::vector<hp_tensor_desc> scratch_inputs;
   std::vector<std::int64_t> scratch_key;
+  std::vector<CommTensor> scratch_comm;           ///< a comm node's inputs (exec_comm.cpp)
+  std::vector<char> scratch_given;                ///< which of them an output took over
+  std::vector<unsigned char> comm_discard;        ///< where a comm node writes an output nobody reads
 
   std::shared_ptr<OffloadState> off;
 
@@ -102,7 +106,7 @@ struct Executor::Impl {
   Status run_or_reuse(PreparedNode& n, bool* ran);
   Status launch_on(PreparedNode& n, int where);
   int last_launch_allocated_ = 0;
-  Status run_comm(PreparedNode& n);
+  Status run_comm(PreparedNode& n);  ///< exec_comm.cpp
   Expected<HostTensor> to_host(int id);
   /// Frees every live tensor except the persistent ones (all of them when `all`).
   void drain(bool all = false);

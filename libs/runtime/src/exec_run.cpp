@@ -244,36 +244,6 @@ Expected<HostTensor> Executor::Impl::to_host(int id) {
   return h;
 }
 
-Status Executor::Impl::run_comm(PreparedNode& n) {
-  std::vector<HostTensor> host_in;
-  host_in.reserve(n.inputs.size());
-  std::vector<const HostTensor*> ptrs;
-  for (int t : n.inputs) {
-    if (t < 0) { ptrs.push_back(nullptr); continue; }
-    auto h = to_host(t);
-    if (!h) return std::move(h).error();
-    host_in.push_back(std::move(*h));
-    ptrs.push_back(&host_in.back());
-  }
-  std::vector<HostTensor> outs(n.outputs.size());
-  HP_TRY(opts.comm->run(n.comm_node, ptrs, outs));
-  for (std::size_t k = 0; k < n.outputs.size() && k < outs.size(); ++k) {
-    const int id = n.outputs[k];
-    if (id < 0) continue;
-    Slot& s = slots[static_cast<std::size_t>(id)];
-    s.dtype = outs[k].dtype;
-    s.dims = outs[k].dims;
-    s.bytes = outs[k].data.size();
-    auto p = alloc(0, s.bytes);
-    if (!p) return std::move(p).error();
-    s.ptr[0] = *p;
-    s.live = true;
-    if (s.bytes) std::memcpy(*p, outs[k].data.data(), s.bytes);
-  }
-  ++stats.nodes;
-  return {};
-}
-
 void Executor::Impl::drain(bool all) {
   for (std::size_t id = 0; id < slots.size(); ++id)
     if (slots[id].live && (all || !slots[id].persistent)) free_slot(static_cast<int>(id));

@@ -1,6 +1,6 @@
-// The comm layer's tensor logic on the in-process transport: every hp-domain op, non-ascending group
-// orders, f32 and i64, attribute errors, and that a failing rank makes its peers fail instead of
-// hanging. Expected values are computed here from each rank's input formula.
+// The comm layer's tensor logic on the in-process transport: every hp-domain op (packed and unpacked
+// axes), non-ascending group orders, f32 and i64, the zero-copy run_into form and its plan cache,
+// attribute errors, and that a failing rank makes its peers fail instead of hanging. Expected values are computed here from each rank's input formula.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -132,6 +132,58 @@ TEST_CASE("comm: AllToAll splits, exchanges and concatenates in group order", "[
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) CHECK(at(y, i, 2 * k + j) == x_at(order[static_cast<std::size_t>(k)], 2 * pos + i, j));
   }
+}
+
+TEST_CASE("comm: ReduceScatter and AllToAll along the outermost axis send the tensor as it lies", "[comm]") {
+  // Axis 0 needs no packing (the chunks are contiguous already); the results must equal the packed path's.
+  auto rs = run_on(2, {0, 1}, node("ReduceScatter", {{"group", "1,0"}, {"axis", "0"}, {"op", "avg"}}), 4, 3);
+  for (int pos = 0; pos < 2; ++pos) {
+    const auto& y = rs[static_cast<std::size_t>(pos == 0 ? 1 : 0)];
+    REQUIRE(y.dims == std::vector<std::int64_t>{2, 3});
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j) CHECK(at(y, i, j) == (x_at(0, 2 * pos + i, j) + x_at(1, 2 * pos + i, j)) / 2);
+  }
+  // Split columns (packed), concatenate rows (received blocks are the result).
+  auto a2a = run_on(2, {0, 1}, node("AllToAll", {{"group", "0,1"}, {"split_axis", "1"}, {"concat_axis", "0"}}), 2, 4);
+  for (int r = 0; r < 2; ++r) {
+    const auto& y = a2a[static_cast<std::size_t>(r)];
+    REQUIRE(y.dims == std::vector<std::int64_t>{4, 2});
+    for (int k = 0; k < 2; ++k)  // rows 2k..2k+1 came from member k: its column chunk r
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) CHECK(at(y, 2 * k + i, j) == x_at(k, i, 2 * r + j));
+  }
+}
+
+TEST_CASE("comm: run_into reads in place, writes into the caller's memory, and reparses a changed node", "[comm]") {
+  std::vector<std::vector<float>> got(2);
+  Status s = run_in_process(2, [&](int r, Transport& t) -> Status {
+    TransportCommOps ops(t);
+    HostTensor x = input(r, 1, 3);
+    const std::vector<CommTensor> in{CommTensor{x.dtype, x.dims, x.data.data(), x.data.size()}};
+    std::vector<float> out(3, -1.0f);
+    int calls = 0;
+    const CommAlloc alloc = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse) -> hp::Expected<void*> {
+      CHECK(reuse == -1);  // nothing donated
+      ++calls;
+      CHECK(k == 0);
+      CHECK(dtype == HP_F32);
+      CHECK(std::vector<std::int64_t>(dims.begin(), dims.end()) == std::vector<std::int64_t>{1, 3});
+      return static_cast<void*>(out.data());
+    };
+    CommNode n = node("AllReduce", {{"group", "0,1"}, {"op", "sum"}});
+    HP_TRY(ops.run_into(n, in, alloc));
+    got[static_cast<std::size_t>(r)].push_back(out[2]);
+    // Same node object, other reduction: the cached plan must not be reused.
+    n.attrs[1].second = "max";
+    HP_TRY(ops.run_into(n, in, alloc));
+    got[static_cast<std::size_t>(r)].push_back(out[2]);
+    CHECK(calls == 2);
+    CHECK(x.as<float>()[2] == x_at(r, 0, 2));  // the input is read, never written
+    return {};
+  });
+  REQUIRE(s.ok());
+  for (int r = 0; r < 2; ++r)
+    CHECK(got[static_cast<std::size_t>(r)] == std::vector<float>{x_at(0, 0, 2) + x_at(1, 0, 2), x_at(1, 0, 2)});
 }
 
 TEST_CASE("comm: CollectivePermute moves along pairs and zero-fills ranks without a source", "[comm]") {

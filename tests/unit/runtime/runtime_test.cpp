@@ -9,7 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "hp/runtime/comm.h"
 #include "hp/runtime/launch.h"
 
 namespace fs = std::filesystem;
@@ -264,6 +266,92 @@ TEST_CASE("hp-domain communication nodes go through the CommOps seam", "[runtime
   REQUIRE(out.ok());
   CHECK(comm.calls == 1);
   CHECK((*out)[0].as<float>()[2] == -6.0f);
+  fs::remove_all(d);
+}
+
+namespace {
+
+// a -> AllReduce -> ya (a's last reader: donatable); b -> AllReduce -> yb, then zb = b + yb (b is read
+// again: not donatable). Outputs ya, zb.
+fs::path write_two_allreduces(const fs::path& dir) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* hp_opset = m.add_opset_import();
+  hp_opset->set_domain("hp");
+  hp_opset->set_version(1);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "a", {3});
+  add_value(g->mutable_input(), "b", {3});
+  add_value(g->mutable_output(), "ya", {3});
+  add_value(g->mutable_output(), "zb", {3});
+  for (const char* x : {"a", "b"}) {
+    auto* n = add_node(g, "AllReduce", {x}, {std::string("y") + x}, std::string("ar_") + x, "hp");
+    auto* grp = n->add_attribute();
+    grp->set_name("group");
+    grp->set_type(onnx::AttributeProto::INTS);
+    grp->add_ints(0);
+    grp->add_ints(1);
+  }
+  add_node(g, "Add", {"b", "yb"}, {"zb"}, "add");
+  fs::path p = dir / "m.onnx";
+  std::ofstream(p, std::ios::binary) << m.SerializeAsString();
+  return p;
+}
+
+/// Records which inputs the executor offers as donatable; outputs 2 * input, in place when donated.
+struct DonationProbe : CommOps {
+  std::map<std::string, bool> donatable;
+  bool handles(const std::string& op) const override { return op == "AllReduce"; }
+  Status run(const CommNode&, const std::vector<const HostTensor*>&, std::vector<HostTensor>&) override {
+    return hp::Error(hp::Errc::internal, "the executor must call run_into");
+  }
+  Status run_into(const CommNode& node, const std::vector<CommTensor>& in, const CommAlloc& alloc) override {
+    const bool offered = in[0].donatable;
+    donatable[node.name] = offered;
+    auto y = alloc(0, in[0].dtype, in[0].dims, offered ? 0 : -1);
+    if (!y) return std::move(y).error();
+    CHECK((*y == in[0].data) == offered);  // donated memory is handed back, else fresh memory
+    const auto* x = static_cast<const float*>(in[0].data);
+    for (std::int64_t i = 0; i < in[0].numel(); ++i) static_cast<float*>(*y)[i] = 2 * x[i];
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a comm node may take over an input buffer only where that input is read for the last time", "[runtime]") {
+  fs::path d = temp_dir("donate");
+  auto model = load(write_two_allreduces(d));
+  Backends b = cpu();
+  DonationProbe probe;
+  auto ex = Executor::create(model, {b.primary, b.cpu, &probe});
+  REQUIRE(ex.ok());
+  for (int run = 0; run < 2; ++run) {  // the second run works on buffers from the pool
+    auto out = (*ex)->run({f32({3}, {1, 2, 3}), f32({3}, {10, 20, 30})});
+    REQUIRE(out.ok());
+    CHECK(probe.donatable["ar_a"]);
+    CHECK_FALSE(probe.donatable["ar_b"]);
+    CHECK((*out)[0].as<float>()[2] == 6.0f);
+    CHECK((*out)[1].as<float>()[2] == 90.0f);  // b was not overwritten: 30 + 60
+  }
+  // The real comm layer over two in-process ranks: the AllReduce of `a` runs in place.
+  std::vector<std::vector<float>> got(2);
+  Status st = run_in_process(2, [&](int r, Transport& t) -> Status {
+    TransportCommOps ops(t);
+    auto e = Executor::create(model, {b.primary, b.cpu, &ops});
+    if (!e) return std::move(e).error();
+    for (int run = 0; run < 2; ++run) {
+      const float k = static_cast<float>(r + 1);
+      auto out = (*e)->run({f32({3}, {k, 2 * k, 3 * k}), f32({3}, {10 * k, 20 * k, 30 * k})});
+      if (!out) return std::move(out).error();
+      got[static_cast<std::size_t>(r)] = {(*out)[0].as<float>()[2], (*out)[1].as<float>()[2]};
+    }
+    return {};
+  });
+  REQUIRE(st.ok());
+  CHECK(got[0] == std::vector<float>{9.0f, 30.0f + 90.0f});  // ya = 3 + 6; zb = b_0 + (30 + 60)
+  CHECK(got[1] == std::vector<float>{9.0f, 60.0f + 90.0f});
   fs::remove_all(d);
 }
 

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "hp/core/expected.h"
@@ -58,21 +59,32 @@ class Transport {
   virtual Status flush() { return {}; }
 };
 
-/// The CommOps of a rank on `transport` (not owned; must outlive the result).
+struct CommPlan;
+
+/// The CommOps of a rank on `transport` (not owned; must outlive the result). Each node's attributes
+/// are parsed once and the plan kept per node (by address, checked against the node's attributes), so
+/// a step's cost is the transport's: inputs are read where they lie, outputs written into the memory
+/// the caller hands out, and chunk packing is skipped where a split axis is the outermost one.
 class TransportCommOps : public CommOps {
  public:
-  explicit TransportCommOps(Transport& transport) : t_(transport) {}
+  explicit TransportCommOps(Transport& transport);
+  ~TransportCommOps() override;
   bool handles(const std::string& op_type) const override;
+  /// The HostTensor form: outputs are resized in place (a caller that keeps `outputs` reuses memory).
   Status run(const CommNode& node, const std::vector<const HostTensor*>& inputs,
              std::vector<HostTensor>& outputs) override;
+  Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs, const CommAlloc& alloc) override;
   /// Send/Recv tags become tag + micro_batch * 4096 (hp_domain.h).
   void set_micro_batch(int k) { micro_batch_ = k; }
   Transport& transport() { return t_; }
 
  private:
+  Expected<const CommPlan*> plan_for(const CommNode& node);
+
   Transport& t_;
   int micro_batch_ = 0;
-  std::vector<unsigned char> scratch_;  ///< AllReduce works in place here (reused memory is faster for MPI)
+  std::unordered_map<const CommNode*, std::unique_ptr<CommPlan>> plans_;
+  std::vector<unsigned char> pack_, got_;  ///< chunk packing, reused across calls (warm memory for MPI)
 };
 
 /// Parses "0,2,1,3" (an int-list attribute as the executor hands it over). Errc::bad_input when malformed.

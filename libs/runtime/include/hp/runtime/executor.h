@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,26 @@ struct CommNode {
   std::vector<std::pair<std::string, std::string>> attrs;
 };
 
+/// A tensor handed to the comm layer where it lies: host memory owned by the caller, not copied.
+struct CommTensor {
+  int dtype = -1;                      ///< hp_dtype
+  std::span<const std::int64_t> dims;
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  /// The caller does not read it after this node (its last reader; not a weight or a graph output):
+  /// an output of the same size may take over its memory, so an AllReduce runs in place.
+  bool donatable = false;
+  std::int64_t numel() const;
+};
+
+/// Memory for a node's output `k` of `dtype` and `dims` (numel * dtype_size bytes, contents undefined).
+/// The executor hands out buffers of its pool, which are reused from step to step: MPI on memory it
+/// has touched before is many times faster than on fresh pages (tests/bench/comm). `reuse_input` >= 0
+/// asks for that donatable input's memory instead (same byte size); the layer compares the pointer it
+/// gets with the input's to know whether it works in place.
+using CommAlloc =
+    std::function<Expected<void*>(std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse_input)>;
+
 /// The seam to the communication layer: implemented over MPI by the comm layer (issue #6), by fakes in
 /// tests. Tensors are on the host for now; device-resident collectives come with the comm layer.
 class CommOps {
@@ -55,6 +77,10 @@ class CommOps {
   /// Runs one node: `inputs` in node input order; fills `outputs` (one per node output).
   virtual Status run(const CommNode& node, const std::vector<const HostTensor*>& inputs,
                      std::vector<HostTensor>& outputs) = 0;
+  /// What the executor calls: inputs read in place, outputs written straight into memory from `alloc`,
+  /// so a collective costs what the transport costs. The default copies into HostTensors and calls
+  /// run() (enough for fakes); the MPI comm layer overrides it.
+  virtual Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs, const CommAlloc& alloc);
 };
 
 struct ExecOptions {
