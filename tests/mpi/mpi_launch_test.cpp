@@ -249,6 +249,9 @@ TEST_CASE("mpi launch: a TP=2 MLP equals the unsharded model", "[mpi]") {
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("[g0:0] rank 0 of 2 (group 'g0'): 1 forward(s)") != std::string::npos);
   CHECK(r.out.find("[g1:1] rank 1 of 2 (group 'g1')") != std::string::npos);
+  // Each rank says where its time went; a TP rank's AllReduce is among its op types.
+  CHECK(r.out.find("last forward's costliest ops: ") != std::string::npos);
+  CHECK(r.out.find("hp.AllReduce ") != std::string::npos);
   CHECK(fs::exists(f.d.path / "run" / "logs" / "rank-1.log"));
   CHECK(max_abs_diff(f.d.path / "out" / "output_0.pb", f.d.path / "ref" / "output_0.pb") <= 1e-5);
 }

@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -29,6 +30,13 @@ std::string WorkerReport::summary() const {
   std::string s = fmt::format("rank {} of {} (group '{}'): {} forward(s), {} nodes each, in {:.3f} s", rank, ranks,
                               group, forwards, stats.nodes, seconds);
   if (stats.device_peak >= 0) s += fmt::format("; device peak {} bytes", stats.device_peak);
+  // Where the last forward's time went, the costliest op types first (ExecStats::by_op).
+  std::vector<std::pair<std::string, OpTime>> ops(stats.by_op.begin(), stats.by_op.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  if (ops.size() > 4) ops.resize(4);
+  for (std::size_t k = 0; k < ops.size(); ++k)
+    s += fmt::format("{}{} {:.2f} ms ({}x)", k ? ", " : "; last forward's costliest ops: ", ops[k].first,
+                     1e3 * ops[k].second.seconds, ops[k].second.nodes);
   if (stats.offload_fetches + stats.offload_evictions > 0)
     s += fmt::format("; offload: {} fetches, {} evictions, {} bytes moved (planned peak {} bytes)", stats.offload_fetches,
                      stats.offload_evictions, stats.offload_bytes, stats.offload_planned_peak);
