@@ -48,6 +48,44 @@ Status CommOps::run_into(const CommNode& node, const std::vector<CommTensor>& in
   return {};
 }
 
+Expected<void*> Executor::Impl::comm_output(PreparedNode& n, std::size_t k, int dtype,
+                                            std::span<const std::int64_t> dims, int reuse) {
+  const std::vector<CommTensor>& ins = scratch_comm;
+  std::vector<char>& given = scratch_given;  // inputs whose buffer an output took
+  const int esz = dtype_size(dtype);
+  if (k >= n.outputs.size() || esz == 0)
+    return Error(Errc::internal, fmt::format("the comm layer asked for output {} of dtype {}", k, dtype), n.name);
+  std::int64_t count = 1;
+  for (std::int64_t d : dims) count *= d;
+  const std::size_t bytes = static_cast<std::size_t>(count * esz);
+  const int id = n.outputs[k];
+  if (id < 0) {  // an output the model does not read: somewhere to write it
+    if (comm_discard.size() < bytes) comm_discard.resize(bytes);
+    return static_cast<void*>(comm_discard.data());
+  }
+  Slot& s = slots[static_cast<std::size_t>(id)];
+  if (s.live) free_slot(id);
+  s.dtype = dtype;
+  s.dims.assign(dims.begin(), dims.end());
+  s.bytes = bytes;
+  const auto r = static_cast<std::size_t>(reuse);
+  if (reuse >= 0 && r < ins.size() && ins[r].donatable && !given[r] && ins[r].bytes == bytes) {
+    // The input's cpu buffer changes hands; its slot stays live (without it) until released after
+    // this node, so the pool's byte count is unchanged.
+    Slot& from = slots[static_cast<std::size_t>(n.inputs[r])];
+    s.ptr[0] = from.ptr[0];
+    from.ptr[0] = nullptr;
+    given[r] = 1;
+    s.live = true;
+    return s.ptr[0];
+  }
+  auto p = alloc(0, bytes, id);
+  if (!p) return p;
+  s.ptr[0] = *p;
+  s.live = true;
+  return p;
+}
+
 Status Executor::Impl::run_comm(PreparedNode& n) {
   std::vector<CommTensor>& ins = scratch_comm;
   ins.assign(n.inputs.size(), CommTensor{});
@@ -63,41 +101,10 @@ Status Executor::Impl::run_comm(PreparedNode& n) {
   }
   // The cpu backend's kernels may still be writing what the comm layer is about to read.
   if (!n.inputs.empty()) HP_TRY(be[0]->stream_sync(stream[0]));
-  std::vector<char>& given = scratch_given;  // inputs whose buffer an output took
-  given.assign(ins.size(), 0);
-  auto alloc_out = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse) -> Expected<void*> {
-    const int esz = dtype_size(dtype);
-    if (k >= n.outputs.size() || esz == 0)
-      return Error(Errc::internal, fmt::format("the comm layer asked for output {} of dtype {}", k, dtype), n.name);
-    std::int64_t count = 1;
-    for (std::int64_t d : dims) count *= d;
-    const std::size_t bytes = static_cast<std::size_t>(count * esz);
-    const int id = n.outputs[k];
-    if (id < 0) {  // an output the model does not read: somewhere to write it
-      if (comm_discard.size() < bytes) comm_discard.resize(bytes);
-      return static_cast<void*>(comm_discard.data());
-    }
-    Slot& s = slots[static_cast<std::size_t>(id)];
-    if (s.live) free_slot(id);
-    s.dtype = dtype;
-    s.dims.assign(dims.begin(), dims.end());
-    s.bytes = bytes;
-    const auto r = static_cast<std::size_t>(reuse);
-    if (reuse >= 0 && r < ins.size() && ins[r].donatable && !given[r] && ins[r].bytes == bytes) {
-      // The input's cpu buffer changes hands; its slot stays live (without it) until released after
-      // this node, so the pool's byte count is unchanged.
-      Slot& from = slots[static_cast<std::size_t>(n.inputs[r])];
-      s.ptr[0] = from.ptr[0];
-      from.ptr[0] = nullptr;
-      given[r] = 1;
-      s.live = true;
-      return s.ptr[0];
-    }
-    auto p = alloc(0, bytes, id);
-    if (!p) return p;
-    s.ptr[0] = *p;
-    s.live = true;
-    return p;
+  scratch_given.assign(ins.size(), 0);
+  // Two pointers of capture: std::function keeps them inline (no allocation per node).
+  auto alloc_out = [this, &n](std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse) {
+    return comm_output(n, k, dtype, dims, reuse);
   };
   HP_TRY(opts.comm->run_into(n.comm_node, ins, alloc_out));
   for (int id : n.outputs)

@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -107,6 +108,8 @@ struct Executor::Impl {
   Status launch_on(PreparedNode& n, int where);
   int last_launch_allocated_ = 0;
   Status run_comm(PreparedNode& n);  ///< exec_comm.cpp
+  /// Memory for comm node output k (the CommAlloc of run_comm): a donated input's buffer or the pool.
+  Expected<void*> comm_output(PreparedNode& n, std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse);
   Expected<HostTensor> to_host(int id);
   /// Frees every live tensor except the persistent ones (all of them when `all`).
   void drain(bool all = false);

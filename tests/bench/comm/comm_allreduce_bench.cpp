@@ -2,8 +2,9 @@
 // interleaved (rotating which goes first) so all see the same machine state. Per size:
 //   MPI in place   MPI_Allreduce(MPI_IN_PLACE) on MPI_COMM_WORLD: what a hand-written step does;
 //   hp exec        the hp.AllReduce node's own time inside Executor::run of the graph x -> y on the
-//                  cpu backend (ExecStats::by_op): placement, pool, stream sync, the comm layer and the
-//                  call; x is read for the last time there, so its buffer is donated (in place);
+//                  cpu backend (ExecStats::by_op), right after a one-float AllGather that syncs the
+//                  ranks as the barrier does for MPI: placement, pool, stream sync, the comm layer and
+//                  the call; x is read for the last time there, so its buffer is donated (in place);
 //   MPI out of place / hp layer: MPI_Allreduce(in, out) against TransportCommOps::run_into on an
 //                  input that is not donated, the output in memory kept across calls: the layer's own
 //                  overhead over the same MPI call.
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/model/model.h"
@@ -35,8 +37,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// x[count] -> hp.AllReduce(group = all ranks, sum) -> y, written where model::load_model can read it.
-fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, const std::string& group) {
+// sync[1] -> hp.AllGather -> (unused); x[count] -> hp.AllReduce(group = all ranks, sum) -> y, in this
+// order. The AllGather of one float synchronises the ranks right before the AllReduce, as the barrier
+// does before the bare MPI call, so the node's time is not the arrival skew of the ranks' work before it.
+fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, int ranks) {
   onnx::ModelProto m;
   m.set_ir_version(8);
   m.add_opset_import()->set_version(17);
@@ -45,24 +49,28 @@ fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, const st
   hp_opset->set_version(1);
   auto* g = m.mutable_graph();
   g->set_name("allreduce");
-  for (auto [list, name] : {std::pair{g->mutable_input(), "x"}, std::pair{g->mutable_output(), "y"}}) {
+  auto value = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const char* name, std::int64_t n) {
     auto* v = list->Add();
     v->set_name(name);
     auto* t = v->mutable_type()->mutable_tensor_type();
     t->set_elem_type(onnx::TensorProto::FLOAT);
-    t->mutable_shape()->add_dim()->set_dim_value(count);
+    t->mutable_shape()->add_dim()->set_dim_value(n);
+  };
+  value(g->mutable_input(), "sync", 1);
+  value(g->mutable_input(), "x", count);
+  value(g->mutable_output(), "y", count);
+  for (auto [op, in, out] : {std::tuple{"AllGather", "sync", "synced"}, std::tuple{"AllReduce", "x", "y"}}) {
+    auto* n = g->add_node();
+    n->set_name(out);
+    n->set_op_type(op);
+    n->set_domain("hp");
+    n->add_input(in);
+    n->add_output(out);
+    auto* a = n->add_attribute();
+    a->set_name("group");
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int r = 0; r < ranks; ++r) a->add_ints(r);
   }
-  auto* n = g->add_node();
-  n->set_name("ar");
-  n->set_op_type("AllReduce");
-  n->set_domain("hp");
-  n->add_input("x");
-  n->add_output("y");
-  auto* a = n->add_attribute();
-  a->set_name("group");
-  a->set_type(onnx::AttributeProto::INTS);
-  for (std::size_t pos = 0; pos < group.size(); pos = group.find(',', pos) == std::string::npos ? group.size() : group.find(',', pos) + 1)
-    a->add_ints(std::atoll(group.c_str() + pos));
   const fs::path p = dir / fmt::format("allreduce_{}.onnx", count);
   std::ofstream(p, std::ios::binary) << m.SerializeAsString();
   return p;
@@ -108,14 +116,19 @@ int main(int argc, char** argv) {
     const CommAlloc alloc = [&](std::size_t, int, std::span<const std::int64_t>, int) -> hp::Expected<void*> {
       return static_cast<void*>(out_hp.data());
     };
-    auto model = hp::model::load_model(write_allreduce_model(dir, count, group));
+    auto model = hp::model::load_model(write_allreduce_model(dir, count, n));
     if (!model) mpi_abort(1);
     auto exec = Executor::create(*model, {backends->primary, backends->cpu, &ops});
     if (!exec) {
       fmt::print(stderr, "{}\n", exec.error().message());
       mpi_abort(1);
     }
-    const std::vector<HostTensor> inputs{x};
+    HostTensor sync;
+    sync.name = "sync";
+    sync.dtype = HP_F32;
+    sync.dims = {1};
+    sync.data.assign(4, 0);
+    const std::vector<HostTensor> inputs{sync, x};
     const int c = static_cast<int>(count);
     std::vector<double> times[4];  // MPI in place, hp exec, MPI out of place, hp layer
     auto timed = [&](int which) {
