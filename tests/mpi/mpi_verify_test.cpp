@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "hp/runtime/tensor.h"
 
@@ -153,6 +154,10 @@ TEST_CASE("hp launch of a sharded recipe writes the model's reference outputs", 
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("[main:7]") != std::string::npos);
   CHECK(r.out.find("pipeline bubble measured") != std::string::npos);
+  CHECK(r.out.find("plan's prediction: 0.") != std::string::npos);  // a number of seconds, not "none (...)"
+  // 8 ranks: on a machine with fewer cores they share them, and the report says so.
+  const bool shared = std::thread::hardware_concurrency() < 8;
+  CHECK((r.out.find("8 ranks share") != std::string::npos) == shared);
   CHECK(max_abs_diff(d.path / "out" / "output_0.pb", kData + "/models/tiny-gpt2.io/test_data_set_0/output_0.pb") < 1e-4);
   // Wrongly shaped inputs are refused before any rank starts.
   Run bad = run_hp("launch " + recipe("gpt2-dp2-pp2-mb2") + " --inputs " + kData +

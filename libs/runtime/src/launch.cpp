@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -272,10 +273,14 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
                                       recipe::schedule_name(rec->parallel.schedule),
                                       rec->parallel.schedule == recipe::Schedule::interleaved
                                           ? static_cast<int>(rec->parallel.virtual_stages) : 1);
-    if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs))
+    if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs)) {
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);
-    else
+      // The model gives every rank a device of its own; ranks sharing cores wait for each other's CPU.
+      if (std::find(plan->argv.begin(), plan->argv.end(), "--oversubscribe") != plan->argv.end())
+        r.summary += fmt::format("  (here {} ranks share {} cores, which the model does not see: expect the measured step "
+                                 "above the prediction)\n", plan->total_ranks, probe_host().cores);
+    } else
       r.summary += fmt::format("plan's prediction: none ({})\n", predicted.error().what.message);
   }
   if (!o.outputs.empty()) {
