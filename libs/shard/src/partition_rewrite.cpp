@@ -4,7 +4,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "partition_builder.h"
 #include "partition_weights.h"
