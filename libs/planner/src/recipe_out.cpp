@@ -9,6 +9,7 @@
 // blocks are listed in its `recompute_layers`, so the recipe keeps every choice.
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <system_error>
 
 #include "hp/planner/planner.h"
@@ -39,11 +40,16 @@ std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
   return ranks;
 }
 
+// Relative, so a recipe and its model move together; absolute when the two share nothing below the
+// root (a recipe written to /tmp for a model under /home reads better as /home/... than ../../home/...).
 std::string relative_to(const fs::path& target, const fs::path& recipe_path) {
   std::error_code ec;
-  const fs::path dir = fs::absolute(recipe_path, ec).parent_path();
-  fs::path rel = fs::relative(fs::absolute(target, ec), dir, ec);
-  return ec || rel.empty() ? fs::absolute(target, ec).string() : rel.generic_string();
+  const fs::path dir = fs::absolute(recipe_path, ec).parent_path().lexically_normal();
+  const fs::path abs = fs::absolute(target, ec).lexically_normal();
+  auto top = [](const fs::path& p) { return std::distance(p.begin(), p.end()) > 1 ? *std::next(p.begin()) : fs::path(); };
+  if (ec || top(dir) != top(abs)) return abs.string();
+  fs::path rel = fs::relative(abs, dir, ec);
+  return ec || rel.empty() ? abs.string() : rel.generic_string();
 }
 
 }  // namespace

@@ -198,7 +198,14 @@ TEST_CASE("planner: run() on tiny-gpt2 writes a recipe that hp verify accepts", 
   const auto dir = std::filesystem::temp_directory_path() / ("hp-planner-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = dir / "plan.toml";
-  REQUIRE(recipe::write_recipe(plan_to_recipe(*rep, path), path));
+  const recipe::Recipe written = plan_to_recipe(*rep, path);
+  REQUIRE(recipe::write_recipe(written, path));
+  // The model path is relative to the recipe unless the two share nothing below the root.
+  const auto top = [](const std::filesystem::path& p) { return *std::next(p.begin()); };
+  if (top(dir) == top(std::filesystem::path(HP_SOURCE_DIR)))
+    CHECK(std::filesystem::path(written.model).is_relative());
+  else
+    CHECK(written.model == std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-gpt2.onnx");
   recipe::VerifyOptions vo;
   vo.recipe = path;
   vo.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
