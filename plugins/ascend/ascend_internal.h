@@ -3,6 +3,7 @@
 
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "acl_api.h"
@@ -57,9 +58,20 @@ void fill_soc_figures(const std::string& soc, hp_device_info& d);
 
 }  // namespace hp_ascend
 
+namespace hp_ascend {
+/// Device-memory accounting of one device (ABI 1.3 mem_stats): what alloc(HP_MEM_DEVICE) handed out.
+/// aclrtFree takes no size, so live allocations are remembered by address.
+struct DeviceMemory {
+  std::unordered_map<void*, uint64_t> live;
+  uint64_t in_use = 0, peak = 0, allocs = 0, refused = 0;
+};
+}  // namespace hp_ascend
+
 struct hp_ctx {
   const hp_ascend::AclApi* api = nullptr;
   int32_t device_count = 0;
+  std::mutex mem_mu;
+  std::vector<hp_ascend::DeviceMemory> mem;  ///< per device
 };
 
 /// An ACL stream plus the aclnn workspace used by kernels queued on it (grow-only; growing waits for

@@ -1,12 +1,15 @@
 // The ascend backend: hp's plugin ABI on CANN's AscendCL runtime and ACLNN operators, all resolved at
 // open() through dlopen (acl_loader.cpp), so the plugin loads anywhere and explains itself when CANN
-// is absent. This file holds the table and the runtime side (devices, memory, streams, events,
-// copies); kernels are in ascend_kernels.cpp.
+// is absent. This file holds the table and the runtime side (devices, memory and its accounting,
+// streams, events, copies); kernels are in ascend_kernels.cpp.
 //
 // ACL keeps the current device per thread (aclrtSetDevice), while hp calls name the device explicitly
 // (or through a stream or event), so every entry point first makes the right device current; a
 // thread-local remembers it to avoid redundant calls.
 #include "ascend_internal.h"
+
+#include <algorithm>
+#include <cstddef>
 
 using hp_common::make_status;
 using hp_ascend::acl_error_text;
@@ -28,6 +31,7 @@ hp_status* use_device(const hp_ctx* ctx, int32_t dev) {
 
 namespace {
 
+using hp_ascend::DeviceMemory;
 using hp_ascend::use_device;
 
 hp_status* acl_fail(const hp_ctx* ctx, const char* call, aclError err, hp_code code = HP_INTERNAL) {
@@ -46,6 +50,7 @@ hp_status* asc_open(const char* const*, size_t, hp_ctx** out) {
     auto* ctx = new hp_ctx();
     ctx->api = api;
     ctx->device_count = int32_t(count);
+    ctx->mem.resize(count);
     *out = ctx;
     return nullptr;
   })
@@ -93,10 +98,22 @@ int32_t asc_supports(hp_ctx* ctx, int32_t dev, int32_t op, int32_t dtype) {
 
 hp_status* asc_alloc(hp_ctx* ctx, int32_t dev, size_t bytes, int32_t kind, void** out) {
   if (hp_status* st = use_device(ctx, dev)) return st;
-  aclError err = kind == HP_MEM_PINNED_HOST ? ctx->api->aclrtMallocHost(out, bytes ? bytes : 1)
-                                            : ctx->api->aclrtMalloc(out, bytes ? bytes : 1, ACL_MEM_MALLOC_HUGE_FIRST);
-  if (err != ACL_SUCCESS)
-    return acl_fail(ctx, kind == HP_MEM_PINNED_HOST ? "aclrtMallocHost" : "aclrtMalloc", err, HP_NO_MEMORY);
+  if (kind == HP_MEM_PINNED_HOST) {
+    aclError err = ctx->api->aclrtMallocHost(out, bytes ? bytes : 1);
+    return err == ACL_SUCCESS ? nullptr : acl_fail(ctx, "aclrtMallocHost", err, HP_NO_MEMORY);
+  }
+  const uint64_t size = bytes ? bytes : 1;
+  aclError err = ctx->api->aclrtMalloc(out, size, ACL_MEM_MALLOC_HUGE_FIRST);
+  std::lock_guard<std::mutex> lock(ctx->mem_mu);
+  DeviceMemory& m = ctx->mem[size_t(dev)];
+  if (err != ACL_SUCCESS) {
+    ++m.refused;  // the device's own limit: the runtime is out of memory
+    return acl_fail(ctx, "aclrtMalloc", err, HP_NO_MEMORY);
+  }
+  m.live[*out] = size;
+  m.in_use += size;
+  m.peak = std::max(m.peak, m.in_use);
+  ++m.allocs;
   return nullptr;
 }
 
@@ -104,7 +121,29 @@ hp_status* asc_free(hp_ctx* ctx, int32_t dev, void* p, int32_t kind) {
   if (!p) return nullptr;
   if (hp_status* st = use_device(ctx, dev)) return st;
   aclError err = kind == HP_MEM_PINNED_HOST ? ctx->api->aclrtFreeHost(p) : ctx->api->aclrtFree(p);
-  return err == ACL_SUCCESS ? nullptr : acl_fail(ctx, "aclrtFree", err);
+  if (err != ACL_SUCCESS) return acl_fail(ctx, "aclrtFree", err);
+  if (kind != HP_MEM_PINNED_HOST) {
+    std::lock_guard<std::mutex> lock(ctx->mem_mu);
+    DeviceMemory& m = ctx->mem[size_t(dev)];
+    if (auto it = m.live.find(p); it != m.live.end()) {
+      m.in_use -= it->second;
+      m.live.erase(it);
+    }
+  }
+  return nullptr;
+}
+
+hp_status* asc_mem_stats(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_stats* out) {
+  if (dev < 0 || dev >= ctx->device_count) return make_status(HP_INVALID, "ascend: no device %d", dev);
+  if (!out || out->struct_size < offsetof(hp_mem_stats, in_use) + sizeof(uint64_t))
+    return make_status(HP_INVALID, "ascend: mem_stats: null or too small output");
+  std::lock_guard<std::mutex> lock(ctx->mem_mu);
+  DeviceMemory& m = ctx->mem[size_t(dev)];
+  // No budget of hp's own: the device's memory is the limit (0 = none enforced by the plugin).
+  const hp_mem_stats s = {sizeof(hp_mem_stats), m.in_use, m.peak, 0, m.allocs, m.refused};
+  hp_common::copy_out(out, s);
+  if (reset_peak) m.peak = m.in_use;
+  return nullptr;
 }
 
 hp_status* asc_stream_create(hp_ctx* ctx, int32_t dev, hp_stream** out) {
@@ -216,7 +255,7 @@ const hp_backend_v1 kTable = {
     nullptr, nullptr, nullptr,
     asc_event_query, asc_mem_info,
     hp_ascend::supports_onnx_op, hp_ascend::run_onnx_op,
-    nullptr,  // no device-memory accounting yet (1.3 mem_stats)
+    asc_mem_stats,
 };
 
 }  // namespace

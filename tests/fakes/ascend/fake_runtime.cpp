@@ -166,6 +166,15 @@ FAKE_ACL_EXPORT const char* aclGetRecentErrMsg(void) {
 FAKE_ACL_EXPORT aclError aclrtMalloc(void** p, size_t size, aclrtMemMallocPolicy) {
   if (t_device < 0) return fail("aclrtMalloc: no current device");
   if (size == 0) return fail("aclrtMalloc: size 0");
+  if (const int limit = env_int("HP_FAKE_ACL_HBM_LIMIT", 0); limit > 0) {  // a small device, for OOM paths
+    std::lock_guard<std::mutex> lock(g_mu);
+    uint64_t used = 0;
+    for (const auto& [start, bytes] : g_device) used += bytes;
+    if (used + size > uint64_t(limit)) {
+      g_error = "fake acl: aclrtMalloc: out of device memory";
+      return 207001;  // ACL_ERROR_RT_MEMORY_ALLOCATION
+    }
+  }
   *p = std::aligned_alloc(64, (size + 63) / 64 * 64);
   if (!*p) return fail("aclrtMalloc: out of memory");
   std::lock_guard<std::mutex> lock(g_mu);

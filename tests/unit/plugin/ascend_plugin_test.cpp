@@ -111,3 +111,36 @@ TEST_CASE("ascend: copies whose direction does not match the pointers are refuse
   CHECK_THAT(st.error().message(), Catch::Contains("destination does not match the copy kind"));
   CHECK(b.stream_destroy(*s).ok());
 }
+
+TEST_CASE("ascend: mem_stats counts device allocations, not pinned host memory, and runtime refusals", "[plugin][ascend]") {
+  hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
+  hp_test::ScopedEnv hbm("HP_FAKE_ACL_HBM_LIMIT", std::string("8192"));
+  auto rec = load_ascend();
+  REQUIRE(rec.ok());
+  auto& b = *rec.backend;
+  REQUIRE(b.has_mem_stats());
+  auto a = b.alloc(0, 1000);
+  auto c = b.alloc(0, 3000);
+  auto pinned = b.alloc(0, 5000, HP_MEM_PINNED_HOST);
+  REQUIRE((a.ok() && c.ok() && pinned.ok()));
+  auto m = b.mem_stats(0);
+  REQUIRE(m.ok());
+  CHECK(m->in_use == 4000);
+  CHECK(m->peak == 4000);
+  CHECK(m->allocs == 2);
+  CHECK(m->limit == 0);
+  auto big = b.alloc(0, 6000);  // 4000 + 6000 > the fake device's 8192 bytes
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.error().code == hp::Errc::runtime);
+  CHECK_THAT(big.error().message(), Catch::Contains("out of device memory"));
+  REQUIRE(b.free_mem(0, *c).ok());
+  m = b.mem_stats(0, true);
+  REQUIRE(m.ok());
+  CHECK(m->in_use == 1000);
+  CHECK(m->peak == 4000);   // the peak before the reset
+  CHECK(m->refused == 1);
+  CHECK(b.mem_stats(0)->peak == 1000);  // reset to what is in use
+  REQUIRE(b.free_mem(0, *a).ok());
+  REQUIRE(b.free_mem(0, *pinned, HP_MEM_PINNED_HOST).ok());
+  CHECK(b.mem_stats(0)->in_use == 0);
+}
