@@ -25,6 +25,7 @@
 
 #include "hp/plugin/hp_plugin.h"
 #include "hp/runtime/tensor.h"
+#include "hp_model.h"
 
 namespace fs = std::filesystem;
 using namespace hp::runtime;
@@ -68,14 +69,9 @@ Matrix rows_of(const Matrix& m, std::int64_t r0, std::int64_t r1) {
 }
 
 struct Graph {
-  onnx::ModelProto m;
+  onnx::ModelProto m = hp_domain_model();
   onnx::GraphProto* g;
   Graph() {
-    m.set_ir_version(8);
-    m.add_opset_import()->set_version(17);
-    auto* hp = m.add_opset_import();
-    hp->set_domain("hp");
-    hp->set_version(1);
     g = m.mutable_graph();
     g->set_name("part");
   }

@@ -26,6 +26,7 @@
 #include "hp/runtime/comm.h"
 #include "hp/runtime/executor.h"
 #include "hp/runtime/launch.h"
+#include "hp_model.h"
 
 using namespace hp::runtime;
 namespace fs = std::filesystem;
@@ -41,12 +42,7 @@ double median(std::vector<double> v) {
 // order. The AllGather of one float synchronises the ranks right before the AllReduce, as the barrier
 // does before the bare MPI call, so the node's time is not the arrival skew of the ranks' work before it.
 fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, int ranks) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* hp_opset = m.add_opset_import();
-  hp_opset->set_domain("hp");
-  hp_opset->set_version(1);
+  onnx::ModelProto m = hp_domain_model();
   auto* g = m.mutable_graph();
   g->set_name("allreduce");
   auto value = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const char* name, std::int64_t n) {

@@ -13,6 +13,7 @@
 
 #include "hp/runtime/comm.h"
 #include "hp/runtime/launch.h"
+#include "hp_model.h"
 
 namespace fs = std::filesystem;
 using namespace hp;
@@ -241,12 +242,7 @@ struct FakeComm : CommOps {
 
 TEST_CASE("hp-domain communication nodes go through the CommOps seam", "[runtime]") {
   fs::path d = temp_dir("comm");
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* hp_opset = m.add_opset_import();
-  hp_opset->set_domain("hp");
-  hp_opset->set_version(1);
+  onnx::ModelProto m = hp_domain_model();
   auto* g = m.mutable_graph();
   add_value(g->mutable_input(), "x", {3});
   add_value(g->mutable_output(), "z", {3});
@@ -274,12 +270,7 @@ namespace {
 // a -> AllReduce -> ya (a's last reader: donatable); b -> AllReduce -> yb, then zb = b + yb (b is read
 // again: not donatable). Outputs ya, zb.
 fs::path write_two_allreduces(const fs::path& dir) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* hp_opset = m.add_opset_import();
-  hp_opset->set_domain("hp");
-  hp_opset->set_version(1);
+  onnx::ModelProto m = hp_domain_model();
   auto* g = m.mutable_graph();
   add_value(g->mutable_input(), "a", {3});
   add_value(g->mutable_input(), "b", {3});
