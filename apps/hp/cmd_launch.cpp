@@ -1,7 +1,7 @@
 // hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one rank.
 // hp launch RECIPE.toml [--dry-run] [--timeout S] [--hostfile F] [--launcher slurm]: one MPMD job over
 // Open MPI, an app context per [[groups]] entry, or the recipe's model sharded over dp*tp*pp ranks when
-// it has no groups (hp::runtime::launch). The ranks run the hidden
+// it has no groups (hp::job::launch). The ranks run the hidden
 // `hp launch RECIPE.toml --worker`, which must end with MPI_Abort on any error. See hp-launch(1).
 #include <fmt/core.h>
 
@@ -10,13 +10,13 @@
 #include "commands.h"
 #include "hp/core/fs.h"
 #include "hp/recipe/presets.h"
-#include "hp/runtime/comm.h"
-#include "hp/runtime/launch.h"
+#include "hp/comm/comm.h"
+#include "hp/job/launch.h"
 
 namespace hp::cli {
 
 void add_launch_command(CLI::App& app, Context& ctx) {
-  auto opts = std::make_shared<runtime::LaunchOptions>();
+  auto opts = std::make_shared<job::LaunchOptions>();
   CLI::App* sub = app.add_subcommand("launch", "run a recipe (MPMD process groups) or a model");
   sub->add_option("target", opts->target, "RECIPE.toml or MODEL.onnx")->required();
   sub->add_option("--inputs", opts->inputs, "directory of input_K.pb tensors");
@@ -41,13 +41,13 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       std::fflush(f);
     };
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
-    auto report = runtime::launch(*opts);
+    auto report = job::launch(*opts);
     if (!report) {
       ctx.exit_code = report_error(report.error());
       // A rank must not return normally on error: the other ranks may wait on it in a collective.
       if (opts->worker) {
         std::fflush(stderr);
-        runtime::mpi_abort(ctx.exit_code);
+        comm::mpi_abort(ctx.exit_code);
       }
       return;
     }

@@ -1,8 +1,8 @@
 // hp verify RECIPE.toml: static checks of a recipe (its keys, its cluster, its model file:
 // hp::recipe::check_recipe), then the sharded job against the unsharded model
-// (hp::runtime::verify_recipe_run; --simulate runs the ranks in-process, --static skips it).
+// (hp::job::verify_recipe_run; --simulate runs the ranks in-process, --static skips it).
 // hp verify MODEL.onnx --inputs DIR --expected DIR: runs the model and compares its outputs
-// (hp::runtime::verify_model). Exit 6 on a mismatch. The file's extension picks the mode.
+// (hp::job::verify_model). Exit 6 on a mismatch. The file's extension picks the mode.
 // Thin: flags -> options struct -> one library call per step -> summary or errors. See hp-verify(1).
 #include <cstdio>
 #include <memory>
@@ -13,9 +13,9 @@
 #include "hp/core/fs.h"
 #include "hp/recipe/presets.h"
 #include "hp/recipe/verify.h"
-#include "hp/runtime/group_flow.h"
-#include "hp/runtime/launch.h"
-#include "hp/runtime/verify_run.h"
+#include "hp/job/group_flow.h"
+#include "hp/job/launch.h"
+#include "hp/job/verify_run.h"
 
 namespace hp::cli {
 
@@ -23,7 +23,7 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   struct Flags {
     recipe::VerifyOptions opts;
     std::string recipe, inputs, expected;
-    runtime::RecipeRunOptions run;
+    job::RecipeRunOptions run;
     int threads = 0;
     bool json = false, static_only = false;
   };
@@ -45,7 +45,7 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   sub->add_flag("--allow-run-as-root", f->run.allow_run_as_root, "RECIPE: let Open MPI start ranks as root");
   sub->callback([f, &ctx, sub] {
     if (std::filesystem::path(f->recipe).extension() == ".onnx") {
-      runtime::ModelVerifyOptions mo;
+      job::ModelVerifyOptions mo;
       mo.model = f->recipe;
       mo.inputs = f->inputs;
       mo.expected = f->expected;
@@ -53,7 +53,7 @@ void add_verify_command(CLI::App& app, Context& ctx) {
       mo.atol = f->opts.atol;
       mo.backend = sub->count("--backend") ? f->opts.backend : std::string();  // default: the best
       mo.threads = f->threads;
-      auto report = runtime::verify_model(mo);
+      auto report = job::verify_model(mo);
       if (!report) { ctx.exit_code = report_error(report.error()); return; }
       fmt::print("{}", report->format());
       ctx.exit_code = report->ok() ? 0
@@ -72,7 +72,7 @@ void add_verify_command(CLI::App& app, Context& ctx) {
     auto result = recipe::check_recipe(f->opts);
     // [[groups]] that exchange tensors: every flow's producer and consumers agree (group_flow.h).
     if (result)
-      if (Status flows = runtime::check_group_flows(f->opts.recipe); !flows.ok()) result = std::move(flows).error();
+      if (Status flows = job::check_group_flows(f->opts.recipe); !flows.ok()) result = std::move(flows).error();
     if (!result || f->static_only) {
       if (f->json) fmt::print("{}\n", recipe::format_verify_json(f->opts.recipe, result));
       else if (result) fmt::print("{}", recipe::format_verify_summary(*result));
@@ -85,8 +85,8 @@ void add_verify_command(CLI::App& app, Context& ctx) {
     f->run.atol = f->opts.atol;
     f->run.backend = sub->count("--backend") ? f->opts.backend : std::string();
     f->run.threads = f->threads;
-    auto run = runtime::verify_recipe_run(f->run);
-    if (f->json) fmt::print("{}\n", runtime::add_run_json(recipe::format_verify_json(f->opts.recipe, result), run));
+    auto run = job::verify_recipe_run(f->run);
+    if (f->json) fmt::print("{}\n", job::add_run_json(recipe::format_verify_json(f->opts.recipe, result), run));
     else fmt::print("{}", recipe::format_verify_summary(*result));
     if (!run) {
       ctx.exit_code = report_error(run.error());

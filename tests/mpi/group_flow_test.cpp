@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "hp/recipe/recipe.h"
-#include "hp/runtime/group_flow.h"
+#include "hp/job/group_flow.h"
 
 namespace fs = std::filesystem;
-using namespace hp::runtime;
+using namespace hp::job;
 
 namespace {
 

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "hp/runtime/comm.h"
+#include "hp/comm/comm.h"
 
-using namespace hp::runtime;
+using namespace hp::exec;
+using namespace hp::comm;
 
 namespace {
 

@@ -24,11 +24,11 @@
 #include <signal.h>
 
 #include "hp/plugin/hp_plugin.h"
-#include "hp/runtime/tensor.h"
+#include "hp/exec/tensor.h"
 #include "hp_model.h"
 
 namespace fs = std::filesystem;
-using namespace hp::runtime;
+using namespace hp::exec;
 
 namespace {
 

@@ -18,10 +18,10 @@
 #include <fstream>
 #include <signal.h>
 
-#include "hp/runtime/tensor.h"
+#include "hp/exec/tensor.h"
 
 namespace fs = std::filesystem;
-using namespace hp::runtime;
+using namespace hp::exec;
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <fstream>
 #include <string>
 
-#include "hp/runtime/tensor.h"
+#include "hp/exec/tensor.h"
 
 namespace mpi_test {
 
@@ -57,7 +57,7 @@ inline Run run_hp(const std::string& args) {
 
 /// Max |a - b| of two f32 tensor files of the same shape.
 inline double max_abs_diff(const fs::path& a, const fs::path& b) {
-  auto x = hp::runtime::read_tensor_file(a), y = hp::runtime::read_tensor_file(b);
+  auto x = hp::exec::read_tensor_file(a), y = hp::exec::read_tensor_file(b);
   REQUIRE(x.ok());
   REQUIRE(y.ok());
   REQUIRE(x->dims == y->dims);

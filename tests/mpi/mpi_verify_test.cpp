@@ -24,7 +24,7 @@
 #include <sstream>
 #include <thread>
 
-#include "hp/runtime/tensor.h"
+#include "hp/exec/tensor.h"
 
 namespace fs = std::filesystem;
 

@@ -3,8 +3,8 @@
 // degrees fit that cluster at the recipe's node count, and the model file exists. All of it is
 // collected, then reported at once, so a recipe with five mistakes needs one run to fix.
 //
-// The numeric half (the sharded job against the unsharded model) is hp::runtime::verify_recipe_run
-// (hp/runtime/verify_run.h), which the CLI calls once these checks pass.
+// The numeric half (the sharded job against the unsharded model) is hp::job::verify_recipe_run
+// (hp/job/verify_run.h), which the CLI calls once these checks pass.
 #include "hp/recipe/verify.h"
 
 #include <system_error>

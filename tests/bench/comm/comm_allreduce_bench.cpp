@@ -23,12 +23,13 @@
 #include <vector>
 
 #include "hp/model/model.h"
-#include "hp/runtime/comm.h"
-#include "hp/runtime/executor.h"
-#include "hp/runtime/launch.h"
+#include "hp/comm/comm.h"
+#include "hp/exec/executor.h"
+#include "hp/exec/backends.h"
 #include "hp_model.h"
 
-using namespace hp::runtime;
+using namespace hp::exec;
+using namespace hp::comm;
 namespace fs = std::filesystem;
 
 namespace {

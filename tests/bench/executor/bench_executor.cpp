@@ -20,12 +20,12 @@
 
 #include "hp/model/model.h"
 #include "hp/plugin/hp_plugin.h"
-#include "hp/runtime/executor.h"
-#include "hp/runtime/launch.h"
-#include "hp/runtime/tensor.h"
+#include "hp/exec/executor.h"
+#include "hp/exec/backends.h"
+#include "hp/exec/tensor.h"
 
 using namespace hp;
-using namespace hp::runtime;
+using namespace hp::exec;
 
 namespace {
 

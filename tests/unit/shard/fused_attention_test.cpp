@@ -83,17 +83,17 @@ struct TpRun {
 TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::path& dir) {
   TpRun run;
   World world;
-  auto backends = runtime::open_backends("cpu", 1, {});
+  auto backends = exec::open_backends("cpu", 1, {});
   REQUIRE(backends.ok());
   std::string io = std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name + ".io/test_data_set_0";
-  auto inputs = runtime::read_tensor_dir(io, "input");
+  auto inputs = exec::read_tensor_dir(io, "input");
   REQUIRE(inputs.ok());
-  auto expected = runtime::read_tensor_dir(io, "output");
+  auto expected = exec::read_tensor_dir(io, "output");
   REQUIRE(expected.ok());
   REQUIRE(P.plan.stages.size() == 1);
   auto n = static_cast<std::int64_t>(P.plan.stages[0].ranks.size());
   std::vector<std::unique_ptr<Comm>> comms;
-  std::vector<std::unique_ptr<runtime::Executor>> execs;
+  std::vector<std::unique_ptr<exec::Executor>> execs;
   for (std::int64_t pos = 0; pos < n; ++pos) {
     auto part = build_partition(P.plan, 0, pos);
     REQUIRE(part.ok());
@@ -106,7 +106,7 @@ TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::p
     auto model = model::load_model(f, {model::LoadMode::require_data});
     REQUIRE(model.ok());
     comms.push_back(std::make_unique<Comm>(world, part->rank));
-    auto ex = runtime::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
+    auto ex = exec::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
     REQUIRE(ex.ok());
     execs.push_back(std::move(*ex));
   }

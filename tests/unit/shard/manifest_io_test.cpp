@@ -1,5 +1,5 @@
 // The manifest's view of the graph's inputs and outputs and of micro-batching: what the runtime needs
-// to feed the ranks and to reassemble the outputs (hp/runtime/sharded.h).
+// to feed the ranks and to reassemble the outputs (hp/job/sharded.h).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>

@@ -141,15 +141,15 @@ WorldRun run_world(const Prepared& P, const std::string& model_name, const fs::p
   auto models = build_all(P, &wr.parts);
   fs::remove_all(dir);
   fs::create_directories(dir);
-  auto inputs = runtime::read_tensor_dir(std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name +
+  auto inputs = exec::read_tensor_dir(std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name +
                                              ".io/test_data_set_0",
                                          "input");
   REQUIRE(inputs.ok());
-  auto backends = runtime::open_backends("cpu", 1, {});
+  auto backends = exec::open_backends("cpu", 1, {});
   REQUIRE(backends.ok());
   World world;
   std::vector<std::unique_ptr<Comm>> comms;
-  std::vector<std::unique_ptr<runtime::Executor>> execs;
+  std::vector<std::unique_ptr<exec::Executor>> execs;
   std::vector<std::vector<HostTensor>> feeds;
   for (std::size_t k = 0; k < models.size(); ++k) {
     fs::path f = dir / fmt::format("rank{}.onnx", wr.parts[k].rank);
@@ -157,7 +157,7 @@ WorldRun run_world(const Prepared& P, const std::string& model_name, const fs::p
     auto m = model::load_model(f, {model::LoadMode::require_data});
     REQUIRE(m.ok());
     comms.push_back(std::make_unique<Comm>(world, wr.parts[k].rank));
-    auto ex = runtime::Executor::create(*m, {backends->primary, backends->cpu, comms.back().get()});
+    auto ex = exec::Executor::create(*m, {backends->primary, backends->cpu, comms.back().get()});
     INFO("rank " << wr.parts[k].rank);
     REQUIRE(ex.ok());
     std::vector<HostTensor> feed;
@@ -201,7 +201,7 @@ void check_numerics(const std::string& recipe_name, const std::string& model_nam
   REQUIRE(p.ok());
   const Prepared& P = **p;
   auto wr = run_world(P, model_name, fs::temp_directory_path() / ("hp_shard_numerics_" + recipe_name));
-  auto expected = runtime::read_tensor_dir(std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name +
+  auto expected = exec::read_tensor_dir(std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name +
                                                ".io/test_data_set_0",
                                            "output");
   REQUIRE(expected.ok());

@@ -13,14 +13,14 @@
 #include <thread>
 #include <vector>
 
-#include "hp/runtime/executor.h"
-#include "hp/runtime/launch.h"
+#include "hp/exec/executor.h"
+#include "hp/exec/backends.h"
 #include "hp/shard/shard.h"
 
 namespace shard_test {
 
-using hp::runtime::CommNode;
-using hp::runtime::HostTensor;
+using hp::exec::CommNode;
+using hp::exec::HostTensor;
 
 inline std::string recipe_file(const std::string& name) {
   return std::string(HP_SOURCE_DIR) + "/tests/data/recipes/shard/" + name + ".toml";
@@ -47,7 +47,7 @@ inline std::vector<std::int64_t> int_list(const std::string& s) {
 // Row-major helpers on f32/i64 host tensors (any element size).
 inline HostTensor concat(const std::vector<HostTensor>& parts, std::int64_t axis) {
   HostTensor out = parts[0];
-  int es = hp::runtime::dtype_size(out.dtype);
+  int es = hp::exec::dtype_size(out.dtype);
   std::int64_t outer = 1;
   for (std::int64_t d = 0; d < axis; ++d) outer *= out.dims[static_cast<std::size_t>(d)];
   out.dims[static_cast<std::size_t>(axis)] = 0;
@@ -97,7 +97,7 @@ class World {
   std::map<std::string, int> by_op;   // collective calls by op type (summed over ranks)
 };
 
-class Comm : public hp::runtime::CommOps {
+class Comm : public hp::exec::CommOps {
  public:
   Comm(World& w, std::int64_t rank) : w_(w), rank_(rank) {}
   bool handles(const std::string& op) const override {

@@ -23,7 +23,7 @@
 //
 // micro_batches (in [manifest], default 1): the partitions are specialised to one micro-batch — the
 // batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the runtime
-// splits the recipe's batch into that many micro-batches along axis 0 (hp/runtime/sharded.h).
+// splits the recipe's batch into that many micro-batches along axis 0 (hp/job/sharded.h).
 //
 // The launcher reads it with read_manifest(): for each rank the file to run and, for each group,
 // the ordered members its communicators must be created over.

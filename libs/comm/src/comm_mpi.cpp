@@ -1,0 +1,237 @@
+// The MPI transport. One communicator per ordered group, built with MPI_Group_incl in the group's
+// member order (so communicator rank == member position and collectives need no permutation) and
+// MPI_Comm_create_group (collective over the members only: ranks outside the group need not take
+// part). Communicators are cached for the life of the process. Errors come back as values
+// (MPI_ERRORS_RETURN on every communicator); the worker turns them into MPI_Abort.
+//
+// Sends are MPI_Isend from a private copy kept until completion: a pipeline stage can send a
+// micro-batch and go on computing the next one while the message is in flight, and two neighbours
+// that send to each other before receiving cannot deadlock on rendezvous-sized messages.
+#include <fmt/core.h>
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <map>
+
+#include "hp/comm/comm.h"
+
+namespace hp::comm {
+namespace {
+
+std::string mpi_error_text(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, buf, &len);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+Status check(int code, const char* what) {
+  if (code == MPI_SUCCESS) return {};
+  return Error(Errc::runtime, fmt::format("{} failed: {}", what, mpi_error_text(code)));
+}
+
+Expected<MPI_Datatype> mpi_type(int dtype) {
+  switch (dtype) {
+    case HP_F32: return MPI_FLOAT;
+    case HP_F64: return MPI_DOUBLE;
+    case HP_I32: return MPI_INT32_T;
+    case HP_I64: return MPI_INT64_T;
+    default: return Error(Errc::bad_input, fmt::format("cannot reduce {} tensors over MPI", exec::dtype_label(dtype)));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::prod: return MPI_PROD;
+    default: return MPI_SUM;
+  }
+}
+
+Expected<int> count_of(std::int64_t n) {
+  if (n < 0 || n > INT_MAX)
+    return Error(Errc::runtime, fmt::format("a message of {} elements exceeds MPI's int count", n));
+  return static_cast<int>(n);
+}
+
+class MpiTransport : public Transport {
+ public:
+  MpiTransport() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count, int dtype,
+                   ReduceOp op) override {
+    auto c = comm(group);
+    if (!c) return std::move(c).error();
+    auto t = mpi_type(dtype);
+    if (!t) return std::move(t).error();
+    auto n = count_of(count);
+    if (!n) return std::move(n).error();
+    return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), *c), "MPI_Allreduce");
+  }
+  Status allgather(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
+    auto c = comm(group);
+    if (!c) return std::move(c).error();
+    auto n = count_of(bytes);
+    if (!n) return std::move(n).error();
+    return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, *c), "MPI_Allgather");
+  }
+  Status reduce_scatter(const std::vector<int>& group, const void* in, void* out, std::int64_t count, int dtype,
+                        ReduceOp op) override {
+    auto c = comm(group);
+    if (!c) return std::move(c).error();
+    auto t = mpi_type(dtype);
+    if (!t) return std::move(t).error();
+    auto n = count_of(count);
+    if (!n) return std::move(n).error();
+    return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), *c), "MPI_Reduce_scatter_block");
+  }
+  Status alltoall(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
+    auto c = comm(group);
+    if (!c) return std::move(c).error();
+    auto n = count_of(bytes);
+    if (!n) return std::move(n).error();
+    return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, *c), "MPI_Alltoall");
+  }
+  Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
+    auto n = count_of(bytes);
+    if (!n) return std::move(n).error();
+    HP_TRY(reap(false));
+    auto& p = pending_.emplace_back();
+    const auto* b = static_cast<const unsigned char*>(buf);
+    p.data.assign(b, b + bytes);
+    return check(MPI_Isend(p.data.data(), *n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.req), "MPI_Isend");
+  }
+  Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
+    auto n = count_of(bytes);
+    if (!n) return std::move(n).error();
+    MPI_Status st;
+    HP_TRY(check(MPI_Recv(buf, *n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st), "MPI_Recv"));
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (got != *n)
+      return Error(Errc::runtime,
+                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_, *n, tag, peer, got));
+    return {};
+  }
+  Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes, int tag) override {
+    auto n = count_of(bytes);
+    if (!n) return std::move(n).error();
+    return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : *n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag, rbuf,
+                              src < 0 ? 0 : *n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag, MPI_COMM_WORLD,
+                              MPI_STATUS_IGNORE),
+                 "MPI_Sendrecv");
+  }
+  Status flush() override { return reap(true); }
+
+  void free_comms() {
+    (void)reap(true);
+    for (auto& [g, c] : comms_)
+      if (c != MPI_COMM_WORLD && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+    comms_.clear();
+  }
+
+ private:
+  struct Pending {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<unsigned char> data;
+  };
+
+  // Completes finished sends (all of them when `all`), freeing their copies.
+  Status reap(bool all) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      MPI_Status st;
+      if (all) {
+        HP_TRY(check(MPI_Wait(&it->req, &st), "MPI_Wait (send)"));
+        done = 1;
+      } else {
+        HP_TRY(check(MPI_Test(&it->req, &done, &st), "MPI_Test (send)"));
+      }
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+    return {};
+  }
+
+  Expected<MPI_Comm> comm(const std::vector<int>& group) {
+    auto it = comms_.find(group);
+    if (it != comms_.end()) return it->second;
+    bool identity = static_cast<int>(group.size()) == size_;
+    for (std::size_t i = 0; identity && i < group.size(); ++i) identity = group[i] == static_cast<int>(i);
+    MPI_Comm c = MPI_COMM_WORLD;
+    if (!identity) {
+      MPI_Group world_group, g;
+      MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      HP_TRY(check(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g), "MPI_Group_incl"));
+      // The tag separates creations of different groups that share members.
+      int tag = 0;
+      for (int r : group) tag = (tag * 131 + r + 1) % 30000;
+      Status s = check(MPI_Comm_create_group(MPI_COMM_WORLD, g, tag, &c), "MPI_Comm_create_group");
+      MPI_Group_free(&g);
+      MPI_Group_free(&world_group);
+      HP_TRY(s);
+      MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    }
+    comms_.emplace(group, c);
+    return c;
+  }
+
+  int rank_ = 0, size_ = 1;
+  std::map<std::vector<int>, MPI_Comm> comms_;
+  std::list<Pending> pending_;
+};
+
+MpiTransport* g_world = nullptr;
+
+}  // namespace
+
+Expected<Transport*> mpi_world() {
+  if (g_world) return static_cast<Transport*>(g_world);
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      return Error(Errc::runtime, "MPI_Init_thread failed");
+  }
+  g_world = new MpiTransport();
+  return static_cast<Transport*>(g_world);
+}
+
+int mpi_appnum() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) return -1;
+  int* v = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &v, &flag);
+  return flag && v ? *v : -1;
+}
+
+void mpi_finalize() {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (!inited || finalized) return;
+  if (g_world) g_world->free_comms();
+  MPI_Finalize();
+}
+
+void mpi_abort(int code) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace hp::comm

@@ -1,0 +1,53 @@
+// compare_tensors: elementwise comparison with NaN/Inf handled as PyTorch's allclose does, and exact
+// comparison for integer and bool tensors.
+#include "hp/exec/compare.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "hp/plugin/hp_plugin.h"
+
+namespace hp::exec {
+
+OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol, double atol) {
+  OutputCheck c;
+  c.name = want.name.empty() ? got.name : want.name;
+  if (got.dtype != want.dtype) {
+    c.problem = fmt::format("dtype {} but expected {}", dtype_label(got.dtype), dtype_label(want.dtype));
+    return c;
+  }
+  if (got.dims != want.dims) {
+    c.problem = fmt::format("shape {} but expected {}", dims_label(got.dims), dims_label(want.dims));
+    return c;
+  }
+  const std::int64_t n = want.numel();
+  auto value = [](const HostTensor& t, std::int64_t i) -> double {
+    switch (t.dtype) {
+      case HP_F32: return t.as<float>()[i];
+      case HP_F64: return t.as<double>()[i];
+      case HP_I32: return t.as<std::int32_t>()[i];
+      case HP_I64: return static_cast<double>(t.as<std::int64_t>()[i]);
+      default: return t.as<std::uint8_t>()[i];
+    }
+  };
+  const bool exact = got.dtype != HP_F32 && got.dtype != HP_F64;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double g = value(got, i), w = value(want, i);
+    if (std::isnan(g) && std::isnan(w)) continue;
+    if (std::isinf(w) && g == w) continue;
+    const double d = std::fabs(g - w);
+    if (std::isnan(d)) {
+      ++c.bad;
+      c.max_abs = INFINITY;
+      continue;
+    }
+    c.max_abs = std::max(c.max_abs, d);
+    if (w != 0) c.max_rel = std::max(c.max_rel, d / std::fabs(w));
+    if (exact ? d != 0 : d > atol + rtol * std::fabs(w)) ++c.bad;
+  }
+  return c;
+}
+
+}  // namespace hp::exec

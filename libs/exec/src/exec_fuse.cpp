@@ -1,0 +1,127 @@
+// Node fusion at preparation: chains of ONNX nodes that one kernel does better are rewritten into that
+// kernel's node, when the backend that would run them implements it.
+//
+// GELU: PyTorch exports the exact GELU (F.gelu, nn.GELU) as five nodes,
+//     Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5)
+// each a full pass over the (large, 4 x hidden wide) activation. They become one ONNX Gelu node
+// (opset 20, approximate "none"), evaluated in one pass. The chain's intermediates must be read only
+// by the next node of the chain and not be graph outputs, and the constants must be scalar weights or
+// Constant nodes with those values (within float rounding). Fused-away nodes are marked dead: the run
+// skips them, lifetimes ignore them.
+#include <cmath>
+#include <optional>
+
+#include "exec_internal.h"
+
+namespace hp::exec {
+
+namespace {
+
+struct Graph {
+  Executor::Impl& im;
+  std::vector<int> producer;              ///< tensor id -> node index, -1 for none
+  std::vector<int> readers;               ///< tensor id -> number of reading nodes (+1 when a graph output)
+
+  explicit Graph(Executor::Impl& impl) : im(impl) {
+    producer.assign(im.tensor_names.size(), -1);
+    readers.assign(im.tensor_names.size(), 0);
+    for (std::size_t k = 0; k < im.nodes.size(); ++k) {
+      const PreparedNode& n = im.nodes[k];
+      for (int t : n.outputs)
+        if (t >= 0) producer[static_cast<std::size_t>(t)] = static_cast<int>(k);
+      for (int t : n.inputs)
+        if (t >= 0) ++readers[static_cast<std::size_t>(t)];
+    }
+    for (int t : im.output_ids) ++readers[static_cast<std::size_t>(t)];
+  }
+
+  /// The node producing `t` when `t` has exactly one reader, else null.
+  PreparedNode* sole_producer(int t) {
+    if (t < 0 || readers[static_cast<std::size_t>(t)] != 1) return nullptr;
+    const int p = producer[static_cast<std::size_t>(t)];
+    return p < 0 || im.nodes[static_cast<std::size_t>(p)].dead ? nullptr : &im.nodes[static_cast<std::size_t>(p)];
+  }
+
+  /// The one node reading `t` (which has exactly one reader and is no graph output), else null.
+  PreparedNode* sole_reader(int t) {
+    if (t < 0 || readers[static_cast<std::size_t>(t)] != 1) return nullptr;
+    for (int o : im.output_ids)
+      if (o == t) return nullptr;
+    for (PreparedNode& n : im.nodes)
+      if (!n.dead)
+        for (int i : n.inputs)
+          if (i == t) return &n;
+    return nullptr;
+  }
+
+  /// The value of a float32 scalar (any rank, one element) weight or Constant-node output.
+  std::optional<float> scalar(int t) {
+    if (t < 0) return std::nullopt;
+    for (const auto& [id, h] : im.weights)
+      if (id == t) return h.dtype == HP_F32 && h.numel() == 1 ? std::optional<float>(h.as<float>()[0]) : std::nullopt;
+    const int p = producer[static_cast<std::size_t>(t)];
+    if (p < 0) return std::nullopt;
+    const PreparedNode& n = im.nodes[static_cast<std::size_t>(p)];
+    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1) return std::nullopt;
+    const HostTensor& h = n.store_tensors.front();
+    if (h.dtype != HP_F32 || h.numel() != 1) return std::nullopt;
+    return h.as<float>()[0];
+  }
+
+  /// For a binary node with a constant scalar `value` on one side: the other input, else -1.
+  int other_than_const(const PreparedNode& n, const char* op, float value, bool commutes) {
+    if (n.op_type != op || !n.domain.empty() || n.inputs.size() != 2) return -1;
+    auto near = [&](int t) {
+      auto v = scalar(t);
+      return v && std::fabs(*v - value) <= 1e-6f * std::fabs(value);
+    };
+    if (near(n.inputs[1])) return n.inputs[0];
+    if (commutes && near(n.inputs[0])) return n.inputs[1];
+    return -1;
+  }
+};
+
+bool is_unary(const PreparedNode& n, const char* op) {
+  return n.op_type == op && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1 && n.inputs[0] >= 0;
+}
+
+int fuse_gelu(Graph& g) {
+  int fused = 0;
+  for (PreparedNode& erf : g.im.nodes) {
+    if (erf.dead || !is_unary(erf, "Erf")) continue;
+    PreparedNode* div = g.sole_producer(erf.inputs[0]);
+    if (!div) continue;
+    int x = g.other_than_const(*div, "Div", static_cast<float>(M_SQRT2), false);
+    if (x < 0) x = g.other_than_const(*div, "Mul", static_cast<float>(M_SQRT1_2), true);
+    if (x < 0) continue;
+    PreparedNode* add = g.sole_reader(erf.outputs[0]);
+    if (!add || g.other_than_const(*add, "Add", 1.0f, true) != erf.outputs[0]) continue;
+    PreparedNode* mul = g.sole_reader(add->outputs[0]);
+    if (!mul || mul->op_type != "Mul" || mul->inputs.size() != 2) continue;
+    const int a = add->outputs[0];
+    if (!((mul->inputs[0] == x && mul->inputs[1] == a) || (mul->inputs[1] == x && mul->inputs[0] == a))) continue;
+    PreparedNode* half = g.sole_reader(mul->outputs[0]);
+    if (!half || g.other_than_const(*half, "Mul", 0.5f, true) != mul->outputs[0]) continue;
+    // `half` becomes Gelu(x); the four nodes before it go.
+    div->dead = erf.dead = add->dead = mul->dead = true;
+    half->op_type = "Gelu";
+    half->inputs = {x};
+    half->attrs.clear();
+    ++fused;
+  }
+  return fused;
+}
+
+}  // namespace
+
+int fuse_nodes(Executor::Impl& im) {
+  const plugin::Backend* be = im.be[1] ? im.be[1] : im.be[0];
+  int fused = 0;
+  if (be->supports_op_type(0, "Gelu", "", 20)) {
+    Graph g(im);
+    fused += fuse_gelu(g);
+  }
+  return fused;
+}
+
+}  // namespace hp::exec

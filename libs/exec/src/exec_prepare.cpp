@@ -1,0 +1,300 @@
+// Executor preparation: everything decided before the first node runs.
+//
+//  1. Topological order (Kahn's algorithm over tensor names; ties keep file order, so an already
+//     sorted graph keeps its order). A cycle or a read of a tensor nothing produces is bad_input.
+//  2. Op support: a node is runnable when the primary or the cpu backend implements its op type
+//     (supports_op with NULL dtypes: dtypes of intermediate tensors are only known when running), or it
+//     is an "hp"-domain node and a CommOps handles it. Every unsupported node is collected, then one
+//     error lists them all.
+//  3. Attributes become hp_op_attr records once (tensor attributes decoded to host tensors).
+//  4. Initializers are decoded (inline or external data) and kept on the host until the run places
+//     them.
+//  5. Lifetimes: for each tensor its last reader; graph outputs are never released early.
+//  6. Fusion (exec_fuse.cpp): node chains one kernel does in a pass, e.g. the exported exact GELU.
+//  7. Constant folding across runs: a node whose inputs are all weights or outputs of such nodes
+//     (exporters emit many: Constant, ConstantOfShape, Range, the Trilu of a causal mask, ...) and the
+//     Shape/Size nodes (their output depends only on dims) are "cached": their outputs persist between
+//     runs, like the weights, and they rerun only when an input changed (exec_run.cpp). With static
+//     input shapes the exporter's Shape -> Gather -> Concat -> Reshape-target arithmetic then runs once.
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <set>
+
+#include "exec_internal.h"
+#include "proto_tensor.h"
+
+namespace hp::exec {
+
+int Executor::Impl::id_of(const std::string& name) {
+  auto [it, added] = tensor_ids.emplace(name, static_cast<int>(tensor_names.size()));
+  if (added) tensor_names.push_back(name);
+  return it->second;
+}
+
+GraphIO graph_io_of(const onnx::ValueInfoProto& v) {
+  GraphIO io;
+  io.name = v.name();
+  if (v.type().has_tensor_type()) {
+    const auto& tt = v.type().tensor_type();
+    io.onnx_type = tt.elem_type();
+    io.dtype = dtype_from_onnx(tt.elem_type());
+    if (tt.has_shape()) {
+      io.has_shape = true;
+      for (const auto& d : tt.shape().dim()) io.dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    }
+  }
+  return io;
+}
+
+ModelIO model_io(const model::Model& m) {
+  ModelIO io;
+  const auto& g = m.proto->graph();
+  std::set<std::string> init;
+  for (const auto& t : g.initializer()) init.insert(t.name());
+  for (const auto& v : g.input())
+    if (!init.count(v.name())) io.inputs.push_back(graph_io_of(v));
+  for (const auto& v : g.output()) io.outputs.push_back(graph_io_of(v));
+  return io;
+}
+
+namespace {
+
+/// Kahn's algorithm; returns node indices in a valid order.
+Expected<std::vector<int>> topo_order(const onnx::GraphProto& g, const std::set<std::string>& available) {
+  const int n = g.node_size();
+  std::map<std::string, int> producer;
+  for (int i = 0; i < n; ++i)
+    for (const auto& o : g.node(i).output())
+      if (!o.empty()) producer[o] = i;
+  std::vector<int> pending(static_cast<std::size_t>(n), 0);
+  std::vector<std::vector<int>> readers(static_cast<std::size_t>(n));
+  std::vector<Diagnostic> missing;
+  for (int i = 0; i < n; ++i) {
+    std::set<int> deps;
+    for (const auto& in : g.node(i).input()) {
+      if (in.empty() || available.count(in)) continue;
+      auto it = producer.find(in);
+      if (it == producer.end()) {
+        missing.push_back({g.node(i).name(), fmt::format("reads tensor '{}', which no node, input or weight provides", in), ""});
+        continue;
+      }
+      deps.insert(it->second);
+    }
+    pending[static_cast<std::size_t>(i)] = static_cast<int>(deps.size());
+    for (int d : deps) readers[static_cast<std::size_t>(d)].push_back(i);
+  }
+  if (!missing.empty()) return collect_errors(Errc::bad_input, std::move(missing));
+  std::set<int> ready;
+  for (int i = 0; i < n; ++i)
+    if (pending[static_cast<std::size_t>(i)] == 0) ready.insert(i);
+  std::vector<int> order;
+  while (!ready.empty()) {
+    int i = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(i);
+    for (int r : readers[static_cast<std::size_t>(i)])
+      if (--pending[static_cast<std::size_t>(r)] == 0) ready.insert(r);
+  }
+  if (static_cast<int>(order.size()) != n)
+    return Error(Errc::bad_input, "the graph has a cycle", "", "an onnx graph must be acyclic");
+  return order;
+}
+
+Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::filesystem::path& dir) {
+  for (const auto& a : np.attribute()) {
+    hp_op_attr r{};
+    r.name = n.store_strings.emplace_back(a.name()).c_str();
+    switch (a.type()) {
+      case onnx::AttributeProto::INT: r.kind = HP_ATTR_INT; r.i = a.i(); break;
+      case onnx::AttributeProto::FLOAT: r.kind = HP_ATTR_FLOAT; r.f = a.f(); break;
+      case onnx::AttributeProto::STRING:
+        r.kind = HP_ATTR_STRING;
+        r.s = n.store_strings.emplace_back(a.s()).c_str();
+        break;
+      case onnx::AttributeProto::INTS: {
+        r.kind = HP_ATTR_INTS;
+        auto& v = n.store_ints.emplace_back(a.ints().begin(), a.ints().end());
+        r.ints = v.data();
+        r.n = static_cast<std::int64_t>(v.size());
+        break;
+      }
+      case onnx::AttributeProto::FLOATS: {
+        r.kind = HP_ATTR_FLOATS;
+        auto& v = n.store_floats.emplace_back(a.floats().begin(), a.floats().end());
+        r.floats = v.data();
+        r.n = static_cast<std::int64_t>(v.size());
+        break;
+      }
+      case onnx::AttributeProto::TENSOR: {
+        auto t = tensor_from_proto(a.t(), dir, n.name.empty() ? n.op_type : n.name);
+        if (!t) return std::move(t).error();
+        HostTensor& h = n.store_tensors.emplace_back(std::move(*t));
+        hp_tensor_desc& d = n.store_descs.emplace_back();
+        d.dtype = h.dtype;
+        d.rank = static_cast<std::int32_t>(h.dims.size());
+        if (d.rank > HP_MAX_RANK) return Error(Errc::bad_input, "attribute tensor rank too large", n.name);
+        for (std::size_t k = 0; k < h.dims.size(); ++k) d.dims[k] = h.dims[k];
+        d.data = h.data.data();
+        r.kind = HP_ATTR_TENSOR;
+        r.tensor = &d;
+        break;
+      }
+      default:
+        continue;  // graphs, sparse tensors, type protos: no supported op reads them
+    }
+    n.attrs.push_back(r);
+  }
+  return {};
+}
+
+/// Ops whose outputs are a function of their inputs and attributes (the random ones are not).
+bool deterministic(const std::string& op) {
+  return op.rfind("Random", 0) != 0 && op != "Bernoulli" && op != "Multinomial";
+}
+
+bool runnable(const ExecOptions& o, const PreparedNode& n) {
+  if (n.domain == "hp") return o.comm && o.comm->handles(n.op_type);
+  const char* dom = n.domain.c_str();
+  if (o.backend && o.backend->supports_op_type(0, n.op_type.c_str(), dom, n.opset)) return true;
+  return o.cpu->supports_op_type(0, n.op_type.c_str(), dom, n.opset);
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, const ExecOptions& options) {
+  if (!options.cpu) return Error(Errc::internal, "the executor needs the cpu backend");
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  impl->be[0] = options.cpu.get();
+  if (options.backend && options.backend.get() != options.cpu.get()) impl->be[1] = options.backend.get();
+  const onnx::GraphProto& g = model.proto->graph();
+  const std::filesystem::path dir = model.path.parent_path();
+  const std::string where = model.path.string();
+
+  std::set<std::string> available, init_names;
+  for (const auto& t : g.initializer()) {
+    available.insert(t.name());
+    init_names.insert(t.name());
+  }
+  for (const auto& v : g.input()) {
+    available.insert(v.name());
+    if (init_names.count(v.name())) continue;
+    impl->inputs.push_back(graph_io_of(v));
+    impl->input_ids.push_back(impl->id_of(v.name()));
+  }
+  for (const auto& v : g.output()) {
+    impl->outputs.push_back(graph_io_of(v));
+    impl->output_ids.push_back(impl->id_of(v.name()));
+  }
+  auto order = topo_order(g, available);
+  if (!order) return Error(std::move(order).error());
+
+  std::vector<Diagnostic> unsupported;
+  for (int i : *order) {
+    const onnx::NodeProto& np = g.node(i);
+    PreparedNode& n = impl->nodes.emplace_back();
+    n.name = np.name();
+    n.op_type = np.op_type();
+    n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+    auto os = model.opsets.find(n.domain);
+    n.opset = os == model.opsets.end() ? 0 : os->second;
+    for (const auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : impl->id_of(in));
+    for (const auto& out : np.output()) n.outputs.push_back(out.empty() ? -1 : impl->id_of(out));
+    n.comm = n.domain == "hp";
+    if (!runnable(options, n)) {
+      std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
+      unsupported.push_back({n.name.empty() ? fmt::format("node #{}", i) : fmt::format("node '{}'", n.name),
+                             fmt::format("op {} is not supported by any loaded backend", label),
+                             n.comm ? "hp-domain communication ops run under 'hp launch RECIPE.toml' (the comm layer)"
+                                    : "see 'hp devices' for the backends found"});
+      continue;
+    }
+    if (n.comm) {
+      n.comm_node = {n.name, n.op_type, {np.input().begin(), np.input().end()}, {np.output().begin(), np.output().end()}, {}};
+      // Attributes as text: strings as is, ints in decimal, int lists comma-separated ("0,2,1,3").
+      for (const auto& a : np.attribute()) {
+        std::string v;
+        if (a.type() == onnx::AttributeProto::STRING) v = a.s();
+        else if (a.type() == onnx::AttributeProto::INTS) v = fmt::format("{}", fmt::join(a.ints(), ","));
+        else v = std::to_string(a.i());
+        n.comm_node.attrs.emplace_back(a.name(), std::move(v));
+      }
+    }
+    HP_TRY(convert_attrs(np, n, dir));
+  }
+  if (!unsupported.empty()) {
+    Error e = collect_errors(Errc::bad_input, std::move(unsupported));
+    e.what.message = fmt::format("{} ({} unsupported node{} in {})", e.what.message, e.more.size() + 1,
+                                 e.more.empty() ? "" : "s", where);
+    return e;
+  }
+
+  // Weights: decoded now so a missing external file fails before the run.
+  for (const auto& t : g.initializer()) {
+    auto h = tensor_from_proto(t, dir, where);
+    if (!h) return std::move(h).error();
+    impl->stats.weight_bytes += static_cast<std::int64_t>(h->data.size());
+    impl->weights.emplace_back(impl->id_of(t.name()), std::move(*h));
+  }
+
+  fuse_nodes(*impl);
+
+  // Cached (constant-folded across runs) nodes and persistent tensors.
+  impl->slots.resize(impl->tensor_names.size());
+  for (const auto& [id, h] : impl->weights) impl->slots[static_cast<std::size_t>(id)].persistent = true;
+  std::map<std::string, int> op_slots;
+  for (PreparedNode& n : impl->nodes) {
+    const std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
+    auto [it, added] = op_slots.emplace(label, static_cast<int>(impl->op_types.size()));
+    if (added) impl->op_types.push_back(label);
+    n.op_slot = it->second;
+    if (n.dead || n.comm || !deterministic(n.op_type)) continue;
+    bool all_const = true;
+    if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
+      all_const = true;  // depends on its input's dims only
+    } else {
+      for (int t : n.inputs)
+        if (t >= 0 && !impl->slots[static_cast<std::size_t>(t)].persistent) all_const = false;
+    }
+    if (!all_const) continue;
+    n.cached = true;
+    for (int t : n.outputs)
+      if (t >= 0) impl->slots[static_cast<std::size_t>(t)].persistent = true;
+  }
+
+  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never released.
+  std::vector<int> last(impl->tensor_names.size(), -1);
+  for (std::size_t k = 0; k < impl->nodes.size(); ++k)
+    if (!impl->nodes[k].dead)
+      for (int t : impl->nodes[k].inputs)
+        if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
+  std::set<int> keep(impl->output_ids.begin(), impl->output_ids.end());
+  for (std::size_t t = 0; t < last.size(); ++t)
+    if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !impl->slots[t].persistent)
+      impl->nodes[static_cast<std::size_t>(last[t])].release_after.push_back(static_cast<int>(t));
+  // Outputs nobody reads (unused optional outputs, dead ends) are released right after their producer.
+  for (std::size_t k = 0; k < impl->nodes.size(); ++k)
+    if (!impl->nodes[k].dead)
+      for (int t : impl->nodes[k].outputs)
+        if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
+            !impl->slots[static_cast<std::size_t>(t)].persistent)
+          impl->nodes[k].release_after.push_back(t);
+
+  for (int s = 0; s < 2; ++s) {
+    if (!impl->be[s]) continue;
+    auto st = impl->be[s]->stream_create(0);
+    if (!st) return std::move(st).error();
+    impl->stream[s] = *st;
+  }
+  if (options.offload.enabled) HP_TRY(offload_prepare(*impl, model));
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Executor::~Executor() = default;
+const std::vector<GraphIO>& Executor::inputs() const { return impl_->inputs; }
+const std::vector<GraphIO>& Executor::outputs() const { return impl_->outputs; }
+const ExecStats& Executor::stats() const { return impl_->stats; }
+
+}  // namespace hp::exec

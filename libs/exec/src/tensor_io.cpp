@@ -1,0 +1,225 @@
+// TensorProto decoding and encoding, and the input_K.pb / output_K.pb directory layout.
+//
+// Decoding accepts every way ONNX stores tensor data: raw_data (little-endian bytes), the typed
+// repeated fields (float_data, double_data, int64_data, and int32_data which also carries bool, int8,
+// uint8 values), and external data (a file next to the model, with offset and length). Each path checks
+// that the byte count matches the dims, so a truncated or inconsistent file is a bad_input error that
+// names it, never a read past the end. Encoding always writes raw_data.
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <fmt/core.h>
+
+#include "hp/core/fs.h"
+#include "hp/plugin/backend.h"
+#include "proto_tensor.h"
+
+namespace hp::exec {
+
+std::int64_t HostTensor::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : dims) n *= d;
+  return n;
+}
+
+int dtype_size(int dtype) {
+  switch (dtype) {
+    case HP_F32: case HP_I32: return 4;
+    case HP_F64: case HP_I64: return 8;
+    case HP_BOOL: case HP_U8: return 1;
+    default: return 0;
+  }
+}
+
+int dtype_from_onnx(std::int32_t t) {
+  switch (t) {
+    case onnx::TensorProto::FLOAT: return HP_F32;
+    case onnx::TensorProto::DOUBLE: return HP_F64;
+    case onnx::TensorProto::INT32: return HP_I32;
+    case onnx::TensorProto::INT64: return HP_I64;
+    case onnx::TensorProto::BOOL: return HP_BOOL;
+    case onnx::TensorProto::UINT8: return HP_U8;
+    default: return -1;
+  }
+}
+
+std::int32_t dtype_to_onnx(int dtype) {
+  switch (dtype) {
+    case HP_F32: return onnx::TensorProto::FLOAT;
+    case HP_F64: return onnx::TensorProto::DOUBLE;
+    case HP_I32: return onnx::TensorProto::INT32;
+    case HP_I64: return onnx::TensorProto::INT64;
+    case HP_BOOL: return onnx::TensorProto::BOOL;
+    case HP_U8: return onnx::TensorProto::UINT8;
+    default: return onnx::TensorProto::UNDEFINED;
+  }
+}
+
+std::string dtype_label(int dtype) { return plugin::dtype_name(dtype); }
+
+std::string dims_label(const std::vector<std::int64_t>& dims) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) r += (i ? "," : "") + std::to_string(dims[i]);
+  return r + "]";
+}
+
+namespace {
+
+template <class Src, class Dst>
+void copy_field(const Src& field, HostTensor& t) {
+  Dst* out = t.as<Dst>();
+  for (int i = 0; i < field.size(); ++i) out[i] = static_cast<Dst>(field.Get(i));
+}
+
+Status read_external(const onnx::TensorProto& p, const std::filesystem::path& base, const std::string& where,
+                     HostTensor& t) {
+  std::string location;
+  std::int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = std::stoll(kv.value());
+    else if (kv.key() == "length") length = std::stoll(kv.value());
+  }
+  const std::filesystem::path file = base / location;
+  if (location.empty()) return Error(Errc::bad_input, fmt::format("tensor '{}' has external data without a location", p.name()), where);
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    return Error(Errc::bad_input, fmt::format("external data file '{}' of tensor '{}' is missing", location, p.name()),
+                 where, "keep the weights file next to the model");
+  const auto want = static_cast<std::int64_t>(t.data.size());
+  if (length >= 0 && length != want)
+    return Error(Errc::bad_input, fmt::format("tensor '{}': external length {} does not match its {} bytes", p.name(), length, want), where);
+  in.seekg(offset);
+  in.read(reinterpret_cast<char*>(t.data.data()), want);
+  if (in.gcount() != want)
+    return Error(Errc::bad_input, fmt::format("external data file '{}' is too short for tensor '{}'", location, p.name()), where);
+  return {};
+}
+
+}  // namespace
+
+Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
+                                       const std::string& where) {
+  HostTensor t;
+  t.name = p.name();
+  t.dtype = dtype_from_onnx(p.data_type());
+  if (t.dtype < 0)
+    return Error(Errc::bad_input, fmt::format("tensor '{}' has onnx element type {}, which hp cannot run", p.name(), p.data_type()), where);
+  for (std::int64_t d : p.dims()) {
+    if (d < 0 || d > (std::int64_t{1} << 40)) return Error(Errc::bad_input, fmt::format("tensor '{}' has a bad dim {}", p.name(), d), where);
+    t.dims.push_back(d);
+  }
+  const std::int64_t n = t.numel();
+  const std::int64_t bytes = n * dtype_size(t.dtype);
+  if (bytes > (std::int64_t{1} << 40)) return Error(Errc::bad_input, fmt::format("tensor '{}' is too large", p.name()), where);
+  t.data.assign(static_cast<std::size_t>(bytes), 0);
+  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
+    HP_TRY(read_external(p, base_dir, where, t));
+    return t;
+  }
+  auto mismatch = [&](std::int64_t got) {
+    return Error(Errc::bad_input,
+                 fmt::format("tensor '{}' holds {} values, its dims {} need {}", p.name(), got, dims_label(t.dims), n), where);
+  };
+  if (p.has_raw_data()) {
+    if (static_cast<std::int64_t>(p.raw_data().size()) != bytes)
+      return Error(Errc::bad_input,
+                   fmt::format("tensor '{}' has {} data bytes, its dims {} need {}", p.name(), p.raw_data().size(), dims_label(t.dims), bytes), where);
+    if (bytes) std::memcpy(t.data.data(), p.raw_data().data(), static_cast<std::size_t>(bytes));
+    return t;
+  }
+  switch (t.dtype) {
+    case HP_F32:
+      if (p.float_data_size() != n) return mismatch(p.float_data_size());
+      copy_field<decltype(p.float_data()), float>(p.float_data(), t);
+      break;
+    case HP_F64:
+      if (p.double_data_size() != n) return mismatch(p.double_data_size());
+      copy_field<decltype(p.double_data()), double>(p.double_data(), t);
+      break;
+    case HP_I64:
+      if (p.int64_data_size() != n) return mismatch(p.int64_data_size());
+      copy_field<decltype(p.int64_data()), std::int64_t>(p.int64_data(), t);
+      break;
+    case HP_I32:
+      if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
+      copy_field<decltype(p.int32_data()), std::int32_t>(p.int32_data(), t);
+      break;
+    default:
+      if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
+      copy_field<decltype(p.int32_data()), std::uint8_t>(p.int32_data(), t);
+  }
+  return t;
+}
+
+void tensor_to_proto(const HostTensor& t, onnx::TensorProto& p) {
+  p.set_name(t.name);
+  p.set_data_type(dtype_to_onnx(t.dtype));
+  for (std::int64_t d : t.dims) p.add_dims(d);
+  p.set_raw_data(std::string(reinterpret_cast<const char*>(t.data.data()), t.data.size()));
+}
+
+Expected<HostTensor> read_tensor_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    return Error(Errc::bad_input, "input file is missing", path.string(),
+                 "each graph input needs an input_K.pb file, K in graph input order");
+  auto bytes = read_file(path);
+  if (!bytes) return std::move(bytes).error();
+  onnx::TensorProto p;
+  if (!p.ParseFromString(*bytes))
+    return Error(Errc::bad_input, "not a serialized onnx TensorProto (truncated or corrupt)", path.string());
+  return tensor_from_proto(p, path.parent_path(), path.string());
+}
+
+Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t) {
+  onnx::TensorProto p;
+  tensor_to_proto(t, p);
+  std::string bytes;
+  if (!p.SerializeToString(&bytes)) return Error(Errc::runtime, "cannot serialize tensor", path.string());
+  return write_file_atomic(path, bytes);
+}
+
+Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return Error(Errc::bad_input, "not a directory", dir.string(), fmt::format("give a folder of {}_K.pb files", prefix));
+  std::vector<HostTensor> out;
+  for (int k = 0;; ++k) {
+    const auto file = dir / fmt::format("{}_{}.pb", prefix, k);
+    if (!std::filesystem::exists(file, ec)) break;
+    auto t = read_tensor_file(file);
+    if (!t) return std::move(t).error();
+    out.push_back(std::move(*t));
+  }
+  return out;
+}
+
+Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<HostTensor>& tensors,
+                        const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", dir.filename().string(), ::getpid());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) && ec)
+    return Error(Errc::runtime, fmt::format("cannot create a directory: {}", ec.message()), tmp.string());
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    Status st = write_tensor_file(tmp / fmt::format("{}_{}.pb", prefix, k), tensors[k]);
+    if (!st) {
+      fs::remove_all(tmp, ec);
+      return st;
+    }
+  }
+  fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    return Error(Errc::runtime, "cannot move the outputs into place", dir.string());
+  }
+  return {};
+}
+
+}  // namespace hp::exec

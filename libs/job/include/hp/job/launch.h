@@ -1,0 +1,88 @@
+// hp launch and hp verify MODEL.onnx: run a model on one rank without a recipe (an implicit
+// single-device recipe) and compare outputs. hp launch RECIPE.toml: one MPMD job over Open MPI
+// (launcher.h) whose ranks run `hp launch RECIPE.toml --worker` (worker.h).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/exec/compare.h"
+#include "hp/exec/executor.h"
+
+namespace hp::job {
+
+struct LaunchOptions {
+  std::filesystem::path target;   ///< RECIPE.toml or MODEL.onnx
+  std::filesystem::path inputs;   ///< input_K.pb directory
+  std::filesystem::path outputs;  ///< where output_K.pb are written
+  std::string backend;            ///< cpu|cuda|ascend; empty: best available
+  int threads = 0;                ///< 0: the cores available
+  bool dry_run = false;
+  std::filesystem::path hostfile;
+  double timeout_s = 0;
+  std::vector<std::filesystem::path> plugin_paths;  ///< --plugin-path entries
+  // RECIPE.toml only:
+  std::filesystem::path run_dir;  ///< logs and rank outputs; empty: hp-runs/<recipe>-<time>
+  /// A recipe without [[groups]]: run these `hp shard` partitions (linked as RUN/shard) instead of
+  /// sharding the model afresh. Their manifest must be for the recipe's ranks.
+  std::filesystem::path shard_dir;
+  /// A recipe without [[groups]]: run the whole schedule this many times and report the median step
+  /// (benchmarks: the first step pays for first-run work).
+  int steps = 1;
+  /// Where cluster presets are looked up for the plan's predicted step (hp/recipe/presets.h).
+  std::vector<std::filesystem::path> preset_dirs;
+  std::string launcher = "mpirun";///< mpirun or slurm
+  bool allow_run_as_root = false;
+  bool worker = false;            ///< this process is a rank (hidden: started by mpirun)
+  /// Console lines of the ranks ("[group:rank] ..."); err for their stderr. Unset: dropped.
+  std::function<void(bool err, const std::string& line)> sink;
+};
+
+struct LaunchReport {
+  std::string summary;
+  exec::ExecStats stats;
+};
+
+/// MODEL.onnx: reads --inputs, runs, writes --outputs atomically. Errors: usage (missing
+/// --inputs/--outputs), bad_input (model, inputs, unsupported ops), unavailable (the requested
+/// backend), runtime (a kernel failed).
+/// RECIPE.toml: plans the MPMD job; --dry-run returns the command and app file as the summary; else
+/// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of the
+/// group that wrote any (filtered by the group's `outputs` names when given, except for a scheduler
+/// group, whose outputs are the results it collected: group_flow.h; a name already taken from an
+/// earlier group is skipped), groups in recipe order.
+/// A failed rank's Error carries the rank's own hp exit code where it had one, else Errc::runtime;
+/// timeouts are Errc::runtime. With `worker`, runs this process as one rank (worker.h); the caller
+/// must mpi_abort() on error.
+Expected<LaunchReport> launch(const LaunchOptions& options);
+
+/// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.
+struct ModelVerifyOptions {
+  std::filesystem::path model;
+  std::filesystem::path inputs;
+  std::filesystem::path expected;
+  double rtol = 1e-4;
+  double atol = 1e-5;
+  std::string backend;            ///< empty: best available
+  int threads = 0;
+  std::vector<std::filesystem::path> plugin_paths;
+};
+
+struct ModelVerifyReport {
+  std::vector<exec::OutputCheck> outputs;
+  exec::ExecStats stats;
+  std::string backend;
+  bool ok() const;
+  /// One line per output (name, max abs/rel error, verdict) and a closing line.
+  std::string format() const;
+};
+
+/// Runs the model and compares every output with expected/output_K.pb. A mismatch is not an error
+/// here: the report says which outputs are out of tolerance (the CLI exits with the mismatch code).
+Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& options);
+
+}  // namespace hp::job

@@ -1,0 +1,76 @@
+// Pipeline schedules as data: for every pipeline rank, the ordered list of actions it performs.
+//
+// Notation (launch.md §6): p ranks (pipeline stages per chunk), m micro-batches, v model chunks per
+// rank ("virtual stages"). Virtual stage vs = chunk * p + rank, so the model runs through
+// vs = 0 .. p*v-1 and chunk c of rank r is vs = c*p + r (Megatron's interleaving). With v = 1 the
+// virtual stage is the rank.
+//
+// make_schedule() writes compute-only lists (F = forward, B = backward; backward only when
+// `training`); lower_send_recv() inserts the SEND/RECV pairs between neighbouring virtual stages.
+// check_schedule() simulates all ranks' lists step by step with unit compute cost and zero-cost,
+// buffered sends (the runtime sends with MPI_Isend from a copy), or rendezvous sends on request: it
+// reports a deadlock (which ranks wait on what), receives without a matching send, sends never
+// received, missing or repeated work, and data used before it arrived; on success it gives the
+// makespan, from which the measured bubble follows. bubble_fraction() is the closed form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+
+namespace hp::job {
+
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
+/// "gpipe", "1f1b", "interleaved"; Errc::bad_input otherwise.
+Expected<ScheduleKind> parse_schedule_kind(const std::string& name);
+const char* schedule_kind_name(ScheduleKind k);
+
+enum class ActionKind { forward, backward, send_f, recv_f, send_b, recv_b };
+
+struct Action {
+  ActionKind kind = ActionKind::forward;
+  int stage = 0;        ///< virtual stage the action belongs to (for SEND/RECV: this rank's stage)
+  int micro_batch = 0;
+  int peer = -1;        ///< SEND/RECV: the other rank
+  bool is_compute() const { return kind == ActionKind::forward || kind == ActionKind::backward; }
+  friend bool operator==(const Action&, const Action&) = default;
+};
+
+/// "1F0", "3B2", "1SEND_F0", "2RECV_B3" (launch.md §6).
+std::string format_action(const Action& a);
+
+struct PipelineSchedule {
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  int ranks = 1, micro_batches = 1, chunks = 1;
+  bool training = false;
+  std::vector<std::vector<Action>> per_rank;
+  int stages() const { return ranks * chunks; }
+  int rank_of(int stage) const { return stage % ranks; }
+};
+
+/// Compute-only lists. Errc::usage for p, m or v below 1, v > 1 outside interleaved, interleaved with
+/// m not a multiple of p (Megatron's micro-batch groups of size p).
+Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks, bool training);
+/// Inserts RECV before and SEND after each compute action whose neighbour stage lives on another rank.
+PipelineSchedule lower_send_recv(const PipelineSchedule& compute_only);
+
+struct ScheduleCheck {
+  bool ok = false;
+  std::string problem;          ///< empty when ok
+  int makespan = 0;             ///< steps of unit compute until every rank is done
+  int compute_per_rank = 0;     ///< busiest rank's compute actions
+  /// 1 - compute / makespan on the busiest rank: the bubble as a fraction of wall time.
+  double bubble() const { return makespan ? 1.0 - static_cast<double>(compute_per_rank) / makespan : 0; }
+  std::string grid;             ///< step x rank table of what ran; "!" marks the blocked cells
+};
+
+enum class SendMode { buffered, rendezvous };
+/// Simulates the lists (lowered ones, or compute-only ones, whose cross-rank data flow is then implied).
+ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode = SendMode::buffered);
+
+/// Idle time as a fraction of wall time: (p-1) / (v*m + p-1) (GPipe and 1F1B: v = 1).
+double bubble_fraction(ScheduleKind kind, int ranks, int micro_batches, int chunks);
+
+}  // namespace hp::job

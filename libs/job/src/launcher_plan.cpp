@@ -1,0 +1,207 @@
+// plan_job / format_dry_run: the Open MPI MPMD (or srun --multi-prog) command for a recipe. See
+// launcher.h for the rules and launch.md §2 for the Open MPI 4.1 behaviour they work around.
+#include <fmt/core.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+#include "hp/job/group_flow.h"
+#include "hp/job/launcher.h"
+
+namespace hp::job {
+namespace fs = std::filesystem;
+
+HostInfo probe_host() {
+  HostInfo h;
+  h.cores = std::max(1u, std::thread::hardware_concurrency());
+  h.root = ::geteuid() == 0;
+  return h;
+}
+
+const std::string& JobPlan::group_of(int rank) const {
+  static const std::string unknown = "?";
+  for (const auto& c : contexts)
+    if (rank >= c.first_rank && rank < c.first_rank + c.ranks) return c.group;
+  return unknown;
+}
+
+std::string shell_quote(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
+                        std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+namespace {
+
+std::string rank_range(int first, int n) {
+  return n == 1 ? std::to_string(first) : fmt::format("{}-{}", first, first + n - 1);
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == value;
+}
+
+}  // namespace
+
+Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const HostInfo& host) {
+  if (o.launcher != "mpirun" && o.launcher != "slurm")
+    return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "", "--launcher is mpirun or slurm");
+  if (!(o.timeout_s >= 0)) return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
+  if (o.run_dir.empty()) return Error(Errc::internal, "plan_job needs a run directory");
+  const fs::path recipe = fs::absolute(o.recipe).lexically_normal();
+  const fs::path base = recipe.parent_path();
+  const std::string where = o.recipe.string();
+  JobPlan plan;
+  plan.run_dir = fs::absolute(o.run_dir).lexically_normal();
+
+  // The groups: as declared, or one implicit group running the recipe's model on every rank.
+  std::vector<recipe::Group> groups = r.groups;
+  if (groups.empty()) {
+    recipe::Group g;
+    g.name = "main";
+    g.module = r.model;
+    for (std::int64_t k = 0; k < r.ranks(); ++k) g.ranks.push_back(k);
+    groups.push_back(g);
+  }
+  if (!o.hostfile.empty() && !fs::is_regular_file(o.hostfile))
+    return Error(Errc::bad_input, fmt::format("hostfile '{}' does not exist", o.hostfile.string()));
+  std::vector<Diagnostic> problems;
+  int next = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    const std::string key = fmt::format("{}: groups[{}] ('{}')", where, i, g.name);
+    fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module) : base / g.module;
+    if (is_scheduler(g))
+      ;  // runs no model (group_flow.h)
+    else if (module.extension() != ".onnx")
+      problems.push_back({key, fmt::format("module '{}' is not an ONNX file", g.module),
+                          "each group runs an ONNX module (a path relative to the recipe) or is the \"scheduler\""});
+    else if (!fs::is_regular_file(module))
+      problems.push_back({key, fmt::format("module '{}' does not exist ({})", g.module, module.string()), ""});
+    AppContext c;
+    c.group = g.name;
+    c.index = static_cast<int>(i);
+    c.first_rank = next;
+    c.ranks = static_cast<int>(g.ranks.size());
+    next += c.ranks;
+    plan.contexts.push_back(std::move(c));
+  }
+  if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
+  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
+  // fail once every rank has started.
+  if (has_flows(r)) HP_TRY(check_group_flows(o.recipe));
+  plan.total_ranks = next;
+  const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
+
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    AppContext& c = plan.contexts[i];
+    c.env = {{"HP_GROUP", c.group},
+             {"HP_GROUP_INDEX", std::to_string(c.index)},
+             {"HP_RECIPE", recipe.string()},
+             {"HP_RUN_DIR", plan.run_dir.string()}};
+    for (const auto& [k, v] : groups[i].env) c.env.emplace_back(k, v);
+    c.argv = {fs::absolute(o.worker).string(), "launch", recipe.string(), "--worker", "--run-dir", plan.run_dir.string(),
+              "--threads", std::to_string(threads)};
+    if (!o.inputs.empty()) {
+      c.argv.push_back("--inputs");
+      c.argv.push_back(fs::absolute(o.inputs).string());
+    }
+    for (const auto& p : o.plugin_paths) {
+      c.argv.push_back("--plugin-path");
+      c.argv.push_back(fs::absolute(p).string());
+    }
+    if (o.steps > 1) {
+      c.argv.push_back("--steps");
+      c.argv.push_back(std::to_string(o.steps));
+    }
+  }
+
+  // Launcher environment: container-safe defaults unless the user already chose.
+  const bool single_host = o.hostfile.empty() && o.launcher == "mpirun";
+  if (single_host && !std::getenv("OMPI_MCA_plm")) {
+    plan.launcher_env.emplace_back("OMPI_MCA_plm", "isolated");
+    plan.notes.push_back("OMPI_MCA_plm=isolated: single-host run, no ssh/rsh launch agent needed");
+  }
+  if (o.launcher == "mpirun" && !std::getenv("OMPI_MCA_btl_vader_single_copy_mechanism")) {
+    plan.launcher_env.emplace_back("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    plan.notes.push_back("OMPI_MCA_btl_vader_single_copy_mechanism=none: containers often block process_vm_readv");
+  }
+  const bool root_ok = o.allow_run_as_root ||
+                       (env_is("OMPI_ALLOW_RUN_AS_ROOT", "1") && env_is("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"));
+  if (host.root && !root_ok && o.launcher == "mpirun")
+    plan.notes.push_back("running as root: Open MPI refuses unless --allow-run-as-root is given "
+                         "(or OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)");
+  const std::string timeout = o.timeout_s > 0 ? std::to_string(static_cast<long>(std::ceil(o.timeout_s))) : "";
+
+  if (o.launcher == "slurm") {
+    plan.app_file_name = "multi-prog.conf";
+    plan.app_file = "# srun --multi-prog: <ranks> <program> <args>; written by hp launch\n";
+    for (const auto& c : plan.contexts) {
+      std::string line = rank_range(c.first_rank, c.ranks) + " env";
+      for (const auto& [k, v] : c.env) line += " " + k + "=" + v;
+      for (const auto& a : c.argv) line += " " + a;
+      plan.app_file += line + "\n";
+    }
+    plan.argv = {o.mpirun == "mpirun" ? std::string("srun") : o.mpirun, "-n", std::to_string(plan.total_ranks), "-l",
+                 "--kill-on-bad-exit=1"};
+    if (!timeout.empty())
+      plan.argv.push_back(fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
+    plan.argv.push_back("--multi-prog");
+    plan.argv.push_back((plan.run_dir / plan.app_file_name).string());
+    return plan;
+  }
+
+  plan.argv = {o.mpirun};
+  std::vector<std::string> global;
+  if (o.allow_run_as_root) global.push_back("--allow-run-as-root");
+  if (single_host && plan.total_ranks > host.cores) {
+    global.push_back("--oversubscribe");
+    plan.notes.push_back(fmt::format("--oversubscribe: {} ranks on {} cores", plan.total_ranks, host.cores));
+  }
+  global.insert(global.end(), {"--bind-to", "none", "--tag-output"});
+  if (!timeout.empty()) global.insert(global.end(), {"--timeout", timeout});
+  std::string hostfile;
+  if (!o.hostfile.empty()) {
+    hostfile = fs::absolute(o.hostfile).string();
+    global.insert(global.end(), {"--hostfile", hostfile});
+  }
+  plan.argv.insert(plan.argv.end(), global.begin(), global.end());
+  plan.app_file_name = "app.txt";
+  plan.app_file = "# mpirun --app: one app context per line; --hostfile and every -x repeated per line\n";
+  for (std::size_t i = 0; i < plan.contexts.size(); ++i) {
+    const auto& c = plan.contexts[i];
+    if (i) plan.argv.push_back(":");
+    std::vector<std::string> ctx{"-n", std::to_string(c.ranks)};
+    for (const auto& [k, v] : c.env) ctx.insert(ctx.end(), {"-x", k + "=" + v});
+    ctx.insert(ctx.end(), c.argv.begin(), c.argv.end());
+    plan.argv.insert(plan.argv.end(), ctx.begin(), ctx.end());
+    std::string line = "-n " + std::to_string(c.ranks);
+    if (!hostfile.empty()) line += " --hostfile " + hostfile;
+    for (std::size_t k = 2; k < ctx.size(); ++k) line += " " + ctx[k];
+    plan.app_file += line + "\n";
+  }
+  return plan;
+}
+
+std::string format_dry_run(const JobPlan& p) {
+  std::string s = fmt::format("# {} rank(s) in {} group(s); nothing was started\n", p.total_ranks, p.contexts.size());
+  for (const auto& c : p.contexts)
+    s += fmt::format("#   group '{}': ranks {}\n", c.group, rank_range(c.first_rank, c.ranks));
+  std::string cmd;
+  for (const auto& [k, v] : p.launcher_env) cmd += shell_quote(k + "=" + v) + " ";
+  for (std::size_t i = 0; i < p.argv.size(); ++i) cmd += (i ? " " : "") + shell_quote(p.argv[i]);
+  s += cmd + "\n";
+  s += fmt::format("# {} ({}):\n", p.app_file_name, (p.run_dir / p.app_file_name).string());
+  s += p.app_file;
+  for (const auto& n : p.notes) s += "# note: " + n + "\n";
+  return s;
+}
+
+}  // namespace hp::job

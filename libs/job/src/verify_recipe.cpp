@@ -1,0 +1,283 @@
+// verify_recipe_run: sharded against unsharded outputs of a recipe (verify_run.h).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <random>
+
+#include "hp/model/model.h"
+#include "hp/recipe/recipe.h"
+#include "hp/job/schedule.h"
+#include "hp/job/sharded.h"
+#include "hp/exec/tensor.h"
+#include "hp/job/launch.h"
+#include "hp/job/verify_run.h"
+#include "hp/shard/shard.h"
+
+namespace hp::job {
+using exec::HostTensor;
+using exec::GraphIO;
+using exec::Executor;
+using exec::bind_inputs;
+using exec::read_tensor_dir;
+using exec::write_tensor_dir;
+using exec::compare_tensors;
+using exec::open_backends;
+using exec::dtype_size;
+using exec::dtype_from_onnx;
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The exclusive bound of the integer values of graph input `t`: the smallest table a Gather consumer
+// indexes with it (the size of the data's axis), 0 when none does.
+std::int64_t index_bound(const model::Graph& g, int t) {
+  std::int64_t bound = 0;
+  for (int n : g.tensor(t).consumers) {
+    const auto& node = g.node(n);
+    if (node.op_type != "Gather" || node.inputs.size() < 2 || node.inputs[1] != t || node.inputs[0] < 0) continue;
+    const auto& data = g.tensor(node.inputs[0]);
+    if (data.dims.empty() || !data.dims[0].known()) continue;
+    const std::int64_t n0 = data.dims[0].value;  // embeddings gather along axis 0
+    bound = bound == 0 ? n0 : std::min(bound, n0);
+  }
+  return bound;
+}
+
+// A temporary directory removed on scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / fmt::format("hp-verify-{}-{}", ::getpid(),
+                                                   std::chrono::steady_clock::now().time_since_epoch().count());
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+std::vector<HostTensor> generate_inputs(const std::vector<GraphIO>& inputs, const std::vector<std::int64_t>& bounds,
+                                        std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<HostTensor> out;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    HostTensor t;
+    t.name = inputs[k].name;
+    t.dtype = inputs[k].dtype;
+    t.dims = inputs[k].dims;
+    t.data.resize(static_cast<std::size_t>(t.numel() * dtype_size(t.dtype)));
+    const std::int64_t n = t.numel();
+    const std::int64_t hi = k < bounds.size() && bounds[k] > 0 ? bounds[k] : 2;
+    std::uniform_real_distribution<double> real(-1, 1);
+    std::uniform_int_distribution<std::int64_t> integer(0, hi - 1);
+    for (std::int64_t i = 0; i < n; ++i) switch (t.dtype) {
+        case HP_F32: t.as<float>()[i] = static_cast<float>(real(gen)); break;
+        case HP_F64: t.as<double>()[i] = real(gen); break;
+        case HP_I32: t.as<std::int32_t>()[i] = static_cast<std::int32_t>(integer(gen)); break;
+        case HP_I64: t.as<std::int64_t>()[i] = integer(gen); break;
+        default: t.as<std::uint8_t>()[i] = static_cast<std::uint8_t>(integer(gen) & 1); break;
+      }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+bool RecipeRunReport::ok() const {
+  for (const auto& o : outputs)
+    if (!o.ok()) return false;
+  return true;
+}
+
+std::string RecipeRunReport::format() const {
+  if (!ran) return fmt::format("sharded run: not done ({})\n", skipped);
+  std::string s = fmt::format("pipeline schedule: {}\n", schedule);
+  s += fmt::format("sharded run ({}) against the unsharded model on {} input{}:\n", how,
+                   generated_inputs ? "generated" : "the given", generated_inputs ? "s" : "s");
+  for (const auto& o : outputs) {
+    if (!o.problem.empty())
+      s += fmt::format("  {}: MISMATCH: {}\n", o.name, o.problem);
+    else
+      s += fmt::format("  {}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
+                       o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
+  }
+  s += fmt::format("unsharded {:.3f} s, sharded {:.3f} s ({} ranks)\n", unsharded_s, sharded_s, ranks);
+  if (!timing.empty()) s += timing;
+  return s;
+}
+
+Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
+  if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
+  RecipeRunReport rep;
+  auto rec = recipe::load_recipe(o.recipe);
+  if (!rec) return std::move(rec).error();
+  if (!rec->groups.empty()) {
+    rep.skipped = "the recipe runs [[groups]] modules (MPMD); hp launch runs it";
+    return rep;
+  }
+  // A recipe for planning only may name a file that is no model (the static checks need it to exist);
+  // then there is nothing to partition or run.
+  if (auto probe = model::load_model(o.recipe.parent_path() / rec->model); !probe) {
+    rep.skipped = "the model does not load: " + probe.error().what.message;
+    return rep;
+  }
+  // The schedule the ranks will run.
+  const auto& par = rec->parallel;
+  const int pp = static_cast<int>(par.pp);
+  auto kind = par.schedule == recipe::Schedule::gpipe         ? ScheduleKind::gpipe
+              : par.schedule == recipe::Schedule::interleaved ? ScheduleKind::interleaved
+                                                              : ScheduleKind::one_f_one_b;
+  const int chunks = kind == ScheduleKind::interleaved ? static_cast<int>(par.virtual_stages) : 1;
+  auto sched = make_schedule(kind, pp, static_cast<int>(par.micro_batches), chunks, false);
+  if (!sched) return std::move(sched).error();
+  auto check = check_schedule(lower_send_recv(*sched));
+  if (!check.ok) return Error(Errc::bad_input, "the pipeline schedule deadlocks: " + check.problem, o.recipe.string());
+  rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(kind), pp,
+                             par.micro_batches, chunks > 1 ? fmt::format(", v={}", chunks) : "", check.bubble());
+
+  // Weights decide whether anything can run.
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  auto model = model::load_model(o.recipe.parent_path() / rec->model, lo);
+  if (!model) {
+    rep.skipped = "the model has no weight data (shapes only): " + model.error().what.message;
+    auto prepared = shard::prepare(o.recipe);  // still check that it partitions
+    if (!prepared) return std::move(prepared).error();
+    return rep;
+  }
+  auto prepared = shard::prepare(o.recipe);
+  if (!prepared) return std::move(prepared).error();
+  const shard::Prepared& P = **prepared;
+  const shard::Manifest manifest = shard::make_manifest(P);
+  rep.ranks = rank_count(manifest);
+  const int mb = static_cast<int>(manifest.micro_batches);
+
+  auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
+  if (!backends) return std::move(backends).error();
+  auto unsharded = Executor::create(*model, {backends->primary, backends->cpu, nullptr});
+  if (!unsharded) return std::move(unsharded).error();
+
+  // Inputs: given, or generated at the recipe's full dims (the manifest holds one micro-batch).
+  TempDir tmp;
+  std::vector<HostTensor> inputs;
+  if (!o.inputs.empty()) {
+    auto given = read_tensor_dir(o.inputs, "input");
+    if (!given) return std::move(given).error();
+    inputs = std::move(*given);
+  } else {
+    std::vector<GraphIO> ios;
+    std::vector<std::int64_t> bounds;
+    for (const auto& in : manifest.inputs) {
+      const int ti = P.graph.find_tensor(in.tensor);
+      GraphIO io;
+      io.name = in.tensor;
+      io.dtype = ti >= 0 ? dtype_from_onnx(P.graph.tensor(ti).elem_type) : HP_F32;
+      io.dims = in.shape;
+      if (in.batched && !io.dims.empty()) io.dims[0] *= manifest.micro_batches;
+      ios.push_back(io);
+      bounds.push_back(ti >= 0 ? index_bound(P.graph, ti) : 0);
+    }
+    inputs = generate_inputs(ios, bounds, o.seed);
+    rep.generated_inputs = true;
+  }
+  auto bound = bind_inputs((*unsharded)->inputs(), inputs, o.inputs.empty() ? "generated" : o.inputs.string());
+  if (!bound) return std::move(bound).error();
+  auto t0 = std::chrono::steady_clock::now();
+  auto want = (*unsharded)->run(*bound);
+  if (!want) return std::move(want).error();
+  rep.unsharded_s = seconds_since(t0);
+
+  std::vector<HostTensor> got;
+  t0 = std::chrono::steady_clock::now();
+  if (o.simulate) {
+    fs::path dir = o.shard_dir;
+    if (dir.empty()) {
+      dir = tmp.path / "shard";
+      auto w = shard::write_partitions(P, dir);
+      if (!w) return std::move(w).error();
+    }
+    ShardedRunOptions so;
+    so.shard_dir = dir;
+    so.schedule = recipe::schedule_name(par.schedule);
+    so.backend = o.backend;
+    so.threads = 1;  // the ranks share this process's cores
+    so.plugin_paths = o.plugin_paths;
+    so.recipe = &*rec;
+    auto sim = run_sharded_in_process(so, *bound);
+    if (!sim) return std::move(sim).error();
+    got = std::move(sim->outputs);
+    rep.how = fmt::format("simulated in one process, {} ranks", rep.ranks);
+    rep.timing = format_step_timing(sim->ranks, pp, mb, so.schedule, chunks);
+  } else {
+    HP_TRY(write_tensor_dir(tmp.path / "inputs", *bound, "input"));
+    LaunchOptions lo2;
+    lo2.target = o.recipe;
+    lo2.inputs = tmp.path / "inputs";
+    lo2.outputs = tmp.path / "outputs";
+    lo2.shard_dir = o.shard_dir;
+    lo2.threads = o.threads;
+    lo2.timeout_s = o.timeout_s;
+    lo2.allow_run_as_root = o.allow_run_as_root;
+    lo2.plugin_paths = o.plugin_paths;
+    lo2.run_dir = o.run_dir.empty() ? tmp.path / "run" : o.run_dir;
+    auto launched = launch(lo2);
+    if (!launched) return std::move(launched).error();
+    auto outs = read_tensor_dir(lo2.outputs, "output");
+    if (!outs) return std::move(outs).error();
+    got = std::move(*outs);
+    rep.how = fmt::format("mpirun, {} ranks", rep.ranks);
+    const auto& s = launched->summary;
+    if (auto at = s.find("step: "); at != std::string::npos) rep.timing = s.substr(at, s.find('\n', at) - at + 1);
+  }
+  rep.sharded_s = seconds_since(t0);
+  rep.ran = true;
+  if (got.size() != want->size())
+    return Error(Errc::internal, fmt::format("the sharded job produced {} outputs, the model {}", got.size(), want->size()));
+  for (std::size_t k = 0; k < want->size(); ++k) {
+    auto c = compare_tensors(got[k], (*want)[k], o.rtol, o.atol);
+    c.name = (*want)[k].name;
+    rep.outputs.push_back(std::move(c));
+  }
+  return rep;
+}
+
+std::string add_run_json(const std::string& static_json, const Expected<RecipeRunReport>& run) {
+  auto j = nlohmann::ordered_json::parse(static_json, nullptr, false);
+  if (j.is_discarded()) j = nlohmann::ordered_json::object();
+  nlohmann::ordered_json r;
+  if (!run) {
+    r["error"] = run.error().str();
+    r["code"] = errc_name(run.error().code);
+    j["ok"] = false;
+  } else {
+    r["ran"] = run->ran;
+    if (!run->ran) {
+      r["skipped"] = run->skipped;
+    } else {
+      r["how"] = run->how;
+      r["ranks"] = run->ranks;
+      r["generated_inputs"] = run->generated_inputs;
+      r["schedule"] = run->schedule;
+      r["unsharded_s"] = run->unsharded_s;
+      r["sharded_s"] = run->sharded_s;
+      r["outputs"] = nlohmann::ordered_json::array();
+      for (const auto& o : run->outputs)
+        r["outputs"].push_back({{"name", o.name}, {"max_abs", o.max_abs}, {"max_rel", o.max_rel}, {"bad", o.bad},
+                                {"problem", o.problem}, {"ok", o.ok()}});
+      if (!run->ok()) j["ok"] = false;
+    }
+  }
+  j["run"] = std::move(r);
+  return j.dump();
+}
+
+}  // namespace hp::job

@@ -1,0 +1,128 @@
+// Conformance of the executor + cpu plugin with the ONNX backend test suite (Debian libonnx-testdata:
+// node/, pytorch-operator/, pytorch-converted/). Every test whose ops the cpu plugin implements runs on
+// each of its test_data_set_N folders and is compared with the stored outputs (ONNX's own default
+// tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is skipped, with the reason
+// printed, when an op is not implemented, a tensor has a dtype hp does not run (f16, strings, ...), or
+// a kernel reports an op form it does not implement (e.g. Einsum with an ellipsis). The report lists
+// passed / failed / skipped per op type; any failure among the runnable tests fails the test.
+#include <catch2/catch.hpp>
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "hp/exec/backends.h"
+#include "hp/exec/compare.h"
+#include "hp/exec/executor.h"
+#include "hp/exec/tensor.h"
+
+namespace fs = std::filesystem;
+using namespace hp;
+using namespace hp::exec;
+
+namespace {
+
+struct Tally {
+  int passed = 0, failed = 0, skipped = 0;
+};
+
+enum class Outcome { passed, failed, skipped };
+
+Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  auto m = model::load_model(dir / "model.onnx", lo);
+  if (!m) { why = "model: " + m.error().str(); return Outcome::skipped; }
+  auto ex = Executor::create(*m, {b.cpu, b.cpu, nullptr});
+  if (!ex) {
+    why = ex.error().message();
+    for (const auto& d : ex.error().more) why += "; " + d.message;
+    return ex.error().code == Errc::bad_input ? Outcome::skipped : Outcome::failed;
+  }
+  for (const auto& io : (*ex)->inputs())
+    if (io.dtype < 0) { why = "input dtype (onnx " + std::to_string(io.onnx_type) + ")"; return Outcome::skipped; }
+  for (const auto& io : (*ex)->outputs())
+    if (io.dtype < 0) { why = "output dtype (onnx " + std::to_string(io.onnx_type) + ")"; return Outcome::skipped; }
+  int sets = 0;
+  for (int k = 0; fs::is_directory(dir / ("test_data_set_" + std::to_string(k))); ++k) {
+    const fs::path set = dir / ("test_data_set_" + std::to_string(k));
+    auto in = read_tensor_dir(set, "input");
+    auto want = read_tensor_dir(set, "output");
+    if (!in || !want) { why = "data: " + (in ? want.error().str() : in.error().str()); return Outcome::skipped; }
+    auto bound = bind_inputs((*ex)->inputs(), std::move(*in), set.string());
+    if (!bound) { why = "inputs: " + bound.error().str(); return Outcome::failed; }
+    auto got = (*ex)->run(*bound);
+    if (!got) {
+      why = got.error().str();
+      return got.error().code == Errc::not_implemented ? Outcome::skipped : Outcome::failed;
+    }
+    if (got->size() != want->size()) { why = "output count differs"; return Outcome::failed; }
+    for (std::size_t o = 0; o < got->size(); ++o) {
+      OutputCheck c = compare_tensors((*got)[o], (*want)[o], 1e-3, 1e-5);
+      if (!c.ok()) {
+        why = "set " + std::to_string(k) + " output " + std::to_string(o) + ": " +
+              (c.problem.empty() ? "max abs error " + std::to_string(c.max_abs) : c.problem);
+        return Outcome::failed;
+      }
+    }
+    ++sets;
+  }
+  if (sets == 0) { why = "no test data"; return Outcome::skipped; }
+  return Outcome::passed;
+}
+
+}  // namespace
+
+TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
+  const fs::path root = HP_ONNX_TESTDATA;
+  if (!fs::is_directory(root)) {
+    WARN("libonnx-testdata is not installed at " << root << "; nothing to run");
+    return;
+  }
+  auto b = open_backends("cpu", 0, {});
+  REQUIRE(b.ok());
+  std::map<std::string, Tally> by_op;
+  std::map<std::string, int> skip_reasons;
+  std::vector<std::string> failures;
+  Tally total;
+  for (const char* suite : {"node", "pytorch-operator", "pytorch-converted"}) {
+    std::vector<fs::path> dirs;
+    for (const auto& e : fs::directory_iterator(root / suite))
+      if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (const auto& dir : dirs) {
+      std::string why;
+      Outcome r = run_case(dir, *b, why);
+      std::set<std::string> ops;
+      if (auto m = model::load_model(dir / "model.onnx"); m)
+        for (const auto& n : m->proto->graph().node()) ops.insert(n.op_type());
+      const std::string name = std::string(suite) + "/" + dir.filename().string();
+      for (const auto& op : ops) {
+        Tally& t = by_op[op];
+        (r == Outcome::passed ? t.passed : r == Outcome::failed ? t.failed : t.skipped)++;
+      }
+      if (r == Outcome::passed) ++total.passed;
+      if (r == Outcome::failed) {
+        ++total.failed;
+        failures.push_back(name + ": " + why);
+      }
+      if (r == Outcome::skipped) {
+        ++total.skipped;
+        std::string key = why.substr(0, why.find(" (")).substr(0, 90);
+        ++skip_reasons[key];
+        std::printf("skip %s: %s\n", name.c_str(), why.c_str());
+      }
+    }
+  }
+  std::printf("\n%-28s %6s %6s %7s\n", "op", "passed", "failed", "skipped");
+  for (const auto& [op, t] : by_op) std::printf("%-28s %6d %6d %7d\n", op.c_str(), t.passed, t.failed, t.skipped);
+  std::printf("\nskip reasons:\n");
+  for (const auto& [r, n] : skip_reasons) std::printf("  %4d  %s\n", n, r.c_str());
+  std::printf("\ntests: %d passed, %d failed, %d skipped\n", total.passed, total.failed, total.skipped);
+  for (const auto& f : failures) std::printf("FAILED %s\n", f.c_str());
+  CHECK(failures.empty());
+  CHECK(total.passed > 400);
+}
