@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include <filesystem>
 #include <set>
 #include <fstream>
@@ -39,7 +41,29 @@ hp::Expected<int> quarter(int x) {
   HP_TRY(h);
   return half(*h);
 }
+hp::Expected<int> eighth(int x) {
+  HP_ASSIGN_OR_RETURN(int q, quarter(x));  // declares q
+  int e = -1;
+  HP_ASSIGN_OR_RETURN(e, half(q));  // assigns an existing variable; two uses on one line apart
+  return e;
+}
+hp::Expected<std::string> moved_out(bool fail) {
+  auto make = [&]() -> hp::Expected<std::string> {
+    if (fail) return hp::Error(hp::Errc::usage, "no string");
+    return std::string(64, 'x');
+  };
+  HP_ASSIGN_OR_RETURN(auto s, make());
+  return s;
+}
 }  // namespace
+
+TEST_CASE("core: HP_ASSIGN_OR_RETURN declares or assigns the value, or returns the error", "[core]") {
+  CHECK(*eighth(16) == 2);
+  CHECK(eighth(12).error().message() == "odd");  // 12 -> 3 is odd at the third halving
+  CHECK(eighth(6).error().message() == "odd");   // 6 -> 3 fails inside quarter
+  CHECK(moved_out(false)->size() == 64);
+  CHECK(moved_out(true).error().code == hp::Errc::usage);
+}
 
 TEST_CASE("core: HP_TRY propagates the first error", "[core]") {
   CHECK(*quarter(8) == 2);

@@ -57,3 +57,15 @@ class [[nodiscard]] Status {
     auto&& hp_try_result_ = (expr);                    \
     if (!hp_try_result_.ok()) return std::move(hp_try_result_).error(); \
   } while (0)
+
+/// Declares or assigns `lhs` from an Expected, or returns its Error from the current function:
+///   HP_ASSIGN_OR_RETURN(auto model, model::load_model(path));   // model is a model::Model
+///   HP_ASSIGN_OR_RETURN(plan.stages, build_stages(...));        // assigns an existing variable
+/// The value is moved out of the Expected. `lhs` must not contain an unparenthesised comma.
+#define HP_ASSIGN_OR_RETURN(lhs, expr) HP_ASSIGN_OR_RETURN_IMPL_(HP_CONCAT_(hp_expected_, __LINE__), lhs, expr)
+#define HP_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                              \
+  if (!tmp.ok()) return std::move(tmp).error();   \
+  lhs = std::move(*tmp)
+#define HP_CONCAT_(a, b) HP_CONCAT_INNER_(a, b)
+#define HP_CONCAT_INNER_(a, b) a##b
