@@ -30,13 +30,8 @@ Expected<double> predicted_step_seconds(const recipe::Recipe& r, const fs::path&
                  fmt::format("schedule={}", recipe::schedule_name(p.schedule)),
                  fmt::format("sequence_parallel={}", p.sequence_parallel ? "true" : "false")};
   if (p.schedule == recipe::Schedule::interleaved) po.fix_args.push_back(fmt::format("virtual_stages={}", p.virtual_stages));
-  auto cluster = recipe::load_cluster_ref(r.cluster, recipe_path.parent_path(), preset_dirs);
+  auto cluster = recipe::cluster_for(r, recipe_path.parent_path(), preset_dirs);
   if (!cluster) return std::move(cluster).error();
-  if (r.nodes > 0 && r.nodes != cluster->nodes) {
-    auto scaled = recipe::scale_cluster(*cluster, r.nodes);
-    if (!scaled) return std::move(scaled).error();
-    cluster = std::move(*scaled);
-  }
   po.nodes = cluster->nodes;
   auto report = planner::run(po, *cluster);
   if (!report) return std::move(report).error();

@@ -128,13 +128,8 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
   auto rec = load_planned_recipe(options.recipe);
   if (!rec) return std::move(rec).error();
   const fs::path dir = options.recipe.parent_path().empty() ? fs::path(".") : options.recipe.parent_path();
-  auto cluster = recipe::load_cluster_ref(rec->cluster, dir, options.preset_dirs);
+  auto cluster = recipe::cluster_for(*rec, dir, options.preset_dirs);
   if (!cluster) return std::move(cluster).error();
-  if (cluster->nodes != rec->nodes) {
-    auto scaled = recipe::scale_cluster(*cluster, rec->nodes);
-    if (!scaled) return std::move(scaled).error();
-    cluster = std::move(*scaled);
-  }
 
   StageBuildOptions sb;
   sb.model = (dir / rec->model).lexically_normal();

@@ -81,4 +81,10 @@ Expected<Cluster> load_cluster_ref(std::string_view ref, const fs::path& base_di
   return load_cluster(*path);
 }
 
+Expected<Cluster> cluster_for(const Recipe& r, const fs::path& base_dir, const std::vector<fs::path>& dirs) {
+  HP_ASSIGN_OR_RETURN(Cluster c, load_cluster_ref(r.cluster, base_dir, dirs));
+  if (r.nodes > 0 && r.nodes != c.nodes) return scale_cluster(c, r.nodes);
+  return c;
+}
+
 }  // namespace hp::recipe

@@ -9,6 +9,7 @@
 
 #include "hp/core/expected.h"
 #include "hp/recipe/cluster.h"
+#include "hp/recipe/recipe.h"
 
 namespace hp::recipe {
 
@@ -31,5 +32,11 @@ Expected<std::filesystem::path> find_cluster(std::string_view ref, const std::fi
 /// find_cluster + load_cluster.
 Expected<Cluster> load_cluster_ref(std::string_view ref, const std::filesystem::path& base_dir,
                                    const std::vector<std::filesystem::path>& dirs);
+
+/// The cluster recipe `r` runs on: its `cluster` reference resolved (a path relative to `base_dir`,
+/// the recipe's directory, or a preset in `dirs`) and scaled to the recipe's `nodes` when that
+/// differs from the cluster file's node count. Every command that prices or runs a recipe uses this.
+Expected<Cluster> cluster_for(const Recipe& r, const std::filesystem::path& base_dir,
+                              const std::vector<std::filesystem::path>& dirs);
 
 }  // namespace hp::recipe
