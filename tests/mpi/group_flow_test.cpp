@@ -13,6 +13,7 @@
 
 #include "hp/recipe/recipe.h"
 #include "hp/job/group_flow.h"
+#include "hp/job/job.h"
 
 namespace fs = std::filesystem;
 using namespace hp::job;
@@ -55,6 +56,13 @@ std::vector<G> omni() {
           {"audio", "4", "audio.onnx", "\"audio\"", "\"audio_emb\""},
           {"fusion", "5", "fusion.onnx", "\"text_emb\", \"image_emb\", \"audio_emb\"", "\"logits\""},
           {"scheduler", "6", "scheduler", "\"logits\"", "\"tokens\", \"image\", \"audio\""}};
+}
+
+// check_group_flows on the recipe's Job (or the recipe's own problems when no Job can be made).
+hp::Status check_group_flows(const fs::path& recipe) {
+  auto job = load_job(recipe);
+  if (!job) return std::move(job).error();
+  return hp::job::check_group_flows(*job);
 }
 
 // check_group_flows on the recipe; the error's messages and locations joined, or "" when it passes.

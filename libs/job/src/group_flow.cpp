@@ -12,6 +12,7 @@
 #include <set>
 
 #include "hp/exec/executor.h"
+#include "hp/job/job.h"
 #include "hp/plugin/hp_plugin.h"
 #include "hp/model/model.h"
 #include "hp/exec/tensor.h"
@@ -198,15 +199,12 @@ std::string io_label(const GraphIO& io) {
 
 }  // namespace
 
-Status check_group_flows(const fs::path& recipe_path) {
-  auto doc = recipe::read_recipe(recipe_path);
-  if (!doc) return std::move(doc).error();
-  if (!doc->problems.empty()) return collect_errors(Errc::bad_input, doc->problems);
-  const recipe::Recipe& r = doc->recipe;
-  if (!has_flows(r)) return {};
-  auto fg = build_flows(r, doc->where);
+Status check_group_flows(const Job& job) {
+  const recipe::Recipe& r = job.recipe;
+  if (job.kind != JobKind::flow_groups) return {};
+  auto fg = build_flows(r, job.where);
   if (!fg) return std::move(fg).error();
-  const auto& where = doc->where;
+  const auto& where = job.where;
   std::vector<Diagnostic> problems;
   auto fail = [&](std::size_t g, const char* field, std::string msg, std::string hint = {}) {
     problems.push_back({where.at(group_key(g, field)), std::move(msg), std::move(hint)});
@@ -214,12 +212,10 @@ Status check_group_flows(const fs::path& recipe_path) {
 
   // Every module's declared inputs and outputs against the group's lists.
   std::vector<std::optional<exec::ModelIO>> io(r.groups.size());
-  const fs::path base = fs::absolute(recipe_path).parent_path();
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const auto& g = r.groups[i];
     if (is_scheduler(g)) continue;
-    const fs::path file = fs::path(g.module).is_absolute() ? fs::path(g.module) : base / g.module;
-    auto m = model::load_model(file);
+    auto m = model::load_model(job.module_path(g));
     if (!m) {
       fail(i, "module", fmt::format("group '{}': module '{}': {}", g.name, g.module, m.error().what.message));
       continue;

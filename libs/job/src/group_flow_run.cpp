@@ -42,6 +42,7 @@ struct PieceHeader {
 };
 
 struct FlowRank {
+  const Job& job;
   const recipe::Recipe& r;
   const FlowGraph& fg;
   Transport& t;
@@ -202,7 +203,7 @@ Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
 // A model group's rank: inputs from flows (or --inputs), one forward, outputs to flows (or written).
 Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerReport& rep) {
   const auto& g = fr.r.groups[gi];
-  auto gm = load_group_module(o, g);
+  auto gm = load_group_module(o, fr.job, g);
   if (!gm) return std::move(gm).error();
   auto ex = Executor::create(gm->model, {gm->backends.primary, gm->backends.cpu, nullptr});
   if (!ex) return std::move(ex).error();
@@ -262,12 +263,12 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
 
 }  // namespace
 
-Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const recipe::Recipe& r, std::size_t gi, Transport& t,
+Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const Job& job, std::size_t gi, Transport& t,
                                        WorkerReport rep) {
   const auto start = std::chrono::steady_clock::now();
-  auto fg = build_flows(r, recipe::SourceMap(o.recipe.string()));
-  if (!fg) return std::move(fg).error();
-  FlowRank fr{r, *fg, t};
+  const recipe::Recipe& r = job.recipe;
+  HP_ASSIGN_OR_RETURN(const FlowGraph fg, build_flows(r, job.where));
+  FlowRank fr{job, r, fg, t};
   Status s = is_scheduler(r.groups[gi]) ? run_scheduler(o, fr, gi) : run_module(o, fr, gi, rep);
   if (!s.ok()) return std::move(s).error();
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -17,6 +17,7 @@
 #include "hp/plugin/registry.h"
 #include "hp/recipe/recipe.h"
 #include "hp/job/group_flow.h"
+#include "hp/job/job.h"
 #include "hp/job/launcher.h"
 #include "hp/job/predict.h"
 #include "hp/job/sharded.h"
@@ -110,9 +111,8 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
 }
 
 // A sharded job's outputs: every rank's pieces put back together by the manifest's layouts.
-Expected<std::vector<HostTensor>> gather_sharded_outputs(const std::filesystem::path& run_dir, int ranks) {
-  auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
-  if (!m) return std::move(m).error();
+Expected<std::vector<HostTensor>> gather_sharded_outputs(const Job& job, const std::filesystem::path& run_dir,
+                                                         int ranks) {
   std::vector<std::vector<HostTensor>> per_rank(static_cast<std::size_t>(ranks));
   for (int k = 0; k < ranks; ++k) {
     const auto dir = rank_output_dir(run_dir, k);
@@ -121,7 +121,7 @@ Expected<std::vector<HostTensor>> gather_sharded_outputs(const std::filesystem::
     if (!outs) return std::move(outs).error();
     per_rank[static_cast<std::size_t>(k)] = std::move(*outs);
   }
-  return assemble_outputs(*m, per_rank);
+  return assemble_outputs(*job.manifest, per_rank);
 }
 
 // The ranks' action times (RUN/timing/rank-N.json, written by sharded ranks).
@@ -145,44 +145,35 @@ Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir,
   return out;
 }
 
-// RUN/shard for a sharded job: `hp shard` into it, or a link to --shard-dir's partitions; then the
-// inputs are checked against the manifest here, once, rather than on every rank after mpirun.
-Status prepare_shards(const recipe::Recipe& rec, const LaunchOptions& o, const std::filesystem::path& run_dir) {
+// RUN/shard for a sharded job: `hp shard` of the recipe as read into it, or a link to --shard-dir's
+// partitions; their manifest is attached to the job (read once, checked against the recipe), and
+// the inputs are checked against it here, once, rather than on every rank after mpirun.
+Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::path& run_dir) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   if (!o.shard_dir.empty()) {
-    auto m = shard::read_manifest(o.shard_dir / "manifest.toml");
-    if (!m) return std::move(m).error();
-    if (rank_count(*m) != rec.ranks())
-      return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks; the recipe has {}", rank_count(*m),
-                                                rec.ranks()),
-                   (o.shard_dir / "manifest.toml").string());
+    HP_TRY(attach_manifest(job, o.shard_dir));
     std::filesystem::create_directory_symlink(std::filesystem::absolute(o.shard_dir), shard_dir_of(run_dir), ec);
     if (ec) return Error(Errc::runtime, "cannot link the partitions into the run directory: " + ec.message(),
                          shard_dir_of(run_dir).string());
   } else {
-    auto prepared = shard::prepare(o.target);
-    if (!prepared) return std::move(prepared).error();
-    auto written = shard::write_partitions(**prepared, shard_dir_of(run_dir));
+    HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(job.recipe, job.where, job.recipe_path));
+    auto written = shard::write_partitions(*prepared, shard_dir_of(run_dir));
     if (!written) return std::move(written).error();
+    HP_TRY(attach_manifest(job, shard_dir_of(run_dir)));
   }
-  // Check the inputs here, once, rather than on every rank after mpirun started them.
+  const shard::Manifest& m = *job.manifest;
   if (o.inputs.empty()) {
-    auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
-    if (!m) return std::move(m).error();
-    if (!m->inputs.empty())
+    if (!m.inputs.empty())
       return Error(Errc::usage, fmt::format("the model reads {} graph input(s) ('{}', ...); pass --inputs DIR",
-                                            m->inputs.size(), m->inputs.front().tensor));
-  } else {
-    auto m = shard::read_manifest(shard_dir_of(run_dir) / "manifest.toml");
-    if (!m) return std::move(m).error();
-    auto given = read_tensor_dir(o.inputs, "input");
-    if (!given) return std::move(given).error();
-    std::vector<GraphIO> all;
-    for (const auto& in : m->inputs) all.push_back({in.tensor, -1, 0, {}, false});
-    auto fed = rank_inputs(*m, static_cast<int>(m->ranks.front().rank), all, *given);
-    if (!fed) return std::move(fed).error();
+                                            m.inputs.size(), m.inputs.front().tensor));
+    return {};
   }
+  HP_ASSIGN_OR_RETURN(auto given, read_tensor_dir(o.inputs, "input"));
+  std::vector<GraphIO> all;
+  for (const auto& in : m.inputs) all.push_back({in.tensor, -1, 0, {}, false});
+  auto fed = rank_inputs(m, static_cast<int>(m.ranks.front().rank), all, given);
+  if (!fed) return std::move(fed).error();
   return {};
 }
 
@@ -196,14 +187,21 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     r.summary = rep->summary();
     return r;
   }
-  auto rec = recipe::load_recipe(o.target);
-  if (!rec) return std::move(rec).error();
+  // The recipe is read here once; everything below takes the Job.
+  HP_ASSIGN_OR_RETURN(Job job, load_job(o.target, o.preset_dirs));
+  return launch_job(job, o);
+}
+
+}  // namespace
+
+Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
+  const recipe::Recipe* rec = &job.recipe;
   JobOptions jo;
-  jo.recipe = o.target;
+  jo.recipe = job.recipe_path;
   std::error_code ec;
   jo.worker = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return Error(Errc::internal, "cannot find the hp executable (/proc/self/exe) to start the ranks with");
-  jo.run_dir = o.run_dir.empty() ? default_run_dir(*rec, o.target) : o.run_dir;
+  jo.run_dir = o.run_dir.empty() ? default_run_dir(*rec, job.recipe_path) : o.run_dir;
   jo.inputs = o.inputs;
   jo.hostfile = o.hostfile;
   jo.launcher = o.launcher;
@@ -215,7 +213,7 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   jo.steps = o.steps;
   if (!o.backend.empty())
     return Error(Errc::usage, "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
-  auto plan = plan_job(*rec, jo, probe_host());
+  auto plan = plan_job(job, jo, probe_host());
   if (!plan) return std::move(plan).error();
   LaunchReport r;
   if (o.dry_run) {
@@ -223,31 +221,27 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     return r;
   }
   // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
-  const bool sharded = rec->groups.empty();
+  const bool sharded = job.kind == JobKind::sharded_model;
   if (!sharded && !o.shard_dir.empty())
     return Error(Errc::usage, "--shard-dir applies to a recipe without [[groups]] (one sharded model)");
   if (sharded) {
     // A run directory made here is removed again when the job cannot start: nothing half-made stays.
     std::error_code ec;
     const bool fresh = !std::filesystem::exists(jo.run_dir, ec);
-    if (Status st = prepare_shards(*rec, o, jo.run_dir); !st) {
+    if (Status st = prepare_shards(job, o, jo.run_dir); !st) {
       if (fresh) std::filesystem::remove_all(jo.run_dir, ec);
       return std::move(st).error();
     }
   }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
-  auto job = run_job(*plan, jo, sink);
-  if (!job) return std::move(job).error();
-  r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", job->ranks,
-                          plan->contexts.size(), job->seconds, job->log_dir.string());
+  auto ran = run_job(*plan, jo, sink);
+  if (!ran) return std::move(ran).error();
+  r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", ran->ranks,
+                          plan->contexts.size(), ran->seconds, ran->log_dir.string());
   if (sharded) {
-    auto timing = read_timing(jo.run_dir, job->ranks);
+    auto timing = read_timing(jo.run_dir, ran->ranks);
     if (timing)
-      r.summary += format_step_timing(*timing, static_cast<int>(rec->parallel.pp),
-                                      static_cast<int>(rec->parallel.pp > 1 ? rec->parallel.micro_batches : 1),
-                                      recipe::schedule_name(rec->parallel.schedule),
-                                      rec->parallel.schedule == recipe::Schedule::interleaved
-                                          ? static_cast<int>(rec->parallel.virtual_stages) : 1);
+      r.summary += format_step_timing(*timing, job.schedule.lowered);
     if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs)) {
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);
@@ -259,15 +253,13 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
       r.summary += fmt::format("plan's prediction: none ({})\n", predicted.error().what.message);
   }
   if (!o.outputs.empty()) {
-    auto outs = sharded ? gather_sharded_outputs(jo.run_dir, job->ranks) : gather_outputs(*rec, *plan);
+    auto outs = sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, *plan);
     if (!outs) return std::move(outs).error();
     HP_TRY(write_tensor_dir(o.outputs, *outs));
     r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
   }
   return r;
 }
-
-}  // namespace
 
 Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.target.extension() == ".toml") return launch_recipe(o);

@@ -50,26 +50,19 @@ bool env_is(const char* name, const char* value) {
 
 }  // namespace
 
-Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const HostInfo& host) {
+Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host) {
+  const recipe::Recipe& r = job.recipe;
   if (o.launcher != "mpirun" && o.launcher != "slurm")
     return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "", "--launcher is mpirun or slurm");
   if (!(o.timeout_s >= 0)) return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
   if (o.run_dir.empty()) return Error(Errc::internal, "plan_job needs a run directory");
   const fs::path recipe = fs::absolute(o.recipe).lexically_normal();
-  const fs::path base = recipe.parent_path();
   const std::string where = o.recipe.string();
   JobPlan plan;
   plan.run_dir = fs::absolute(o.run_dir).lexically_normal();
 
   // The groups: as declared, or one implicit group running the recipe's model on every rank.
-  std::vector<recipe::Group> groups = r.groups;
-  if (groups.empty()) {
-    recipe::Group g;
-    g.name = "main";
-    g.module = r.model;
-    for (std::int64_t k = 0; k < r.ranks(); ++k) g.ranks.push_back(k);
-    groups.push_back(g);
-  }
+  const std::vector<recipe::Group> groups = job.groups();
   if (!o.hostfile.empty() && !fs::is_regular_file(o.hostfile))
     return Error(Errc::bad_input, fmt::format("hostfile '{}' does not exist", o.hostfile.string()));
   std::vector<Diagnostic> problems;
@@ -77,7 +70,7 @@ Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const H
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const auto& g = groups[i];
     const std::string key = fmt::format("{}: groups[{}] ('{}')", where, i, g.name);
-    fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module) : base / g.module;
+    const fs::path module = job.module_path(g);
     if (is_scheduler(g))
       ;  // runs no model (group_flow.h)
     else if (module.extension() != ".onnx")
@@ -96,7 +89,7 @@ Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const H
   if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
   // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
   // fail once every rank has started.
-  if (has_flows(r)) HP_TRY(check_group_flows(o.recipe));
+  if (job.kind == JobKind::flow_groups) HP_TRY(check_group_flows(job));
   plan.total_ranks = next;
   const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
 

@@ -193,12 +193,14 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
   if (!m.weights)
     return Error(Errc::bad_input, "the partitions hold shapes only (the model has no weight data); they cannot run",
                  (o.shard_dir / "manifest.toml").string(), "shard a model exported with its weights");
-  auto kind = parse_schedule_kind(o.schedule);
-  if (!kind) return std::move(kind).error();
+  const PipelineSchedule& sched = o.schedule;
   const int v = static_cast<int>(m.virtual_stages);
-  if (v > 1 && *kind != ScheduleKind::interleaved)
-    return Error(Errc::bad_input, fmt::format("the partitions hold {} model chunks per rank; the schedule is {}", v,
-                                              o.schedule));
+  if (sched.ranks != m.pp || sched.micro_batches != m.micro_batches || sched.chunks != v)
+    return Error(Errc::bad_input,
+                 fmt::format("the partitions are for pp={}, {} micro-batch(es), {} chunk(s) per rank; the schedule ({}) "
+                             "is for pp={}, {}, {}", m.pp, m.micro_batches, v, schedule_kind_name(sched.kind),
+                             sched.ranks, sched.micro_batches, sched.chunks),
+                 (o.shard_dir / "manifest.toml").string());
   RankRun rr;
   rr.rank = rank;
   rr.stage = static_cast<int>(mr->stage % m.pp);
@@ -238,20 +240,7 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
                    (o.shard_dir / "manifest.toml").string());
 
   const int mb = static_cast<int>(m.micro_batches);
-  std::vector<Action> actions;
-  if (m.pp > 1) {
-    const auto k = *kind == ScheduleKind::gpipe ? ScheduleKind::gpipe
-                   : v > 1                      ? ScheduleKind::interleaved
-                                                : ScheduleKind::one_f_one_b;
-    auto s = make_schedule(k, static_cast<int>(m.pp), mb, v, false);
-    if (!s) return std::move(s).error();
-    auto lowered = lower_send_recv(*s);
-    auto check = check_schedule(lowered);
-    if (!check.ok) return Error(Errc::internal, "the pipeline schedule does not simulate: " + check.problem);
-    actions = lowered.per_rank[static_cast<std::size_t>(rr.stage)];
-  } else {
-    for (int k = 0; k < mb; ++k) actions.push_back({ActionKind::forward, 0, k, -1});
-  }
+  const std::vector<Action>& actions = sched.per_rank[static_cast<std::size_t>(rr.stage)];
   std::vector<std::vector<HostTensor>> outs(static_cast<std::size_t>(mb));
   // A barrier before every step, so every rank's clock starts with the schedule (model loading
   // times differ, and a step's last stage finishes after the first).
@@ -362,9 +351,9 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
   return result;
 }
 
-Expected<SimulatedRun> run_sharded_in_process(const ShardedRunOptions& o, const std::vector<HostTensor>& global_inputs) {
-  auto m = shard::read_manifest(o.shard_dir / "manifest.toml");
-  if (!m) return std::move(m).error();
+Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest, const ShardedRunOptions& o,
+                                             const std::vector<HostTensor>& global_inputs) {
+  const shard::Manifest* m = &manifest;
   auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
   if (!backends) return std::move(backends).error();
   const int ranks = rank_count(*m);
@@ -412,8 +401,8 @@ double measured_bubble(const std::vector<RankRun>& ranks) {
   return stages > 1 && makespan > 0 ? 1.0 - busiest / makespan : 0.0;
 }
 
-std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule,
-                               int chunks) {
+std::string format_step_timing(const std::vector<RankRun>& ranks, const PipelineSchedule& sched) {
+  const int pp = sched.ranks, micro_batches = sched.micro_batches, chunks = sched.chunks;
   double step = 0;
   std::vector<double> busy(static_cast<std::size_t>(std::max(pp, 1)), 0.0);
   for (const auto& r : ranks) {
@@ -440,10 +429,9 @@ std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int mi
   if (pp > 1) {
     std::string stages;
     for (double b : busy) stages += fmt::format("{}{:.4f}", stages.empty() ? "" : " / ", b);
-    auto kind = parse_schedule_kind(schedule);
-    const double theory = kind ? bubble_fraction(*kind, pp, micro_batches, chunks) : 0;
+    const double theory = bubble_fraction(sched.kind, pp, micro_batches, chunks);
     s += fmt::format("; stage compute {} s; pipeline bubble measured {:.3f}, schedule's {:.3f} ({}, p={}, m={}{})", stages,
-                     measured_bubble(ranks), theory, schedule, pp, micro_batches,
+                     measured_bubble(ranks), theory, schedule_kind_name(sched.kind), pp, micro_batches,
                      chunks > 1 ? fmt::format(", v={}", chunks) : "");
   }
   return s + "\n";

@@ -12,6 +12,7 @@
 #include "hp/job/schedule.h"
 #include "hp/job/sharded.h"
 #include "hp/exec/tensor.h"
+#include "hp/job/job.h"
 #include "hp/job/launch.h"
 #include "hp/job/verify_run.h"
 #include "hp/shard/shard.h"
@@ -115,136 +116,131 @@ std::string RecipeRunReport::format() const {
   return s;
 }
 
-Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o) {
+namespace {
+
+// Inputs at the recipe's full dims (the manifest holds one micro-batch): floats in [-1, 1), integer
+// ids inside the table they index (generate_inputs).
+std::vector<HostTensor> generated_inputs(const shard::Prepared& P, const shard::Manifest& manifest, std::uint64_t seed) {
+  std::vector<GraphIO> ios;
+  std::vector<std::int64_t> bounds;
+  for (const auto& in : manifest.inputs) {
+    const int ti = P.graph.find_tensor(in.tensor);
+    GraphIO io;
+    io.name = in.tensor;
+    io.dtype = ti >= 0 ? dtype_from_onnx(P.graph.tensor(ti).elem_type) : HP_F32;
+    io.dims = in.shape;
+    if (in.batched && !io.dims.empty()) io.dims[0] *= manifest.micro_batches;
+    ios.push_back(io);
+    bounds.push_back(ti >= 0 ? index_bound(P.graph, ti) : 0);
+  }
+  return generate_inputs(ios, bounds, seed);
+}
+
+// All ranks on threads in this process: the partitions of `P` (or --shard-dir's), the job's schedule.
+Expected<std::vector<HostTensor>> run_simulated(Job& job, const shard::Prepared& P, const RecipeRunOptions& o,
+                                                const std::vector<HostTensor>& inputs, const fs::path& tmp,
+                                                RecipeRunReport& rep) {
+  ShardedRunOptions so;
+  so.shard_dir = o.shard_dir;
+  if (so.shard_dir.empty()) {
+    so.shard_dir = tmp / "shard";
+    HP_TRY(shard::write_partitions(P, so.shard_dir));
+  }
+  HP_TRY(attach_manifest(job, so.shard_dir));
+  so.schedule = job.schedule.lowered;
+  so.backend = o.backend;
+  so.threads = 1;  // the ranks share this process's cores
+  so.plugin_paths = o.plugin_paths;
+  so.recipe = &job.recipe;
+  HP_ASSIGN_OR_RETURN(auto sim, run_sharded_in_process(*job.manifest, so, inputs));
+  rep.how = fmt::format("simulated in one process, {} ranks", rep.ranks);
+  rep.timing = format_step_timing(sim.ranks, job.schedule.lowered);
+  return std::move(sim.outputs);
+}
+
+// A real MPI job through hp launch's own path, on the inputs written to a temporary directory.
+Expected<std::vector<HostTensor>> run_mpi(Job& job, const RecipeRunOptions& o, const std::vector<HostTensor>& inputs,
+                                          const fs::path& tmp, RecipeRunReport& rep) {
+  HP_TRY(write_tensor_dir(tmp / "inputs", inputs, "input"));
+  LaunchOptions lo;
+  lo.target = job.recipe_path;
+  lo.inputs = tmp / "inputs";
+  lo.outputs = tmp / "outputs";
+  lo.shard_dir = o.shard_dir;
+  lo.threads = o.threads;
+  lo.timeout_s = o.timeout_s;
+  lo.allow_run_as_root = o.allow_run_as_root;
+  lo.plugin_paths = o.plugin_paths;
+  lo.run_dir = o.run_dir.empty() ? tmp / "run" : o.run_dir;
+  HP_ASSIGN_OR_RETURN(auto launched, launch_job(job, lo));
+  HP_ASSIGN_OR_RETURN(auto outs, read_tensor_dir(lo.outputs, "output"));
+  rep.how = fmt::format("mpirun, {} ranks", rep.ranks);
+  const auto& s = launched.summary;
+  if (auto at = s.find("step: "); at != std::string::npos) rep.timing = s.substr(at, s.find('\n', at) - at + 1);
+  return outs;
+}
+
+}  // namespace
+
+Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o) {
   if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
   RecipeRunReport rep;
-  auto rec = recipe::load_recipe(o.recipe);
-  if (!rec) return std::move(rec).error();
-  if (!rec->groups.empty()) {
+  if (job.kind != JobKind::sharded_model) {
     rep.skipped = "the recipe runs [[groups]] modules (MPMD); hp launch runs it";
     return rep;
   }
-  // A recipe for planning only may name a file that is no model (the static checks need it to exist);
-  // then there is nothing to partition or run.
-  if (auto probe = model::load_model(o.recipe.parent_path() / rec->model); !probe) {
-    rep.skipped = "the model does not load: " + probe.error().what.message;
-    return rep;
-  }
-  // The schedule the ranks will run.
-  const auto& par = rec->parallel;
-  const int pp = static_cast<int>(par.pp);
-  auto kind = par.schedule == recipe::Schedule::gpipe         ? ScheduleKind::gpipe
-              : par.schedule == recipe::Schedule::interleaved ? ScheduleKind::interleaved
-                                                              : ScheduleKind::one_f_one_b;
-  const int chunks = kind == ScheduleKind::interleaved ? static_cast<int>(par.virtual_stages) : 1;
-  auto sched = make_schedule(kind, pp, static_cast<int>(par.micro_batches), chunks, false);
-  if (!sched) return std::move(sched).error();
-  auto check = check_schedule(lower_send_recv(*sched));
-  if (!check.ok) return Error(Errc::bad_input, "the pipeline schedule deadlocks: " + check.problem, o.recipe.string());
-  rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(kind), pp,
-                             par.micro_batches, chunks > 1 ? fmt::format(", v={}", chunks) : "", check.bubble());
+  // The schedule the ranks will run (load_job simulated it: no deadlock).
+  const auto& sched = job.schedule;
+  rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(sched.lowered.kind),
+                             sched.lowered.ranks, job.recipe.parallel.micro_batches,
+                             sched.lowered.chunks > 1 ? fmt::format(", v={}", sched.lowered.chunks) : "",
+                             sched.check.bubble());
 
-  // Weights decide whether anything can run.
+  // Weights decide whether anything can run. A recipe for planning only may name a file that is no
+  // model at all (the static checks need it to exist): then there is nothing to partition or run.
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
-  auto model = model::load_model(o.recipe.parent_path() / rec->model, lo);
+  auto model = model::load_model(job.model_path(), lo);
   if (!model) {
+    if (auto probe = model::load_model(job.model_path()); !probe) {
+      rep.skipped = "the model does not load: " + probe.error().what.message;
+      return rep;
+    }
     rep.skipped = "the model has no weight data (shapes only): " + model.error().what.message;
-    auto prepared = shard::prepare(o.recipe);  // still check that it partitions
-    if (!prepared) return std::move(prepared).error();
+    HP_TRY(shard::prepare(job.recipe, job.where, job.recipe_path));  // still check that it partitions
     return rep;
   }
-  auto prepared = shard::prepare(o.recipe);
-  if (!prepared) return std::move(prepared).error();
-  const shard::Prepared& P = **prepared;
+  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(job.recipe, job.where, job.recipe_path));
+  const shard::Prepared& P = *prepared;
   const shard::Manifest manifest = shard::make_manifest(P);
   rep.ranks = rank_count(manifest);
-  const int mb = static_cast<int>(manifest.micro_batches);
 
-  auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
-  if (!backends) return std::move(backends).error();
-  auto unsharded = Executor::create(*model, {backends->primary, backends->cpu, nullptr});
-  if (!unsharded) return std::move(unsharded).error();
-
-  // Inputs: given, or generated at the recipe's full dims (the manifest holds one micro-batch).
+  HP_ASSIGN_OR_RETURN(auto backends, open_backends(o.backend, o.threads, o.plugin_paths));
+  HP_ASSIGN_OR_RETURN(auto unsharded, Executor::create(*model, {backends.primary, backends.cpu, nullptr}));
   TempDir tmp;
   std::vector<HostTensor> inputs;
   if (!o.inputs.empty()) {
-    auto given = read_tensor_dir(o.inputs, "input");
-    if (!given) return std::move(given).error();
-    inputs = std::move(*given);
+    HP_ASSIGN_OR_RETURN(inputs, read_tensor_dir(o.inputs, "input"));
   } else {
-    std::vector<GraphIO> ios;
-    std::vector<std::int64_t> bounds;
-    for (const auto& in : manifest.inputs) {
-      const int ti = P.graph.find_tensor(in.tensor);
-      GraphIO io;
-      io.name = in.tensor;
-      io.dtype = ti >= 0 ? dtype_from_onnx(P.graph.tensor(ti).elem_type) : HP_F32;
-      io.dims = in.shape;
-      if (in.batched && !io.dims.empty()) io.dims[0] *= manifest.micro_batches;
-      ios.push_back(io);
-      bounds.push_back(ti >= 0 ? index_bound(P.graph, ti) : 0);
-    }
-    inputs = generate_inputs(ios, bounds, o.seed);
+    inputs = generated_inputs(P, manifest, o.seed);
     rep.generated_inputs = true;
   }
-  auto bound = bind_inputs((*unsharded)->inputs(), inputs, o.inputs.empty() ? "generated" : o.inputs.string());
-  if (!bound) return std::move(bound).error();
+  HP_ASSIGN_OR_RETURN(auto bound,
+                      bind_inputs(unsharded->inputs(), inputs, o.inputs.empty() ? "generated" : o.inputs.string()));
   auto t0 = std::chrono::steady_clock::now();
-  auto want = (*unsharded)->run(*bound);
-  if (!want) return std::move(want).error();
+  HP_ASSIGN_OR_RETURN(auto want, unsharded->run(bound));
   rep.unsharded_s = seconds_since(t0);
 
-  std::vector<HostTensor> got;
   t0 = std::chrono::steady_clock::now();
-  if (o.simulate) {
-    fs::path dir = o.shard_dir;
-    if (dir.empty()) {
-      dir = tmp.path / "shard";
-      auto w = shard::write_partitions(P, dir);
-      if (!w) return std::move(w).error();
-    }
-    ShardedRunOptions so;
-    so.shard_dir = dir;
-    so.schedule = recipe::schedule_name(par.schedule);
-    so.backend = o.backend;
-    so.threads = 1;  // the ranks share this process's cores
-    so.plugin_paths = o.plugin_paths;
-    so.recipe = &*rec;
-    auto sim = run_sharded_in_process(so, *bound);
-    if (!sim) return std::move(sim).error();
-    got = std::move(sim->outputs);
-    rep.how = fmt::format("simulated in one process, {} ranks", rep.ranks);
-    rep.timing = format_step_timing(sim->ranks, pp, mb, so.schedule, chunks);
-  } else {
-    HP_TRY(write_tensor_dir(tmp.path / "inputs", *bound, "input"));
-    LaunchOptions lo2;
-    lo2.target = o.recipe;
-    lo2.inputs = tmp.path / "inputs";
-    lo2.outputs = tmp.path / "outputs";
-    lo2.shard_dir = o.shard_dir;
-    lo2.threads = o.threads;
-    lo2.timeout_s = o.timeout_s;
-    lo2.allow_run_as_root = o.allow_run_as_root;
-    lo2.plugin_paths = o.plugin_paths;
-    lo2.run_dir = o.run_dir.empty() ? tmp.path / "run" : o.run_dir;
-    auto launched = launch(lo2);
-    if (!launched) return std::move(launched).error();
-    auto outs = read_tensor_dir(lo2.outputs, "output");
-    if (!outs) return std::move(outs).error();
-    got = std::move(*outs);
-    rep.how = fmt::format("mpirun, {} ranks", rep.ranks);
-    const auto& s = launched->summary;
-    if (auto at = s.find("step: "); at != std::string::npos) rep.timing = s.substr(at, s.find('\n', at) - at + 1);
-  }
+  HP_ASSIGN_OR_RETURN(auto got, o.simulate ? run_simulated(job, P, o, bound, tmp.path, rep)
+                                           : run_mpi(job, o, bound, tmp.path, rep));
   rep.sharded_s = seconds_since(t0);
   rep.ran = true;
-  if (got.size() != want->size())
-    return Error(Errc::internal, fmt::format("the sharded job produced {} outputs, the model {}", got.size(), want->size()));
-  for (std::size_t k = 0; k < want->size(); ++k) {
-    auto c = compare_tensors(got[k], (*want)[k], o.rtol, o.atol);
-    c.name = (*want)[k].name;
+  if (got.size() != want.size())
+    return Error(Errc::internal, fmt::format("the sharded job produced {} outputs, the model {}", got.size(), want.size()));
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    auto c = compare_tensors(got[k], want[k], o.rtol, o.atol);
+    c.name = want[k].name;
     rep.outputs.push_back(std::move(c));
   }
   return rep;

@@ -115,15 +115,14 @@ Expected<std::size_t> find_group(const recipe::Recipe& r, int rank, int ranks) {
 
 }  // namespace
 
-Expected<GroupModule> load_group_module(const WorkerOptions& o, const recipe::Group& g) {
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job, const recipe::Group& g) {
   auto backends = open_backends(g.backend, o.threads, o.plugin_paths);
   if (!backends) {
     Error e = std::move(backends).error();
     e.what.message = fmt::format("group '{}': {}", g.name, e.what.message);
     return e;
   }
-  const fs::path module = fs::path(g.module).is_absolute() ? fs::path(g.module)
-                                                            : fs::absolute(o.recipe).parent_path() / g.module;
+  const fs::path module = job.module_path(g);
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   auto m = model::load_model(module, lo);
@@ -145,18 +144,10 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
     HP_TRY(write_file_atomic(o.run_dir / "pids" / fmt::format("rank-{}.pid", rep.rank), std::to_string(::getpid())));
   }
 
-  auto rec = recipe::load_recipe(o.recipe);
-  if (!rec) return std::move(rec).error();
-  auto gi = find_group(*rec, rep.rank, rep.ranks);
-  if (!gi) return std::move(gi).error();
-  recipe::Group group;
-  if (rec->groups.empty()) {
-    group.name = "main";
-    group.module = rec->model;
-    for (int k = 0; k < rep.ranks; ++k) group.ranks.push_back(k);
-  } else {
-    group = rec->groups[*gi];
-  }
+  // The recipe is read here once; everything below takes the Job.
+  HP_ASSIGN_OR_RETURN(Job job, load_job(o.recipe));
+  HP_ASSIGN_OR_RETURN(const std::size_t gi, find_group(job.recipe, rep.rank, rep.ranks));
+  const recipe::Group group = job.groups()[gi];
   rep.group = group.name;
 
   // Fault injection for the launcher's fault tests (tests/mpi): a group's env may set
@@ -167,12 +158,15 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
       for (;;) ::pause();
   }
 
-  // No [[groups]]: the recipe's model, sharded by `hp launch` into RUN/shard before the job started.
-  if (rec->groups.empty()) return run_sharded_worker(o, *rec, t, std::move(rep));
-  // Groups that exchange tensors (group_flow.h): received inputs, one forward, sent outputs.
-  if (has_flows(*rec)) return run_flow_worker(o, *rec, *gi, t, std::move(rep));
+  switch (job.kind) {
+    // The recipe's model, sharded by `hp launch` into RUN/shard before the job started.
+    case JobKind::sharded_model: return run_sharded_worker(o, job, t, std::move(rep));
+    // Groups that exchange tensors (group_flow.h): received inputs, one forward, sent outputs.
+    case JobKind::flow_groups: return run_flow_worker(o, job, gi, t, std::move(rep));
+    case JobKind::module_groups: break;  // below: each group runs its own module
+  }
 
-  auto gm = load_group_module(o, group);
+  auto gm = load_group_module(o, job, group);
   if (!gm) return std::move(gm).error();
   TransportCommOps comm(t);
   auto ex = Executor::create(gm->model, {gm->backends.primary, gm->backends.cpu, &comm});
@@ -195,24 +189,18 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
         }
   }
 
-  // The schedule: pipeline stages when the group is the pipeline, else one forward.
-  const auto& par = rec->parallel;
+  // The schedule: the job's pipeline stages when the groups are the pipeline, else one forward.
+  const auto& par = job.recipe.parallel;
   // Ranks are laid out tp fastest, then pp, then dp: the pipeline stage of a rank is (rank / tp) % pp.
-  const bool pipeline = par.pp > 1 && rec->ranks() == rep.ranks;
+  const bool pipeline = par.pp > 1 && job.recipe.ranks() == rep.ranks;
   const int stage = static_cast<int>((rep.rank / par.tp) % par.pp);
-  const int mb = pipeline ? static_cast<int>(par.micro_batches) : 1;
+  const int mb = pipeline ? job.micro_batches() : 1;
   std::vector<Action> actions{{ActionKind::forward, 0, 0, -1}};
   if (pipeline) {
-    if (par.schedule == recipe::Schedule::interleaved)
+    if (job.schedule.lowered.chunks > 1)
       return Error(Errc::not_implemented, "interleaved schedules need one module per chunk; hp launch runs one module per rank",
                    o.recipe.string());
-    auto kind = par.schedule == recipe::Schedule::gpipe ? ScheduleKind::gpipe : ScheduleKind::one_f_one_b;
-    auto s = make_schedule(kind, static_cast<int>(par.pp), mb, 1, false);
-    if (!s) return std::move(s).error();
-    auto lowered = lower_send_recv(*s);
-    auto check = check_schedule(lowered);
-    if (!check.ok) return Error(Errc::internal, "the pipeline schedule does not simulate: " + check.problem);
-    actions = lowered.per_rank[static_cast<std::size_t>(stage)];
+    actions = job.schedule.lowered.per_rank[static_cast<std::size_t>(stage)];
   }
   std::vector<std::vector<HostTensor>> per_mb(static_cast<std::size_t>(mb));  // [micro-batch][input]
   for (const auto& g : given) {

@@ -6,6 +6,7 @@
 #include "hp/model/model.h"
 #include "hp/recipe/recipe.h"
 #include "hp/exec/backends.h"
+#include "hp/job/job.h"
 #include "hp/comm/comm.h"
 #include "hp/job/worker.h"
 
@@ -18,19 +19,18 @@ struct GroupModule {
   model::Model model;
   std::filesystem::path path;  ///< the module file, resolved
 };
-Expected<GroupModule> load_group_module(const WorkerOptions& o, const recipe::Group& g);
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job, const recipe::Group& g);
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 
 /// Runs this rank's partition (sharded.h run_rank), writes its outputs to rank_output_dir and its
 /// action times to RUN/timing/rank-N.json. `rep` comes in with rank, ranks and group set.
-Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::Recipe& r, comm::Transport& t,
-                                          WorkerReport rep);
+Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, Job& job, comm::Transport& t, WorkerReport rep);
 
 /// Runs this rank of a recipe whose groups exchange tensors (group_flow.h): group `group` of `r`,
 /// the scheduler or a module group. Finalises MPI on success. `rep` as for run_sharded_worker.
-Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const recipe::Recipe& r, std::size_t group, comm::Transport& t,
-                                       WorkerReport rep);
+Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const Job& job, std::size_t group,
+                                       comm::Transport& t, WorkerReport rep);
 
 }  // namespace hp::job

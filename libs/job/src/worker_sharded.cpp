@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/core/fs.h"
+#include "hp/job/job.h"
 #include "hp/job/offload_run.h"
 #include "hp/job/sharded.h"
 #include "hp/exec/tensor.h"
@@ -21,23 +22,23 @@ namespace fs = std::filesystem;
 
 fs::path shard_dir_of(const fs::path& run_dir) { return run_dir / "shard"; }
 
-Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::Recipe& r, Transport& t,
-                                          WorkerReport rep) {
+Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, Job& job, Transport& t, WorkerReport rep) {
   if (o.run_dir.empty()) return Error(Errc::usage, "a sharded rank needs the run directory (HP_RUN_DIR / --run-dir)");
+  const recipe::Recipe& r = job.recipe;
   ShardedRunOptions so;
   so.shard_dir = shard_dir_of(o.run_dir);
-  so.schedule = recipe::schedule_name(r.parallel.schedule);
+  so.schedule = job.schedule.lowered;
   so.threads = o.threads;
   so.steps = o.steps;
   so.plugin_paths = o.plugin_paths;
-  auto m = shard::read_manifest(so.shard_dir / "manifest.toml");
-  if (!m) return std::move(m).error();
-  if (rank_count(*m) != t.size())
-    return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks, the job has {}", rank_count(*m), t.size()),
+  HP_TRY(attach_manifest(job, so.shard_dir));  // the manifest, read once and checked against the recipe
+  const shard::Manifest& m = *job.manifest;
+  if (rank_count(m) != t.size())
+    return Error(Errc::bad_input, fmt::format("the partitions are for {} ranks, the job has {}", rank_count(m), t.size()),
                  (so.shard_dir / "manifest.toml").string());
   // The recipe's [offload] section for this rank's stage: the budget goes to the backend (enforced
   // by the cpu plugin), the schedule to the executor (offload_run.h).
-  auto stage = stage_of(*m, rep.rank);
+  auto stage = stage_of(m, rep.rank);
   if (!stage) return std::move(stage).error();
   auto off = offload_run_for(r, *stage, so.backend);
   if (!off) return std::move(off).error();
@@ -49,7 +50,7 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, const recipe::
     if (!given) return std::move(given).error();
     inputs = std::move(*given);
   }
-  auto rr = run_rank(*m, so, t, *backends, inputs, off->exec);
+  auto rr = run_rank(m, so, t, *backends, inputs, off->exec);
   if (!rr) return std::move(rr).error();
   if (!rr->outputs.empty()) HP_TRY(write_tensor_dir(rank_output_dir(o.run_dir, rep.rank), rr->outputs));
   nlohmann::json j = {{"rank", rep.rank}, {"stage", rr->stage}, {"seconds", rr->seconds}, {"steps", rr->step_seconds}};

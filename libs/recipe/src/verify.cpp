@@ -55,6 +55,11 @@ bool check_cluster(const RecipeDocument& doc, const VerifyOptions& opts, VerifyR
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts) {
   auto doc = read_recipe(opts.recipe);
   if (!doc) return std::move(doc).error();
+  return check_recipe(*doc, opts);
+}
+
+Expected<VerifyReport> check_recipe(const RecipeDocument& read, const VerifyOptions& opts) {
+  const RecipeDocument* doc = &read;
   std::vector<Diagnostic> problems = doc->problems;
   const bool recipe_ok = problems.empty();
   VerifyReport rep;

@@ -217,13 +217,18 @@ Status bind_micro_batch_dims(Prepared& p) {
 }
 
 Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe_path) {
-  auto p = std::make_unique<Prepared>();
-  p->recipe_path = recipe_path;
   auto doc = recipe::read_recipe(recipe_path);
   if (!doc) return std::move(doc).error();
   if (!doc->problems.empty()) return collect_errors(Errc::bad_input, doc->problems);
-  p->recipe = doc->recipe;
-  p->where = doc->where;
+  return prepare(doc->recipe, doc->where, recipe_path);
+}
+
+Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const recipe::SourceMap& where,
+                                            const std::filesystem::path& recipe_path) {
+  auto p = std::make_unique<Prepared>();
+  p->recipe_path = recipe_path;
+  p->recipe = recipe;
+  p->where = where;
   const auto& r = p->recipe;
   if (r.model.empty()) return Error(Errc::bad_input, "the recipe names no model", p->where.at("recipe"));
   p->model_path = recipe_path.parent_path() / r.model;

@@ -61,6 +61,16 @@ JobOptions options(const TempDir& d) {
   return o;
 }
 
+// The Job hp launch would build from the recipe, as if read from d/t.toml.
+Job job_of(const hp::recipe::Recipe& r, const TempDir& d) {
+  Job job;
+  job.recipe = r;
+  job.recipe_path = d.path / "t.toml";
+  job.base_dir = d.path;
+  job.kind = job_kind_of(r);
+  return job;
+}
+
 int count(const std::vector<std::string>& v, const std::string& s) {
   return static_cast<int>(std::count(v.begin(), v.end(), s));
 }
@@ -69,7 +79,7 @@ int count(const std::vector<std::string>& v, const std::string& s) {
 
 TEST_CASE("launcher: one app context per group, -x repeated in each", "[launcher]") {
   TempDir d;
-  auto plan = plan_job(recipe_of(kTwoGroups), options(d), HostInfo{8, false});
+  auto plan = plan_job(job_of(recipe_of(kTwoGroups), d), options(d), HostInfo{8, false});
   REQUIRE(plan);
   REQUIRE(plan->contexts.size() == 2);
   CHECK(plan->total_ranks == 3);
@@ -103,13 +113,13 @@ TEST_CASE("launcher: one app context per group, -x repeated in each", "[launcher
 TEST_CASE("launcher: oversubscribe past the core count, hostfile on every app file line", "[launcher]") {
   TempDir d;
   auto o = options(d);
-  auto plan = plan_job(recipe_of(kTwoGroups), o, HostInfo{2, false});
+  auto plan = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{2, false});
   REQUIRE(plan);
   CHECK(count(plan->argv, "--oversubscribe") == 1);
   std::ofstream(d.path / "hosts") << "node01 slots=4\n";
   o.hostfile = d.path / "hosts";
   o.timeout_s = 2.5;
-  auto cluster = plan_job(recipe_of(kTwoGroups), o, HostInfo{2, false});
+  auto cluster = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{2, false});
   REQUIRE(cluster);
   CHECK(count(cluster->argv, "--oversubscribe") == 0);
   CHECK(count(cluster->argv, "--hostfile") == 1);
@@ -130,7 +140,7 @@ TEST_CASE("launcher: slurm multi-prog lines carry rank ranges and the environmen
   TempDir d;
   auto o = options(d);
   o.launcher = "slurm";
-  auto plan = plan_job(recipe_of(kTwoGroups), o, HostInfo{8, false});
+  auto plan = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false});
   REQUIRE(plan);
   CHECK(plan->argv.front() == "srun");
   CHECK(count(plan->argv, "--multi-prog") == 1);
@@ -140,7 +150,7 @@ TEST_CASE("launcher: slurm multi-prog lines carry rank ranges and the environmen
 
 TEST_CASE("launcher: implicit single group and root notes", "[launcher]") {
   TempDir d;
-  auto plan = plan_job(recipe_of(""), options(d), HostInfo{1, true});
+  auto plan = plan_job(job_of(recipe_of(""), d), options(d), HostInfo{1, true});
   REQUIRE(plan);
   REQUIRE(plan->contexts.size() == 1);
   CHECK(plan->contexts[0].group == "main");
@@ -151,7 +161,7 @@ TEST_CASE("launcher: implicit single group and root notes", "[launcher]") {
   CHECK(root_note == !opted_in);
   auto o = options(d);
   o.allow_run_as_root = true;
-  auto allowed = plan_job(recipe_of(""), o, HostInfo{1, true});
+  auto allowed = plan_job(job_of(recipe_of(""), d), o, HostInfo{1, true});
   REQUIRE(allowed);
   CHECK(count(allowed->argv, "--allow-run-as-root") == 1);
 }
@@ -162,7 +172,7 @@ TEST_CASE("launcher: missing and non-ONNX modules are bad input, all listed", "[
   fs::remove(d.path / "a.onnx");
   auto r = recipe_of(kTwoGroups);
   r.groups[1].module = "encoder.py";  // ("scheduler" is the one module that is no ONNX file: group_flow.h)
-  auto plan = plan_job(r, o, HostInfo{8, false});
+  auto plan = plan_job(job_of(r, d), o, HostInfo{8, false});
   REQUIRE_FALSE(plan);
   CHECK(plan.error().code == hp::Errc::bad_input);
   auto all = plan.error().all();
@@ -170,7 +180,7 @@ TEST_CASE("launcher: missing and non-ONNX modules are bad input, all listed", "[
   CHECK(all[0].message.find("module 'a.onnx' does not exist") != std::string::npos);
   CHECK(all[1].message == "module 'encoder.py' is not an ONNX file");
   o.launcher = "pbs";
-  CHECK(plan_job(recipe_of(kTwoGroups), o, HostInfo{8, false}).error().code == hp::Errc::usage);
+  CHECK(plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false}).error().code == hp::Errc::usage);
 }
 
 TEST_CASE("launcher: shell quoting for the printed command", "[launcher]") {

@@ -40,6 +40,8 @@
 
 namespace hp::job {
 
+struct Job;  // job.h
+
 /// The module name of a scheduler group.
 inline constexpr const char* kSchedulerModule = "scheduler";
 bool is_scheduler(const recipe::Group& g);
@@ -76,9 +78,9 @@ Expected<FlowGraph> build_flows(const recipe::Recipe& r, const recipe::SourceMap
 /// `hp verify` / `hp launch` before starting ranks: build_flows, then every group's module (shapes
 /// only): each listed input and output exists in the module, every module input is fed (with a
 /// scheduler, by a flow), and producer and consumer agree on dtype and on every dim, axis 0 as the
-/// whole batch (ranks x rows per rank). A recipe without flows passes untouched. bad_input with every
-/// problem; the recipe's own problems first (load_recipe).
-Status check_group_flows(const std::filesystem::path& recipe_path);
+/// whole batch (ranks x rows per rank). A job of another kind passes untouched. bad_input with every
+/// problem, located in the recipe.
+Status check_group_flows(const Job& job);
 
 /// Rows [first, first + count) of the batch that rank `index` of a group of `ranks` serves.
 struct RowRange {

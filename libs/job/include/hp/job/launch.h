@@ -60,6 +60,11 @@ struct LaunchReport {
 /// must mpi_abort() on error.
 Expected<LaunchReport> launch(const LaunchOptions& options);
 
+struct Job;  // job.h
+/// launch() of a RECIPE.toml whose Job the caller already built (hp verify's MPI run): the recipe
+/// is not read again; the job gets the manifest of the partitions the ranks run.
+Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& options);
+
 /// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.
 struct ModelVerifyOptions {
   std::filesystem::path model;

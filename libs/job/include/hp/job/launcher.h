@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "hp/core/expected.h"
-#include "hp/recipe/recipe.h"
+#include "hp/job/job.h"
 
 namespace hp::job {
 
@@ -38,7 +38,7 @@ struct HostInfo {
 HostInfo probe_host();
 
 struct JobOptions {
-  std::filesystem::path recipe;         ///< absolute or relative path to RECIPE.toml
+  std::filesystem::path recipe;         ///< RECIPE.toml as the ranks are to read it (the job's path)
   std::filesystem::path worker;         ///< the hp executable the ranks run (`hp launch --worker`)
   std::filesystem::path run_dir;        ///< logs and rank outputs; must be given
   std::filesystem::path inputs;         ///< input_K.pb directory handed to every rank (may be empty)
@@ -77,7 +77,7 @@ struct JobPlan {
 /// missing, a hostfile missing, tensor flows between groups that do not check: group_flow.h), usage
 /// (unknown launcher, negative timeout), unavailable (root without opt-in; reported as a configuration
 /// problem with the two ways out).
-Expected<JobPlan> plan_job(const recipe::Recipe& r, const JobOptions& o, const HostInfo& host);
+Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host);
 
 /// `--dry-run`: the environment and exact command on one line (shell-quoted), then the app file.
 std::string format_dry_run(const JobPlan& plan);

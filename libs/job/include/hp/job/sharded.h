@@ -28,13 +28,16 @@
 #include "hp/exec/executor.h"
 #include "hp/recipe/recipe.h"
 #include "hp/exec/backends.h"
+#include "hp/job/schedule.h"
 #include "hp/shard/manifest.h"
 
 namespace hp::job {
 
 struct ShardedRunOptions {
   std::filesystem::path shard_dir;       ///< holds manifest.toml and the rank files
-  std::string schedule = "1f1b";         ///< gpipe | 1f1b (the recipe's [parallel] schedule)
+  /// The pipeline schedule, lowered and checked (Job::schedule); it must match the manifest's pp,
+  /// micro-batches and model chunks.
+  PipelineSchedule schedule;
   std::string backend;                   ///< empty: best available
   int threads = 0;                       ///< per rank
   int steps = 1;                         ///< run the whole schedule this many times (benchmarks)
@@ -92,7 +95,8 @@ struct SimulatedRun {
   std::vector<RankRun> ranks;
   double seconds = 0;
 };
-Expected<SimulatedRun> run_sharded_in_process(const ShardedRunOptions& o, const std::vector<exec::HostTensor>& global_inputs);
+Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& m, const ShardedRunOptions& o,
+                                             const std::vector<exec::HostTensor>& global_inputs);
 
 /// Measured pipeline bubble of a run: 1 - (busiest rank's compute time, Recv waits excluded) /
 /// (makespan over all ranks). 0 when there is one stage.
@@ -102,7 +106,6 @@ double measured_bubble(const std::vector<RankRun>& ranks);
 /// measured 0.21, schedule's 0.20 (1f1b, p=2, m=4)" — the measured bubble (of the last step) next to
 /// bubble_fraction() of the schedule. With several steps: the median step (slowest rank per step)
 /// and the first one.
-std::string format_step_timing(const std::vector<RankRun>& ranks, int pp, int micro_batches, const std::string& schedule,
-                               int chunks = 1);
+std::string format_step_timing(const std::vector<RankRun>& ranks, const PipelineSchedule& schedule);
 
 }  // namespace hp::job

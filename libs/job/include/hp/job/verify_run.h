@@ -26,8 +26,9 @@
 
 namespace hp::job {
 
+struct Job;  // job.h
+
 struct RecipeRunOptions {
-  std::filesystem::path recipe;
   std::filesystem::path inputs;          ///< empty: generated
   std::filesystem::path shard_dir;       ///< run these partitions instead of sharding afresh
   double rtol = 1e-4, atol = 1e-5;
@@ -55,7 +56,9 @@ struct RecipeRunReport {
   std::string format() const;
 };
 
-Expected<RecipeRunReport> verify_recipe_run(const RecipeRunOptions& o);
+/// Steps 2-4 above for `job` (its schedule already checked by load_job). The manifest of the
+/// partitions run is attached to the job.
+Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o);
 
 /// `static_json` (hp::recipe::format_verify_json's object) with "run": {ran, skipped | how, ranks,
 /// outputs: [{name, max_abs, max_rel, bad, problem, ok}], unsharded_s, sharded_s, schedule} or

@@ -37,6 +37,8 @@ struct VerifyReport {
 
 /// Runs every static check and collects every problem into one bad_input Error.
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts);
+/// The same for a recipe already read (opts.recipe names it in messages).
+Expected<VerifyReport> check_recipe(const RecipeDocument& doc, const VerifyOptions& opts);
 
 /// The short human summary of a passing report (several lines, each ending in '\n').
 std::string format_verify_summary(const VerifyReport& r);

@@ -64,6 +64,10 @@ struct Prepared {
 /// the recipe line (a layout naming a missing alias, an indivisible dim, a glob that matches
 /// nothing, a mesh whose size is not dp*tp, stages that do not cover the model's blocks, ...).
 Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe);
+/// The same for a recipe already read and validated (`where` locates its keys): `hp launch` and
+/// `hp verify` read the recipe once and partition what they read.
+Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const recipe::SourceMap& where,
+                                            const std::filesystem::path& recipe_path);
 
 /// The manifest of `p` (file names rank<R>.onnx).
 Manifest make_manifest(const Prepared& p);

@@ -1,0 +1,117 @@
+// verify(): hp verify's steps in order (verify.h), each reported once.
+#include "hp/job/verify.h"
+
+#include <fmt/core.h>
+
+#include "hp/job/group_flow.h"
+#include "hp/job/job.h"
+
+namespace hp::job {
+namespace fs = std::filesystem;
+
+namespace {
+
+Expected<VerifyReport> verify_model_target(const VerifyOptions& o) {
+  ModelVerifyOptions mo;
+  mo.model = o.target;
+  mo.inputs = o.inputs;
+  mo.expected = o.expected;
+  mo.rtol = o.rtol;
+  mo.atol = o.atol;
+  mo.backend = o.backend;
+  mo.threads = o.threads;
+  mo.plugin_paths = o.plugin_paths;
+  VerifyReport rep;
+  rep.model_mode = true;
+  HP_ASSIGN_OR_RETURN(rep.model, verify_model(mo));
+  return rep;
+}
+
+// Static checks, flows, then the run, stopping at the first step that fails.
+void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
+  auto doc = recipe::read_recipe(o.target);
+  if (!doc) {
+    rep.failure = std::move(doc).error();
+    return;
+  }
+  recipe::VerifyOptions so;
+  so.recipe = o.target;
+  so.preset_dirs = o.preset_dirs;
+  auto checks = recipe::check_recipe(*doc, so);
+  if (!checks) {
+    rep.failure = std::move(checks).error();
+    return;
+  }
+  auto job = make_job(std::move(*doc), o.target, o.preset_dirs);
+  // The flows are a static fact of the recipe and its modules: a failure there is the checks' failure.
+  if (job && job->kind == JobKind::flow_groups) {
+    if (Status flows = check_group_flows(*job); !flows.ok()) {
+      rep.failure = std::move(flows).error();
+      return;
+    }
+  }
+  rep.checks = std::move(*checks);
+  if (o.static_only) return;
+  if (!job) {
+    rep.failure = std::move(job).error();
+    return;
+  }
+  RecipeRunOptions ro = o.run;
+  ro.inputs = o.inputs;
+  ro.rtol = o.rtol;
+  ro.atol = o.atol;
+  ro.backend = o.backend;
+  ro.threads = o.threads;
+  ro.plugin_paths = o.plugin_paths;
+  auto run = verify_recipe_run(*job, ro);
+  if (!run) rep.failure = std::move(run).error();
+  else rep.run = std::move(*run);
+}
+
+}  // namespace
+
+bool VerifyReport::ok() const {
+  if (model_mode) return model.ok();
+  return !failure && (!run || run->ok());
+}
+
+std::string VerifyReport::text() const {
+  if (model_mode) return model.format();
+  std::string s;
+  if (checks) s += recipe::format_verify_summary(*checks);
+  if (run) s += run->format();
+  return s;
+}
+
+std::string VerifyReport::json() const {
+  if (!checks) return recipe::format_verify_json(recipe, *failure);
+  const std::string static_json = recipe::format_verify_json(recipe, *checks);
+  if (failure) return add_run_json(static_json, *failure);
+  if (run) return add_run_json(static_json, *run);
+  return static_json;  // --static
+}
+
+Error VerifyReport::mismatch() const {
+  if (model_mode)
+    return Error(Errc::mismatch, "outputs differ from the expected ones beyond the tolerance", recipe.string(),
+                 "see the per-output errors above");
+  return Error(Errc::mismatch, "the sharded job's outputs differ from the unsharded model's beyond the tolerance",
+               recipe.string(), "see the per-output errors above");
+}
+
+Expected<VerifyReport> verify(const VerifyOptions& o) {
+  if (o.target.extension() == ".onnx") {
+    HP_ASSIGN_OR_RETURN(auto rep, verify_model_target(o));
+    rep.recipe = o.target;
+    return rep;
+  }
+  if (!o.expected.empty())
+    return Error(Errc::usage, "--expected applies to MODEL.onnx; a recipe's outputs are compared with its unsharded "
+                              "model's");
+  VerifyReport rep;
+  rep.recipe = o.target;
+  verify_recipe_target(o, rep);
+  return rep;
+}
+
+}  // namespace hp::job
