@@ -70,64 +70,57 @@ class MpiTransport : public Transport {
 
   Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count, int dtype,
                    ReduceOp op) override {
-    auto c = comm(group);
-    if (!c) return std::move(c).error();
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
-    return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), *c), "MPI_Allreduce");
+    return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c), "MPI_Allreduce");
   }
   Status allgather(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
-    auto c = comm(group);
-    if (!c) return std::move(c).error();
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
-    return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, *c), "MPI_Allgather");
+    return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Allgather");
   }
   Status reduce_scatter(const std::vector<int>& group, const void* in, void* out, std::int64_t count, int dtype,
                         ReduceOp op) override {
-    auto c = comm(group);
-    if (!c) return std::move(c).error();
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
-    return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), *c), "MPI_Reduce_scatter_block");
+    return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), c), "MPI_Reduce_scatter_block");
   }
   Status alltoall(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
-    auto c = comm(group);
-    if (!c) return std::move(c).error();
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
-    return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, *c), "MPI_Alltoall");
+    return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Alltoall");
   }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
-    auto n = count_of(bytes);
-    if (!n) return std::move(n).error();
+    HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     HP_TRY(reap(false));
     auto& p = pending_.emplace_back();
     const auto* b = static_cast<const unsigned char*>(buf);
     p.data.assign(b, b + bytes);
-    return check(MPI_Isend(p.data.data(), *n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.req), "MPI_Isend");
+    return check(MPI_Isend(p.data.data(), n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.req), "MPI_Isend");
   }
   Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
-    auto n = count_of(bytes);
-    if (!n) return std::move(n).error();
+    HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     MPI_Status st;
-    HP_TRY(check(MPI_Recv(buf, *n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st), "MPI_Recv"));
+    HP_TRY(check(MPI_Recv(buf, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st), "MPI_Recv"));
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
-    if (got != *n)
+    if (got != n)
       return Error(Errc::runtime,
-                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_, *n, tag, peer, got));
+                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_, n, tag, peer, got));
     return {};
   }
   Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes, int tag) override {
-    auto n = count_of(bytes);
-    if (!n) return std::move(n).error();
-    return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : *n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag, rbuf,
-                              src < 0 ? 0 : *n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag, MPI_COMM_WORLD,
+    HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
+    return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag, rbuf,
+                              src < 0 ? 0 : n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag, MPI_COMM_WORLD,
                               MPI_STATUS_IGNORE),
                  "MPI_Sendrecv");
   }

@@ -107,11 +107,10 @@ Expected<const CommPlan*> TransportCommOps::plan_for(const CommNode& n) {
   // The address is only a hint (a temporary node may reuse another's): the plan must match the node.
   if (it != plans_.end() && it->second->op_type == n.op_type && it->second->attrs == n.attrs)
     return static_cast<const CommPlan*>(it->second.get());
-  auto p = make_comm_plan(n, t_.rank(), t_.size());
-  if (!p) return std::move(p).error();
+  HP_ASSIGN_OR_RETURN(auto p, make_comm_plan(n, t_.rank(), t_.size()));
   if (plans_.size() > 4096) plans_.clear();  // callers that build a node per call: keep the cache bounded
   auto& slot = plans_[&n];
-  slot = std::make_unique<CommPlan>(std::move(*p));
+  slot = std::make_unique<CommPlan>(std::move(p));
   return static_cast<const CommPlan*>(slot.get());
 }
 
@@ -134,9 +133,8 @@ Status TransportCommOps::run(const CommNode& n, const std::vector<const HostTens
 }
 
 Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTensor>& in, const CommAlloc& alloc) {
-  auto planned = plan_for(n);
-  if (!planned) return std::move(planned).error();
-  const CommPlan& pl = **planned;
+  HP_ASSIGN_OR_RETURN(const CommPlan* planned, plan_for(n));
+  const CommPlan& pl = *planned;
   const bool takes_input = pl.kind != CommKind::recv;
   if (takes_input && (in.empty() || in.front().dtype < 0)) return comm_node_error(n, "the node has no input tensor");
   if (pl.kind != CommKind::send && n.outputs.empty()) return comm_node_error(n, "the node has no output");

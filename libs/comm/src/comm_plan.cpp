@@ -86,16 +86,15 @@ Status parse_op(const CommNode& n, CommPlan& p) {
 }
 
 Status parse_point_to_point(const CommNode& n, int me, int world, CommPlan& p) {
-  auto peer = int_attr(n, domain::kAttrPeer);
-  if (!peer) return std::move(peer).error();
+  HP_ASSIGN_OR_RETURN(auto peer, int_attr(n, domain::kAttrPeer));
   auto tag = int_attr(n, domain::kAttrTag, 0);
   if (!tag) return std::move(tag).error();
   // A rank may send to itself: with interleaved stages its later model chunk reads what an earlier
   // one produced (the message is buffered, as every send is).
-  if (*peer < 0 || *peer >= world)
-    return comm_node_error(n, fmt::format("peer {} is not a rank of the job (0..{}, this is {})", *peer, world - 1, me));
+  if (peer < 0 || peer >= world)
+    return comm_node_error(n, fmt::format("peer {} is not a rank of the job (0..{}, this is {})", peer, world - 1, me));
   if (*tag < 0 || *tag >= 4096) return comm_node_error(n, fmt::format("tag {} is outside 0..4095", *tag));
-  p.peer = static_cast<int>(*peer);
+  p.peer = static_cast<int>(peer);
   p.tag = static_cast<int>(*tag);
   if (p.kind == CommKind::send) return {};
   auto onnx_type = int_attr(n, domain::kAttrDtype);
@@ -148,12 +147,11 @@ Expected<CommKind> kind_of(const CommNode& n) {
 }  // namespace
 
 Expected<CommPlan> make_comm_plan(const CommNode& n, int me, int world) {
-  auto kind = kind_of(n);
-  if (!kind) return std::move(kind).error();
+  HP_ASSIGN_OR_RETURN(auto kind, kind_of(n));
   CommPlan p;
   p.op_type = n.op_type;
   p.attrs = n.attrs;
-  p.kind = *kind;
+  p.kind = kind;
   switch (p.kind) {
     case CommKind::send:
     case CommKind::recv: HP_TRY(parse_point_to_point(n, me, world, p)); return p;

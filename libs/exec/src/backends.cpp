@@ -21,21 +21,20 @@ Expected<Backends> open_backends(const std::string& name, int threads,
   so.plugin_paths = plugin_paths;
   if (threads > 0) so.open_options.push_back(fmt::format("threads={}", threads));
   so.open_options.insert(so.open_options.end(), open_options.begin(), open_options.end());
-  auto reg = plugin::discover(so);
-  if (!reg) return std::move(reg).error();
+  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(so));
   Backends b;
-  b.cpu = reg->find("cpu");
+  b.cpu = reg.find("cpu");
   if (!b.cpu)
     return Error(Errc::unavailable, "the cpu backend plugin was not found or did not load", "",
                  "'hp devices -v' shows where hp looked");
   if (name.empty()) {
-    auto loaded = reg->loaded();
+    auto loaded = reg.loaded();
     b.primary = loaded.empty() ? b.cpu : loaded.front();
     return b;
   }
-  b.primary = reg->find(name);
+  b.primary = reg.find(name);
   if (!b.primary) {
-    const plugin::PluginRecord* rec = reg->record(name);
+    const plugin::PluginRecord* rec = reg.record(name);
     return Error(Errc::unavailable,
                  rec ? fmt::format("backend '{}' is unavailable: {}", name, rec->reason)
                      : fmt::format("backend '{}' was not found", name),

@@ -41,9 +41,8 @@ Status CommOps::run_into(const CommNode& node, const std::vector<CommTensor>& in
   HP_TRY(run(node, ptrs, outs));
   for (std::size_t k = 0; k < outs.size(); ++k) {
     if (outs[k].dtype < 0) continue;  // an output this layer did not produce
-    auto p = alloc(k, outs[k].dtype, outs[k].dims, -1);
-    if (!p) return std::move(p).error();
-    if (!outs[k].data.empty()) std::memcpy(*p, outs[k].data.data(), outs[k].data.size());
+    HP_ASSIGN_OR_RETURN(auto p, alloc(k, outs[k].dtype, outs[k].dims, -1));
+    if (!outs[k].data.empty()) std::memcpy(p, outs[k].data.data(), outs[k].data.size());
   }
   return {};
 }

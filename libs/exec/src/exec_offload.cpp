@@ -60,12 +60,11 @@ Status fetch(Executor::Impl& im, std::size_t t) {
   const int id = o.ids[t];
   Slot& s = im.slots[static_cast<std::size_t>(id)];
   if (s.live && s.ptr[o.dev]) return {};
-  auto p = im.alloc(o.dev, s.bytes, id);
-  if (!p) return std::move(p).error();
-  s.ptr[o.dev] = *p;
+  HP_ASSIGN_OR_RETURN(auto p, im.alloc(o.dev, s.bytes, id));
+  s.ptr[o.dev] = p;
   s.live = true;
   if (s.bytes) {
-    HP_TRY(im.be[o.dev]->copy_async(im.stream[o.dev], *p, host_copy(o, t), s.bytes, HP_H2D));
+    HP_TRY(im.be[o.dev]->copy_async(im.stream[o.dev], p, host_copy(o, t), s.bytes, HP_H2D));
     HP_TRY(im.be[o.dev]->stream_sync(im.stream[o.dev]));
   }
   ++im.stats.offload_fetches;
@@ -211,9 +210,8 @@ Status offload_prepare(Executor::Impl& im, const model::Model& model) {
   if (o->cfg.lookahead < 0) return Error(Errc::usage, "offload: the prefetch lookahead must be at least 0");
   o->budget = o->cfg.budget;
   if (o->budget <= 0) {
-    auto info = im.be[o->dev]->device_info(0);
-    if (!info) return std::move(info).error();
-    o->budget = static_cast<double>(info->mem_total) * (1 - o->cfg.margin);
+    HP_ASSIGN_OR_RETURN(auto info, im.be[o->dev]->device_info(0));
+    o->budget = static_cast<double>(info.mem_total) * (1 - o->cfg.margin);
   }
   const std::size_t T = im.tensor_names.size();
   o->weight_on_host.assign(T, false);

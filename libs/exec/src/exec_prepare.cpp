@@ -127,9 +127,8 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
         break;
       }
       case onnx::AttributeProto::TENSOR: {
-        auto t = tensor_from_proto(a.t(), dir, n.name.empty() ? n.op_type : n.name);
-        if (!t) return std::move(t).error();
-        HostTensor& h = n.store_tensors.emplace_back(std::move(*t));
+        HP_ASSIGN_OR_RETURN(auto t, tensor_from_proto(a.t(), dir, n.name.empty() ? n.op_type : n.name));
+        HostTensor& h = n.store_tensors.emplace_back(std::move(t));
         hp_tensor_desc& d = n.store_descs.emplace_back();
         d.dtype = h.dtype;
         d.rank = static_cast<std::int32_t>(h.dims.size());
@@ -232,10 +231,9 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
 
   // Weights: decoded now so a missing external file fails before the run.
   for (const auto& t : g.initializer()) {
-    auto h = tensor_from_proto(t, dir, where);
-    if (!h) return std::move(h).error();
-    impl->stats.weight_bytes += static_cast<std::int64_t>(h->data.size());
-    impl->weights.emplace_back(impl->id_of(t.name()), std::move(*h));
+    HP_ASSIGN_OR_RETURN(auto h, tensor_from_proto(t, dir, where));
+    impl->stats.weight_bytes += static_cast<std::int64_t>(h.data.size());
+    impl->weights.emplace_back(impl->id_of(t.name()), std::move(h));
   }
 
   fuse_nodes(*impl);
@@ -283,9 +281,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
 
   for (int s = 0; s < 2; ++s) {
     if (!impl->be[s]) continue;
-    auto st = impl->be[s]->stream_create(0);
-    if (!st) return std::move(st).error();
-    impl->stream[s] = *st;
+    HP_ASSIGN_OR_RETURN(auto st, impl->be[s]->stream_create(0));
+    impl->stream[s] = st;
   }
   if (options.offload.enabled) HP_TRY(offload_prepare(*impl, model));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));

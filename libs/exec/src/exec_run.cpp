@@ -96,9 +96,8 @@ Status Executor::Impl::place(int id, int where) {
   Slot& s = slots[static_cast<std::size_t>(id)];
   if (!s.live) return Error(Errc::internal, fmt::format("tensor '{}' read before it was written", tensor_names[static_cast<std::size_t>(id)]));
   if (s.ptr[where] || s.bytes == 0) return {};
-  auto p = alloc(where, s.bytes, id);
-  if (!p) return std::move(p).error();
-  s.ptr[where] = *p;
+  HP_ASSIGN_OR_RETURN(auto p, alloc(where, s.bytes, id));
+  s.ptr[where] = p;
   ++stats.copies;
   // The other replica exists; copy through the backend that is not the cpu (slot 1).
   plugin::Backend* acc = be[1];
@@ -298,11 +297,10 @@ static Status load_host(Executor::Impl& im, int id, const HostTensor& h) {
   s.dtype = h.dtype;
   s.dims = h.dims;
   s.bytes = h.data.size();
-  auto p = im.alloc(0, s.bytes, id);
-  if (!p) return std::move(p).error();
-  s.ptr[0] = *p;
+  HP_ASSIGN_OR_RETURN(auto p, im.alloc(0, s.bytes, id));
+  s.ptr[0] = p;
   s.live = true;
-  if (s.bytes) std::memcpy(*p, h.data.data(), s.bytes);
+  if (s.bytes) std::memcpy(p, h.data.data(), s.bytes);
   return {};
 }
 

@@ -166,10 +166,9 @@ Expected<HostTensor> read_tensor_file(const std::filesystem::path& path) {
   if (!std::filesystem::is_regular_file(path, ec))
     return Error(Errc::bad_input, "input file is missing", path.string(),
                  "each graph input needs an input_K.pb file, K in graph input order");
-  auto bytes = read_file(path);
-  if (!bytes) return std::move(bytes).error();
+  HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
   onnx::TensorProto p;
-  if (!p.ParseFromString(*bytes))
+  if (!p.ParseFromString(bytes))
     return Error(Errc::bad_input, "not a serialized onnx TensorProto (truncated or corrupt)", path.string());
   return tensor_from_proto(p, path.parent_path(), path.string());
 }
@@ -190,9 +189,8 @@ Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& d
   for (int k = 0;; ++k) {
     const auto file = dir / fmt::format("{}_{}.pb", prefix, k);
     if (!std::filesystem::exists(file, ec)) break;
-    auto t = read_tensor_file(file);
-    if (!t) return std::move(t).error();
-    out.push_back(std::move(*t));
+    HP_ASSIGN_OR_RETURN(auto t, read_tensor_file(file));
+    out.push_back(std::move(t));
   }
   return out;
 }

@@ -202,8 +202,7 @@ std::string io_label(const GraphIO& io) {
 Status check_group_flows(const Job& job) {
   const recipe::Recipe& r = job.recipe;
   if (job.kind != JobKind::flow_groups) return {};
-  auto fg = build_flows(r, job.where);
-  if (!fg) return std::move(fg).error();
+  HP_ASSIGN_OR_RETURN(auto fg, build_flows(r, job.where));
   const auto& where = job.where;
   std::vector<Diagnostic> problems;
   auto fail = [&](std::size_t g, const char* field, std::string msg, std::string hint = {}) {
@@ -233,7 +232,7 @@ Status check_group_flows(const Job& job) {
              fmt::format("group '{}' lists output '{}' but its module '{}' has no graph output of that name (it has: {})",
                          g.name, t, g.module, names_of(io[i]->outputs)),
              "the names in a group's outputs are its module's graph output names");
-    if (fg->scheduler)
+    if (fg.scheduler)
       for (const auto& in : io[i]->inputs)
         if (std::find(g.inputs.begin(), g.inputs.end(), in.name) == g.inputs.end())
           fail(i, "inputs",
@@ -259,7 +258,7 @@ Status check_group_flows(const Job& job) {
            "every group serves the same requests: a module's axis 0 is the rows one rank serves");
     }
   };
-  for (const auto& f : fg->flows) {
+  for (const auto& f : fg.flows) {
     const auto& p = io[f.producer];
     const GraphIO* out = p ? find_io(p->outputs, f.tensor) : nullptr;
     if (out) agree_batch(f.producer, *out);

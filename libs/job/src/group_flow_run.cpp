@@ -173,20 +173,19 @@ std::string names_of(const std::vector<HostTensor>& ts) {
 // The scheduler: requests out, results in, results written whole.
 Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
   const auto& g = fr.r.groups[gi];
-  auto reqs = read_requests(o, fmt::format("scheduler group '{}'", g.name));
-  if (!reqs) return std::move(reqs).error();
+  HP_ASSIGN_OR_RETURN(auto reqs, read_requests(o, fmt::format("scheduler group '{}'", g.name)));
   std::int64_t local = 0;
-  for (const auto& x : *reqs) local = std::max<std::int64_t>(local, x.dims.empty() ? 0 : x.dims[0]);
+  for (const auto& x : reqs) local = std::max<std::int64_t>(local, x.dims.empty() ? 0 : x.dims[0]);
   auto batch = agree_batch(fr.r, fr.t, local);
   if (!batch) return std::move(batch).error();
   fr.batch = *batch;
   for (std::size_t k = 0; k < fr.fg.flows.size(); ++k) {
     if (fr.fg.flows[k].producer != gi) continue;
     const std::string& name = fr.fg.flows[k].tensor;
-    const HostTensor* x = find_named(*reqs, name);
+    const HostTensor* x = find_named(reqs, name);
     if (!x)
       return Error(Errc::bad_input, fmt::format("the scheduler sends '{}' but the requests have no tensor of that name "
-                                                "(they have: {})", name, names_of(*reqs)), o.inputs.string());
+                                                "(they have: {})", name, names_of(reqs)), o.inputs.string());
     HP_TRY(fr.send(static_cast<int>(k), *x));
   }
   std::vector<HostTensor> results;
@@ -203,9 +202,8 @@ Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
 // A model group's rank: inputs from flows (or --inputs), one forward, outputs to flows (or written).
 Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerReport& rep) {
   const auto& g = fr.r.groups[gi];
-  auto gm = load_group_module(o, fr.job, g);
-  if (!gm) return std::move(gm).error();
-  auto ex = Executor::create(gm->model, {gm->backends.primary, gm->backends.cpu, nullptr});
+  HP_ASSIGN_OR_RETURN(auto gm, load_group_module(o, fr.job, g));
+  auto ex = Executor::create(gm.model, {gm.backends.primary, gm.backends.cpu, nullptr});
   if (!ex) return std::move(ex).error();
   Executor& exec = **ex;
 
@@ -238,7 +236,7 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
       return Error(Errc::bad_input,
                    fmt::format("module input '{}' of group '{}' is fed by no flow and is not among the requests", in.name,
                                g.name),
-                   gm->path.string(), "list it in the group's inputs and in its producer group's outputs");
+                   gm.path.string(), "list it in the group's inputs and in its producer group's outputs");
     }
   }
   auto bound = bind_inputs(exec.inputs(), std::move(given), fmt::format("group '{}'", g.name));

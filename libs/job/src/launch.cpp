@@ -48,9 +48,8 @@ struct Prepared {
 Expected<Prepared> prepare(const std::filesystem::path& model_path, const std::filesystem::path& inputs,
                            const std::string& backend, int threads, const std::vector<std::filesystem::path>& paths) {
   Prepared p;
-  auto b = open_backends(backend, threads, paths);
-  if (!b) return std::move(b).error();
-  p.backends = *b;
+  HP_ASSIGN_OR_RETURN(auto b, open_backends(backend, threads, paths));
+  p.backends = b;
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   auto m = model::load_model(model_path, lo);
@@ -94,9 +93,8 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
     for (int k = c.first_rank; k < c.first_rank + c.ranks; ++k) {
       const auto dir = rank_output_dir(plan.run_dir, k);
       if (!std::filesystem::is_directory(dir)) continue;
-      auto outs = read_tensor_dir(dir, "output");
-      if (!outs) return std::move(outs).error();
-      for (auto& t : *outs) {
+      HP_ASSIGN_OR_RETURN(auto outs, read_tensor_dir(dir, "output"));
+      for (auto& t : outs) {
         // A scheduler group writes what it collected (its inputs): those are the job's outputs.
         bool wanted = !g || g->outputs.empty() || is_scheduler(*g);
         if (g)
@@ -117,9 +115,8 @@ Expected<std::vector<HostTensor>> gather_sharded_outputs(const Job& job, const s
   for (int k = 0; k < ranks; ++k) {
     const auto dir = rank_output_dir(run_dir, k);
     if (!std::filesystem::is_directory(dir)) continue;
-    auto outs = read_tensor_dir(dir, "output");
-    if (!outs) return std::move(outs).error();
-    per_rank[static_cast<std::size_t>(k)] = std::move(*outs);
+    HP_ASSIGN_OR_RETURN(auto outs, read_tensor_dir(dir, "output"));
+    per_rank[static_cast<std::size_t>(k)] = std::move(outs);
   }
   return assemble_outputs(*job.manifest, per_rank);
 }
@@ -128,9 +125,8 @@ Expected<std::vector<HostTensor>> gather_sharded_outputs(const Job& job, const s
 Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir, int ranks) {
   std::vector<RankRun> out;
   for (int k = 0; k < ranks; ++k) {
-    auto text = read_file(run_dir / "timing" / fmt::format("rank-{}.json", k));
-    if (!text) return std::move(text).error();
-    auto j = nlohmann::json::parse(*text, nullptr, false);
+    HP_ASSIGN_OR_RETURN(auto text, read_file(run_dir / "timing" / fmt::format("rank-{}.json", k)));
+    auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded()) return Error(Errc::internal, "unreadable timing file", fmt::format("rank-{}.json", k));
     RankRun r;
     r.rank = j.value("rank", k);
@@ -158,8 +154,7 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
                          shard_dir_of(run_dir).string());
   } else {
     HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(job.recipe, job.where, job.recipe_path));
-    auto written = shard::write_partitions(*prepared, shard_dir_of(run_dir));
-    if (!written) return std::move(written).error();
+    HP_ASSIGN_OR_RETURN(auto written, shard::write_partitions(*prepared, shard_dir_of(run_dir)));
     HP_TRY(attach_manifest(job, shard_dir_of(run_dir)));
   }
   const shard::Manifest& m = *job.manifest;
@@ -172,19 +167,17 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
   HP_ASSIGN_OR_RETURN(auto given, read_tensor_dir(o.inputs, "input"));
   std::vector<GraphIO> all;
   for (const auto& in : m.inputs) all.push_back({in.tensor, -1, 0, {}, false});
-  auto fed = rank_inputs(m, static_cast<int>(m.ranks.front().rank), all, given);
-  if (!fed) return std::move(fed).error();
+  HP_ASSIGN_OR_RETURN(auto fed, rank_inputs(m, static_cast<int>(m.ranks.front().rank), all, given));
   return {};
 }
 
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
     WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, o.steps};
-    auto rep = run_worker(w);
-    if (!rep) return std::move(rep).error();
+    HP_ASSIGN_OR_RETURN(auto rep, run_worker(w));
     LaunchReport r;
-    r.stats = rep->stats;
-    r.summary = rep->summary();
+    r.stats = rep.stats;
+    r.summary = rep.summary();
     return r;
   }
   // The recipe is read here once; everything below takes the Job.
@@ -213,11 +206,10 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   jo.steps = o.steps;
   if (!o.backend.empty())
     return Error(Errc::usage, "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
-  auto plan = plan_job(job, jo, probe_host());
-  if (!plan) return std::move(plan).error();
+  HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   LaunchReport r;
   if (o.dry_run) {
-    r.summary = format_dry_run(*plan);
+    r.summary = format_dry_run(plan);
     return r;
   }
   // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
@@ -234,10 +226,10 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     }
   }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
-  auto ran = run_job(*plan, jo, sink);
+  auto ran = run_job(plan, jo, sink);
   if (!ran) return std::move(ran).error();
   r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", ran->ranks,
-                          plan->contexts.size(), ran->seconds, ran->log_dir.string());
+                          plan.contexts.size(), ran->seconds, ran->log_dir.string());
   if (sharded) {
     auto timing = read_timing(jo.run_dir, ran->ranks);
     if (timing)
@@ -246,14 +238,14 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);
       // The model gives every rank a device of its own; ranks sharing cores wait for each other's CPU.
-      if (std::find(plan->argv.begin(), plan->argv.end(), "--oversubscribe") != plan->argv.end())
+      if (std::find(plan.argv.begin(), plan.argv.end(), "--oversubscribe") != plan.argv.end())
         r.summary += fmt::format("  (here {} ranks share {} cores, which the model does not see: expect the measured step "
-                                 "above the prediction)\n", plan->total_ranks, probe_host().cores);
+                                 "above the prediction)\n", plan.total_ranks, probe_host().cores);
     } else
       r.summary += fmt::format("plan's prediction: none ({})\n", predicted.error().what.message);
   }
   if (!o.outputs.empty()) {
-    auto outs = sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, *plan);
+    auto outs = sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, plan);
     if (!outs) return std::move(outs).error();
     HP_TRY(write_tensor_dir(o.outputs, *outs));
     r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
@@ -269,14 +261,13 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.dry_run) return Error(Errc::usage, "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
   if (o.inputs.empty() || o.outputs.empty())
     return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR and --outputs DIR");
-  auto p = prepare(o.target, o.inputs, o.backend, o.threads, o.plugin_paths);
-  if (!p) return std::move(p).error();
-  auto outs = p->exec->run(p->inputs);
+  HP_ASSIGN_OR_RETURN(auto p, prepare(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
+  auto outs = p.exec->run(p.inputs);
   if (!outs) return std::move(outs).error();
   HP_TRY(write_tensor_dir(o.outputs, *outs));
   LaunchReport r;
-  r.stats = p->exec->stats();
-  r.summary = stats_line(r.stats, p->backends.primary->name()) +
+  r.stats = p.exec->stats();
+  r.summary = stats_line(r.stats, p.backends.primary->name()) +
               fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
   return r;
 }
@@ -304,22 +295,21 @@ Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& o) {
   if (o.inputs.empty() || o.expected.empty())
     return Error(Errc::usage, "'hp verify MODEL.onnx' needs --inputs DIR and --expected DIR");
   if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
-  auto want = read_tensor_dir(o.expected, "output");
-  if (!want) return std::move(want).error();
+  HP_ASSIGN_OR_RETURN(auto want, read_tensor_dir(o.expected, "output"));
   auto p = prepare(o.model, o.inputs, o.backend, o.threads, o.plugin_paths);
   if (!p) return std::move(p).error();
-  if (want->size() != p->exec->outputs().size())
+  if (want.size() != p->exec->outputs().size())
     return Error(Errc::bad_input,
                  fmt::format("the graph has {} outputs, {} holds {} output_K.pb files", p->exec->outputs().size(),
-                             o.expected.string(), want->size()));
+                             o.expected.string(), want.size()));
   auto got = p->exec->run(p->inputs);
   if (!got) return std::move(got).error();
   ModelVerifyReport r;
   r.stats = p->exec->stats();
   r.backend = p->backends.primary->name();
   for (std::size_t k = 0; k < got->size(); ++k) {
-    (*want)[k].name = (*got)[k].name;
-    r.outputs.push_back(compare_tensors((*got)[k], (*want)[k], o.rtol, o.atol));
+    (want)[k].name = (*got)[k].name;
+    r.outputs.push_back(compare_tensors((*got)[k], (want)[k], o.rtol, o.atol));
   }
   return r;
 }

@@ -98,12 +98,11 @@ struct Placed {
 };
 
 Expected<Placed> place(const shard::Manifest& m, const shard::ManifestLayout& l) {
-  auto mesh = shard::Mesh::make(m.device_matrix, m.alias_name);
-  if (!mesh) return std::move(mesh).error();
-  auto s = shard::parse_tensor_map(*mesh, l.tensor_map, l.tensor, static_cast<int>(l.shape.size()));
+  HP_ASSIGN_OR_RETURN(auto mesh, shard::Mesh::make(m.device_matrix, m.alias_name));
+  auto s = shard::parse_tensor_map(mesh, l.tensor_map, l.tensor, static_cast<int>(l.shape.size()));
   if (!s) return std::move(s).error();
-  HP_TRY(shard::check_shape(*mesh, *s, l.shape, l.tensor));
-  return Placed{std::move(*mesh), std::move(*s)};
+  HP_TRY(shard::check_shape(mesh, *s, l.shape, l.tensor));
+  return Placed{std::move(mesh), std::move(*s)};
 }
 
 const shard::ManifestRank* find_rank(const shard::Manifest& m, int rank) {
@@ -154,9 +153,8 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
                                split ? fmt::format(" ({} micro-batches of {})", m.micro_batches, dims_label(l->shape)) : ""),
                    "", "give the shape of the recipe's [model] dims");
     }
-    auto placed = place(m, *l);
-    if (!placed) return std::move(placed).error();
-    auto slice = shard::slice_of(placed->mesh, placed->sharding, l->shape, position_of(*placed, *mr));
+    HP_ASSIGN_OR_RETURN(auto placed, place(m, *l));
+    auto slice = shard::slice_of(placed.mesh, placed.sharding, l->shape, position_of(placed, *mr));
     for (std::size_t k2 = 0; k2 < mb; ++k2) {
       std::vector<Range> r = slice;
       if (split) {
@@ -221,9 +219,8 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
                    (o.shard_dir / "manifest.toml").string());
     model::LoadOptions lo;
     lo.mode = model::LoadMode::require_data;
-    auto model = model::load_model(o.shard_dir / entry.file, lo);
-    if (!model) return std::move(model).error();
-    auto ex = Executor::create(*model, {backends.primary, backends.cpu, &comm, offload});
+    HP_ASSIGN_OR_RETURN(auto model, model::load_model(o.shard_dir / entry.file, lo));
+    auto ex = Executor::create(model, {backends.primary, backends.cpu, &comm, offload});
     if (!ex) return std::move(ex).error();
     auto inputs = rank_inputs(m, rank, (*ex)->inputs(), global_inputs);
     if (!inputs) return std::move(inputs).error();
@@ -292,8 +289,7 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
   for (const auto& l : m.outputs) {
     if (!l.partial.empty())
       return Error(Errc::internal, fmt::format("output '{}' is left as a partial sum over {}", l.tensor, l.partial[0]));
-    auto placed = place(m, l);
-    if (!placed) return std::move(placed).error();
+    HP_ASSIGN_OR_RETURN(auto placed, place(m, l));
     HostTensor g;
     g.name = l.tensor;
     g.dims = l.shape;
@@ -310,7 +306,7 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
       if (!piece) continue;
       const shard::ManifestRank* mr = find_rank(m, static_cast<int>(r));
       if (!mr) continue;
-      auto slice = shard::slice_of(placed->mesh, placed->sharding, l.shape, position_of(*placed, *mr));
+      auto slice = shard::slice_of(placed.mesh, placed.sharding, l.shape, position_of(placed, *mr));
       if (std::find(done.begin(), done.end(), slice) != done.end()) continue;  // a replica
       std::vector<std::int64_t> want;
       for (const auto& x : slice) want.push_back(x.size());
@@ -354,8 +350,7 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
 Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest, const ShardedRunOptions& o,
                                              const std::vector<HostTensor>& global_inputs) {
   const shard::Manifest* m = &manifest;
-  auto backends = open_backends(o.backend, o.threads, o.plugin_paths);
-  if (!backends) return std::move(backends).error();
+  HP_ASSIGN_OR_RETURN(auto backends, open_backends(o.backend, o.threads, o.plugin_paths));
   const int ranks = rank_count(*m);
   SimulatedRun sim;
   sim.ranks.resize(static_cast<std::size_t>(ranks));
@@ -372,7 +367,7 @@ Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest, c
       if (!run) return std::move(run).error();
       off = run->exec;
     }
-    auto rr = run_rank(*m, o, t, *backends, global_inputs, off);
+    auto rr = run_rank(*m, o, t, backends, global_inputs, off);
     if (!rr) return std::move(rr).error();
     std::lock_guard<std::mutex> lock(mu);
     sim.ranks[static_cast<std::size_t>(rank)] = std::move(*rr);

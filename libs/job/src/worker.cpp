@@ -125,16 +125,14 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job, 
   const fs::path module = job.module_path(g);
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
-  auto m = model::load_model(module, lo);
-  if (!m) return std::move(m).error();
-  return GroupModule{std::move(*backends), std::move(*m), module};
+  HP_ASSIGN_OR_RETURN(auto m, model::load_model(module, lo));
+  return GroupModule{std::move(*backends), std::move(m), module};
 }
 
 Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   const auto start = std::chrono::steady_clock::now();
-  auto world = mpi_world();
-  if (!world) return std::move(world).error();
-  Transport& t = **world;
+  HP_ASSIGN_OR_RETURN(auto world, mpi_world());
+  Transport& t = *world;
   WorkerReport rep;
   rep.rank = t.rank();
   rep.ranks = t.size();

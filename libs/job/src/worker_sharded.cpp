@@ -38,9 +38,8 @@ Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, Job& job, Tran
                  (so.shard_dir / "manifest.toml").string());
   // The recipe's [offload] section for this rank's stage: the budget goes to the backend (enforced
   // by the cpu plugin), the schedule to the executor (offload_run.h).
-  auto stage = stage_of(m, rep.rank);
-  if (!stage) return std::move(stage).error();
-  auto off = offload_run_for(r, *stage, so.backend);
+  HP_ASSIGN_OR_RETURN(auto stage, stage_of(m, rep.rank));
+  auto off = offload_run_for(r, stage, so.backend);
   if (!off) return std::move(off).error();
   auto backends = open_backends(so.backend, so.threads, so.plugin_paths, off->open_options);
   if (!backends) return std::move(backends).error();
