@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   catch2
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
+  clang-format                # the style/clang-format test (.clang-format)
   go-md2man man-db dpkg-dev   # man pages (Markdown -> roff) and their render test; cpack's dpkg-shlibdeps
 )
 
