@@ -50,21 +50,12 @@ bool env_is(const char* name, const char* value) {
 
 }  // namespace
 
-Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host) {
-  const recipe::Recipe& r = job.recipe;
-  if (o.launcher != "mpirun" && o.launcher != "slurm")
-    return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "", "--launcher is mpirun or slurm");
-  if (!(o.timeout_s >= 0)) return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
-  if (o.run_dir.empty()) return Error(Errc::internal, "plan_job needs a run directory");
-  const fs::path recipe = fs::absolute(o.recipe).lexically_normal();
-  const std::string where = o.recipe.string();
-  JobPlan plan;
-  plan.run_dir = fs::absolute(o.run_dir).lexically_normal();
+namespace {
 
-  // The groups: as declared, or one implicit group running the recipe's model on every rank.
-  const std::vector<recipe::Group> groups = job.groups();
-  if (!o.hostfile.empty() && !fs::is_regular_file(o.hostfile))
-    return Error(Errc::bad_input, fmt::format("hostfile '{}' does not exist", o.hostfile.string()));
+// One app context per group, in recipe order, with its rank range; a module that is missing or no
+// ONNX file is reported for every group at once.
+Status add_contexts(const Job& job, const std::vector<recipe::Group>& groups, const std::string& where,
+                    JobPlan& plan) {
   std::vector<Diagnostic> problems;
   int next = 0;
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -87,12 +78,13 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
     plan.contexts.push_back(std::move(c));
   }
   if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
-  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
-  // fail once every rank has started.
-  if (job.kind == JobKind::flow_groups) HP_TRY(check_group_flows(job));
   plan.total_ranks = next;
-  const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
+  return {};
+}
 
+// Each context's environment (HP_GROUP... then the group's own env) and its worker command line.
+void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::path& recipe, const JobOptions& o,
+                         int threads, JobPlan& plan) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     AppContext& c = plan.contexts[i];
     c.env = {{"HP_GROUP", c.group},
@@ -115,9 +107,10 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
       c.argv.push_back(std::to_string(o.steps));
     }
   }
+}
 
-  // Launcher environment: container-safe defaults unless the user already chose.
-  const bool single_host = o.hostfile.empty() && o.launcher == "mpirun";
+// Launcher environment: container-safe defaults unless the user already chose (docs/launch.md).
+void add_launcher_env(const JobOptions& o, const HostInfo& host, bool single_host, JobPlan& plan) {
   if (single_host && !std::getenv("OMPI_MCA_plm")) {
     plan.launcher_env.emplace_back("OMPI_MCA_plm", "isolated");
     plan.notes.push_back("OMPI_MCA_plm=isolated: single-host run, no ssh/rsh launch agent needed");
@@ -131,26 +124,29 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
   if (host.root && !root_ok && o.launcher == "mpirun")
     plan.notes.push_back("running as root: Open MPI refuses unless --allow-run-as-root is given "
                          "(or OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)");
-  const std::string timeout = o.timeout_s > 0 ? std::to_string(static_cast<long>(std::ceil(o.timeout_s))) : "";
+}
 
-  if (o.launcher == "slurm") {
-    plan.app_file_name = "multi-prog.conf";
-    plan.app_file = "# srun --multi-prog: <ranks> <program> <args>; written by hp launch\n";
-    for (const auto& c : plan.contexts) {
-      std::string line = rank_range(c.first_rank, c.ranks) + " env";
-      for (const auto& [k, v] : c.env) line += " " + k + "=" + v;
-      for (const auto& a : c.argv) line += " " + a;
-      plan.app_file += line + "\n";
-    }
-    plan.argv = {o.mpirun == "mpirun" ? std::string("srun") : o.mpirun, "-n", std::to_string(plan.total_ranks), "-l",
-                 "--kill-on-bad-exit=1"};
-    if (!timeout.empty())
-      plan.argv.push_back(fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
-    plan.argv.push_back("--multi-prog");
-    plan.argv.push_back((plan.run_dir / plan.app_file_name).string());
-    return plan;
+// srun --multi-prog: one line per rank range, its environment through env(1).
+void finish_slurm(const JobOptions& o, JobPlan& plan) {
+  plan.app_file_name = "multi-prog.conf";
+  plan.app_file = "# srun --multi-prog: <ranks> <program> <args>; written by hp launch\n";
+  for (const auto& c : plan.contexts) {
+    std::string line = rank_range(c.first_rank, c.ranks) + " env";
+    for (const auto& [k, v] : c.env) line += " " + k + "=" + v;
+    for (const auto& a : c.argv) line += " " + a;
+    plan.app_file += line + "\n";
   }
+  plan.argv = {o.mpirun == "mpirun" ? std::string("srun") : o.mpirun, "-n", std::to_string(plan.total_ranks), "-l",
+               "--kill-on-bad-exit=1"};
+  if (o.timeout_s > 0)
+    plan.argv.push_back(fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
+  plan.argv.push_back("--multi-prog");
+  plan.argv.push_back((plan.run_dir / plan.app_file_name).string());
+}
 
+// mpirun's MPMD form: global options, then one colon-separated context per group; the app file
+// repeats --hostfile and every -x per line because `--app` ignores the command-line ones.
+void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, JobPlan& plan) {
   plan.argv = {o.mpirun};
   std::vector<std::string> global;
   if (o.allow_run_as_root) global.push_back("--allow-run-as-root");
@@ -159,7 +155,7 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
     plan.notes.push_back(fmt::format("--oversubscribe: {} ranks on {} cores", plan.total_ranks, host.cores));
   }
   global.insert(global.end(), {"--bind-to", "none", "--tag-output"});
-  if (!timeout.empty()) global.insert(global.end(), {"--timeout", timeout});
+  if (o.timeout_s > 0) global.insert(global.end(), {"--timeout", std::to_string(static_cast<long>(std::ceil(o.timeout_s)))});
   std::string hostfile;
   if (!o.hostfile.empty()) {
     hostfile = fs::absolute(o.hostfile).string();
@@ -180,6 +176,31 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
     for (std::size_t k = 2; k < ctx.size(); ++k) line += " " + ctx[k];
     plan.app_file += line + "\n";
   }
+}
+
+}  // namespace
+
+Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host) {
+  if (o.launcher != "mpirun" && o.launcher != "slurm")
+    return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "", "--launcher is mpirun or slurm");
+  if (!(o.timeout_s >= 0)) return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
+  if (o.run_dir.empty()) return Error(Errc::internal, "plan_job needs a run directory");
+  if (!o.hostfile.empty() && !fs::is_regular_file(o.hostfile))
+    return Error(Errc::bad_input, fmt::format("hostfile '{}' does not exist", o.hostfile.string()));
+  JobPlan plan;
+  plan.run_dir = fs::absolute(o.run_dir).lexically_normal();
+  // The groups: as declared, or one implicit group running the recipe's model on every rank.
+  const std::vector<recipe::Group> groups = job.groups();
+  HP_TRY(add_contexts(job, groups, o.recipe.string(), plan));
+  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
+  // fail once every rank has started.
+  if (job.kind == JobKind::flow_groups) HP_TRY(check_group_flows(job));
+  const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
+  add_worker_commands(groups, fs::absolute(o.recipe).lexically_normal(), o, threads, plan);
+  const bool single_host = o.hostfile.empty() && o.launcher == "mpirun";
+  add_launcher_env(o, host, single_host, plan);
+  if (o.launcher == "slurm") finish_slurm(o, plan);
+  else finish_mpirun(o, host, single_host, plan);
   return plan;
 }
 
