@@ -22,6 +22,7 @@
 #include "hp/job/predict.h"
 #include "hp/job/sharded.h"
 #include "hp/shard/shard.h"
+#include "single_rank.h"
 #include "worker_internal.h"
 #include "hp/job/worker.h"
 
@@ -37,42 +38,6 @@ using exec::write_tensor_dir;
 using exec::compare_tensors;
 using exec::open_backends;
 
-namespace {
-
-struct Prepared {
-  Backends backends;
-  std::unique_ptr<Executor> exec;
-  std::vector<HostTensor> inputs;
-};
-
-Expected<Prepared> prepare(const std::filesystem::path& model_path, const std::filesystem::path& inputs,
-                           const std::string& backend, int threads, const std::vector<std::filesystem::path>& paths) {
-  Prepared p;
-  HP_ASSIGN_OR_RETURN(auto b, open_backends(backend, threads, paths));
-  p.backends = b;
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::require_data;
-  auto m = model::load_model(model_path, lo);
-  if (!m) return std::move(m).error();
-  auto ex = Executor::create(*m, {p.backends.primary, p.backends.cpu, nullptr});
-  if (!ex) return std::move(ex).error();
-  p.exec = std::move(*ex);
-  auto given = read_tensor_dir(inputs, "input");
-  if (!given) return std::move(given).error();
-  auto bound = bind_inputs(p.exec->inputs(), std::move(*given), inputs.string());
-  if (!bound) return std::move(bound).error();
-  p.inputs = std::move(*bound);
-  return p;
-}
-
-std::string stats_line(const ExecStats& s, const std::string& backend) {
-  return fmt::format("ran {} nodes on {} ({} on the cpu fallback) in {:.3f} s; peak tensor memory {:.2f} MiB "
-                     "(weights {:.2f} MiB)\n",
-                     s.nodes, backend, s.nodes_on_fallback, s.seconds, static_cast<double>(s.peak_bytes) / (1 << 20),
-                     static_cast<double>(s.weight_bytes) / (1 << 20));
-}
-
-}  // namespace
 
 namespace {
 
@@ -261,7 +226,7 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.dry_run) return Error(Errc::usage, "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
   if (o.inputs.empty() || o.outputs.empty())
     return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR and --outputs DIR");
-  HP_ASSIGN_OR_RETURN(auto p, prepare(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
+  HP_ASSIGN_OR_RETURN(auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
   auto outs = p.exec->run(p.inputs);
   if (!outs) return std::move(outs).error();
   HP_TRY(write_tensor_dir(o.outputs, *outs));
@@ -269,48 +234,6 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   r.stats = p.exec->stats();
   r.summary = stats_line(r.stats, p.backends.primary->name()) +
               fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
-  return r;
-}
-
-bool ModelVerifyReport::ok() const {
-  for (const auto& o : outputs)
-    if (!o.ok()) return false;
-  return true;
-}
-
-std::string ModelVerifyReport::format() const {
-  std::string s;
-  for (const auto& o : outputs) {
-    if (!o.problem.empty())
-      s += fmt::format("{}: MISMATCH: {}\n", o.name, o.problem);
-    else
-      s += fmt::format("{}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
-                       o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
-  }
-  s += stats_line(stats, backend);
-  return s;
-}
-
-Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& o) {
-  if (o.inputs.empty() || o.expected.empty())
-    return Error(Errc::usage, "'hp verify MODEL.onnx' needs --inputs DIR and --expected DIR");
-  if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
-  HP_ASSIGN_OR_RETURN(auto want, read_tensor_dir(o.expected, "output"));
-  auto p = prepare(o.model, o.inputs, o.backend, o.threads, o.plugin_paths);
-  if (!p) return std::move(p).error();
-  if (want.size() != p->exec->outputs().size())
-    return Error(Errc::bad_input,
-                 fmt::format("the graph has {} outputs, {} holds {} output_K.pb files", p->exec->outputs().size(),
-                             o.expected.string(), want.size()));
-  auto got = p->exec->run(p->inputs);
-  if (!got) return std::move(got).error();
-  ModelVerifyReport r;
-  r.stats = p->exec->stats();
-  r.backend = p->backends.primary->name();
-  for (std::size_t k = 0; k < got->size(); ++k) {
-    (want)[k].name = (*got)[k].name;
-    r.outputs.push_back(compare_tensors((*got)[k], (want)[k], o.rtol, o.atol));
-  }
   return r;
 }
 

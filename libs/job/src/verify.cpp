@@ -5,8 +5,11 @@
 
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
+#include "single_rank.h"
 
 namespace hp::job {
+using exec::compare_tensors;
+using exec::read_tensor_dir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -112,6 +115,50 @@ Expected<VerifyReport> verify(const VerifyOptions& o) {
   rep.recipe = o.target;
   verify_recipe_target(o, rep);
   return rep;
+}
+
+// ---- MODEL.onnx ----------------------------------------------------------------------------------
+
+bool ModelVerifyReport::ok() const {
+  for (const auto& o : outputs)
+    if (!o.ok()) return false;
+  return true;
+}
+
+std::string ModelVerifyReport::format() const {
+  std::string s;
+  for (const auto& o : outputs) {
+    if (!o.problem.empty())
+      s += fmt::format("{}: MISMATCH: {}\n", o.name, o.problem);
+    else
+      s += fmt::format("{}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
+                       o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
+  }
+  s += stats_line(stats, backend);
+  return s;
+}
+
+Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& o) {
+  if (o.inputs.empty() || o.expected.empty())
+    return Error(Errc::usage, "'hp verify MODEL.onnx' needs --inputs DIR and --expected DIR");
+  if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
+  HP_ASSIGN_OR_RETURN(auto want, read_tensor_dir(o.expected, "output"));
+  auto p = prepare_single_rank(o.model, o.inputs, o.backend, o.threads, o.plugin_paths);
+  if (!p) return std::move(p).error();
+  if (want.size() != p->exec->outputs().size())
+    return Error(Errc::bad_input,
+                 fmt::format("the graph has {} outputs, {} holds {} output_K.pb files", p->exec->outputs().size(),
+                             o.expected.string(), want.size()));
+  auto got = p->exec->run(p->inputs);
+  if (!got) return std::move(got).error();
+  ModelVerifyReport r;
+  r.stats = p->exec->stats();
+  r.backend = p->backends.primary->name();
+  for (std::size_t k = 0; k < got->size(); ++k) {
+    (want)[k].name = (*got)[k].name;
+    r.outputs.push_back(compare_tensors((*got)[k], (want)[k], o.rtol, o.atol));
+  }
+  return r;
 }
 
 }  // namespace hp::job

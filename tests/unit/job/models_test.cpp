@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "hp/job/launch.h"
+#include "hp/job/verify.h"
 #include "hp/exec/compare.h"
 #include "hp/exec/executor.h"
 #include "hp/exec/tensor.h"

@@ -65,29 +65,5 @@ struct Job;  // job.h
 /// is not read again; the job gets the manifest of the partitions the ranks run.
 Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& options);
 
-/// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.
-struct ModelVerifyOptions {
-  std::filesystem::path model;
-  std::filesystem::path inputs;
-  std::filesystem::path expected;
-  double rtol = 1e-4;
-  double atol = 1e-5;
-  std::string backend;            ///< empty: best available
-  int threads = 0;
-  std::vector<std::filesystem::path> plugin_paths;
-};
-
-struct ModelVerifyReport {
-  std::vector<exec::OutputCheck> outputs;
-  exec::ExecStats stats;
-  std::string backend;
-  bool ok() const;
-  /// One line per output (name, max abs/rel error, verdict) and a closing line.
-  std::string format() const;
-};
-
-/// Runs the model and compares every output with expected/output_K.pb. A mismatch is not an error
-/// here: the report says which outputs are out of tolerance (the CLI exits with the mismatch code).
-Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& options);
 
 }  // namespace hp::job

@@ -1,7 +1,7 @@
 // `hp verify`: the one entry point for its three checks, so that the CLI only binds flags and prints.
 //
 //   MODEL.onnx --inputs DIR --expected DIR: run the model on one rank and compare every output with
-//     the expected tensors (verify_model, launch.h).
+//     the expected tensors (verify_model).
 //   RECIPE.toml: the recipe's static checks (hp/recipe/verify.h: keys, model file, cluster and ranks),
 //     the tensor flows between its [[groups]] (group_flow.h), then, unless static_only, the sharded
 //     job against the unsharded model (verify_run.h), over mpirun or in one process (`simulate`).
@@ -21,6 +21,31 @@
 #include "hp/recipe/verify.h"
 
 namespace hp::job {
+
+/// Options of `hp verify MODEL.onnx --inputs DIR --expected DIR`.
+struct ModelVerifyOptions {
+  std::filesystem::path model;
+  std::filesystem::path inputs;
+  std::filesystem::path expected;
+  double rtol = 1e-4;
+  double atol = 1e-5;
+  std::string backend;            ///< empty: best available
+  int threads = 0;
+  std::vector<std::filesystem::path> plugin_paths;
+};
+
+struct ModelVerifyReport {
+  std::vector<exec::OutputCheck> outputs;
+  exec::ExecStats stats;
+  std::string backend;
+  bool ok() const;
+  /// One line per output (name, max abs/rel error, verdict) and a closing line.
+  std::string format() const;
+};
+
+/// Runs the model and compares every output with expected/output_K.pb. A mismatch is not an error
+/// here: the report says which outputs are out of tolerance (the CLI exits with the mismatch code).
+Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& options);
 
 struct VerifyOptions {
   std::filesystem::path target;  ///< RECIPE.toml or MODEL.onnx (the extension decides)
