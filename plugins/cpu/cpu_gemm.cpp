@@ -7,10 +7,17 @@
 // which oneDNN broadcasts. alpha is an output scale and beta a sum post-op, both fixed at creation.
 //
 // Creating a primitive JIT-compiles a kernel (milliseconds), so primitives are cached by everything
-// that defines them (GemmKey); executing one is thread-safe, so the cache lock is held only for the
-// lookup. oneDNN reports unsupported descriptors with exceptions: we catch them and fall back to a plain
+// that defines them (GemmKey) and shared by every caller of the backend; the cache lock is held only
+// for the lookup. Sharing needs care: with oneDNN's default library-managed scratchpad (and Debian's
+// build without DNNL_ENABLE_CONCURRENT_EXEC) the scratchpad is common to all primitives and a
+// primitive must run on the thread that created it. `hp verify --simulate` runs every rank on its own
+// thread over one backend, so two ranks executed the same matmul at once and overwrote each other's
+// partial sums (wrong outputs on some runs only). So primitives are created with a user-managed
+// scratchpad and each execution passes a buffer of the executing thread's own. oneDNN reports unsupported descriptors with exceptions: we catch them and fall back to a plain
 // triple loop, which is slow but makes the backend total over valid descriptors.
 #include "cpu_internal.h"
+
+#include <vector>
 
 namespace hp_cpu {
 namespace {
@@ -37,7 +44,7 @@ memory::desc c_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stri
 
 }  // namespace
 
-std::shared_ptr<dnnl::matmul> GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
+CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
   GemmKey key = key_of(d);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -45,6 +52,7 @@ std::shared_ptr<dnnl::matmul> GemmCache::get(const dnnl::engine& eng, const hp_g
     if (it != cache_.end()) return it->second;
   }
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (d.alpha != 1.0) attr.set_output_scales(0, {float(d.alpha)});
   if (d.beta != 0.0) {
     dnnl::post_ops ops;
@@ -53,10 +61,10 @@ std::shared_ptr<dnnl::matmul> GemmCache::get(const dnnl::engine& eng, const hp_g
   }
   dnnl::matmul::desc md(a_desc(d), b_desc(d), c_desc(d));
   dnnl::matmul::primitive_desc pd(md, attr, eng);
-  auto prim = std::make_shared<dnnl::matmul>(pd);
+  CachedGemm built{std::make_shared<dnnl::matmul>(pd), pd.scratchpad_desc()};
   std::lock_guard<std::mutex> lock(mu_);
   // Two threads may have built the same primitive; keep the first so callers share one.
-  auto [it, inserted] = cache_.emplace(key, prim);
+  auto [it, inserted] = cache_.emplace(key, std::move(built));
   return it->second;
 }
 
@@ -92,18 +100,23 @@ hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
   if (!ctx || !s || !in) return hp_common::make_status(HP_INVALID, "cpu: gemm: null argument");
   hp_gemm_desc d = hp_common::copy_in(in);
   if (hp_status* st = hp_common::check_gemm(kCpu, d)) return st;
-  std::shared_ptr<dnnl::matmul> prim;
+  CachedGemm g;
   try {
-    prim = ctx->gemms.get(ctx->engine, d);
+    g = ctx->gemms.get(ctx->engine, d);
   } catch (const dnnl::error&) {
     reference_gemm(d);  // descriptor oneDNN does not take: slow but correct
     return nullptr;
   }
   HP_PLUGIN_GUARD(kCpu, {
+    // This thread's scratchpad, grown to the largest a primitive has asked for (see the file comment).
+    thread_local std::vector<unsigned char> scratch;
+    if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
     memory a(a_desc(d), ctx->engine, const_cast<void*>(d.a));
     memory b(b_desc(d), ctx->engine, const_cast<void*>(d.b));
     memory c(c_desc(d), ctx->engine, d.c);
-    prim->execute(s->dnnl_stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    memory sp(g.scratchpad, ctx->engine, scratch.data());
+    g.prim->execute(s->dnnl_stream,
+                    {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}});
     s->dnnl_stream.wait();
     return nullptr;
   })

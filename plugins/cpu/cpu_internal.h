@@ -19,15 +19,22 @@ namespace hp_cpu {
 using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, double, double>;
 
-/// oneDNN matmul primitives by shape; creation is costly (JIT), execution is thread-safe.
+/// A cached matmul and the scratchpad it needs per execution (user-managed: see cpu_gemm.cpp).
+struct CachedGemm {
+  std::shared_ptr<dnnl::matmul> prim;
+  dnnl::memory::desc scratchpad;
+};
+
+/// oneDNN matmul primitives by shape; creation is costly (JIT). Execution from several threads at
+/// once is safe because each execution brings its own scratchpad (cpu_gemm.cpp).
 class GemmCache {
  public:
-  std::shared_ptr<dnnl::matmul> get(const dnnl::engine& eng, const hp_gemm_desc& d);
+  CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d);
   std::size_t size();
 
  private:
   std::mutex mu_;
-  std::map<GemmKey, std::shared_ptr<dnnl::matmul>> cache_;
+  std::map<GemmKey, CachedGemm> cache_;
 };
 
 }  // namespace hp_cpu
