@@ -1,4 +1,4 @@
-// The single place that turns hp::Error values into text for users (see style.md §6).
+// The single place that turns hp::Error values into text for users (docs/style.md, "Messages").
 #include <unistd.h>
 
 #include <cstdio>

@@ -11,7 +11,7 @@
 //    910C die as one device, so the per-die figures apply.
 //  - Ascend 910B ("Ascend910B1".."Ascend910B4"): 313 TFLOPS FP16 is the figure commonly quoted for
 //    the 910B3 (Atlas 800T A2 material); 64 GB HBM. No authoritative HBM or host-link bandwidth was
-//    found (see shared/reference/offload.md), so those stay unknown.
+//    found (docs/offload.md, "Bandwidth figures"), so those stay unknown.
 #include <cstring>
 
 #include "ascend_internal.h"

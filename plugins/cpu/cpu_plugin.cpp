@@ -55,7 +55,8 @@ bool parse_count(const char* text, unsigned long long* out) {
 ///    affinity mask) applies.
 ///  - "device_budget=BYTES" (suffix K, M or G allowed) makes device memory an arena of that size:
 ///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller device
-///    is really exercised on this one (issue #7). 0 or absent: no budget.
+///    is really exercised on this one (docs/offload.md, "Offload at run time"). 0 or absent: no
+///    budget.
 /// Other keys belong to other backends (every plugin sees every option) and are ignored.
 hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {

@@ -1,6 +1,6 @@
 // Per-node cost for one forward pass at the bound dims.
 //
-// Convention (printed by `hp plan --summary`, see ../shared/reference/planner.md §3): matrix products
+// Convention (printed by `hp plan --summary`; docs/planner.md, "FLOPs convention"): matrix products
 // — MatMul, Gemm, Conv, Einsum — count 2 FLOPs per multiply-accumulate and are reported separately as
 // "matmul FLOPs", because they dominate, run on tensor cores, and are what the planner's compute
 // model divides by peak matmul throughput. Everything else counts per element of output:

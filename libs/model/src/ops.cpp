@@ -1,4 +1,5 @@
-// The one table of operators the executor supports (issue 3's list plus the basics exporters emit).
+// The one table of operators the executor supports (the transformer and CNN ops of exported models,
+// plus the basics exporters emit around them).
 // Keep it sorted; the runtime's kernel registry is checked against it by its own tests.
 #include "hp/model/ops.h"
 

@@ -1,11 +1,12 @@
 // Plugin discovery and loading (see registry.h for the search order).
 //
-// Every outcome is data: a candidate that fails at any step becomes a PluginRecord with a Verdict and
-// the reason in words, and every path looked at goes into the trace, because "why was my backend not
-// picked up" is the commonest question a plugin system gets (ggml hides this in release builds; we
-// never do). The steps follow the reference loader rules: dlopen with RTLD_NOW|RTLD_LOCAL and the
-// dlerror text verbatim; the entry symbol for our major, with a look for other majors to say which ABI
-// a file implements; the major check; the mandatory members of ABI 1.0; probe; open; devices.
+// Every outcome is data: a candidate that fails at any step becomes a PluginRecord with a Verdict
+// and the reason in words, and every path looked at goes into the trace, because "why was my
+// backend not picked up" is the commonest question a plugin system gets (ggml hides this in release
+// builds; we never do). The steps follow the loader rules (docs/architecture.md, "The plugin
+// boundary"): dlopen with RTLD_NOW|RTLD_LOCAL and the dlerror text verbatim; the entry symbol for
+// our major, with a look for other majors to say which ABI a file implements; the major check; the
+// mandatory members of ABI 1.0; probe; open; devices.
 #include "hp/plugin/registry.h"
 
 #include <dlfcn.h>

@@ -1,9 +1,9 @@
 // Semantic checks of a recipe. Parsing guarantees types; this file checks that the values make a
 // runnable plan: degrees are positive, the schedule's constraints hold (interleaving needs virtual
-// stages and micro-batches in multiples of pp), stages partition the layers and have dp*tp ranks each,
-// layouts are well-formed meshes (shard.md §4), MPMD groups tile the world ranks in order (mpirun app
-// contexts are consecutive rank blocks), and [offload] figures say where they came from.
-// Checks that need the cluster (rank counts) are in validate_recipe_on_cluster().
+// stages and micro-batches in multiples of pp), stages partition the layers and have dp*tp ranks
+// each, layouts are well-formed meshes (docs/shard.md, "Validation"), MPMD groups tile the world
+// ranks in order (mpirun app contexts are consecutive rank blocks), and [offload] figures say where
+// they came from. Checks that need the cluster (rank counts) are in validate_recipe_on_cluster().
 #include <algorithm>
 #include <cmath>
 #include <numeric>

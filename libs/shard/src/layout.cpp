@@ -1,7 +1,8 @@
-// The HyperShard layout algebra (shard.md §1-§5). Everything here follows from two rules: a rank's mesh
-// coordinates are its rank_list position written row-major (last axis fastest), and a tensor dim split
-// over axes A is cut into prod(A) blocks numbered by the mixed-radix value of the rank's coordinates on
-// A, first axis most significant. Errors carry the reference's wording so users can grep them.
+// The HyperShard layout algebra (docs/shard.md, "Layouts" to "Uneven dimensions"). Everything here
+// follows from two rules: a rank's mesh coordinates are its rank_list position written row-major
+// (last axis fastest), and a tensor dim split over axes A is cut into prod(A) blocks numbered by
+// the mixed-radix value of the rank's coordinates on A, first axis most significant. Errors carry
+// the wording of docs/shard.md, "Validation", so users can grep them.
 #include "hp/shard/layout.h"
 
 #include <algorithm>

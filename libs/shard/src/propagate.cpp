@@ -6,7 +6,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <set>
 
@@ -38,7 +37,7 @@ struct Retry {
   bool again = false;
 };
 
-// One run with fixed choices; sets `retry.again` when a choice turned out wrong.
+// One run with fixed choices (class Run below); sets `retry.again` when a choice turned out wrong.
 Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g, const PropagateOptions& o,
                                      Retry& retry);
 
@@ -98,243 +97,339 @@ Expected<Propagation> propagate(const model::Model& model, const model::Graph& g
 
 namespace {
 
-Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g, const PropagateOptions& o,
-                                     Retry& retry) {
-  const onnx::GraphProto& pg = model.proto->graph();
-  Propagation p;
-  p.mesh = o.mesh;
-  std::size_t nt = g.tensors.size();
-  p.layout.resize(nt);
-  p.origin.resize(nt);
-  std::vector<bool> decided(nt, false);
-  for (std::size_t t = 0; t < nt; ++t) p.layout[t] = Sharding::replicated(g.tensors[t].dims.size());
-
-  for (const auto& [t, s] : o.declared) {
-    const auto& tensor = g.tensor(t);
-    auto ok = check_shape(o.mesh, s, global_shape(tensor), tensor.name);
-    if (!ok) {
-      Error e = ok.error();
-      auto w = o.declared_where.find(t);
-      if (w != o.declared_where.end()) e.what.where = w->second;
-      return e;
-    }
-    p.layout[static_cast<std::size_t>(t)] = s;
-    decided[static_cast<std::size_t>(t)] = true;
-    auto w = o.declared_where.find(t);
-    p.origin[static_cast<std::size_t>(t)] = "recipe" + (w != o.declared_where.end() ? " (" + w->second + ")" : std::string());
-  }
-  // Graph inputs: the batch (first) dim over the data-parallel axis.
-  for (int in : g.inputs) {
-    auto& t = g.tensor(in);
-    if (decided[static_cast<std::size_t>(in)]) continue;
-    Sharding s = Sharding::replicated(t.dims.size());
-    if (o.dp_axis >= 0 && !t.dims.empty()) {
-      std::int64_t n = o.mesh.dims[static_cast<std::size_t>(o.dp_axis)];
-      if (n > 1 && t.dims[0].known() && t.dims[0].value % n == 0) s.dims[0] = {o.dp_axis};
-      else if (n > 1)
-        p.notes.push_back(fmt::format("input '{}' is replicated over dp: its first dim ({}) does not divide by {}",
-                                      t.name, t.dims[0].value, n));
-    }
-    p.layout[static_cast<std::size_t>(in)] = s;
-    decided[static_cast<std::size_t>(in)] = true;
-    p.origin[static_cast<std::size_t>(in)] = s.dims.empty() || s.dims[0].empty() ? "replicated input" : "batch over dp";
+// One run of propagation with fixed choices (which projections are fused, which weights are
+// replicated). run() is the table of contents; each step below is one member function.
+class Run {
+ public:
+  Run(const model::Model& model, const model::Graph& g, const PropagateOptions& o, Retry& retry)
+      : g_(g), o_(o), retry_(retry), pg_(model.proto->graph()) {
+    const std::size_t nt = g.tensors.size();
+    p_.mesh = o.mesh;
+    p_.layout.resize(nt);
+    p_.origin.resize(nt);
+    decided_.assign(nt, false);
+    for (std::size_t t = 0; t < nt; ++t)
+      p_.layout[t] = Sharding::replicated(g.tensors[t].dims.size());
+    c_.proto = &pg_;
+    c_.graph = &g;
+    c_.mesh = &o.mesh;
+    c_.tp_axis = o.tp_axis;
+    c_.dp_axis = o.dp_axis;
+    c_.sequence_parallel = o.sequence_parallel;
+    c_.opset = model_opset(model);
+    c_.no_fuse = &retry.no_fuse;
+    c_.replicate = &retry.replicate;
   }
 
-  std::map<int, int> root;  // blocked tensor -> the fused weight it comes from
-  auto add_redist = [&](int tensor, int node, const Sharding& from, const Sharding& to) -> Status {
-    const auto& t = g.tensor(tensor);
-    auto b = p.blocked.find(tensor);
-    if (b != p.blocked.end()) {
+  Expected<Propagation> run() {
+    HP_TRY(seed_declared());
+    seed_inputs();
+    p_.reads.resize(g_.nodes.size());
+    for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
+      c_.node = &pg_.node(static_cast<int>(i));
+      if (defer_weight_copy(i)) continue;
+      HP_TRY(describe_node(i));
+      c_.node_index = static_cast<int>(i);
+      const detail::RuleResult r = detail::apply_rule(c_);
+      const int node_root = blocked_root();
+      if (node_root >= 0 && !r.blocks_ok) {
+        retry_.no_fuse.insert(node_root);
+        retry_.again = true;
+        return std::move(p_);
+      }
+      HP_TRY(read_inputs(i, r, node_root));
+      write_outputs(i, r);
+    }
+    replicate_unread_copies();
+    HP_TRY(resolve_graph_outputs());
+    if (!retry_.again) replicate_head_cut_weights();
+    return std::move(p_);
+  }
+
+ private:
+  // The recipe's layouts come first and are never overridden; one that does not fit its tensor is
+  // reported at the recipe line that declared it.
+  Status seed_declared() {
+    for (const auto& [t, s] : o_.declared) {
+      const auto& tensor = g_.tensor(t);
+      const auto w = o_.declared_where.find(t);
+      auto ok = check_shape(o_.mesh, s, global_shape(tensor), tensor.name);
+      if (!ok) {
+        Error e = ok.error();
+        if (w != o_.declared_where.end()) e.what.where = w->second;
+        return e;
+      }
+      p_.layout[static_cast<std::size_t>(t)] = s;
+      decided_[static_cast<std::size_t>(t)] = true;
+      p_.origin[static_cast<std::size_t>(t)] =
+          "recipe" + (w != o_.declared_where.end() ? " (" + w->second + ")" : std::string());
+    }
+    return {};
+  }
+
+  // Graph inputs without a declared layout: the batch (first) dim over the data-parallel axis, so
+  // every data-parallel rank reads its own rows.
+  void seed_inputs() {
+    for (int in : g_.inputs) {
+      const auto& t = g_.tensor(in);
+      if (decided_[static_cast<std::size_t>(in)]) continue;
+      Sharding s = Sharding::replicated(t.dims.size());
+      if (o_.dp_axis >= 0 && !t.dims.empty()) {
+        const std::int64_t n = o_.mesh.dims[static_cast<std::size_t>(o_.dp_axis)];
+        if (n > 1 && t.dims[0].known() && t.dims[0].value % n == 0)
+          s.dims[0] = {o_.dp_axis};
+        else if (n > 1)
+          p_.notes.push_back(fmt::format(
+              "input '{}' is replicated over dp: its first dim ({}) does not divide by {}", t.name,
+              t.dims[0].value, n));
+      }
+      p_.layout[static_cast<std::size_t>(in)] = s;
+      decided_[static_cast<std::size_t>(in)] = true;
+      p_.origin[static_cast<std::size_t>(in)] =
+          s.dims.empty() || s.dims[0].empty() ? "replicated input" : "batch over dp";
+    }
+  }
+
+  // Records that `node` reads `tensor` laid out as `to` while it was produced as `from`.
+  Status add_redist(int tensor, int node, const Sharding& from, const Sharding& to) {
+    const auto& t = g_.tensor(tensor);
+    if (p_.blocked.count(tensor)) {
       // Blocked order is not the tensor's order: undo the fusion rather than move blocks around.
-      retry.no_fuse.insert(root[tensor]);
-      retry.again = true;
+      retry_.no_fuse.insert(root_[tensor]);
+      retry_.again = true;
       return {};
     }
-    auto plan = plan_for_consumer(o.mesh, from, to, global_shape(t), std::max(1, model::elem_size(t.elem_type)));
+    auto plan = plan_for_consumer(o_.mesh, from, to, global_shape(t),
+                                  std::max(1, model::elem_size(t.elem_type)));
     if (!plan) return std::move(plan).error();
-    p.redistributions.push_back(Redistribution{tensor, node, from, to, std::move(*plan)});
+    p_.redistributions.push_back(Redistribution{tensor, node, from, to, std::move(*plan)});
     return {};
-  };
+  }
 
-  p.reads.resize(g.nodes.size());
-  detail::RuleContext c;
-  c.proto = &pg;
-  c.graph = &g;
-  c.mesh = &o.mesh;
-  c.tp_axis = o.tp_axis;
-  c.dp_axis = o.dp_axis;
-  c.sequence_parallel = o.sequence_parallel;
-  c.opset = model_opset(model);
-  c.no_fuse = &retry.no_fuse;
-  c.replicate = &retry.replicate;
-  // A weight the graph transposes (or casts) before use, as exporters do for Linear: the copy stays
-  // undecided like the weight itself, and the layout its consumer picks is mapped back onto the weight.
-  std::map<int, int> deferred;  // constant tensor -> the node computing it from a flexible weight
-  auto is_flexible = [&](int t) {
-    const auto& tensor = g.tensor(t);
-    return !decided[static_cast<std::size_t>(t)] &&
-           (tensor.kind == model::TensorKind::initializer || deferred.count(t) > 0);
-  };
-  std::function<void(int, const Sharding&)> fix = [&](int t, const Sharding& need) {
-    auto ti = static_cast<std::size_t>(t);
-    p.layout[ti] = need;
-    decided[ti] = true;
-    auto d = deferred.find(t);
-    if (d == deferred.end()) return;
-    int j = d->second;
-    const auto& pn = pg.node(j);
-    int src = g.node(j).inputs[0];
+  // A weight not laid out yet (or a copy deferred from one) takes whatever layout its first
+  // consumer's rule asks for.
+  bool is_flexible(int t) const {
+    const auto& tensor = g_.tensor(t);
+    return !decided_[static_cast<std::size_t>(t)] &&
+           (tensor.kind == model::TensorKind::initializer || deferred_.count(t) > 0);
+  }
+
+  // Fixes the layout of `t`, and through a deferred Transpose/Identity/Cast the layout of the
+  // weight it was computed from, so the weight is stored the way its consumer reads it.
+  void fix(int t, const Sharding& need) {
+    const auto ti = static_cast<std::size_t>(t);
+    p_.layout[ti] = need;
+    decided_[ti] = true;
+    const auto d = deferred_.find(t);
+    if (d == deferred_.end()) return;
+    const int j = d->second;
+    const auto& pn = pg_.node(j);
+    const int src = g_.node(j).inputs[0];
     Sharding in = need;
-    auto blk = p.blocked.find(t);
+    const auto blk = p_.blocked.find(t);
     if (pn.op_type() == "Transpose") {
       std::vector<std::int64_t> perm;
       for (const auto& a : pn.attribute())
         if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
       if (perm.empty())
-        for (std::size_t q = 0; q < need.dims.size(); ++q) perm.push_back(static_cast<std::int64_t>(need.dims.size() - 1 - q));
+        for (std::size_t q = 0; q < need.dims.size(); ++q)
+          perm.push_back(static_cast<std::int64_t>(need.dims.size() - 1 - q));
       for (std::size_t q = 0; q < perm.size() && q < need.dims.size(); ++q)
         in.dims[static_cast<std::size_t>(perm[q])] = need.dims[q];
-      if (blk != p.blocked.end() && static_cast<std::size_t>(blk->second.dim) < perm.size())
-        p.blocked[src] = {static_cast<int>(perm[static_cast<std::size_t>(blk->second.dim)]), blk->second.blocks};
-    } else if (blk != p.blocked.end()) {
-      p.blocked[src] = blk->second;
+      if (blk != p_.blocked.end() && static_cast<std::size_t>(blk->second.dim) < perm.size())
+        p_.blocked[src] = {static_cast<int>(perm[static_cast<std::size_t>(blk->second.dim)]),
+                           blk->second.blocks};
+    } else if (blk != p_.blocked.end()) {
+      p_.blocked[src] = blk->second;
     }
-    p.reads[static_cast<std::size_t>(j)].assign(g.node(j).inputs.size(), Sharding{});
-    p.reads[static_cast<std::size_t>(j)][0] = in;
-    p.origin[static_cast<std::size_t>(src)] = p.origin[ti];
+    p_.reads[static_cast<std::size_t>(j)].assign(g_.node(j).inputs.size(), Sharding{});
+    p_.reads[static_cast<std::size_t>(j)][0] = in;
+    p_.origin[static_cast<std::size_t>(src)] = p_.origin[ti];
     fix(src, in);
-  };
-  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    const auto& n = g.nodes[i];
-    c.node = &pg.node(static_cast<int>(i));
-    const std::string& op = c.node->op_type();
-    if ((op == "Transpose" || op == "Identity" || op == "Cast") && n.inputs.size() == 1 && n.inputs[0] >= 0 &&
-        n.outputs.size() == 1 && n.outputs[0] >= 0 && is_flexible(n.inputs[0]) &&
-        g.tensor(n.outputs[0]).kind == model::TensorKind::constant) {
-      deferred[n.outputs[0]] = static_cast<int>(i);
-      continue;
+  }
+
+  // A weight the graph transposes (or casts) before use, as exporters do for Linear: the copy stays
+  // undecided like the weight itself, and the layout its consumer picks is mapped back (fix()).
+  bool defer_weight_copy(std::size_t i) {
+    const auto& n = g_.nodes[i];
+    const std::string& op = c_.node->op_type();
+    if ((op == "Transpose" || op == "Identity" || op == "Cast") && n.inputs.size() == 1 &&
+        n.inputs[0] >= 0 && n.outputs.size() == 1 && n.outputs[0] >= 0 &&
+        is_flexible(n.inputs[0]) && g_.tensor(n.outputs[0]).kind == model::TensorKind::constant) {
+      deferred_[n.outputs[0]] = static_cast<int>(i);
+      return true;
     }
-    c.in.assign(n.inputs.size(), {});
+    return false;
+  }
+
+  // What the rule of node i sees: each input's shape, kind and current layout, and the output
+  // shapes. Rules work on global shapes, so every dim must be known.
+  Status describe_node(std::size_t i) {
+    const auto& n = g_.nodes[i];
+    c_.in.assign(n.inputs.size(), {});
     bool known = true;
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-      int t = n.inputs[k];
+      const int t = n.inputs[k];
       if (t < 0) continue;
-      const auto& tensor = g.tensor(t);
-      auto& in = c.in[k];
+      const auto& tensor = g_.tensor(t);
+      auto& in = c_.in[k];
       in.present = true;
       in.shape = global_shape(tensor);
       // A weight the graph transposes or casts (a constant computed from it) is still a weight.
-      in.is_weight = tensor.kind == model::TensorKind::initializer || deferred.count(t) > 0 ||
+      in.is_weight = tensor.kind == model::TensorKind::initializer || deferred_.count(t) > 0 ||
                      (tensor.kind == model::TensorKind::constant && tensor.is_float());
       in.flexible = is_flexible(t);
-      in.is_activation = tensor.kind == model::TensorKind::activation || tensor.kind == model::TensorKind::input;
-      in.cur = p.layout[static_cast<std::size_t>(t)];
+      in.is_activation =
+          tensor.kind == model::TensorKind::activation || tensor.kind == model::TensorKind::input;
+      in.cur = p_.layout[static_cast<std::size_t>(t)];
       in.tensor = t;
-      if (auto b = p.blocked.find(t); b != p.blocked.end()) {
+      if (auto b = p_.blocked.find(t); b != p_.blocked.end()) {
         in.blocked_dim = b->second.dim;
         in.blocks = b->second.blocks;
       }
       known = known && shape_known(tensor);
     }
-    c.out_shapes.clear();
+    c_.out_shapes.clear();
     for (int t : n.outputs) {
-      if (t < 0) { c.out_shapes.emplace_back(); continue; }
-      known = known && shape_known(g.tensor(t));
-      c.out_shapes.push_back(global_shape(g.tensor(t)));
+      if (t < 0) {
+        c_.out_shapes.emplace_back();
+        continue;
+      }
+      known = known && shape_known(g_.tensor(t));
+      c_.out_shapes.push_back(global_shape(g_.tensor(t)));
     }
     if (!known)
-      return Error(Errc::bad_input,
-                   fmt::format("node '{}' ({}) has tensors of unknown shape; hp shard needs every dim bound",
-                               n.name, n.op_type),
-                   n.name, "bind the model's symbolic dims in the recipe's [model] dims");
-    c.node_index = static_cast<int>(i);
-    detail::RuleResult r = detail::apply_rule(c);
-    // Blocked inputs only flow into rules that know blocks; the fused weight they come from.
-    int node_root = -1;
-    for (const auto& in : c.in)
-      if (in.present && in.blocked_dim >= 0 && node_root < 0) node_root = root[in.tensor];
-    if (node_root >= 0 && !r.blocks_ok) {
-      retry.no_fuse.insert(node_root);
-      retry.again = true;
-      return p;
-    }
-    p.reads[i].resize(n.inputs.size());
+      return Error(
+          Errc::bad_input,
+          fmt::format("node '{}' ({}) has tensors of unknown shape; hp shard needs every dim bound",
+                      n.name, n.op_type),
+          n.name, "bind the model's symbolic dims in the recipe's [model] dims");
+    return {};
+  }
+
+  // The fused weight the node's first blocked input comes from (-1: no blocked input): blocked
+  // inputs may only flow into rules that know blocks.
+  int blocked_root() {
+    for (const auto& in : c_.in)
+      if (in.present && in.blocked_dim >= 0) return root_[in.tensor];
+    return -1;
+  }
+
+  // Each input as the rule needs it: a flexible weight is fixed to that layout (replicated when it
+  // does not fit), anything else gets a redistribution where the need differs from what it holds.
+  Status read_inputs(std::size_t i, const detail::RuleResult& r, int node_root) {
+    const auto& n = g_.nodes[i];
+    p_.reads[i].resize(n.inputs.size());
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-      int t = n.inputs[k];
+      const int t = n.inputs[k];
       if (t < 0) continue;
-      auto ti = static_cast<std::size_t>(t);
+      const auto ti = static_cast<std::size_t>(t);
       Sharding need = r.req[k];
-      if (c.in[k].flexible) {
-        if (!check_shape(o.mesh, need, c.in[k].shape, g.tensor(t).name)) {
-          p.notes.push_back(fmt::format("'{}' stays replicated: {} does not fit its shape",
-                                        g.tensor(t).name, format_sharding(o.mesh, need)));
-          need = Sharding::replicated(c.in[k].shape.size());
+      if (c_.in[k].flexible) {
+        if (!check_shape(o_.mesh, need, c_.in[k].shape, g_.tensor(t).name)) {
+          p_.notes.push_back(fmt::format("'{}' stays replicated: {} does not fit its shape",
+                                         g_.tensor(t).name, format_sharding(o_.mesh, need)));
+          need = Sharding::replicated(c_.in[k].shape.size());
         }
-        p.origin[ti] = r.why[k].empty() ? "propagated" : r.why[k];
+        p_.origin[ti] = r.why[k].empty() ? "propagated" : r.why[k];
         if (r.req_blocked[k] >= 0 && need.dims == r.req[k].dims) {
-          p.blocked[t] = {r.req_blocked[k], r.blocks};
-          root[t] = node_root >= 0 ? node_root : t;
+          p_.blocked[t] = {r.req_blocked[k], r.blocks};
+          root_[t] = node_root >= 0 ? node_root : t;
         }
         fix(t, need);
       }
-      p.reads[i][k] = need;
-      if (need != p.layout[ti]) HP_TRY(add_redist(t, static_cast<int>(i), p.layout[ti], need));
+      p_.reads[i][k] = need;
+      if (need != p_.layout[ti]) HP_TRY(add_redist(t, static_cast<int>(i), p_.layout[ti], need));
     }
+    return {};
+  }
+
+  // The outputs take the rule's layouts; an output is blocked only when an input really is (a
+  // weight left whole because its shape did not fit is not).
+  void write_outputs(std::size_t i, const detail::RuleResult& r) {
+    const auto& n = g_.nodes[i];
     for (std::size_t j = 0; j < n.outputs.size(); ++j) {
-      int t = n.outputs[j];
+      const int t = n.outputs[j];
       if (t < 0) continue;
-      p.layout[static_cast<std::size_t>(t)] = r.out[j];
-      decided[static_cast<std::size_t>(t)] = true;
-      p.origin[static_cast<std::size_t>(t)] = "propagated";
-      if (r.out_blocked[j] >= 0) {
-        // Blocked only when an input really is (a weight left whole because its shape did not fit is not).
-        int from = -1;
-        for (std::size_t k = 0; k < n.inputs.size() && from < 0; ++k)
-          if (n.inputs[k] >= 0 && p.blocked.count(n.inputs[k])) from = root[n.inputs[k]];
-        if (from < 0) continue;
-        p.blocked[t] = {r.out_blocked[j], r.blocks};
-        root[t] = from;
-      }
+      p_.layout[static_cast<std::size_t>(t)] = r.out[j];
+      decided_[static_cast<std::size_t>(t)] = true;
+      p_.origin[static_cast<std::size_t>(t)] = "propagated";
+      if (r.out_blocked[j] < 0) continue;
+      int from = -1;
+      for (std::size_t k = 0; k < n.inputs.size() && from < 0; ++k)
+        if (n.inputs[k] >= 0 && p_.blocked.count(n.inputs[k])) from = root_[n.inputs[k]];
+      if (from < 0) continue;
+      p_.blocked[t] = {r.out_blocked[j], r.blocks};
+      root_[t] = from;
     }
   }
+
   // Weight copies no node read: replicated, like their weights.
-  for (const auto& [t, j] : deferred)
-    if (!decided[static_cast<std::size_t>(t)]) {
-      p.origin[static_cast<std::size_t>(t)] = "replicated";
-      fix(t, Sharding::replicated(g.tensor(t).dims.size()));
+  void replicate_unread_copies() {
+    for (const auto& [t, j] : deferred_)
+      if (!decided_[static_cast<std::size_t>(t)]) {
+        p_.origin[static_cast<std::size_t>(t)] = "replicated";
+        fix(t, Sharding::replicated(g_.tensor(t).dims.size()));
+      }
+  }
+
+  // Graph outputs leave each rank whole except for the data-parallel split, so the job's outputs
+  // are the unsharded model's rows.
+  Status resolve_graph_outputs() {
+    for (int out : g_.outputs) {
+      const Sharding s = p_.layout[static_cast<std::size_t>(out)];
+      Sharding want = Sharding::replicated(s.dims.size());
+      for (std::size_t d = 0; d < s.dims.size(); ++d)
+        for (int a : s.dims[d])
+          if (a == o_.dp_axis) want.dims[d] = {a};
+      if (want != s) HP_TRY(add_redist(out, -1, s, want));
     }
-  // Graph outputs leave each rank whole except for the data-parallel split.
-  for (int out : g.outputs) {
-    Sharding s = p.layout[static_cast<std::size_t>(out)];
-    Sharding want = Sharding::replicated(s.dims.size());
-    for (std::size_t d = 0; d < s.dims.size(); ++d)
-      for (int a : s.dims[d])
-        if (a == o.dp_axis) want.dims[d] = {a};
-    if (want != s) HP_TRY(add_redist(out, -1, s, want));
+    return {};
   }
-  if (retry.again) return p;
+
   // A head Reshape that gathers the output of a column-parallel projection (fewer heads than tp
-  // ranks, as GQA's kv heads): replicate that weight instead, every rank computes the whole thing.
-  for (const auto& rd : p.redistributions) {
-    if (rd.node < 0 || g.node(rd.node).op_type != "Reshape" || o.tp_axis < 0) continue;
-    auto has_tp = [&](const Sharding& s) {
-      for (const auto& e : s.dims)
-        if (std::find(e.begin(), e.end(), o.tp_axis) != e.end()) return true;
-      return false;
-    };
-    if (!has_tp(rd.from) || has_tp(rd.to) || !rd.from.partial.empty()) continue;
-    int prod = g.tensor(rd.tensor).producer;
-    if (prod >= 0 && g.node(prod).op_type == "Add")
-      for (int in : g.node(prod).inputs)
-        if (in >= 0 && g.tensor(in).producer >= 0 && g.node(g.tensor(in).producer).op_type == "MatMul")
-          prod = g.tensor(in).producer;
-    if (prod < 0 || g.node(prod).op_type != "MatMul" || g.node(prod).inputs.size() < 2) continue;
-    int w = g.node(prod).inputs[1];
-    if (w < 0 || p.origin[static_cast<std::size_t>(w)] != "column-parallel" || retry.replicate.count(w)) continue;
-    retry.replicate.insert(w);
-    retry.again = true;
+  // ranks, as GQA's kv heads): replicate that weight in the next run, every rank computing it whole
+  // is cheaper than gathering it.
+  void replicate_head_cut_weights() {
+    for (const auto& rd : p_.redistributions) {
+      if (rd.node < 0 || g_.node(rd.node).op_type != "Reshape" || o_.tp_axis < 0) continue;
+      auto has_tp = [&](const Sharding& s) {
+        for (const auto& e : s.dims)
+          if (std::find(e.begin(), e.end(), o_.tp_axis) != e.end()) return true;
+        return false;
+      };
+      if (!has_tp(rd.from) || has_tp(rd.to) || !rd.from.partial.empty()) continue;
+      int prod = g_.tensor(rd.tensor).producer;
+      if (prod >= 0 && g_.node(prod).op_type == "Add")
+        for (int in : g_.node(prod).inputs)
+          if (in >= 0 && g_.tensor(in).producer >= 0 &&
+              g_.node(g_.tensor(in).producer).op_type == "MatMul")
+            prod = g_.tensor(in).producer;
+      if (prod < 0 || g_.node(prod).op_type != "MatMul" || g_.node(prod).inputs.size() < 2)
+        continue;
+      const int w = g_.node(prod).inputs[1];
+      if (w < 0 || p_.origin[static_cast<std::size_t>(w)] != "column-parallel" ||
+          retry_.replicate.count(w))
+        continue;
+      retry_.replicate.insert(w);
+      retry_.again = true;
+    }
   }
-  return p;
+
+  const model::Graph& g_;
+  const PropagateOptions& o_;
+  Retry& retry_;
+  const onnx::GraphProto& pg_;
+  Propagation p_;
+  std::vector<bool> decided_;    // per tensor: its layout is final
+  std::map<int, int> root_;      // blocked tensor -> the fused weight it comes from
+  std::map<int, int> deferred_;  // weight copy -> the Transpose/Identity/Cast node computing it
+  detail::RuleContext c_;
+};
+
+Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g,
+                                     const PropagateOptions& o, Retry& retry) {
+  return Run(model, g, o, retry).run();
 }
 
 }  // namespace

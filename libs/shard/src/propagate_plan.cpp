@@ -1,8 +1,9 @@
-// The redistributions propagation inserts, as plans of collectives (shard.md §6-§7): partial axes
-// first (ReduceScatter onto a dim the target splits with that axis as its minor axis, else
-// AllReduce), then every dim drops the axes the target does not keep, minor axis first (AllGather;
-// group order is chunk order because the remaining major axes are fixed within a group), and only
-// then adds the target's extra axes by local slicing (which needs no communication).
+// The redistributions propagation inserts, as plans of collectives (docs/shard.md,
+// "Redistribution"): partial axes first (ReduceScatter onto a dim the target splits with that axis
+// as its minor axis, else AllReduce), then every dim drops the axes the target does not keep, minor
+// axis first (AllGather; group order is chunk order because the remaining major axes are fixed
+// within a group), and only then adds the target's extra axes by local slicing (which needs no
+// communication).
 #include <fmt/core.h>
 
 #include <algorithm>

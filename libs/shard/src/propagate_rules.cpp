@@ -1,6 +1,7 @@
-// Per-op sharding rules (shard.md §8 for MatMul/Gemm; the rest follow the same principle: a dim an op
-// mixes across — a normalised, reduced, softmaxed, split or concatenated dim — must be whole on every
-// rank, every other dim keeps the split it arrives with).
+// Per-op sharding rules (docs/shard.md, "Propagation"; MatMul/Gemm in propagate_rules_contract.cpp;
+// the rest follow the same principle: a dim an op mixes across — a normalised, reduced, softmaxed,
+// split or concatenated dim — must be whole on every rank, every other dim keeps the split it
+// arrives with).
 #include "propagate_rules.h"
 #include "propagate_rule_util.h"
 

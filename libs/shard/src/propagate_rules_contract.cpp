@@ -1,6 +1,6 @@
-// Contraction rules: MatMul/Gemm (shard.md §8: column- and row-parallel, a split contracting dim
-// gives Partial(sum)), Einsum, Gather as vocabulary-parallel embedding, Conv over batch and output
-// channels.
+// Contraction rules (docs/shard.md, "Propagation"): MatMul/Gemm (column- and row-parallel, a split
+// contracting dim gives Partial(sum)), Einsum, Gather as vocabulary-parallel embedding, Conv over
+// batch and output channels.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -12,7 +12,8 @@
 namespace hp::shard::detail {
 namespace {
 
-// MatMul / Gemm (shard.md §8). Index maps say where M, K (of A) and K, N (of B) sit.
+// MatMul / Gemm (docs/shard.md, "Propagation"). Index maps say where M, K (of A) and K, N (of B)
+// sit.
 struct MMIdx {
   int aM, aK, bK, bN;
 };

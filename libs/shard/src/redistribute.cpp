@@ -1,5 +1,6 @@
-// Redistribution planning (shard.md §6-§7), after Shardy's CollectiveInserter. The planner keeps the
-// current layout and only ever moves it toward the target along the target's axis order:
+// Redistribution planning (docs/shard.md, "Redistribution"), after Shardy's CollectiveInserter. The
+// planner keeps the current layout and only ever moves it toward the target along the target's axis
+// order:
 //   1. partial axes are resolved first: ReduceScatter where the target splits a dim over that axis
 //      (appended as the dim's minor axis), else AllReduce;
 //   2. then, until the layouts agree, the first rule that applies:

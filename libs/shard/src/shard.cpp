@@ -1,5 +1,5 @@
 // hp shard: from a recipe to the propagated layouts and the per-stage node sets (prepare), then to
-// the partition directory (write_partitions, shard_write.cpp) or an explanation (explain_*.cpp).
+// the partition directory (write_partitions, manifest_build.cpp) or an explanation (explain.cpp).
 #include "hp/shard/shard.h"
 
 #include <fmt/core.h>

@@ -1,4 +1,5 @@
-// The §9 alpha-beta formulas over topology links; see shard_cost.h for the table and the units.
+// The alpha-beta formulas of docs/shard.md, "Redistribution cost", over topology links; see
+// shard_cost.h for the table and the units.
 #include "hp/shard/shard_cost.h"
 
 #include <algorithm>

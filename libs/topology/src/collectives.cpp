@@ -1,6 +1,6 @@
 // Alpha-beta collective costs. Each formula is the standard one for the bandwidth-optimal algorithm
 // (ring for all-reduce / all-gather / reduce-scatter, pairwise exchange for all-to-all); see
-// reference/planner.md §7 and nccl-tests' PERFORMANCE.md for the (p-1)/p "bus bandwidth" factors.
+// docs/planner.md, "Collective costs", and nccl-tests' "bus bandwidth" for the (p-1)/p factors.
 // The model ignores contention between different collectives and protocol overheads: the planner
 // compares plans with it, so consistency matters more than absolute accuracy.
 #include "hp/topology/collectives.h"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Weight-less ONNX skeletons for the planner's --compare cases (issue 4), written with a minimal
-protobuf encoder so that neither onnx nor torch is needed (only the Python standard library).
+"""Weight-less ONNX skeletons for the planner's --compare cases (docs/planner.md, "The search"),
+written with a minimal protobuf encoder so that neither onnx nor torch is needed (only the Python
+standard library).
 
   planner-deepseek-moe-141b.onnx  DeepSeek-style MoE: 58 layers, hidden 5120, 40 heads, per layer
                                   96 routed SwiGLU experts (ffn 1536, top-6 routing) + 2 shared

@@ -1,4 +1,5 @@
-// Offload at run time (issue #7 item 6) on the cpu plugin with its device budget enforced:
+// Offload at run time (docs/offload.md, "Offload at run time") on the cpu plugin with its device
+// budget enforced:
 //  (a) without a budget the tiny models match their reference outputs and the plugin reports the
 //      device peak;
 //  (b) with a budget below that peak and the schedule (weights, and activations, in the host pool)

@@ -1,6 +1,6 @@
-// Pipeline schedules: generated orders (the 1F1B table of launch.md §6), per-schedule invariants, the
-// checker on every p/m/v combination and on deliberately broken lists, and the simulated bubble
-// against the closed form.
+// Pipeline schedules: generated orders (the 1F1B table of docs/schedules.md), per-schedule
+// invariants, the checker on every p/m/v combination and on deliberately broken lists, and the
+// simulated bubble against the closed form.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// The memory figures of the timeline against the published formulas: ZeRO model states for the
-// 7.5B / 64-device example (reference/planner.md §5), Korthikanti's activations per layer and the
-// first-stage totals of his Fig. 1 reproduced by simulating the pipeline schedules, and the KV cache
-// of GQA models (reference/offload.md §2).
+// The memory figures of the timeline against the published formulas (docs/offload.md, "Memory
+// formulas"): ZeRO model states for the 7.5B / 64-device example, Korthikanti's activations per
+// layer and the first-stage totals of his Fig. 1 reproduced by simulating the pipeline schedules,
+// and the KV cache of GQA models.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -108,7 +108,7 @@ double first_stage_activation_peak(const Fig1& f, const LayerShape& shape, Recom
 }  // namespace
 
 TEST_CASE("simulated schedules reproduce Korthikanti Fig. 1 first-stage memory", "[offload][formulas]") {
-  // reference/planner.md §5 worked check; s = 2048, global batch = micro-batches x b (dp = 1).
+  // Korthikanti et al. 2022, Fig. 1; s = 2048, global batch = micro-batches x b (dp = 1).
   const Fig1 rows[] = {
       {"22B", 64, 6144, 48, 8, 1, 1, 4, 1, 45.5625, 59.25, 9.5625},
       {"175B", 96, 12288, 96, 8, 8, 3, 1, 64, 45.5625, 66.84375, 12.3515625},

@@ -1,10 +1,11 @@
-// Level 1 + level 2 against brute force (issue 4, "Done means"): on small instances, search() must
-// return the same best iteration time as enumerating the whole space under the same cost model:
-// every degree combination (tp, pp, dp, ep), every axis order, micro-batch size, ZeRO level and HSDP
-// shard group (every DP sub-group on a faster tier than the whole DP group), sequence
-// parallelism, schedule and virtual-stage count, every stage assignment (for interleaving, every
-// split into pp * v chunks) and every recompute level of every block. The enumeration is written
-// independently of search.cpp; it shares only the cost functions (stage_plan, predict, axis_links).
+// Level 1 + level 2 against brute force (docs/planner.md, "The search"): on small instances,
+// search() must return the same best iteration time as enumerating the whole space under the same
+// cost model: every degree combination (tp, pp, dp, ep), every axis order, micro-batch size, ZeRO
+// level and HSDP shard group (every DP sub-group on a faster tier than the whole DP group),
+// sequence parallelism, schedule and virtual-stage count, every stage assignment (for interleaving,
+// every split into pp * v chunks) and every recompute level of every block. The enumeration is
+// written independently of search.cpp; it shares only the cost functions (stage_plan, predict,
+// axis_links).
 #include <catch2/catch.hpp>
 
 #include <cmath>

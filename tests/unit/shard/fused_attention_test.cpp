@@ -1,9 +1,9 @@
-// Issue #5 leftovers: fused q|k|v projections split Megatron's blocked way (attention head-parallel,
-// no gather before the Split), GQA with fewer kv heads than tp ranks (k/v projections replicated, no
-// gather), and a split moving between dims costing one all-to-all instead of a gather and a slice.
-// Numerics of the same recipes against PyTorch are in partition_test.cpp; here the structure: which
-// weights are blocked, which collectives each transformer block runs, and the all-to-all case run
-// rank by rank.
+// Propagation beyond plain column/row parallelism (docs/shard.md, "Propagation"): fused q|k|v
+// projections split Megatron's blocked way (attention head-parallel, no gather before the Split),
+// GQA with fewer kv heads than tp ranks (k/v projections replicated, no gather), and a split moving
+// between dims costing one all-to-all instead of a gather and a slice. Numerics of the same recipes
+// against PyTorch are in partition_test.cpp; here the structure: which weights are blocked, which
+// collectives each transformer block runs, and the all-to-all case run rank by rank.
 #include <catch2/catch.hpp>
 
 #include <fmt/core.h>

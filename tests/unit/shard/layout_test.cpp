@@ -1,5 +1,6 @@
-// Layout algebra: every worked example of shard.md §3, every validation row of §4, the integer
-// tensor_map, shape round trips and the uneven (torch.chunk) mode of §5.
+// Layout algebra: every example of docs/shard.md, "Worked slices", every row of its "Validation",
+// the integer tensor_map, shape round trips and the uneven (torch.chunk) mode of "Uneven
+// dimensions".
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -41,7 +42,7 @@ const Range all4{0, 4};
 
 }  // namespace
 
-TEST_CASE("layout: mesh (2,2) slices of shard.md §3", "[shard][layout]") {
+TEST_CASE("layout: mesh (2,2) worked slices", "[shard][layout]") {
   Mesh m = mesh({2, 2}, {"x", "y"});
   std::vector<std::int64_t> s44{4, 4}, s84{8, 4};
   auto slices = [&](const Map& map, const std::vector<std::int64_t>& shape) {
@@ -167,7 +168,7 @@ TEST_CASE("layout: tensor_map integers count axes from the right", "[shard][layo
   CHECK(format_sharding(m, p) == "(dp, None) partial(sum: mp, sp)");
 }
 
-TEST_CASE("layout: mesh validation messages of shard.md §4", "[shard][layout]") {
+TEST_CASE("layout: mesh validation messages", "[shard][layout]") {
   CHECK(error_of(Mesh::make({2, 2, 2}, {"dp", "mp"})) == "layout: device_matrix has 3 axes but alias_name has 2");
   CHECK(error_of(Mesh::make({2, 0}, {"dp", "mp"})) == "layout: axis 'mp' has size 0");
   CHECK(error_of(Mesh::make({2, -2}, {"dp", "mp"})) == "layout: axis 'mp' has size -2");
@@ -185,7 +186,7 @@ TEST_CASE("layout: mesh validation messages of shard.md §4", "[shard][layout]")
   CHECK(last.error().code == hp::Errc::not_implemented);
 }
 
-TEST_CASE("layout: tensor_map validation messages of shard.md §4", "[shard][layout]") {
+TEST_CASE("layout: tensor_map validation messages", "[shard][layout]") {
   Mesh m = mesh({2, 4}, {"dp", "mp"});
   CHECK(error_of(parse_tensor_map(m, {{"tp"}, {}}, "w")) == "layout: axis 'tp' is not in (dp, mp)");
   CHECK(error_of(parse_tensor_map(m, {{"dp"}, {"dp"}}, "w")) == "layout: axis 'dp' shards both dim 0 and dim 1");

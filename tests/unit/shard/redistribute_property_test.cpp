@@ -1,4 +1,4 @@
-// The redistribution property test (issue #5 "Done means"): for every pair of layouts — every
+// The redistribution property test (docs/shard.md, "Proofs"): for every pair of layouts — every
 // tensor_map, tuples in every order, partial(sum) sources — of small 2-D and 3-D tensors on meshes of
 // up to 8 ranks, with default and permuted rank_lists, the planner's plan is run by the simulator and
 // every rank must end with exactly its target slice. Then random larger cases: 4-D meshes of up to 16

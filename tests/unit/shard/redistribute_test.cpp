@@ -1,7 +1,7 @@
-// Redistribution plans: the "Verified plans" of shard.md §7 (kinds, axes, dims, ordered groups), the
-// cases HyperParallel gets wrong, partial resolution (§6, §11.4), byte counts (§9), and the property
-// test: every pair of layouts of small tensors on meshes of up to 8 ranks, and random larger cases, each
-// plan proven by the data-movement simulator.
+// Redistribution plans: the "Verified plans" of docs/shard.md (kinds, axes, dims, ordered groups),
+// the cases HyperParallel gets wrong, partial resolution ("Partial state"), byte counts
+// ("Redistribution cost"), and the property test: every pair of layouts of small tensors on meshes
+// of up to 8 ranks, and random larger cases, each plan proven by the data-movement simulator.
 #include <catch2/catch.hpp>
 
 #include <functional>
@@ -50,7 +50,7 @@ const Groups kOverX{{0, 2}, {1, 3}}, kOverY{{0, 1}, {2, 3}};
 
 }  // namespace
 
-TEST_CASE("redistribute: verified plans of shard.md §7 on mesh (2,2)", "[shard][redistribute]") {
+TEST_CASE("redistribute: verified plans on mesh (2,2)", "[shard][redistribute]") {
   Mesh m = make_mesh({2, 2}, {"x", "y"});
   SECTION("(x,y) -> (None,None)") {
     RedistPlan p = plan(m, L({{0}, {1}}), L({{}, {}}), {4, 4});
@@ -140,20 +140,20 @@ TEST_CASE("redistribute: the cases HyperParallel plans wrongly", "[shard][redist
   }
 }
 
-TEST_CASE("redistribute: partial sums (shard.md §11.4, row-parallel output)", "[shard][redistribute]") {
+TEST_CASE("redistribute: partial sums (row-parallel output)", "[shard][redistribute]") {
   Mesh m = make_mesh({2, 2}, {"dp", "mp"});
   Sharding row = L({{0}, {}}, {{1, ReduceOp::sum}});
   SECTION("to (dp,None): all-reduce over mp") {
     RedistPlan p = plan(m, row, L({{0}, {}}), {4, 4});
     REQUIRE(p.steps.size() == 1);
     check_step(p.steps[0], StepKind::all_reduce, {1}, -1, kOverY);
-    CHECK(p.steps[0].bytes == 2 * 4 * 4);  // §9: AR n = L
+    CHECK(p.steps[0].bytes == 2 * 4 * 4);  // AR: n = the local buffer L
   }
   SECTION("to ((dp,mp),None): reduce-scatter on dim 0") {
     RedistPlan p = plan(m, row, L({{0, 1}, {}}), {4, 4});
     REQUIRE(p.steps.size() == 1);
     check_step(p.steps[0], StepKind::reduce_scatter, {1}, 0, kOverY);
-    CHECK(p.steps[0].bytes == 2 * 4 * 4);  // §9: RS n = input bytes
+    CHECK(p.steps[0].bytes == 2 * 4 * 4);  // RS: n = input bytes
   }
   SECTION("to (dp,mp): reduce-scatter on dim 1") {
     RedistPlan p = plan(m, row, L({{0}, {1}}), {4, 4});
@@ -196,7 +196,7 @@ TEST_CASE("redistribute: partials created from replicated values", "[shard][redi
   CHECK(change.steps[0].kind == StepKind::all_reduce);
 }
 
-TEST_CASE("redistribute: bytes per step follow shard.md §9", "[shard][redistribute]") {
+TEST_CASE("redistribute: bytes per step are the alpha-beta n", "[shard][redistribute]") {
   Mesh m = make_mesh({2, 2}, {"x", "y"});
   RedistPlan g = plan(m, L({{0}, {1}}), L({{}, {}}), {4, 4});
   CHECK(g.steps[0].bytes == 2 * (2 * 2 * 4));  // AG: output bytes = p * L

@@ -1,5 +1,6 @@
-// Alpha-beta cost of redistribution plans against the shard.md §9 formulas, on a two-tier cluster
-// built in code (2 ranks per node: groups inside a node use the node tier, others the scale-out tier).
+// Alpha-beta cost of redistribution plans against the formulas of docs/shard.md, "Redistribution
+// cost", on a two-tier cluster built in code (2 ranks per node: groups inside a node use the node
+// tier, others the scale-out tier).
 #include <catch2/catch.hpp>
 
 #include <cmath>

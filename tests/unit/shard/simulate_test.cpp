@@ -1,6 +1,6 @@
 // The data-movement simulator itself: the collective semantics of hp_domain.h on small tensors, the
-// partial starting states, and that it rejects the known-wrong plans of shard.md §7 (a proof that
-// cannot fail proves nothing).
+// partial starting states, and that it rejects the known-wrong plans of docs/shard.md, "Plans
+// HyperParallel gets wrong" (a proof that cannot fail proves nothing).
 #include <catch2/catch.hpp>
 
 #include "hp/shard/simulate.h"

@@ -152,7 +152,7 @@ TEST_CASE("collectives: alpha-beta costs match hand-computed values", "[topology
   CHECK(broadcast_time(nv, 1, 1e9) == 0);
 }
 
-TEST_CASE("collectives: planner.md §7 worked example, flat ring vs hierarchical", "[topology]") {
+TEST_CASE("collectives: worked example, flat ring vs hierarchical", "[topology]") {
   // S = 1 GB, g = 8 per node, N = 32 ranks, B_intra = 150 GB/s, B_inter = 25 GB/s, no latency.
   Topology t = two_tier(8, 4, 150e9, 25e9);
   std::vector<std::int64_t> all(32);

@@ -6,8 +6,8 @@
 //
 //   group   ints    the ordered global ranks taking part. The order is the chunk order: AllGather
 //                   concatenates member i's chunk at position i, ReduceScatter/AllToAll give member i
-//                   chunk i. It need not be ascending (shard.md §7, "Group member ordering"); the comm
-//                   layer permutes chunks when its communicator orders ranks differently.
+//                   chunk i. It need not be ascending (docs/shard.md, "Group member ordering");
+//                   the comm layer permutes chunks when its communicator orders ranks differently.
 //   group_name string  optional; a manifest group name for logs.
 //
 //   AllReduce      X -> Y (same shape)            op: "sum" | "max" | "min" | "avg" | "prod"

@@ -1,5 +1,5 @@
-// The operators hp's executor runs (the list of issue 3). Planning accepts any op; the summary lists
-// those outside this table so a user learns early that a model cannot run yet.
+// The operators hp's executor runs (the table is in src/ops.cpp). Planning accepts any op; the
+// summary lists those outside this table so a user learns early that a model cannot run yet.
 #pragma once
 
 #include <string>

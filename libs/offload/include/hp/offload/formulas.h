@@ -1,6 +1,6 @@
-// Closed-form memory figures the timeline is built from and checked against (reference/planner.md §5,
-// reference/offload.md §2): ZeRO model states, Korthikanti activations per transformer layer, and the
-// KV cache of dense / grouped-query attention. All results are bytes.
+// Closed-form memory figures the timeline is built from and checked against (docs/offload.md,
+// "Memory formulas"): ZeRO model states, Korthikanti activations per transformer layer, and the KV
+// cache of dense / grouped-query attention. All results are bytes.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
-// The offload policy of policy.h at the executor's granularity, for `hp launch` (issue #7 item 6).
+// The offload policy of policy.h at the executor's granularity, for `hp launch` (docs/offload.md,
+// "Offload at run time").
 //
 // offload-profile plans a training step of planner units (blocks x micro-batches); a rank's executor
 // runs ONNX nodes one after another. This is the same policy on that finer trace: one slot per node,

@@ -1,4 +1,4 @@
-// hp offload-profile: memory timelines, host-pool offload and prefetch schedules (issue #7).
+// hp offload-profile: memory timelines, host-pool offload and prefetch schedules (docs/offload.md).
 //
 // run() reads a recipe with a plan ([parallel] and, for pp > 1, [[stages]]), builds every pipeline
 // rank's units from the planner's cost model (libs/planner block_cost: the same bytes and seconds

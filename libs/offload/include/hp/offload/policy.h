@@ -1,10 +1,11 @@
-// The offload policy (reference/offload.md §4): given a device-memory budget, which state lives in
-// the host pool and when it moves. Offloadable tensors are traced through the stage's slots (first
-// and every later use); at each slot the tensors it uses must be on the device, and when the budget
-// is exceeded the resident tensor whose next use is furthest ahead is evicted (Belady). Evicted
-// tensors come back ahead of their next use: the copy is issued `lookahead` slots early, or (auto)
-// early enough that the compute in between covers it, as long as the budget allows. Dirty tensors
-// (activations, KV cache, gradients) are written back right after they are produced.
+// The offload policy (docs/offload.md, "The offload policy"): given a device-memory budget, which
+// state lives in the host pool and when it moves. Offloadable tensors are traced through the
+// stage's slots (first and every later use); at each slot the tensors it uses must be on the
+// device, and when the budget is exceeded the resident tensor whose next use is furthest ahead is
+// evicted (Belady). Evicted tensors come back ahead of their next use: the copy is issued
+// `lookahead` slots early, or (auto) early enough that the compute in between covers it, as long as
+// the budget allows. Dirty tensors (activations, KV cache, gradients) are written back right after
+// they are produced.
 //
 // A second pass times every copy on one host-to-device and one device-to-host link: a slot starts
 // only when what it needs has arrived and what it evicts has been written back; the waiting is the

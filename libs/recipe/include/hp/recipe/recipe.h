@@ -1,6 +1,7 @@
-// The recipe: the one artifact users read, edit, diff and commit (DESIGN.md). It is versioned, fully
-// explicit and round-trips: parse_recipe(format_recipe(r)) == r. Every key is documented, with type,
-// default and meaning, in recipe_keys() (schema_doc.h), the source of hp-recipe(5). The shape:
+// The recipe: the one artifact users read, edit, diff and commit (docs/architecture.md, "The
+// flow"). It is versioned, fully explicit and round-trips: parse_recipe(format_recipe(r)) == r.
+// Every key is documented, with type, default and meaning, in recipe_keys() (schema_doc.h), the
+// source of hp-recipe(5). The shape:
 //
 //   [recipe]            version = 1, name, model (ONNX path relative to the recipe),
 //                       cluster (preset name or cluster file relative to the recipe), nodes = 1
@@ -71,8 +72,8 @@ struct Stage {
   friend bool operator==(const Stage&, const Stage&) = default;
 };
 
-/// A tensor layout (shard.md §1): a logical device mesh and, per tensor dimension, the mesh axes it
-/// is split over (empty = "None", not split; several = a tuple, first axis major).
+/// A tensor layout (docs/shard.md, "Layouts"): a logical device mesh and, per tensor dimension, the
+/// mesh axes it is split over (empty = "None", not split; several = a tuple, first axis major).
 struct Layout {
   std::vector<std::int64_t> device_matrix;
   std::vector<std::string> alias_name;
@@ -100,7 +101,8 @@ struct SourcedValue {
   friend bool operator==(const SourcedValue&, const SourcedValue&) = default;
 };
 
-/// [offload]: host DRAM as a pool behind device memory (offload.md). Written by offload-profile.
+/// [offload]: host DRAM as a pool behind device memory (docs/offload.md). Written by
+/// offload-profile.
 struct Offload {
   bool enabled = false;
   std::vector<std::string> targets;      ///< "parameters", "gradients", "optimizer", "activations", "kv_cache"

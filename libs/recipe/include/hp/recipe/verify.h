@@ -1,5 +1,5 @@
 // `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model file).
-// The numeric comparison of the sharded job against the unsharded model is in libs/runtime
+// The numeric comparison of the sharded job against the unsharded model is in libs/job
 // (hp/job/verify_run.h). apps/hp/cmd_verify.cpp binds flags into VerifyOptions and calls
 // check_recipe(), then the runtime.
 #pragma once

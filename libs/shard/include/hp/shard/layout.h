@@ -1,7 +1,8 @@
-// HyperShard layouts (shard.md §1-§6): a logical device mesh, and per tensor dimension the mesh axes it
-// is split over. Semantics exactly as the reference: rank_list[i] is the global rank at row-major mesh
-// position i (last axis fastest); a tuple entry splits one dimension over several axes, first axis
-// major; the integer tensor_map counts axes from the right and exists only for interop.
+// HyperShard layouts (docs/shard.md, "Layouts" to "Partial state"): a logical device mesh, and per
+// tensor dimension the mesh axes it is split over. Semantics exactly as HyperParallel's Layout:
+// rank_list[i] is the global rank at row-major mesh position i (last axis fastest); a tuple entry
+// splits one dimension over several axes, first axis major; the integer tensor_map counts axes from
+// the right and exists only for interop.
 //
 // Contract shared by the layout algebra, redistribution planning, propagation and partitioning. Axes
 // are stored as indices into Mesh::axes (0 = the first alias, the slowest-varying axis).
@@ -22,9 +23,10 @@ struct Mesh {
   std::vector<std::string> axes;         ///< alias_name, one unique name per axis ("None" reserved)
   std::vector<std::int64_t> rank_list;   ///< size == prod(dims); iota when not given
 
-  /// Validates (shard.md §4: axis count vs names, sizes > 0, unique non-"None" aliases, rank_list
-  /// length/duplicates/negatives) and fills rank_list. Errors are Errc::bad_input with the reference's
-  /// messages ("layout: rank_list has 6 entries, mesh has 8 devices").
+  /// Validates (docs/shard.md, "Validation": axis count vs names, sizes > 0, unique non-"None"
+  /// aliases, rank_list length/duplicates/negatives) and fills rank_list. Errors are
+  /// Errc::bad_input with the messages listed there ("layout: rank_list has 6 entries, mesh has 8
+  /// devices").
   static Expected<Mesh> make(std::vector<std::int64_t> dims, std::vector<std::string> axes,
                              std::vector<std::int64_t> rank_list = {});
 

@@ -1,6 +1,7 @@
-// Per-rank partitions (issue #5 item 4): one ONNX model per global rank holding its pipeline stage's
-// nodes at local shapes, its slices of the weights, and the communication of the "hp" domain
-// (hp/core/hp_domain.h) that propagation's redistributions and the pipeline boundaries need.
+// Per-rank partitions (docs/shard.md, "Partitions"): one ONNX model per global rank holding its
+// pipeline stage's nodes at local shapes, its slices of the weights, and the communication of the
+// "hp" domain (hp/core/hp_domain.h) that propagation's redistributions and the pipeline boundaries
+// need.
 //
 // A partition is specialised to the recipe's bound dims: Shape/Size of a tensor become constants of
 // its global shape (so the exporter's shape arithmetic computes what it computed unsharded), and the

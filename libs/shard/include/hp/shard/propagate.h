@@ -1,7 +1,7 @@
-// Sharding propagation (issue #5 item 3, shard.md §8): from the layouts of some tensors (parameters and
-// graph inputs, given by the recipe or chosen by default) derive the layout of every tensor of the
-// graph through per-op rules, and record a redistribution wherever a consumer needs its input laid
-// out differently from how the producer left it.
+// Sharding propagation (docs/shard.md, "Propagation"): from the layouts of some tensors (parameters
+// and graph inputs, given by the recipe or chosen by default) derive the layout of every tensor of
+// the graph through per-op rules, and record a redistribution wherever a consumer needs its input
+// laid out differently from how the producer left it.
 //
 // The rules are written against global shapes at the recipe's bound dims; every tensor carries one
 // Sharding on one logical mesh (the data-parallel and tensor-parallel axes of one pipeline stage).

@@ -1,5 +1,6 @@
-// Redistribution planning (shard.md §6-§7, §9): the collectives that turn one layout of a tensor into
-// another on the same mesh, with explicit ordered rank groups, and their alpha-beta cost.
+// Redistribution planning (docs/shard.md, "Partial state", "Redistribution" and "Redistribution
+// cost"): the collectives that turn one layout of a tensor into another on the same mesh, with
+// explicit ordered rank groups, and their alpha-beta cost.
 //
 // Contract shared by the planner of plans, the data-movement simulator (tests prove every plan with
 // it), propagation (which inserts plans where producer and consumer disagree) and partitioning (which
@@ -33,7 +34,7 @@ struct RedistStep {
   std::vector<std::vector<std::int64_t>> groups;
   std::vector<std::pair<std::int64_t, std::int64_t>> pairs;  ///< permute: (src, dst) global ranks
   Sharding before, after;
-  std::int64_t bytes = 0;  ///< the alpha-beta n of the step (shard.md §9 table), per rank
+  std::int64_t bytes = 0;  ///< the alpha-beta n of the step (shard_cost.h), per rank
 };
 
 struct RedistPlan {
@@ -44,12 +45,13 @@ struct RedistPlan {
   std::string describe(const Mesh& mesh) const;  ///< one line per step, for --explain
 };
 
-/// Plans `from` -> `to` for a tensor of `shape` with `elem_bytes`-byte elements. Partial axes of `from`
-/// are resolved first (§6). Partial axes of `to` are kept where `from` has them with the same op, else
-/// created at the end from the replicated values: avg/max/min by relabelling (no step), sum by a
-/// permute in which only coordinate 0 of the axis keeps its copy (the others get zeros); prod cannot
-/// be created. All partial axes of one layout must share an op. Errors: bad_input when shapes or
-/// layouts do not fit the mesh (indivisible dims included: plans are for even layouts).
+/// Plans `from` -> `to` for a tensor of `shape` with `elem_bytes`-byte elements. Partial axes of
+/// `from` are resolved first (docs/shard.md, "Partial state"). Partial axes of `to` are kept where
+/// `from` has them with the same op, else created at the end from the replicated values:
+/// avg/max/min by relabelling (no step), sum by a permute in which only coordinate 0 of the axis
+/// keeps its copy (the others get zeros); prod cannot be created. All partial axes of one layout
+/// must share an op. Errors: bad_input when shapes or layouts do not fit the mesh (indivisible dims
+/// included: plans are for even layouts).
 Expected<RedistPlan> plan_redistribution(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                          const std::vector<std::int64_t>& shape, int elem_bytes);
 

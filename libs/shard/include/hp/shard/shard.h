@@ -1,4 +1,4 @@
-// hp shard: HyperShard layouts, sharding propagation and per-rank model partitions (issue #5).
+// hp shard: HyperShard layouts, sharding propagation and per-rank model partitions (docs/shard.md).
 //
 //   hp shard RECIPE.toml -o DIR                 one ONNX file per rank + manifest.toml (manifest.h)
 //   hp shard RECIPE.toml --explain TENSOR [--json]   a tensor's layout, every rank's slice, and the

@@ -1,9 +1,10 @@
-// Alpha-beta cost of a redistribution plan on the cluster's topology (shard.md §9). Costs are PER RANK
-// and in SECONDS: the time one rank spends in the step, with every group of the step running at once
-// (the step takes as long as its slowest group). alpha = the group's Link latency, beta = 1/bandwidth
-// of the innermost tier spanning the group (topology::Topology::group_link), gamma = seconds per byte
-// reduced. n is RedistStep::bytes (AG: output bytes, RS: input bytes, AR: the buffer, A2A: the per-rank
-// send buffer, permute: the local block):
+// Alpha-beta cost of a redistribution plan on the cluster's topology (docs/shard.md,
+// "Redistribution cost"). Costs are PER RANK and in SECONDS: the time one rank spends in the step,
+// with every group of the step running at once (the step takes as long as its slowest group). alpha
+// = the group's Link latency, beta = 1/bandwidth of the innermost tier spanning the group
+// (topology::Topology::group_link), gamma = seconds per byte reduced. n is RedistStep::bytes (AG:
+// output bytes, RS: input bytes, AR: the buffer, A2A: the per-rank send buffer, permute: the local
+// block):
 //
 //   all_gather      (p-1) alpha + (p-1)/p n beta
 //   reduce_scatter  (p-1) alpha + (p-1)/p n (beta + gamma)

@@ -1,7 +1,8 @@
-// Alpha-beta costs of collectives (reference/planner.md §7): a message of n bytes over a link costs
-// alpha + n/B, with alpha = Link::latency and B = Link::bandwidth (per rank, one direction). p is the
-// group size; every function returns 0 for p <= 1 (nothing to exchange) and seconds otherwise.
-// These are the bandwidth-optimal ring / pairwise algorithms NCCL and HCCL use for large messages.
+// Alpha-beta costs of collectives (docs/planner.md, "Collective costs"): a message of n bytes over
+// a link costs alpha + n/B, with alpha = Link::latency and B = Link::bandwidth (per rank, one
+// direction). p is the group size; every function returns 0 for p <= 1 (nothing to exchange) and
+// seconds otherwise. These are the bandwidth-optimal ring / pairwise algorithms NCCL and HCCL use
+// for large messages.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,9 @@ double send_recv_time(const Link& l, double bytes);
 /// Broadcast of n bytes, pipelined (bandwidth term n/B) with a binomial tree's ceil(log2 p) alphas.
 double broadcast_time(const Link& l, std::int64_t p, double bytes);
 
-/// Hierarchical all-reduce over `nodes` units of `per_node` ranks (planner.md §7): reduce-scatter
-/// inside the unit over `inner`, all-reduce of n/per_node across units over `outer`, all-gather inside.
+/// Hierarchical all-reduce over `nodes` units of `per_node` ranks: reduce-scatter inside the unit
+/// over `inner`, all-reduce of n/per_node across units over `outer`, all-gather inside (the worked
+/// example is in docs/planner.md, "Collective costs").
 double hierarchical_all_reduce_time(const Link& inner, const Link& outer, std::int64_t per_node,
                                     std::int64_t nodes, double bytes);
 
