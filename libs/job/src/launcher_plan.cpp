@@ -1,5 +1,5 @@
 // plan_job / format_dry_run: the Open MPI MPMD (or srun --multi-prog) command for a recipe. See
-// launcher.h for the rules and launch.md §2 for the Open MPI 4.1 behaviour they work around.
+// launcher.h for the rules and docs/launch.md ("Open MPI pitfalls") for the Open MPI 4.1 behaviour they work around.
 #include <fmt/core.h>
 #include <fmt/format.h>
 #include <unistd.h>

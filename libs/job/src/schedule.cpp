@@ -1,5 +1,5 @@
 // Pipeline schedule generation (GPipe, 1F1B, Megatron-style interleaved) and lowering to SEND/RECV.
-// The orders follow launch.md §6: 1F1B warms up with min(p-s-1, m) forwards and then alternates F and
+// The orders follow docs/schedules.md ("Generating the lists"): 1F1B warms up with min(p-s-1, m) forwards and then alternates F and
 // B; interleaved walks micro-batches in groups of p per chunk and warms up with 2(p-s-1) + (v-1)p
 // forwards. The checker is in schedule_check.cpp.
 #include <fmt/core.h>

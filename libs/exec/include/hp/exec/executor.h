@@ -12,7 +12,7 @@
 // dtypes, otherwise on the cpu backend (always loaded, the reference). A tensor needed on the other
 // backend is copied there once and the copy lives as long as the tensor.
 //
-// A rank's partition (issue #6) also holds communication nodes of the "hp" domain (hp.AllReduce,
+// A rank's partition (hp shard) also holds communication nodes of the "hp" domain (hp.AllReduce,
 // hp.AllGather, hp.ReduceScatter, hp.AllToAll, hp.Send, hp.Recv). The executor does not know MPI:
 // it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes are
 // reported as unsupported before the run.
@@ -67,7 +67,7 @@ struct CommTensor {
 using CommAlloc =
     std::function<Expected<void*>(std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse_input)>;
 
-/// The seam to the communication layer: implemented over MPI by the comm layer (issue #6), by fakes in
+/// The seam to the communication layer: implemented over MPI by the comm layer (libs/comm), by fakes in
 /// tests. Tensors are on the host for now; device-resident collectives come with the comm layer.
 class CommOps {
  public:

@@ -1,4 +1,4 @@
-// The MPMD launcher behind `hp launch RECIPE.toml` (HyperMPMD, launch.md).
+// The MPMD launcher behind `hp launch RECIPE.toml` (HyperMPMD, docs/launch.md).
 //
 // plan_job() turns a recipe's [[groups]] (or one implicit group of dp*tp*pp ranks running the recipe's
 // model) into one Open MPI job with one app context per group: `-n N`, every `-x` repeated in every

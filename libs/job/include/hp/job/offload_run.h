@@ -1,4 +1,4 @@
-// Offload at run time (issue #7 item 6): a rank's executor keeps part of its tensors in the host pool
+// Offload at run time (docs/offload.md, "Offload at run time"): a rank's executor keeps part of its tensors in the host pool
 // and copies them onto the device just before use, so that its device memory stays under a budget.
 //
 // The recipe's [offload] section (written by `hp offload-profile -o`) says whether offload is on,

@@ -1,6 +1,6 @@
 // Pipeline schedules as data: for every pipeline rank, the ordered list of actions it performs.
 //
-// Notation (launch.md §6): p ranks (pipeline stages per chunk), m micro-batches, v model chunks per
+// Notation (docs/schedules.md, "Notation"): p ranks (pipeline stages per chunk), m micro-batches, v model chunks per
 // rank ("virtual stages"). Virtual stage vs = chunk * p + rank, so the model runs through
 // vs = 0 .. p*v-1 and chunk c of rank r is vs = c*p + r (Megatron's interleaving). With v = 1 the
 // virtual stage is the rank.
@@ -38,7 +38,7 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-/// "1F0", "3B2", "1SEND_F0", "2RECV_B3" (launch.md §6).
+/// "1F0", "3B2", "1SEND_F0", "2RECV_B3" (docs/schedules.md, "Notation").
 std::string format_action(const Action& a);
 
 struct PipelineSchedule {
