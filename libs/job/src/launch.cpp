@@ -15,6 +15,7 @@
 
 #include "hp/core/fs.h"
 #include "hp/plugin/registry.h"
+#include "hp/recipe/presets.h"
 #include "hp/recipe/recipe.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/launcher.h"
@@ -248,7 +249,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
                                       recipe::schedule_name(rec->parallel.schedule),
                                       rec->parallel.schedule == recipe::Schedule::interleaved
                                           ? static_cast<int>(rec->parallel.virtual_stages) : 1);
-    if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs)) {
+    auto cluster = recipe::cluster_for(*rec, o.target.parent_path(), o.preset_dirs);
+    auto predicted = cluster ? predicted_step_seconds(*rec, o.target.parent_path(), *cluster) : Expected<double>(cluster.error());
+    if (predicted) {
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);
       // The model gives every rank a device of its own; ranks sharing cores wait for each other's CPU.

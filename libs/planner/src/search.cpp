@@ -33,6 +33,7 @@
 
 #include "hp/planner/planner.h"
 #include "hp/topology/collectives.h"
+#include "pricing.h"
 #include "stage.h"
 
 namespace hp::planner {
@@ -113,21 +114,6 @@ std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t)
   return out;
 }
 
-// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even as
-// the count allows): chunk j = round * pp + rank, in model order.
-std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
-  const auto pp = static_cast<std::int64_t>(counts.size());
-  std::vector<std::vector<std::int64_t>> per_rank(counts.size());
-  std::int64_t next = 0;
-  for (std::int64_t round = 0; round < v; ++round)
-    for (std::int64_t k = 0; k < pp; ++k) {
-      const std::int64_t a = counts[static_cast<std::size_t>(k)];
-      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
-      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
-    }
-  return per_rank;
-}
-
 // Rank k's blocks alone under the same layout (the trial packings ask for one rank at a time).
 std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& counts, std::int64_t v, std::int64_t k) {
   std::vector<std::int64_t> out;
@@ -182,6 +168,19 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
 }
 
 }  // namespace
+
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
+  const auto pp = static_cast<std::int64_t>(counts.size());
+  std::vector<std::vector<std::int64_t>> per_rank(counts.size());
+  std::int64_t next = 0;
+  for (std::int64_t round = 0; round < v; ++round)
+    for (std::int64_t k = 0; k < pp; ++k) {
+      const std::int64_t a = counts[static_cast<std::size_t>(k)];
+      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
+      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
+    }
+  return per_rank;
+}
 
 std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, const Workload& w,
                                      const Machine& mc, const AxisLinks& links) {
@@ -312,10 +311,7 @@ SearchResult search(const SearchInput& in) {
       for (std::int64_t ep : divisors(dp))
         if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
       std::set<std::tuple<int, int, int, int, int, std::int64_t, std::int64_t, int>> seen_links;
-      Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
-                           {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
-                           {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
-      for (auto& order : orders) {
+      for (const auto& order : kAxisOrders) {
         for (std::int64_t ep : eps) {
           Config base;
           base.tp = tp, base.pp = pp, base.dp = dp, base.ep = ep;
