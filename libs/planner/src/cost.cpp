@@ -114,26 +114,20 @@ Expected<topology::Link> first_group_link(const topology::Topology& topo, const 
 }  // namespace
 
 Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c) {
-  auto tp = first_group_link(topo, c, Axis::tp);
-  if (!tp) return std::move(tp).error();
-  auto dp = first_group_link(topo, c, Axis::dp);
-  if (!dp) return std::move(dp).error();
-  auto pp = first_group_link(topo, c, Axis::pp);
-  if (!pp) return std::move(pp).error();
+  AxisLinks links;
+  HP_ASSIGN_OR_RETURN(links.tp, first_group_link(topo, c, Axis::tp));
+  HP_ASSIGN_OR_RETURN(links.dp, first_group_link(topo, c, Axis::dp));
+  HP_ASSIGN_OR_RETURN(links.pp, first_group_link(topo, c, Axis::pp));
   // Expert parallelism takes the innermost ep ranks of each DP group (Megatron's EP inside DP), so
   // the all-to-all stays on the fastest tier the DP axis reaches; the expert-DP group strides over them.
   const std::int64_t ep = std::max<std::int64_t>(1, c.ep), sdp = axis_stride(c, Axis::dp);
-  auto ep_link = group_link(topo, ep, sdp);
-  if (!ep_link) return std::move(ep_link).error();
-  auto edp = group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp);
-  if (!edp) return std::move(edp).error();
+  HP_ASSIGN_OR_RETURN(links.ep, group_link(topo, ep, sdp));
+  HP_ASSIGN_OR_RETURN(links.edp, group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp));
   // HSDP shards over the innermost shard_group ranks of the DP group; the shard's replicas stride over them.
   const std::int64_t o = c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : c.dp;
-  auto shard = group_link(topo, o, sdp);
-  if (!shard) return std::move(shard).error();
-  auto replica = group_link(topo, c.dp / o, o * sdp);
-  if (!replica) return std::move(replica).error();
-  return AxisLinks{*tp, *dp, *pp, *ep_link, *edp, *shard, *replica};
+  HP_ASSIGN_OR_RETURN(links.shard, group_link(topo, o, sdp));
+  HP_ASSIGN_OR_RETURN(links.replica, group_link(topo, c.dp / o, o * sdp));
+  return links;
 }
 
 std::int64_t dense_shard(const Config& c) {
