@@ -15,7 +15,7 @@
 // width each device multiplies, n = hidden / tp, so the achievable fraction of peak is the
 // saturating curve 0.8 * n / (n + 444) for GPUs and NPUs. Its two constants were FITTED by hand to
 // the four A100 iteration times of Korthikanti et al. 2022 (22B/175B/530B/1T with SP + selective
-// recompute, reference/planner.md §8: n = 768..3200 gives 0.51..0.70), so the validation test on
+// recompute: n = 768..3200 gives 0.51..0.70), so the validation test on
 // those same points is a consistency check, not independent evidence. Widths beyond the widest fitted
 // point (n = 3200, the 1T model at tp 8) keep its 0.70: extrapolating the curve made 175B prefer tp 2
 // (n = 6144 would get 0.75) on no evidence. NPUs reuse the GPU curve
@@ -231,7 +231,7 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   r.grad_bytes = w.train ? (r.dense_params + r.expert_params) * w.grad_bytes : 0.0;
   if (b.experts > 0 && ep > 1) {
     // Dispatch and combine: each rank sends its tokens' top_k copies of the hidden state (split over
-    // TP under SP), a 1/ep share to every peer; backward mirrors both (planner.md §6).
+    // TP under SP), a 1/ep share to every peer; backward mirrors both.
     const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb * m.hidden_bytes /
                        (c.sequence_parallel ? t : 1.0);
     const double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);

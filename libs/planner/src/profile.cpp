@@ -23,8 +23,8 @@
 // Mixture of experts, also found without names: a matmul whose weight is a stacked parameter of rank
 // 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and the
 // last dim of a TopK output in the block is the routing top-k. Expert parallelism splits exactly
-// these parameters (planner.md §5: routed experts by ETP*EP, router, norms and shared experts stay
-// replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
+// these parameters (routed experts are split by expert x tensor parallelism; the router, norms and
+// shared experts stay replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
 #include <algorithm>
 #include <set>
 

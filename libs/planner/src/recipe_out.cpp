@@ -1,4 +1,4 @@
-// The best plan as a recipe (DESIGN.md: fully explicit, paths relative to the recipe file).
+// The best plan as a recipe: fully explicit, with paths relative to the recipe file.
 //
 // Ranks: the placement orders the axes innermost first, so rank = tp_i * s_tp + dp_i * s_dp +
 // pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline coordinate

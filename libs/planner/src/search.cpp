@@ -1,4 +1,4 @@
-// The two-level search (H2O, reference/planner.md §1).
+// The two-level search of the H2O planner (docs/planner.md).
 //
 // Level 1 enumerates every configuration of N ranks: tp * pp * dp = N (pp at most the block count),
 // each micro-batch size dividing the per-replica batch (the micro-batch count follows), ZeRO level

@@ -1,5 +1,5 @@
-// Level 1 + level 2 against brute force (issue 4, "Done means"): on small instances, search() must
-// return the same best iteration time as enumerating the whole space under the same cost model:
+// Level 1 + level 2 against brute force: on small instances, search() must return the same best
+// iteration time as enumerating the whole space under the same cost model:
 // every degree combination (tp, pp, dp, ep), every axis order, micro-batch size, ZeRO level and HSDP
 // shard group (every DP sub-group on a faster tier than the whole DP group), sequence
 // parallelism, schedule and virtual-stage count, every stage assignment (for interleaving, every

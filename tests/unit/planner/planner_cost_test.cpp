@@ -1,6 +1,6 @@
 // Planner cost model: ZeRO state bytes, in-flight micro-batches per schedule, Korthikanti activation
 // memory under TP/SP/recompute, TP communication, and the GPT-3 175B skeleton's parameters and FLOPs
-// against the 12 l h^2 formulas (reference/planner.md §3, §5).
+// against the 12 l h^2 formulas.
 #include <catch2/catch.hpp>
 
 #include <cmath>

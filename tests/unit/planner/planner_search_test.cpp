@@ -248,7 +248,7 @@ TEST_CASE("planner: Korthikanti 2022 configurations predict their published iter
     int layers;
     double hidden;
     std::int64_t tp, pp, v, gpus, batch, mbs;
-    double published;  // seconds per iteration, SP + selective recompute (reference/planner.md §8)
+    double published;  // seconds per iteration, SP + selective recompute
   };
   const Case cases[] = {{"22B", 48, 6144, 8, 1, 1, 8, 4, 4, 1.10},
                         {"175B", 96, 12288, 8, 8, 3, 64, 64, 1, 13.75},

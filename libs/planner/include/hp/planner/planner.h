@@ -1,8 +1,9 @@
-// `hp plan`: the two-level H2O planner (reference/planner.md §1, seeds/h2o-planner.txt). run() loads
-// the model's shapes, profiles its blocks, searches level 1 (degrees, micro-batching, schedule,
-// placement of the axes onto topology tiers) pruned by lower bounds, runs level 2 (stage assignment
-// and per-block recomputation) on the survivors, and returns the ranked plans. Rendering and recipe
-// writing are separate so tests can check each.
+// `hp plan`: the two-level H2O planner (docs/planner.md). run() loads the model's shapes, profiles
+// its blocks, searches level 1 (degrees, micro-batching, schedule, placement of the axes onto topology
+// tiers) pruned by lower bounds, runs level 2 (stage assignment and per-block recomputation) on the
+// survivors, and returns the ranked plans. Rendering and recipe writing are separate so tests can
+// check each; run_command is the whole command. Pricing one given configuration without a search is
+// planner::predict (hp/planner/predict.h).
 #pragma once
 
 #include <cstdint>
