@@ -1,130 +1,28 @@
 // hp plan [MODEL] [--summary [--json]] [--dim NAME=VALUE ...] [planner options]
 //
-// --summary describes the model (hp::model::summarize_model). Otherwise the flags fill
-// hp::planner::PlanOptions, hp::planner::run plans on the resolved cluster (local-cpu when none is
-// named), and the report is rendered as a table or JSON; -o writes the best plan as a recipe.
+// The flags fill hp::planner::PlanOptions; hp::planner::run_command resolves the model (the bundled
+// tiny-gpt2 when none is named) and the cluster (local-cpu when none is named), then summarises the
+// model (--summary) or plans it, and returns what to print and the files to write (-o, --schedule-svg).
 #include <fmt/core.h>
 
 #include <filesystem>
-#include <optional>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "hp/core/fs.h"
-#include "hp/model/plan_options.h"
 #include "hp/planner/planner.h"
-#include "hp/recipe/recipe.h"
-#include "hp/model/summary.h"
 #include "hp/recipe/presets.h"
 
 namespace hp::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
-// The bundled model: beside an installed hp first, then in the source tree of a build.
-Expected<std::string> default_model() {
-  const fs::path rel = fs::path("recipes") / "models" / "tiny-gpt2.onnx";
-  const fs::path candidates[] = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / rel, fs::path(HP_SOURCE_DIR) / rel};
-  std::error_code ec;
-  for (const auto& c : candidates)
-    if (fs::is_regular_file(c, ec)) return c.lexically_normal().string();
-  return Error(Errc::bad_input, "the bundled model tiny-gpt2.onnx was not found", candidates[0].string(),
-               "pass a model file: hp plan MODEL.onnx");
-}
-
-// --cluster (preset name or file) scaled to --nodes. Resolved before the model is read so a bad
-// cluster is reported as bad input whatever else is asked; nullopt when no cluster was named.
-Expected<std::optional<recipe::Cluster>> resolve_cluster(const planner::PlanOptions& opts) {
-  if (opts.cluster.empty()) {
-    if (opts.nodes > 0)
-      return Error(Errc::usage, "--nodes needs --cluster", "", "name a preset, e.g. --cluster dgx-h100");
-    return std::optional<recipe::Cluster>();
-  }
-  auto dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
-  auto cluster = recipe::load_cluster_ref(opts.cluster, fs::current_path(), dirs);
-  if (!cluster) return std::move(cluster).error();
-  if (opts.nodes == 0) return std::optional<recipe::Cluster>(std::move(*cluster));
-  auto scaled = recipe::scale_cluster(*cluster, opts.nodes);
-  if (!scaled) return std::move(scaled).error();
-  return std::optional<recipe::Cluster>(std::move(*scaled));
-}
-
-std::string describe_cluster(const recipe::Cluster& c) {
-  const auto* dev = c.rank_device_type();
-  return fmt::format("{}: {} node(s) x {} {} = {} ranks", c.name, c.nodes, c.ranks_per_node(),
-                     dev ? dev->name : c.rank_device, c.ranks());
-}
-
-// The summary text with the cluster it will be planned on, in the same form (table or JSON).
-std::string render_summary(const model::ModelSummary& s, const std::optional<recipe::Cluster>& c,
-                           bool json) {
-  if (!json) {
-    std::string text = model::format_summary_text(s);
-    return c ? fmt::format("{:<13} {}\n", "cluster", describe_cluster(*c)) + text : text;
-  }
-  auto j = nlohmann::json::parse(model::format_summary_json(s));
-  if (c) {
-    const auto* dev = c->rank_device_type();
-    j["cluster"] = {{"name", c->name}, {"nodes", c->nodes}, {"ranks", c->ranks()},
-                    {"rank_device", dev ? dev->name : c->rank_device}};
-  }
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
-// Plans and renders; -o writes the recipe of the best plan.
-int run_planner(const planner::PlanOptions& opts, std::optional<recipe::Cluster> cluster) {
-  if (!cluster) {
-    planner::PlanOptions local = opts;
-    local.cluster = "local-cpu";
-    auto c = resolve_cluster(local);
-    if (!c) return report_error(c.error());
-    cluster = std::move(*c);
-  }
-  if (!opts.sweep.empty()) {
-    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
-      return report_error(Error(Errc::usage, "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
-                                "", "run the value you want without --sweep"));
-    auto rows = planner::run_sweep(opts, *cluster);
-    if (!rows) return report_error(rows.error());
-    fmt::print("{}", *rows);
-    return 0;
-  }
-  auto report = planner::run(opts, *cluster);
-  if (!report) return report_error(report.error());
-  if (report->cluster_ref.empty()) report->cluster_ref = "local-cpu";
-  for (const auto& w : report->warnings) report_warning(opts.model, w);
-  fmt::print("{}", opts.json ? planner::format_plan_json(*report) : planner::format_plan_text(*report));
-  if (!opts.schedule_svg.empty())
-    if (auto svg = write_file_atomic(opts.schedule_svg, planner::schedule_svg(*report)); !svg) return report_error(svg.error());
-  if (opts.output.empty()) return 0;
-  auto written = recipe::write_recipe(planner::plan_to_recipe(*report, opts.output), opts.output);
-  return written ? 0 : report_error(written.error());
-}
-
-int run_plan(planner::PlanOptions opts) {
-  auto dims = model::parse_dim_bindings(opts.dim_args);
-  if (!dims) return report_error(dims.error());
-  if (opts.seq > 0) dims->emplace("seq", opts.seq);   // --seq also binds a "seq" dim unless --dim did
-  auto cluster = resolve_cluster(opts);
-  if (!cluster) return report_error(cluster.error());
-  if (opts.model.empty()) {
-    auto path = default_model();
-    if (!path) return report_error(path.error());
-    opts.model = *path;
-  }
-  if (!opts.summary) return run_planner(opts, *cluster);
-  auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
-  if (!summary) return report_error(summary.error());
-  for (const auto& w : summary->warnings) report_warning(opts.model, w);
-  std::string text = render_summary(*summary, *cluster, opts.json);
-  if (opts.output.empty()) {
-    fmt::print("{}", text);
-    return 0;
-  }
-  auto written = write_file_atomic(opts.output, text);
-  return written ? 0 : report_error(written.error());
+int run_plan(const planner::PlanOptions& opts) {
+  auto out = planner::run_command(opts);
+  if (!out) return report_error(out.error());
+  for (const auto& w : out->warnings) report_warning(out->model, w);
+  fmt::print("{}", out->text);
+  for (const auto& f : out->files)
+    if (auto written = write_file_atomic(f.path, f.contents); !written) return report_error(written.error());
+  return 0;
 }
 
 }  // namespace
@@ -156,7 +54,12 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                                           "with --json)");
   sub->add_option("--schedule-svg", opts->schedule_svg, "draw the best plan's pipeline schedule into this SVG file");
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")->check(CLI::PositiveNumber);
-  sub->callback([opts, &ctx] { ctx.exit_code = run_plan(*opts); });
+  sub->callback([opts, &ctx] {
+    opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
+    opts->model_dirs = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / "recipes" / "models",
+                        std::filesystem::path(HP_SOURCE_DIR) / "recipes" / "models"};
+    ctx.exit_code = run_plan(*opts);
+  });
 }
 
 }  // namespace hp::cli

@@ -64,7 +64,9 @@ Expected<Job> make_job(recipe::RecipeDocument doc, const fs::path& recipe_path, 
   job.where = std::move(doc.where);
   job.kind = job_kind_of(job.recipe);
   HP_ASSIGN_OR_RETURN(job.schedule, recipe_schedule(job.recipe.parallel, job.where.at("parallel.schedule")));
-  if (!preset_dirs.empty()) {
+  if (preset_dirs.empty()) {
+    job.cluster_problem = "the cluster was not looked up (no preset directories)";
+  } else {
     auto cluster = recipe::cluster_for(job.recipe, job.base_dir, preset_dirs);
     if (cluster) job.cluster = std::move(*cluster);
     else job.cluster_problem = cluster.error().what.message;

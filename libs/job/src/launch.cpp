@@ -199,7 +199,9 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     auto timing = read_timing(jo.run_dir, ran->ranks);
     if (timing)
       r.summary += format_step_timing(*timing, job.schedule.lowered);
-    if (auto predicted = predicted_step_seconds(*rec, o.target, o.preset_dirs)) {
+    auto predicted = job.cluster ? predicted_step_seconds(job.recipe, job.base_dir, *job.cluster)
+                                 : Expected<double>(Error(Errc::bad_input, job.cluster_problem));
+    if (predicted) {
       r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
                                *predicted, rec->cluster);
       // The model gives every rank a device of its own; ranks sharing cores wait for each other's CPU.

@@ -1,4 +1,4 @@
-// The baselines of `hp plan --compare` (H2O paper §3, seeds/h2o-planner.txt): a DP x TP-only
+// The baselines of `hp plan --compare` (those of the H2O paper, section 3): a DP x TP-only
 // planner in the style of D-Rec, and an expert tuning one axis at a time. Both are searched with the
 // same cost model and level 2 as hp's own plan, so the speedups measure what the restricted search
 // spaces lose, not differences between models.

@@ -15,7 +15,7 @@
 // width each device multiplies, n = hidden / tp, so the achievable fraction of peak is the
 // saturating curve 0.8 * n / (n + 444) for GPUs and NPUs. Its two constants were FITTED by hand to
 // the four A100 iteration times of Korthikanti et al. 2022 (22B/175B/530B/1T with SP + selective
-// recompute, reference/planner.md §8: n = 768..3200 gives 0.51..0.70), so the validation test on
+// recompute: n = 768..3200 gives 0.51..0.70), so the validation test on
 // those same points is a consistency check, not independent evidence. Widths beyond the widest fitted
 // point (n = 3200, the 1T model at tp 8) keep its 0.70: extrapolating the curve made 175B prefer tp 2
 // (n = 6144 would get 0.75) on no evidence. NPUs reuse the GPU curve
@@ -114,26 +114,20 @@ Expected<topology::Link> first_group_link(const topology::Topology& topo, const 
 }  // namespace
 
 Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c) {
-  auto tp = first_group_link(topo, c, Axis::tp);
-  if (!tp) return std::move(tp).error();
-  auto dp = first_group_link(topo, c, Axis::dp);
-  if (!dp) return std::move(dp).error();
-  auto pp = first_group_link(topo, c, Axis::pp);
-  if (!pp) return std::move(pp).error();
+  AxisLinks links;
+  HP_ASSIGN_OR_RETURN(links.tp, first_group_link(topo, c, Axis::tp));
+  HP_ASSIGN_OR_RETURN(links.dp, first_group_link(topo, c, Axis::dp));
+  HP_ASSIGN_OR_RETURN(links.pp, first_group_link(topo, c, Axis::pp));
   // Expert parallelism takes the innermost ep ranks of each DP group (Megatron's EP inside DP), so
   // the all-to-all stays on the fastest tier the DP axis reaches; the expert-DP group strides over them.
   const std::int64_t ep = std::max<std::int64_t>(1, c.ep), sdp = axis_stride(c, Axis::dp);
-  auto ep_link = group_link(topo, ep, sdp);
-  if (!ep_link) return std::move(ep_link).error();
-  auto edp = group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp);
-  if (!edp) return std::move(edp).error();
+  HP_ASSIGN_OR_RETURN(links.ep, group_link(topo, ep, sdp));
+  HP_ASSIGN_OR_RETURN(links.edp, group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp));
   // HSDP shards over the innermost shard_group ranks of the DP group; the shard's replicas stride over them.
   const std::int64_t o = c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : c.dp;
-  auto shard = group_link(topo, o, sdp);
-  if (!shard) return std::move(shard).error();
-  auto replica = group_link(topo, c.dp / o, o * sdp);
-  if (!replica) return std::move(replica).error();
-  return AxisLinks{*tp, *dp, *pp, *ep_link, *edp, *shard, *replica};
+  HP_ASSIGN_OR_RETURN(links.shard, group_link(topo, o, sdp));
+  HP_ASSIGN_OR_RETURN(links.replica, group_link(topo, c.dp / o, o * sdp));
+  return links;
 }
 
 std::int64_t dense_shard(const Config& c) {
@@ -237,7 +231,7 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   r.grad_bytes = w.train ? (r.dense_params + r.expert_params) * w.grad_bytes : 0.0;
   if (b.experts > 0 && ep > 1) {
     // Dispatch and combine: each rank sends its tokens' top_k copies of the hidden state (split over
-    // TP under SP), a 1/ep share to every peer; backward mirrors both (planner.md §6).
+    // TP under SP), a 1/ep share to every peer; backward mirrors both.
     const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb * m.hidden_bytes /
                        (c.sequence_parallel ? t : 1.0);
     const double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);

@@ -86,7 +86,7 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
     } else {
       return bad(arg, fmt::format("unknown key '{}'", key));
     }
-    if (!st) return std::move(st).error();
+    HP_TRY(st);
   }
   if (f.schedule && *f.schedule != recipe::Schedule::interleaved && f.virtual_stages && *f.virtual_stages > 1)
     return Error(Errc::usage, "--fix virtual_stages > 1 needs schedule=interleaved", "", "drop one of the two");

@@ -1,11 +1,12 @@
 // hp::planner::run, the table of contents of `hp plan`:
-//   1. resolve the planned shape (sequence length, global batch, dtype) from the options;
-//   2. summarise the model at batch 1 and that sequence (libs/model: shapes, FLOPs, layers);
-//   3. profile its blocks in the planned dtype (profile.cpp);
-//   4. describe the machine: topology, device peak for the dtype, calibration (cost.cpp);
-//   5. search level 1 + level 2 (search.cpp);
-//   6. explain the winner, or say why nothing fits;
-//   7. with --compare, search the two baselines' restricted spaces under the same cost model.
+//   1. load the model once and profile its blocks at batch 1 and the planned sequence, in the planned
+//      dtype (load_profile, profile.cpp; shapes, FLOPs and layers come from libs/model);
+//   2. describe the machine: topology, device peak for the dtype, calibration (machine_for below);
+//   3. search level 1 + level 2 (search.cpp);
+//   4. explain the winner, or say why nothing fits;
+//   5. with --compare, search the two baselines' restricted spaces under the same cost model.
+// The workload and machine helpers here are shared with planner::predict (predict.cpp), so a plan
+// and a prediction of the same configuration are priced alike.
 #include "hp/planner/planner.h"
 
 #include <cmath>
@@ -14,6 +15,8 @@
 
 #include "hp/core/units.h"
 #include "hp/model/plan_options.h"
+#include "hp/planner/predict.h"
+#include "pricing.h"
 
 namespace hp::planner {
 namespace {
@@ -81,6 +84,36 @@ Error infeasible(const Shortfall& s, double memory, double usable) {
 
 }  // namespace
 
+double dtype_bytes(const std::string& dtype) { return dtype_size(dtype); }
+
+Workload workload_for(bool train, const std::string& dtype, const std::string& optimizer, std::int64_t global_batch) {
+  Workload w;
+  w.train = train;
+  w.global_batch = global_batch;
+  w.grad_bytes = dtype_size(dtype);
+  w.optimizer_state_bytes = optimizer_bytes(optimizer, dtype);
+  return w;
+}
+
+Expected<Machine> machine_for(const topology::Topology& topo, const std::string& dtype, const std::string& cluster_name,
+                              std::vector<std::string>& warnings) {
+  Machine mc;
+  const auto& dev = topo.device();
+  mc.peak_flops = dev.peak_flops.of(dtype);
+  if (mc.peak_flops <= 0 && dev.peak_flops.fp32 > 0) {
+    warnings.push_back(fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
+                                   dev.name, dtype));
+    mc.peak_flops = dev.peak_flops.fp32;
+  }
+  if (mc.peak_flops <= 0)
+    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, dtype), cluster_name,
+                 "set peak_flops in the cluster file");
+  mc.memory = dev.memory;
+  mc.memory_bandwidth = dev.memory_bandwidth;
+  mc.cal = calibration_for(dev.kind);
+  return mc;
+}
+
 const char* flops_convention() {
   return "model FLOPs = 3 x forward FLOPs of the ONNX graph (2 per multiply-accumulate, attention as "
          "exported; backward = 2 x forward), no recomputation (MFU); hardware FLOPs add recomputed "
@@ -88,62 +121,30 @@ const char* flops_convention() {
 }
 
 Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster) {
-  auto dims = model::parse_dim_bindings(opts.dim_args);
-  if (!dims) return std::move(dims).error();
-  // A malformed model is bad input whatever else is missing, so read it before checking the options.
-  model::LoadOptions lo;
-  lo.mode = opts.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
-  if (auto loaded = model::load_model(opts.model, lo); !loaded) return std::move(loaded).error();
-  std::int64_t seq = opts.seq > 0 ? opts.seq : (dims->count("seq") ? dims->at("seq") : 0);
-  if (seq <= 0) return Error(Errc::usage, "planning needs a sequence length", "", "pass --seq S");
-  (*dims)["seq"] = seq;
-  (*dims)["batch"] = 1;  // costs are per sequence; the planner chooses the micro-batch size
-
-  auto summary = model::summarize_model({opts.model, *dims, opts.require_data});
-  if (!summary) return std::move(summary).error();
-  auto profile = profile_model(*summary, seq, dtype_size(opts.dtype));
-  if (!profile) return std::move(profile).error();
-
-  auto topo = topology::Topology::from_cluster(cluster);
-  if (!topo) return std::move(topo).error();
+  HP_ASSIGN_OR_RETURN(auto dims, model::parse_dim_bindings(opts.dim_args));
+  HP_ASSIGN_OR_RETURN(LoadedProfile loaded, load_profile({opts.model, std::move(dims), opts.seq, opts.dtype, opts.require_data}));
+  const ModelProfile& profile = loaded.profile;
+  HP_ASSIGN_OR_RETURN(auto topo, topology::Topology::from_cluster(cluster));
   PlanReport rep;
-  rep.warnings = summary->warnings;
-  Machine mc;
-  const auto& dev = topo->device();
-  mc.peak_flops = dev.peak_flops.of(opts.dtype);
-  if (mc.peak_flops <= 0 && dev.peak_flops.fp32 > 0) {
-    rep.warnings.push_back(fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
-                                       dev.name, opts.dtype));
-    mc.peak_flops = dev.peak_flops.fp32;
-  }
-  if (mc.peak_flops <= 0)
-    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, opts.dtype),
-                 cluster.name, "set peak_flops in the cluster file");
-  mc.memory = dev.memory;
-  mc.memory_bandwidth = dev.memory_bandwidth;
-  mc.cal = calibration_for(dev.kind);
+  rep.warnings = std::move(loaded.warnings);
+  HP_ASSIGN_OR_RETURN(const Machine mc, machine_for(topo, opts.dtype, cluster.name, rep.warnings));
+  const Workload w = workload_for(opts.mode != "infer", opts.dtype, opts.optimizer,
+                                  opts.global_batch > 0 ? opts.global_batch : topo.ranks());
 
-  Workload w;
-  w.train = opts.mode != "infer";
-  w.global_batch = opts.global_batch > 0 ? opts.global_batch : topo->ranks();
-  w.grad_bytes = dtype_size(opts.dtype);
-  w.optimizer_state_bytes = optimizer_bytes(opts.optimizer, opts.dtype);
-
-  auto fixed = parse_fixes(opts.fix_args);
-  if (!fixed) return std::move(fixed).error();
-  if (auto st = check_fixes(*fixed, topo->ranks(), *profile, w.global_batch); !st) {
+  HP_ASSIGN_OR_RETURN(const Fixed fixed, parse_fixes(opts.fix_args));
+  if (auto st = check_fixes(fixed, topo.ranks(), profile, w.global_batch); !st) {
     Error e = std::move(st).error();
     e.what.where = opts.model;
     return e;
   }
-  SearchResult found = search({*profile, *topo, w, mc, {opts.top_k, *fixed}});
+  SearchResult found = search({profile, topo, w, mc, {opts.top_k, fixed}});
   if (found.stats.evaluated == 0)
     return Error(Errc::bad_input,
                  fmt::format("no configuration matches --fix: it needs dp*tp*pp = {} ranks, pp <= {} blocks, dp "
                              "dividing the global batch {}, micro_batch_size*micro_batches = {}/dp, and for "
                              "interleaving micro_batches a multiple of pp and pp*virtual_stages <= {} blocks",
-                             topo->ranks(), profile->blocks.size(), w.global_batch, w.global_batch,
-                             profile->blocks.size()),
+                             topo.ranks(), profile.blocks.size(), w.global_batch, w.global_batch,
+                             profile.blocks.size()),
                  opts.model, "relax or correct the --fix values");
   if (found.plans.empty()) return infeasible(found.shortfall, mc.memory, usable_memory(mc));
 
@@ -151,21 +152,21 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.cluster = cluster.name;
   rep.cluster_ref = opts.cluster;
   rep.nodes = cluster.nodes;
-  rep.ranks = topo->ranks();
-  rep.device = dev.name;
+  rep.ranks = topo.ranks();
+  rep.device = topo.device().name;
   rep.device_memory = mc.memory;
   rep.usable_memory = usable_memory(mc);
   rep.global_batch = w.global_batch;
-  rep.seq = seq;
+  rep.seq = profile.seq;
   rep.dtype = opts.dtype;
   rep.mode = w.train ? "train" : "infer";
   rep.optimizer = opts.optimizer;
-  rep.parameters = profile->total_parameters();
-  rep.blocks = static_cast<std::int64_t>(profile->blocks.size());
+  rep.parameters = profile.total_parameters();
+  rep.blocks = static_cast<std::int64_t>(profile.blocks.size());
   rep.stats = found.stats;
   rep.why = explain(found.plans);
   rep.plans = std::move(found.plans);
-  if (opts.compare) rep.baselines = run_baselines({*profile, *topo, w, mc, {1, {}}}, rep.plans.front());
+  if (opts.compare) rep.baselines = run_baselines({profile, topo, w, mc, {1, {}}}, rep.plans.front());
   return rep;
 }
 

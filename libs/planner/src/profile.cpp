@@ -23,14 +23,17 @@
 // Mixture of experts, also found without names: a matmul whose weight is a stacked parameter of rank
 // 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and the
 // last dim of a TopK output in the block is the routing top-k. Expert parallelism splits exactly
-// these parameters (planner.md §5: routed experts by ETP*EP, router, norms and shared experts stay
-// replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
+// these parameters (routed experts are split by expert x tensor parallelism; the router, norms and
+// shared experts stay replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
 #include <algorithm>
 #include <set>
 
 #include <fmt/core.h>
 
+#include "hp/model/model.h"
 #include "hp/planner/planner.h"
+#include "hp/planner/predict.h"
+#include "pricing.h"
 
 namespace hp::planner {
 namespace {
@@ -184,6 +187,24 @@ Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t 
     return Error(Errc::bad_input, "the model has no countable FLOPs at the bound dims", s.model,
                  "check 'hp plan --summary' for unknown shapes");
   return m;
+}
+
+Expected<LoadedProfile> load_profile(const ProfileRequest& request) {
+  // A malformed model is bad input whatever else is missing, so it is read before the sequence
+  // length is checked; it is read once, for the summary and the profile alike.
+  model::LoadOptions lo;
+  lo.mode = request.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
+  HP_ASSIGN_OR_RETURN(const model::Model loaded, model::load_model(request.model, lo));
+  model::DimBindings dims = request.dims;
+  const auto bound = dims.find("seq");
+  const std::int64_t seq = request.seq > 0 ? request.seq : bound != dims.end() ? bound->second : 0;
+  if (seq <= 0) return Error(Errc::usage, "planning needs a sequence length", "", "pass --seq S");
+  dims["seq"] = seq;
+  dims["batch"] = 1;  // costs are per sequence; the planner chooses the micro-batch size
+  HP_ASSIGN_OR_RETURN(model::Graph graph, model::build_graph(loaded, dims));
+  const model::ModelSummary summary = model::summarize_graph(loaded, std::move(graph), dims);
+  HP_ASSIGN_OR_RETURN(ModelProfile profile, profile_model(summary, seq, dtype_bytes(request.dtype)));
+  return LoadedProfile{std::move(profile), summary.warnings};
 }
 
 }  // namespace hp::planner

@@ -1,4 +1,4 @@
-// The best plan as a recipe (DESIGN.md: fully explicit, paths relative to the recipe file).
+// The best plan as a recipe: fully explicit, with paths relative to the recipe file.
 //
 // Ranks: the placement orders the axes innermost first, so rank = tp_i * s_tp + dp_i * s_dp +
 // pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline coordinate
@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "hp/planner/planner.h"
+#include "pricing.h"
 
 namespace hp::planner {
 namespace {
@@ -30,16 +31,6 @@ std::int64_t stride(const Config& c, Axis a) {
   return s;
 }
 
-std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
-  std::vector<std::int64_t> ranks;
-  for (std::int64_t d = 0; d < c.dp; ++d)
-    for (std::int64_t t = 0; t < c.tp; ++t)
-      ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) + t * stride(c, Axis::tp));
-  // Not sorted: [[stages]] ranks are in stage-mesh order (dp major, tp minor), which hp shard reads
-  // as the global rank at each mesh position.
-  return ranks;
-}
-
 // Relative, so a recipe and its model move together; absolute when the two share nothing below the
 // root (a recipe written to /tmp for a model under /home reads better as /home/... than ../../home/...).
 std::string relative_to(const fs::path& target, const fs::path& recipe_path) {
@@ -53,6 +44,16 @@ std::string relative_to(const fs::path& target, const fs::path& recipe_path) {
 }
 
 }  // namespace
+
+std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
+  std::vector<std::int64_t> ranks;
+  for (std::int64_t d = 0; d < c.dp; ++d)
+    for (std::int64_t t = 0; t < c.tp; ++t)
+      ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) + t * stride(c, Axis::tp));
+  // Not sorted: [[stages]] ranks are in stage-mesh order (dp major, tp minor), which hp shard reads
+  // as the global rank at each mesh position.
+  return ranks;
+}
 
 recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) {
   const Plan& best = r.plans.front();

@@ -1,4 +1,4 @@
-// The two-level search (H2O, reference/planner.md §1).
+// The two-level search of the H2O planner (docs/planner.md).
 //
 // Level 1 enumerates every configuration of N ranks: tp * pp * dp = N (pp at most the block count),
 // each micro-batch size dividing the per-replica batch (the micro-batch count follows), ZeRO level
@@ -33,6 +33,7 @@
 
 #include "hp/planner/planner.h"
 #include "hp/topology/collectives.h"
+#include "pricing.h"
 #include "stage.h"
 
 namespace hp::planner {
@@ -113,21 +114,6 @@ std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t)
   return out;
 }
 
-// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even as
-// the count allows): chunk j = round * pp + rank, in model order.
-std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
-  const auto pp = static_cast<std::int64_t>(counts.size());
-  std::vector<std::vector<std::int64_t>> per_rank(counts.size());
-  std::int64_t next = 0;
-  for (std::int64_t round = 0; round < v; ++round)
-    for (std::int64_t k = 0; k < pp; ++k) {
-      const std::int64_t a = counts[static_cast<std::size_t>(k)];
-      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
-      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
-    }
-  return per_rank;
-}
-
 // Rank k's blocks alone under the same layout (the trial packings ask for one rank at a time).
 std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& counts, std::int64_t v, std::int64_t k) {
   std::vector<std::int64_t> out;
@@ -183,6 +169,19 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
 
 }  // namespace
 
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
+  const auto pp = static_cast<std::int64_t>(counts.size());
+  std::vector<std::vector<std::int64_t>> per_rank(counts.size());
+  std::int64_t next = 0;
+  for (std::int64_t round = 0; round < v; ++round)
+    for (std::int64_t k = 0; k < pp; ++k) {
+      const std::int64_t a = counts[static_cast<std::size_t>(k)];
+      const std::int64_t size = a / v + (round < a % v ? 1 : 0);
+      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
+    }
+  return per_rank;
+}
+
 std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, const Workload& w,
                                      const Machine& mc, const AxisLinks& links) {
   const CostTable table = cost_table(m, c, w, mc, links);
@@ -224,7 +223,8 @@ StagePlan stage_plan(const ModelProfile& m, const Config& c, const Workload& w, 
 
 namespace {
 
-struct Candidate {
+// A level-1 configuration with its time lower bound (the order level 2 visits them in).
+struct Bounded {
   Config config;
   double bound = 0;
 };
@@ -279,133 +279,226 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
   return bound;
 }
 
+// Keeps the smallest need any candidate had: what the error says when nothing fits.
 void note_shortfall(Shortfall& sf, double need, double states, double acts, const Config& c) {
   if (sf.need == 0 || need < sf.need) sf = {need, states, acts, c};
 }
 
-}  // namespace
+// Expert parallelism is carved out of DP: ep divides dp and the expert count (ep = 1 is no EP).
+std::vector<std::int64_t> expert_degrees(std::int64_t dp, std::int64_t experts, const Fixed& fixed) {
+  std::vector<std::int64_t> eps;
+  for (std::int64_t ep : divisors(dp))
+    if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
+  return eps;
+}
 
-SearchResult search(const SearchInput& in) {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  SearchResult res;
-  const ModelProfile& m = in.model;
-  const Workload& w = in.work;
-  const Machine& mc = in.machine;
-  const std::int64_t N = in.topo.ranks();
-  const std::int64_t L = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.blocks.size()));
-  const std::int64_t B = w.global_batch;
-  const double usable = usable_memory(mc);
-  const Fixed& fixed = in.limits.fixed;
-  std::int64_t experts = 0;
-  for (const auto& b : m.blocks) experts = std::max(experts, b.experts);
+// An HSDP group: ZeRO shards over it, with the links that then apply; group 0 = none.
+struct Hsdp {
+  std::int64_t group = 0;
+  std::optional<AxisLinks> links;
+};
 
-  std::vector<Candidate> cands;
-  for (std::int64_t tp : divisors(N)) {
-    if ((fixed.tp && *fixed.tp != tp) || (in.limits.whole_heads && m.heads > 0 && m.heads % tp != 0)) continue;
-    for (std::int64_t pp : divisors(N / tp)) {
-      if (pp > L || (fixed.pp && *fixed.pp != pp)) continue;
-      const std::int64_t dp = N / tp / pp;
-      if (B % dp != 0 || (fixed.dp && *fixed.dp != dp)) continue;
-      // Expert parallelism is carved out of DP: ep divides dp and the expert count.
-      std::vector<std::int64_t> eps;
-      for (std::int64_t ep : divisors(dp))
-        if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
-      std::set<std::tuple<int, int, int, int, int, std::int64_t, std::int64_t, int>> seen_links;
-      Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
-                           {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
-                           {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
-      for (auto& order : orders) {
-        for (std::int64_t ep : eps) {
-          Config base;
-          base.tp = tp, base.pp = pp, base.dp = dp, base.ep = ep;
-          if (fixed.recompute) base.forced_recompute = static_cast<int>(*fixed.recompute);
-          std::copy(order, order + 3, base.order);
-          auto links = axis_links(in.topo, base);
-          if (!links) continue;
-          // HSDP: the largest DP sub-group (innermost ranks) on a faster tier than the whole group.
-          std::int64_t hsdp = 0;
-          std::optional<AxisLinks> hsdp_links;
-          if (w.train && dp > 1) {
-            // Tiers only get slower as the group grows: bisect the proper divisors of dp.
-            std::int64_t sdp = 1;
-            for (Axis x : base.order) {
-              if (x == Axis::dp) break;
-              sdp *= x == Axis::tp ? tp : pp;
-            }
-            auto faster = [&](std::int64_t o) {
-              std::vector<std::int64_t> ranks;
-              for (std::int64_t i = 0; i < o; ++i) ranks.push_back(i * sdp);
-              auto l = in.topo.group_link(ranks);
-              return l && l->level < links->dp.level;
-            };
-            auto ds = divisors(dp);
-            ds.erase(std::remove_if(ds.begin(), ds.end(), [&](std::int64_t o) { return o == 1 || o == dp; }), ds.end());
-            std::size_t lo = 0, hi = ds.size();  // ds[0, lo) are faster, ds[hi, end) are not
-            while (lo < hi) {
-              const std::size_t mid = (lo + hi) / 2;
-              if (faster(ds[mid])) lo = mid + 1;
-              else hi = mid;
-            }
-            if (lo > 0) {
-              Config h = base;
-              h.shard_group = ds[lo - 1];
-              if (auto hl = axis_links(in.topo, h)) hsdp = ds[lo - 1], hsdp_links = *hl;
-            }
-          }
-          // Orders that put every group on the same tiers cost the same: one candidate for all.
-          if (!seen_links
-                   .insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep, hsdp,
-                            hsdp_links ? hsdp_links->replica.level : -1})
-                   .second)
-            continue;
-          for (std::int64_t mbs : divisors(B / dp)) {
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-              Config c = base;
-              c.micro_batch_size = mbs;
-              c.micro_batches = B / dp / mbs;
-              c.sequence_parallel = sp == 1;
-              // Times do not depend on the ZeRO level: one table serves all four, states rescaled.
-              const CostTable table = cost_table(m, c, w, mc, *links);
-              Totals t = totals(m, table);
-              for (int zs = 0; zs <= (w.train && dp > 1 ? 3 + 3 * (hsdp > 0) : 0); ++zs) {
-                // zs 0..3: ZeRO 0..3 over the whole DP group; 4..6: ZeRO 1..3 over the HSDP group.
-                const int zero = zs <= 3 ? zs : zs - 3;
-                c.optimizer_shard = zero;
-                c.shard_group = zs <= 3 ? 0 : hsdp;
-                if (fixed.shard_group && *fixed.shard_group != (c.shard_group > 0 ? c.shard_group : dp)) continue;
-                const AxisLinks& zl = zs <= 3 ? *links : *hsdp_links;
-                t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, dense_shard(c)) +
-                           t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, expert_shard(c));
-                std::vector<std::pair<recipe::Schedule, std::int64_t>> scheds = {{recipe::Schedule::one_f_one_b, 1}};
-                if (pp > 1 && w.train) {
-                  scheds.push_back({recipe::Schedule::gpipe, 1});
-                  // Megatron interleaves only when the micro-batch count is a multiple of pp.
-                  if (c.micro_batches % pp == 0)
-                    for (std::int64_t v = 2; pp * v <= L; ++v) scheds.push_back({recipe::Schedule::interleaved, v});
-                }
-                for (auto [sched, v] : scheds) {
-                  c.schedule = sched;
-                  c.virtual_stages = v;
-                  if (!fixed.admits(c)) continue;
-                  ++res.stats.evaluated;
-                  const double mem_bound = t.states / static_cast<double>(pp);
-                  if (mem_bound > usable) {
-                    ++res.stats.pruned_memory;
-                    note_shortfall(res.shortfall, mem_bound, mem_bound, 0, c);
-                    continue;
-                  }
-                  cands.push_back({c, time_bound(m, c, w, mc, zl, t)});
-                }
-              }
-            }
-          }
-        }
+// HSDP is worth a candidate only when a DP sub-group reaches a faster tier than the whole DP group:
+// the largest such sub-group (the innermost ranks of the DP group) under `base`'s placement.
+Hsdp hsdp_group(const topology::Topology& topo, const Config& base, const AxisLinks& links) {
+  // Tiers only get slower as the group grows: bisect the proper divisors of dp.
+  std::int64_t sdp = 1;
+  for (Axis x : base.order) {
+    if (x == Axis::dp) break;
+    sdp *= x == Axis::tp ? base.tp : base.pp;
+  }
+  auto faster = [&](std::int64_t o) {
+    std::vector<std::int64_t> ranks;
+    for (std::int64_t i = 0; i < o; ++i) ranks.push_back(i * sdp);
+    auto l = topo.group_link(ranks);
+    return l && l->level < links.dp.level;
+  };
+  auto ds = divisors(base.dp);
+  ds.erase(std::remove_if(ds.begin(), ds.end(), [&](std::int64_t o) { return o == 1 || o == base.dp; }), ds.end());
+  std::size_t lo = 0, hi = ds.size();  // ds[0, lo) are faster, ds[hi, end) are not
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (faster(ds[mid])) lo = mid + 1;
+    else hi = mid;
+  }
+  Hsdp h;
+  if (lo > 0) {
+    Config hc = base;
+    hc.shard_group = ds[lo - 1];
+    if (auto hl = axis_links(topo, hc)) h.group = ds[lo - 1], h.links = *hl;
+  }
+  return h;
+}
+
+// The schedules a configuration may run: 1F1B always; in training with pp > 1 also GPipe and, when
+// the micro-batch count is a multiple of pp (Megatron interleaves only then), interleaving with every
+// virtual-stage count that leaves each chunk at least one of the `blocks`.
+std::vector<std::pair<recipe::Schedule, std::int64_t>> schedules(const Config& c, bool train, std::int64_t blocks) {
+  std::vector<std::pair<recipe::Schedule, std::int64_t>> out = {{recipe::Schedule::one_f_one_b, 1}};
+  if (c.pp > 1 && train) {
+    out.push_back({recipe::Schedule::gpipe, 1});
+    if (c.micro_batches % c.pp == 0)
+      for (std::int64_t v = 2; c.pp * v <= blocks; ++v) out.push_back({recipe::Schedule::interleaved, v});
+  }
+  return out;
+}
+
+// Level 1: every configuration of the ranks, nested from the degrees down to the schedule, each
+// bounded from its cost table without assigning stages. The memory bound drops a configuration
+// (counted, and noted as a shortfall); the rest are returned with their time bounds.
+class Level1 {
+ public:
+  Level1(const SearchInput& in, SearchResult& res)
+      : in_(in), res_(res), ranks_(in.topo.ranks()),
+        blocks_(std::max<std::int64_t>(1, static_cast<std::int64_t>(in.model.blocks.size()))),
+        batch_(in.work.global_batch), usable_(usable_memory(in.machine)) {
+    for (const auto& b : in.model.blocks) experts_ = std::max(experts_, b.experts);
+  }
+
+  // Every split of the ranks into tp x pp x dp that the heads, blocks, batch and --fix allow.
+  std::vector<Bounded> enumerate() {
+    const Fixed& fixed = in_.limits.fixed;
+    for (std::int64_t tp : divisors(ranks_)) {
+      if ((fixed.tp && *fixed.tp != tp) || (in_.limits.whole_heads && in_.model.heads > 0 && in_.model.heads % tp != 0))
+        continue;
+      for (std::int64_t pp : divisors(ranks_ / tp)) {
+        if (pp > blocks_ || (fixed.pp && *fixed.pp != pp)) continue;
+        const std::int64_t dp = ranks_ / tp / pp;
+        if (batch_ % dp != 0 || (fixed.dp && *fixed.dp != dp)) continue;
+        placements(tp, pp, dp);
+      }
+    }
+    return std::move(cands_);
+  }
+
+ private:
+  // Every placement of the axes onto ranks and every expert degree of one split. Placements that put
+  // every group on the same tiers cost the same, so only the first of them becomes candidates.
+  void placements(std::int64_t tp, std::int64_t pp, std::int64_t dp) {
+    std::set<std::tuple<int, int, int, int, int, std::int64_t, std::int64_t, int>> seen_links;
+    const auto eps = expert_degrees(dp, experts_, in_.limits.fixed);
+    for (const auto& order : kAxisOrders) {
+      for (std::int64_t ep : eps) {
+        Config base;
+        base.tp = tp, base.pp = pp, base.dp = dp, base.ep = ep;
+        if (in_.limits.fixed.recompute) base.forced_recompute = static_cast<int>(*in_.limits.fixed.recompute);
+        std::copy(order, order + 3, base.order);
+        auto links = axis_links(in_.topo, base);
+        if (!links) continue;
+        const Hsdp hsdp = in_.work.train && dp > 1 ? hsdp_group(in_.topo, base, *links) : Hsdp{};
+        if (!seen_links
+                 .insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep,
+                          hsdp.group, hsdp.links ? hsdp.links->replica.level : -1})
+                 .second)
+          continue;
+        micro_batchings(base, *links, hsdp);
       }
     }
   }
-  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
 
+  // Every micro-batch size dividing the per-replica batch (the count follows), with and without
+  // sequence parallelism. Times do not depend on the ZeRO level, so one cost table serves all four.
+  void micro_batchings(const Config& base, const AxisLinks& links, const Hsdp& hsdp) {
+    for (std::int64_t mbs : divisors(batch_ / base.dp)) {
+      for (int sp = 0; sp <= (base.tp > 1 ? 1 : 0); ++sp) {
+        Config c = base;
+        c.micro_batch_size = mbs;
+        c.micro_batches = batch_ / base.dp / mbs;
+        c.sequence_parallel = sp == 1;
+        const CostTable table = cost_table(in_.model, c, in_.work, in_.machine, links);
+        zero_levels(c, links, hsdp, totals(in_.model, table));
+      }
+    }
+  }
+
+  // The ZeRO levels over the whole DP group, and over the HSDP group when there is one, each with
+  // the model states of the same table rescaled; then every schedule of the configuration.
+  void zero_levels(Config c, const AxisLinks& links, const Hsdp& hsdp, Totals t) {
+    const ModelProfile& m = in_.model;
+    const Workload& w = in_.work;
+    const Fixed& fixed = in_.limits.fixed;
+    for (int zs = 0; zs <= (w.train && c.dp > 1 ? 3 + 3 * (hsdp.group > 0) : 0); ++zs) {
+      // zs 0..3: ZeRO 0..3 over the whole DP group; 4..6: ZeRO 1..3 over the HSDP group.
+      const int zero = zs <= 3 ? zs : zs - 3;
+      c.optimizer_shard = zero;
+      c.shard_group = zs <= 3 ? 0 : hsdp.group;
+      if (fixed.shard_group && *fixed.shard_group != (c.shard_group > 0 ? c.shard_group : c.dp)) continue;
+      const AxisLinks& zl = zs <= 3 ? links : *hsdp.links;
+      t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, dense_shard(c)) +
+                 t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, expert_shard(c));
+      for (auto [sched, v] : schedules(c, w.train, blocks_)) {
+        c.schedule = sched;
+        c.virtual_stages = v;
+        if (fixed.admits(c)) bound(c, zl, t);
+      }
+    }
+  }
+
+  // One configuration's bounds: model states / pp above the usable memory drops it; the time bound
+  // orders the survivors.
+  void bound(const Config& c, const AxisLinks& links, const Totals& t) {
+    ++res_.stats.evaluated;
+    const double mem_bound = t.states / static_cast<double>(c.pp);
+    if (mem_bound > usable_) {
+      ++res_.stats.pruned_memory;
+      note_shortfall(res_.shortfall, mem_bound, mem_bound, 0, c);
+      return;
+    }
+    cands_.push_back({c, time_bound(in_.model, c, in_.work, in_.machine, links, t)});
+  }
+
+  const SearchInput& in_;
+  SearchResult& res_;
+  const std::int64_t ranks_, blocks_, batch_;
+  const double usable_;
+  std::int64_t experts_ = 0;
+  std::vector<Bounded> cands_;
+};
+
+// A candidate level 2 cannot fit: the even split's worst rank is its need, for the report of why
+// nothing fits.
+void note_even_split(const SearchInput& in, const Config& c, const AxisLinks& links, Shortfall& shortfall) {
+  const ModelProfile& m = in.model;
+  const CostTable table = cost_table(m, c, in.work, in.machine, links);
+  const StageContext ctx{m, c, in.work, in.machine, links, table};
+  StagePlan worst;
+  const std::int64_t nb = static_cast<std::int64_t>(m.blocks.size());
+  for (std::int64_t s = 0; s < c.pp; ++s) {
+    auto sp = evaluate_stage(ctx, s, range(s * nb / c.pp, (s + 1) * nb / c.pp));
+    if (sp.memory > worst.memory) worst = sp;
+  }
+  note_shortfall(shortfall, worst.memory, worst.states, worst.activations, c);
+}
+
+// Adds `plan` to the top k, best first. Equivalent plans (same degrees, micro-batching and schedule,
+// the same predicted time to 1e-6: a ZeRO level, SP or placement that changes nothing that matters)
+// would fill the top k with one choice, so only one of them is kept.
+void keep_distinct(SearchResult& res, Plan plan, std::size_t k) {
+  const Config& c = plan.config;
+  auto same = std::find_if(res.plans.begin(), res.plans.end(), [&](const Plan& q) {
+    const Config& a = q.config;
+    return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep && a.micro_batch_size == c.micro_batch_size &&
+           a.schedule == c.schedule && a.virtual_stages == c.virtual_stages &&
+           std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-6 * plan.predicted.iteration;
+  });
+  if (same != res.plans.end()) {
+    ++res.stats.duplicates;
+    // The faster stays (the best time must be exact); on a tie, the one needing less memory.
+    const double dt = plan.predicted.iteration - same->predicted.iteration;
+    const bool tie = std::abs(dt) <= 1e-12 * plan.predicted.iteration;
+    if (tie ? same->predicted.peak_memory <= plan.predicted.peak_memory : dt > 0) return;
+    res.plans.erase(same);
+  }
+  auto at = std::upper_bound(res.plans.begin(), res.plans.end(), plan.predicted.iteration,
+                             [](double t, const Plan& p) { return t < p.predicted.iteration; });
+  res.plans.insert(at, std::move(plan));
+  if (res.plans.size() > k) res.plans.pop_back();
+}
+
+// Level 2 on the candidates in bound order, stopping as soon as the bound reaches the k-th best
+// predicted time: no later candidate can enter the top k (branch and bound).
+void rank_by_level2(const SearchInput& in, const std::vector<Bounded>& cands, SearchResult& res) {
+  const ModelProfile& m = in.model;
   const std::size_t k = static_cast<std::size_t>(std::max<std::int64_t>(1, in.limits.top_k));
   for (std::size_t i = 0; i < cands.size(); ++i) {
     if (res.plans.size() >= k && cands[i].bound >= res.plans.back().predicted.iteration) {
@@ -416,45 +509,27 @@ SearchResult search(const SearchInput& in) {
     auto links = axis_links(in.topo, c);
     if (!links) continue;
     ++res.stats.level2;
-    auto stages = assign_stages(m, c, w, mc, *links);
+    auto stages = assign_stages(m, c, in.work, in.machine, *links);
     if (stages.empty()) {
       ++res.stats.level2_infeasible;
-      // The uneven packing failed: report the even split's worst rank as this candidate's need.
-      const CostTable table = cost_table(m, c, w, mc, *links);
-      const StageContext ctx{m, c, w, mc, *links, table};
-      StagePlan worst;
-      const std::int64_t nb = static_cast<std::int64_t>(m.blocks.size());
-      for (std::int64_t s = 0; s < c.pp; ++s) {
-        auto sp = evaluate_stage(ctx, s, range(s * nb / c.pp, (s + 1) * nb / c.pp));
-        if (sp.memory > worst.memory) worst = sp;
-      }
-      note_shortfall(res.shortfall, worst.memory, worst.states, worst.activations, c);
+      note_even_split(in, c, *links, res.shortfall);
       continue;
     }
     Plan plan{c, std::move(stages), {}, *links};
-    plan.predicted = predict(m, c, w, mc, *links, plan.stages);
-    // Equivalent plans (same degrees, micro-batching and schedule, the same predicted time to 1e-6: a
-    // ZeRO level, SP or placement that changes nothing that matters) would fill the top k with one
-    // choice; only one of them is kept.
-    auto same = std::find_if(res.plans.begin(), res.plans.end(), [&](const Plan& q) {
-      const Config& a = q.config;
-      return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep && a.micro_batch_size == c.micro_batch_size &&
-             a.schedule == c.schedule && a.virtual_stages == c.virtual_stages &&
-             std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-6 * plan.predicted.iteration;
-    });
-    if (same != res.plans.end()) {
-      ++res.stats.duplicates;
-      // The faster stays (the best time must be exact); on a tie, the one needing less memory.
-      const double dt = plan.predicted.iteration - same->predicted.iteration;
-      const bool tie = std::abs(dt) <= 1e-12 * plan.predicted.iteration;
-      if (tie ? same->predicted.peak_memory <= plan.predicted.peak_memory : dt > 0) continue;
-      res.plans.erase(same);
-    }
-    auto at = std::upper_bound(res.plans.begin(), res.plans.end(), plan.predicted.iteration,
-                               [](double t, const Plan& p) { return t < p.predicted.iteration; });
-    res.plans.insert(at, std::move(plan));
-    if (res.plans.size() > k) res.plans.pop_back();
+    plan.predicted = predict(m, c, in.work, in.machine, *links, plan.stages);
+    keep_distinct(res, std::move(plan), k);
   }
+}
+
+}  // namespace
+
+SearchResult search(const SearchInput& in) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  SearchResult res;
+  std::vector<Bounded> cands = Level1(in, res).enumerate();
+  std::stable_sort(cands.begin(), cands.end(), [](const Bounded& a, const Bounded& b) { return a.bound < b.bound; });
+  rank_by_level2(in, cands, res);
   res.stats.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return res;
 }

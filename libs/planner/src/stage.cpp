@@ -10,7 +10,7 @@
 // selective / full): exact (every count of full and selective blocks) when a rank's blocks are
 // identical, greedy by bytes saved per second added otherwise.
 //
-// The step time (predict) is the Metis form of planner.md §1 generalised to interleaving:
+// The step time (predict) is the Metis form of the pipeline time generalised to interleaving:
 //   T_pipe = m * max_k t_k + (sum_k t_k - max_k t_k) / v
 // which is (m - 1) max t + sum t for v = 1 and m t + (p - 1) t / v for equal stages (the
 // interleaved bubble of Narayanan et al. 2021). DP gradient reduction, ZeRO gathers and the optimizer

@@ -37,4 +37,8 @@ StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vecto
 StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
                      std::vector<recipe::Recompute> recompute);
 
+/// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even as
+/// the count allows): chunk j = round * pp + rank, in model order; v = 1 is the contiguous split.
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v);
+
 }  // namespace hp::planner

@@ -55,9 +55,7 @@ Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& 
     o.compare = false;
     recipe::Cluster c = cluster;
     if (key == "nodes") {
-      auto scaled = recipe::scale_cluster(cluster, v);
-      if (!scaled) return std::move(scaled).error();
-      c = std::move(*scaled);
+      HP_ASSIGN_OR_RETURN(c, recipe::scale_cluster(cluster, v));
     } else {
       o.global_batch = v;
     }

@@ -202,3 +202,54 @@ TEST_CASE("planner: the top-k plans are pairwise different configurations", "[pl
     CHECK(seen.insert(key).second);
   }
 }
+
+TEST_CASE("planner: run_command resolves the bundled model and the cluster, and returns what to print and write",
+          "[planner][command]") {
+  PlanOptions opts;
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  opts.model_dirs = {"/nonexistent/models", std::string(HP_SOURCE_DIR) + "/recipes/models"};
+  opts.summary = true;
+  opts.json = true;
+  opts.dim_args = {"batch=1"};
+  opts.seq = 8;
+  opts.cluster = "dgx-h100";
+  opts.nodes = 2;
+  auto summary = run_command(opts);
+  if (!summary) FAIL(summary.error().str());
+  CHECK(summary->model == std::string(HP_SOURCE_DIR) + "/recipes/models/tiny-gpt2.onnx");
+  CHECK(summary->text.find("\"cluster\": {") != std::string::npos);
+  CHECK(summary->text.find("\"ranks\": 16") != std::string::npos);
+  CHECK(summary->files.empty());
+
+  // Planning without a cluster plans on local-cpu; -o and --schedule-svg come back as files, in order.
+  opts = PlanOptions{};
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 16;
+  opts.global_batch = 2;
+  opts.output = "plan.toml";
+  opts.schedule_svg = "plan.svg";
+  auto planned = run_command(opts);
+  if (!planned) FAIL(planned.error().str());
+  CHECK(planned->text.find("cluster      local-cpu: 1 ranks") != std::string::npos);
+  REQUIRE(planned->files.size() == 2);
+  CHECK(planned->files[0].path == "plan.svg");
+  CHECK(planned->files[1].path == "plan.toml");
+  CHECK(planned->files[1].contents.find("cluster = \"local-cpu\"") != std::string::npos);
+
+  opts.sweep = "nodes=1,2";
+  auto sweep = run_command(opts);
+  REQUIRE(!sweep);
+  CHECK(sweep.error().code == Errc::usage);
+  opts = PlanOptions{};
+  opts.nodes = 2;
+  auto nodes = run_command(opts);
+  REQUIRE(!nodes);
+  CHECK(nodes.error().message() == "--nodes needs --cluster");
+  opts = PlanOptions{};
+  opts.summary = true;
+  opts.model_dirs = {"/nonexistent/models"};
+  auto bundled = run_command(opts);
+  REQUIRE(!bundled);
+  CHECK(bundled.error().where() == "/nonexistent/models/tiny-gpt2.onnx");
+}

@@ -178,7 +178,7 @@ struct Prediction {
   double peak_memory = 0;           ///< max over stages
 };
 
-/// Combines stage plans into the step time (Metis form, planner.md §1, with interleaving).
+/// Combines stage plans into the step time (the Metis form generalised to interleaving; src/stage.cpp).
 Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
                    const AxisLinks& links, const std::vector<StagePlan>& stages);
 

@@ -1,8 +1,10 @@
-// The options of `hp plan`, bound by apps/hp/cmd_plan.cpp. The model part (which file, which dims)
-// also serves --summary. Precedence when recipes fill this struct: defaults < recipe < flags.
+// The options of `hp plan`, bound by apps/hp/cmd_plan.cpp and run by planner::run_command. The model
+// part (which file, which dims) also serves --summary. Precedence when recipes fill this struct:
+// defaults < recipe < flags.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ struct PlanOptions {
   bool compare = false;              ///< also run the DP x TP-only and greedy "expert" baselines
   std::string sweep;                 ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
   std::string schedule_svg;          ///< file to draw the best plan's pipeline schedule into
+  // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then the
+  // source tree of a build):
+  std::vector<std::filesystem::path> preset_dirs;  ///< cluster presets, in search order (recipe::preset_dirs)
+  std::vector<std::filesystem::path> model_dirs;   ///< directories that may hold the bundled tiny-gpt2.onnx, in order
 };
 
 }  // namespace hp::planner

@@ -1,8 +1,9 @@
-// `hp plan`: the two-level H2O planner (reference/planner.md §1, seeds/h2o-planner.txt). run() loads
-// the model's shapes, profiles its blocks, searches level 1 (degrees, micro-batching, schedule,
-// placement of the axes onto topology tiers) pruned by lower bounds, runs level 2 (stage assignment
-// and per-block recomputation) on the survivors, and returns the ranked plans. Rendering and recipe
-// writing are separate so tests can check each.
+// `hp plan`: the two-level H2O planner (docs/planner.md). run() loads the model's shapes, profiles
+// its blocks, searches level 1 (degrees, micro-batching, schedule, placement of the axes onto topology
+// tiers) pruned by lower bounds, runs level 2 (stage assignment and per-block recomputation) on the
+// survivors, and returns the ranked plans. Rendering and recipe writing are separate so tests can
+// check each; run_command is the whole command. Pricing one given configuration without a search is
+// planner::predict (hp/planner/predict.h).
 #pragma once
 
 #include <cstdint>
@@ -173,5 +174,38 @@ std::string schedule_svg(const PlanReport& r);
 
 /// The best plan as a complete recipe whose model and cluster paths are relative to `recipe_path`.
 recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path);
+
+/// What `hp plan --summary` reports: the model's summary and the cluster it would be planned on.
+struct SummaryReport {
+  model::ModelSummary model;
+  std::optional<recipe::Cluster> cluster;  ///< when --cluster was given
+};
+/// The model summary's table, after a "cluster" line when there is one.
+std::string format_summary_text(const SummaryReport& r);
+/// The model summary's JSON object with a "cluster" entry (name, nodes, ranks, rank_device) when
+/// there is one.
+std::string format_summary_json(const SummaryReport& r);
+
+/// What `hp plan` prints and writes, rendered as the options asked.
+struct PlanOutput {
+  std::string model;                  ///< the model summarised or planned (the bundled one when none was named)
+  std::vector<std::string> warnings;  ///< about that model, to report before `text`
+  std::string text;                   ///< for standard output: the plan table or JSON, the sweep rows or the
+                                      ///< summary (empty when -o takes the summary)
+  struct File {
+    std::filesystem::path path;
+    std::string contents;
+  };
+  std::vector<File> files;            ///< to write after printing, in order (--schedule-svg, then -o)
+};
+
+/// `hp plan` in one call. Resolves the options (--dim bindings, --cluster scaled to --nodes, the
+/// bundled model from opts.model_dirs when opts.model is empty), then with opts.summary summarises
+/// the model; else plans on the cluster (local-cpu when none is named), once per value with
+/// opts.sweep (run_sweep) or once (run), rendered as text or JSON, with the schedule SVG and the best
+/// plan's recipe as files. Errors come in the order the options are resolved: --dim, the cluster
+/// (--nodes without --cluster is Errc::usage), the bundled model, then the summary's, the sweep's
+/// (--sweep with -o, --schedule-svg or --compare is Errc::usage) or the plan's.
+Expected<PlanOutput> run_command(const PlanOptions& opts);
 
 }  // namespace hp::planner

@@ -1,0 +1,124 @@
+// `hp plan` as one library call (run_command): the options resolved into a model and a cluster as
+// the command line means them, then the summary, the sweep or the plan, rendered. The app binds the
+// flags, prints what comes back and writes its files.
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include "hp/model/plan_options.h"
+#include "hp/planner/planner.h"
+#include "hp/recipe/presets.h"
+
+namespace hp::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kBundledModel = "tiny-gpt2.onnx";
+
+// The model `hp plan` plans when none is named: the first of `dirs` that holds it.
+Expected<std::string> bundled_model(const std::vector<fs::path>& dirs) {
+  std::error_code ec;
+  for (const auto& d : dirs)
+    if (fs::is_regular_file(d / kBundledModel, ec)) return (d / kBundledModel).lexically_normal().string();
+  return Error(Errc::bad_input, "the bundled model tiny-gpt2.onnx was not found",
+               dirs.empty() ? std::string() : (dirs.front() / kBundledModel).string(), "pass a model file: hp plan MODEL.onnx");
+}
+
+// --cluster (a preset name, or a file relative to the working directory) at --nodes; nullopt when no
+// cluster is named. Resolved before the model is read, so a bad cluster is reported whatever else is
+// asked.
+Expected<std::optional<recipe::Cluster>> named_cluster(const PlanOptions& opts) {
+  if (opts.cluster.empty()) {
+    if (opts.nodes > 0) return Error(Errc::usage, "--nodes needs --cluster", "", "name a preset, e.g. --cluster dgx-h100");
+    return std::optional<recipe::Cluster>();
+  }
+  recipe::Recipe ref;
+  ref.cluster = opts.cluster;
+  ref.nodes = opts.nodes;  // 0: the cluster file's own
+  HP_ASSIGN_OR_RETURN(recipe::Cluster cluster, recipe::cluster_for(ref, fs::current_path(), opts.preset_dirs));
+  return std::optional<recipe::Cluster>(std::move(cluster));
+}
+
+std::string describe_cluster(const recipe::Cluster& c) {
+  const auto* dev = c.rank_device_type();
+  return fmt::format("{}: {} node(s) x {} {} = {} ranks", c.name, c.nodes, c.ranks_per_node(),
+                     dev ? dev->name : c.rank_device, c.ranks());
+}
+
+// --summary: the model summarised at the bound dims, as a table or JSON, printed or written to -o.
+Expected<PlanOutput> summary_output(const PlanOptions& opts, const model::DimBindings& dims,
+                                    std::optional<recipe::Cluster> cluster) {
+  HP_ASSIGN_OR_RETURN(model::ModelSummary summary, model::summarize_model({opts.model, dims, opts.require_data}));
+  PlanOutput out;
+  out.model = opts.model;
+  out.warnings = summary.warnings;
+  const SummaryReport report{std::move(summary), std::move(cluster)};
+  std::string text = opts.json ? format_summary_json(report) : format_summary_text(report);
+  if (opts.output.empty())
+    out.text = std::move(text);
+  else
+    out.files.push_back({opts.output, std::move(text)});
+  return out;
+}
+
+// The plan (or one per --sweep value) on `cluster`, with the files --schedule-svg and -o write.
+Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster& cluster) {
+  PlanOutput out;
+  out.model = opts.model;
+  if (!opts.sweep.empty()) {
+    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
+      return Error(Errc::usage, "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare", "",
+                   "run the value you want without --sweep");
+    HP_ASSIGN_OR_RETURN(out.text, run_sweep(opts, cluster));
+    return out;
+  }
+  HP_ASSIGN_OR_RETURN(const PlanReport report, run(opts, cluster));
+  out.warnings = report.warnings;
+  out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
+  if (!opts.schedule_svg.empty()) out.files.push_back({opts.schedule_svg, schedule_svg(report)});
+  if (!opts.output.empty())
+    out.files.push_back({opts.output, recipe::format_recipe(plan_to_recipe(report, opts.output))});
+  return out;
+}
+
+}  // namespace
+
+std::string format_summary_text(const SummaryReport& r) {
+  std::string text = model::format_summary_text(r.model);
+  return r.cluster ? fmt::format("{:<13} {}\n", "cluster", describe_cluster(*r.cluster)) + text : text;
+}
+
+std::string format_summary_json(const SummaryReport& r) {
+  // libs/model renders its summary as JSON text only, so the cluster entry is added to that object
+  // (nlohmann::json keeps its keys sorted) instead of rendering the summary a second way.
+  auto j = nlohmann::json::parse(model::format_summary_json(r.model));
+  if (r.cluster) {
+    const auto* dev = r.cluster->rank_device_type();
+    j["cluster"] = {{"name", r.cluster->name}, {"nodes", r.cluster->nodes}, {"ranks", r.cluster->ranks()},
+                    {"rank_device", dev ? dev->name : r.cluster->rank_device}};
+  }
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+Expected<PlanOutput> run_command(const PlanOptions& given) {
+  PlanOptions opts = given;
+  HP_ASSIGN_OR_RETURN(model::DimBindings dims, model::parse_dim_bindings(opts.dim_args));
+  if (opts.seq > 0) dims.emplace("seq", opts.seq);  // --seq also binds a "seq" dim unless --dim did
+  HP_ASSIGN_OR_RETURN(std::optional<recipe::Cluster> cluster, named_cluster(opts));
+  if (opts.model.empty()) {
+    HP_ASSIGN_OR_RETURN(opts.model, bundled_model(opts.model_dirs));
+  }
+  if (opts.summary) return summary_output(opts, dims, std::move(cluster));
+  if (!cluster) {
+    opts.cluster = "local-cpu";  // also what the report and the recipe name as the cluster
+    HP_ASSIGN_OR_RETURN(cluster, named_cluster(opts));
+  }
+  return plan_output(opts, *cluster);
+}
+
+}  // namespace hp::planner
