@@ -7,23 +7,18 @@
 #include <cstring>
 #include <limits>
 
+#include "hp/core/dtype.h"
+
 namespace hp::model {
 
 int elem_size(std::int32_t t) {
-  using T = onnx::TensorProto;
-  switch (t) {
-    case T::FLOAT: case T::INT32: case T::UINT32: return 4;
-    case T::DOUBLE: case T::INT64: case T::UINT64: case T::COMPLEX64: return 8;
-    case T::COMPLEX128: return 16;
-    case T::FLOAT16: case T::BFLOAT16: case T::INT16: case T::UINT16: return 2;
-    case T::INT8: case T::UINT8: case T::BOOL: return 1;
-    default: return 0;
-  }
+  const auto d = dtype_from_onnx(t);
+  return d ? dtype_size(*d) : 0;
 }
 
 bool is_float_type(std::int32_t t) {
-  using T = onnx::TensorProto;
-  return t == T::FLOAT || t == T::FLOAT16 || t == T::BFLOAT16 || t == T::DOUBLE;
+  const auto d = dtype_from_onnx(t);
+  return d && dtype_is_float(*d);
 }
 
 std::int64_t saturate_i64(double v) {

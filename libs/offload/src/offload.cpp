@@ -47,6 +47,8 @@ std::optional<double> parse_seconds(std::string_view text) {
 
 struct Checked {
   std::optional<double> hbm;
+  DType dtype = DType::bf16;
+  Optimizer optimizer = Optimizer::adam;
   std::vector<Target> targets;
   double latency = 0;
   bool train = true;
@@ -57,6 +59,12 @@ Expected<Checked> check_options(const OffloadOptions& o) {
   if (o.mode != "train" && o.mode != "infer")
     return Error(Errc::usage, fmt::format("--mode must be train or infer, got '{}'", o.mode));
   c.train = o.mode == "train";
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype) return std::move(dtype).error();
+  c.dtype = *dtype;
+  auto optimizer = parse_optimizer(o.optimizer);
+  if (!optimizer) return std::move(optimizer).error();
+  c.optimizer = *optimizer;
   if (!o.hbm.empty()) {
     auto b = parse_bytes(o.hbm);
     if (!b || !(*b > 0))
@@ -134,8 +142,8 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
   StageBuildOptions sb;
   sb.model = (dir / rec->model).lexically_normal();
   sb.train = checked->train;
-  sb.dtype = options.dtype;
-  sb.optimizer = options.optimizer;
+  sb.dtype = checked->dtype;
+  sb.optimizer = checked->optimizer;
   sb.heads = options.heads;
   sb.kv_heads = options.kv_heads;
   auto built = build_stages(*rec, *cluster, sb);

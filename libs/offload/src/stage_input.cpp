@@ -46,28 +46,13 @@ double residual_width(const model::ModelSummary& s, std::int64_t seq) {
 
 }  // namespace
 
-double dtype_bytes(const std::string& dtype) {
-  if (dtype == "fp32") return 4;
-  if (dtype == "fp8") return 1;
-  return 2;
-}
-
-double optimizer_bytes(const std::string& optimizer, const std::string& dtype) {
-  const double master = dtype == "fp32" ? 0 : 4;
-  if (optimizer == "adam" || optimizer == "adamw") return master + 8;
-  if (optimizer == "sgd") return master + 4;
-  return 0;
-}
-
 Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluster& cluster, const StageBuildOptions& o) {
   auto seq_it = r.dims.find("seq");
   if (seq_it == r.dims.end())
     return Error(Errc::bad_input, "the recipe binds no sequence length", r.name,
                  "add seq to [model] dims, e.g. dims = { batch = 1, seq = 2048 }");
-  if (o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "sgd" && o.optimizer != "none")
-    return Error(Errc::usage, fmt::format("unknown optimizer '{}'", o.optimizer), "", "use adam, adamw, sgd or none");
   const std::int64_t seq = seq_it->second;
-  const double db = dtype_bytes(o.dtype);
+  const double db = dtype_size(o.dtype);
   model::DimBindings dims(r.dims.begin(), r.dims.end());
   dims["batch"] = 1;  // the planner's profile is per sequence
   auto summary = model::summarize_model({o.model, dims, false});
@@ -107,7 +92,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   w.train = o.train;
   w.global_batch = p.dp * p.micro_batch_size * p.micro_batches;
   w.grad_bytes = db;
-  w.optimizer_state_bytes = optimizer_bytes(o.optimizer, o.dtype);
+  w.optimizer_state_bytes = optimizer_state_bytes(o.optimizer, o.dtype);
   planner::Workload wt = w;
   wt.train = true;  // activations of a forward, also for inference (what exists while a unit runs)
 

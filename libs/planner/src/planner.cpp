@@ -13,6 +13,8 @@
 
 #include <fmt/core.h>
 
+#include "hp/core/dtype.h"
+#include "hp/core/optimizer.h"
 #include "hp/core/units.h"
 #include "hp/model/plan_options.h"
 #include "hp/planner/predict.h"
@@ -21,19 +23,19 @@
 namespace hp::planner {
 namespace {
 
-double dtype_size(const std::string& dtype) {
-  if (dtype == "fp32") return 4;
-  if (dtype == "fp8") return 1;
-  return 2;
+// Element and optimizer-state bytes come from the core tables (hp/core/dtype.h, optimizer.h), so the
+// planner and offload-profile price alike. A name the tables do not know (hp plan's CLI lets none
+// through) prices as before: 2 bytes, and no optimizer state for an unknown optimizer.
+DType dtype_or_bf16(const std::string& dtype) {
+  const auto t = parse_dtype(dtype);
+  return t ? *t : DType::bf16;
 }
 
-// Optimizer bytes per parameter beyond weights and gradients (K of the ZeRO paper): Adam keeps two
-// fp32 moments and, for 16-bit training, an fp32 master copy; SGD with momentum one moment.
+double dtype_size(const std::string& dtype) { return hp::dtype_size(dtype_or_bf16(dtype)); }
+
 double optimizer_bytes(const std::string& optimizer, const std::string& dtype) {
-  const double master = dtype == "fp32" ? 0 : 4;
-  if (optimizer == "adam" || optimizer == "adamw") return master + 8;
-  if (optimizer == "sgd") return master + 4;
-  return 0;
+  const auto o = parse_optimizer(optimizer);
+  return o ? optimizer_state_bytes(*o, dtype_or_bf16(dtype)) : 0;
 }
 
 std::string short_config(const Config& c) {

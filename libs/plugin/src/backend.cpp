@@ -9,9 +9,27 @@
 
 namespace hp::plugin {
 
+// hp_dtype is core's DType numbering for the first ten values (hp/core/dtype.h), so both ways are a cast.
+static_assert(static_cast<int>(DType::f32) == HP_F32 && static_cast<int>(DType::f16) == HP_F16 &&
+              static_cast<int>(DType::bf16) == HP_BF16 && static_cast<int>(DType::f64) == HP_F64 &&
+              static_cast<int>(DType::i8) == HP_I8 && static_cast<int>(DType::i32) == HP_I32 &&
+              static_cast<int>(DType::i64) == HP_I64 && static_cast<int>(DType::f8) == HP_F8 &&
+              static_cast<int>(DType::boolean) == HP_BOOL && static_cast<int>(DType::u8) == HP_U8,
+              "hp_dtype and hp::DType must number the ABI's types alike");
+
+std::optional<DType> to_dtype(int hp_dtype) {
+  if (hp_dtype < HP_F32 || hp_dtype > HP_U8) return std::nullopt;
+  return static_cast<DType>(hp_dtype);
+}
+
+int to_hp_dtype(DType t) {
+  const int v = static_cast<int>(t);
+  return v >= HP_F32 && v <= HP_U8 ? v : -1;
+}
+
 const char* dtype_name(int dtype) {
-  static const char* const names[] = {"f32", "f16", "bf16", "f64", "i8", "i32", "i64", "f8", "bool", "u8"};
-  return dtype >= 0 && dtype <= HP_U8 ? names[dtype] : "?";
+  const auto t = to_dtype(dtype);
+  return t ? hp::dtype_name(*t) : "?";
 }
 
 const char* prov_name(hp_prov p) {

@@ -21,14 +21,21 @@ const char* device_kind_name(DeviceKind k) {
   return "cpu";
 }
 
+double PeakFlops::of(DType dtype) const {
+  switch (dtype) {
+    case DType::f32: return fp32;
+    case DType::tf32: return tf32;
+    case DType::bf16: return bf16;
+    case DType::f16: return fp16;
+    case DType::f8: return fp8;
+    case DType::i8: return int8;
+    default: return 0;
+  }
+}
+
 double PeakFlops::of(std::string_view dtype) const {
-  if (dtype == "fp32") return fp32;
-  if (dtype == "tf32") return tf32;
-  if (dtype == "bf16") return bf16;
-  if (dtype == "fp16") return fp16;
-  if (dtype == "fp8") return fp8;
-  if (dtype == "int8") return int8;
-  return 0;
+  auto t = parse_dtype(dtype);
+  return t ? of(*t) : 0;
 }
 
 const DeviceType* Cluster::rank_device_type() const {

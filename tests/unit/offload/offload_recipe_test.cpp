@@ -152,6 +152,18 @@ TEST_CASE("bad inputs: no plan, malformed budget, unknown state kind", "[offload
   r = run(o);
   REQUIRE(!r.ok());
   CHECK(r.error().code == hp::Errc::usage);
+  o.targets.clear();
+  o.dtype = "bf17";
+  r = run(o);
+  REQUIRE(!r.ok());
+  CHECK(r.error().code == hp::Errc::usage);
+  CHECK_THAT(r.error().message(), Catch::Contains("unknown dtype 'bf17'"));
+  o.dtype = "bf16";
+  o.optimizer = "lamb";
+  r = run(o);
+  REQUIRE(!r.ok());
+  CHECK(r.error().code == hp::Errc::usage);
+  CHECK_THAT(r.error().message(), Catch::Contains("unknown optimizer 'lamb'"));
   fs::remove_all(dir);
 }
 
@@ -195,6 +207,14 @@ micro_batches = 1
   auto l = run(o);
   REQUIRE(l.ok());
   CHECK(l->capacity->offloaded.max_context_in_latency <= l->capacity->offloaded.max_context);
+  // The dtype's size comes from the core table under any of its names: fp32 doubles the KV cache.
+  o.latency_budget.clear();
+  for (const char* f32 : {"fp32", "float32", "f32"}) {
+    o.dtype = f32;
+    auto w = run(o);
+    REQUIRE(w.ok());
+    CHECK(w->capacity->kv_per_token == Approx(kv_cache_bytes(3, 2, 16, 1, 4)));
+  }
   fs::remove_all(dir);
 }
 

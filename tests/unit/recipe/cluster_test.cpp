@@ -72,6 +72,28 @@ TEST_CASE("cluster: every preset loads and validates", "[recipe]") {
   }
 }
 
+TEST_CASE("cluster: peak FLOP/s by core dtype and by any of its names", "[recipe]") {
+  PeakFlops f;
+  f.fp32 = 1, f.tf32 = 2, f.bf16 = 3, f.fp16 = 4, f.fp8 = 5, f.int8 = 6;
+  CHECK(f.of(hp::DType::f32) == 1);
+  CHECK(f.of(hp::DType::tf32) == 2);
+  CHECK(f.of(hp::DType::bf16) == 3);
+  CHECK(f.of(hp::DType::f16) == 4);
+  CHECK(f.of(hp::DType::f8) == 5);
+  CHECK(f.of(hp::DType::i8) == 6);
+  CHECK(f.of(hp::DType::f64) == 0);  // no field: unsupported as far as the cluster file says
+  CHECK(f.of(hp::DType::i64) == 0);
+  CHECK(f.of("fp32") == 1);
+  CHECK(f.of("float32") == 1);
+  CHECK(f.of("f32") == 1);
+  CHECK(f.of("bfloat16") == 3);
+  CHECK(f.of("half") == 4);
+  CHECK(f.of("int8") == 6);
+  CHECK(f.of("") == 0);
+  CHECK(f.of("fp33") == 0);
+  CHECK(f.of("BF16") == 0);
+}
+
 TEST_CASE("cluster: preset figures", "[recipe]") {
   Cluster h = preset("dgx-h100");
   CHECK(h.ranks_per_node() == 8);

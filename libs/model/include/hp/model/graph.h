@@ -100,7 +100,8 @@ struct Graph {
 /// external data. Errors: Errc::bad_input for a negative binding or a graph inference rejects.
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims);
 
-/// Element size in bytes of an onnx data type, 0 when unknown (strings, undefined).
+/// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown (strings,
+/// undefined, 4-bit types).
 int elem_size(std::int32_t elem_type);
 
 }  // namespace hp::model

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "hp/core/dtype.h"
 #include "hp/core/expected.h"
+#include "hp/core/optimizer.h"
 #include "hp/offload/capacity.h"
 #include "hp/offload/timeline.h"
 #include "hp/recipe/cluster.h"
@@ -20,7 +22,8 @@ namespace hp::offload {
 struct StageBuildOptions {
   std::filesystem::path model;        ///< resolved ONNX path
   bool train = true;
-  std::string dtype = "bf16", optimizer = "adam";
+  DType dtype = DType::bf16;          ///< compute dtype: weights, gradients, activations
+  Optimizer optimizer = Optimizer::adam;
   std::int64_t heads = 0, kv_heads = 0;  ///< GQA ratio for the KV cache; 0 = multi-head
 };
 
@@ -31,11 +34,6 @@ struct BuiltStages {
   double predicted_step = 0;          ///< planner::predict's iteration time for this plan
   CapacityInput capacity;             ///< stages, context and batch (inference)
 };
-
-/// Bytes per element of a dtype name ("fp32" 4, "fp8" 1, else 2); optimizer bytes per parameter
-/// beyond weights and gradients (K: Adam 8 + fp32 master for 16-bit training, SGD 4 + master).
-double dtype_bytes(const std::string& dtype);
-double optimizer_bytes(const std::string& optimizer, const std::string& dtype);
 
 Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluster& cluster,
                                    const StageBuildOptions& o);

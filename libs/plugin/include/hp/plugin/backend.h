@@ -7,9 +7,11 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "hp/core/dtype.h"
 #include "hp/core/expected.h"
 #include "hp/plugin/hp_plugin.h"
 
@@ -42,7 +44,12 @@ struct MemStats {
   std::uint64_t allocs = 0, refused = 0;
 };
 
-const char* dtype_name(int dtype);        ///< "f32", "bf16", ...
+/// The core DType of an hp_dtype (the same numbering, HP_F32 .. HP_U8); nullopt outside it.
+std::optional<DType> to_dtype(int hp_dtype);
+/// The hp_dtype of a DType; -1 for the types the plugin ABI has no code for (i16, u16, u32, u64, c64,
+/// c128, tf32).
+int to_hp_dtype(DType t);
+const char* dtype_name(int dtype);        ///< hp::dtype_name of the hp_dtype ("f32", "bf16", ...), "?" outside
 const char* prov_name(hp_prov p);         ///< "measured", "table", "unknown"
 const char* kind_name(hp_device_kind k);  ///< "cpu", "gpu", "npu"
 const char* code_name(hp_code c);         ///< "unavailable", "version", ...

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hp/core/dtype.h"
 #include "hp/core/error.h"
 #include "hp/core/expected.h"
 #include "hp/recipe/source_map.h"
@@ -35,7 +36,9 @@ const char* device_kind_name(DeviceKind k);
 /// Peak dense throughput per data type in FLOP/s (OP/s for int8); 0 means unsupported or unknown.
 struct PeakFlops {
   double fp32 = 0, tf32 = 0, bf16 = 0, fp16 = 0, fp8 = 0, int8 = 0;
-  /// Looks a data type up by name ("bf16", ...); 0 for an unknown name.
+  /// The peak for a data type; 0 for one without a field here (f64, i32, ...).
+  double of(DType dtype) const;
+  /// The same by name or alias (parse_dtype: "bf16", "fp32", "float32", ...); 0 for an unknown name.
   double of(std::string_view dtype) const;
   friend bool operator==(const PeakFlops&, const PeakFlops&) = default;
 };
