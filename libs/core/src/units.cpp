@@ -21,6 +21,12 @@ std::pair<double, int> scale(double v, double base, int max_index) {
   return {v, i};
 }
 
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
 }  // namespace
 
 std::string format_bytes(double bytes) {
@@ -57,11 +63,6 @@ std::string format_seconds(double s) {
 }
 
 std::optional<double> parse_bytes(std::string_view text) {
-  auto trim = [](std::string_view s) {
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-    return s;
-  };
   text = trim(text);
   std::size_t pos = 0;
   while (pos < text.size() &&
@@ -84,6 +85,26 @@ std::optional<double> parse_bytes(std::string_view text) {
       {"tib", 1099511627776.0}, {"m", 1e6}, {"g", 1e9}}};
   for (const auto& s : suffixes)
     if (unit == s.name) return value * s.mult;
+  return std::nullopt;
+}
+
+std::optional<double> parse_seconds(std::string_view text) {
+  text = trim(text);
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  // A digit or '.' first: from_chars alone would also take "inf", "nan" and a second sign.
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text.front())) || text.front() == '.'))
+    return std::nullopt;
+  double value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || !std::isfinite(value) || value < 0) return std::nullopt;
+  const std::string_view unit = trim(std::string_view(ptr, static_cast<std::size_t>(end - ptr)));
+  struct Unit { std::string_view name; double mult; };
+  static constexpr std::array<Unit, 7> units{{{"", 1.0}, {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6},
+                                              {"\xC2\xB5s", 1e-6} /* µs, micro sign */,
+                                              {"\xCE\xBCs", 1e-6} /* μs, Greek mu */, {"ns", 1e-9}}};
+  for (const auto& u : units)
+    if (unit == u.name) return value * u.mult;
   return std::nullopt;
 }
 

@@ -24,27 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// "50ms", "0.2 s", "800us" -> seconds.
-std::optional<double> parse_seconds(std::string_view text) {
-  std::string t;
-  for (char c : text)
-    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &pos);
-  } catch (...) {
-    return std::nullopt;
-  }
-  const std::string unit = t.substr(pos);
-  double scale = 0;
-  if (unit == "s" || unit.empty()) scale = 1;
-  else if (unit == "ms") scale = 1e-3;
-  else if (unit == "us") scale = 1e-6;
-  if (scale == 0 || !(v > 0) || !std::isfinite(v)) return std::nullopt;
-  return v * scale;
-}
-
 struct Checked {
   std::optional<double> hbm;
   DType dtype = DType::bf16;
@@ -74,10 +53,12 @@ Expected<Checked> check_options(const OffloadOptions& o) {
   }
   if (!o.latency_budget.empty()) {
     if (c.train) return Error(Errc::usage, "--latency-budget needs --mode infer");
-    auto s = parse_seconds(o.latency_budget);
+    auto s = parse_seconds(o.latency_budget);  // hp/core/units.h: the rule recipes use too
     if (!s)
       return Error(Errc::usage, fmt::format("malformed --latency-budget '{}'", o.latency_budget), "",
-                   "give a time such as 50ms, 0.1s or 800us");
+                   "give a time such as 50ms, 0.1s, 800us or 500ns");
+    if (!(*s > 0))
+      return Error(Errc::usage, fmt::format("--latency-budget must be greater than 0, got '{}'", o.latency_budget));
     c.latency = *s;
   }
   if (o.optimizer_ratio != -1 && !(o.optimizer_ratio >= 0 && o.optimizer_ratio <= 1))

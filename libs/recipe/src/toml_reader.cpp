@@ -200,28 +200,6 @@ const toml::array* TomlReader::get_array(const toml::table& t, std::string_view 
 
 namespace {
 
-// "2us", "1.5 ms", "3e-6" -> seconds.
-std::optional<double> parse_seconds(std::string_view text) {
-  std::string s(text);
-  s.erase(std::remove_if(s.begin(), s.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
-          s.end());
-  struct Unit { const char* name; double mult; };
-  static constexpr Unit units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"\xC2\xB5s", 1e-6}, {"ms", 1e-3}, {"s", 1.0}};
-  double mult = 1.0;
-  for (const auto& u : units) {
-    std::string_view n(u.name);
-    if (s.size() > n.size() && s.compare(s.size() - n.size(), n.size(), n) == 0) {
-      mult = u.mult;
-      s.resize(s.size() - n.size());
-      break;
-    }
-  }
-  double v = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || v < 0) return std::nullopt;
-  return v * mult;
-}
-
 std::optional<double> parse_rate(std::string_view text) {
   std::string s(text);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();

@@ -146,6 +146,25 @@ TEST_CASE("cluster: numbers and unit strings", "[recipe]") {
   CHECK(c.tiers[1].size == 0);
 }
 
+TEST_CASE("cluster: tier latencies follow core's duration rule", "[recipe]") {
+  for (auto [text, want] : {std::pair{"\"500ns\"", 5e-7}, {"\"0\"", 0.0}, {"\"1.5 ms\"", 1.5e-3},
+                            {"\"+3e-6\"", 3e-6}, {"\"3e-6\"", 3e-6}, {"\"2\xC2\xB5s\"", 2e-6}}) {
+    std::string t = kSmall;
+    t.replace(t.find("latency = \"2us\""), 16, std::string("latency = ") + text);
+    ClusterDocument doc = parse_cluster(t, "c.toml");
+    INFO(text << "\n" << dump(doc.problems));
+    REQUIRE(doc.problems.empty());
+    CHECK(doc.cluster.tiers[0].latency == Approx(want).margin(1e-18));
+  }
+  for (const char* bad : {"\"-2us\"", "\"2 min\"", "\"inf\"", "\"1 5us\"", "\"us\""}) {
+    std::string t = kSmall;
+    t.replace(t.find("latency = \"2us\""), 16, std::string("latency = ") + bad);
+    ClusterDocument doc = parse_cluster(t, "c.toml");
+    INFO(bad << "\n" << dump(doc.problems));
+    CHECK(has(doc.problems, "c.toml:20:11", "'tiers[0].latency' is not a duration"));
+  }
+}
+
 TEST_CASE("cluster: malformed files report every problem with locations", "[recipe]") {
   std::string text = kSmall;
   auto replace = [&](const std::string& from, const std::string& to) { text.replace(text.find(from), from.size(), to); };

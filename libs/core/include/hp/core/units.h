@@ -17,4 +17,11 @@ std::string format_seconds(double s);         ///< 0.0021 -> "2.10 ms"
 /// Parses "64GiB", "80 GB", "1.5e9", "512MiB" into bytes; nullopt when malformed.
 std::optional<double> parse_bytes(std::string_view text);
 
+/// Parses a duration into seconds, the one rule for recipes (tier latency) and options
+/// (--latency-budget): a non-negative decimal number (optional '+', fraction, exponent: "2", "1.5",
+/// ".5", "3e-6") followed by an optional unit - ns, us (also µs, μs), ms or s - with optional spaces
+/// around the number and between it and the unit. No unit means seconds. "0" is zero. nullopt for
+/// negatives, inf/nan, hex, unknown units ("5 min", "5MS") and anything else.
+std::optional<double> parse_seconds(std::string_view text);
+
 }  // namespace hp
