@@ -5,12 +5,9 @@
 
 #include "hp/core/fs.h"
 #include "hp/recipe/cluster.h"
-#include "toml_text.h"
+#include "hp/recipe/toml_writer.h"
 
 namespace hp::recipe {
-
-using detail::number;
-using detail::quote;
 
 const char* device_kind_name(DeviceKind k) {
   switch (k) {
@@ -52,25 +49,31 @@ std::int64_t Cluster::ranks_per_node() const {
 std::int64_t Cluster::ranks() const { return nodes * ranks_per_node(); }
 
 std::string format_cluster(const Cluster& c) {
-  std::string s = "# hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s\n";
-  s += fmt::format("[cluster]\nversion = {}\nname = {}\n", c.version, quote(c.name));
-  if (!c.description.empty()) s += fmt::format("description = {}\n", quote(c.description));
-  s += fmt::format("nodes = {}\nrank_device = {}\n", c.nodes, quote(c.rank_device));
+  TomlWriter w;
+  w.comment("hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s");
+  w.table("cluster").integer("version", c.version).string("name", c.name);
+  if (!c.description.empty()) w.string("description", c.description);
+  w.integer("nodes", c.nodes).string("rank_device", c.rank_device);
   for (const auto& d : c.device_types) {
-    s += fmt::format("\n[[device_types]]\nname = {}\nkind = {}\nper_node = {}\n", quote(d.name),
-                     quote(device_kind_name(d.kind)), d.per_node);
-    s += fmt::format("memory = {}\nmemory_bandwidth = {}\nh2d_bandwidth = {}\nd2h_bandwidth = {}\n", number(d.memory),
-                     number(d.memory_bandwidth), number(d.h2d_bandwidth), number(d.d2h_bandwidth));
+    w.array_table("device_types")
+        .string("name", d.name)
+        .string("kind", device_kind_name(d.kind))
+        .integer("per_node", d.per_node)
+        .number("memory", d.memory)
+        .number("memory_bandwidth", d.memory_bandwidth)
+        .number("h2d_bandwidth", d.h2d_bandwidth)
+        .number("d2h_bandwidth", d.d2h_bandwidth);
     const PeakFlops& f = d.peak_flops;
-    s += fmt::format("peak_flops = {{ fp32 = {}, tf32 = {}, bf16 = {}, fp16 = {}, fp8 = {}, int8 = {} }}\n",
-                     number(f.fp32), number(f.tf32), number(f.bf16), number(f.fp16), number(f.fp8), number(f.int8));
+    w.value("peak_flops", toml_inline_table({{"fp32", toml_float(f.fp32)}, {"tf32", toml_float(f.tf32)},
+                                             {"bf16", toml_float(f.bf16)}, {"fp16", toml_float(f.fp16)},
+                                             {"fp8", toml_float(f.fp8)}, {"int8", toml_float(f.int8)}}));
   }
   for (const auto& t : c.tiers) {
-    s += fmt::format("\n[[tiers]]\nname = {}\n", quote(t.name));
-    if (t.size > 0) s += fmt::format("size = {}\n", t.size);
-    s += fmt::format("bandwidth = {}\nlatency = {}\n", number(t.bandwidth), number(t.latency));
+    w.array_table("tiers").string("name", t.name);
+    if (t.size > 0) w.integer("size", t.size);
+    w.number("bandwidth", t.bandwidth).number("latency", t.latency);
   }
-  return s;
+  return std::move(w).str();
 }
 
 Status write_cluster(const Cluster& c, const std::filesystem::path& path) {

@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 
 #include "hp/recipe/recipe.h"
+#include "hp/recipe/toml_writer.h"
 #include "toml_reader.h"
 
 namespace hp::recipe {
@@ -144,7 +145,7 @@ void check_stages(Checker& ck, const Recipe& r) {
 }
 
 void check_layout(Checker& ck, const std::string& name, const Layout& l) {
-  std::string key = "layouts." + detail::key_text(name);
+  std::string key = "layouts." + toml_key(name);
   auto fail = [&](std::string_view sub, std::string msg, std::string hint = {}) {
     ck.fail(key + "." + std::string(sub), fmt::format("layout '{}': {}", name, msg), std::move(hint));
   };
@@ -258,7 +259,7 @@ std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const Source
       }
   };
   for (std::size_t i = 0; i < r.stages.size(); ++i) in_range(fmt::format("stages[{}].ranks", i), r.stages[i].ranks);
-  for (const auto& [name, l] : r.layouts) in_range("layouts." + detail::key_text(name) + ".rank_list", l.rank_list);
+  for (const auto& [name, l] : r.layouts) in_range("layouts." + toml_key(name) + ".rank_list", l.rank_list);
   return std::move(ck.out);
 }
 

@@ -8,16 +8,9 @@
 
 #include "hp/core/fs.h"
 #include "hp/recipe/recipe.h"
-#include "toml_reader.h"
-#include "toml_text.h"
+#include "hp/recipe/toml_writer.h"
 
 namespace hp::recipe {
-
-using detail::int_array;
-using detail::key_text;
-using detail::number;
-using detail::quote;
-using detail::string_array;
 
 const char* schedule_name(Schedule s) {
   switch (s) {
@@ -50,76 +43,81 @@ const char* optimizer_shard_name(int level) {
 
 namespace {
 
-std::string format_layout(const std::string& name, const Layout& l) {
-  std::string s = fmt::format("\n[layouts.{}]\ndevice_matrix = {}\nalias_name = {}\n", key_text(name),
-                              int_array(l.device_matrix), string_array(l.alias_name));
-  std::string map = "[";
-  for (std::size_t d = 0; d < l.tensor_map.size(); ++d) {
-    const auto& axes = l.tensor_map[d];
-    map += d ? ", " : "";
-    if (axes.empty())
-      map += "\"None\"";
-    else if (axes.size() == 1)
-      map += quote(axes[0]);
-    else
-      map += string_array(axes);
-  }
-  s += "tensor_map = " + map + "]\n";
-  if (!l.rank_list.empty()) s += "rank_list = " + int_array(l.rank_list) + "\n";
-  return s;
+void format_layout(TomlWriter& w, const std::string& name, const Layout& l) {
+  w.table("layouts", name)
+      .value("device_matrix", toml_int_array(l.device_matrix))
+      .value("alias_name", toml_string_array(l.alias_name));
+  std::vector<std::string> map;  // per dim: "None", one alias, or a list of aliases
+  for (const auto& axes : l.tensor_map)
+    map.push_back(axes.empty() ? toml_string("None") : axes.size() == 1 ? toml_string(axes[0]) : toml_string_array(axes));
+  w.value("tensor_map", toml_array(map));
+  if (!l.rank_list.empty()) w.value("rank_list", toml_int_array(l.rank_list));
 }
 
-std::string format_group(const Group& g) {
-  std::string s = fmt::format("\n[[groups]]\nname = {}\nranks = {}\nmodule = {}\nbackend = {}\n", quote(g.name),
-                              quote(format_ranges(g.ranks)), quote(g.module), quote(g.backend));
-  s += fmt::format("inputs = {}\noutputs = {}\n", string_array(g.inputs), string_array(g.outputs));
-  std::string env;
-  for (const auto& [k, v] : g.env) env += fmt::format("{}{} = {}", env.empty() ? "" : ", ", key_text(k), quote(v));
-  s += "env = {" + (env.empty() ? std::string() : " " + env + " ") + "}\n";
-  return s;
+void format_group(TomlWriter& w, const Group& g) {
+  w.array_table("groups")
+      .string("name", g.name)
+      .string("ranks", format_ranges(g.ranks))
+      .string("module", g.module)
+      .string("backend", g.backend)
+      .value("inputs", toml_string_array(g.inputs))
+      .value("outputs", toml_string_array(g.outputs));
+  std::vector<std::pair<std::string, std::string>> env;
+  for (const auto& [k, v] : g.env) env.emplace_back(k, toml_string(v));
+  w.value("env", toml_inline_table(env));
 }
 
-std::string format_offload(const Offload& o) {
-  std::string s = fmt::format("\n[offload]\nenabled = {}\ntargets = {}\n", o.enabled ? "true" : "false",
-                              string_array(o.targets));
+void format_offload(TomlWriter& w, const Offload& o) {
+  w.table("offload").boolean("enabled", o.enabled).value("targets", toml_string_array(o.targets));
   for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}})
-    s += fmt::format("{} = {}\n{}_source = {}\n", key, number(v->value), key, quote(v->source));
-  s += fmt::format("margin = {}\nprefetch_lookahead = {}\ndevice_budget = {}\n", number(o.margin),
-                   o.prefetch_lookahead, number(o.device_budget));
-  return s;
+    w.number(key, v->value).string(std::string(key) + "_source", v->source);
+  w.number("margin", o.margin).integer("prefetch_lookahead", o.prefetch_lookahead).number("device_budget", o.device_budget);
 }
 
 }  // namespace
 
 std::string format_recipe(const Recipe& r) {
-  std::string s = "# hp recipe (see hp-recipe(5)); paths are relative to this file\n";
-  s += fmt::format("[recipe]\nversion = {}\nname = {}\nmodel = {}\ncluster = {}\nnodes = {}\n", r.version, quote(r.name),
-                   quote(r.model), quote(r.cluster), r.nodes);
-  std::string dims;
-  for (const auto& [k, v] : r.dims) dims += fmt::format("{}{} = {}", dims.empty() ? "" : ", ", key_text(k), v);
-  s += "\n[model]\ndims = {" + (dims.empty() ? std::string() : " " + dims + " ") + "}\n";
+  TomlWriter w;
+  w.comment("hp recipe (see hp-recipe(5)); paths are relative to this file");
+  w.table("recipe")
+      .integer("version", r.version)
+      .string("name", r.name)
+      .string("model", r.model)
+      .string("cluster", r.cluster)
+      .integer("nodes", r.nodes);
+  std::vector<std::pair<std::string, std::string>> dims;
+  for (const auto& [k, v] : r.dims) dims.emplace_back(k, toml_int(v));
+  w.table("model").value("dims", toml_inline_table(dims));
   const Parallel& p = r.parallel;
-  s += fmt::format("\n[parallel]\ndp = {}\ntp = {}\npp = {}\noptimizer_shard = {}\nmicro_batch_size = {}\n", p.dp, p.tp,
-                   p.pp, quote(optimizer_shard_name(p.optimizer_shard)), p.micro_batch_size);
-  s += fmt::format("micro_batches = {}\nschedule = {}\nvirtual_stages = {}\nsequence_parallel = {}\nexpert_parallel = {}\n",
-                   p.micro_batches, quote(schedule_name(p.schedule)), p.virtual_stages,
-                   p.sequence_parallel ? "true" : "false", p.expert_parallel);
+  w.table("parallel")
+      .integer("dp", p.dp)
+      .integer("tp", p.tp)
+      .integer("pp", p.pp)
+      .string("optimizer_shard", optimizer_shard_name(p.optimizer_shard))
+      .integer("micro_batch_size", p.micro_batch_size)
+      .integer("micro_batches", p.micro_batches)
+      .string("schedule", schedule_name(p.schedule))
+      .integer("virtual_stages", p.virtual_stages)
+      .boolean("sequence_parallel", p.sequence_parallel)
+      .integer("expert_parallel", p.expert_parallel);
   for (const auto& st : r.stages) {
-    s += fmt::format("\n[[stages]]\nindex = {}\nlayers = {}\nrecompute = {}\n", st.index,
-                     quote(format_ranges(st.layers)), quote(recompute_name(st.recompute)));
+    w.array_table("stages")
+        .integer("index", st.index)
+        .string("layers", format_ranges(st.layers))
+        .string("recompute", recompute_name(st.recompute));
     if (!st.recompute_layers.empty()) {
-      std::string o;
+      std::vector<std::pair<std::string, std::string>> o;
       for (const auto& [mode, layers] : st.recompute_layers)
-        o += fmt::format("{}{} = {}", o.empty() ? "" : ", ", recompute_name(mode), quote(format_ranges(layers)));
-      s += "recompute_layers = { " + o + " }\n";
+        o.emplace_back(recompute_name(mode), toml_string(format_ranges(layers)));
+      w.value("recompute_layers", toml_inline_table(o));
     }
-    s += fmt::format("ranks = {}\n", quote(format_ranges(st.ranks)));
+    w.string("ranks", format_ranges(st.ranks));
   }
-  for (const auto& [name, l] : r.layouts) s += format_layout(name, l);
-  for (const auto& g : r.groups) s += format_group(g);
-  if (r.offload) s += format_offload(*r.offload);
-  return s;
+  for (const auto& [name, l] : r.layouts) format_layout(w, name, l);
+  for (const auto& g : r.groups) format_group(w, g);
+  if (r.offload) format_offload(w, *r.offload);
+  return std::move(w).str();
 }
 
 Status write_recipe(const Recipe& r, const std::filesystem::path& path) {

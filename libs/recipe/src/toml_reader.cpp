@@ -18,6 +18,7 @@
 
 #include "hp/core/units.h"
 #include "hp/recipe/recipe.h"
+#include "hp/recipe/toml_writer.h"
 
 
 namespace hp::recipe::detail {
@@ -70,21 +71,8 @@ std::string type_phrase(toml::node_type t) {
   return "nothing";
 }
 
-std::string key_text(std::string_view key) {
-  bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-  });
-  if (bare) return std::string(key);
-  std::string out = "\"";
-  for (char c : key) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string TomlReader::join(const std::string& path, std::string_view key) {
-  return path.empty() ? key_text(key) : path + "." + key_text(key);
+  return path.empty() ? toml_key(key) : path + "." + toml_key(key);  // a key as written in a dotted path
 }
 
 std::string TomlReader::loc(const toml::source_region& r) const {

@@ -22,8 +22,6 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 std::string did_you_mean(std::string_view word, const std::vector<std::string_view>& candidates);
 /// "a string", "an integer", ... for messages such as "must be an integer, got a string".
 std::string type_phrase(toml::node_type t);
-/// A key as written in a dotted path: bare when it can be, else quoted.
-std::string key_text(std::string_view key);
 
 class TomlReader {
  public:

@@ -1,4 +1,5 @@
-// manifest.toml writing (fixed key order, so manifests diff well) and reading (TOML++).
+// manifest.toml writing (hp/recipe/toml_writer.h: fixed key order, so manifests diff well) and reading
+// (TOML++).
 #include "hp/shard/manifest.h"
 
 #include <fmt/core.h>
@@ -6,43 +7,10 @@
 #include <toml++/toml.h>
 
 #include "hp/core/fs.h"
+#include "hp/recipe/toml_writer.h"
 
 namespace hp::shard {
 namespace {
-
-std::string quote(std::string_view s) {
-  std::string o = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", static_cast<int>(c));
-        else o += c;
-    }
-  }
-  return o + "\"";
-}
-
-std::string ints(const std::vector<std::int64_t>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-std::string strs(const std::vector<std::string>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
-  return s + "]";
-}
-
-std::string map_text(const std::vector<std::vector<std::string>>& m) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < m.size(); ++i) s += (i ? ", " : "") + strs(m[i]);
-  return s + "]";
-}
 
 // Reading helpers: a missing or mistyped key is an error at the table's position.
 struct Reader {
@@ -92,38 +60,69 @@ struct Reader {
 }  // namespace
 
 std::string format_manifest(const Manifest& m) {
-  std::string s = "# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).\n";
-  s += fmt::format("[manifest]\nversion = {}\nmodel = {}\nrecipe = {}\ndp = {}\ntp = {}\npp = {}\nweights = {}\n", m.version,
-                   quote(m.model), quote(m.recipe), m.dp, m.tp, m.pp, m.weights ? "true" : "false");
-  if (m.micro_batches != 1) s += fmt::format("micro_batches = {}\n", m.micro_batches);
-  if (m.virtual_stages != 1) s += fmt::format("virtual_stages = {}\n", m.virtual_stages);
-  s += fmt::format("device_matrix = {}\nalias_name = {}\n", ints(m.device_matrix), strs(m.alias_name));
-  std::string dims;
-  for (const auto& [k, v] : m.dims) dims += (dims.empty() ? "" : ", ") + quote(k) + " = " + std::to_string(v);
-  s += "dims = { " + dims + (dims.empty() ? "}\n" : " }\n");
+  using recipe::TomlKeys, recipe::TomlWriter, recipe::toml_array, recipe::toml_inline_table, recipe::toml_int,
+      recipe::toml_int_array, recipe::toml_string_array;
+  TomlWriter w;
+  w.comment("Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).");
+  w.table("manifest")
+      .integer("version", m.version)
+      .string("model", m.model)
+      .string("recipe", m.recipe)
+      .integer("dp", m.dp)
+      .integer("tp", m.tp)
+      .integer("pp", m.pp)
+      .boolean("weights", m.weights);
+  if (m.micro_batches != 1) w.integer("micro_batches", m.micro_batches);
+  if (m.virtual_stages != 1) w.integer("virtual_stages", m.virtual_stages);
+  w.value("device_matrix", toml_int_array(m.device_matrix)).value("alias_name", toml_string_array(m.alias_name));
+  std::vector<std::pair<std::string, std::string>> dims;
+  for (const auto& [k, v] : m.dims) dims.emplace_back(k, toml_int(v));
+  w.value("dims", toml_inline_table(dims, TomlKeys::quoted));
   for (const auto& r : m.ranks)
-    s += fmt::format("\n[[ranks]]\nrank = {}\nstage = {}\nfile = {}\ndp = {}\ntp = {}\npp = {}\n", r.rank, r.stage,
-                     quote(r.file), r.dp, r.tp, r.pp);
+    w.array_table("ranks")
+        .integer("rank", r.rank)
+        .integer("stage", r.stage)
+        .string("file", r.file)
+        .integer("dp", r.dp)
+        .integer("tp", r.tp)
+        .integer("pp", r.pp);
   for (const auto& g : m.groups)
-    s += fmt::format("\n[[groups]]\nname = {}\nkind = {}\nmembers = {}\n", quote(g.name), quote(g.kind), ints(g.members));
+    w.array_table("groups").string("name", g.name).string("kind", g.kind).value("members", toml_int_array(g.members));
   for (const auto& st : m.stages)
-    s += fmt::format("\n[[stages]]\nindex = {}\nlayers = {}\nranks = {}\n", st.index, ints(st.layers), ints(st.ranks));
+    w.array_table("stages")
+        .integer("index", st.index)
+        .value("layers", toml_int_array(st.layers))
+        .value("ranks", toml_int_array(st.ranks));
   for (const auto& b : m.boundaries)
-    s += fmt::format("\n[[boundaries]]\ntensor = {}\nfrom_stage = {}\nto_stage = {}\ntag = {}\n", quote(b.tensor),
-                     b.from_stage, b.to_stage, b.tag);
+    w.array_table("boundaries")
+        .string("tensor", b.tensor)
+        .integer("from_stage", b.from_stage)
+        .integer("to_stage", b.to_stage)
+        .integer("tag", b.tag);
   auto layouts = [&](const char* key, const std::vector<ManifestLayout>& v) {
-    for (const auto& l : v)
-      s += fmt::format("\n[[{}]]\ntensor = {}\nshape = {}\ntensor_map = {}\npartial = {}\norigin = {}\n", key,
-                       quote(l.tensor), ints(l.shape), map_text(l.tensor_map), strs(l.partial), quote(l.origin)) +
-           (l.batched ? "batched = true\n" : "");
+    for (const auto& l : v) {
+      std::vector<std::string> map;
+      for (const auto& axes : l.tensor_map) map.push_back(toml_string_array(axes));
+      w.array_table(key)
+          .string("tensor", l.tensor)
+          .value("shape", toml_int_array(l.shape))
+          .value("tensor_map", toml_array(map))
+          .value("partial", toml_string_array(l.partial))
+          .string("origin", l.origin);
+      if (l.batched) w.boolean("batched", true);
+    }
   };
   layouts("inputs", m.inputs);
   layouts("outputs", m.outputs);
   layouts("layouts", m.layouts);
   for (const auto& r : m.redistributions)
-    s += fmt::format("\n[[redistributions]]\ntensor = {}\nconsumer = {}\nfrom = {}\nto = {}\nsteps = {}\n",
-                     quote(r.tensor), quote(r.consumer), quote(r.from), quote(r.to), strs(r.steps));
-  return s;
+    w.array_table("redistributions")
+        .string("tensor", r.tensor)
+        .string("consumer", r.consumer)
+        .string("from", r.from)
+        .string("to", r.to)
+        .value("steps", toml_string_array(r.steps));
+  return std::move(w).str();
 }
 
 Expected<Manifest> parse_manifest(std::string_view text, const std::string& display_path) {

@@ -95,3 +95,124 @@ TEST_CASE("malformed micro-batch, chunk and input entries of a manifest are loca
   CHECK(bad_in.error().str().find("'x' has 2 dims but a tensor_map of 1") != std::string::npos);
   CHECK(bad_in.error().str().find("m.toml:") != std::string::npos);
 }
+
+TEST_CASE("format_manifest writes the documented layout byte for byte and reads back", "[shard][manifest]") {
+  // The text is what the manifest writer produced before it shared hp/recipe/toml_writer.h.
+  Manifest m;
+  m.model = "m \"x\".onnx";
+  m.recipe = "dir\\r.toml";
+  m.dp = 2, m.tp = 2, m.pp = 2;
+  m.weights = false;
+  m.micro_batches = 4;
+  m.virtual_stages = 2;
+  m.device_matrix = {2, 2};
+  m.alias_name = {"dp", "tp"};
+  m.dims = {{"batch", 8}, {"seq", 12}, {"odd key", 1}};
+  m.ranks = {{0, 0, "rank0.onnx", 0, 0, 0}, {1, 1, "rank1.c1.onnx", 1, 0, 1}};
+  m.groups = {{"tp.s0.d0", "tp", {0, 1}}, {"dp", "dp", {}}};
+  m.stages = {{0, {0, 1}, {0, 1}}, {1, {}, {2, 3}}};
+  m.boundaries = {{"h\"1", 0, 1, 7}};
+  m.inputs = {{"ids", {8, 12}, {{"dp"}, {}}, {}, "stage 0", true}};
+  m.outputs = {{"logits", {8, 12, 50}, {{"dp"}, {}, {"tp", "dp"}}, {}, "stage 1", false}};
+  m.layouts = {{"w", {4, 4}, {{}, {"tp"}}, {"dp"}, "recipe (r.toml:12:1)", false}};
+  m.redistributions = {{"x", "", "S(0)", "R", {"all_gather tp", "slice \"dp\""}}};
+  const std::string want = R"TOML(# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).
+[manifest]
+version = 1
+model = "m \"x\".onnx"
+recipe = "dir\\r.toml"
+dp = 2
+tp = 2
+pp = 2
+weights = false
+micro_batches = 4
+virtual_stages = 2
+device_matrix = [2, 2]
+alias_name = ["dp", "tp"]
+dims = { "batch" = 8, "odd key" = 1, "seq" = 12 }
+
+[[ranks]]
+rank = 0
+stage = 0
+file = "rank0.onnx"
+dp = 0
+tp = 0
+pp = 0
+
+[[ranks]]
+rank = 1
+stage = 1
+file = "rank1.c1.onnx"
+dp = 1
+tp = 0
+pp = 1
+
+[[groups]]
+name = "tp.s0.d0"
+kind = "tp"
+members = [0, 1]
+
+[[groups]]
+name = "dp"
+kind = "dp"
+members = []
+
+[[stages]]
+index = 0
+layers = [0, 1]
+ranks = [0, 1]
+
+[[stages]]
+index = 1
+layers = []
+ranks = [2, 3]
+
+[[boundaries]]
+tensor = "h\"1"
+from_stage = 0
+to_stage = 1
+tag = 7
+
+[[inputs]]
+tensor = "ids"
+shape = [8, 12]
+tensor_map = [["dp"], []]
+partial = []
+origin = "stage 0"
+batched = true
+
+[[outputs]]
+tensor = "logits"
+shape = [8, 12, 50]
+tensor_map = [["dp"], [], ["tp", "dp"]]
+partial = []
+origin = "stage 1"
+
+[[layouts]]
+tensor = "w"
+shape = [4, 4]
+tensor_map = [[], ["tp"]]
+partial = ["dp"]
+origin = "recipe (r.toml:12:1)"
+
+[[redistributions]]
+tensor = "x"
+consumer = ""
+from = "S(0)"
+to = "R"
+steps = ["all_gather tp", "slice \"dp\""]
+)TOML";
+  CHECK(format_manifest(m) == want);
+  auto back = parse_manifest(want, "m.toml");
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+  // Control characters are escaped (the manifest's own copy wrote DEL raw, which TOML forbids).
+  m.recipe = std::string("r\t\n\r\x01\x7f.toml");
+  m.dims.clear();
+  const std::string text = format_manifest(m);
+  CHECK(text.find("recipe = \"r\\t\\n\\r\\u0001\\u007F.toml\"\n") != std::string::npos);
+  CHECK(text.find("dims = {}\n") != std::string::npos);
+  back = parse_manifest(text, "m.toml");
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+}

@@ -1,58 +1,10 @@
-// TOML text helpers for the writers, and the range notation ("0-3,8") used for layers and ranks.
-// Floats are written in fmt's shortest round-trip form so read(write(x)) == x bit for bit, which is
-// what lets the round-trip tests compare structs with ==.
-#include "toml_text.h"
-
+// The range notation ("0-3,8") used for layers and ranks in recipes (hp/recipe/recipe.h).
 #include <charconv>
-#include <cmath>
 #include <optional>
 
 #include <fmt/core.h>
 
 #include "hp/recipe/recipe.h"
-
-namespace hp::recipe::detail {
-
-std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
-          out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::string s = fmt::format("{}", v);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
-std::string int_array(const std::vector<std::int64_t>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
-}
-
-std::string string_array(const std::vector<std::string>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + quote(v[i]);
-  return out + "]";
-}
-
-}  // namespace hp::recipe::detail
 
 namespace hp::recipe {
 
