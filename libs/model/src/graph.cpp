@@ -84,14 +84,13 @@ std::string dims_text(const Tensor& t) {
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
   for (const auto& [name, value] : dims)
     if (value < 0) return Error(Errc::bad_input, fmt::format("dim '{}' is bound to negative value {}", name, value));
-  auto inferred = infer_shapes(model, dims);
-  if (!inferred) return std::move(inferred).error();
-  const ShapeMap& shapes = inferred->shapes;
+  HP_ASSIGN_OR_RETURN(auto inferred, infer_shapes(model, dims));
+  const ShapeMap& shapes = inferred.shapes;
   const onnx::GraphProto& pg = model.proto->graph();
 
   Graph g;
-  g.unknown_dims = std::move(inferred->unknown_dims);
-  g.warnings = std::move(inferred->warnings);
+  g.unknown_dims = std::move(inferred.unknown_dims);
+  g.warnings = std::move(inferred.warnings);
   for (const auto& t : pg.initializer()) add_tensor(g, t.name(), TensorKind::initializer, shapes);
   for (const auto& v : pg.input()) {
     if (g.index.count(v.name())) continue;   // old-style models list initializers as inputs too

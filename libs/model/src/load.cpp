@@ -148,11 +148,10 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
   if (size > static_cast<std::uintmax_t>(INT_MAX))
     return Error(Errc::bad_input, "model file is larger than 2 GiB, which protobuf cannot parse", where,
                  "save the model with external data (onnx.save(..., save_as_external_data=True))");
-  auto bytes = read_file(path);
-  if (!bytes) return std::move(bytes).error();
+  HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
 
   auto proto = std::make_shared<onnx::ModelProto>();
-  if (!proto->ParseFromString(*bytes))
+  if (!proto->ParseFromString(bytes))
     return Error(Errc::bad_input, "not an onnx model: protobuf parse failed (truncated or corrupt file?)",
                  where);
   Checker c{where, {}};

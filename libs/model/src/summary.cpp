@@ -59,11 +59,9 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
 Expected<ModelSummary> summarize_model(const SummaryOptions& options) {
   LoadOptions lo;
   lo.mode = options.require_data ? LoadMode::require_data : LoadMode::shapes_only;
-  auto model = load_model(options.model, lo);
-  if (!model) return std::move(model).error();
-  auto graph = build_graph(*model, options.dims);
-  if (!graph) return std::move(graph).error();
-  return summarize_graph(*model, std::move(*graph), options.dims);
+  HP_ASSIGN_OR_RETURN(auto model, load_model(options.model, lo));
+  HP_ASSIGN_OR_RETURN(auto graph, build_graph(model, options.dims));
+  return summarize_graph(model, std::move(graph), options.dims);
 }
 
 Expected<DimBindings> parse_dim_bindings(const std::vector<std::string>& args) {

@@ -46,27 +46,20 @@ struct PluginBuffer {
 }  // namespace
 
 Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
-  auto reg = plugin::discover(plugin::SearchOptions{});
-  if (!reg) return std::move(reg).error();
-  auto backend = reg->find(opt.backend);
+  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(plugin::SearchOptions{}));
+  auto backend = reg.find(opt.backend);
   if (!backend)
     return Error(Errc::unavailable, fmt::format("backend '{}' is not available for --measure", opt.backend), "",
                  "run 'hp devices -v' to see which plugins were found");
-  auto info = backend->device_info(0);
-  if (!info) return std::move(info).error();
+  HP_ASSIGN_OR_RETURN(auto info, backend->device_info(0));
   const double largest = *std::max_element(opt.sizes.begin(), opt.sizes.end());
   const auto bytes = static_cast<std::size_t>(largest);
-  const int host_kind = (info->caps & HP_CAP_PINNED_HOST) ? HP_MEM_PINNED_HOST : HP_MEM_DEVICE;
+  const int host_kind = (info.caps & HP_CAP_PINNED_HOST) ? HP_MEM_PINNED_HOST : HP_MEM_DEVICE;
   PluginBuffer dev{backend.get(), nullptr, HP_MEM_DEVICE}, host{backend.get(), nullptr, host_kind};
-  auto d = backend->alloc(0, bytes, HP_MEM_DEVICE);
-  if (!d) return std::move(d).error();
-  dev.p = *d;
-  auto h = backend->alloc(0, bytes, host_kind);
-  if (!h) return std::move(h).error();
-  host.p = *h;
-  auto stream = backend->stream_create(0);
-  if (!stream) return std::move(stream).error();
-  std::unique_ptr<hp_stream, std::function<void(hp_stream*)>> s(*stream, [&](hp_stream* x) {
+  HP_ASSIGN_OR_RETURN(dev.p, backend->alloc(0, bytes, HP_MEM_DEVICE));
+  HP_ASSIGN_OR_RETURN(host.p, backend->alloc(0, bytes, host_kind));
+  HP_ASSIGN_OR_RETURN(auto stream, backend->stream_create(0));
+  std::unique_ptr<hp_stream, std::function<void(hp_stream*)>> s(stream, [&](hp_stream* x) {
     (void)backend->stream_destroy(x);
   });
   // The reference loop copies between the same two buffers, so both see the same pages and caches;
@@ -76,7 +69,7 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
 
   BandwidthReport r;
   r.backend = backend->name();
-  r.device = info->name;
+  r.device = info.name;
   r.probe = r.backend + "-copy";
   r.date = today();
   r.repeats = opt.repeats;
@@ -115,15 +108,15 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
       if (i % 2 == 0) {
         tm = timed(plain);
         th = timed(h2d_copy);
-        if (!st) return std::move(st).error();
+        HP_TRY(st);
         td = timed(d2h_copy);
       } else {
         th = timed(h2d_copy);
-        if (!st) return std::move(st).error();
+        HP_TRY(st);
         td = timed(d2h_copy);
         if (st) tm = timed(plain);
       }
-      if (!st) return std::move(st).error();
+      HP_TRY(st);
       sink = sink + static_cast<const unsigned char*>(dev.p)[n - 1];  // keep the copies observable
       if (i < 0) continue;
       h2d.push_back(size / std::max(th, 1e-9));

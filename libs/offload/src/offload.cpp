@@ -38,12 +38,8 @@ Expected<Checked> check_options(const OffloadOptions& o) {
   if (o.mode != "train" && o.mode != "infer")
     return Error(Errc::usage, fmt::format("--mode must be train or infer, got '{}'", o.mode));
   c.train = o.mode == "train";
-  auto dtype = parse_dtype(o.dtype);
-  if (!dtype) return std::move(dtype).error();
-  c.dtype = *dtype;
-  auto optimizer = parse_optimizer(o.optimizer);
-  if (!optimizer) return std::move(optimizer).error();
-  c.optimizer = *optimizer;
+  HP_ASSIGN_OR_RETURN(c.dtype, parse_dtype(o.dtype));
+  HP_ASSIGN_OR_RETURN(c.optimizer, parse_optimizer(o.optimizer));
   if (!o.hbm.empty()) {
     auto b = parse_bytes(o.hbm);
     if (!b || !(*b > 0))
@@ -65,26 +61,22 @@ Expected<Checked> check_options(const OffloadOptions& o) {
     return Error(Errc::usage, fmt::format("--optimizer-ratio must be in [0, 1], got {}", o.optimizer_ratio));
   if ((o.heads > 0) != (o.kv_heads > 0) || (o.heads > 0 && o.kv_heads > o.heads))
     return Error(Errc::usage, "--heads and --kv-heads go together, with kv-heads <= heads");
-  auto t = parse_targets(o.targets);
-  if (!t) return std::move(t).error();
-  c.targets = *t;
+  HP_ASSIGN_OR_RETURN(c.targets, parse_targets(o.targets));
   return c;
 }
 
 // The recipe, refusing one without a plan with its own message (the parser would only say that a
 // required table is missing).
 Expected<recipe::Recipe> load_planned_recipe(const fs::path& path) {
-  auto doc = recipe::read_recipe(path);
-  if (!doc) return std::move(doc).error();
-  if (doc->syntax_ok && !doc->where.contains("parallel"))
+  HP_ASSIGN_OR_RETURN(auto doc, recipe::read_recipe(path));
+  if (doc.syntax_ok && !doc.where.contains("parallel"))
     return Error(Errc::bad_input, "the recipe has no plan: [parallel] is missing", path.string() + ":1",
                  "make one with 'hp plan MODEL -o recipe.toml', or add [parallel] and [[stages]]");
-  auto r = recipe::load_recipe(path);
-  if (!r) return std::move(r).error();
-  if (r->parallel.pp > 1 && r->stages.empty())
+  HP_ASSIGN_OR_RETURN(auto r, recipe::load_recipe(path));
+  if (r.parallel.pp > 1 && r.stages.empty())
     return Error(Errc::bad_input,
-                 fmt::format("the recipe has no plan for its {} pipeline stages: [[stages]] is missing", r->parallel.pp),
-                 doc->where.at("parallel.pp"), "run 'hp plan MODEL -o recipe.toml' to assign layers to stages");
+                 fmt::format("the recipe has no plan for its {} pipeline stages: [[stages]] is missing", r.parallel.pp),
+                 doc.where.at("parallel.pp"), "run 'hp plan MODEL -o recipe.toml' to assign layers to stages");
   return r;
 }
 
@@ -112,80 +104,75 @@ const char* backend_for(recipe::DeviceKind k) {
 }  // namespace
 
 Expected<OffloadReport> run(const OffloadOptions& options) {
-  auto checked = check_options(options);
-  if (!checked) return std::move(checked).error();
-  auto rec = load_planned_recipe(options.recipe);
-  if (!rec) return std::move(rec).error();
+  HP_ASSIGN_OR_RETURN(auto checked, check_options(options));
+  HP_ASSIGN_OR_RETURN(auto rec, load_planned_recipe(options.recipe));
   const fs::path dir = options.recipe.parent_path().empty() ? fs::path(".") : options.recipe.parent_path();
-  auto cluster = recipe::cluster_for(*rec, dir, options.preset_dirs);
-  if (!cluster) return std::move(cluster).error();
+  HP_ASSIGN_OR_RETURN(auto cluster, recipe::cluster_for(rec, dir, options.preset_dirs));
 
   StageBuildOptions sb;
-  sb.model = (dir / rec->model).lexically_normal();
-  sb.train = checked->train;
-  sb.dtype = checked->dtype;
-  sb.optimizer = checked->optimizer;
+  sb.model = (dir / rec.model).lexically_normal();
+  sb.train = checked.train;
+  sb.dtype = checked.dtype;
+  sb.optimizer = checked.optimizer;
   sb.heads = options.heads;
   sb.kv_heads = options.kv_heads;
-  auto built = build_stages(*rec, *cluster, sb);
-  if (!built) return std::move(built).error();
+  HP_ASSIGN_OR_RETURN(auto built, build_stages(rec, cluster, sb));
 
   OffloadReport r;
   r.recipe = options.recipe.string();
-  r.cluster = cluster->name;
-  r.device = built->device.name;
+  r.cluster = cluster.name;
+  r.device = built.device.name;
   r.mode = options.mode;
   r.dtype = options.dtype;
   r.optimizer = options.optimizer;
-  const auto& p = rec->parallel;
+  const auto& p = rec.parallel;
   r.dp = p.dp, r.tp = p.tp, r.pp = p.pp, r.zero = p.optimizer_shard;
-  r.micro_batches = p.micro_batches, r.micro_batch_size = p.micro_batch_size, r.seq = built->seq;
+  r.micro_batches = p.micro_batches, r.micro_batch_size = p.micro_batch_size, r.seq = built.seq;
   r.schedule = recipe::schedule_name(p.schedule);
-  r.device_memory = built->device.memory;
-  r.margin = rec->offload ? rec->offload->margin : 0.1;
-  if (checked->hbm) {
-    r.budget = *checked->hbm;
+  r.device_memory = built.device.memory;
+  r.margin = rec.offload ? rec.offload->margin : 0.1;
+  if (checked.hbm) {
+    r.budget = *checked.hbm;
     r.budget_source = "--hbm";
   } else {
-    r.budget = built->device.memory * (1 - r.margin);
+    r.budget = built.device.memory * (1 - r.margin);
     r.budget_source = fmt::format("device memory x (1 - margin {})", r.margin);
   }
-  const recipe::DeviceType* host = host_device(*cluster);
-  const bool cpu_rank = built->device.kind == recipe::DeviceKind::cpu;
-  r.h2d = pick(rec->offload, &recipe::Offload::h2d_bandwidth, built->device.h2d_bandwidth);
-  r.d2h = pick(rec->offload, &recipe::Offload::d2h_bandwidth, built->device.d2h_bandwidth);
-  r.host_memory = pick(rec->offload, &recipe::Offload::host_memory,
-                       host && !cpu_rank ? host->memory / static_cast<double>(cluster->ranks_per_node()) : 0.0);
-  r.host_bandwidth = cpu_rank ? built->device.memory_bandwidth : host ? host->memory_bandwidth : 0.0;
+  const recipe::DeviceType* host = host_device(cluster);
+  const bool cpu_rank = built.device.kind == recipe::DeviceKind::cpu;
+  r.h2d = pick(rec.offload, &recipe::Offload::h2d_bandwidth, built.device.h2d_bandwidth);
+  r.d2h = pick(rec.offload, &recipe::Offload::d2h_bandwidth, built.device.d2h_bandwidth);
+  r.host_memory = pick(rec.offload, &recipe::Offload::host_memory,
+                       host && !cpu_rank ? host->memory / static_cast<double>(cluster.ranks_per_node()) : 0.0);
+  r.host_bandwidth = cpu_rank ? built.device.memory_bandwidth : host ? host->memory_bandwidth : 0.0;
   if (r.host_bandwidth <= 0) {
     r.host_bandwidth = 100e9;
     r.notes.push_back("the cluster file has no host CPU: the host optimizer step assumes 100 GB/s of host memory bandwidth");
   }
   if (options.measure) {
     MeasureOptions mo;
-    mo.backend = backend_for(built->device.kind);
-    auto m = measure_bandwidth(mo);
-    if (!m) return std::move(m).error();
-    r.h2d = {m->h2d, m->source()};
-    r.d2h = {m->d2h, m->source()};
-    r.measured = std::move(*m);
+    mo.backend = backend_for(built.device.kind);
+    HP_ASSIGN_OR_RETURN(auto m, measure_bandwidth(mo));
+    r.h2d = {m.h2d, m.source()};
+    r.d2h = {m.d2h, m.source()};
+    r.measured = std::move(m);
   }
   if (r.h2d.value <= 0 || r.d2h.value <= 0)
-    return Error(Errc::bad_input, fmt::format("no host-link bandwidth for device '{}'", built->device.name),
-                 cluster->name, "set h2d_bandwidth/d2h_bandwidth in the cluster or [offload], or pass --measure");
+    return Error(Errc::bad_input, fmt::format("no host-link bandwidth for device '{}'", built.device.name),
+                 cluster.name, "set h2d_bandwidth/d2h_bandwidth in the cluster or [offload], or pass --measure");
   // State kinds: --offload, else the recipe's [offload] targets, else every kind the mode has.
-  r.targets = checked->targets;
-  if (r.targets.empty() && rec->offload && !rec->offload->targets.empty()) {
-    auto t = parse_targets(rec->offload->targets);
+  r.targets = checked.targets;
+  if (r.targets.empty() && rec.offload && !rec.offload->targets.empty()) {
+    auto t = parse_targets(rec.offload->targets);
     if (!t) return Error(Errc::bad_input, t.error().message(), r.recipe, t.error().what.hint);
     r.targets = *t;
   }
   if (r.targets.empty())
-    r.targets = checked->train ? std::vector<Target>{Target::optimizer, Target::gradients, Target::activations,
+    r.targets = checked.train ? std::vector<Target>{Target::optimizer, Target::gradients, Target::activations,
                                                      Target::parameters}
                                : std::vector<Target>{Target::kv_cache, Target::parameters};
   r.lookahead = options.lookahead >= -1 ? options.lookahead
-                : rec->offload                ? rec->offload->prefetch_lookahead
+                : rec.offload                ? rec.offload->prefetch_lookahead
                                               : -1;
 
   PolicyOptions po;
@@ -196,7 +183,7 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
   po.d2h = r.d2h.value;
   po.host_bandwidth = r.host_bandwidth;
   po.optimizer_ratio = options.optimizer_ratio;
-  for (auto& in : built->stages) {
+  for (auto& in : built.stages) {
     StageReport s;
     s.timeline = simulate(in);
     s.input = std::move(in);
@@ -216,20 +203,20 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
     }
     r.stages.push_back(std::move(s));
   }
-  r.step_before = built->predicted_step;
+  r.step_before = built.predicted_step;
   r.step_after = r.step_before + r.exposed;
   if (!r.offloaded) r.notes.push_back("every stage fits the budget without offload; offload would only add transfers");
 
-  if (!checked->train) {
-    CapacityInput ci = built->capacity;
+  if (!checked.train) {
+    CapacityInput ci = built.capacity;
     ci.budget = r.budget;
-    ci.host_memory = r.host_memory.value > 0 ? r.host_memory.value : built->device.memory;
-    ci.memory_bandwidth = built->device.memory_bandwidth;
+    ci.host_memory = r.host_memory.value > 0 ? r.host_memory.value : built.device.memory;
+    ci.memory_bandwidth = built.device.memory_bandwidth;
     ci.h2d = r.h2d.value;
-    ci.latency_budget = checked->latency;
+    ci.latency_budget = checked.latency;
     r.capacity = capacity(ci);
   }
-  r.written = with_offload_section(*rec, r);
+  r.written = with_offload_section(rec, r);
   if (!options.svg.empty()) HP_TRY(write_file_atomic(options.svg, format_svg(r)));
   if (!options.output.empty()) HP_TRY(recipe::write_recipe(r.written, options.output));
   return r;

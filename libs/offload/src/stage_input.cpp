@@ -55,16 +55,13 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   const double db = dtype_size(o.dtype);
   model::DimBindings dims(r.dims.begin(), r.dims.end());
   dims["batch"] = 1;  // the planner's profile is per sequence
-  auto summary = model::summarize_model({o.model, dims, false});
-  if (!summary) return std::move(summary).error();
-  auto prof = planner::profile_model(*summary, seq, db);
-  if (!prof) return std::move(prof).error();
-  auto topo = topology::Topology::from_cluster(cluster);
-  if (!topo) return std::move(topo).error();
+  HP_ASSIGN_OR_RETURN(auto summary, model::summarize_model({o.model, dims, false}));
+  HP_ASSIGN_OR_RETURN(auto prof, planner::profile_model(summary, seq, db));
+  HP_ASSIGN_OR_RETURN(auto topo, topology::Topology::from_cluster(cluster));
   const auto& p = r.parallel;
-  if (r.ranks() != topo->ranks())
+  if (r.ranks() != topo.ranks())
     return Error(Errc::bad_input,
-                 fmt::format("dp*tp*pp = {} ranks but cluster '{}' has {}", r.ranks(), cluster.name, topo->ranks()),
+                 fmt::format("dp*tp*pp = {} ranks but cluster '{}' has {}", r.ranks(), cluster.name, topo.ranks()),
                  r.name, "run 'hp verify' on the recipe");
 
   planner::Config c;
@@ -74,10 +71,9 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   c.schedule = p.schedule;
   c.virtual_stages = p.schedule == recipe::Schedule::interleaved ? p.virtual_stages : 1;
   c.sequence_parallel = p.sequence_parallel;
-  auto links = planner::axis_links(*topo, c);
-  if (!links) return std::move(links).error();
+  HP_ASSIGN_OR_RETURN(auto links, planner::axis_links(topo, c));
   BuiltStages out;
-  out.device = topo->device();
+  out.device = topo.device();
   out.seq = seq;
   planner::Machine mc;
   mc.peak_flops = out.device.peak_flops.of(o.dtype);
@@ -97,7 +93,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   wt.train = true;  // activations of a forward, also for inference (what exists while a unit runs)
 
   // Which blocks each pipeline rank runs, and in which chunk.
-  const auto nblocks = static_cast<std::int64_t>(prof->blocks.size());
+  const auto nblocks = static_cast<std::int64_t>(prof.blocks.size());
   std::vector<std::vector<Placed>> ranks(static_cast<std::size_t>(p.pp));
   if (r.stages.empty()) {
     for (std::int64_t b = 0; b < nblocks; ++b) ranks[0].push_back({0, b, recipe::Recompute::none});
@@ -115,8 +111,8 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   ranks.back().push_back(Placed{c.virtual_stages - 1, -2, recipe::Recompute::none});
 
   const double t = static_cast<double>(p.tp);
-  double hidden = residual_width(*summary, seq);
-  if (hidden <= 0) hidden = prof->hidden_bytes / (static_cast<double>(seq) * db);
+  double hidden = residual_width(summary, seq);
+  if (hidden <= 0) hidden = prof.hidden_bytes / (static_cast<double>(seq) * db);
   const double kv_ratio = o.heads > 0 ? static_cast<double>(o.kv_heads) / static_cast<double>(o.heads) : 1.0;
   const double mbs = static_cast<double>(p.micro_batch_size);
   const std::int64_t shard = p.optimizer_shard > 0 ? p.dp : 1;
@@ -139,11 +135,11 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
     CapacityStage cs;
     double grads = 0;
     for (const auto& pl : placed) {
-      const planner::BlockProfile& b = pl.block == -1   ? prof->prologue
-                                       : pl.block == -2 ? prof->epilogue
-                                                        : prof->blocks[static_cast<std::size_t>(pl.block)];
-      const planner::BlockCost bc = planner::block_cost(b, *prof, c, w, mc, *links);
-      const planner::BlockCost bt = planner::block_cost(b, *prof, c, wt, mc, *links);
+      const planner::BlockProfile& b = pl.block == -1   ? prof.prologue
+                                       : pl.block == -2 ? prof.epilogue
+                                                        : prof.blocks[static_cast<std::size_t>(pl.block)];
+      const planner::BlockCost bc = planner::block_cost(b, prof, c, w, mc, links);
+      const planner::BlockCost bt = planner::block_cost(b, prof, c, wt, mc, links);
       Unit u;
       u.name = b.name.empty() ? (pl.block == -1 ? "prologue" : pl.block == -2 ? "epilogue" : "block") : b.name;
       u.chunk = pl.chunk;
@@ -192,11 +188,11 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
       in.units.push_back(std::move(u));
     }
     if (p.pp > 1) {
-      const double msg = mbs * prof->hidden_bytes / (p.sequence_parallel ? t : 1.0);
+      const double msg = mbs * prof.hidden_bytes / (p.sequence_parallel ? t : 1.0);
       in.buffers += 2.0 * msg * (o.train ? 2.0 : 1.0);  // send and receive, activations and their grads
       const bool edge = k == 0 || k == p.pp - 1;
       const double sends = (edge ? 1.0 : 2.0) * (o.train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
-      sp.pp_comm = sends * topology::send_recv_time(links->pp, msg) * (1.0 - mc.cal.overlap_pp);
+      sp.pp_comm = sends * topology::send_recv_time(links.pp, msg) * (1.0 - mc.cal.overlap_pp);
     }
     if (o.train && p.dp > 1) in.buffers += std::min(grads, kGradBucket);
     sp.time = sp.compute + sp.recompute_time + sp.tp_comm + sp.pp_comm;
@@ -205,7 +201,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
     out.capacity.stages.push_back(std::move(cs));
     out.stages.push_back(std::move(in));
   }
-  out.predicted_step = planner::predict(*prof, c, w, mc, *links, plans).iteration;
+  out.predicted_step = planner::predict(prof, c, w, mc, links, plans).iteration;
   out.capacity.context = seq;
   out.capacity.batch = p.micro_batch_size * p.micro_batches;
   return out;

@@ -129,9 +129,8 @@ ClusterDocument parse_cluster(std::string_view text, const std::string& display_
 }
 
 Expected<Cluster> load_cluster(const std::filesystem::path& path) {
-  auto text = read_file(path);
-  if (!text) return std::move(text).error();
-  ClusterDocument doc = parse_cluster(*text, path.string());
+  HP_ASSIGN_OR_RETURN(auto text, read_file(path));
+  ClusterDocument doc = parse_cluster(text, path.string());
   if (!doc.problems.empty()) return collect_errors(Errc::bad_input, std::move(doc.problems));
   return std::move(doc.cluster);
 }

@@ -76,9 +76,8 @@ Expected<fs::path> find_cluster(std::string_view ref, const fs::path& base_dir, 
 }
 
 Expected<Cluster> load_cluster_ref(std::string_view ref, const fs::path& base_dir, const std::vector<fs::path>& dirs) {
-  auto path = find_cluster(ref, base_dir, dirs);
-  if (!path) return std::move(path).error();
-  return load_cluster(*path);
+  HP_ASSIGN_OR_RETURN(auto path, find_cluster(ref, base_dir, dirs));
+  return load_cluster(path);
 }
 
 Expected<Cluster> cluster_for(const Recipe& r, const fs::path& base_dir, const std::vector<fs::path>& dirs) {

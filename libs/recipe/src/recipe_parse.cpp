@@ -230,16 +230,14 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
 }
 
 Expected<RecipeDocument> read_recipe(const std::filesystem::path& path) {
-  auto text = read_file(path);
-  if (!text) return std::move(text).error();
-  return parse_recipe(*text, path.string());
+  HP_ASSIGN_OR_RETURN(auto text, read_file(path));
+  return parse_recipe(text, path.string());
 }
 
 Expected<Recipe> load_recipe(const std::filesystem::path& path) {
-  auto doc = read_recipe(path);
-  if (!doc) return std::move(doc).error();
-  if (!doc->problems.empty()) return collect_errors(Errc::bad_input, std::move(doc->problems));
-  return std::move(doc->recipe);
+  HP_ASSIGN_OR_RETURN(auto doc, read_recipe(path));
+  if (!doc.problems.empty()) return collect_errors(Errc::bad_input, std::move(doc.problems));
+  return std::move(doc.recipe);
 }
 
 }  // namespace hp::recipe

@@ -53,9 +53,8 @@ bool check_cluster(const RecipeDocument& doc, const VerifyOptions& opts, VerifyR
 }  // namespace
 
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts) {
-  auto doc = read_recipe(opts.recipe);
-  if (!doc) return std::move(doc).error();
-  return check_recipe(*doc, opts);
+  HP_ASSIGN_OR_RETURN(auto doc, read_recipe(opts.recipe));
+  return check_recipe(doc, opts);
 }
 
 Expected<VerifyReport> check_recipe(const RecipeDocument& read, const VerifyOptions& opts) {

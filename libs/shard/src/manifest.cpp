@@ -216,9 +216,8 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
 }
 
 Expected<Manifest> read_manifest(const std::filesystem::path& path) {
-  auto text = read_file(path);
-  if (!text) return std::move(text).error();
-  return parse_manifest(*text, path.string());
+  HP_ASSIGN_OR_RETURN(auto text, read_file(path));
+  return parse_manifest(text, path.string());
 }
 
 }  // namespace hp::shard

@@ -131,9 +131,8 @@ Expected<RankPartition> Builder::build() {
           if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to) key = kk;
         auto it = redist_done.find(key);
         if (it == redist_done.end()) {
-          auto made = redistribute(t, name, r);
-          if (!made) return std::move(made).error();
-          it = redist_done.emplace(key, *made).first;
+          HP_ASSIGN_OR_RETURN(auto made, redistribute(t, name, r));
+          it = redist_done.emplace(key, made).first;
         }
         name = it->second;
         break;
@@ -168,12 +167,11 @@ Expected<RankPartition> Builder::build() {
     Sharding s = prop_.layout[static_cast<std::size_t>(t)];
     auto it = out_redist.find(t);
     if (it != out_redist.end()) {
-      auto made = redistribute(t, renamed(tensor.name), *it->second);
-      if (!made) return std::move(made).error();
+      HP_ASSIGN_OR_RETURN(auto made, redistribute(t, renamed(tensor.name), *it->second));
       onnx::NodeProto* id = out_->add_node();
       id->set_op_type("Identity");
       id->set_name(fresh("output"));
-      id->add_input(*made);
+      id->add_input(made);
       id->add_output(tensor.name);
       s = it->second->to;
     }

@@ -188,10 +188,9 @@ Status Builder::add_initializer(int t) {
   dst->set_name(tensor.name);
   dst->set_data_type(src->data_type());
   for (auto d : lshape) dst->add_dims(d);
-  auto bytes = detail::tensor_bytes(*src, plan_.model->path.parent_path());
-  if (!bytes) return std::move(bytes).error();
+  HP_ASSIGN_OR_RETURN(auto bytes, detail::tensor_bytes(*src, plan_.model->path.parent_path()));
   int elem = model::elem_size(src->data_type());
-  if (!bytes->has_value()) {
+  if (!bytes.has_value()) {
     // Shapes only: the weights are not there to slice. The file names a data file that is not written.
     result_.weights_written = false;
     dst->set_data_location(onnx::TensorProto::EXTERNAL);
@@ -203,12 +202,12 @@ Status Builder::add_initializer(int t) {
     len->set_value(std::to_string(prod(lshape) * elem));
     return {};
   }
-  if (static_cast<std::int64_t>((*bytes)->size()) != prod(gshape) * elem)
+  if (static_cast<std::int64_t>(bytes->size()) != prod(gshape) * elem)
     return Error(Errc::bad_input, fmt::format("initializer '{}' holds {} bytes, its shape needs {}", tensor.name,
-                                              (*bytes)->size(), prod(gshape) * elem));
+                                              bytes->size(), prod(gshape) * elem));
   // A blocked (fused q|k|v) weight holds its piece of every block: contiguous in the held view.
   HeldView v = held_view(prop_, t, gshape);
-  std::string data = detail::slice_bytes(**bytes, v.shape, slice_of(prop_.mesh, v.layout, v.shape, pos_), elem);
+  std::string data = detail::slice_bytes(*bytes, v.shape, slice_of(prop_.mesh, v.layout, v.shape, pos_), elem);
   if (!s.partial.empty()) {
     std::int64_t n = 1;
     for (const auto& p : s.partial) n *= prop_.mesh.dims[static_cast<std::size_t>(p.axis)];

@@ -199,10 +199,9 @@ class Run {
       retry_.again = true;
       return {};
     }
-    auto plan = plan_for_consumer(o_.mesh, from, to, global_shape(t),
-                                  std::max(1, model::elem_size(t.elem_type)));
-    if (!plan) return std::move(plan).error();
-    p_.redistributions.push_back(Redistribution{tensor, node, from, to, std::move(*plan)});
+    HP_ASSIGN_OR_RETURN(auto plan, plan_for_consumer(o_.mesh, from, to, global_shape(t),
+                                                     std::max(1, model::elem_size(t.elem_type))));
+    p_.redistributions.push_back(Redistribution{tensor, node, from, to, std::move(plan)});
     return {};
   }
 

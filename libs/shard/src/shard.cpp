@@ -217,10 +217,9 @@ Status bind_micro_batch_dims(Prepared& p) {
 }
 
 Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe_path) {
-  auto doc = recipe::read_recipe(recipe_path);
-  if (!doc) return std::move(doc).error();
-  if (!doc->problems.empty()) return collect_errors(Errc::bad_input, doc->problems);
-  return prepare(doc->recipe, doc->where, recipe_path);
+  HP_ASSIGN_OR_RETURN(auto doc, recipe::read_recipe(recipe_path));
+  if (!doc.problems.empty()) return collect_errors(Errc::bad_input, std::move(doc.problems));
+  return prepare(doc.recipe, doc.where, recipe_path);
 }
 
 Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const recipe::SourceMap& where,
@@ -232,13 +231,9 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const 
   const auto& r = p->recipe;
   if (r.model.empty()) return Error(Errc::bad_input, "the recipe names no model", p->where.at("recipe"));
   p->model_path = recipe_path.parent_path() / r.model;
-  auto model = model::load_model(p->model_path);
-  if (!model) return std::move(model).error();
-  p->model = std::move(*model);
+  HP_ASSIGN_OR_RETURN(p->model, model::load_model(p->model_path));
   HP_TRY(bind_micro_batch_dims(*p));
-  auto graph = model::build_graph(p->model, p->dims);
-  if (!graph) return std::move(graph).error();
-  p->graph = std::move(*graph);
+  HP_ASSIGN_OR_RETURN(p->graph, model::build_graph(p->model, p->dims));
   if (!p->graph.unknown_dims.empty()) {
     std::string names;
     for (const auto& d : p->graph.unknown_dims) names += (names.empty() ? "" : ", ") + d;
@@ -248,16 +243,12 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const 
   p->layering = model::discover_layers(p->graph);
 
   PropagateOptions o;
-  auto mesh = stage_mesh(*p);
-  if (!mesh) return std::move(mesh).error();
-  o.mesh = *mesh;
+  HP_ASSIGN_OR_RETURN(o.mesh, stage_mesh(*p));
   o.dp_axis = p->dp_axis = 0;
   o.tp_axis = p->tp_axis = 1;
   o.sequence_parallel = r.parallel.sequence_parallel;
   HP_TRY(declare_layouts(*p, o));
-  auto prop = propagate(p->model, p->graph, o);
-  if (!prop) return std::move(prop).error();
-  p->prop = std::move(*prop);
+  HP_ASSIGN_OR_RETURN(p->prop, propagate(p->model, p->graph, o));
   p->plan.model = &p->model;
   p->plan.graph = &p->graph;
   p->plan.prop = &p->prop;
@@ -269,14 +260,12 @@ Expected<ShardReport> run(const ShardOptions& options) {
   if (options.out_dir.empty() && options.explain.empty())
     return Error(Errc::usage, "hp shard needs -o DIR (write partitions) or --explain TENSOR");
   if (options.json && options.explain.empty()) return Error(Errc::usage, "--json goes with --explain TENSOR");
-  auto p = prepare(options.recipe);
-  if (!p) return std::move(p).error();
+  HP_ASSIGN_OR_RETURN(auto p, prepare(options.recipe));
   if (!options.explain.empty()) {
-    auto text = explain(**p, options.explain, options.json);
-    if (!text) return std::move(text).error();
-    return ShardReport{*text};
+    HP_ASSIGN_OR_RETURN(auto text, explain(*p, options.explain, options.json));
+    return ShardReport{std::move(text)};
   }
-  return write_partitions(**p, options.out_dir);
+  return write_partitions(*p, options.out_dir);
 }
 
 }  // namespace hp::shard

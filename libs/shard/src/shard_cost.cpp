@@ -65,10 +65,9 @@ Expected<double> step_time(const topology::Topology& topo, const RedistStep& ste
 Expected<PlanCost> plan_cost(const topology::Topology& topo, const RedistPlan& plan, const CostOptions& opts) {
   PlanCost cost;
   for (const RedistStep& s : plan.steps) {
-    auto t = step_time(topo, s, opts);
-    if (!t.ok()) return std::move(t).error();
-    cost.step_seconds.push_back(*t);
-    cost.seconds += *t;
+    HP_ASSIGN_OR_RETURN(auto t, step_time(topo, s, opts));
+    cost.step_seconds.push_back(t);
+    cost.seconds += t;
   }
   return cost;
 }

@@ -145,11 +145,10 @@ Expected<RankTensors> run_step(const RankTensors& state, std::size_t i, const Re
     }
     return next;
   }
-  auto groups = gather_groups(state, i, s);
-  if (!groups.ok()) return std::move(groups).error();
+  HP_ASSIGN_OR_RETURN(auto groups, gather_groups(state, i, s));
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const auto& ranks = s.groups[g];
-    const auto& in = (*groups)[g];
+    const auto& in = groups[g];
     auto p = static_cast<std::int64_t>(ranks.size());
     for (std::size_t m = 0; m < ranks.size(); ++m) {
       switch (s.kind) {
@@ -252,9 +251,7 @@ Expected<RankTensors> initial_state(const Mesh& mesh, const std::vector<std::int
 Expected<RankTensors> simulate_plan(const Mesh& mesh, RankTensors state, const RedistPlan& plan) {
   (void)mesh;
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-    auto next = run_step(state, i, plan.steps[i]);
-    if (!next.ok()) return std::move(next).error();
-    state = std::move(*next);
+    HP_ASSIGN_OR_RETURN(state, run_step(state, i, plan.steps[i]));
   }
   return state;
 }
@@ -262,10 +259,8 @@ Expected<RankTensors> simulate_plan(const Mesh& mesh, RankTensors state, const R
 Status prove_plan(const Mesh& mesh, const std::vector<std::int64_t>& shape, const Sharding& from,
                   const Sharding& to, const RedistPlan& plan, std::uint64_t seed) {
   HP_TRY(check_shape(mesh, to, shape, "simulated"));
-  auto start = initial_state(mesh, shape, from, seed);
-  if (!start.ok()) return std::move(start).error();
-  auto end = simulate_plan(mesh, std::move(*start), plan);
-  if (!end.ok()) return std::move(end).error();
+  HP_ASSIGN_OR_RETURN(auto start, initial_state(mesh, shape, from, seed));
+  HP_ASSIGN_OR_RETURN(auto end, simulate_plan(mesh, std::move(start), plan));
   SimTensor global = global_tensor(shape);
   std::vector<int> partial_axes;
   ReduceOp op = to.partial.empty() ? ReduceOp::sum : to.partial[0].op;
@@ -273,10 +268,10 @@ Status prove_plan(const Mesh& mesh, const std::vector<std::int64_t>& shape, cons
   std::sort(partial_axes.begin(), partial_axes.end());
   for (std::int64_t r : mesh.rank_list) {
     SimTensor want = slice_tensor(global, slice_of(mesh, to, shape, r));
-    SimTensor got = end->at(r);
+    SimTensor got = end.at(r);
     if (!partial_axes.empty()) {
       std::vector<SimTensor> members;
-      for (std::int64_t m : mesh.group(r, partial_axes)) members.push_back(end->at(m));
+      for (std::int64_t m : mesh.group(r, partial_axes)) members.push_back(end.at(m));
       if (members[0].shape != got.shape ||
           std::any_of(members.begin(), members.end(), [&](const SimTensor& t) { return t.shape != got.shape; }))
         return Error(Errc::mismatch, fmt::format("simulate: partial group of rank {} disagrees on shape", r));
