@@ -1,4 +1,5 @@
-// The dtype table: one row per DType with its names, size and ONNX code; every function below reads it.
+// The dtype table: one row per DType with its names, size and ONNX code, read by every function
+// below.
 #include "hp/core/dtype.h"
 
 #include <array>
@@ -16,7 +17,7 @@ struct Row {
   std::array<const char*, 3> aliases;  // nullptr-terminated when shorter
   int size;
   bool is_float;
-  std::int32_t onnx;                   // 0 when ONNX has no (single) type
+  std::int32_t onnx;  // 0 when ONNX has no (single) type
 };
 
 namespace ot = onnx_type;
@@ -86,13 +87,16 @@ Expected<DType> parse_dtype(std::string_view name) {
     for (const char* a : r.aliases)
       if (a && name == a) return r.type;
   }
-  return Error(Errc::usage, fmt::format("unknown dtype '{}'", name), "", "use one of " + dtype_names_help());
+  return Error(Errc::usage, fmt::format("unknown dtype '{}'", name), "",
+               "use one of " + dtype_names_help());
 }
 
 std::optional<DType> dtype_from_onnx(std::int32_t code) {
   switch (code) {
-    case ot::float8e4m3fn: case ot::float8e4m3fnuz: case ot::float8e5m2: case ot::float8e5m2fnuz:
-      return DType::f8;
+    case ot::float8e4m3fn:
+    case ot::float8e4m3fnuz:
+    case ot::float8e5m2:
+    case ot::float8e5m2fnuz: return DType::f8;
     case ot::undefined: return std::nullopt;
     default:
       for (const Row& r : kRows)
@@ -118,14 +122,17 @@ const char* optimizer_name(Optimizer o) {
 Expected<Optimizer> parse_optimizer(std::string_view name) {
   for (Optimizer o : {Optimizer::adam, Optimizer::adamw, Optimizer::sgd, Optimizer::none})
     if (name == optimizer_name(o)) return o;
-  return Error(Errc::usage, fmt::format("unknown optimizer '{}'", name), "", "use adam, adamw, sgd or none");
+  return Error(Errc::usage, fmt::format("unknown optimizer '{}'", name), "",
+               "use adam, adamw, sgd or none");
 }
 
 double optimizer_state_bytes(Optimizer o, DType compute) {
-  const double master = dtype_size(compute) < 4 ? 4 : 0;  // fp32 master weights for 16/8-bit training
+  // An fp32 master copy of the weights when training in a narrower type.
+  const double master = dtype_size(compute) < 4 ? 4 : 0;
   switch (o) {
-    case Optimizer::adam: case Optimizer::adamw: return master + 8;  // two fp32 moments
-    case Optimizer::sgd: return master + 4;                          // one fp32 momentum
+    case Optimizer::adam:
+    case Optimizer::adamw: return master + 8;  // two fp32 moments
+    case Optimizer::sgd: return master + 4;    // one fp32 momentum
     case Optimizer::none: return 0;
   }
   return 0;

@@ -1,5 +1,5 @@
-// The TOML writer (hp/recipe/toml_writer.h). Floats are written in fmt's shortest round-trip form so
-// read(write(x)) == x bit for bit, which is what lets the round-trip tests compare structs with ==.
+// The TOML writer (hp/recipe/toml_writer.h). Floats are written in fmt's shortest round-trip
+// form so that read(write(x)) == x bit for bit: the round-trip tests compare structs with ==.
 #include "hp/recipe/toml_writer.h"
 
 #include <cmath>
@@ -12,7 +12,8 @@ namespace {
 bool bare_key(std::string_view key) {
   if (key.empty()) return false;
   for (char c : key)
-    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-'))
       return false;
   return true;
 }
@@ -48,7 +49,9 @@ std::string toml_string(std::string_view s) {
   return out + "\"";
 }
 
-std::string toml_key(std::string_view key) { return bare_key(key) ? std::string(key) : toml_string(key); }
+std::string toml_key(std::string_view key) {
+  return bare_key(key) ? std::string(key) : toml_string(key);
+}
 
 std::string toml_float(double v) {
   if (std::isnan(v)) return "nan";
@@ -72,7 +75,8 @@ std::string toml_array(const std::vector<std::string>& values) {
   return join_array(values, [](const std::string& s) { return s; });
 }
 
-std::string toml_inline_table(const std::vector<std::pair<std::string, std::string>>& entries, TomlKeys keys) {
+std::string toml_inline_table(const std::vector<std::pair<std::string, std::string>>& entries,
+                              TomlKeys keys) {
   if (entries.empty()) return "{}";
   std::string out = "{ ";
   for (std::size_t i = 0; i < entries.size(); ++i) {

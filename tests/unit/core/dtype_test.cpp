@@ -10,7 +10,8 @@
 
 using hp::DType;
 
-TEST_CASE("dtype: every canonical name parses back to its type, names are distinct", "[core][dtype]") {
+TEST_CASE("dtype: every canonical name parses back to its type, names are distinct",
+          "[core][dtype]") {
   std::set<std::string> names;
   for (DType t : hp::all_dtypes()) {
     auto p = hp::parse_dtype(hp::dtype_name(t));
@@ -25,12 +26,14 @@ TEST_CASE("dtype: every canonical name parses back to its type, names are distin
 
 TEST_CASE("dtype: aliases of the recipe and ONNX spellings", "[core][dtype]") {
   const std::pair<const char*, DType> cases[] = {
-      {"fp32", DType::f32},      {"float32", DType::f32},  {"float", DType::f32},     {"f32", DType::f32},
-      {"fp16", DType::f16},      {"float16", DType::f16},  {"half", DType::f16},      {"bf16", DType::bf16},
-      {"bfloat16", DType::bf16}, {"fp64", DType::f64},     {"double", DType::f64},    {"fp8", DType::f8},
-      {"float8", DType::f8},     {"int8", DType::i8},      {"uint8", DType::u8},      {"int32", DType::i32},
-      {"int64", DType::i64},     {"bool", DType::boolean}, {"tf32", DType::tf32},     {"uint64", DType::u64},
-      {"complex64", DType::c64}, {"complex128", DType::c128}};
+      {"fp32", DType::f32},       {"float32", DType::f32}, {"float", DType::f32},
+      {"f32", DType::f32},        {"fp16", DType::f16},    {"float16", DType::f16},
+      {"half", DType::f16},       {"bf16", DType::bf16},   {"bfloat16", DType::bf16},
+      {"fp64", DType::f64},       {"double", DType::f64},  {"fp8", DType::f8},
+      {"float8", DType::f8},      {"int8", DType::i8},     {"uint8", DType::u8},
+      {"int32", DType::i32},      {"int64", DType::i64},   {"bool", DType::boolean},
+      {"tf32", DType::tf32},      {"uint64", DType::u64},  {"complex64", DType::c64},
+      {"complex128", DType::c128}};
   for (auto [name, want] : cases) {
     INFO(name);
     auto p = hp::parse_dtype(name);
@@ -60,7 +63,8 @@ TEST_CASE("dtype: byte sizes", "[core][dtype]") {
 }
 
 TEST_CASE("dtype: malformed names are a usage error listing the valid ones", "[core][dtype]") {
-  for (const char* bad : {"", "FP32", "Bf16", " bf16", "bf16 ", "float33", "f", "fp", "int", "string", "bf16\n"}) {
+  for (const char* bad :
+       {"", "FP32", "Bf16", " bf16", "bf16 ", "float33", "f", "fp", "int", "string", "bf16\n"}) {
     INFO("'" << bad << "'");
     auto p = hp::parse_dtype(bad);
     REQUIRE_FALSE(p.ok());
@@ -96,7 +100,8 @@ TEST_CASE("dtype: ONNX TensorProto::DataType codes both ways", "[core][dtype]") 
 }
 
 TEST_CASE("optimizer: names and state bytes per parameter", "[core][dtype]") {
-  for (hp::Optimizer o : {hp::Optimizer::none, hp::Optimizer::sgd, hp::Optimizer::adam, hp::Optimizer::adamw}) {
+  for (hp::Optimizer o :
+       {hp::Optimizer::none, hp::Optimizer::sgd, hp::Optimizer::adam, hp::Optimizer::adamw}) {
     auto p = hp::parse_optimizer(hp::optimizer_name(o));
     REQUIRE(p.ok());
     CHECK(*p == o);

@@ -1,7 +1,7 @@
-// hp/recipe/toml_writer.h: value escaping, arrays, inline tables and the table layout of the one TOML
-// writer behind recipes, clusters and shard manifests. Every string and key hp writes must read back
-// (TOML++) as the same bytes, control characters included; the recipe and cluster texts below are
-// what the writers produced before they shared this writer, byte for byte.
+// hp/recipe/toml_writer.h: value escaping, arrays, inline tables and the table layout of the one
+// TOML writer behind recipes, clusters and shard manifests. Every string and key hp writes must
+// read back (TOML++) as the same bytes, control characters included; the recipe and cluster texts
+// below are what the writers produced before they shared this writer, byte for byte.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,7 +17,8 @@
 
 using namespace hp::recipe;
 
-TEST_CASE("toml writer: strings escape quotes, backslashes and control characters", "[recipe][toml]") {
+TEST_CASE("toml writer: strings escape quotes, backslashes and control characters",
+          "[recipe][toml]") {
   CHECK(toml_string("") == "\"\"");
   CHECK(toml_string("plain text") == "\"plain text\"");
   CHECK(toml_string("a \"q\" \\ b") == "\"a \\\"q\\\" \\\\ b\"");
@@ -27,11 +28,15 @@ TEST_CASE("toml writer: strings escape quotes, backslashes and control character
   CHECK(toml_string("caf\xC3\xA9") == "\"caf\xC3\xA9\"");  // UTF-8 as is
 }
 
-TEST_CASE("toml writer: every ASCII byte in a string or key reads back unchanged", "[recipe][toml]") {
+TEST_CASE("toml writer: every ASCII byte in a string or key reads back unchanged",
+          "[recipe][toml]") {
   std::string all;
   for (int c = 0; c < 0x80; ++c) all += static_cast<char>(c);
   TomlWriter w;
-  w.table("t").string("s", all).string(all, "key").value("k", toml_inline_table({{all, toml_string(all)}}));
+  w.table("t")
+      .string("s", all)
+      .string(all, "key")
+      .value("k", toml_inline_table({{all, toml_string(all)}}));
   w.table("u", all).integer("n", 1);
   toml::table doc;
   REQUIRE_NOTHROW(doc = toml::parse(w.str()));
@@ -74,14 +79,16 @@ TEST_CASE("toml writer: numbers, booleans and arrays", "[recipe][toml]") {
   CHECK(toml_int_array({1, -2, 3}) == "[1, -2, 3]");
   CHECK(toml_string_array({}) == "[]");
   CHECK(toml_string_array({"a", "b\"c"}) == "[\"a\", \"b\\\"c\"]");
-  CHECK(toml_array({toml_string("None"), toml_string_array({"sp", "dp"})}) == "[\"None\", [\"sp\", \"dp\"]]");
+  CHECK(toml_array({toml_string("None"), toml_string_array({"sp", "dp"})}) ==
+        "[\"None\", [\"sp\", \"dp\"]]");
   CHECK(toml_array({}) == "[]");
 }
 
 TEST_CASE("toml writer: inline tables", "[recipe][toml]") {
   CHECK(toml_inline_table({}) == "{}");
   CHECK(toml_inline_table({}, TomlKeys::quoted) == "{}");
-  CHECK(toml_inline_table({{"batch", toml_int(8)}, {"my dim", toml_int(2)}}) == "{ batch = 8, \"my dim\" = 2 }");
+  CHECK(toml_inline_table({{"batch", toml_int(8)}, {"my dim", toml_int(2)}}) ==
+        "{ batch = 8, \"my dim\" = 2 }");
   CHECK(toml_inline_table({{"batch", toml_int(8)}, {"seq", toml_int(12)}}, TomlKeys::quoted) ==
         "{ \"batch\" = 8, \"seq\" = 12 }");
 }
@@ -94,7 +101,8 @@ TEST_CASE("toml writer: headers, blank lines and comments", "[recipe][toml]") {
   w.array_table("items").boolean("on", true);
   w.array_table("items").number("f", 0.5);
   CHECK(w.str() ==
-        "# first\n# second\n[a]\nx = 1\n\n[layouts.\"h.*.weight\"]\ny = \"z\"\n\n[[items]]\non = true\n\n[[items]]\nf = 0.5\n");
+        "# first\n# second\n[a]\nx = 1\n\n[layouts.\"h.*.weight\"]\ny = \"z\"\n\n[[items]]\non = "
+        "true\n\n[[items]]\nf = 0.5\n");
   TomlWriter root;  // keys before any header, then a header: separated by a blank line
   root.integer("top", 1).table("t");
   CHECK(root.str() == "top = 1\n\n[t]\n");
@@ -103,7 +111,8 @@ TEST_CASE("toml writer: headers, blank lines and comments", "[recipe][toml]") {
   CHECK(std::move(bare).str() == "[t]\n");
 }
 
-TEST_CASE("toml writer: format_recipe writes the documented layout byte for byte", "[recipe][toml]") {
+TEST_CASE("toml writer: format_recipe writes the documented layout byte for byte",
+          "[recipe][toml]") {
   const char* want = R"TOML(# hp recipe (see hp-recipe(5)); paths are relative to this file
 [recipe]
 version = 1
@@ -197,8 +206,10 @@ device_budget = 0.0
   CHECK(format_recipe(test::full_recipe()) == want);
 }
 
-TEST_CASE("toml writer: format_cluster writes the documented layout byte for byte", "[recipe][toml]") {
-  const char* want = R"TOML(# hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s
+TEST_CASE("toml writer: format_cluster writes the documented layout byte for byte",
+          "[recipe][toml]") {
+  const char* want =
+      R"TOML(# hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s
 [cluster]
 version = 1
 name = "local-cpu"

@@ -27,7 +27,7 @@ enum class DType : std::int8_t {
   i8 = 4,
   i32 = 5,
   i64 = 6,
-  f8 = 7,        ///< any 8-bit float (ONNX has four: E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ)
+  f8 = 7,  ///< any 8-bit float (ONNX has four: E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ)
   boolean = 8,
   u8 = 9,
   // beyond the plugin ABI
@@ -35,9 +35,9 @@ enum class DType : std::int8_t {
   u16 = 11,
   u32 = 12,
   u64 = 13,
-  c64 = 14,      ///< complex of two f32
-  c128 = 15,     ///< complex of two f64
-  tf32 = 16,     ///< TensorFloat-32: a compute format, 4 bytes in memory; no ONNX type
+  c64 = 14,   ///< complex of two f32
+  c128 = 15,  ///< complex of two f64
+  tf32 = 16,  ///< TensorFloat-32: a compute format, 4 bytes in memory; no ONNX type
 };
 
 /// Every DType, in enum order.
@@ -62,18 +62,20 @@ Expected<DType> parse_dtype(std::string_view name);
 /// "f32 (fp32, float32, float), f16 (fp16, float16, half), ..." for messages and help text.
 std::string dtype_names_help();
 
-/// The DType of an ONNX TensorProto::DataType code; nullopt for UNDEFINED, STRING and unknown codes.
+/// The DType of an ONNX TensorProto::DataType code; nullopt for UNDEFINED, STRING and unknown
+/// codes.
 std::optional<DType> dtype_from_onnx(std::int32_t onnx_type);
-/// The ONNX TensorProto::DataType code of a DType; 0 (UNDEFINED) for tf32 and f8, which have no single
-/// ONNX type.
+/// The ONNX TensorProto::DataType code of a DType; 0 (UNDEFINED) for tf32 and f8, which have no
+/// single ONNX type.
 std::int32_t dtype_to_onnx(DType t);
 
 /// ONNX TensorProto::DataType codes (onnx.proto3), for code that must not include the ONNX headers.
 namespace onnx_type {
-inline constexpr std::int32_t undefined = 0, float32 = 1, uint8 = 2, int8 = 3, uint16 = 4, int16 = 5,
-                              int32 = 6, int64 = 7, string = 8, boolean = 9, float16 = 10, float64 = 11,
-                              uint32 = 12, uint64 = 13, complex64 = 14, complex128 = 15, bfloat16 = 16,
-                              float8e4m3fn = 17, float8e4m3fnuz = 18, float8e5m2 = 19, float8e5m2fnuz = 20;
+inline constexpr std::int32_t undefined = 0, float32 = 1, uint8 = 2, int8 = 3, uint16 = 4,
+                              int16 = 5, int32 = 6, int64 = 7, string = 8, boolean = 9,
+                              float16 = 10, float64 = 11, uint32 = 12, uint64 = 13, complex64 = 14,
+                              complex128 = 15, bfloat16 = 16, float8e4m3fn = 17,
+                              float8e4m3fnuz = 18, float8e5m2 = 19, float8e5m2fnuz = 20;
 }  // namespace onnx_type
 
 }  // namespace hp

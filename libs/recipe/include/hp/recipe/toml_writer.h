@@ -69,7 +69,9 @@ class TomlWriter {
   }
   /// key = value, where `toml_value` is TOML text (from the helpers above).
   TomlWriter& value(std::string_view key, std::string_view toml_value);
-  TomlWriter& string(std::string_view key, std::string_view s) { return value(key, toml_string(s)); }
+  TomlWriter& string(std::string_view key, std::string_view s) {
+    return value(key, toml_string(s));
+  }
   TomlWriter& integer(std::string_view key, std::int64_t v) { return value(key, toml_int(v)); }
   TomlWriter& number(std::string_view key, double v) { return value(key, toml_float(v)); }
   TomlWriter& boolean(std::string_view key, bool b) { return value(key, toml_bool(b)); }
