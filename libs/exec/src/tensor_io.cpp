@@ -12,6 +12,7 @@
 
 #include <fmt/core.h>
 
+#include "hp/core/dtype.h"
 #include "hp/core/fs.h"
 #include "hp/plugin/backend.h"
 #include "proto_tensor.h"
@@ -24,37 +25,31 @@ std::int64_t HostTensor::numel() const {
   return n;
 }
 
-int dtype_size(int dtype) {
-  switch (dtype) {
-    case HP_F32: case HP_I32: return 4;
-    case HP_F64: case HP_I64: return 8;
-    case HP_BOOL: case HP_U8: return 1;
-    default: return 0;
+// The executor holds f32, f64, i32, i64, bool and u8 tensors; names, sizes and ONNX codes come from
+// the one dtype table (hp/core/dtype.h), this file only decides which of its types the executor runs.
+namespace {
+using hp::DType;
+bool runnable(DType t) {
+  switch (t) {
+    case DType::f32: case DType::f64: case DType::i32: case DType::i64: case DType::boolean: case DType::u8: return true;
+    default: return false;
   }
 }
+}  // namespace
 
-int dtype_from_onnx(std::int32_t t) {
-  switch (t) {
-    case onnx::TensorProto::FLOAT: return HP_F32;
-    case onnx::TensorProto::DOUBLE: return HP_F64;
-    case onnx::TensorProto::INT32: return HP_I32;
-    case onnx::TensorProto::INT64: return HP_I64;
-    case onnx::TensorProto::BOOL: return HP_BOOL;
-    case onnx::TensorProto::UINT8: return HP_U8;
-    default: return -1;
-  }
+int dtype_size(int dtype) {
+  const auto t = plugin::to_dtype(dtype);
+  return t && runnable(*t) ? hp::dtype_size(*t) : 0;
+}
+
+int dtype_from_onnx(std::int32_t onnx_type) {
+  const auto t = hp::dtype_from_onnx(onnx_type);
+  return t && runnable(*t) ? plugin::to_hp_dtype(*t) : -1;
 }
 
 std::int32_t dtype_to_onnx(int dtype) {
-  switch (dtype) {
-    case HP_F32: return onnx::TensorProto::FLOAT;
-    case HP_F64: return onnx::TensorProto::DOUBLE;
-    case HP_I32: return onnx::TensorProto::INT32;
-    case HP_I64: return onnx::TensorProto::INT64;
-    case HP_BOOL: return onnx::TensorProto::BOOL;
-    case HP_U8: return onnx::TensorProto::UINT8;
-    default: return onnx::TensorProto::UNDEFINED;
-  }
+  const auto t = plugin::to_dtype(dtype);
+  return t && runnable(*t) ? hp::dtype_to_onnx(*t) : onnx::TensorProto::UNDEFINED;
 }
 
 std::string dtype_label(int dtype) { return plugin::dtype_name(dtype); }
