@@ -36,18 +36,30 @@ Expected<RankPartition> Builder::build() {
   result_.rank = rank_of(stage_, pos_);
   out_->set_name(fmt::format("{}.rank{}", pg_.name().empty() ? "hp" : pg_.name(), result_.rank));
 
-  std::set<int> in_stage(stage_.nodes.begin(), stage_.nodes.end());
-  // Graph inputs read here.
-  std::set<int> used;
+  in_stage_ = std::set<int>(stage_.nodes.begin(), stage_.nodes.end());
   for (int i : stage_.nodes)
     for (int t : g_.node(i).inputs)
-      if (t >= 0) used.insert(t);
+      if (t >= 0) used_.insert(t);
+  add_inputs_and_recvs();
+  plan_renames();
+  for (int i : stage_.nodes) {
+    const std::string& type = pg_.node(i).op_type();
+    if (type == "Shape" || type == "Size") add_shape_constant(i);
+    else HP_TRY(add_node(i));
+  }
+  HP_TRY(add_outputs());
+  add_sends();
+  if (!m.SerializeToString(&result_.onnx))
+    return Error(Errc::internal, fmt::format("could not serialize the partition of rank {}", result_.rank));
+  return result_;
+}
+
+void Builder::add_inputs_and_recvs() {
   for (int t : g_.inputs)
-    if (used.count(t)) {
+    if (used_.count(t)) {
       const auto& tensor = g_.tensor(t);
       set_value_info(out_->add_input(), tensor.name, tensor.elem_type, local(t, prop_.layout[static_cast<std::size_t>(t)]));
     }
-  // Activations from earlier stages.
   for (const auto& b : plan_.boundaries) {
     if (b.to_stage != s_) continue;
     const auto& tensor = g_.tensor(b.tensor);
@@ -63,110 +75,107 @@ Expected<RankPartition> Builder::build() {
     add_ints_attr(n, dom::kAttrShape, local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
     ++result_.recvs;
   }
-  // Graph outputs that need their layout changed are renamed where produced.
-  std::map<std::string, std::string> rename;
-  std::map<int, const Redistribution*> out_redist;
+}
+
+void Builder::plan_renames() {
   for (const auto& r : prop_.redistributions)
     if (r.node < 0) {
-      out_redist[r.tensor] = &r;
-      rename[g_.tensor(r.tensor).name] = g_.tensor(r.tensor).name + ".hp_pre";
+      out_redist_[r.tensor] = &r;
+      rename_[g_.tensor(r.tensor).name] = g_.tensor(r.tensor).name + ".hp_pre";
     }
-  auto renamed = [&](const std::string& s) {
-    auto it = rename.find(s);
-    return it == rename.end() ? s : it->second;
-  };
-  std::map<std::pair<int, int>, std::string> redist_done;  // (tensor, redistribution index) -> name
-  std::map<int, std::vector<std::size_t>> redist_by_node;
   for (std::size_t k = 0; k < prop_.redistributions.size(); ++k)
-    if (prop_.redistributions[k].node >= 0) redist_by_node[prop_.redistributions[k].node].push_back(k);
+    if (prop_.redistributions[k].node >= 0) redist_by_node_[prop_.redistributions[k].node].push_back(k);
+}
 
-  for (int i : stage_.nodes) {
-    const auto& node = g_.node(i);
-    const onnx::NodeProto& pn = pg_.node(i);
-    if (pn.op_type() == "Shape" || pn.op_type() == "Size") {
-      // The global shape as a constant: shape arithmetic computes what it did unsharded.
-      const auto& x = g_.tensor(node.inputs[0]);
-      auto gs = shape_of(x);
-      std::vector<std::int64_t> v;
-      if (pn.op_type() == "Size") {
-        v = {prod(gs)};
-      } else {
-        auto r = static_cast<std::int64_t>(gs.size());
-        std::int64_t start = 0, end = r;
-        for (const auto& a : pn.attribute()) {
-          if (a.name() == "start") start = a.i();
-          if (a.name() == "end") end = a.i();
-        }
-        if (start < 0) start += r;
-        if (end < 0) end += r;
-        start = std::clamp<std::int64_t>(start, 0, r);
-        end = std::clamp<std::int64_t>(end, start, r);
-        v.assign(gs.begin() + start, gs.begin() + end);
-      }
-      onnx::NodeProto* n = out_->add_node();
-      n->set_op_type("Constant");
-      n->set_name(pn.name().empty() ? fresh("shape") : pn.name());
-      n->add_output(renamed(pn.output(0)));
-      auto* a = n->add_attribute();
-      a->set_name("value");
-      a->set_type(onnx::AttributeProto::TENSOR);
-      *a->mutable_t() = int64_tensor("", v);
-      if (pn.op_type() == "Size") a->mutable_t()->clear_dims();
-      continue;
+void Builder::add_shape_constant(int i) {
+  // The global shape as a constant: shape arithmetic computes what it did unsharded.
+  const auto& node = g_.node(i);
+  const onnx::NodeProto& pn = pg_.node(i);
+  const auto& x = g_.tensor(node.inputs[0]);
+  auto gs = shape_of(x);
+  std::vector<std::int64_t> v;
+  if (pn.op_type() == "Size") {
+    v = {prod(gs)};
+  } else {
+    auto r = static_cast<std::int64_t>(gs.size());
+    std::int64_t start = 0, end = r;
+    for (const auto& a : pn.attribute()) {
+      if (a.name() == "start") start = a.i();
+      if (a.name() == "end") end = a.i();
     }
-    onnx::NodeProto n = pn;
-    // Inputs: redistributed where propagation said so.
-    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
-      int t = node.inputs[k];
-      if (t < 0) continue;
-      const auto& tensor = g_.tensor(t);
-      if (tensor.kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
-      std::string name = renamed(pn.input(static_cast<int>(k)));
-      for (std::size_t ri : redist_by_node[i]) {
-        const auto& r = prop_.redistributions[ri];
-        if (r.tensor != t || r.to != prop_.reads[static_cast<std::size_t>(i)][k]) continue;
-        auto key = std::pair{t, static_cast<int>(ri)};
-        // The same tensor redistributed the same way for another consumer is reused.
-        for (const auto& [kk, v] : redist_done)
-          if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to) key = kk;
-        auto it = redist_done.find(key);
-        if (it == redist_done.end()) {
-          HP_ASSIGN_OR_RETURN(auto made, redistribute(t, name, r));
-          it = redist_done.emplace(key, made).first;
-        }
-        name = it->second;
-        break;
-      }
-      n.set_input(static_cast<int>(k), name);
-    }
-    for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
-    // Reshape/Expand targets: the local output shape.
-    if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 && pn.input_size() > 1) {
-      int o = node.outputs[0];
-      auto ls = local(o, prop_.layout[static_cast<std::size_t>(o)]);
-      std::string cname = fresh((pn.name().empty() ? g_.tensor(o).name : pn.name()) + "/local_shape");
-      *out_->add_initializer() = int64_tensor(cname, ls);
-      n.set_input(1, cname);
-      for (auto& a : *n.mutable_attribute())
-        if (a.name() == "allowzero") a.set_i(0);
-    }
-    if (pn.op_type() == "Split") HP_TRY(local_split_sizes(i, n));
-    if (pn.op_type() == "Gather" && node.inputs[0] >= 0 &&
-        g_.tensor(node.inputs[0]).kind == model::TensorKind::initializer) {
-      HP_TRY(vocab_parallel_gather(i, n));
-      continue;
-    }
-    *out_->add_node() = std::move(n);
+    if (start < 0) start += r;
+    if (end < 0) end += r;
+    start = std::clamp<std::int64_t>(start, 0, r);
+    end = std::clamp<std::int64_t>(end, start, r);
+    v.assign(gs.begin() + start, gs.begin() + end);
   }
-  // Graph outputs produced here, in the layout propagation asked of them.
+  onnx::NodeProto* n = out_->add_node();
+  n->set_op_type("Constant");
+  n->set_name(pn.name().empty() ? fresh("shape") : pn.name());
+  n->add_output(renamed(pn.output(0)));
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  *a->mutable_t() = int64_tensor("", v);
+  if (pn.op_type() == "Size") a->mutable_t()->clear_dims();
+}
+
+Status Builder::add_node(int i) {
+  const auto& node = g_.node(i);
+  const onnx::NodeProto& pn = pg_.node(i);
+  onnx::NodeProto n = pn;
+  // Inputs: redistributed where propagation said so.
+  for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+    int t = node.inputs[k];
+    if (t < 0) continue;
+    const auto& tensor = g_.tensor(t);
+    if (tensor.kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
+    std::string name = renamed(pn.input(static_cast<int>(k)));
+    for (std::size_t ri : redist_by_node_[i]) {
+      const auto& r = prop_.redistributions[ri];
+      if (r.tensor != t || r.to != prop_.reads[static_cast<std::size_t>(i)][k]) continue;
+      auto key = std::pair{t, static_cast<int>(ri)};
+      // The same tensor redistributed the same way for another consumer is reused.
+      for (const auto& [kk, v] : redist_done_)
+        if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to) key = kk;
+      auto it = redist_done_.find(key);
+      if (it == redist_done_.end()) {
+        HP_ASSIGN_OR_RETURN(auto made, redistribute(t, name, r));
+        it = redist_done_.emplace(key, made).first;
+      }
+      name = it->second;
+      break;
+    }
+    n.set_input(static_cast<int>(k), name);
+  }
+  for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
+  // Reshape/Expand targets: the local output shape.
+  if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 && pn.input_size() > 1) {
+    int o = node.outputs[0];
+    auto ls = local(o, prop_.layout[static_cast<std::size_t>(o)]);
+    std::string cname = fresh((pn.name().empty() ? g_.tensor(o).name : pn.name()) + "/local_shape");
+    *out_->add_initializer() = int64_tensor(cname, ls);
+    n.set_input(1, cname);
+    for (auto& a : *n.mutable_attribute())
+      if (a.name() == "allowzero") a.set_i(0);
+  }
+  if (pn.op_type() == "Split") HP_TRY(local_split_sizes(i, n));
+  if (pn.op_type() == "Gather" && node.inputs[0] >= 0 &&
+      g_.tensor(node.inputs[0]).kind == model::TensorKind::initializer)
+    return vocab_parallel_gather(i, n);
+  *out_->add_node() = std::move(n);
+  return {};
+}
+
+Status Builder::add_outputs() {
   for (int t : g_.outputs) {
     const auto& tensor = g_.tensor(t);
     int prod_node = tensor.producer;
-    bool here = prod_node < 0 ? used.count(t) > 0 : in_stage.count(prod_node) > 0;
+    bool here = prod_node < 0 ? used_.count(t) > 0 : in_stage_.count(prod_node) > 0;
     if (!here) continue;
     Sharding s = prop_.layout[static_cast<std::size_t>(t)];
-    auto it = out_redist.find(t);
-    if (it != out_redist.end()) {
+    auto it = out_redist_.find(t);
+    if (it != out_redist_.end()) {
       HP_ASSIGN_OR_RETURN(auto made, redistribute(t, renamed(tensor.name), *it->second));
       onnx::NodeProto* id = out_->add_node();
       id->set_op_type("Identity");
@@ -177,6 +186,10 @@ Expected<RankPartition> Builder::build() {
     }
     set_value_info(out_->add_output(), tensor.name, tensor.elem_type, local(t, s));
   }
+  return {};
+}
+
+void Builder::add_sends() {
   // Activations later stages read: sent, and also returned (a stage's result for inspection).
   for (const auto& b : plan_.boundaries) {
     if (b.from_stage != s_) continue;
@@ -192,13 +205,10 @@ Expected<RankPartition> Builder::build() {
     ++result_.sends;
     bool listed = false;
     for (const auto& o : out_->output()) listed = listed || o.name() == tensor.name;
-    if (!listed && !rename.count(tensor.name))
+    if (!listed && !rename_.count(tensor.name))
       set_value_info(out_->add_output(), tensor.name, tensor.elem_type,
                      local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
   }
-  if (!m.SerializeToString(&result_.onnx))
-    return Error(Errc::internal, fmt::format("could not serialize the partition of rank {}", result_.rank));
-  return result_;
 }
 
 }  // namespace detail

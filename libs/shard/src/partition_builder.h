@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -77,6 +78,18 @@ class Builder {
   Expected<RankPartition> build();
 
  private:
+  // The passes of build(), in order.
+  void add_inputs_and_recvs();      ///< graph inputs this stage reads, hp.Recv of earlier stages' activations
+  void plan_renames();              ///< graph outputs whose layout changes get a ".hp_pre" name where produced
+  void add_shape_constant(int i);   ///< Shape/Size as a constant of the global shape
+  Status add_node(int i);           ///< one node: inputs redistributed, outputs renamed, local targets
+  Status add_outputs();             ///< graph outputs produced here, in the layout asked of them
+  void add_sends();                 ///< hp.Send of activations later stages read
+  std::string renamed(const std::string& s) const {
+    auto it = rename_.find(s);
+    return it == rename_.end() ? s : it->second;
+  }
+
   std::int64_t rank_of(const StageNodes& st, std::int64_t position) const {
     return st.ranks[static_cast<std::size_t>(position)];
   }
@@ -126,6 +139,12 @@ class Builder {
   RankPartition result_;
   int counter_ = 0;
   std::set<int> inits_;
+  std::set<int> used_;      ///< tensors the stage's nodes read
+  std::set<int> in_stage_;  ///< the stage's nodes
+  std::map<std::string, std::string> rename_;
+  std::map<int, const Redistribution*> out_redist_;
+  std::map<std::pair<int, int>, std::string> redist_done_;  ///< (tensor, redistribution) -> its name
+  std::map<int, std::vector<std::size_t>> redist_by_node_;
 };
 
 }  // namespace hp::shard::detail
