@@ -1,17 +1,17 @@
-// hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one rank.
-// hp launch RECIPE.toml [--dry-run] [--timeout S] [--hostfile F] [--launcher slurm]: one MPMD job over
-// Open MPI, an app context per [[groups]] entry, or the recipe's model sharded over dp*tp*pp ranks when
-// it has no groups (hp::job::launch). The ranks run the hidden
-// `hp launch RECIPE.toml --worker`, which must end with MPI_Abort on any error. See hp-launch(1).
+// hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one
+// rank. hp launch RECIPE.toml [--dry-run] [--timeout S] [--hostfile F] [--launcher slurm]: one MPMD
+// job over Open MPI, an app context per [[groups]] entry, or the recipe's model sharded over
+// dp*tp*pp ranks when it has no groups (hp::job::launch). The ranks run the hidden `hp launch
+// RECIPE.toml --worker`, which must end with MPI_Abort on any error. See hp-launch(1).
 #include <fmt/core.h>
 
 #include <cstdio>
 
 #include "commands.h"
-#include "hp/core/fs.h"
-#include "hp/recipe/presets.h"
 #include "hp/comm/comm.h"
+#include "hp/core/fs.h"
 #include "hp/job/launch.h"
+#include "hp/recipe/presets.h"
 
 namespace hp::cli {
 
@@ -20,20 +20,29 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   CLI::App* sub = app.add_subcommand("launch", "run a recipe (MPMD process groups) or a model");
   sub->add_option("target", opts->target, "RECIPE.toml or MODEL.onnx")->required();
   sub->add_option("--inputs", opts->inputs, "directory of input_K.pb tensors");
-  sub->add_option("--outputs", opts->outputs, "directory to write output_K.pb tensors (replaced atomically)");
-  sub->add_option("--backend", opts->backend, "cpu, cuda or ascend (default: best available; MODEL.onnx only)");
-  sub->add_option("--threads", opts->threads, "CPU threads (per rank for a recipe; default: the cores available)");
-  sub->add_option("--plugin-path", opts->plugin_paths, "extra plugin directory or file (repeatable)");
+  sub->add_option("--outputs", opts->outputs,
+                  "directory to write output_K.pb tensors (replaced atomically)");
+  sub->add_option("--backend", opts->backend,
+                  "cpu, cuda or ascend (default: best available; MODEL.onnx only)");
+  sub->add_option("--threads", opts->threads,
+                  "CPU threads (per rank for a recipe; default: the cores available)");
+  sub->add_option("--plugin-path", opts->plugin_paths,
+                  "extra plugin directory or file (repeatable)");
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
   sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds");
-  sub->add_option("--run-dir", opts->run_dir, "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
-  sub->add_option("--steps", opts->steps, "repeat a sharded recipe's schedule N times; report the median step")
+  sub->add_option("--run-dir", opts->run_dir,
+                  "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
+  sub->add_option("--steps", opts->steps,
+                  "repeat a sharded recipe's schedule N times; report the median step")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--shard-dir", opts->shard_dir, "run these hp shard partitions instead of sharding afresh");
+  sub->add_option("--shard-dir", opts->shard_dir,
+                  "run these hp shard partitions instead of sharding afresh");
   sub->add_option("--launcher", opts->launcher, "mpirun (default) or slurm (srun --multi-prog)");
-  sub->add_flag("--allow-run-as-root", opts->allow_run_as_root, "let Open MPI start ranks as root (containers)");
+  sub->add_flag("--allow-run-as-root", opts->allow_run_as_root,
+                "let Open MPI start ranks as root (containers)");
   sub->add_flag("--dry-run", opts->dry_run, "print the mpirun command and app file; start nothing");
-  sub->add_flag("--worker", opts->worker, "run as one rank of the job (started by hp launch)")->group("");
+  sub->add_flag("--worker", opts->worker, "run as one rank of the job (started by hp launch)")
+      ->group("");
   sub->callback([opts, &ctx] {
     opts->sink = [](bool err, const std::string& line) {
       std::FILE* f = err ? stderr : stdout;

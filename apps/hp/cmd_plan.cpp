@@ -2,7 +2,8 @@
 //
 // The flags fill hp::planner::PlanOptions; hp::planner::run_command resolves the model (the bundled
 // tiny-gpt2 when none is named) and the cluster (local-cpu when none is named), then summarises the
-// model (--summary) or plans it, and returns what to print and the files to write (-o, --schedule-svg).
+// model (--summary) or plans it, and returns what to print and the files to write (-o,
+// --schedule-svg).
 #include <fmt/core.h>
 
 #include <filesystem>
@@ -21,7 +22,8 @@ int run_plan(const planner::PlanOptions& opts) {
   for (const auto& w : out->warnings) report_warning(out->model, w);
   fmt::print("{}", out->text);
   for (const auto& f : out->files)
-    if (auto written = write_file_atomic(f.path, f.contents); !written) return report_error(written.error());
+    if (auto written = write_file_atomic(f.path, f.contents); !written)
+      return report_error(written.error());
   return 0;
 }
 
@@ -29,31 +31,44 @@ int run_plan(const planner::PlanOptions& opts) {
 
 void add_plan_command(CLI::App& app, Context& ctx) {
   auto opts = std::make_shared<planner::PlanOptions>();
-  CLI::App* sub = app.add_subcommand("plan", "plan a parallel execution of a model (--summary: describe it)");
+  CLI::App* sub =
+      app.add_subcommand("plan", "plan a parallel execution of a model (--summary: describe it)");
   sub->add_option("model", opts->model, "ONNX model (default: the bundled tiny-gpt2)");
-  sub->add_flag("--summary", opts->summary, "print parameters, FLOPs, layers and ops instead of planning");
+  sub->add_flag("--summary", opts->summary,
+                "print parameters, FLOPs, layers and ops instead of planning");
   sub->add_flag("--json", opts->json, "print the summary as one JSON object");
   sub->add_option("--dim", opts->dim_args, "bind a symbolic input dim, NAME=VALUE (repeatable)")
       ->allow_extra_args(false);
   sub->add_flag("--require-data", opts->require_data, "fail when external weight files are absent");
   sub->add_option("--cluster", opts->cluster, "cluster preset name or cluster TOML file");
-  sub->add_option("--nodes", opts->nodes, "number of cluster nodes (default: the cluster file's)")->check(CLI::PositiveNumber);
-  sub->add_option("--global-batch", opts->global_batch, "sequences per training step")->check(CLI::PositiveNumber);
-  sub->add_option("--seq", opts->seq, "sequence length (also binds dim 'seq')")->check(CLI::PositiveNumber);
-  sub->add_option("--dtype", opts->dtype, "compute dtype")->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}));
+  sub->add_option("--nodes", opts->nodes, "number of cluster nodes (default: the cluster file's)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--global-batch", opts->global_batch, "sequences per training step")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--seq", opts->seq, "sequence length (also binds dim 'seq')")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--dtype", opts->dtype, "compute dtype")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}));
   sub->add_option("--optimizer", opts->optimizer, "optimizer whose states are planned for")
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "none"}));
   sub->add_option("--mode", opts->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
-  sub->add_option("-o,--output", opts->output, "file to write (the recipe; with --summary, the summary)");
-  sub->add_option("--fix", opts->fix_args, "pin KEY=VALUE (dp, tp, pp, ep, optimizer_shard, micro_batch_size, micro_batches, "
-                                           "schedule, virtual_stages, sequence_parallel, recompute); repeatable")
+  sub->add_option("-o,--output", opts->output,
+                  "file to write (the recipe; with --summary, the summary)");
+  sub->add_option(
+         "--fix", opts->fix_args,
+         "pin KEY=VALUE (dp, tp, pp, ep, optimizer_shard, micro_batch_size, micro_batches, "
+         "schedule, virtual_stages, sequence_parallel, recompute); repeatable")
       ->allow_extra_args(false);
-  sub->add_flag("--compare", opts->compare, "also plan with a DP x TP-only planner and a greedy one-axis-at-a-time "
-                                           "expert, and print the best plan's speedup over each");
-  sub->add_option("--sweep", opts->sweep, "plan once per value: nodes=1,2,4,8 or global-batch=64,128 (CSV; JSON lines "
-                                          "with --json)");
-  sub->add_option("--schedule-svg", opts->schedule_svg, "draw the best plan's pipeline schedule into this SVG file");
-  sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")->check(CLI::PositiveNumber);
+  sub->add_flag("--compare", opts->compare,
+                "also plan with a DP x TP-only planner and a greedy one-axis-at-a-time "
+                "expert, and print the best plan's speedup over each");
+  sub->add_option("--sweep", opts->sweep,
+                  "plan once per value: nodes=1,2,4,8 or global-batch=64,128 (CSV; JSON lines "
+                  "with --json)");
+  sub->add_option("--schedule-svg", opts->schedule_svg,
+                  "draw the best plan's pipeline schedule into this SVG file");
+  sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")
+      ->check(CLI::PositiveNumber);
   sub->callback([opts, &ctx] {
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->model_dirs = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / "recipes" / "models",

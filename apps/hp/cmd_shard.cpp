@@ -8,14 +8,19 @@ namespace hp::cli {
 
 void add_shard_command(CLI::App& app, Context& ctx) {
   auto opts = std::make_shared<shard::ShardOptions>();
-  CLI::App* sub = app.add_subcommand("shard", "derive per-rank slices and write per-rank model partitions");
+  CLI::App* sub =
+      app.add_subcommand("shard", "derive per-rank slices and write per-rank model partitions");
   sub->add_option("recipe", opts->recipe, "recipe to partition")->required();
   sub->add_option("-o,--output", opts->out_dir, "output directory (written atomically)");
-  sub->add_option("--explain", opts->explain, "print one tensor's layout, every rank's slice and its redistributions");
+  sub->add_option("--explain", opts->explain,
+                  "print one tensor's layout, every rank's slice and its redistributions");
   sub->add_flag("--json", opts->json, "with --explain: JSON for scripts");
   sub->callback([opts, &ctx] {
     auto report = shard::run(*opts);
-    if (!report) { ctx.exit_code = report_error(report.error()); return; }
+    if (!report) {
+      ctx.exit_code = report_error(report.error());
+      return;
+    }
     fmt::print("{}", report->summary);
   });
 }

@@ -1,8 +1,9 @@
-// hp verify RECIPE.toml: static checks of a recipe (its keys, its cluster, its model file, the tensor
-// flows between its groups), then the sharded job against the unsharded model (--simulate runs the
-// ranks in-process, --static skips it). hp verify MODEL.onnx --inputs DIR --expected DIR: runs the
-// model and compares its outputs. Exit 6 on a mismatch. The file's extension picks the mode.
-// Thin: flags -> hp::job::VerifyOptions -> hp::job::verify -> the report or the error. See hp-verify(1).
+// hp verify RECIPE.toml: static checks of a recipe (its keys, its cluster, its model file, the
+// tensor flows between its groups), then the sharded job against the unsharded model (--simulate
+// runs the ranks in-process, --static skips it). hp verify MODEL.onnx --inputs DIR --expected DIR:
+// runs the model and compares its outputs. Exit 6 on a mismatch. The file's extension picks the
+// mode. Thin: flags -> hp::job::VerifyOptions -> hp::job::verify -> the report or the error. See
+// hp-verify(1).
 #include <memory>
 
 #include <fmt/core.h>
@@ -23,26 +24,41 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   };
   auto f = std::make_shared<Flags>();
   CLI::App* sub = app.add_subcommand("verify", "check a recipe (and, with --inputs, its outputs)");
-  sub->add_option("recipe", f->target, "the recipe file (.toml), or a model (.onnx) to run and compare")->required();
+  sub->add_option("recipe", f->target,
+                  "the recipe file (.toml), or a model (.onnx) to run and compare")
+      ->required();
   sub->add_option("--inputs", f->inputs, "directory of input_K.pb tensors to run the model on");
   sub->add_option("--expected", f->expected, "directory of expected output_K.pb tensors");
-  sub->add_option("--rtol", f->opts.rtol, "relative tolerance of the output comparison")->capture_default_str();
-  sub->add_option("--atol", f->opts.atol, "absolute tolerance of the output comparison")->capture_default_str();
-  sub->add_option("--backend", f->backend, "plugin to run on (cpu, cuda, ascend)")->capture_default_str();
-  sub->add_option("--threads", f->opts.threads, "CPU threads when running a model (default: the cores available)");
-  sub->add_flag("--json", f->json, "print one JSON object (ok, errors with where/message/hint) on stdout");
-  sub->add_flag("--static", f->opts.static_only, "RECIPE: the static checks only; do not run the sharded job");
-  sub->add_flag("--simulate", f->opts.run.simulate, "RECIPE: run all ranks in this process (no MPI)");
-  sub->add_option("--seed", f->opts.run.seed, "RECIPE: seed of the generated inputs (without --inputs)")->capture_default_str();
-  sub->add_option("--shard-dir", f->opts.run.shard_dir, "RECIPE: verify these hp shard partitions instead of fresh ones");
-  sub->add_option("--timeout", f->opts.run.timeout_s, "RECIPE: stop the MPI job after this many seconds");
-  sub->add_flag("--allow-run-as-root", f->opts.run.allow_run_as_root, "RECIPE: let Open MPI start ranks as root");
+  sub->add_option("--rtol", f->opts.rtol, "relative tolerance of the output comparison")
+      ->capture_default_str();
+  sub->add_option("--atol", f->opts.atol, "absolute tolerance of the output comparison")
+      ->capture_default_str();
+  sub->add_option("--backend", f->backend, "plugin to run on (cpu, cuda, ascend)")
+      ->capture_default_str();
+  sub->add_option("--threads", f->opts.threads,
+                  "CPU threads when running a model (default: the cores available)");
+  sub->add_flag("--json", f->json,
+                "print one JSON object (ok, errors with where/message/hint) on stdout");
+  sub->add_flag("--static", f->opts.static_only,
+                "RECIPE: the static checks only; do not run the sharded job");
+  sub->add_flag("--simulate", f->opts.run.simulate,
+                "RECIPE: run all ranks in this process (no MPI)");
+  sub->add_option("--seed", f->opts.run.seed,
+                  "RECIPE: seed of the generated inputs (without --inputs)")
+      ->capture_default_str();
+  sub->add_option("--shard-dir", f->opts.run.shard_dir,
+                  "RECIPE: verify these hp shard partitions instead of fresh ones");
+  sub->add_option("--timeout", f->opts.run.timeout_s,
+                  "RECIPE: stop the MPI job after this many seconds");
+  sub->add_flag("--allow-run-as-root", f->opts.run.allow_run_as_root,
+                "RECIPE: let Open MPI start ranks as root");
   sub->callback([f, &ctx, sub] {
     job::VerifyOptions& o = f->opts;
     o.target = f->target;
     o.inputs = f->inputs;
     o.expected = f->expected;
-    o.backend = sub->count("--backend") ? f->backend : std::string();  // default: the best available
+    o.backend =
+        sub->count("--backend") ? f->backend : std::string();  // default: the best available
     // Presets: the install's share/hp first, then this build's source tree.
     o.preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     auto report = job::verify(o);
@@ -50,10 +66,14 @@ void add_verify_command(CLI::App& app, Context& ctx) {
       ctx.exit_code = report_error(report.error());
       return;
     }
-    if (f->json && !report->model_mode) fmt::print("{}\n", report->json());
-    else fmt::print("{}", report->text());
-    if (report->failure) ctx.exit_code = report_error(*report->failure);
-    else ctx.exit_code = report->ok() ? 0 : report_error(report->mismatch());
+    if (f->json && !report->model_mode)
+      fmt::print("{}\n", report->json());
+    else
+      fmt::print("{}", report->text());
+    if (report->failure)
+      ctx.exit_code = report_error(*report->failure);
+    else
+      ctx.exit_code = report->ok() ? 0 : report_error(report->mismatch());
   });
 }
 

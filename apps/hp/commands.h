@@ -17,8 +17,8 @@ struct Context {
   bool verbose = false;
 };
 
-/// Prints every diagnostic of `e` as "hp: error: <where>: <message>" (+ "  hint: ...") on stderr and
-/// returns the documented exit code for it.
+/// Prints every diagnostic of `e` as "hp: error: <where>: <message>" (+ "  hint: ...") on stderr
+/// and returns the documented exit code for it.
 int report_error(const Error& e);
 /// "hp: warning: ..." on stderr.
 void report_warning(const std::string& where, const std::string& message);

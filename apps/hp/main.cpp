@@ -1,5 +1,5 @@
-// hp: entry point. Owns the subcommand table, CLI parsing, the single top-level error printer and the
-// mapping to documented exit codes (hp/core/exit_code.h). Subcommands live in cmd_<name>.cpp.
+// hp: entry point. Owns the subcommand table, CLI parsing, the single top-level error printer and
+// the mapping to documented exit codes (hp/core/exit_code.h). Subcommands live in cmd_<name>.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,8 +58,9 @@ bool check_command_name(int argc, char** argv) {
     std::size_t d = edit_distance(word, row.name);
     if (d < best_d) best_d = d, best = row.name;
   }
-  Error e(Errc::usage, fmt::format("unknown command '{}'", word), "",
-          best ? fmt::format("did you mean '{}'?", best) : "run 'hp --help' for the list of commands");
+  Error e(
+      Errc::usage, fmt::format("unknown command '{}'", word), "",
+      best ? fmt::format("did you mean '{}'?", best) : "run 'hp --help' for the list of commands");
   report_error(e);
   return false;
 }
@@ -73,7 +74,8 @@ int run(int argc, char** argv) {
   app.add_flag("-v,--verbose", ctx.verbose, "log what hp looks at (plugin paths tried, ...)");
   for (const auto& row : kCommands) row.add(app, ctx);
   app.footer(
-      "Exit status: 0 ok, 1 internal error, 2 usage, 3 bad input, 4 infeasible, 5 runtime failure,\n"
+      "Exit status: 0 ok, 1 internal error, 2 usage, 3 bad input, 4 infeasible, 5 runtime "
+      "failure,\n"
       "6 verification mismatch, 7 backend unavailable, 8 not implemented yet. See hp(1).");
   if (!check_command_name(argc, argv)) return static_cast<int>(ExitCode::usage);
   try {
@@ -85,7 +87,8 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return report_error(Error(Errc::usage, e.what(), "", "run 'hp --help' or 'hp <command> --help'"));
+    return report_error(
+        Error(Errc::usage, e.what(), "", "run 'hp --help' or 'hp <command> --help'"));
   }
   return ctx.exit_code;
 }

@@ -14,8 +14,8 @@ bool stderr_is_tty() { return ::isatty(STDERR_FILENO) == 1; }
 
 void print_line(const char* label, const char* colour, const Diagnostic& d) {
   bool tty = stderr_is_tty();
-  std::string prefix = tty ? fmt::format("hp: \033[{}m{}:\033[0m ", colour, label)
-                           : fmt::format("hp: {}: ", label);
+  std::string prefix =
+      tty ? fmt::format("hp: \033[{}m{}:\033[0m ", colour, label) : fmt::format("hp: {}: ", label);
   if (d.where.empty())
     fmt::print(stderr, "{}{}\n", prefix, d.message);
   else

@@ -1,13 +1,15 @@
-// Finding CANN at run time. The ascend plugin has no DT_NEEDED entry for any CANN library, so it loads
-// on every machine; open() then looks for the three libraries it needs, in this order each:
-//   1. an explicit path from the environment: HP_ASCEND_LIB (libascendcl.so), HP_ASCEND_NNOPBASE_LIB,
-//      HP_ASCEND_OPAPI_LIB; the latter two default to the directory of HP_ASCEND_LIB when it is set,
-//      which is how the tests point the plugin at the fake runtime in one variable
+// Finding CANN at run time. The ascend plugin has no DT_NEEDED entry for any CANN library, so it
+// loads on every machine; open() then looks for the three libraries it needs, in this order each:
+//   1. an explicit path from the environment: HP_ASCEND_LIB (libascendcl.so),
+//   HP_ASCEND_NNOPBASE_LIB,
+//      HP_ASCEND_OPAPI_LIB; the latter two default to the directory of HP_ASCEND_LIB when it is
+//      set, which is how the tests point the plugin at the fake runtime in one variable
 //   2. $ASCEND_TOOLKIT_HOME/lib64/<lib> (set by CANN's set_env.sh)
 //   3. the bare soname, i.e. LD_LIBRARY_PATH and the system loader path
 // When nothing loads the reason lists every attempt with its dlerror text and says how to fix it
 // (HP_UNAVAILABLE); when a library loads but lacks a required symbol the runtime is too old
-// (HP_VERSION). This is NCCL's libibverbs pattern, rather than linking CANN at build time as ggml does.
+// (HP_VERSION). This is NCCL's libibverbs pattern, rather than linking CANN at build time as ggml
+// does.
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -25,7 +27,8 @@ std::string dir_of(const std::string& path) {
 /// Candidate paths for one library, in search order, each with a label for messages.
 std::vector<std::pair<std::string, std::string>> candidates(const char* lib, const char* env_var) {
   std::vector<std::pair<std::string, std::string>> out;
-  if (const char* v = std::getenv(env_var); v && *v) out.emplace_back(v, std::string("$") + env_var);
+  if (const char* v = std::getenv(env_var); v && *v)
+    out.emplace_back(v, std::string("$") + env_var);
   const char* main_lib = std::getenv("HP_ASCEND_LIB");
   if (std::string(env_var) != "HP_ASCEND_LIB" && main_lib && *main_lib && !dir_of(main_lib).empty())
     out.emplace_back(dir_of(main_lib) + lib, "dir of $HP_ASCEND_LIB");
@@ -64,7 +67,8 @@ bool resolve(void* handle, const char* name, Fn& fn) {
 }
 
 hp_status* missing(const char* lib, const char* sym) {
-  return hp_common::make_status(HP_VERSION, "ascend: %s lacks %s; CANN too old or not a CANN library", lib, sym);
+  return hp_common::make_status(
+      HP_VERSION, "ascend: %s lacks %s; CANN too old or not a CANN library", lib, sym);
 }
 
 hp_status* load_once(AclApi& api) {
@@ -83,7 +87,8 @@ hp_status* load_once(AclApi& api) {
 #define HP_NNOP_REQ(fn) HP_RESOLVE_REQ("libnnopbase.so", nnop, fn)
 #define HP_OPAPI_REQ(fn) HP_RESOLVE_REQ("libopapi.so", opapi, fn)
 #define HP_ACL_OPT(fn) resolve(acl, #fn, api.fn);
-#define HP_OPAPI_OPT(Op) resolve(opapi, "aclnn" #Op "GetWorkspaceSize", api.aclnn##Op##GetWorkspaceSize); \
+#define HP_OPAPI_OPT(Op)                                                           \
+  resolve(opapi, "aclnn" #Op "GetWorkspaceSize", api.aclnn##Op##GetWorkspaceSize); \
   resolve(opapi, "aclnn" #Op, api.aclnn##Op);
   HP_ACL_REQUIRED(HP_ACL_REQ)
   HP_ACL_OPTIONAL(HP_ACL_OPT)

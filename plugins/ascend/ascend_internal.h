@@ -13,13 +13,19 @@ constexpr const char* kAscend = "ascend";
 
 // Runtime entry points resolved with dlsym. Required ones missing make open fail with HP_VERSION;
 // optional ones missing only narrow what the backend supports.
-#define HP_ACL_REQUIRED(X)                                                                          \
-  X(aclInit) X(aclrtSetDevice) X(aclrtGetDeviceCount) X(aclrtGetMemInfo) X(aclrtGetSocName)         \
-  X(aclrtMalloc) X(aclrtFree) X(aclrtMallocHost) X(aclrtFreeHost) X(aclrtMemcpy) X(aclrtMemcpyAsync) \
-  X(aclrtCreateStream) X(aclrtDestroyStream) X(aclrtSynchronizeStream) X(aclrtCreateEvent)          \
-  X(aclrtDestroyEvent) X(aclrtRecordEvent) X(aclrtStreamWaitEvent) X(aclrtSynchronizeEvent)
-#define HP_ACL_OPTIONAL(X) X(aclGetRecentErrMsg) X(aclrtQueryEventStatus) X(aclrtResetDevice) X(aclrtSynchronizeDevice)
-#define HP_NNOPBASE_REQUIRED(X) X(aclCreateTensor) X(aclDestroyTensor) X(aclCreateScalar) X(aclDestroyScalar)
+// clang-format cannot lay out X-macro lists stably.
+// clang-format off
+#define HP_ACL_REQUIRED(X)                                                                   \
+  X(aclInit) X(aclrtSetDevice) X(aclrtGetDeviceCount) X(aclrtGetMemInfo) X(aclrtGetSocName)  \
+  X(aclrtMalloc) X(aclrtFree) X(aclrtMallocHost) X(aclrtFreeHost) X(aclrtMemcpy)             \
+  X(aclrtMemcpyAsync) X(aclrtCreateStream) X(aclrtDestroyStream) X(aclrtSynchronizeStream)   \
+  X(aclrtCreateEvent) X(aclrtDestroyEvent) X(aclrtRecordEvent) X(aclrtStreamWaitEvent)       \
+  X(aclrtSynchronizeEvent)
+// clang-format on
+#define HP_ACL_OPTIONAL(X) \
+  X(aclGetRecentErrMsg) X(aclrtQueryEventStatus) X(aclrtResetDevice) X(aclrtSynchronizeDevice)
+#define HP_NNOPBASE_REQUIRED(X) \
+  X(aclCreateTensor) X(aclDestroyTensor) X(aclCreateScalar) X(aclDestroyScalar)
 #define HP_OPAPI_REQUIRED(X) X(aclnnMatmulGetWorkspaceSize) X(aclnnMatmul)
 
 namespace hp_ascend {
@@ -59,8 +65,8 @@ void fill_soc_figures(const std::string& soc, hp_device_info& d);
 }  // namespace hp_ascend
 
 namespace hp_ascend {
-/// Device-memory accounting of one device (ABI 1.3 mem_stats): what alloc(HP_MEM_DEVICE) handed out.
-/// aclrtFree takes no size, so live allocations are remembered by address.
+/// Device-memory accounting of one device (ABI 1.3 mem_stats): what alloc(HP_MEM_DEVICE) handed
+/// out. aclrtFree takes no size, so live allocations are remembered by address.
 struct DeviceMemory {
   std::unordered_map<void*, uint64_t> live;
   uint64_t in_use = 0, peak = 0, allocs = 0, refused = 0;
@@ -74,8 +80,8 @@ struct hp_ctx {
   std::vector<hp_ascend::DeviceMemory> mem;  ///< per device
 };
 
-/// An ACL stream plus the aclnn workspace used by kernels queued on it (grow-only; growing waits for
-/// the stream so the old buffer is no longer in use).
+/// An ACL stream plus the aclnn workspace used by kernels queued on it (grow-only; growing waits
+/// for the stream so the old buffer is no longer in use).
 struct hp_stream {
   int32_t dev = 0;
   aclrtStream stream = nullptr;
@@ -95,9 +101,10 @@ hp_status* use_device(const hp_ctx* ctx, int32_t dev);
 hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* desc);
 hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* desc);
 int32_t supports_op(const hp_ctx* ctx, int32_t op);
-/// ABI 1.2 (ascend_ops.cpp): ONNX MatMul, Add/Sub/Mul/Div and unary activations on the kernels above.
-int32_t supports_onnx_op(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain, int64_t opset,
-                         const int32_t* dtypes, int64_t n);
+/// ABI 1.2 (ascend_ops.cpp): ONNX MatMul, Add/Sub/Mul/Div and unary activations on the kernels
+/// above.
+int32_t supports_onnx_op(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain,
+                         int64_t opset, const int32_t* dtypes, int64_t n);
 hp_status* run_onnx_op(hp_ctx* ctx, hp_stream* s, const hp_op_desc* desc);
 
 }  // namespace hp_ascend

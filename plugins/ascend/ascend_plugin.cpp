@@ -1,28 +1,30 @@
-// The ascend backend: hp's plugin ABI on CANN's AscendCL runtime and ACLNN operators, all resolved at
-// open() through dlopen (acl_loader.cpp), so the plugin loads anywhere and explains itself when CANN
-// is absent. This file holds the table and the runtime side (devices, memory and its accounting,
-// streams, events, copies); kernels are in ascend_kernels.cpp.
+// The ascend backend: hp's plugin ABI on CANN's AscendCL runtime and ACLNN operators, all resolved
+// at open() through dlopen (acl_loader.cpp), so the plugin loads anywhere and explains itself when
+// CANN is absent. This file holds the table and the runtime side (devices, memory and its
+// accounting, streams, events, copies); kernels are in ascend_kernels.cpp.
 //
-// ACL keeps the current device per thread (aclrtSetDevice), while hp calls name the device explicitly
-// (or through a stream or event), so every entry point first makes the right device current; a
-// thread-local remembers it to avoid redundant calls.
+// ACL keeps the current device per thread (aclrtSetDevice), while hp calls name the device
+// explicitly (or through a stream or event), so every entry point first makes the right device
+// current; a thread-local remembers it to avoid redundant calls.
 #include "ascend_internal.h"
 
 #include <algorithm>
 #include <cstddef>
 
-using hp_common::make_status;
 using hp_ascend::acl_error_text;
+using hp_common::make_status;
 
 namespace hp_ascend {
 
 hp_status* use_device(const hp_ctx* ctx, int32_t dev) {
   static thread_local int32_t current = -1;
-  if (dev < 0 || dev >= ctx->device_count) return make_status(HP_INVALID, "ascend: no device %d", dev);
+  if (dev < 0 || dev >= ctx->device_count)
+    return make_status(HP_INVALID, "ascend: no device %d", dev);
   if (current == dev) return nullptr;
   aclError err = ctx->api->aclrtSetDevice(dev);
   if (err != ACL_SUCCESS)
-    return make_status(HP_DEVICE_LOST, "ascend: %s", acl_error_text(*ctx->api, "aclrtSetDevice", err).c_str());
+    return make_status(HP_DEVICE_LOST, "ascend: %s",
+                       acl_error_text(*ctx->api, "aclrtSetDevice", err).c_str());
   current = dev;
   return nullptr;
 }
@@ -134,7 +136,8 @@ hp_status* asc_free(hp_ctx* ctx, int32_t dev, void* p, int32_t kind) {
 }
 
 hp_status* asc_mem_stats(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_stats* out) {
-  if (dev < 0 || dev >= ctx->device_count) return make_status(HP_INVALID, "ascend: no device %d", dev);
+  if (dev < 0 || dev >= ctx->device_count)
+    return make_status(HP_INVALID, "ascend: no device %d", dev);
   if (!out || out->struct_size < offsetof(hp_mem_stats, in_use) + sizeof(uint64_t))
     return make_status(HP_INVALID, "ascend: mem_stats: null or too small output");
   std::lock_guard<std::mutex> lock(ctx->mem_mu);
@@ -223,10 +226,12 @@ hp_status* asc_event_destroy(hp_ctx* ctx, hp_event* e) {
   return err == ACL_SUCCESS ? nullptr : acl_fail(ctx, "aclrtDestroyEvent", err);
 }
 
-hp_status* asc_copy_async(hp_ctx* ctx, hp_stream* s, void* dst, const void* src, size_t bytes, int32_t dir) {
+hp_status* asc_copy_async(hp_ctx* ctx, hp_stream* s, void* dst, const void* src, size_t bytes,
+                          int32_t dir) {
   static const aclrtMemcpyKind kinds[] = {ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST,
                                           ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_HOST_TO_HOST};
-  if (dir < HP_H2D || dir > HP_H2H) return make_status(HP_INVALID, "ascend: copy_async: bad direction %d", dir);
+  if (dir < HP_H2D || dir > HP_H2H)
+    return make_status(HP_INVALID, "ascend: copy_async: bad direction %d", dir);
   if (bytes == 0) return nullptr;
   if (hp_status* st = use_device(ctx, s->dev)) return st;
   // destMax: hp does not track the destination's capacity, so it is the copy size.
@@ -245,22 +250,46 @@ hp_status* asc_mem_info(hp_ctx* ctx, int32_t dev, uint64_t* free_bytes, uint64_t
 }
 
 const hp_backend_v1 kTable = {
-    sizeof(hp_backend_v1), HP_ABI_MAJOR, HP_ABI_MINOR, "ascend", "0.1.0",
-    hp_common::status_code, hp_common::status_message, hp_common::status_free,
-    asc_open, asc_close, asc_device_count, asc_device_info, asc_supports,
-    asc_alloc, asc_free,
-    asc_stream_create, asc_stream_sync, asc_stream_destroy,
-    asc_event_create, asc_event_record, asc_stream_wait_event, asc_event_sync, asc_event_destroy,
-    asc_copy_async, hp_ascend::gemm, hp_ascend::elementwise,
-    nullptr, nullptr, nullptr,
-    asc_event_query, asc_mem_info,
-    hp_ascend::supports_onnx_op, hp_ascend::run_onnx_op,
+    sizeof(hp_backend_v1),
+    HP_ABI_MAJOR,
+    HP_ABI_MINOR,
+    "ascend",
+    "0.1.0",
+    hp_common::status_code,
+    hp_common::status_message,
+    hp_common::status_free,
+    asc_open,
+    asc_close,
+    asc_device_count,
+    asc_device_info,
+    asc_supports,
+    asc_alloc,
+    asc_free,
+    asc_stream_create,
+    asc_stream_sync,
+    asc_stream_destroy,
+    asc_event_create,
+    asc_event_record,
+    asc_stream_wait_event,
+    asc_event_sync,
+    asc_event_destroy,
+    asc_copy_async,
+    hp_ascend::gemm,
+    hp_ascend::elementwise,
+    nullptr,
+    nullptr,
+    nullptr,
+    asc_event_query,
+    asc_mem_info,
+    hp_ascend::supports_onnx_op,
+    hp_ascend::run_onnx_op,
     asc_mem_stats,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(uint16_t) {
+extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(
+    uint16_t) {
   return &kTable;
 }
 

@@ -4,11 +4,12 @@
 // could cite exists the value stays "unknown" rather than guessed.
 //
 // Sources:
-//  - Ascend 910C ("Ascend910_93xx"): Huawei, "Serving Large Language Models on Huawei CloudMatrix384"
-//    (arXiv:2506.12708, section 3): each die sustains ~376 TFLOPS dense BF16/FP16 (752 per package),
-//    has 64 GB HBM at 1.6 TB/s (3.2 TB/s, 128 GB per package), and each NPU package gets up to
-//    392 GB/s unidirectional UB bandwidth (196 GB/s per die when split evenly). CANN enumerates each
-//    910C die as one device, so the per-die figures apply.
+//  - Ascend 910C ("Ascend910_93xx"): Huawei, "Serving Large Language Models on Huawei
+//  CloudMatrix384"
+//    (arXiv:2506.12708, section 3): each die sustains ~376 TFLOPS dense BF16/FP16 (752 per
+//    package), has 64 GB HBM at 1.6 TB/s (3.2 TB/s, 128 GB per package), and each NPU package gets
+//    up to 392 GB/s unidirectional UB bandwidth (196 GB/s per die when split evenly). CANN
+//    enumerates each 910C die as one device, so the per-die figures apply.
 //  - Ascend 910B ("Ascend910B1".."Ascend910B4"): 313 TFLOPS FP16 is the figure commonly quoted for
 //    the 910B3 (Atlas 800T A2 material); 64 GB HBM. No authoritative HBM or host-link bandwidth was
 //    found (docs/offload.md, "Bandwidth figures"), so those stay unknown.
@@ -20,11 +21,11 @@ namespace hp_ascend {
 namespace {
 
 struct SocRow {
-  const char* prefix;   // matched against the start of aclrtGetSocName()
-  double f16_flops;     // also BF16
+  const char* prefix;  // matched against the start of aclrtGetSocName()
+  double f16_flops;    // also BF16
   double mem_Bps;
   double peer_Bps;
-  int32_t ai_cores;     // cube cores per device
+  int32_t ai_cores;  // cube cores per device
   const char* note;
 };
 

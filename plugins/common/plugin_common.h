@@ -22,7 +22,8 @@ struct hp_status {
 namespace hp_common {
 
 /// A status with a formatted message (lower-case, names the backend and the call by convention).
-__attribute__((format(printf, 2, 3))) inline hp_status* make_status(hp_code code, const char* fmt, ...) {
+__attribute__((format(printf, 2, 3))) inline hp_status* make_status(hp_code code, const char* fmt,
+                                                                    ...) {
   char buf[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -72,7 +73,8 @@ inline hp_status* check_gemm(const char* backend, const hp_gemm_desc& d) {
                        (long long)d.m, (long long)d.n, (long long)d.k, (long long)d.batch);
   int64_t a_cols = d.trans_a ? d.m : d.k, b_cols = d.trans_b ? d.k : d.n;
   if (d.lda < a_cols || d.ldb < b_cols || d.ldc < d.n)
-    return make_status(HP_INVALID, "%s: gemm: leading dimension too small (lda=%lld ldb=%lld ldc=%lld)",
+    return make_status(HP_INVALID,
+                       "%s: gemm: leading dimension too small (lda=%lld ldb=%lld ldc=%lld)",
                        backend, (long long)d.lda, (long long)d.ldb, (long long)d.ldc);
   if (d.batch > 1 && d.stride_c == 0)
     return make_status(HP_INVALID, "%s: gemm: batched output needs stride_c > 0", backend);
@@ -85,7 +87,8 @@ inline hp_status* check_gemm(const char* backend, const hp_gemm_desc& d) {
 inline hp_status* check_elementwise(const char* backend, const hp_elementwise_desc& d) {
   if (!is_binary(d.op) && !is_unary(d.op))
     return make_status(HP_UNSUPPORTED, "%s: elementwise: unknown op %d", backend, d.op);
-  if (d.dtype != HP_F32) return make_status(HP_UNSUPPORTED, "%s: elementwise: only f32 is implemented", backend);
+  if (d.dtype != HP_F32)
+    return make_status(HP_UNSUPPORTED, "%s: elementwise: only f32 is implemented", backend);
   if (d.n < 0 || (d.n > 0 && (!d.x || !d.out)) || (is_binary(d.op) && d.n > 0 && !d.y))
     return make_status(HP_INVALID, "%s: elementwise: null operand or negative size", backend);
   if (is_binary(d.op) && d.y_len != 0 && (d.y_len < 0 || d.n % d.y_len != 0))
@@ -97,13 +100,13 @@ inline hp_status* check_elementwise(const char* backend, const hp_elementwise_de
 }  // namespace hp_common
 
 /// Runs `body` (returning hp_status*), turning any C++ exception into an HP_INTERNAL status.
-#define HP_PLUGIN_GUARD(backend, body)                                                       \
-  try {                                                                                      \
-    body                                                                                     \
-  } catch (const std::bad_alloc&) {                                                          \
-    return hp_common::make_status(HP_NO_MEMORY, "%s: out of host memory", backend);          \
-  } catch (const std::exception& e) {                                                        \
-    return hp_common::make_status(HP_INTERNAL, "%s: %s", backend, e.what());                 \
-  } catch (...) {                                                                            \
-    return hp_common::make_status(HP_INTERNAL, "%s: unknown exception", backend);            \
+#define HP_PLUGIN_GUARD(backend, body)                                              \
+  try {                                                                             \
+    body                                                                            \
+  } catch (const std::bad_alloc&) {                                                 \
+    return hp_common::make_status(HP_NO_MEMORY, "%s: out of host memory", backend); \
+  } catch (const std::exception& e) {                                               \
+    return hp_common::make_status(HP_INTERNAL, "%s: %s", backend, e.what());        \
+  } catch (...) {                                                                   \
+    return hp_common::make_status(HP_INTERNAL, "%s: unknown exception", backend);   \
   }

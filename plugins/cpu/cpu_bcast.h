@@ -1,7 +1,7 @@
 // Broadcast iteration for the cpu kernels: walks an output shape row by row, giving each operand's
 // offset at the start of the row and its stride along the innermost dim (0 when that operand is
-// broadcast there), so the innermost loop is a plain strided loop the compiler vectorises in the common
-// cases (stride 1 or 0).
+// broadcast there), so the innermost loop is a plain strided loop the compiler vectorises in the
+// common cases (stride 1 or 0).
 #pragma once
 
 #include <array>
@@ -14,9 +14,9 @@ namespace hp_cpu {
 constexpr int64_t kParallelMin = 1 << 16;
 
 /// Calls row(out_offset, offs, n, inner) once per innermost row of `out`: offs[k] is operand k's
-/// element offset at the row start, inner[k] its innermost stride, n the row length. Large outputs are
-/// split across OpenMP threads by rows (each row's offsets computed from its index); `row` must then
-/// be safe to call concurrently for different rows.
+/// element offset at the row start, inner[k] its innermost stride, n the row length. Large outputs
+/// are split across OpenMP threads by rows (each row's offsets computed from its index); `row` must
+/// then be safe to call concurrently for different rows.
 template <size_t N, class F>
 void bcast_rows(const Dims& out, const std::array<Dims, N>& st, F&& row) {
   const size_t r = out.size();
@@ -76,20 +76,21 @@ void binary_bcast(const View& a, const View& b, const View& out, F&& f) {
     return;
   }
   std::array<Dims, 2> st{broadcast_strides(a.dims, out.dims), broadcast_strides(b.dims, out.dims)};
-  bcast_rows<2>(out.dims, st, [&](int64_t o, const std::array<int64_t, 2>& off, int64_t n,
-                                  const std::array<int64_t, 2>& in) {
-    const A* x = pa + off[0];
-    const B* y = pb + off[1];
-    R* z = po + o;
-    if (in[0] == 1 && in[1] == 0) {
-      const B yv = *y;
-      for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], yv);
-    } else if (in[0] == 1 && in[1] == 1) {
-      for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) z[i] = f(x[i * in[0]], y[i * in[1]]);
-    }
-  });
+  bcast_rows<2>(out.dims, st,
+                [&](int64_t o, const std::array<int64_t, 2>& off, int64_t n,
+                    const std::array<int64_t, 2>& in) {
+                  const A* x = pa + off[0];
+                  const B* y = pb + off[1];
+                  R* z = po + o;
+                  if (in[0] == 1 && in[1] == 0) {
+                    const B yv = *y;
+                    for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], yv);
+                  } else if (in[0] == 1 && in[1] == 1) {
+                    for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
+                  } else {
+                    for (int64_t i = 0; i < n; ++i) z[i] = f(x[i * in[0]], y[i * in[1]]);
+                  }
+                });
 }
 
 }  // namespace hp_cpu

@@ -42,7 +42,8 @@ float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 }  // namespace
 
 hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* in) {
-  if (!ctx || !s || !in) return hp_common::make_status(HP_INVALID, "cpu: elementwise: null argument");
+  if (!ctx || !s || !in)
+    return hp_common::make_status(HP_INVALID, "cpu: elementwise: null argument");
   hp_elementwise_desc d = hp_common::copy_in(in);
   if (hp_status* st = hp_common::check_elementwise(kCpu, d)) return st;
   if (d.n == 0) return nullptr;
@@ -52,12 +53,24 @@ hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* in)
   int64_t y_len = d.y_len == 0 ? d.n : d.y_len;
   const float scalar = float(d.scalar);
   switch (d.op) {
-    case HP_OP_ADD: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a + b; }); break;
-    case HP_OP_SUB: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a - b; }); break;
-    case HP_OP_MUL: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a * b; }); break;
-    case HP_OP_DIV: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a / b; }); break;
-    case HP_OP_MAX: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a > b ? a : b; }); break;
-    case HP_OP_MIN: binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a < b ? a : b; }); break;
+    case HP_OP_ADD:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a + b; });
+      break;
+    case HP_OP_SUB:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a - b; });
+      break;
+    case HP_OP_MUL:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a * b; });
+      break;
+    case HP_OP_DIV:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a / b; });
+      break;
+    case HP_OP_MAX:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a > b ? a : b; });
+      break;
+    case HP_OP_MIN:
+      binary_loop(x, y, out, d.n, y_len, [](float a, float b) { return a < b ? a : b; });
+      break;
     case HP_OP_RELU: unary_loop(x, out, d.n, [](float v) { return v > 0.0f ? v : 0.0f; }); break;
     case HP_OP_GELU: unary_loop(x, out, d.n, gelu); break;
     case HP_OP_SILU: unary_loop(x, out, d.n, [](float v) { return v * sigmoid(v); }); break;

@@ -2,19 +2,21 @@
 //
 // hp's gemm is row-major with optional transposes, leading dimensions and batch strides; oneDNN
 // describes all of that with strided memory descriptors, so no data is repacked: A is {batch, m, k}
-// with strides {stride_a, lda, 1}, or {stride_a, 1, lda} when stored transposed, likewise B, and C is
-// {batch, m, n} with strides {stride_c, ldc, 1}. A batch stride of 0 becomes a batch dimension of 1,
-// which oneDNN broadcasts. alpha is an output scale and beta a sum post-op, both fixed at creation.
+// with strides {stride_a, lda, 1}, or {stride_a, 1, lda} when stored transposed, likewise B, and C
+// is {batch, m, n} with strides {stride_c, ldc, 1}. A batch stride of 0 becomes a batch dimension
+// of 1, which oneDNN broadcasts. alpha is an output scale and beta a sum post-op, both fixed at
+// creation.
 //
 // Creating a primitive JIT-compiles a kernel (milliseconds), so primitives are cached by everything
-// that defines them (GemmKey) and shared by every caller of the backend; the cache lock is held only
-// for the lookup. Sharing needs care: with oneDNN's default library-managed scratchpad (and Debian's
-// build without DNNL_ENABLE_CONCURRENT_EXEC) the scratchpad is common to all primitives and a
-// primitive must run on the thread that created it. `hp verify --simulate` runs every rank on its own
-// thread over one backend, so two ranks executed the same matmul at once and overwrote each other's
-// partial sums (wrong outputs on some runs only). So primitives are created with a user-managed
-// scratchpad and each execution passes a buffer of the executing thread's own. oneDNN reports unsupported descriptors with exceptions: we catch them and fall back to a plain
-// triple loop, which is slow but makes the backend total over valid descriptors.
+// that defines them (GemmKey) and shared by every caller of the backend; the cache lock is held
+// only for the lookup. Sharing needs care: with oneDNN's default library-managed scratchpad (and
+// Debian's build without DNNL_ENABLE_CONCURRENT_EXEC) the scratchpad is common to all primitives
+// and a primitive must run on the thread that created it. `hp verify --simulate` runs every rank on
+// its own thread over one backend, so two ranks executed the same matmul at once and overwrote each
+// other's partial sums (wrong outputs on some runs only). So primitives are created with a
+// user-managed scratchpad and each execution passes a buffer of the executing thread's own. oneDNN
+// reports unsupported descriptors with exceptions: we catch them and fall back to a plain triple
+// loop, which is slow but makes the backend total over valid descriptors.
 #include "cpu_internal.h"
 
 #include <vector>
@@ -26,21 +28,29 @@ using dnnl::memory;
 using Dims = memory::dims;
 
 GemmKey key_of(const hp_gemm_desc& d) {
-  return GemmKey{d.trans_a != 0, d.trans_b != 0, d.m, d.n, d.k, d.lda, d.ldb, d.ldc, d.batch,
-                 d.stride_a, d.stride_b, d.stride_c, d.alpha, d.beta};
+  return GemmKey{d.trans_a != 0, d.trans_b != 0, d.m,     d.n,     d.k,
+                 d.lda,          d.ldb,          d.ldc,   d.batch, d.stride_a,
+                 d.stride_b,     d.stride_c,     d.alpha, d.beta};
 }
 
 /// Strided descriptor of an operand of `rows` x `cols` (as used), stored transposed or not.
-memory::desc operand_desc(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld, bool trans) {
+memory::desc operand_desc(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
+                          bool trans) {
   int64_t b = stride == 0 ? 1 : batch;
   int64_t bs = stride == 0 ? rows * cols : stride;
   Dims strides = trans ? Dims{bs, 1, ld} : Dims{bs, ld, 1};
   return memory::desc(Dims{b, rows, cols}, memory::data_type::f32, strides);
 }
 
-memory::desc a_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_a, d.m, d.k, d.lda, d.trans_a); }
-memory::desc b_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_b, d.k, d.n, d.ldb, d.trans_b); }
-memory::desc c_desc(const hp_gemm_desc& d) { return operand_desc(d.batch, d.stride_c, d.m, d.n, d.ldc, false); }
+memory::desc a_desc(const hp_gemm_desc& d) {
+  return operand_desc(d.batch, d.stride_a, d.m, d.k, d.lda, d.trans_a);
+}
+memory::desc b_desc(const hp_gemm_desc& d) {
+  return operand_desc(d.batch, d.stride_b, d.k, d.n, d.ldb, d.trans_b);
+}
+memory::desc c_desc(const hp_gemm_desc& d) {
+  return operand_desc(d.batch, d.stride_c, d.m, d.n, d.ldc, false);
+}
 
 }  // namespace
 
@@ -108,15 +118,17 @@ hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
     return nullptr;
   }
   HP_PLUGIN_GUARD(kCpu, {
-    // This thread's scratchpad, grown to the largest a primitive has asked for (see the file comment).
+    // This thread's scratchpad, grown to the largest a primitive has asked for (see the file
+    // comment).
     thread_local std::vector<unsigned char> scratch;
     if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
     memory a(a_desc(d), ctx->engine, const_cast<void*>(d.a));
     memory b(b_desc(d), ctx->engine, const_cast<void*>(d.b));
     memory c(c_desc(d), ctx->engine, d.c);
     memory sp(g.scratchpad, ctx->engine, scratch.data());
-    g.prim->execute(s->dnnl_stream,
-                    {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}});
+    g.prim->execute(
+        s->dnnl_stream,
+        {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}});
     s->dnnl_stream.wait();
     return nullptr;
   })

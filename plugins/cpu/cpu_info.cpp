@@ -1,6 +1,6 @@
-// What the cpu backend says about its one device. Nothing here is measured: core count and clock come
-// from /proc/cpuinfo (sysconf as a fallback), memory from /proc/meminfo, and the peak FLOP/s is the
-// usual back-of-envelope estimate
+// What the cpu backend says about its one device. Nothing here is measured: core count and clock
+// come from /proc/cpuinfo (sysconf as a fallback), memory from /proc/meminfo, and the peak FLOP/s
+// is the usual back-of-envelope estimate
 //     physical cores x clock x SIMD lanes (f32) x 2 (FMA = 2 FLOPs) x 2 (FMA ports per core)
 // which is tagged "table" (derived from specs, not measured). The two-ports assumption holds for
 // recent Intel and AMD server cores; the note field says so, so nobody mistakes it for a benchmark.
@@ -39,12 +39,18 @@ CpuFacts read_cpuinfo() {
   std::string line, physical_id = "0";
   std::set<std::pair<std::string, std::string>> cores;
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) f.model = value_of(line);
-    else if (line.rfind("cpu MHz", 0) == 0 && f.mhz == 0) f.mhz = std::atof(value_of(line).c_str());
-    else if (line.rfind("flags", 0) == 0 && f.flags.empty()) f.flags = " " + value_of(line) + " ";
-    else if (line.rfind("physical id", 0) == 0) physical_id = value_of(line);
-    else if (line.rfind("core id", 0) == 0) cores.emplace(physical_id, value_of(line));
-    else if (line.rfind("processor", 0) == 0) ++f.logical_cores;
+    if (line.rfind("model name", 0) == 0)
+      f.model = value_of(line);
+    else if (line.rfind("cpu MHz", 0) == 0 && f.mhz == 0)
+      f.mhz = std::atof(value_of(line).c_str());
+    else if (line.rfind("flags", 0) == 0 && f.flags.empty())
+      f.flags = " " + value_of(line) + " ";
+    else if (line.rfind("physical id", 0) == 0)
+      physical_id = value_of(line);
+    else if (line.rfind("core id", 0) == 0)
+      cores.emplace(physical_id, value_of(line));
+    else if (line.rfind("processor", 0) == 0)
+      ++f.logical_cores;
   }
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (f.logical_cores == 0) f.logical_cores = online > 0 ? int(online) : 1;
@@ -69,12 +75,15 @@ std::pair<uint64_t, uint64_t> read_meminfo() {
   return {total, avail};
 }
 
-bool has_flag(const CpuFacts& f, const char* flag) { return f.flags.find(std::string(" ") + flag + " ") != std::string::npos; }
+bool has_flag(const CpuFacts& f, const char* flag) {
+  return f.flags.find(std::string(" ") + flag + " ") != std::string::npos;
+}
 
 }  // namespace
 
 hp_status* device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out) {
-  if (dev != 0 || !out) return hp_common::make_status(HP_INVALID, "cpu: device_info: no device %d", dev);
+  if (dev != 0 || !out)
+    return hp_common::make_status(HP_INVALID, "cpu: device_info: no device %d", dev);
   CpuFacts f = read_cpuinfo();
   auto [total, avail] = read_meminfo();
   hp_device_info d;
@@ -83,9 +92,12 @@ hp_status* device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out) {
   hp_common::set_str(d.name, sizeof d.name, f.model);
   int lanes = 4;
   std::string isa = "sse";
-  if (has_flag(f, "avx512f")) lanes = 16, isa = "avx512";
-  else if (has_flag(f, "avx2") && has_flag(f, "fma")) lanes = 8, isa = "avx2";
-  else if (has_flag(f, "asimd")) lanes = 4, isa = "neon";
+  if (has_flag(f, "avx512f"))
+    lanes = 16, isa = "avx512";
+  else if (has_flag(f, "avx2") && has_flag(f, "fma"))
+    lanes = 8, isa = "avx2";
+  else if (has_flag(f, "asimd"))
+    lanes = 4, isa = "neon";
 #if defined(__x86_64__)
   hp_common::set_str(d.arch, sizeof d.arch, "x86_64 " + isa);
 #elif defined(__aarch64__)

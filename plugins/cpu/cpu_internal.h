@@ -40,8 +40,8 @@ class GemmCache {
 }  // namespace hp_cpu
 
 /// Device-memory accounting (ABI 1.3 mem_stats). "Device" memory is host memory here, so without a
-/// budget it only counts; with "device_budget=BYTES" it is an arena of that size: an allocation that
-/// would take in_use past the limit is refused (HP_NO_MEMORY), as a device of that size would.
+/// budget it only counts; with "device_budget=BYTES" it is an arena of that size: an allocation
+/// that would take in_use past the limit is refused (HP_NO_MEMORY), as a device of that size would.
 struct CpuArena {
   std::atomic<std::uint64_t> in_use{0}, peak{0}, allocs{0}, refused{0};
   std::uint64_t limit = 0;  ///< 0 = no budget; set once at open
@@ -53,8 +53,8 @@ struct hp_ctx {
   CpuArena arena;
 };
 
-/// The cpu backend executes synchronously: each call has finished when it returns, so a stream is only
-/// the oneDNN stream that kernels are submitted to, and in-order semantics hold trivially.
+/// The cpu backend executes synchronously: each call has finished when it returns, so a stream is
+/// only the oneDNN stream that kernels are submitted to, and in-order semantics hold trivially.
 struct hp_stream {
   explicit hp_stream(const dnnl::engine& e) : dnnl_stream(e) {}
   dnnl::stream dnnl_stream;

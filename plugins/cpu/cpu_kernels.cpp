@@ -1,6 +1,6 @@
-// See cpu_kernels.h. Built with -O3 -fno-trapping-math (CMakeLists.txt) so the selects in cpu_math.h
-// vectorise; the reductions use OpenMP simd reductions (float partial sums per lane: the order differs
-// from a serial sum by float rounding only).
+// See cpu_kernels.h. Built with -O3 -fno-trapping-math (CMakeLists.txt) so the selects in
+// cpu_math.h vectorise; the reductions use OpenMP simd reductions (float partial sums per lane: the
+// order differs from a serial sum by float rounding only).
 #include "cpu_kernels.h"
 
 #include <algorithm>
@@ -29,7 +29,8 @@ HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) 
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[i]);
-  if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // an all -inf row: NaNs, as libm gives
+  if (mx == -std::numeric_limits<float>::infinity())
+    mx = 0;  // an all -inf row: NaNs, as libm gives
   float sum = 0;
   if (log) {
 #pragma omp simd reduction(+ : sum)
@@ -48,9 +49,9 @@ HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) 
   for (int64_t i = 0; i < len; ++i) y[i] *= inv;
 }
 
-HP_CPU_CLONES void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,
-                                  const float* bias, int64_t bias_stride, float eps, float* mean_out,
-                                  float* rstd_out) {
+HP_CPU_CLONES void layer_norm_row(const float* x, float* y, int64_t len, const float* scale,
+                                  int64_t scale_stride, const float* bias, int64_t bias_stride,
+                                  float eps, float* mean_out, float* rstd_out) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < len; ++i) sum += x[i];

@@ -1,7 +1,7 @@
-// Hot float32 loops of the cpu kernels, compiled twice (GCC target_clones): for x86-64-v3 (AVX2, FMA)
-// and for the baseline, picked once at load time by the CPU the plugin runs on. The plugin is built
-// for baseline x86-64 (a distribution binary), where these loops run 3-4x slower; everything else
-// stays baseline. The loops are serial over a span; callers split work across OpenMP threads.
+// Hot float32 loops of the cpu kernels, compiled twice (GCC target_clones): for x86-64-v3 (AVX2,
+// FMA) and for the baseline, picked once at load time by the CPU the plugin runs on. The plugin is
+// built for baseline x86-64 (a distribution binary), where these loops run 3-4x slower; everything
+// else stays baseline. The loops are serial over a span; callers split work across OpenMP threads.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,7 @@ void softmax_row(const float* x, float* y, int64_t len, bool log);
 /// One LayerNormalization row: y = (x - mean) * rstd * scale + bias, where scale and bias are `len`
 /// long, or one value when their stride is 0, and bias may be null. Returns mean and rstd.
 void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,
-                    const float* bias, int64_t bias_stride, float eps, float* mean_out, float* rstd_out);
+                    const float* bias, int64_t bias_stride, float eps, float* mean_out,
+                    float* rstd_out);
 
 }  // namespace hp_cpu

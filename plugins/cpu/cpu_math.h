@@ -1,16 +1,17 @@
-// Single-precision exp and erf written so that GCC vectorises loops calling them (no calls into libm,
-// no data-dependent branches: both sides of every case are computed and one is selected). libm's expf
-// and erf are scalar calls, which made Softmax and the exact GELU (x * (1 + erf(x / sqrt 2)) / 2, what
-// PyTorch exports) the slowest float ops of a transformer after the GEMMs.
+// Single-precision exp and erf written so that GCC vectorises loops calling them (no calls into
+// libm, no data-dependent branches: both sides of every case are computed and one is selected).
+// libm's expf and erf are scalar calls, which made Softmax and the exact GELU (x * (1 + erf(x /
+// sqrt 2)) / 2, what PyTorch exports) the slowest float ops of a transformer after the GEMMs.
 //
-// exp_f: x = k ln2 + r with |r| <= ln2 / 2 (ln2 split in a high and low part so k ln2 is exact), then
-// e^r by its Taylor series to r^7 (truncation error < 3e-9 relative) and 2^k put into the exponent bits.
-// Results below FLT_MIN flush to 0, above FLT_MAX become +inf; NaN stays NaN.
+// exp_f: x = k ln2 + r with |r| <= ln2 / 2 (ln2 split in a high and low part so k ln2 is exact),
+// then e^r by its Taylor series to r^7 (truncation error < 3e-9 relative) and 2^k put into the
+// exponent bits. Results below FLT_MIN flush to 0, above FLT_MAX become +inf; NaN stays NaN.
 //
-// erf_f: |x| <= 1: the Maclaurin series (2 / sqrt pi) x sum (-1)^n x^2n / (n! (2n + 1)) to n = 12 (error < 1e-10);
-// |x| > 1: 1 - erfc(|x|) with the Chebyshev-fitted erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2),
-// whose relative error is below 1.2e-7 (Press et al., Numerical Recipes, erfcc), so the absolute error
-// of erf there is below 2e-8. Both stay within float rounding of the double-precision std::erf.
+// erf_f: |x| <= 1: the Maclaurin series (2 / sqrt pi) x sum (-1)^n x^2n / (n! (2n + 1)) to n = 12
+// (error < 1e-10); |x| > 1: 1 - erfc(|x|) with the Chebyshev-fitted erfc(z) = t exp(-z^2 + P(t)), t
+// = 1 / (1 + z / 2), whose relative error is below 1.2e-7 (Press et al., Numerical Recipes, erfcc),
+// so the absolute error of erf there is below 2e-8. Both stay within float rounding of the
+// double-precision std::erf.
 #pragma once
 
 #include <cmath>
@@ -24,7 +25,8 @@ inline float exp_f(float x) {
   const float xc = x > hi ? hi : (x < lo ? lo : x);
   // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, vectorises on plain SSE2).
   const float k = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (xc - k * 0.693359375f) + k * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4
+  const float r =
+      (xc - k * 0.693359375f) + k * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4
   float p = 1.f / 5040.f;
   p = p * r + 1.f / 720.f;
   p = p * r + 1.f / 120.f;

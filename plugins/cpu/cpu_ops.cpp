@@ -1,6 +1,6 @@
 // ABI 1.2 entry points of the cpu backend (supports_op, run_op) and the helpers every kernel family
-// shares: the OpCall view of an hp_op_desc, shape arithmetic and ONNX broadcasting. See cpu_ops.h for
-// the design.
+// shares: the OpCall view of an hp_op_desc, shape arithmetic and ONNX broadcasting. See cpu_ops.h
+// for the design.
 #include "cpu_ops.h"
 
 #include <cstring>
@@ -11,10 +11,16 @@ namespace hp_cpu {
 
 int dtype_size(int dtype) {
   switch (dtype) {
-    case HP_F32: case HP_I32: return 4;
-    case HP_F64: case HP_I64: return 8;
-    case HP_F16: case HP_BF16: return 2;
-    case HP_I8: case HP_BOOL: case HP_U8: case HP_F8: return 1;
+    case HP_F32:
+    case HP_I32: return 4;
+    case HP_F64:
+    case HP_I64: return 8;
+    case HP_F16:
+    case HP_BF16: return 2;
+    case HP_I8:
+    case HP_BOOL:
+    case HP_U8:
+    case HP_F8: return 1;
     default: return 0;
   }
 }
@@ -43,7 +49,8 @@ std::vector<int64_t> View::ints() const {
     switch (dtype) {
       case HP_I64: r[k] = as<int64_t>()[k]; break;
       case HP_I32: r[k] = as<int32_t>()[k]; break;
-      case HP_BOOL: case HP_U8: r[k] = as<uint8_t>()[k]; break;
+      case HP_BOOL:
+      case HP_U8: r[k] = as<uint8_t>()[k]; break;
       default: throw OpError("expected an integer tensor");
     }
   }
@@ -53,7 +60,8 @@ std::vector<int64_t> View::ints() const {
 double View::scalar() const {
   if (numel() < 1) throw OpError("expected a scalar, got an empty tensor");
   double v = 0;
-  dispatch(dtype, [&](auto t) { v = static_cast<double>(static_cast<const decltype(t)*>(data)[0]); });
+  dispatch(dtype,
+           [&](auto t) { v = static_cast<double>(static_cast<const decltype(t)*>(data)[0]); });
   return v;
 }
 
@@ -66,7 +74,8 @@ OpCall::OpCall(const hp_op_desc& d, hp_ctx* ctx, hp_stream* s)
     if (t.rank < 0 || t.rank > HP_MAX_RANK) throw OpError("input rank out of range");
     v.dims.assign(t.dims, t.dims + t.rank);
     v.data = t.data;
-    if (v.present() && v.numel() > 0 && !v.data) throw OpError("input " + std::to_string(k) + " has no data");
+    if (v.present() && v.numel() > 0 && !v.data)
+      throw OpError("input " + std::to_string(k) + " has no data");
     inputs_.push_back(std::move(v));
   }
 }
@@ -81,14 +90,16 @@ const View& OpCall::need(size_t i) const {
 
 View OpCall::out(int64_t i, int dtype, const Dims& dims) {
   if (i < 0 || i >= desc_.n_outputs) fail("output " + std::to_string(i) + " out of range");
-  if (dims.size() > HP_MAX_RANK) fail("output rank " + std::to_string(dims.size()) + " exceeds the maximum");
+  if (dims.size() > HP_MAX_RANK)
+    fail("output rank " + std::to_string(dims.size()) + " exceeds the maximum");
   for (int64_t x : dims)
     if (x < 0) fail("negative output dim in " + dims_str(dims));
   hp_tensor_desc t;
   std::memset(&t, 0, sizeof t);
-  if (!desc_.alloc_output(desc_.alloc_user, static_cast<int32_t>(i), dtype, static_cast<int32_t>(dims.size()),
-                          dims.data(), &t))
-    throw OpError("cannot allocate output " + std::to_string(i) + " " + dims_str(dims), HP_NO_MEMORY);
+  if (!desc_.alloc_output(desc_.alloc_user, static_cast<int32_t>(i), dtype,
+                          static_cast<int32_t>(dims.size()), dims.data(), &t))
+    throw OpError("cannot allocate output " + std::to_string(i) + " " + dims_str(dims),
+                  HP_NO_MEMORY);
   View v;
   v.dtype = dtype;
   v.dims = dims;
@@ -150,7 +161,8 @@ Dims broadcast_shapes(const Dims& a, const Dims& b, const OpCall& c) {
   for (size_t k = 0; k < r; ++k) {
     int64_t x = k < r - a.size() ? 1 : a[k - (r - a.size())];
     int64_t y = k < r - b.size() ? 1 : b[k - (r - b.size())];
-    if (x != y && x != 1 && y != 1) c.fail("cannot broadcast " + dims_str(a) + " with " + dims_str(b));
+    if (x != y && x != 1 && y != 1)
+      c.fail("cannot broadcast " + dims_str(a) + " with " + dims_str(b));
     out[k] = x == 1 ? y : x;
   }
   return out;

@@ -1,14 +1,15 @@
-// The cpu backend's generic op execution (ABI 1.2 supports_op / run_op): the shared vocabulary of the
-// kernel files cpu_ops_*.cpp.
+// The cpu backend's generic op execution (ABI 1.2 supports_op / run_op): the shared vocabulary of
+// the kernel files cpu_ops_*.cpp.
 //
-// A kernel receives an OpCall: the node's attributes, its inputs as Views (dtype, dims, data) and a way
-// to allocate each output once its shape is known (through the host's alloc_output callback, since the
-// host owns tensor memory). Kernels report errors by throwing OpError; run_op turns that into an
-// hp_status with the node named, so no exception crosses the C boundary. Each family file registers its
-// ops in the OpTable with the dtypes it accepts (a predicate over the input dtypes), which is all
-// supports_op looks at: shapes and attribute values are checked when the op runs.
+// A kernel receives an OpCall: the node's attributes, its inputs as Views (dtype, dims, data) and a
+// way to allocate each output once its shape is known (through the host's alloc_output callback,
+// since the host owns tensor memory). Kernels report errors by throwing OpError; run_op turns that
+// into an hp_status with the node named, so no exception crosses the C boundary. Each family file
+// registers its ops in the OpTable with the dtypes it accepts (a predicate over the input dtypes),
+// which is all supports_op looks at: shapes and attribute values are checked when the op runs.
 //
-// Layout is row-major and contiguous throughout; "device" memory is host memory (HP_CAP_HOST_VISIBLE).
+// Layout is row-major and contiguous throughout; "device" memory is host memory
+// (HP_CAP_HOST_VISIBLE).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +47,9 @@ struct View {
   bool present() const { return dtype >= 0; }
   int64_t numel() const { return hp_cpu::numel(dims); }
   template <class T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
   /// Values of an integer (i32/i64) or bool tensor as int64, e.g. a shape or axes input.
   std::vector<int64_t> ints() const;
   /// Values of a float/int tensor as double (Clip bounds, Range limits).
@@ -120,8 +123,8 @@ void register_scatter_ops(OpTable& t);
 const OpTable& op_table();
 
 hp_status* run_op(hp_ctx* ctx, hp_stream* s, const hp_op_desc* desc);
-int32_t supports_op(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain, int64_t opset,
-                    const int32_t* input_dtypes, int64_t n_inputs);
+int32_t supports_op(hp_ctx* ctx, int32_t dev, const char* op_type, const char* domain,
+                    int64_t opset, const int32_t* input_dtypes, int64_t n_inputs);
 
 /// ONNX multidirectional broadcasting of two shapes; throws on incompatible dims.
 Dims broadcast_shapes(const Dims& a, const Dims& b, const OpCall& c);
@@ -130,7 +133,7 @@ Dims broadcast_strides(const Dims& in, const Dims& out);
 
 /// Common dtype predicates.
 bool all_f32(const std::vector<int32_t>& d);
-bool is_num(int32_t t);   ///< f32, f64, i32, i64
+bool is_num(int32_t t);  ///< f32, f64, i32, i64
 
 /// Calls f(T{}) with T the C++ type of dtype (f32, f64, i32, i64, bool/u8 as uint8_t).
 template <class F>

@@ -1,10 +1,10 @@
 // Elementwise ONNX ops on the cpu backend: unary math and activations, binary arithmetic with ONNX
-// multidirectional broadcasting, comparisons and logic (bool results), variadic Sum/Mean/Max/Min, Where,
-// Clip and Cast.
+// multidirectional broadcasting, comparisons and logic (bool results), variadic Sum/Mean/Max/Min,
+// Where, Clip and Cast.
 //
-// Float math is done in the element type (f32 stays f32; exp/erf/tanh from <cmath>), which matches the
-// reference outputs of the ONNX backend tests within their tolerances. Integer Div truncates toward
-// zero, as C and ONNX Runtime do.
+// Float math is done in the element type (f32 stays f32; exp/erf/tanh from <cmath>), which matches
+// the reference outputs of the ONNX backend tests within their tolerances. Integer Div truncates
+// toward zero, as C and ONNX Runtime do.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -31,14 +31,14 @@ bool all_bool(const std::vector<int32_t>& d) {
   return !d.empty();
 }
 
-
 /// Registers a float unary op computed by `fn(x, alpha, beta)`.
-void unary_float(OpTable& t, const char* name, double (*fn)(double, double, double), const char* a_name,
-                 double a_dflt, const char* b_name, double b_dflt) {
+void unary_float(OpTable& t, const char* name, double (*fn)(double, double, double),
+                 const char* a_name, double a_dflt, const char* b_name, double b_dflt) {
   t[name] = {[=](OpCall& c) {
                const View& x = c.need(0);
                View y = c.out(0, x.dtype, x.dims);
-               const double a = a_name ? c.f(a_name, a_dflt) : 0, b = b_name ? c.f(b_name, b_dflt) : 0;
+               const double a = a_name ? c.f(a_name, a_dflt) : 0,
+                            b = b_name ? c.f(b_name, b_dflt) : 0;
                const int64_t n = x.numel();
                if (x.dtype == HP_F32) {
                  const float* px = x.as<float>();
@@ -117,7 +117,8 @@ void compare(OpTable& t, const char* name, F fn, bool allow_bool = false) {
                View y = c.out(0, HP_BOOL, broadcast_shapes(a.dims, b.dims, c));
                dispatch(a.dtype, [&](auto tag) {
                  using T = decltype(tag);
-                 binary_bcast<T, T, uint8_t>(a, b, y, [&](T p, T q) { return uint8_t(fn(p, q) ? 1 : 0); });
+                 binary_bcast<T, T, uint8_t>(a, b, y,
+                                             [&](T p, T q) { return uint8_t(fn(p, q) ? 1 : 0); });
                });
              },
              [=](const std::vector<int32_t>& d) {
@@ -143,7 +144,8 @@ void variadic(OpTable& t, const char* name, F fn, bool mean) {
   t[name] = {[=](OpCall& c) {
                const View& first = c.need(0);
                Dims shape = first.dims;
-               for (size_t k = 1; k < c.n_inputs(); ++k) shape = broadcast_shapes(shape, c.need(k).dims, c);
+               for (size_t k = 1; k < c.n_inputs(); ++k)
+                 shape = broadcast_shapes(shape, c.need(k).dims, c);
                View y = c.out(0, first.dtype, shape);
                dispatch_num(first.dtype, [&](auto tag) {
                  using T = decltype(tag);
@@ -154,10 +156,12 @@ void variadic(OpTable& t, const char* name, F fn, bool mean) {
                  ones.data = &one;
                  binary_bcast<T, T, T>(first, ones, acc, [](T p, T) { return p; });
                  for (size_t k = 1; k < c.n_inputs(); ++k)
-                   binary_bcast<T, T, T>(acc, c.need(k), acc, [&](T p, T q) { return static_cast<T>(fn(p, q)); });
+                   binary_bcast<T, T, T>(acc, c.need(k), acc,
+                                         [&](T p, T q) { return static_cast<T>(fn(p, q)); });
                  if (mean) {
                    T* p = y.as<T>();
-                   for (int64_t i = 0, n = y.numel(); i < n; ++i) p[i] = static_cast<T>(p[i] / T(c.n_inputs()));
+                   for (int64_t i = 0, n = y.numel(); i < n; ++i)
+                     p[i] = static_cast<T>(p[i] / T(c.n_inputs()));
                  }
                });
              },
@@ -169,7 +173,9 @@ double softsign_d(double x, double, double) { return x / (1 + std::fabs(x)); }
 double leaky_d(double x, double a, double) { return x >= 0 ? x : a * x; }
 double elu_d(double x, double a, double) { return x >= 0 ? x : a * (std::exp(x) - 1); }
 double selu_d(double x, double a, double g) { return x > 0 ? g * x : g * (a * std::exp(x) - a); }
-double celu_d(double x, double a, double) { return std::max(0.0, x) + std::min(0.0, a * (std::exp(x / a) - 1)); }
+double celu_d(double x, double a, double) {
+  return std::max(0.0, x) + std::min(0.0, a * (std::exp(x / a) - 1));
+}
 double hsig_d(double x, double a, double b) { return std::max(0.0, std::min(1.0, a * x + b)); }
 double hswish_d(double x, double, double) { return x * std::max(0.0, std::min(1.0, x / 6 + 0.5)); }
 double thresh_d(double x, double a, double) { return x > a ? x : 0; }
@@ -223,8 +229,9 @@ void gelu(OpCall& c) {
     T* py = y.as<T>();
     for (int64_t i = 0, n = x.numel(); i < n; ++i) {
       double v = static_cast<double>(px[i]);
-      py[i] = static_cast<T>(tanh_approx ? 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-                                         : 0.5 * v * (1 + std::erf(v * 0.7071067811865476)));
+      py[i] = static_cast<T>(
+          tanh_approx ? 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+                      : 0.5 * v * (1 + std::erf(v * 0.7071067811865476)));
     }
   });
 }
@@ -244,7 +251,8 @@ void clip(OpCall& c) {
     }
     const T* px = x.as<T>();
     T* py = y.as<T>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = px[i] < lo ? lo : (px[i] > hi ? hi : px[i]);
+    for (int64_t i = 0, n = x.numel(); i < n; ++i)
+      py[i] = px[i] < lo ? lo : (px[i] > hi ? hi : px[i]);
   });
 }
 
@@ -260,11 +268,13 @@ void where(OpCall& c) {
     const uint8_t* pc = cond.as<uint8_t>();
     const T *pa = a.as<T>(), *pb = b.as<T>();
     T* po = y.as<T>();
-    bcast_rows<3>(shape, st, [&](int64_t o, const std::array<int64_t, 3>& off, int64_t n,
-                                 const std::array<int64_t, 3>& in) {
-      for (int64_t i = 0; i < n; ++i)
-        po[o + i] = pc[off[0] + i * in[0]] ? pa[off[1] + i * in[1]] : pb[off[2] + i * in[2]];
-    });
+    bcast_rows<3>(shape, st,
+                  [&](int64_t o, const std::array<int64_t, 3>& off, int64_t n,
+                      const std::array<int64_t, 3>& in) {
+                    for (int64_t i = 0; i < n; ++i)
+                      po[o + i] =
+                          pc[off[0] + i * in[0]] ? pa[off[1] + i * in[1]] : pb[off[2] + i * in[2]];
+                  });
   });
 }
 
@@ -280,7 +290,9 @@ void cast(OpCall& c) {
     case 7: dt = HP_I64; break;
     case 9: dt = HP_BOOL; break;
     case 11: dt = HP_F64; break;
-    default: throw OpError("cast to onnx type " + std::to_string(to) + " is not supported", HP_UNSUPPORTED);
+    default:
+      throw OpError("cast to onnx type " + std::to_string(to) + " is not supported",
+                    HP_UNSUPPORTED);
   }
   View y = c.out(0, dt, x.dims);
   const int64_t n = x.numel();
@@ -303,13 +315,17 @@ void cast(OpCall& c) {
 void register_elementwise_ops(OpTable& t) {
   t["Erf"] = {erf_op, [](const std::vector<int32_t>& d) { return d.size() == 1 && f32_or_f64(d); }};
   unary_f32_fast(t, "Sigmoid", [](auto x) {
-    if constexpr (std::is_same_v<decltype(x), float>) return 1.f / (1.f + exp_f(-x));
-    else return 1.0 / (1.0 + std::exp(-x));
+    if constexpr (std::is_same_v<decltype(x), float>)
+      return 1.f / (1.f + exp_f(-x));
+    else
+      return 1.0 / (1.0 + std::exp(-x));
   });
   unary_f32_fast(t, "Tanh", [](auto x) { return std::tanh(x); });
   unary_f32_fast(t, "Exp", [](auto x) {
-    if constexpr (std::is_same_v<decltype(x), float>) return exp_f(x);
-    else return std::exp(x);
+    if constexpr (std::is_same_v<decltype(x), float>)
+      return exp_f(x);
+    else
+      return std::exp(x);
   });
   unary_f32_fast(t, "Sqrt", [](auto x) { return std::sqrt(x); });
   unary_float(t, "Log", log_d, nullptr, 0, nullptr, 0);
@@ -332,7 +348,8 @@ void register_elementwise_ops(OpTable& t) {
   unary_float(t, "Softsign", softsign_d, nullptr, 0, nullptr, 0);
   unary_float(t, "LeakyRelu", leaky_d, "alpha", 0.01, nullptr, 0);
   unary_float(t, "Elu", elu_d, "alpha", 1.0, nullptr, 0);
-  unary_float(t, "Selu", selu_d, "alpha", 1.67326319217681884765625, "gamma", 1.05070102214813232421875);
+  unary_float(t, "Selu", selu_d, "alpha", 1.67326319217681884765625, "gamma",
+              1.05070102214813232421875);
   unary_float(t, "Celu", celu_d, "alpha", 1.0, nullptr, 0);
   unary_float(t, "HardSigmoid", hsig_d, "alpha", 0.2, "beta", 0.5);
   unary_float(t, "HardSwish", hswish_d, nullptr, 0, nullptr, 0);
@@ -347,31 +364,36 @@ void register_elementwise_ops(OpTable& t) {
   t["Not"] = {[](OpCall& c) {
                 const View& x = c.need(0);
                 View y = c.out(0, HP_BOOL, x.dims);
-                for (int64_t i = 0, n = x.numel(); i < n; ++i) y.as<uint8_t>()[i] = x.as<uint8_t>()[i] ? 0 : 1;
+                for (int64_t i = 0, n = x.numel(); i < n; ++i)
+                  y.as<uint8_t>()[i] = x.as<uint8_t>()[i] ? 0 : 1;
               },
               [](const std::vector<int32_t>& d) { return d.size() == 1 && all_bool(d); }};
 
   binary_num(t, "Add", [](auto a, auto b) { return a + b; });
   binary_num(t, "Sub", [](auto a, auto b) { return a - b; });
   binary_num(t, "Mul", [](auto a, auto b) { return a * b; });
-  binary_num(t, "Div", [](auto a, auto b) { return b == decltype(b)(0) && std::is_integral_v<decltype(b)> ? decltype(a)(0) : a / b; });
-  t["Pow"] = {[](OpCall& c) {
-                const View &a = c.need(0), &b = c.need(1);
-                View y = c.out(0, a.dtype, broadcast_shapes(a.dims, b.dims, c));
-                dispatch_num(a.dtype, [&](auto ta) {
-                  using A = decltype(ta);
-                  dispatch_num(b.dtype, [&](auto tb) {
-                    using B = decltype(tb);
-                    if (std::is_same_v<A, float> && std::is_same_v<B, float>)
-                      binary_bcast<A, B, A>(a, b, y, [](A p, B q) {
-                        return q == B(2) ? p * p : static_cast<A>(std::pow(float(p), float(q)));
-                      });
-                    else
-                      binary_bcast<A, B, A>(a, b, y, [](A p, B q) { return static_cast<A>(std::pow(double(p), double(q))); });
-                  });
-                });
-              },
-              [](const std::vector<int32_t>& d) { return d.size() == 2 && is_num(d[0]) && is_num(d[1]); }};
+  binary_num(t, "Div", [](auto a, auto b) {
+    return b == decltype(b)(0) && std::is_integral_v<decltype(b)> ? decltype(a)(0) : a / b;
+  });
+  t["Pow"] = {
+      [](OpCall& c) {
+        const View &a = c.need(0), &b = c.need(1);
+        View y = c.out(0, a.dtype, broadcast_shapes(a.dims, b.dims, c));
+        dispatch_num(a.dtype, [&](auto ta) {
+          using A = decltype(ta);
+          dispatch_num(b.dtype, [&](auto tb) {
+            using B = decltype(tb);
+            if (std::is_same_v<A, float> && std::is_same_v<B, float>)
+              binary_bcast<A, B, A>(a, b, y, [](A p, B q) {
+                return q == B(2) ? p * p : static_cast<A>(std::pow(float(p), float(q)));
+              });
+            else
+              binary_bcast<A, B, A>(
+                  a, b, y, [](A p, B q) { return static_cast<A>(std::pow(double(p), double(q))); });
+          });
+        });
+      },
+      [](const std::vector<int32_t>& d) { return d.size() == 2 && is_num(d[0]) && is_num(d[1]); }};
   t["Mod"] = {[](OpCall& c) {
                 const View &a = c.need(0), &b = c.need(1);
                 View y = c.out(0, a.dtype, broadcast_shapes(a.dims, b.dims, c));
@@ -397,8 +419,8 @@ void register_elementwise_ops(OpTable& t) {
   // Before opset 7 (and in exporters of that time) a 1-D slope holds one value per channel (dim 1).
   t["PRelu"].run = [run = t["PRelu"].run](OpCall& c) {
     const View &x = c.need(0), &slope = c.need(1);
-    if (slope.dims.size() == 1 && x.dims.size() > 2 && slope.dims[0] == x.dims[1] && slope.dims[0] != x.dims.back() &&
-        slope.dims[0] != 1) {
+    if (slope.dims.size() == 1 && x.dims.size() > 2 && slope.dims[0] == x.dims[1] &&
+        slope.dims[0] != x.dims.back() && slope.dims[0] != 1) {
       View s2 = slope;
       s2.dims.assign(x.dims.size() - 1, 1);
       s2.dims[0] = slope.dims[0];
@@ -420,18 +442,25 @@ void register_elementwise_ops(OpTable& t) {
                        dispatch(like.dtype, [&](auto dst) {
                          using D = decltype(dst);
                          for (int64_t i = 0, n = x.numel(); i < n; ++i)
-                           y.as<D>()[i] = like.dtype == HP_BOOL ? D(x.as<S>()[i] != S(0)) : static_cast<D>(x.as<S>()[i]);
+                           y.as<D>()[i] = like.dtype == HP_BOOL ? D(x.as<S>()[i] != S(0))
+                                                                : static_cast<D>(x.as<S>()[i]);
                        });
                      });
                    },
                    [](const std::vector<int32_t>& d) {
-                     return d.size() == 2 && (is_num(d[0]) || d[0] == HP_BOOL) && (is_num(d[1]) || d[1] == HP_BOOL);
+                     return d.size() == 2 && (is_num(d[0]) || d[0] == HP_BOOL) &&
+                            (is_num(d[1]) || d[1] == HP_BOOL);
                    }};
-  variadic(t, "Sum", [](auto a, auto b) { return a + b; }, false);
-  variadic(t, "Mean", [](auto a, auto b) { return a + b; }, true);
-  variadic(t, "Max", [](auto a, auto b) { return a > b || b != b ? a : b; }, false);
-  variadic(t, "Min", [](auto a, auto b) { return a < b || b != b ? a : b; }, false);
-  compare(t, "Equal", [](auto a, auto b) { return a == b; }, true);
+  variadic(
+      t, "Sum", [](auto a, auto b) { return a + b; }, false);
+  variadic(
+      t, "Mean", [](auto a, auto b) { return a + b; }, true);
+  variadic(
+      t, "Max", [](auto a, auto b) { return a > b || b != b ? a : b; }, false);
+  variadic(
+      t, "Min", [](auto a, auto b) { return a < b || b != b ? a : b; }, false);
+  compare(
+      t, "Equal", [](auto a, auto b) { return a == b; }, true);
   compare(t, "Less", [](auto a, auto b) { return a < b; });
   compare(t, "Greater", [](auto a, auto b) { return a > b; });
   compare(t, "LessOrEqual", [](auto a, auto b) { return a <= b; });
@@ -440,9 +469,12 @@ void register_elementwise_ops(OpTable& t) {
   logic(t, "Or", [](bool a, bool b) { return a || b; });
   logic(t, "Xor", [](bool a, bool b) { return a != b; });
   t["Where"] = {where, [](const std::vector<int32_t>& d) {
-                  return d.size() == 3 && d[0] == HP_BOOL && d[1] == d[2] && (is_num(d[1]) || d[1] == HP_BOOL);
+                  return d.size() == 3 && d[0] == HP_BOOL && d[1] == d[2] &&
+                         (is_num(d[1]) || d[1] == HP_BOOL);
                 }};
-  t["Cast"] = {cast, [](const std::vector<int32_t>& d) { return d.size() == 1 && (is_num(d[0]) || d[0] == HP_BOOL); }};
+  t["Cast"] = {cast, [](const std::vector<int32_t>& d) {
+                 return d.size() == 1 && (is_num(d[0]) || d[0] == HP_BOOL);
+               }};
 }
 
 }  // namespace hp_cpu

@@ -1,7 +1,7 @@
 // Indexing and tensor-creating ONNX ops on the cpu backend: Gather, GatherElements, TopK (index
 // arithmetic over element sizes; negative indices count from the end), and Shape, Size, Constant,
-// ConstantOfShape, Range, which create tensors from shapes, attributes or scalars. Shape arithmetic in
-// exported graphs runs through these with int64 tensors, so they accept every integer type.
+// ConstantOfShape, Range, which create tensors from shapes, attributes or scalars. Shape arithmetic
+// in exported graphs runs through these with int64 tensors, so they accept every integer type.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,7 +15,8 @@ namespace {
 bool idx_type(int32_t t) { return t == HP_I64 || t == HP_I32; }
 
 int64_t fix_index(int64_t i, int64_t dim, const OpCall& c) {
-  if (i < -dim || i >= dim) c.fail("index " + std::to_string(i) + " out of range for a dim of " + std::to_string(dim));
+  if (i < -dim || i >= dim)
+    c.fail("index " + std::to_string(i) + " out of range for a dim of " + std::to_string(dim));
   return i < 0 ? i + dim : i;
 }
 
@@ -35,9 +36,10 @@ void gather(OpCall& c) {
   for (auto& i : idx) i = fix_index(i, x.dims[a], c);
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t k = 0; k < n; ++k)
-      std::memcpy(static_cast<char*>(y.data) + (o * n + k) * chunk,
-                  static_cast<const char*>(x.data) + (o * x.dims[a] + idx[static_cast<size_t>(k)]) * chunk,
-                  static_cast<size_t>(chunk));
+      std::memcpy(
+          static_cast<char*>(y.data) + (o * n + k) * chunk,
+          static_cast<const char*>(x.data) + (o * x.dims[a] + idx[static_cast<size_t>(k)]) * chunk,
+          static_cast<size_t>(chunk));
 }
 
 void gather_elements(OpCall& c) {
@@ -113,7 +115,8 @@ void constant(OpCall& c) {
   if (const hp_tensor_desc* t = c.tensor("value")) {
     Dims d(t->dims, t->dims + t->rank);
     View y = c.out(0, t->dtype, d);
-    if (y.numel() > 0) std::memcpy(y.data, t->data, static_cast<size_t>(y.numel() * dtype_size(t->dtype)));
+    if (y.numel() > 0)
+      std::memcpy(y.data, t->data, static_cast<size_t>(y.numel() * dtype_size(t->dtype)));
   } else if (c.has("value_float")) {
     View y = c.out(0, HP_F32, {});
     *y.as<float>() = static_cast<float>(c.f("value_float", 0));
@@ -153,10 +156,12 @@ void range(OpCall& c) {
     const T start = static_cast<T>(s.scalar()), limit = static_cast<T>(c.need(1).scalar()),
             delta = static_cast<T>(c.need(2).scalar());
     if (delta == T(0)) c.fail("range delta is 0");
-    const double count = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
+    const double count = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) /
+                                   static_cast<double>(delta));
     const int64_t n = std::max<int64_t>(static_cast<int64_t>(count), 0);
     View y = c.out(0, s.dtype, {n});
-    for (int64_t i = 0; i < n; ++i) y.as<T>()[i] = static_cast<T>(start + static_cast<T>(i) * delta);
+    for (int64_t i = 0; i < n; ++i)
+      y.as<T>()[i] = static_cast<T>(start + static_cast<T>(i) * delta);
   });
 }
 
@@ -176,7 +181,9 @@ void register_index_ops(OpTable& t) {
                },
                [](const std::vector<int32_t>& d) { return d.size() == 1 && d[0] >= 0; }};
   t["Constant"] = {constant, [](const std::vector<int32_t>& d) { return d.empty(); }};
-  t["ConstantOfShape"] = {constant_of_shape, [](const std::vector<int32_t>& d) { return d.size() == 1 && d[0] == HP_I64; }};
+  t["ConstantOfShape"] = {constant_of_shape, [](const std::vector<int32_t>& d) {
+                            return d.size() == 1 && d[0] == HP_I64;
+                          }};
   t["Range"] = {range, [](const std::vector<int32_t>& d) { return d.size() == 3 && is_num(d[0]); }};
 }
 

@@ -1,14 +1,16 @@
-// Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32, through the same oneDNN matmul
-// path as the ABI's gemm entry, so primitives are cached by shape), Softmax/LogSoftmax, LayerNormalization
-// and Conv.
+// Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32, through the same oneDNN
+// matmul path as the ABI's gemm entry, so primitives are cached by shape), Softmax/LogSoftmax,
+// LayerNormalization and Conv.
 //
-// MatMul follows numpy: 1-D operands get a dim inserted and removed again, batch dims broadcast. When
-// B has no batch (the weight of a linear layer) A's batch is folded into M and one GEMM runs; when the
-// batch shapes are equal one strided batched GEMM runs; other broadcasts loop over the batch.
+// MatMul follows numpy: 1-D operands get a dim inserted and removed again, batch dims broadcast.
+// When B has no batch (the weight of a linear layer) A's batch is folded into M and one GEMM runs;
+// when the batch shapes are equal one strided batched GEMM runs; other broadcasts loop over the
+// batch.
 //
 // Softmax before opset 13 flattens the input to 2-D at `axis`; from 13 it works along `axis` only.
-// Conv is a direct loop (any spatial rank, groups, dilations, explicit or auto padding), adequate for the
-// patch embeddings and small convolutions of the test models; a oneDNN primitive is the next step.
+// Conv is a direct loop (any spatial rank, groups, dilations, explicit or auto padding), adequate
+// for the patch embeddings and small convolutions of the test models; a oneDNN primitive is the
+// next step.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,8 +23,8 @@
 namespace hp_cpu {
 namespace {
 
-hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const float* a, const float* b, float* c,
-                       double alpha = 1.0) {
+hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const float* a,
+                       const float* b, float* c, double alpha = 1.0) {
   hp_gemm_desc d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
@@ -64,7 +66,8 @@ void matmul(OpCall& c) {
   if (a1) a.dims.insert(a.dims.begin(), 1);
   if (b1) b.dims.push_back(1);
   const int64_t m = a.dims[a.dims.size() - 2], k = a.dims.back(), n = b.dims.back();
-  if (b.dims[b.dims.size() - 2] != k) c.fail("inner dims differ: " + dims_str(a.dims) + " x " + dims_str(b.dims));
+  if (b.dims[b.dims.size() - 2] != k)
+    c.fail("inner dims differ: " + dims_str(a.dims) + " x " + dims_str(b.dims));
   Dims ab(a.dims.begin(), a.dims.end() - 2), bb(b.dims.begin(), b.dims.end() - 2);
   Dims batch = broadcast_shapes(ab, bb, c);
   Dims out = batch;
@@ -92,7 +95,8 @@ void matmul(OpCall& c) {
         oa += idx[d] * sa[d];
         ob += idx[d] * sb[d];
       }
-      run_gemm(c, gemm_desc(m, n, k, false, false, pa + oa * m * k, pb + ob * k * n, py + q * m * n));
+      run_gemm(c,
+               gemm_desc(m, n, k, false, false, pa + oa * m * k, pb + ob * k * n, py + q * m * n));
       for (size_t d = batch.size(); d-- > 0;) {
         if (++idx[d] < batch[d]) break;
         idx[d] = 0;
@@ -109,12 +113,14 @@ void gemm_op(OpCall& c) {
   const int64_t n = tb ? b.dims[0] : b.dims[1];
   if ((tb ? b.dims[1] : b.dims[0]) != k) c.fail("inner dims differ");
   View y = c.out(0, HP_F32, {m, n});
-  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.as<float>(), b.as<float>(), y.as<float>(), c.f("alpha", 1.0)));
+  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.as<float>(), b.as<float>(), y.as<float>(),
+                        c.f("alpha", 1.0)));
   if (bias.present() && bias.numel() > 0) {
     const float beta = static_cast<float>(c.f("beta", 1.0));
     Dims st = broadcast_strides(bias.dims, {m, n});
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) y.as<float>()[i * n + j] += beta * bias.as<float>()[i * st[0] + j * st[1]];
+      for (int64_t j = 0; j < n; ++j)
+        y.as<float>()[i * n + j] += beta * bias.as<float>()[i * st[0] + j * st[1]];
   }
 }
 
@@ -157,15 +163,20 @@ void softmax(OpCall& c, bool log) {
   int64_t outer = 1, len = 1, inner = 1;
   for (int64_t d = 0; d < r; ++d) {
     const int64_t v = x.dims[static_cast<size_t>(d)];
-    if (d < a) outer *= v;
-    else if (d == a || c.opset() < 13) len *= v;
-    else inner *= v;
+    if (d < a)
+      outer *= v;
+    else if (d == a || c.opset() < 13)
+      len *= v;
+    else
+      inner *= v;
   }
   if (x.numel() == 0) return;
-  if (x.dtype == HP_F32 && inner == 1) return softmax_rows_f32(x.as<float>(), y.as<float>(), outer, len, log);
+  if (x.dtype == HP_F32 && inner == 1)
+    return softmax_rows_f32(x.as<float>(), y.as<float>(), outer, len, log);
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) softmax_rows<T>(x.as<T>(), y.as<T>(), outer, len, inner, log);
+    if constexpr (std::is_floating_point_v<T>)
+      softmax_rows<T>(x.as<T>(), y.as<T>(), outer, len, inner, log);
   });
 }
 
@@ -176,7 +187,8 @@ void layer_norm(OpCall& c) {
   const float eps = static_cast<float>(c.f("epsilon", 1e-5));
   int64_t outer = 1, len = 1;
   for (int64_t d = 0; d < r; ++d) (d < a ? outer : len) *= x.dims[static_cast<size_t>(d)];
-  if (scale.numel() != len && scale.numel() != 1) c.fail("scale does not match the normalised dims");
+  if (scale.numel() != len && scale.numel() != 1)
+    c.fail("scale does not match the normalised dims");
   View y = c.out(0, x.dtype, x.dims);
   Dims stat_dims = x.dims;
   for (int64_t d = a; d < r; ++d) stat_dims[static_cast<size_t>(d)] = 1;
@@ -189,17 +201,19 @@ void layer_norm(OpCall& c) {
   const int64_t ss = scale.numel() == 1 ? 0 : 1, bs = pb && bias.numel() == len ? 1 : 0;
 #pragma omp parallel for schedule(static) if (outer * len >= (1 << 15))
   for (int64_t o = 0; o < outer; ++o)
-    layer_norm_row(px + o * len, py + o * len, len, ps, ss, pb, bs, eps, mean_out ? mean_out + o : nullptr,
-                   rstd_out ? rstd_out + o : nullptr);
+    layer_norm_row(px + o * len, py + o * len, len, ps, ss, pb, bs, eps,
+                   mean_out ? mean_out + o : nullptr, rstd_out ? rstd_out + o : nullptr);
 }
 
 void conv(OpCall& c) {
   const View &x = c.need(0), &w = c.need(1), &bias = c.in(2);
   const size_t sp = x.dims.size() < 3 ? 0 : x.dims.size() - 2;
-  if (sp == 0 || w.dims.size() != x.dims.size()) c.fail("conv needs N x C x spatial input and matching weights");
+  if (sp == 0 || w.dims.size() != x.dims.size())
+    c.fail("conv needs N x C x spatial input and matching weights");
   const int64_t group = c.i("group", 1), N = x.dims[0], C = x.dims[1], M = w.dims[0];
   if (C != w.dims[1] * group || M % group) c.fail("channels do not match the weights and groups");
-  std::vector<int64_t> strides = c.ints("strides"), dil = c.ints("dilations"), pads = c.ints("pads");
+  std::vector<int64_t> strides = c.ints("strides"), dil = c.ints("dilations"),
+                       pads = c.ints("pads");
   strides.resize(sp, 1);
   dil.resize(sp, 1);
   for (auto& v : strides) v = v ? v : 1;
@@ -237,13 +251,17 @@ void conv(OpCall& c) {
         double acc = bias.present() ? bias.as<float>()[m] : 0.0;
         for (int64_t ci = 0; ci < cg; ++ci)
           for (int64_t kp = 0; kp < kn; ++kp) {
-            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1], woff = m * ws[0] + ci * ws[1];
+            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1],
+                    woff = m * ws[0] + ci * ws[1];
             bool inside = true;
             for (size_t d = sp; d-- > 0;) {
               const int64_t kd = rem % ksz[d];
               rem /= ksz[d];
               const int64_t pos = oo[d] * strides[d] - pads[d] + kd * dil[d];
-              if (pos < 0 || pos >= x.dims[2 + d]) { inside = false; break; }
+              if (pos < 0 || pos >= x.dims[2 + d]) {
+                inside = false;
+                break;
+              }
               xoff += pos * xs[2 + d];
               woff += kd * ws[2 + d];
             }

@@ -3,14 +3,14 @@
 // spatial rank.
 //
 // Window geometry follows the ONNX spec: explicit `pads` (begin values then end values) or auto_pad
-// SAME_UPPER / SAME_LOWER (output ceil(in / stride), the odd pad at the end / the beginning) / VALID;
-// output floor((in + pads - window) / stride) + 1, or ceil with ceil_mode, where a last window that
-// would start in the end padding is dropped (as PyTorch and ONNX Runtime do). A window position p reads
-// input index p * stride - pad_begin + k * dilation. AveragePool divides by the window positions inside
-// the input, or with count_include_pad by those inside the padded input.
+// SAME_UPPER / SAME_LOWER (output ceil(in / stride), the odd pad at the end / the beginning) /
+// VALID; output floor((in + pads - window) / stride) + 1, or ceil with ceil_mode, where a last
+// window that would start in the end padding is dropped (as PyTorch and ONNX Runtime do). A window
+// position p reads input index p * stride - pad_begin + k * dilation. AveragePool divides by the
+// window positions inside the input, or with count_include_pad by those inside the padded input.
 //
-// MaxPool's optional Indices output and BatchNormalization's training mode (batch statistics, running
-// mean and var outputs) are implemented too.
+// MaxPool's optional Indices output and BatchNormalization's training mode (batch statistics,
+// running mean and var outputs) are implemented too.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -42,7 +42,8 @@ Window window_of(OpCall& c, const View& x, bool dilations) {
   w.pad_end.assign(pads.begin() + static_cast<std::ptrdiff_t>(sp), pads.end());
   w.out.resize(sp);
   for (size_t d = 0; d < sp; ++d) {
-    if (w.kernel[d] < 1 || w.strides[d] < 1 || w.dil[d] < 1) c.fail("kernel, strides and dilations must be >= 1");
+    if (w.kernel[d] < 1 || w.strides[d] < 1 || w.dil[d] < 1)
+      c.fail("kernel, strides and dilations must be >= 1");
     const int64_t in = x.dims[2 + d], span = (w.kernel[d] - 1) * w.dil[d] + 1;
     if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
       const int64_t o = (in + w.strides[d] - 1) / w.strides[d];
@@ -62,9 +63,9 @@ Window window_of(OpCall& c, const View& x, bool dilations) {
   return w;
 }
 
-/// Calls f(q, offs, padded) for each output position q of one N x C plane: offs are the plane offsets
-/// of the window positions inside the input, padded the number of window positions inside the padded
-/// input (AveragePool's count_include_pad divisor).
+/// Calls f(q, offs, padded) for each output position q of one N x C plane: offs are the plane
+/// offsets of the window positions inside the input, padded the number of window positions inside
+/// the padded input (AveragePool's count_include_pad divisor).
 template <class F>
 void for_each_window(const Window& w, const Dims& in_sp, F&& f) {
   const size_t sp = in_sp.size();
@@ -96,7 +97,10 @@ void for_each_window(const Window& w, const Dims& in_sp, F&& f) {
         const int64_t k = r2 % w.kernel[d];
         r2 /= w.kernel[d];
         const int64_t p = o[d] * w.strides[d] - w.pad_begin[d] + k * w.dil[d];
-        if (p < 0 || p >= in_sp[d]) { inside = false; break; }
+        if (p < 0 || p >= in_sp[d]) {
+          inside = false;
+          break;
+        }
         off += p * in_st[d];
       }
       if (inside) offs.push_back(off);
@@ -115,8 +119,8 @@ void pool(OpCall& c, bool max) {
   View y = c.out(0, x.dtype, out);
   const Dims in_sp(x.dims.begin() + 2, x.dims.end());
   const int64_t planes = x.dims[0] * x.dims[1], in_plane = numel(in_sp), out_plane = numel(w.out);
-  // MaxPool's optional Indices: the argmax as a flat index into X, row-major (storage_order 0) or with
-  // the spatial dims column-major (storage_order 1).
+  // MaxPool's optional Indices: the argmax as a flat index into X, row-major (storage_order 0) or
+  // with the spatial dims column-major (storage_order 1).
   int64_t* ind = max && c.n_outputs() > 1 ? c.out(1, HP_I64, out).as<int64_t>() : nullptr;
   const bool col_major = c.i("storage_order", 0) != 0;
   const Dims row_st = strides_of(in_sp);
@@ -151,7 +155,8 @@ void pool(OpCall& c, bool max) {
         } else {
           double s = 0;
           for (int64_t o : offs) s += static_cast<double>(xp[o]);
-          const double n = include_pad ? static_cast<double>(padded) : static_cast<double>(offs.size());
+          const double n =
+              include_pad ? static_cast<double>(padded) : static_cast<double>(offs.size());
           yp[q] = static_cast<T>(n > 0 ? s / n : 0);
         }
       });
@@ -162,7 +167,9 @@ void pool(OpCall& c, bool max) {
     case HP_F64: run(double{}); break;
     case HP_U8: run(uint8_t{}); break;
     case HP_I8: run(int8_t{}); break;
-    default: throw OpError("pooling of dtype " + std::to_string(x.dtype) + " is not implemented", HP_UNSUPPORTED);
+    default:
+      throw OpError("pooling of dtype " + std::to_string(x.dtype) + " is not implemented",
+                    HP_UNSUPPORTED);
   }
 }
 
@@ -198,19 +205,22 @@ void global_pool(OpCall& c, bool max) {
 }
 
 /// y = (x - mean) / sqrt(var + epsilon) * scale + B, per channel (dim 1). Inference uses the given
-/// mean and var; training_mode (opset 14+) uses the batch's own (biased) statistics and also outputs
-/// running_mean = mean * momentum + batch_mean * (1 - momentum), running_var likewise.
+/// mean and var; training_mode (opset 14+) uses the batch's own (biased) statistics and also
+/// outputs running_mean = mean * momentum + batch_mean * (1 - momentum), running_var likewise.
 void batch_norm(OpCall& c) {
   const bool training = c.i("training_mode", 0) != 0;
-  const View &x = c.need(0), &scale = c.need(1), &bias = c.need(2), &mean = c.need(3), &var = c.need(4);
+  const View &x = c.need(0), &scale = c.need(1), &bias = c.need(2), &mean = c.need(3),
+             &var = c.need(4);
   if (x.dims.size() < 2) c.fail("BatchNormalization needs an N x C x ... input");
   if (!training && c.n_outputs() > 1 && c.opset() >= 14)
     c.fail("outputs running_mean and running_var exist only in training mode");
   if (!training && c.n_outputs() > 1)
-    throw OpError("BatchNormalization's pre-opset-14 training outputs are not implemented", HP_UNSUPPORTED);
+    throw OpError("BatchNormalization's pre-opset-14 training outputs are not implemented",
+                  HP_UNSUPPORTED);
   const int64_t C = x.dims[1];
   for (const View* v : {&scale, &bias, &mean, &var})
-    if (v->numel() != C) c.fail("scale, B, mean and var must have C = " + std::to_string(C) + " elements");
+    if (v->numel() != C)
+      c.fail("scale, B, mean and var must have C = " + std::to_string(C) + " elements");
   const double eps = c.f("epsilon", 1e-5), momentum = c.f("momentum", 0.9);
   View y = c.out(0, x.dtype, x.dims);
   const int64_t N = x.dims[0], inner = C ? x.numel() / std::max<int64_t>(N * C, 1) : 0;
@@ -227,7 +237,8 @@ void batch_norm(OpCall& c) {
         }
         double s = 0, s2 = 0;
         for (int64_t n = 0; n < N; ++n)
-          for (int64_t i = 0; i < inner; ++i) s += static_cast<double>(px[(n * C + ch) * inner + i]);
+          for (int64_t i = 0; i < inner; ++i)
+            s += static_cast<double>(px[(n * C + ch) * inner + i]);
         const double cnt = static_cast<double>(std::max<int64_t>(N * inner, 1)), m = s / cnt;
         for (int64_t n = 0; n < N; ++n)
           for (int64_t i = 0; i < inner; ++i) {
@@ -242,7 +253,8 @@ void batch_norm(OpCall& c) {
         const size_t k = static_cast<size_t>(ch);
         const double inv = 1.0 / std::sqrt(va[k] + eps);
         a[k] = static_cast<T>(static_cast<double>(scale.as<T>()[ch]) * inv);
-        b[k] = static_cast<T>(static_cast<double>(bias.as<T>()[ch]) - mu[k] * static_cast<double>(scale.as<T>()[ch]) * inv);
+        b[k] = static_cast<T>(static_cast<double>(bias.as<T>()[ch]) -
+                              mu[k] * static_cast<double>(scale.as<T>()[ch]) * inv);
       }
       T* py = y.as<T>();
       for (int64_t n = 0; n < N; ++n)
@@ -270,7 +282,9 @@ bool pool_types(const std::vector<int32_t>& d) {
   return d.size() == 1 && (d[0] == HP_F32 || d[0] == HP_F64 || d[0] == HP_U8 || d[0] == HP_I8);
 }
 
-bool float_first(const std::vector<int32_t>& d) { return !d.empty() && (d[0] == HP_F32 || d[0] == HP_F64); }
+bool float_first(const std::vector<int32_t>& d) {
+  return !d.empty() && (d[0] == HP_F32 || d[0] == HP_F64);
+}
 
 }  // namespace
 

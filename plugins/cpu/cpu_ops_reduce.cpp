@@ -2,11 +2,13 @@
 // LogSumExp/LogSum, ArgMax/ArgMin, and Einsum.
 //
 // Reductions split the dims into kept and reduced ones; each output element walks the reduced index
-// space with precomputed strides, so any set of axes works in one pass. Axes come from the attribute before the opset where
-// they became an input (13 for ReduceSum, 18 for the others). Accumulation is in double.
+// space with precomputed strides, so any set of axes works in one pass. Axes come from the
+// attribute before the opset where they became an input (13 for ReduceSum, 18 for the others).
+// Accumulation is in double.
 //
 // Einsum is a direct loop over the product of all index letters: exact and general (any explicit or
-// implicit equation without an ellipsis), and fast enough for the small contractions exporters emit.
+// implicit equation without an ellipsis), and fast enough for the small contractions exporters
+// emit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,7 +34,8 @@ void reduce(OpCall& c, Red kind) {
   if (axes.empty()) {
     if (c.i("noop_with_empty_axes", 0) != 0) {
       View y = c.out(0, x.dtype, x.dims);
-      if (x.numel()) std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
+      if (x.numel())
+        std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
       return;
     }
     red.assign(static_cast<size_t>(r), true);
@@ -60,9 +63,10 @@ void reduce(OpCall& c, Red kind) {
     for (int64_t o = 0; o < n_out; ++o) {
       int64_t base = 0;
       for (size_t d = 0; d < oi.size(); ++d) base += oi[d] * kept_st[d];
-      double acc = kind == Red::max ? -std::numeric_limits<double>::infinity()
-                   : kind == Red::min ? std::numeric_limits<double>::infinity()
-                   : kind == Red::prod ? 1.0 : 0.0;
+      double acc = kind == Red::max    ? -std::numeric_limits<double>::infinity()
+                   : kind == Red::min  ? std::numeric_limits<double>::infinity()
+                   : kind == Red::prod ? 1.0
+                                       : 0.0;
       double mx = -std::numeric_limits<double>::infinity();
       if (kind == Red::logsumexp) {
         std::fill(ri.begin(), ri.end(), 0);
@@ -70,7 +74,10 @@ void reduce(OpCall& c, Red kind) {
           int64_t off = base;
           for (size_t d = 0; d < ri.size(); ++d) off += ri[d] * red_st[d];
           mx = std::max(mx, static_cast<double>(px[off]));
-          for (size_t d = ri.size(); d-- > 0;) { if (++ri[d] < red_dims[d]) break; ri[d] = 0; }
+          for (size_t d = ri.size(); d-- > 0;) {
+            if (++ri[d] < red_dims[d]) break;
+            ri[d] = 0;
+          }
         }
       }
       std::fill(ri.begin(), ri.end(), 0);
@@ -79,22 +86,31 @@ void reduce(OpCall& c, Red kind) {
         for (size_t d = 0; d < ri.size(); ++d) off += ri[d] * red_st[d];
         const double v = static_cast<double>(px[off]);
         switch (kind) {
-          case Red::sum: case Red::mean: case Red::logsum: acc += v; break;
+          case Red::sum:
+          case Red::mean:
+          case Red::logsum: acc += v; break;
           case Red::max: acc = std::max(acc, v); break;
           case Red::min: acc = std::min(acc, v); break;
           case Red::prod: acc *= v; break;
           case Red::l1: acc += std::fabs(v); break;
-          case Red::l2: case Red::sumsq: acc += v * v; break;
+          case Red::l2:
+          case Red::sumsq: acc += v * v; break;
           case Red::logsumexp: acc += std::exp(v - mx); break;
         }
-        for (size_t d = ri.size(); d-- > 0;) { if (++ri[d] < red_dims[d]) break; ri[d] = 0; }
+        for (size_t d = ri.size(); d-- > 0;) {
+          if (++ri[d] < red_dims[d]) break;
+          ri[d] = 0;
+        }
       }
       if (kind == Red::mean) acc /= static_cast<double>(n_red);
       if (kind == Red::l2) acc = std::sqrt(acc);
       if (kind == Red::logsum) acc = std::log(acc);
       if (kind == Red::logsumexp) acc = std::log(acc) + mx;
       y.as<T>()[o] = static_cast<T>(acc);
-      for (size_t d = oi.size(); d-- > 0;) { if (++oi[d] < kept_dims[d]) break; oi[d] = 0; }
+      for (size_t d = oi.size(); d-- > 0;) {
+        if (++oi[d] < kept_dims[d]) break;
+        oi[d] = 0;
+      }
     }
   });
 }
@@ -105,8 +121,10 @@ void arg(OpCall& c, bool is_max) {
   const size_t a = static_cast<size_t>(c.axis(c.i("axis", 0), r));
   const bool keep = c.i("keepdims", 1) != 0, last = c.i("select_last_index", 0) != 0;
   Dims out = x.dims;
-  if (keep) out[a] = 1;
-  else out.erase(out.begin() + static_cast<int64_t>(a));
+  if (keep)
+    out[a] = 1;
+  else
+    out.erase(out.begin() + static_cast<int64_t>(a));
   View y = c.out(0, HP_I64, out);
   int64_t outer = 1, inner = 1;
   for (size_t d = 0; d < a; ++d) outer *= x.dims[d];
@@ -130,7 +148,8 @@ void arg(OpCall& c, bool is_max) {
 void einsum(OpCall& c) {
   std::string eq = c.s("equation", "");
   eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
-  if (eq.find("...") != std::string::npos) throw OpError("einsum with an ellipsis is not supported", HP_UNSUPPORTED);
+  if (eq.find("...") != std::string::npos)
+    throw OpError("einsum with an ellipsis is not supported", HP_UNSUPPORTED);
   const size_t arrow = eq.find("->");
   std::string lhs = eq.substr(0, arrow), rhs;
   std::vector<std::string> terms;
@@ -140,19 +159,23 @@ void einsum(OpCall& c) {
     if (q == std::string::npos) break;
     p = q + 1;
   }
-  if (terms.size() != c.n_inputs()) c.fail("equation names " + std::to_string(terms.size()) + " operands");
+  if (terms.size() != c.n_inputs())
+    c.fail("equation names " + std::to_string(terms.size()) + " operands");
   std::map<char, int64_t> size, count;
   for (size_t t = 0; t < terms.size(); ++t) {
     const View& v = c.need(t);
-    if (terms[t].size() != v.dims.size()) c.fail("term '" + terms[t] + "' does not match the operand's rank");
+    if (terms[t].size() != v.dims.size())
+      c.fail("term '" + terms[t] + "' does not match the operand's rank");
     for (size_t k = 0; k < terms[t].size(); ++k) {
       const char l = terms[t][k];
-      if (size.count(l) && size[l] != v.dims[k] && size[l] != 1 && v.dims[k] != 1) c.fail(std::string("size of '") + l + "' differs");
+      if (size.count(l) && size[l] != v.dims[k] && size[l] != 1 && v.dims[k] != 1)
+        c.fail(std::string("size of '") + l + "' differs");
       size[l] = std::max(size.count(l) ? size[l] : 0, v.dims[k]);
       ++count[l];
     }
   }
-  if (arrow != std::string::npos) rhs = eq.substr(arrow + 2);
+  if (arrow != std::string::npos)
+    rhs = eq.substr(arrow + 2);
   else
     for (auto& [l, n] : count)
       if (n == 1) rhs += l;
@@ -184,7 +207,10 @@ void einsum(OpCall& c) {
         prod *= c.in(t).template as<T>()[off];
       }
       py[i / std::max<int64_t>(n_red, 1)] += prod;
-      for (size_t d = idx.size(); d-- > 0;) { if (++idx[d] < all[d]) break; idx[d] = 0; }
+      for (size_t d = idx.size(); d-- > 0;) {
+        if (++idx[d] < all[d]) break;
+        idx[d] = 0;
+      }
     }
   });
 }
@@ -194,10 +220,16 @@ bool num1(const std::vector<int32_t>& d) { return !d.empty() && is_num(d[0]); }
 }  // namespace
 
 void register_reduce_ops(OpTable& t) {
-  const std::pair<const char*, Red> reds[] = {
-      {"ReduceSum", Red::sum}, {"ReduceMean", Red::mean}, {"ReduceMax", Red::max}, {"ReduceMin", Red::min},
-      {"ReduceProd", Red::prod}, {"ReduceL1", Red::l1}, {"ReduceL2", Red::l2},
-      {"ReduceSumSquare", Red::sumsq}, {"ReduceLogSumExp", Red::logsumexp}, {"ReduceLogSum", Red::logsum}};
+  const std::pair<const char*, Red> reds[] = {{"ReduceSum", Red::sum},
+                                              {"ReduceMean", Red::mean},
+                                              {"ReduceMax", Red::max},
+                                              {"ReduceMin", Red::min},
+                                              {"ReduceProd", Red::prod},
+                                              {"ReduceL1", Red::l1},
+                                              {"ReduceL2", Red::l2},
+                                              {"ReduceSumSquare", Red::sumsq},
+                                              {"ReduceLogSumExp", Red::logsumexp},
+                                              {"ReduceLogSum", Red::logsum}};
   for (const auto& [name, kind] : reds) {
     Red k = kind;
     t[name] = {[k](OpCall& c) { reduce(c, k); }, num1};

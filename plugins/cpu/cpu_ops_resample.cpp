@@ -1,11 +1,11 @@
-// Padding, resampling and scans on the cpu backend: Pad (constant, edge, reflect, wrap; negative pads
-// crop), Resize (nearest, N-linear and cubic, every coordinate transformation mode of opsets 10-19) and
-// CumSum (exclusive, reverse).
+// Padding, resampling and scans on the cpu backend: Pad (constant, edge, reflect, wrap; negative
+// pads crop), Resize (nearest, N-linear and cubic, every coordinate transformation mode of opsets
+// 10-19) and CumSum (exclusive, reverse).
 //
 // Pad and Resize map each output index to input indices dim by dim: a per-dim table is built once
 // (source index, or -1 for "outside" in Pad; two taps and a weight in Resize), then the output is
-// walked row-major, so the per-element work is a table lookup per dim (and, in Resize, a sum over the
-// product of the dims' taps).
+// walked row-major, so the per-element work is a table lookup per dim (and, in Resize, a sum over
+// the product of the dims' taps).
 //
 // Resize's antialias, axes and keep_aspect_ratio_policy other than "stretch" report HP_UNSUPPORTED
 // (the executor names the node).
@@ -50,7 +50,8 @@ void pad(OpCall& c) {
   for (size_t d = 0; d < r; ++d) {
     out[d] = x.dims[d] + begin[d] + end[d];
     if (out[d] < 0) c.fail("pads remove more than the input has");
-    if (mode != "constant" && x.dims[d] == 0 && out[d] > 0) c.fail("cannot " + mode + "-pad an empty dim");
+    if (mode != "constant" && x.dims[d] == 0 && out[d] > 0)
+      c.fail("cannot " + mode + "-pad an empty dim");
   }
   View y = c.out(0, x.dtype, out);
   if (y.numel() == 0) return;
@@ -62,10 +63,14 @@ void pad(OpCall& c) {
     for (int64_t i = 0; i < out[d]; ++i) {
       int64_t s = i - begin[d];
       if (s < 0 || s >= n) {
-        if (mode == "constant") s = -1;
-        else if (mode == "edge") s = std::clamp<int64_t>(s, 0, n - 1);
-        else if (mode == "wrap") s = ((s % n) + n) % n;
-        else if (n == 1) s = 0;
+        if (mode == "constant")
+          s = -1;
+        else if (mode == "edge")
+          s = std::clamp<int64_t>(s, 0, n - 1);
+        else if (mode == "wrap")
+          s = ((s % n) + n) % n;
+        else if (n == 1)
+          s = 0;
         else {  // reflect about the edge elements, which are not repeated
           const int64_t period = 2 * (n - 1);
           s = ((s % period) + period) % period;
@@ -91,10 +96,14 @@ void pad(OpCall& c) {
     bool outside = false;
     for (size_t d = 0; d < r; ++d) {
       const int64_t s = src[d][static_cast<size_t>(idx[d])];
-      if (s < 0) { outside = true; break; }
+      if (s < 0) {
+        outside = true;
+        break;
+      }
       off += s * xs[d];
     }
-    std::memcpy(py + i * es, outside ? fill.data() : reinterpret_cast<const unsigned char*>(px + off * es),
+    std::memcpy(py + i * es,
+                outside ? fill.data() : reinterpret_cast<const unsigned char*>(px + off * es),
                 static_cast<size_t>(es));
     for (size_t d = r; d-- > 0;) {
       if (++idx[d] < out[d]) break;
@@ -134,8 +143,8 @@ void cumsum(OpCall& c) {
   });
 }
 
-/// One output index of one dim of Resize: up to four input taps and their weights (1 for nearest, 2 for
-/// linear, 4 for cubic); `outside` for a tf_crop_and_resize point off the input.
+/// One output index of one dim of Resize: up to four input taps and their weights (1 for nearest, 2
+/// for linear, 4 for cubic); `outside` for a tf_crop_and_resize point off the input.
 struct Tap {
   int n = 1;
   int64_t idx[4] = {0, 0, 0, 0};
@@ -143,7 +152,8 @@ struct Tap {
   bool outside = false;
 };
 
-/// Cubic convolution weights (Keys, coefficient a) of the taps at floor(x) - 1 .. floor(x) + 2, t = x - floor(x).
+/// Cubic convolution weights (Keys, coefficient a) of the taps at floor(x) - 1 .. floor(x) + 2, t =
+/// x - floor(x).
 void cubic_weights(double t, double a, double* w) {
   const double d[4] = {t + 1, t, 1 - t, 2 - t};
   for (int k = 0; k < 4; ++k) {
@@ -152,12 +162,13 @@ void cubic_weights(double t, double a, double* w) {
   }
 }
 
-double original_coord(const std::string& mode, double x, double scale, int64_t in, int64_t out, double roi_start,
-                      double roi_end) {
+double original_coord(const std::string& mode, double x, double scale, int64_t in, int64_t out,
+                      double roi_start, double roi_end) {
   if (mode == "half_pixel") return (x + 0.5) / scale - 0.5;
   if (mode == "pytorch_half_pixel") return out > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
   if (mode == "align_corners") {
-    // The resized length is in * scale before flooring, as in the ONNX reference (sizes give out / in).
+    // The resized length is in * scale before flooring, as in the ONNX reference (sizes give out /
+    // in).
     const double len = static_cast<double>(in) * scale;
     return out == 1 ? 0.0 : x * static_cast<double>(in - 1) / (len - 1);
   }
@@ -169,8 +180,9 @@ double original_coord(const std::string& mode, double x, double scale, int64_t i
     return offset + (x + 0.5) / scale - 0.5;
   }
   // tf_crop_and_resize
-  return out > 1 ? roi_start * static_cast<double>(in - 1) +
-                       x * (roi_end - roi_start) * static_cast<double>(in - 1) / static_cast<double>(out - 1)
+  return out > 1 ? roi_start * static_cast<double>(in - 1) + x * (roi_end - roi_start) *
+                                                                 static_cast<double>(in - 1) /
+                                                                 static_cast<double>(out - 1)
                  : 0.5 * (roi_start + roi_end) * static_cast<double>(in - 1);
 }
 
@@ -188,13 +200,16 @@ void resize(OpCall& c) {
   const std::string mode = c.s("mode", "nearest");
   if (mode != "nearest" && mode != "linear" && mode != "cubic")
     throw OpError("resize mode '" + mode + "' is not implemented", HP_UNSUPPORTED);
-  if (c.i("antialias", 0) != 0) throw OpError("resize with antialias is not implemented", HP_UNSUPPORTED);
+  if (c.i("antialias", 0) != 0)
+    throw OpError("resize with antialias is not implemented", HP_UNSUPPORTED);
   if (c.s("keep_aspect_ratio_policy", "stretch") != "stretch")
     throw OpError("keep_aspect_ratio_policy other than stretch is not implemented", HP_UNSUPPORTED);
   if (c.has("axes")) throw OpError("resize with axes is not implemented", HP_UNSUPPORTED);
-  // Opset 10: (X, scales), asymmetric coordinates, nearest rounds down. From 11: (X, roi, scales, sizes).
+  // Opset 10: (X, scales), asymmetric coordinates, nearest rounds down. From 11: (X, roi, scales,
+  // sizes).
   const bool v10 = c.opset() < 11;
-  const std::string coord = v10 ? "asymmetric" : c.s("coordinate_transformation_mode", "half_pixel");
+  const std::string coord =
+      v10 ? "asymmetric" : c.s("coordinate_transformation_mode", "half_pixel");
   const std::string nearest = v10 ? "floor" : c.s("nearest_mode", "round_prefer_floor");
   const double extrapolation = c.f("extrapolation_value", 0.0);
   std::vector<double> scales, roi;
@@ -202,13 +217,15 @@ void resize(OpCall& c) {
   const View& sc = c.in(v10 ? 1 : 2);
   if (sc.present() && sc.numel() > 0) {
     for (int64_t k = 0; k < sc.numel(); ++k)
-      scales.push_back(sc.dtype == HP_F64 ? sc.as<double>()[k] : static_cast<double>(sc.as<float>()[k]));
+      scales.push_back(sc.dtype == HP_F64 ? sc.as<double>()[k]
+                                          : static_cast<double>(sc.as<float>()[k]));
   }
   if (!v10 && c.in(3).present() && c.in(3).numel() > 0) sizes = c.in(3).ints();
   if (!v10 && c.in(1).present() && c.in(1).numel() > 0) {
     const View& ro = c.in(1);
     for (int64_t k = 0; k < ro.numel(); ++k)
-      roi.push_back(ro.dtype == HP_F64 ? ro.as<double>()[k] : static_cast<double>(ro.as<float>()[k]));
+      roi.push_back(ro.dtype == HP_F64 ? ro.as<double>()[k]
+                                       : static_cast<double>(ro.as<float>()[k]));
   }
   if (scales.empty() == sizes.empty()) c.fail("exactly one of scales and sizes must be given");
   Dims out(r);
@@ -226,7 +243,8 @@ void resize(OpCall& c) {
   if (!sizes.empty())
     for (size_t d = 0; d < r; ++d)
       scales[d] = x.dims[d] ? static_cast<double>(out[d]) / static_cast<double>(x.dims[d]) : 1.0;
-  if (coord == "tf_crop_and_resize" && roi.size() != 2 * r) c.fail("tf_crop_and_resize needs an roi of 2 x rank values");
+  if (coord == "tf_crop_and_resize" && roi.size() != 2 * r)
+    c.fail("tf_crop_and_resize needs an roi of 2 x rank values");
   View y = c.out(0, x.dtype, out);
   if (y.numel() == 0 || x.numel() == 0) return;
   const double cubic_a = c.f("cubic_coeff_a", -0.75);
@@ -237,7 +255,8 @@ void resize(OpCall& c) {
     taps[d].resize(static_cast<size_t>(out[d]));
     for (int64_t i = 0; i < out[d]; ++i) {
       Tap& t = taps[d][static_cast<size_t>(i)];
-      if (scales[d] == 1.0 && in == out[d] && coord != "tf_crop_and_resize") {  // an unscaled dim maps to itself
+      if (scales[d] == 1.0 && in == out[d] &&
+          coord != "tf_crop_and_resize") {  // an unscaled dim maps to itself
         t.idx[0] = i;
         continue;
       }
@@ -281,7 +300,8 @@ void resize(OpCall& c) {
     std::vector<int> k(r, 0);  // the tap of each dim in the current combination
     for (int64_t i = 0, n = y.numel(); i < n; ++i) {
       bool outside = false;
-      for (size_t d = 0; d < r; ++d) outside = outside || taps[d][static_cast<size_t>(idx[d])].outside;
+      for (size_t d = 0; d < r; ++d)
+        outside = outside || taps[d][static_cast<size_t>(idx[d])].outside;
       double v = 0;
       if (outside) {
         v = extrapolation;
@@ -304,8 +324,10 @@ void resize(OpCall& c) {
           if (d == static_cast<size_t>(-1)) break;
         }
       }
-      if constexpr (std::is_floating_point_v<T>) py[i] = static_cast<T>(v);
-      else py[i] = static_cast<T>(std::nearbyint(v));
+      if constexpr (std::is_floating_point_v<T>)
+        py[i] = static_cast<T>(v);
+      else
+        py[i] = static_cast<T>(std::nearbyint(v));
       for (size_t d = r; d-- > 0;) {
         if (++idx[d] < out[d]) break;
         idx[d] = 0;
@@ -317,9 +339,14 @@ void resize(OpCall& c) {
 }  // namespace
 
 void register_resample_ops(OpTable& t) {
-  t["Pad"] = {pad, [](const std::vector<int32_t>& d) { return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0; }};
-  t["CumSum"] = {cumsum, [](const std::vector<int32_t>& d) { return d.size() == 2 && is_num(d[0]); }};
-  t["Resize"] = {resize, [](const std::vector<int32_t>& d) { return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0; }};
+  t["Pad"] = {pad, [](const std::vector<int32_t>& d) {
+                return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0;
+              }};
+  t["CumSum"] = {cumsum,
+                 [](const std::vector<int32_t>& d) { return d.size() == 2 && is_num(d[0]); }};
+  t["Resize"] = {resize, [](const std::vector<int32_t>& d) {
+                   return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0;
+                 }};
 }
 
 }  // namespace hp_cpu

@@ -1,5 +1,6 @@
-// Index-driven ops exporters emit for cache updates, masks and labels, on the cpu backend: ScatterND,
-// ScatterElements (reduction none/add/mul/max/min), GatherND (batch_dims), OneHot, IsInf and IsNaN.
+// Index-driven ops exporters emit for cache updates, masks and labels, on the cpu backend:
+// ScatterND, ScatterElements (reduction none/add/mul/max/min), GatherND (batch_dims), OneHot, IsInf
+// and IsNaN.
 //
 // Scatter ops start from a copy of the data and write the updates in index order, so with duplicate
 // indices and no reduction the last update wins (ONNX leaves that case undefined). Negative indices
@@ -15,7 +16,8 @@ namespace hp_cpu {
 namespace {
 
 int64_t checked_index(int64_t i, int64_t dim, const OpCall& c) {
-  if (i < -dim || i >= dim) c.fail("index " + std::to_string(i) + " out of range for a dim of " + std::to_string(dim));
+  if (i < -dim || i >= dim)
+    c.fail("index " + std::to_string(i) + " out of range for a dim of " + std::to_string(dim));
   return i < 0 ? i + dim : i;
 }
 
@@ -43,7 +45,8 @@ void apply(T& dst, T v, Reduce r) {
 }
 
 void copy_all(const View& x, View& y) {
-  if (x.numel() > 0) std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
+  if (x.numel() > 0)
+    std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
 }
 
 void scatter_nd(OpCall& c) {
@@ -56,17 +59,21 @@ void scatter_nd(OpCall& c) {
   View y = c.out(0, x.dtype, x.dims);
   copy_all(x, y);
   const std::vector<int64_t> idx = ix.ints();
-  const int64_t tuples = k ? static_cast<int64_t>(idx.size() / k) : numel(Dims(ix.dims.begin(), ix.dims.end() - 1));
+  const int64_t tuples =
+      k ? static_cast<int64_t>(idx.size() / k) : numel(Dims(ix.dims.begin(), ix.dims.end() - 1));
   const Dims xs = strides_of(x.dims);
   const int64_t slice = numel(Dims(x.dims.begin() + static_cast<std::ptrdiff_t>(k), x.dims.end()));
-  if (up.numel() != tuples * slice) c.fail("updates have " + std::to_string(up.numel()) + " elements, want " + std::to_string(tuples * slice));
+  if (up.numel() != tuples * slice)
+    c.fail("updates have " + std::to_string(up.numel()) + " elements, want " +
+           std::to_string(tuples * slice));
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* py = y.as<T>();
     const T* pu = up.as<T>();
     for (int64_t t = 0; t < tuples; ++t) {
       int64_t off = 0;
-      for (size_t d = 0; d < k; ++d) off += checked_index(idx[static_cast<size_t>(t) * k + d], x.dims[d], c) * xs[d];
+      for (size_t d = 0; d < k; ++d)
+        off += checked_index(idx[static_cast<size_t>(t) * k + d], x.dims[d], c) * xs[d];
       for (int64_t i = 0; i < slice; ++i) apply(py[off + i], pu[t * slice + i], red);
     }
   });
@@ -75,7 +82,8 @@ void scatter_nd(OpCall& c) {
 void scatter_elements(OpCall& c) {
   const View &x = c.need(0), &ix = c.need(1), &up = c.need(2);
   if (up.dtype != x.dtype) c.fail("updates and data dtypes differ");
-  if (ix.dims != up.dims || ix.dims.size() != x.dims.size()) c.fail("indices and updates must have one shape, of the data's rank");
+  if (ix.dims != up.dims || ix.dims.size() != x.dims.size())
+    c.fail("indices and updates must have one shape, of the data's rank");
   const size_t a = static_cast<size_t>(c.axis(c.i("axis", 0), static_cast<int64_t>(x.dims.size())));
   const Reduce red = reduction_of(c);
   View y = c.out(0, x.dtype, x.dims);
@@ -89,7 +97,8 @@ void scatter_elements(OpCall& c) {
     Dims pos(ix.dims.size(), 0);
     for (size_t i = 0; i < idx.size(); ++i) {
       int64_t off = 0;
-      for (size_t d = 0; d < pos.size(); ++d) off += (d == a ? checked_index(idx[i], x.dims[d], c) : pos[d]) * xs[d];
+      for (size_t d = 0; d < pos.size(); ++d)
+        off += (d == a ? checked_index(idx[i], x.dims[d], c) : pos[d]) * xs[d];
       apply(py[off], pu[i], red);
       for (size_t d = pos.size(); d-- > 0;) {
         if (++pos[d] < ix.dims[d]) break;
@@ -102,19 +111,25 @@ void scatter_elements(OpCall& c) {
 void gather_nd(OpCall& c) {
   const View &x = c.need(0), &ix = c.need(1);
   const size_t b = static_cast<size_t>(c.i("batch_dims", 0));
-  if (ix.dims.empty() || b >= ix.dims.size() || b > x.dims.size()) c.fail("batch_dims too large for the inputs");
+  if (ix.dims.empty() || b >= ix.dims.size() || b > x.dims.size())
+    c.fail("batch_dims too large for the inputs");
   for (size_t d = 0; d < b; ++d)
     if (x.dims[d] != ix.dims[d]) c.fail("data and indices differ in a batch dim");
   const size_t k = static_cast<size_t>(ix.dims.back());
-  if (b + k > x.dims.size()) c.fail("index tuples are longer than the data's rank after the batch dims");
+  if (b + k > x.dims.size())
+    c.fail("index tuples are longer than the data's rank after the batch dims");
   Dims out(ix.dims.begin(), ix.dims.end() - 1);
   out.insert(out.end(), x.dims.begin() + static_cast<std::ptrdiff_t>(b + k), x.dims.end());
   View y = c.out(0, x.dtype, out);
   const std::vector<int64_t> idx = ix.ints();
-  const int64_t batches = numel(Dims(x.dims.begin(), x.dims.begin() + static_cast<std::ptrdiff_t>(b)));
-  const int64_t per_batch = numel(Dims(ix.dims.begin() + static_cast<std::ptrdiff_t>(b), ix.dims.end() - 1));
-  const int64_t slice = numel(Dims(x.dims.begin() + static_cast<std::ptrdiff_t>(b + k), x.dims.end()));
-  const int64_t x_batch = numel(Dims(x.dims.begin() + static_cast<std::ptrdiff_t>(b), x.dims.end()));
+  const int64_t batches =
+      numel(Dims(x.dims.begin(), x.dims.begin() + static_cast<std::ptrdiff_t>(b)));
+  const int64_t per_batch =
+      numel(Dims(ix.dims.begin() + static_cast<std::ptrdiff_t>(b), ix.dims.end() - 1));
+  const int64_t slice =
+      numel(Dims(x.dims.begin() + static_cast<std::ptrdiff_t>(b + k), x.dims.end()));
+  const int64_t x_batch =
+      numel(Dims(x.dims.begin() + static_cast<std::ptrdiff_t>(b), x.dims.end()));
   const Dims xs = strides_of(x.dims);
   const int64_t es = dtype_size(x.dtype);
   char* py = static_cast<char*>(y.data);
@@ -123,8 +138,10 @@ void gather_nd(OpCall& c) {
     for (int64_t t = 0; t < per_batch; ++t) {
       const size_t at = static_cast<size_t>((bt * per_batch + t)) * k;
       int64_t off = bt * x_batch;
-      for (size_t d = 0; d < k; ++d) off += checked_index(idx[at + d], x.dims[b + d], c) * xs[b + d];
-      std::memcpy(py + (bt * per_batch + t) * slice * es, px + off * es, static_cast<size_t>(slice * es));
+      for (size_t d = 0; d < k; ++d)
+        off += checked_index(idx[at + d], x.dims[b + d], c) * xs[b + d];
+      std::memcpy(py + (bt * per_batch + t) * slice * es, px + off * es,
+                  static_cast<size_t>(slice * es));
     }
 }
 
@@ -141,7 +158,8 @@ void one_hot(OpCall& c) {
   std::vector<int64_t> idx;
   if (ix.dtype == HP_F32 || ix.dtype == HP_F64) {
     for (int64_t i = 0; i < ix.numel(); ++i)
-      idx.push_back(static_cast<int64_t>(ix.dtype == HP_F32 ? ix.as<float>()[i] : ix.as<double>()[i]));
+      idx.push_back(
+          static_cast<int64_t>(ix.dtype == HP_F32 ? ix.as<float>()[i] : ix.as<double>()[i]));
   } else {
     idx = ix.ints();
   }
@@ -173,7 +191,8 @@ void is_inf_nan(OpCall& c, bool nan) {
     for (int64_t i = 0, n = x.numel(); i < n; ++i) {
       bool r = false;
       if constexpr (std::is_floating_point_v<T>) {
-        r = nan ? std::isnan(px[i]) : (std::isinf(px[i]) && ((px[i] > 0 && pos) || (px[i] < 0 && neg)));
+        r = nan ? std::isnan(px[i])
+                : (std::isinf(px[i]) && ((px[i] > 0 && pos) || (px[i] < 0 && neg)));
       }
       py[i] = r ? 1 : 0;
     }
@@ -181,10 +200,13 @@ void is_inf_nan(OpCall& c, bool nan) {
 }
 
 bool data_idx_upd(const std::vector<int32_t>& d) {
-  return d.size() == 3 && d[0] >= 0 && dtype_size(d[0]) > 0 && (d[1] == HP_I64 || d[1] == HP_I32) && d[2] == d[0];
+  return d.size() == 3 && d[0] >= 0 && dtype_size(d[0]) > 0 && (d[1] == HP_I64 || d[1] == HP_I32) &&
+         d[2] == d[0];
 }
 
-bool floats1(const std::vector<int32_t>& d) { return d.size() == 1 && (d[0] == HP_F32 || d[0] == HP_F64); }
+bool floats1(const std::vector<int32_t>& d) {
+  return d.size() == 1 && (d[0] == HP_F32 || d[0] == HP_F64);
+}
 
 }  // namespace
 
@@ -194,7 +216,9 @@ void register_scatter_ops(OpTable& t) {
   t["GatherND"] = {gather_nd, [](const std::vector<int32_t>& d) {
                      return d.size() == 2 && d[0] >= 0 && dtype_size(d[0]) > 0 && d[1] == HP_I64;
                    }};
-  t["OneHot"] = {one_hot, [](const std::vector<int32_t>& d) { return d.size() == 3 && is_num(d[0]) && d[2] >= 0; }};
+  t["OneHot"] = {one_hot, [](const std::vector<int32_t>& d) {
+                   return d.size() == 3 && is_num(d[0]) && d[2] >= 0;
+                 }};
   t["IsInf"] = {[](OpCall& c) { is_inf_nan(c, false); }, floats1};
   t["IsNaN"] = {[](OpCall& c) { is_inf_nan(c, true); }, floats1};
 }

@@ -1,7 +1,8 @@
-// Data-movement ONNX ops on the cpu backend: ops that only change a tensor's shape (Reshape, Flatten,
-// Squeeze, Unsqueeze, Identity, Dropout at inference) copy the bytes; Transpose, Expand, Tile, Concat,
-// Split and Slice move elements by index arithmetic and are dtype-agnostic (they work on element
-// sizes); Shape, Size, Constant, ConstantOfShape and Range create tensors; Trilu masks a matrix.
+// Data-movement ONNX ops on the cpu backend: ops that only change a tensor's shape (Reshape,
+// Flatten, Squeeze, Unsqueeze, Identity, Dropout at inference) copy the bytes; Transpose, Expand,
+// Tile, Concat, Split and Slice move elements by index arithmetic and are dtype-agnostic (they work
+// on element sizes); Shape, Size, Constant, ConstantOfShape and Range create tensors; Trilu masks a
+// matrix.
 //
 // Attribute-vs-input forms follow the opset: Squeeze/Unsqueeze/Split take axes/split as inputs from
 // opset 13, Slice takes starts/ends as inputs from opset 10.
@@ -13,15 +14,19 @@
 namespace hp_cpu {
 namespace {
 
-bool any_dtype(const std::vector<int32_t>& d) { return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0; }
+bool any_dtype(const std::vector<int32_t>& d) {
+  return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0;
+}
 
 void copy_bytes(const View& x, View& y) {
-  if (x.numel() > 0) std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
+  if (x.numel() > 0)
+    std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
 }
 
 void same_data(OpCall& c, const Dims& dims) {
   const View& x = c.need(0);
-  if (numel(dims) != x.numel()) c.fail("cannot reshape " + dims_str(x.dims) + " to " + dims_str(dims));
+  if (numel(dims) != x.numel())
+    c.fail("cannot reshape " + dims_str(x.dims) + " to " + dims_str(dims));
   View y = c.out(0, x.dtype, dims);
   copy_bytes(x, y);
 }
@@ -44,7 +49,8 @@ void reshape(OpCall& c) {
     }
   }
   if (infer >= 0) {
-    if (known == 0 || x.numel() % known) c.fail("cannot infer the -1 of " + dims_str(shape) + " from " + dims_str(x.dims));
+    if (known == 0 || x.numel() % known)
+      c.fail("cannot infer the -1 of " + dims_str(shape) + " from " + dims_str(x.dims));
     shape[static_cast<size_t>(infer)] = x.numel() / known;
   }
   same_data(c, shape);
@@ -62,7 +68,8 @@ void flatten(OpCall& c) {
 }
 
 std::vector<int64_t> axes_of(OpCall& c, size_t input_from_13) {
-  if (c.opset() >= 13) return c.in(input_from_13).present() ? c.in(input_from_13).ints() : std::vector<int64_t>{};
+  if (c.opset() >= 13)
+    return c.in(input_from_13).present() ? c.in(input_from_13).ints() : std::vector<int64_t>{};
   return c.ints("axes");
 }
 
@@ -76,7 +83,8 @@ void squeeze(OpCall& c) {
   }
   for (int64_t a : axes) {
     int64_t k = c.axis(a, r);
-    if (x.dims[static_cast<size_t>(k)] != 1) c.fail("cannot squeeze a dim of size " + std::to_string(x.dims[static_cast<size_t>(k)]));
+    if (x.dims[static_cast<size_t>(k)] != 1)
+      c.fail("cannot squeeze a dim of size " + std::to_string(x.dims[static_cast<size_t>(k)]));
     drop[static_cast<size_t>(k)] = true;
   }
   Dims out;
@@ -104,11 +112,11 @@ void strided_row(const char* src, char* dst, int64_t n, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
 }
 
-/// Copies `x` into `y` where y[i] = x[base + sum(idx_k * st_k)] over y's shape (general strided gather:
-/// Transpose, Expand, Slice). Dims of size 1 are dropped and neighbours that are contiguous in the
-/// source too are merged, so a Transpose that keeps the innermost dim (attention's [b,t,h,d] ->
-/// [b,h,t,d]) becomes a few long memcpy rows; other rows are typed strided loops. Large copies split
-/// their rows across OpenMP threads.
+/// Copies `x` into `y` where y[i] = x[base + sum(idx_k * st_k)] over y's shape (general strided
+/// gather: Transpose, Expand, Slice). Dims of size 1 are dropped and neighbours that are contiguous
+/// in the source too are merged, so a Transpose that keeps the innermost dim (attention's [b,t,h,d]
+/// -> [b,h,t,d]) becomes a few long memcpy rows; other rows are typed strided loops. Large copies
+/// split their rows across OpenMP threads.
 void strided_copy(const View& x, View& y, const Dims& st, int64_t base = 0) {
   const int es = dtype_size(x.dtype);
   const char* px = static_cast<const char*>(x.data);
@@ -150,7 +158,8 @@ void strided_copy(const View& x, View& y, const Dims& st, int64_t base = 0) {
       case 4: strided_row<uint32_t>(src, dst, len, inner); break;
       case 8: strided_row<uint64_t>(src, dst, len, inner); break;
       default:
-        for (int64_t i = 0; i < len; ++i) std::memcpy(dst + i * es, src + i * inner * es, static_cast<size_t>(es));
+        for (int64_t i = 0; i < len; ++i)
+          std::memcpy(dst + i * es, src + i * inner * es, static_cast<size_t>(es));
     }
   };
 #pragma omp parallel for schedule(static) if (n >= (1 << 16) && rows > 1)
@@ -194,7 +203,8 @@ void tile(OpCall& c) {
   for (int64_t i = 0, n = y.numel(); i < n; ++i) {
     int64_t off = 0;
     for (size_t d = 0; d < out.size(); ++d) off += (idx[d] % x.dims[d]) * st[d];
-    std::memcpy(static_cast<char*>(y.data) + i * es, static_cast<const char*>(x.data) + off * es, static_cast<size_t>(es));
+    std::memcpy(static_cast<char*>(y.data) + i * es, static_cast<const char*>(x.data) + off * es,
+                static_cast<size_t>(es));
     for (size_t d = out.size(); d-- > 0;) {
       if (++idx[d] < out[d]) break;
       idx[d] = 0;
@@ -235,8 +245,9 @@ void split(OpCall& c) {
   const View& x = c.need(0);
   const int64_t r = static_cast<int64_t>(x.dims.size());
   const size_t a = static_cast<size_t>(c.axis(c.i("axis", 0), r));
-  std::vector<int64_t> parts = c.opset() >= 13 ? (c.in(1).present() ? c.in(1).ints() : std::vector<int64_t>{})
-                                               : c.ints("split");
+  std::vector<int64_t> parts = c.opset() >= 13
+                                   ? (c.in(1).present() ? c.in(1).ints() : std::vector<int64_t>{})
+                                   : c.ints("split");
   const int64_t n_out = c.n_outputs();
   if (parts.empty()) {
     const int64_t num = c.has("num_outputs") ? c.i("num_outputs", n_out) : n_out;
@@ -258,7 +269,8 @@ void split(OpCall& c) {
     const int64_t chunk = od[a] * inner * es;
     for (int64_t o = 0; o < outer; ++o)
       std::memcpy(static_cast<char*>(y.data) + o * chunk,
-                  static_cast<const char*>(x.data) + (o * x.dims[a] * inner + pos) * es, static_cast<size_t>(chunk));
+                  static_cast<const char*>(x.data) + (o * x.dims[a] * inner + pos) * es,
+                  static_cast<size_t>(chunk));
     pos += od[a] * inner;
   }
 }
@@ -320,7 +332,8 @@ void trilu(OpCall& c) {
   for (int64_t m = 0, n = rows ? x.numel() / (rows * cols) : 0; m < n; ++m)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j)
-        if (upper ? j - i < k : j - i > k) std::memset(p + ((m * rows + i) * cols + j) * es, 0, static_cast<size_t>(es));
+        if (upper ? j - i < k : j - i > k)
+          std::memset(p + ((m * rows + i) * cols + j) * es, 0, static_cast<size_t>(es));
 }
 
 }  // namespace
@@ -332,17 +345,20 @@ void register_shape_ops(OpTable& t) {
   t["Squeeze"] = {squeeze, any};
   t["Unsqueeze"] = {unsqueeze, any};
   t["Identity"] = {[](OpCall& c) { same_data(c, c.need(0).dims); }, any};
-  t["Dropout"] = {[](OpCall& c) {
-                    const bool training = c.in(2).present() && c.in(2).numel() > 0 && c.in(2).scalar() != 0;
-                    const double ratio = c.in(1).present() && c.in(1).numel() > 0 ? c.in(1).scalar() : c.f("ratio", 0.5);
-                    if (training && ratio > 0) throw OpError("dropout in training mode is not supported", HP_UNSUPPORTED);
-                    same_data(c, c.need(0).dims);
-                    if (c.n_outputs() > 1) {
-                      View m = c.out(1, HP_BOOL, c.need(0).dims);
-                      if (m.numel() > 0) std::memset(m.data, 1, static_cast<size_t>(m.numel()));
-                    }
-                  },
-                  any};
+  t["Dropout"] = {
+      [](OpCall& c) {
+        const bool training = c.in(2).present() && c.in(2).numel() > 0 && c.in(2).scalar() != 0;
+        const double ratio =
+            c.in(1).present() && c.in(1).numel() > 0 ? c.in(1).scalar() : c.f("ratio", 0.5);
+        if (training && ratio > 0)
+          throw OpError("dropout in training mode is not supported", HP_UNSUPPORTED);
+        same_data(c, c.need(0).dims);
+        if (c.n_outputs() > 1) {
+          View m = c.out(1, HP_BOOL, c.need(0).dims);
+          if (m.numel() > 0) std::memset(m.data, 1, static_cast<size_t>(m.numel()));
+        }
+      },
+      any};
   t["Transpose"] = {transpose, any};
   t["Expand"] = {expand, any};
   t["Tile"] = {tile, any};

@@ -1,12 +1,13 @@
 // The cpu backend: hp's reference implementation of the plugin ABI and the fallback for every op an
-// accelerator backend does not support. It is always built and is what the conformance suite compares
-// other backends against, so it favours obvious correctness: GEMM goes through oneDNN's matmul (with a
-// plain loop as a safety net), elementwise ops are simple loops the compiler vectorises.
+// accelerator backend does not support. It is always built and is what the conformance suite
+// compares other backends against, so it favours obvious correctness: GEMM goes through oneDNN's
+// matmul (with a plain loop as a safety net), elementwise ops are simple loops the compiler
+// vectorises.
 //
 // Execution model: synchronous. Every queued call has completed when it returns, so streams are in
-// order trivially, an event is complete as soon as it is recorded, and stream_wait_event has nothing to
-// wait for. "Device" memory is ordinary host memory (HP_CAP_HOST_VISIBLE), so all four copy directions
-// are memcpy.
+// order trivially, an event is complete as soon as it is recorded, and stream_wait_event has
+// nothing to wait for. "Device" memory is ordinary host memory (HP_CAP_HOST_VISIBLE), so all four
+// copy directions are memcpy.
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +32,9 @@ using hp_common::make_status;
 namespace {
 
 hp_status* check_dev(int32_t dev, const char* call) {
-  return dev == 0 ? nullptr : make_status(HP_INVALID, "cpu: %s: no device %d (the cpu backend has one)", call, dev);
+  return dev == 0 ? nullptr
+                  : make_status(HP_INVALID, "cpu: %s: no device %d (the cpu backend has one)", call,
+                                dev);
 }
 
 /// Parses the N of "key=N" (decimal, optionally with a binary suffix K/M/G meaning KiB/MiB/GiB).
@@ -41,9 +44,12 @@ bool parse_count(const char* text, unsigned long long* out) {
   unsigned long long n = std::strtoull(text, &end, 10);
   if (end == text || errno || text[0] == '-') return false;
   unsigned long long scale = 1;
-  if (*end == 'K') scale = 1ull << 10, ++end;
-  else if (*end == 'M') scale = 1ull << 20, ++end;
-  else if (*end == 'G') scale = 1ull << 30, ++end;
+  if (*end == 'K')
+    scale = 1ull << 10, ++end;
+  else if (*end == 'M')
+    scale = 1ull << 20, ++end;
+  else if (*end == 'G')
+    scale = 1ull << 30, ++end;
   if (*end || n > ~0ull / scale) return false;
   *out = n * scale;
   return true;
@@ -51,12 +57,12 @@ bool parse_count(const char* text, unsigned long long* out) {
 
 /// Open options:
 ///  - "threads=N" sets the OpenMP (and so oneDNN) thread count of the process, which keeps
-///    `hp launch --threads N` from oversubscribing cores; without it OpenMP's default (the cores in the
-///    affinity mask) applies.
+///    `hp launch --threads N` from oversubscribing cores; without it OpenMP's default (the cores in
+///    the affinity mask) applies.
 ///  - "device_budget=BYTES" (suffix K, M or G allowed) makes device memory an arena of that size:
-///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller device
-///    is really exercised on this one (docs/offload.md, "Offload at run time"). 0 or absent: no
-///    budget.
+///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller
+///    device is really exercised on this one (docs/offload.md, "Offload at run time"). 0 or absent:
+///    no budget.
 /// Other keys belong to other backends (every plugin sees every option) and are ignored.
 hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {
@@ -66,14 +72,16 @@ hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
       if (!kv[i]) continue;
       if (std::strncmp(kv[i], "device_budget=", 14) == 0) {
         if (!parse_count(kv[i] + 14, &budget))
-          return make_status(HP_INVALID, "cpu: open: bad option '%s' (want device_budget=BYTES)", kv[i]);
+          return make_status(HP_INVALID, "cpu: open: bad option '%s' (want device_budget=BYTES)",
+                             kv[i]);
         continue;
       }
       if (std::strncmp(kv[i], "threads=", 8) != 0) continue;
       char* end = nullptr;
       long n = std::strtol(kv[i] + 8, &end, 10);
       if (!end || *end || n < 1 || n > 4096)
-        return make_status(HP_INVALID, "cpu: open: bad option '%s' (want threads=N, N >= 1)", kv[i]);
+        return make_status(HP_INVALID, "cpu: open: bad option '%s' (want threads=N, N >= 1)",
+                           kv[i]);
 #if HP_CPU_HAS_OPENMP
       omp_set_num_threads(static_cast<int>(n));
 #endif
@@ -98,9 +106,9 @@ int32_t cpu_supports(hp_ctx*, int32_t dev, int32_t op, int32_t dtype) {
 }
 
 // Every allocation carries a 64-byte header (its size and kind) in front of the pointer handed out,
-// so free_mem knows how many device bytes to give back without a lookup table; 64 keeps the pointer's
-// alignment. Only HP_MEM_DEVICE counts against the arena: pinned host memory is the host pool that
-// offloaded tensors live in.
+// so free_mem knows how many device bytes to give back without a lookup table; 64 keeps the
+// pointer's alignment. Only HP_MEM_DEVICE counts against the arena: pinned host memory is the host
+// pool that offloaded tensors live in.
 constexpr size_t kHeader = 64;
 struct AllocHeader {
   uint64_t bytes;
@@ -124,8 +132,10 @@ hp_status* cpu_alloc(hp_ctx* ctx, int32_t dev, size_t bytes, int32_t kind, void*
       if (a->limit > 0 && used + rounded > a->limit) {
         a->refused.fetch_add(1);
         return make_status(HP_NO_MEMORY,
-                           "cpu: alloc: device budget of %llu bytes exceeded: %zu bytes requested with %llu in use",
-                           static_cast<unsigned long long>(a->limit), bytes, static_cast<unsigned long long>(used));
+                           "cpu: alloc: device budget of %llu bytes exceeded: %zu bytes requested "
+                           "with %llu in use",
+                           static_cast<unsigned long long>(a->limit), bytes,
+                           static_cast<unsigned long long>(used));
       }
     } while (!a->in_use.compare_exchange_weak(used, used + rounded));
   }
@@ -141,7 +151,8 @@ hp_status* cpu_alloc(hp_ctx* ctx, int32_t dev, size_t bytes, int32_t kind, void*
     a->allocs.fetch_add(1);
     const uint64_t now = a->in_use.load();
     uint64_t p = a->peak.load();
-    while (now > p && !a->peak.compare_exchange_weak(p, now)) {}
+    while (now > p && !a->peak.compare_exchange_weak(p, now)) {
+    }
   }
   *out = base + kHeader;
   return nullptr;
@@ -162,8 +173,8 @@ hp_status* cpu_mem_stats(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_st
   if (!ctx || !out || out->struct_size < offsetof(hp_mem_stats, in_use) + sizeof(uint64_t))
     return make_status(HP_INVALID, "cpu: mem_stats: null or too small output");
   const CpuArena& a = ctx->arena;
-  const hp_mem_stats m = {sizeof(hp_mem_stats), a.in_use.load(), a.peak.load(), a.limit, a.allocs.load(),
-                          a.refused.load()};
+  const hp_mem_stats m = {sizeof(hp_mem_stats), a.in_use.load(), a.peak.load(), a.limit,
+                          a.allocs.load(),      a.refused.load()};
   std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
               reinterpret_cast<const unsigned char*>(&m) + sizeof(size_t),
               std::min(out->struct_size, sizeof m) - sizeof(size_t));
@@ -227,9 +238,11 @@ hp_status* cpu_event_destroy(hp_ctx*, hp_event* e) {
   return nullptr;
 }
 
-hp_status* cpu_copy_async(hp_ctx*, hp_stream* s, void* dst, const void* src, size_t bytes, int32_t dir) {
+hp_status* cpu_copy_async(hp_ctx*, hp_stream* s, void* dst, const void* src, size_t bytes,
+                          int32_t dir) {
   if (!s) return make_status(HP_INVALID, "cpu: copy_async: null stream");
-  if (dir < HP_H2D || dir > HP_H2H) return make_status(HP_INVALID, "cpu: copy_async: bad direction %d", dir);
+  if (dir < HP_H2D || dir > HP_H2H)
+    return make_status(HP_INVALID, "cpu: copy_async: bad direction %d", dir);
   if (bytes == 0) return nullptr;
   if (!dst || !src) return make_status(HP_INVALID, "cpu: copy_async: null pointer");
   std::memmove(dst, src, bytes);
@@ -247,22 +260,46 @@ hp_status* cpu_mem_info(hp_ctx* ctx, int32_t dev, uint64_t* free_bytes, uint64_t
 }
 
 const hp_backend_v1 kTable = {
-    sizeof(hp_backend_v1), HP_ABI_MAJOR, HP_ABI_MINOR, "cpu", "0.1.0",
-    hp_common::status_code, hp_common::status_message, hp_common::status_free,
-    cpu_open, cpu_close, cpu_device_count, hp_cpu::device_info, cpu_supports,
-    cpu_alloc, cpu_free,
-    cpu_stream_create, cpu_stream_sync, cpu_stream_destroy,
-    cpu_event_create, cpu_event_record, cpu_stream_wait_event, cpu_event_sync, cpu_event_destroy,
-    cpu_copy_async, hp_cpu::gemm, hp_cpu::elementwise,
-    nullptr, nullptr, nullptr,  // no whole-graph execution
-    cpu_event_query, cpu_mem_info,
-    hp_cpu::supports_op, hp_cpu::run_op,
+    sizeof(hp_backend_v1),
+    HP_ABI_MAJOR,
+    HP_ABI_MINOR,
+    "cpu",
+    "0.1.0",
+    hp_common::status_code,
+    hp_common::status_message,
+    hp_common::status_free,
+    cpu_open,
+    cpu_close,
+    cpu_device_count,
+    hp_cpu::device_info,
+    cpu_supports,
+    cpu_alloc,
+    cpu_free,
+    cpu_stream_create,
+    cpu_stream_sync,
+    cpu_stream_destroy,
+    cpu_event_create,
+    cpu_event_record,
+    cpu_stream_wait_event,
+    cpu_event_sync,
+    cpu_event_destroy,
+    cpu_copy_async,
+    hp_cpu::gemm,
+    hp_cpu::elementwise,
+    nullptr,
+    nullptr,
+    nullptr,  // no whole-graph execution
+    cpu_event_query,
+    cpu_mem_info,
+    hp_cpu::supports_op,
+    hp_cpu::run_op,
     cpu_mem_stats,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(uint16_t) {
+extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(
+    uint16_t) {
   return &kTable;
 }
 

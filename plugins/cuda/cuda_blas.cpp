@@ -1,9 +1,9 @@
 // cuBLAS at run time, and the gemm built on it. The plugin links cudart statically (which itself
-// dlopens the driver, libcuda.so.1) and opens cuBLAS with dlopen, so it has no DT_NEEDED entry on any
-// NVIDIA library and loads, then explains itself, on machines without them.
+// dlopens the driver, libcuda.so.1) and opens cuBLAS with dlopen, so it has no DT_NEEDED entry on
+// any NVIDIA library and loads, then explains itself, on machines without them.
 //
-// hp's gemm is row-major; cuBLAS is column-major. A row-major m x n matrix with row stride ld is the
-// column-major n x m matrix with leading dimension ld, i.e. its transpose, so
+// hp's gemm is row-major; cuBLAS is column-major. A row-major m x n matrix with row stride ld is
+// the column-major n x m matrix with leading dimension ld, i.e. its transpose, so
 //     C = op(A) op(B)   (row-major)   <=>   C^T = op(B)^T op(A)^T   (column-major)
 // and the call swaps the operands and m/n while keeping each operand's own transpose flag. Batch
 // strides map directly, including stride 0 for a broadcast operand.
@@ -47,8 +47,10 @@ hp_status* load_blas(const Blas** out) {
     tried += (tried.empty() ? "" : "; ") + n + ": " + (err ? err : "dlopen failed");
   }
   if (!h)
-    return make_status(HP_UNAVAILABLE, "cuda: cuBLAS not found (tried %s); add the CUDA toolkit's lib64 to "
-                       "LD_LIBRARY_PATH or set HP_CUBLAS_LIB", tried.c_str());
+    return make_status(HP_UNAVAILABLE,
+                       "cuda: cuBLAS not found (tried %s); add the CUDA toolkit's lib64 to "
+                       "LD_LIBRARY_PATH or set HP_CUBLAS_LIB",
+                       tried.c_str());
   auto* b = new Blas();
   b->library = used;
   auto sym = [&](const char* name, auto& fn) {
@@ -56,10 +58,14 @@ hp_status* load_blas(const Blas** out) {
     return fn != nullptr;
   };
   const char* missing = nullptr;
-  if (!sym("cublasCreate_v2", b->create)) missing = "cublasCreate_v2";
-  else if (!sym("cublasDestroy_v2", b->destroy)) missing = "cublasDestroy_v2";
-  else if (!sym("cublasSetStream_v2", b->set_stream)) missing = "cublasSetStream_v2";
-  else if (!sym("cublasSgemmStridedBatched", b->sgemm_strided_batched)) missing = "cublasSgemmStridedBatched";
+  if (!sym("cublasCreate_v2", b->create))
+    missing = "cublasCreate_v2";
+  else if (!sym("cublasDestroy_v2", b->destroy))
+    missing = "cublasDestroy_v2";
+  else if (!sym("cublasSetStream_v2", b->set_stream))
+    missing = "cublasSetStream_v2";
+  else if (!sym("cublasSgemmStridedBatched", b->sgemm_strided_batched))
+    missing = "cublasSgemmStridedBatched";
   sym("cublasGetStatusString", b->status_string);
   if (missing) {
     delete b;
@@ -89,20 +95,23 @@ hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
       !fits_int(d.ldc) || !fits_int(d.batch))
     return make_status(HP_UNSUPPORTED, "cuda: gemm: sizes beyond 32 bits are not implemented");
   cudaError_t cerr = cudaSetDevice(s->dev);
-  if (cerr != cudaSuccess) return make_status(HP_DEVICE_LOST, "cuda: %s", cuda_error_text("cudaSetDevice", cerr).c_str());
+  if (cerr != cudaSuccess)
+    return make_status(HP_DEVICE_LOST, "cuda: %s", cuda_error_text("cudaSetDevice", cerr).c_str());
   const Blas& b = *ctx->blas;
   std::lock_guard<std::mutex> lock(ctx->mu);
   cublasHandle_t& h = ctx->handles[std::size_t(s->dev)];
   if (!h) {
-    if (cublasStatus_t st = b.create(&h); st != CUBLAS_STATUS_SUCCESS) return blas_fail(b, "cublasCreate", st);
+    if (cublasStatus_t st = b.create(&h); st != CUBLAS_STATUS_SUCCESS)
+      return blas_fail(b, "cublasCreate", st);
   }
   if (cublasStatus_t st = b.set_stream(h, s->stream); st != CUBLAS_STATUS_SUCCESS)
     return blas_fail(b, "cublasSetStream", st);
   const float alpha = float(d.alpha), beta = float(d.beta);
   cublasStatus_t st = b.sgemm_strided_batched(
-      h, d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(d.n), int(d.m), int(d.k),
-      &alpha, static_cast<const float*>(d.b), int(d.ldb), d.stride_b, static_cast<const float*>(d.a), int(d.lda),
-      d.stride_a, &beta, static_cast<float*>(d.c), int(d.ldc), d.stride_c, int(d.batch));
+      h, d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(d.n),
+      int(d.m), int(d.k), &alpha, static_cast<const float*>(d.b), int(d.ldb), d.stride_b,
+      static_cast<const float*>(d.a), int(d.lda), d.stride_a, &beta, static_cast<float*>(d.c),
+      int(d.ldc), d.stride_c, int(d.batch));
   return st == CUBLAS_STATUS_SUCCESS ? nullptr : blas_fail(b, "cublasSgemmStridedBatched", st);
 }
 

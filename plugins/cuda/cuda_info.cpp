@@ -1,13 +1,15 @@
-// Peak figures of NVIDIA GPUs. cudart reports SM count and clocks but not FLOP/s, so known data-centre
-// parts come from NVIDIA's datasheets (dense, no sparsity), tagged "table":
-//   A100 SXM (sm_80): FP32 19.5 TF, TF32 156 TF, FP16/BF16 312 TF, FP64 9.7 TF; HBM2e 1.555 TB/s (40 GB)
+// Peak figures of NVIDIA GPUs. cudart reports SM count and clocks but not FLOP/s, so known
+// data-centre parts come from NVIDIA's datasheets (dense, no sparsity), tagged "table":
+//   A100 SXM (sm_80): FP32 19.5 TF, TF32 156 TF, FP16/BF16 312 TF, FP64 9.7 TF; HBM2e 1.555 TB/s
+//   (40 GB)
 //                     or 2.039 TB/s (80 GB)            -- NVIDIA A100 datasheet
 //   H100 SXM (sm_90): FP32 67 TF, FP16/BF16 989 TF, FP64 34 TF, FP8 1979 TF; HBM3 3.35 TB/s
 //   H200 (sm_90):     compute as H100 SXM; HBM3e 4.8 TB/s (141 GB) -- NVIDIA H200 datasheet
 //   GH200 (sm_90):    compute as H100 SXM; HBM3 4.0 TB/s (96 GB) -- NVIDIA GH200 datasheet
-// (the PCIe H100 is lower: 51 TF FP32, 756 TF BF16, 2.0 TB/s). Anything else gets an estimate from the
-// attributes, also tagged "table" with a note: FP32 = SMs x clock x FP32 lanes per SM x 2, memory
-// bandwidth = memory clock x 2 (DDR) x bus width / 8. Host links (PCIe / NVLink-C2C) are not estimated.
+// (the PCIe H100 is lower: 51 TF FP32, 756 TF BF16, 2.0 TB/s). Anything else gets an estimate from
+// the attributes, also tagged "table" with a note: FP32 = SMs x clock x FP32 lanes per SM x 2,
+// memory bandwidth = memory clock x 2 (DDR) x bus width / 8. Host links (PCIe / NVLink-C2C) are not
+// estimated.
 #include <cstring>
 #include <string>
 

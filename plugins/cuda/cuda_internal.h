@@ -1,8 +1,8 @@
 // Private declarations of the cuda backend.
 #pragma once
 
-#include <cuda_runtime_api.h>
 #include <cublas_api.h>
+#include <cuda_runtime_api.h>
 
 #include <mutex>
 #include <string>
@@ -30,7 +30,8 @@ hp_status* load_blas(const Blas** out);
 /// "cudaMalloc: out of memory" style text.
 std::string cuda_error_text(const char* call, cudaError_t err);
 
-/// Fills peak figures from the datasheet table or, failing that, an estimate from SM count and clocks.
+/// Fills peak figures from the datasheet table or, failing that, an estimate from SM count and
+/// clocks.
 void fill_figures(int dev, const cudaDeviceProp& prop, hp_device_info& d);
 
 /// Queues a cuBLAS gemm on the stream (cuda_blas.cpp).
@@ -44,8 +45,8 @@ cudaError_t launch_elementwise(const hp_elementwise_desc& d, cudaStream_t stream
 struct hp_ctx {
   const hp_cuda::Blas* blas = nullptr;
   int32_t device_count = 0;
-  std::mutex mu;                            // guards handles and their stream binding
-  std::vector<cublasHandle_t> handles;      // one per device, created on first gemm
+  std::mutex mu;                        // guards handles and their stream binding
+  std::vector<cublasHandle_t> handles;  // one per device, created on first gemm
 };
 
 struct hp_stream {

@@ -1,7 +1,8 @@
 // Elementwise kernels of the cuda backend: one grid-stride kernel per op family, the op chosen by a
 // template parameter so each instantiation is a straight-line loop. Binary ops broadcast y over the
 // trailing dimension with i % y_len (y_len == n is the plain case). Memory-bound, so no cleverness
-// beyond enough blocks to fill the GPU; vectorised float4 loads would be the next step if profiles ask.
+// beyond enough blocks to fill the GPU; vectorised float4 loads would be the next step if profiles
+// ask.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,14 +38,17 @@ __device__ float apply_unary(float v, float scalar) {
 }
 
 template <int Op>
-__global__ void binary_kernel(const float* x, const float* y, float* out, int64_t n, int64_t y_len) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+__global__ void binary_kernel(const float* x, const float* y, float* out, int64_t n,
+                              int64_t y_len) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     out[i] = apply_binary<Op>(x[i], y[y_len == n ? i : i % y_len]);
 }
 
 template <int Op>
 __global__ void unary_kernel(const float* x, float* out, int64_t n, float scalar) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     out[i] = apply_unary<Op>(x[i], scalar);
 }
 
@@ -57,14 +61,15 @@ unsigned blocks_for(int64_t n) {
 
 template <int Op>
 void binary(const hp_elementwise_desc& d, cudaStream_t s) {
-  binary_kernel<Op><<<blocks_for(d.n), kThreads, 0, s>>>(static_cast<const float*>(d.x),
-      static_cast<const float*>(d.y), static_cast<float*>(d.out), d.n, d.y_len == 0 ? d.n : d.y_len);
+  binary_kernel<Op><<<blocks_for(d.n), kThreads, 0, s>>>(
+      static_cast<const float*>(d.x), static_cast<const float*>(d.y), static_cast<float*>(d.out),
+      d.n, d.y_len == 0 ? d.n : d.y_len);
 }
 
 template <int Op>
 void unary(const hp_elementwise_desc& d, cudaStream_t s) {
-  unary_kernel<Op><<<blocks_for(d.n), kThreads, 0, s>>>(static_cast<const float*>(d.x), static_cast<float*>(d.out),
-                                                        d.n, float(d.scalar));
+  unary_kernel<Op><<<blocks_for(d.n), kThreads, 0, s>>>(
+      static_cast<const float*>(d.x), static_cast<float*>(d.out), d.n, float(d.scalar));
 }
 
 }  // namespace

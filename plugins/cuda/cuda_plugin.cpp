@@ -1,12 +1,13 @@
 // The cuda backend: hp's plugin ABI on cudart (linked statically) and cuBLAS (dlopen'ed), with its
-// own elementwise kernels (cuda_kernels.cu). It has no DT_NEEDED entry on NVIDIA libraries: the static
-// cudart dlopens the driver (libcuda.so.1) itself, so on a machine without a driver or GPU the plugin
-// still loads and open() reports HP_UNAVAILABLE with the reason, which `hp devices` shows.
+// own elementwise kernels (cuda_kernels.cu). It has no DT_NEEDED entry on NVIDIA libraries: the
+// static cudart dlopens the driver (libcuda.so.1) itself, so on a machine without a driver or GPU
+// the plugin still loads and open() reports HP_UNAVAILABLE with the reason, which `hp devices`
+// shows.
 //
-// open() checks, in order: the driver library (its dlerror text if missing; HP_CUDA_DRIVER_LIB overrides
-// the soname, which tests use to simulate a driverless machine), cudaGetDeviceCount (the
-// cudart error string: no device, driver too old, ...), then cuBLAS (the sonames tried). cudart keeps
-// the current device per thread, so every call that names a device or stream sets it first.
+// open() checks, in order: the driver library (its dlerror text if missing; HP_CUDA_DRIVER_LIB
+// overrides the soname, which tests use to simulate a driverless machine), cudaGetDeviceCount (the
+// cudart error string: no device, driver too old, ...), then cuBLAS (the sonames tried). cudart
+// keeps the current device per thread, so every call that names a device or stream sets it first.
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -23,7 +24,8 @@ hp_status* fail(const char* call, cudaError_t err, hp_code code = HP_INTERNAL) {
 }
 
 hp_status* set_device(const hp_ctx* ctx, int32_t dev) {
-  if (dev < 0 || dev >= ctx->device_count) return make_status(HP_INVALID, "cuda: no device %d", dev);
+  if (dev < 0 || dev >= ctx->device_count)
+    return make_status(HP_INVALID, "cuda: no device %d", dev);
   cudaError_t err = cudaSetDevice(dev);
   return err == cudaSuccess ? nullptr : fail("cudaSetDevice", err, HP_DEVICE_LOST);
 }
@@ -36,8 +38,10 @@ hp_status* check_driver() {
   dlerror();
   if (dlopen(lib, RTLD_NOW | RTLD_LOCAL)) return nullptr;
   const char* err = dlerror();
-  return make_status(HP_UNAVAILABLE, "cuda: NVIDIA driver not found (%s: %s); install the NVIDIA driver, or this "
-                     "machine has no NVIDIA GPU", lib, err ? err : "dlopen failed");
+  return make_status(HP_UNAVAILABLE,
+                     "cuda: NVIDIA driver not found (%s: %s); install the NVIDIA driver, or this "
+                     "machine has no NVIDIA GPU",
+                     lib, err ? err : "dlopen failed");
 }
 
 hp_status* cu_open(const char* const*, size_t, hp_ctx** out) {
@@ -46,7 +50,8 @@ hp_status* cu_open(const char* const*, size_t, hp_ctx** out) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess)
-      return make_status(HP_UNAVAILABLE, "cuda: no usable device (%s)", cuda_error_text("cudaGetDeviceCount", err).c_str());
+      return make_status(HP_UNAVAILABLE, "cuda: no usable device (%s)",
+                         cuda_error_text("cudaGetDeviceCount", err).c_str());
     const hp_cuda::Blas* blas = nullptr;
     if (hp_status* st = hp_cuda::load_blas(&blas)) return st;
     auto* ctx = new hp_ctx();
@@ -61,7 +66,8 @@ hp_status* cu_open(const char* const*, size_t, hp_ctx** out) {
 void cu_close(hp_ctx* ctx) {
   if (!ctx) return;
   for (std::size_t d = 0; d < ctx->handles.size(); ++d)
-    if (ctx->handles[d] && cudaSetDevice(int(d)) == cudaSuccess) ctx->blas->destroy(ctx->handles[d]);
+    if (ctx->handles[d] && cudaSetDevice(int(d)) == cudaSuccess)
+      ctx->blas->destroy(ctx->handles[d]);
   delete ctx;
 }
 
@@ -79,9 +85,11 @@ hp_status* cu_device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out) {
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
   hp_common::set_str(d.name, sizeof d.name, prop.name);
-  hp_common::set_str(d.arch, sizeof d.arch, "sm_" + std::to_string(prop.major) + std::to_string(prop.minor));
+  hp_common::set_str(d.arch, sizeof d.arch,
+                     "sm_" + std::to_string(prop.major) + std::to_string(prop.minor));
   char bus[32];
-  std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+  std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID,
+                prop.pciDeviceID);
   hp_common::set_str(d.bus_id, sizeof d.bus_id, bus);
   d.kind = HP_DEVICE_GPU;
   d.numa_node = -1;
@@ -103,8 +111,11 @@ int32_t cu_supports(hp_ctx* ctx, int32_t dev, int32_t op, int32_t dtype) {
 
 hp_status* cu_alloc(hp_ctx* ctx, int32_t dev, size_t bytes, int32_t kind, void** out) {
   if (hp_status* st = set_device(ctx, dev)) return st;
-  cudaError_t err = kind == HP_MEM_PINNED_HOST ? cudaMallocHost(out, bytes ? bytes : 1) : cudaMalloc(out, bytes ? bytes : 1);
-  return err == cudaSuccess ? nullptr : fail(kind == HP_MEM_PINNED_HOST ? "cudaMallocHost" : "cudaMalloc", err, HP_NO_MEMORY);
+  cudaError_t err = kind == HP_MEM_PINNED_HOST ? cudaMallocHost(out, bytes ? bytes : 1)
+                                               : cudaMalloc(out, bytes ? bytes : 1);
+  return err == cudaSuccess ? nullptr
+                            : fail(kind == HP_MEM_PINNED_HOST ? "cudaMallocHost" : "cudaMalloc",
+                                   err, HP_NO_MEMORY);
 }
 
 hp_status* cu_free(hp_ctx* ctx, int32_t dev, void* p, int32_t kind) {
@@ -188,10 +199,12 @@ hp_status* cu_event_destroy(hp_ctx*, hp_event* e) {
   return err == cudaSuccess ? nullptr : fail("cudaEventDestroy", err);
 }
 
-hp_status* cu_copy_async(hp_ctx* ctx, hp_stream* s, void* dst, const void* src, size_t bytes, int32_t dir) {
-  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
-                                         cudaMemcpyHostToHost};
-  if (dir < HP_H2D || dir > HP_H2H) return make_status(HP_INVALID, "cuda: copy_async: bad direction %d", dir);
+hp_status* cu_copy_async(hp_ctx* ctx, hp_stream* s, void* dst, const void* src, size_t bytes,
+                         int32_t dir) {
+  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                         cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
+  if (dir < HP_H2D || dir > HP_H2H)
+    return make_status(HP_INVALID, "cuda: copy_async: bad direction %d", dir);
   if (bytes == 0) return nullptr;
   if (hp_status* st = set_device(ctx, s->dev)) return st;
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kinds[dir], s->stream);
@@ -217,22 +230,46 @@ hp_status* cu_mem_info(hp_ctx* ctx, int32_t dev, uint64_t* free_bytes, uint64_t*
 }
 
 const hp_backend_v1 kTable = {
-    sizeof(hp_backend_v1), HP_ABI_MAJOR, HP_ABI_MINOR, "cuda", "0.1.0",
-    hp_common::status_code, hp_common::status_message, hp_common::status_free,
-    cu_open, cu_close, cu_device_count, cu_device_info, cu_supports,
-    cu_alloc, cu_free,
-    cu_stream_create, cu_stream_sync, cu_stream_destroy,
-    cu_event_create, cu_event_record, cu_stream_wait_event, cu_event_sync, cu_event_destroy,
-    cu_copy_async, hp_cuda::gemm, cu_elementwise,
-    nullptr, nullptr, nullptr,
-    cu_event_query, cu_mem_info,
-    nullptr, nullptr,  // no generic op execution yet (1.2): the executor falls back to cpu
-    nullptr,           // no device-memory accounting yet (1.3 mem_stats)
+    sizeof(hp_backend_v1),
+    HP_ABI_MAJOR,
+    HP_ABI_MINOR,
+    "cuda",
+    "0.1.0",
+    hp_common::status_code,
+    hp_common::status_message,
+    hp_common::status_free,
+    cu_open,
+    cu_close,
+    cu_device_count,
+    cu_device_info,
+    cu_supports,
+    cu_alloc,
+    cu_free,
+    cu_stream_create,
+    cu_stream_sync,
+    cu_stream_destroy,
+    cu_event_create,
+    cu_event_record,
+    cu_stream_wait_event,
+    cu_event_sync,
+    cu_event_destroy,
+    cu_copy_async,
+    hp_cuda::gemm,
+    cu_elementwise,
+    nullptr,
+    nullptr,
+    nullptr,
+    cu_event_query,
+    cu_mem_info,
+    nullptr,
+    nullptr,  // no generic op execution yet (1.2): the executor falls back to cpu
+    nullptr,  // no device-memory accounting yet (1.3 mem_stats)
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(uint16_t) {
+extern "C" __attribute__((visibility("default"))) const hp_backend_v1* hp_backend_entry_v1(
+    uint16_t) {
   return &kTable;
 }
 

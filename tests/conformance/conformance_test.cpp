@@ -1,11 +1,12 @@
-// Backend conformance: the same kernel checks on every plugin that loads, each result compared with the
-// cpu plugin (the reference), and the cpu plugin itself compared with plain loops. Modelled on ggml's
-// test-backend-ops: one list of cases, run per backend. To cover a new op, add it to kEltwiseOps (or a
-// gemm shape to kGemmCases); to cover a new backend, add a TEST_CASE line at the bottom with its tag.
+// Backend conformance: the same kernel checks on every plugin that loads, each result compared with
+// the cpu plugin (the reference), and the cpu plugin itself compared with plain loops. Modelled on
+// ggml's test-backend-ops: one list of cases, run per backend. To cover a new op, add it to
+// kEltwiseOps (or a gemm shape to kGemmCases); to cover a new backend, add a TEST_CASE line at the
+// bottom with its tag.
 //
 // ascend runs against the fake CANN runtime (tests/fakes/ascend), end to end through dlopen, aclnn
-// descriptors and asynchronous streams. cuda runs when a GPU is present; otherwise its cases pass with
-// a printed reason (CTest label "cuda" selects them).
+// descriptors and asynchronous streams. cuda runs when a GPU is present; otherwise its cases pass
+// with a printed reason (CTest label "cuda" selects them).
 #include "conformance_util.h"
 
 using namespace conformance;
@@ -17,17 +18,23 @@ struct GemmCase {
   bool ta, tb;
   int64_t batch;
   double alpha, beta;
-  int64_t pad;              // extra elements per row (leading dimension > minimum)
-  bool broadcast_b;         // stride_b = 0: one B for every batch
+  int64_t pad;       // extra elements per row (leading dimension > minimum)
+  bool broadcast_b;  // stride_b = 0: one B for every batch
 };
 
 const GemmCase kGemmCases[] = {
-    {1, 1, 1, false, false, 1, 1.0, 0.0, 0, false},     {7, 5, 3, false, false, 1, 1.0, 0.0, 0, false},
-    {64, 48, 32, false, false, 1, 1.0, 0.0, 0, false},  {33, 17, 65, true, false, 1, 1.0, 0.0, 0, false},
-    {31, 29, 13, false, true, 1, 1.0, 0.0, 0, false},   {19, 23, 37, true, true, 1, 1.0, 0.0, 0, false},
-    {16, 8, 24, false, false, 1, 1.0, 0.0, 5, false},   {9, 11, 7, false, false, 1, 0.5, 2.0, 0, false},
-    {12, 10, 6, false, false, 4, 1.0, 0.0, 0, false},   {5, 7, 9, true, true, 3, 1.0, 0.0, 2, false},
-    {8, 6, 10, false, false, 5, 1.0, 0.0, 0, true},     {6, 9, 4, false, true, 2, -1.5, 0.25, 1, false},
+    {1, 1, 1, false, false, 1, 1.0, 0.0, 0, false},
+    {7, 5, 3, false, false, 1, 1.0, 0.0, 0, false},
+    {64, 48, 32, false, false, 1, 1.0, 0.0, 0, false},
+    {33, 17, 65, true, false, 1, 1.0, 0.0, 0, false},
+    {31, 29, 13, false, true, 1, 1.0, 0.0, 0, false},
+    {19, 23, 37, true, true, 1, 1.0, 0.0, 0, false},
+    {16, 8, 24, false, false, 1, 1.0, 0.0, 5, false},
+    {9, 11, 7, false, false, 1, 0.5, 2.0, 0, false},
+    {12, 10, 6, false, false, 4, 1.0, 0.0, 0, false},
+    {5, 7, 9, true, true, 3, 1.0, 0.0, 2, false},
+    {8, 6, 10, false, false, 5, 1.0, 0.0, 0, true},
+    {6, 9, 4, false, true, 2, -1.5, 0.25, 1, false},
 };
 
 /// Plain-loop reference for the cpu plugin's own check.
@@ -49,8 +56,9 @@ std::vector<float> naive_gemm(const GemmCase& c, const hp_gemm_desc& d, const st
 }
 
 /// Runs `c` on backend `b` with inputs A, B, C0 and returns C.
-std::vector<float> run_gemm(const Backend& b, const GemmCase& c, hp_gemm_desc d, const std::vector<float>& A,
-                            const std::vector<float>& B, const std::vector<float>& C0) {
+std::vector<float> run_gemm(const Backend& b, const GemmCase& c, hp_gemm_desc d,
+                            const std::vector<float>& A, const std::vector<float>& B,
+                            const std::vector<float>& C0) {
   Stream s(b);
   DeviceBuffer a(b, A.size()), bb(b, B.size()), cc(b, C0.size());
   upload(b, s.get(), a, A);
@@ -82,10 +90,12 @@ void check_gemm(const Backend& b, bool against_loops) {
     d.alpha = c.alpha, d.beta = c.beta;
     d.type_a = d.type_b = d.type_c = d.type_compute = HP_F32;
     auto A = random_floats(std::size_t(d.stride_a * c.batch), seed++);
-    auto B = random_floats(std::size_t(c.broadcast_b ? (c.tb ? c.n : c.k) * d.ldb : d.stride_b * c.batch), seed++);
+    auto B = random_floats(
+        std::size_t(c.broadcast_b ? (c.tb ? c.n : c.k) * d.ldb : d.stride_b * c.batch), seed++);
     auto C0 = random_floats(std::size_t(d.stride_c * c.batch), seed++);
-    INFO("gemm m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << c.ta << " tb=" << c.tb << " batch=" << c.batch
-                   << " alpha=" << c.alpha << " beta=" << c.beta << " pad=" << c.pad << " bcast_b=" << c.broadcast_b);
+    INFO("gemm m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << c.ta << " tb=" << c.tb
+                   << " batch=" << c.batch << " alpha=" << c.alpha << " beta=" << c.beta
+                   << " pad=" << c.pad << " bcast_b=" << c.broadcast_b);
     auto want = against_loops ? naive_gemm(c, d, A, B, C0) : run_gemm(ref, c, d, A, B, C0);
     auto got = run_gemm(b, c, d, A, B, C0);
     // Padding columns of C must be left alone: compare whole buffers.
@@ -100,15 +110,15 @@ struct EltwiseOp {
 };
 
 const EltwiseOp kEltwiseOps[] = {
-    {HP_OP_ADD, "add", true},   {HP_OP_SUB, "sub", true},     {HP_OP_MUL, "mul", true},
-    {HP_OP_DIV, "div", true},   {HP_OP_MAX, "max", true},     {HP_OP_MIN, "min", true},
-    {HP_OP_RELU, "relu", false}, {HP_OP_GELU, "gelu", false}, {HP_OP_SILU, "silu", false},
+    {HP_OP_ADD, "add", true},          {HP_OP_SUB, "sub", true},    {HP_OP_MUL, "mul", true},
+    {HP_OP_DIV, "div", true},          {HP_OP_MAX, "max", true},    {HP_OP_MIN, "min", true},
+    {HP_OP_RELU, "relu", false},       {HP_OP_GELU, "gelu", false}, {HP_OP_SILU, "silu", false},
     {HP_OP_SIGMOID, "sigmoid", false}, {HP_OP_TANH, "tanh", false}, {HP_OP_EXP, "exp", false},
-    {HP_OP_NEG, "neg", false},  {HP_OP_SQRT, "sqrt", false},  {HP_OP_SCALE, "scale", false},
+    {HP_OP_NEG, "neg", false},         {HP_OP_SQRT, "sqrt", false}, {HP_OP_SCALE, "scale", false},
 };
 
-std::vector<float> run_eltwise(const Backend& b, const hp_elementwise_desc& proto, const std::vector<float>& X,
-                               const std::vector<float>& Y) {
+std::vector<float> run_eltwise(const Backend& b, const hp_elementwise_desc& proto,
+                               const std::vector<float>& X, const std::vector<float>& Y) {
   Stream s(b);
   DeviceBuffer x(b, X.size()), y(b, std::max<std::size_t>(Y.size(), 1)), out(b, X.size());
   upload(b, s.get(), x, X);
@@ -149,12 +159,14 @@ void check_elementwise(const Backend& b, bool against_loops) {
       WARN(b.name() << " does not support " << op.name << ", skipped");
       continue;
     }
-    // n odd (tail handling) and large enough for the cpu's threaded path; y broadcast as a bias row.
+    // n odd (tail handling) and large enough for the cpu's threaded path; y broadcast as a bias
+    // row.
     for (int64_t n : {int64_t(1), int64_t(1001), int64_t(70000)}) {
       for (int64_t y_len : {int64_t(0), int64_t(7)}) {
         if (y_len && (!op.binary || n % y_len)) continue;
         auto X = random_floats(std::size_t(n), unsigned(op.op * 7 + n));
-        if (op.op == HP_OP_SQRT) for (auto& v : X) v = std::fabs(v);
+        if (op.op == HP_OP_SQRT)
+          for (auto& v : X) v = std::fabs(v);
         std::vector<float> Y;
         if (op.binary) {
           Y = random_floats(std::size_t(y_len ? y_len : n), unsigned(op.op * 13 + n), 0.5f, 2.0f);
@@ -182,7 +194,8 @@ void check_copies(const Backend& b) {
   Stream s(b);
   const std::size_t n = 4099;
   auto data = random_floats(n, 99);
-  DeviceBuffer d1(b, n), d2(b, n), pinned(b, n, HP_MEM_PINNED_HOST), pinned2(b, n, HP_MEM_PINNED_HOST);
+  DeviceBuffer d1(b, n), d2(b, n), pinned(b, n, HP_MEM_PINNED_HOST),
+      pinned2(b, n, HP_MEM_PINNED_HOST);
   std::vector<float> back(n, 0.0f);
   std::copy(data.begin(), data.end(), pinned.get());
   require_ok(b.copy_async(s.get(), pinned2.get(), pinned.get(), n * sizeof(float), HP_H2H));
@@ -199,7 +212,8 @@ void check_copies(const Backend& b) {
   CHECK(std::equal(part.begin(), part.end(), data.begin() + 500));
 }
 
-/// Work on s2 that waits on an event recorded on s1 sees s1's results; event_sync blocks until done.
+/// Work on s2 that waits on an event recorded on s1 sees s1's results; event_sync blocks until
+/// done.
 void check_events(const Backend& b) {
   Stream s1(b), s2(b);
   const std::size_t n = 1 << 16;
@@ -212,7 +226,8 @@ void check_events(const Backend& b) {
     require_ok(b.copy_async(s1.get(), d1.get(), data.data(), n * sizeof(float), HP_H2D));
     hp_elementwise_desc relu{};
     relu.struct_size = sizeof relu;
-    relu.op = HP_OP_SCALE, relu.dtype = HP_F32, relu.n = int64_t(n), relu.scalar = 2.0, relu.x = d1.get(), relu.out = d1.get();
+    relu.op = HP_OP_SCALE, relu.dtype = HP_F32, relu.n = int64_t(n), relu.scalar = 2.0,
+    relu.x = d1.get(), relu.out = d1.get();
     require_ok(b.elementwise(s1.get(), relu));
     require_ok(b.event_record(e, s1.get()));
     require_ok(b.stream_wait_event(s2.get(), e));

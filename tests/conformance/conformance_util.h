@@ -1,5 +1,5 @@
-// Plumbing for the backend conformance suite: which backends to test, device buffers filled and read
-// back through the backend's own copies, random data, and the comparison rule.
+// Plumbing for the backend conformance suite: which backends to test, device buffers filled and
+// read back through the backend's own copies, random data, and the comparison rule.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -56,7 +56,8 @@ T require_ok(hp::Expected<T> e) {
 /// A device allocation of floats, freed on scope exit.
 class DeviceBuffer {
  public:
-  DeviceBuffer(const Backend& b, std::size_t n, int kind = HP_MEM_DEVICE) : b_(b), n_(n), kind_(kind) {
+  DeviceBuffer(const Backend& b, std::size_t n, int kind = HP_MEM_DEVICE)
+      : b_(b), n_(n), kind_(kind) {
     p_ = require_ok(b.alloc(0, n * sizeof(float), kind));
   }
   ~DeviceBuffer() { (void)b_.free_mem(0, p_, kind_); }
@@ -84,7 +85,8 @@ class Stream {
   hp_stream* s_;
 };
 
-inline void upload(const Backend& b, hp_stream* s, const DeviceBuffer& dst, const std::vector<float>& src) {
+inline void upload(const Backend& b, hp_stream* s, const DeviceBuffer& dst,
+                   const std::vector<float>& src) {
   require_ok(b.copy_async(s, dst.get(), src.data(), src.size() * sizeof(float), HP_H2D));
   require_ok(b.stream_sync(s));
 }
@@ -96,7 +98,8 @@ inline std::vector<float> download(const Backend& b, hp_stream* s, const DeviceB
   return out;
 }
 
-inline std::vector<float> random_floats(std::size_t n, unsigned seed, float lo = -2.0f, float hi = 2.0f) {
+inline std::vector<float> random_floats(std::size_t n, unsigned seed, float lo = -2.0f,
+                                        float hi = 2.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);

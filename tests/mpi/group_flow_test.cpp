@@ -1,7 +1,8 @@
 // The static checks of tensor flows between MPMD groups (group_flow.h), without MPI: the bundled
-// omni-modal recipe passes; a second producer, an input nothing produces, an output nothing reads, a
-// cycle, a two-rank scheduler, a module lacking a listed input, a dims mismatch and a batch mismatch
-// each fail with bad_input at the recipe line of the offending group. Also the row split itself.
+// omni-modal recipe passes; a second producer, an input nothing produces, an output nothing reads,
+// a cycle, a two-rank scheduler, a module lacking a listed input, a dims mismatch and a batch
+// mismatch each fail with bad_input at the recipe line of the offending group. Also the row split
+// itself.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -11,9 +12,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "hp/recipe/recipe.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
+#include "hp/recipe/recipe.h"
 
 namespace fs = std::filesystem;
 using namespace hp::job;
@@ -38,24 +39,27 @@ struct G {
 };
 
 std::string recipe_text(const std::vector<G>& groups) {
-  std::string s = "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" + (kOmni / "omni.onnx").string() +
+  std::string s = "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" +
+                  (kOmni / "omni.onnx").string() +
                   "\"\ncluster = \"local-cpu\"\n\n[parallel]\ndp = 1\ntp = 1\npp = 1\n";
   for (const auto& g : groups) {
-    const std::string module = g.module == "scheduler" || fs::path(g.module).is_absolute() ? g.module
-                                                                                          : (kOmni / g.module).string();
-    s += "\n[[groups]]\nname = \"" + g.name + "\"\nranks = \"" + g.ranks + "\"\nmodule = \"" + module +
-         "\"\ninputs = [" + g.inputs + "]\noutputs = [" + g.outputs + "]\n";
+    const std::string module = g.module == "scheduler" || fs::path(g.module).is_absolute()
+                                   ? g.module
+                                   : (kOmni / g.module).string();
+    s += "\n[[groups]]\nname = \"" + g.name + "\"\nranks = \"" + g.ranks + "\"\nmodule = \"" +
+         module + "\"\ninputs = [" + g.inputs + "]\noutputs = [" + g.outputs + "]\n";
   }
   return s;
 }
 
 // The omni-modal groups of recipes/omni-modal.toml.
 std::vector<G> omni() {
-  return {{"text", "0-1", "text.onnx", "\"tokens\"", "\"text_emb\""},
-          {"image", "2-3", "image.onnx", "\"image\"", "\"image_emb\""},
-          {"audio", "4", "audio.onnx", "\"audio\"", "\"audio_emb\""},
-          {"fusion", "5", "fusion.onnx", "\"text_emb\", \"image_emb\", \"audio_emb\"", "\"logits\""},
-          {"scheduler", "6", "scheduler", "\"logits\"", "\"tokens\", \"image\", \"audio\""}};
+  return {
+      {"text", "0-1", "text.onnx", "\"tokens\"", "\"text_emb\""},
+      {"image", "2-3", "image.onnx", "\"image\"", "\"image_emb\""},
+      {"audio", "4", "audio.onnx", "\"audio\"", "\"audio_emb\""},
+      {"fusion", "5", "fusion.onnx", "\"text_emb\", \"image_emb\", \"audio_emb\"", "\"logits\""},
+      {"scheduler", "6", "scheduler", "\"logits\"", "\"tokens\", \"image\", \"audio\""}};
 }
 
 // check_group_flows on the recipe's Job (or the recipe's own problems when no Job can be made).
@@ -132,7 +136,9 @@ TEST_CASE("group flows: rows of a data-parallel group", "[group_flow]") {
 TEST_CASE("group flows: a recipe without flows is left alone", "[group_flow]") {
   // Two replicas listing the same output is the plain (TP) group form, not a second producer.
   TempDir d;
-  CHECK(check(d, {{"g0", "0", "fusion.onnx", "", "\"logits\""}, {"g1", "1", "fusion.onnx", "", "\"logits\""}}).empty());
+  CHECK(check(d, {{"g0", "0", "fusion.onnx", "", "\"logits\""},
+                  {"g1", "1", "fusion.onnx", "", "\"logits\""}})
+            .empty());
 }
 
 TEST_CASE("group flows: a tensor with two producer groups", "[group_flow]") {
@@ -140,7 +146,8 @@ TEST_CASE("group flows: a tensor with two producer groups", "[group_flow]") {
   auto g = omni();
   g[1].outputs = "\"image_emb\", \"text_emb\"";
   const std::string err = check(d, g);
-  CHECK(err.find("tensor 'text_emb' is produced by groups 'text' and 'image'") != std::string::npos);
+  CHECK(err.find("tensor 'text_emb' is produced by groups 'text' and 'image'") !=
+        std::string::npos);
   CHECK(err.find("flows.toml:" + std::to_string(line_of(g, 1, "outputs"))) != std::string::npos);
 }
 
@@ -149,7 +156,8 @@ TEST_CASE("group flows: an input no group produces, an output no group reads", "
   auto g = omni();
   g[4].outputs = "\"tokens\", \"image\"";  // the scheduler forgets the audio requests
   std::string err = check(d, g);
-  CHECK(err.find("group 'audio' reads 'audio' but no group lists it in its outputs") != std::string::npos);
+  CHECK(err.find("group 'audio' reads 'audio' but no group lists it in its outputs") !=
+        std::string::npos);
   CHECK(err.find("flows.toml:" + std::to_string(line_of(g, 2, "inputs"))) != std::string::npos);
   g = omni();
   g[4].inputs = "";  // nobody collects the logits
@@ -162,14 +170,16 @@ TEST_CASE("group flows: a cycle between groups", "[group_flow]") {
   auto g = omni();
   g[0].inputs = "\"tokens\", \"logits\"";  // text waits for fusion, which waits for text
   const std::string err = check(d, g);
-  CHECK(err.find("the groups' flows form a cycle: 'text' -> 'fusion' -> 'text'") != std::string::npos);
+  CHECK(err.find("the groups' flows form a cycle: 'text' -> 'fusion' -> 'text'") !=
+        std::string::npos);
 }
 
 TEST_CASE("group flows: a scheduler has one rank", "[group_flow]") {
   TempDir d;
   auto g = omni();
   g[4].ranks = "6-7";
-  CHECK(check(d, g).find("scheduler group 'scheduler' has 2 ranks but must have 1") != std::string::npos);
+  CHECK(check(d, g).find("scheduler group 'scheduler' has 2 ranks but must have 1") !=
+        std::string::npos);
 }
 
 TEST_CASE("group flows: a module lacking an input its flow names", "[group_flow]") {
@@ -212,13 +222,15 @@ TEST_CASE("group flows: producer and consumer disagree on a dim or on the batch"
   auto g = omni();
   g[0].module = (d.path / "narrow.onnx").string();
   std::string err = check(d, g);
-  CHECK(err.find("'text_emb' flows from group 'text' as f32 [2,16] per rank but group 'fusion' reads it as f32 [4,32]") !=
-        std::string::npos);
+  CHECK(err.find("'text_emb' flows from group 'text' as f32 [2,16] per rank but group 'fusion' "
+                 "reads it as f32 [4,32]") != std::string::npos);
   // One text rank serves 2 rows, but fusion expects all 4 requests.
   g = omni();
   g[0].ranks = "0";
-  for (std::size_t i = 1; i < g.size(); ++i) g[i].ranks = i == 1 ? "1-2" : i == 2 ? "3" : i == 3 ? "4" : "5";
+  for (std::size_t i = 1; i < g.size(); ++i)
+    g[i].ranks = i == 1 ? "1-2" : i == 2 ? "3" : i == 3 ? "4" : "5";
   err = check(d, g);
-  CHECK(err.find("'text_emb' of group 'fusion' (1 ranks x 4 rows) is a batch of 4 requests but 'text_emb' of group "
+  CHECK(err.find("'text_emb' of group 'fusion' (1 ranks x 4 rows) is a batch of 4 requests but "
+                 "'text_emb' of group "
                  "'text' (1 ranks x 2 rows) is 2") != std::string::npos);
 }

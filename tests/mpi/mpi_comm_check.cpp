@@ -1,7 +1,7 @@
 // Started by mpirun (tests/mpi/CMakeLists.txt: 2 and 4 ranks): runs every hp-domain op through the
-// MPI transport, over the whole world in a scrambled member order and over a non-ascending sub-group,
-// and checks each rank's result against values computed here from every rank's input formula.
-// Any mismatch prints the failing check and ends the job with MPI_Abort (exit code 1).
+// MPI transport, over the whole world in a scrambled member order and over a non-ascending
+// sub-group, and checks each rank's result against values computed here from every rank's input
+// formula. Any mismatch prints the failing check and ends the job with MPI_Abort (exit code 1).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -39,13 +39,17 @@ HostTensor input(int r, std::int64_t rows, std::int64_t cols, int dtype = HP_F32
   t.data.resize(static_cast<std::size_t>(rows * cols * dtype_size(dtype)));
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < cols; ++j) {
-      if (dtype == HP_F32) t.as<float>()[i * cols + j] = static_cast<float>(100 * r + 10 * i + j) + 0.5f;
-      else t.as<std::int64_t>()[i * cols + j] = (std::int64_t{1} << 35) * r + 10 * i + j;
+      if (dtype == HP_F32)
+        t.as<float>()[i * cols + j] = static_cast<float>(100 * r + 10 * i + j) + 0.5f;
+      else
+        t.as<std::int64_t>()[i * cols + j] = (std::int64_t{1} << 35) * r + 10 * i + j;
     }
   return t;
 }
 double x_at(int r, std::int64_t i, std::int64_t j) { return 100.0 * r + 10.0 * i + j + 0.5; }
-double at(const HostTensor& t, std::int64_t i, std::int64_t j) { return t.as<float>()[i * t.dims[1] + j]; }
+double at(const HostTensor& t, std::int64_t i, std::int64_t j) {
+  return t.as<float>()[i * t.dims[1] + j];
+}
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -74,9 +78,12 @@ void check_group(TransportCommOps& ops, const std::vector<int>& group, int me) {
     for (int i = 0; i < 3; ++i)
       for (int j = 0; j < 5; ++j) {
         double want = op == "max" ? -1e30 : 0;
-        for (int r : group) want = op == "max" ? std::max(want, x_at(r, i, j)) : want + x_at(r, i, j);
+        for (int r : group)
+          want = op == "max" ? std::max(want, x_at(r, i, j)) : want + x_at(r, i, j);
         if (op == "avg") want /= p;
-        expect(std::fabs(at(y, i, j) - want) < 1e-3, fmt::format("{} AllReduce {} at ({},{}): {} vs {}", label, op, i, j, at(y, i, j), want));
+        expect(std::fabs(at(y, i, j) - want) < 1e-3,
+               fmt::format("{} AllReduce {} at ({},{}): {} vs {}", label, op, i, j, at(y, i, j),
+                           want));
       }
   }
   HostTensor yi = run(ops, node("AllReduce", {{"group", g}}), input(me, 2, 2, HP_I64));
@@ -90,10 +97,12 @@ void check_group(TransportCommOps& ops, const std::vector<int>& group, int me) {
   for (int k = 0; k < p; ++k)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j)
-        expect(at(ag, i, 2 * k + j) == x_at(group[static_cast<std::size_t>(k)], i, j), label + " AllGather value");
+        expect(at(ag, i, 2 * k + j) == x_at(group[static_cast<std::size_t>(k)], i, j),
+               label + " AllGather value");
 
   // ReduceScatter along axis 0: member pos gets the sum of everyone's rows [2 pos, 2 pos + 2).
-  HostTensor rs = run(ops, node("ReduceScatter", {{"group", g}, {"axis", "0"}, {"op", "sum"}}), input(me, 2 * p, 3));
+  HostTensor rs = run(ops, node("ReduceScatter", {{"group", g}, {"axis", "0"}, {"op", "sum"}}),
+                      input(me, 2 * p, 3));
   expect(rs.dims == std::vector<std::int64_t>{2, 3}, label + " ReduceScatter shape");
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j) {
@@ -103,11 +112,14 @@ void check_group(TransportCommOps& ops, const std::vector<int>& group, int me) {
     }
 
   // AllToAll: split columns into p chunks, concatenate the received chunks along rows.
-  HostTensor aa = run(ops, node("AllToAll", {{"group", g}, {"split_axis", "1"}, {"concat_axis", "0"}}), input(me, 2, p));
+  HostTensor aa =
+      run(ops, node("AllToAll", {{"group", g}, {"split_axis", "1"}, {"concat_axis", "0"}}),
+          input(me, 2, p));
   expect(aa.dims == std::vector<std::int64_t>{2 * p, 1}, label + " AllToAll shape");
   for (int k = 0; k < p; ++k)
     for (int i = 0; i < 2; ++i)
-      expect(at(aa, 2 * k + i, 0) == x_at(group[static_cast<std::size_t>(k)], i, pos), label + " AllToAll value");
+      expect(at(aa, 2 * k + i, 0) == x_at(group[static_cast<std::size_t>(k)], i, pos),
+             label + " AllToAll value");
 }
 
 }  // namespace
@@ -137,7 +149,8 @@ int main() {
 
   // CollectivePermute around a ring (rank r -> r+1), leaving rank 0 without a source when open.
   std::string pairs;
-  for (int r = 0; r + 1 < n; ++r) pairs += (pairs.empty() ? "" : ",") + fmt::format("{},{}", r, r + 1);
+  for (int r = 0; r + 1 < n; ++r)
+    pairs += (pairs.empty() ? "" : ",") + fmt::format("{},{}", r, r + 1);
   HostTensor cp = run(ops, node("CollectivePermute", {{"pairs", pairs}}), input(me, 1, 2));
   expect(at(cp, 0, 1) == (me == 0 ? 0.0 : x_at(me - 1, 0, 1)), "CollectivePermute");
 
@@ -147,13 +160,21 @@ int main() {
       ops.set_micro_batch(mb);
       HostTensor x = input(10 + mb, 2, 3);
       std::vector<HostTensor> none;
-      require(ops.run(CommNode{"s", "Send", {"x"}, {}, {{"peer", std::to_string(n - 1)}, {"tag", "5"}}}, {&x}, none), "Send");
+      require(
+          ops.run(CommNode{"s", "Send", {"x"}, {}, {{"peer", std::to_string(n - 1)}, {"tag", "5"}}},
+                  {&x}, none),
+          "Send");
     }
   } else if (me == n - 1) {
     for (int mb = 2; mb >= 0; --mb) {
       ops.set_micro_batch(mb);
       std::vector<HostTensor> y(1);
-      require(ops.run(CommNode{"r", "Recv", {}, {"y"}, {{"peer", "0"}, {"tag", "5"}, {"dtype", "1"}, {"shape", "2,3"}}}, {}, y),
+      require(ops.run(CommNode{"r",
+                               "Recv",
+                               {},
+                               {"y"},
+                               {{"peer", "0"}, {"tag", "5"}, {"dtype", "1"}, {"shape", "2,3"}}},
+                      {}, y),
               "Recv");
       expect(at(y[0], 1, 2) == x_at(10 + mb, 1, 2), fmt::format("Recv micro-batch {}", mb));
     }

@@ -1,9 +1,12 @@
 // Real MPMD jobs through `hp launch RECIPE.toml` (mpirun underneath, 2 ranks, as root in CI
 // containers via OMPI_ALLOW_RUN_AS_ROOT*, set by tests/mpi/CMakeLists.txt):
-//   - hand-built partitions written here: a TP=2 MLP (column- then row-parallel, hp.AllReduce over a
-//     non-ascending group) and a PP=2 pipeline (hp.Send / hp.Recv, 1F1B and GPipe over micro-batches)
-//     give the unsharded model's outputs (run by `hp launch MODEL.onnx`) within 1e-5;
-//   - faults: a crashing rank, a rank hanging past --timeout, a missing plugin on one group's backend:
+//   - hand-built partitions written here: a TP=2 MLP (column- then row-parallel, hp.AllReduce over
+//   a
+//     non-ascending group) and a PP=2 pipeline (hp.Send / hp.Recv, 1F1B and GPipe over
+//     micro-batches) give the unsharded model's outputs (run by `hp launch MODEL.onnx`) within
+//     1e-5;
+//   - faults: a crashing rank, a rank hanging past --timeout, a missing plugin on one group's
+//   backend:
 //     each ends the whole job within seconds with a clear message and the documented exit code, and
 //     leaves no rank process behind.
 #include <catch2/catch.hpp>
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,10 +25,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <signal.h>
 
-#include "hp/plugin/hp_plugin.h"
 #include "hp/exec/tensor.h"
+#include "hp/plugin/hp_plugin.h"
 #include "hp_model.h"
 
 namespace fs = std::filesystem;
@@ -59,7 +62,8 @@ Matrix random_matrix(std::int64_t rows, std::int64_t cols, unsigned seed) {
 Matrix cols_of(const Matrix& m, std::int64_t c0, std::int64_t c1) {
   Matrix s{m.rows, c1 - c0, {}};
   for (std::int64_t i = 0; i < m.rows; ++i)
-    for (std::int64_t j = c0; j < c1; ++j) s.v.push_back(m.v[static_cast<std::size_t>(i * m.cols + j)]);
+    for (std::int64_t j = c0; j < c1; ++j)
+      s.v.push_back(m.v[static_cast<std::size_t>(i * m.cols + j)]);
   return s;
 }
 Matrix rows_of(const Matrix& m, std::int64_t r0, std::int64_t r1) {
@@ -90,8 +94,8 @@ struct Graph {
     t->add_dims(w.cols);
     for (float f : w.v) t->add_float_data(f);
   }
-  onnx::NodeProto* node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
-                        const std::string& domain = "") {
+  onnx::NodeProto* node(const std::string& op, std::vector<std::string> in,
+                        std::vector<std::string> out, const std::string& domain = "") {
     auto* n = g->add_node();
     n->set_op_type(op);
     n->set_name(op + "_" + std::to_string(g->node_size()));
@@ -100,7 +104,8 @@ struct Graph {
     for (auto& s : out) n->add_output(s);
     return n;
   }
-  static void attr(onnx::NodeProto* n, const std::string& name, std::vector<std::int64_t> v, bool list) {
+  static void attr(onnx::NodeProto* n, const std::string& name, std::vector<std::int64_t> v,
+                   bool list) {
     auto* a = n->add_attribute();
     a->set_name(name);
     if (list) {
@@ -117,8 +122,8 @@ struct Graph {
 constexpr std::int64_t kBatch = 4, kIn = 8, kHidden = 16, kOut = 6;
 
 struct Mlp {
-  Matrix w1 = random_matrix(kIn, kHidden, 1), b1 = random_matrix(1, kHidden, 2), w2 = random_matrix(kHidden, kOut, 3),
-         b2 = random_matrix(1, kOut, 4);
+  Matrix w1 = random_matrix(kIn, kHidden, 1), b1 = random_matrix(1, kHidden, 2),
+         w2 = random_matrix(kHidden, kOut, 3), b2 = random_matrix(1, kOut, 4);
 };
 
 // y = Relu(x W1 + b1) W2 + b2, unsharded.
@@ -172,7 +177,8 @@ void write_pp(const Mlp& p, int stage, std::int64_t mb_rows, const fs::path& fil
     g.node("MatMul", {"x", "W1"}, {"a"});
     g.node("Add", {"a", "b1"}, {"b"});
     g.node("Relu", {"b"}, {"h"});
-    g.io(false, "h", {mb_rows, kHidden});  // ONNX graphs need an output; the job's output is y (recipe)
+    g.io(false, "h",
+         {mb_rows, kHidden});  // ONNX graphs need an output; the job's output is y (recipe)
     auto* s = g.node("Send", {"h"}, {}, "hp");
     Graph::attr(s, "peer", {1}, false);
     Graph::attr(s, "tag", {0}, false);
@@ -204,15 +210,18 @@ void write_input(const fs::path& dir) {
 }
 
 // A recipe with two one-rank groups running `m0` and `m1`, both declaring the job output y (the
-// launcher gathers it from the first group that has it); `parallel` goes into [parallel], `env1` and
-// `backend1` into the second group.
-void write_recipe(const fs::path& file, const std::string& parallel, const std::string& m0, const std::string& m1,
-                  const std::string& env1 = "", const std::string& backend1 = "") {
+// launcher gathers it from the first group that has it); `parallel` goes into [parallel], `env1`
+// and `backend1` into the second group.
+void write_recipe(const fs::path& file, const std::string& parallel, const std::string& m0,
+                  const std::string& m1, const std::string& env1 = "",
+                  const std::string& backend1 = "") {
   std::ofstream f(file);
-  f << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"full.onnx\"\ncluster = \"local-cpu\"\n\n[parallel]\n" << parallel
-    << "\n\n[[groups]]\nname = \"g0\"\nranks = \"0\"\nmodule = \"" << m0 << "\"\nbackend = \"cpu\"\noutputs = [\"y\"]\n"
-    << "\n[[groups]]\nname = \"g1\"\nranks = \"1\"\nmodule = \"" << m1 << "\"\nbackend = \"" << (backend1.empty() ? "cpu" : backend1)
-    << "\"\noutputs = [\"y\"]\n";
+  f << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"full.onnx\"\ncluster = "
+       "\"local-cpu\"\n\n[parallel]\n"
+    << parallel << "\n\n[[groups]]\nname = \"g0\"\nranks = \"0\"\nmodule = \"" << m0
+    << "\"\nbackend = \"cpu\"\noutputs = [\"y\"]\n"
+    << "\n[[groups]]\nname = \"g1\"\nranks = \"1\"\nmodule = \"" << m1 << "\"\nbackend = \""
+    << (backend1.empty() ? "cpu" : backend1) << "\"\noutputs = [\"y\"]\n";
   if (!env1.empty()) f << "env = { " << env1 << " }\n";
 }
 
@@ -222,14 +231,15 @@ struct Fixture {
   explicit Fixture(const std::string& name) : d(name) {
     write_full(p, d.path / "full.onnx");
     write_input(d.path / "in");
-    Run ref = run_hp("launch " + (d.path / "full.onnx").string() + " --inputs " + (d.path / "in").string() + " --outputs " +
-                 (d.path / "ref").string());
+    Run ref = run_hp("launch " + (d.path / "full.onnx").string() + " --inputs " +
+                     (d.path / "in").string() + " --outputs " + (d.path / "ref").string());
     INFO(ref.out);
     REQUIRE(ref.rc == 0);
   }
   std::string launch(const std::string& recipe, const std::string& extra = "") {
-    return "launch " + (d.path / recipe).string() + " --inputs " + (d.path / "in").string() + " --outputs " +
-           (d.path / "out").string() + " --run-dir " + (d.path / "run").string() + " --threads 1 " + extra;
+    return "launch " + (d.path / recipe).string() + " --inputs " + (d.path / "in").string() +
+           " --outputs " + (d.path / "out").string() + " --run-dir " + (d.path / "run").string() +
+           " --threads 1 " + extra;
   }
 };
 
@@ -259,22 +269,26 @@ TEST_CASE("mpi launch: a PP=2 pipeline over micro-batches equals the unsharded m
     write_pp(f.p, 0, rows, f.d.path / "s0.onnx");
     write_pp(f.p, 1, rows, f.d.path / "s1.onnx");
     write_recipe(f.d.path / "pp.toml",
-                 "dp = 1\ntp = 1\npp = 2\nmicro_batches = " + std::to_string(m) + "\nschedule = \"" + schedule + "\"",
+                 "dp = 1\ntp = 1\npp = 2\nmicro_batches = " + std::to_string(m) +
+                     "\nschedule = \"" + schedule + "\"",
                  "s0.onnx", "s1.onnx");
     fs::remove_all(f.d.path / "run");
     Run r = run_hp(f.launch("pp.toml", "--timeout 60"));
     INFO(schedule << "\n" << r.out);
     REQUIRE(r.rc == 0);
-    CHECK(r.out.find("[g1:1] rank 1 of 2 (group 'g1'): " + std::to_string(m) + " forward(s)") != std::string::npos);
+    CHECK(r.out.find("[g1:1] rank 1 of 2 (group 'g1'): " + std::to_string(m) + " forward(s)") !=
+          std::string::npos);
     CHECK(max_abs_diff(f.d.path / "out" / "output_0.pb", f.d.path / "ref" / "output_0.pb") <= 1e-5);
   }
 }
 
-TEST_CASE("mpi launch: a crashing rank ends the job with the runtime code and names the rank", "[mpi][fault]") {
+TEST_CASE("mpi launch: a crashing rank ends the job with the runtime code and names the rank",
+          "[mpi][fault]") {
   Fixture f("crash");
   write_tp(f.p, 0, f.d.path / "tp0.onnx");
   write_tp(f.p, 1, f.d.path / "tp1.onnx");
-  // Under AddressSanitizer the SEGV would be caught and turned into exit 1; let the rank really die.
+  // Under AddressSanitizer the SEGV would be caught and turned into exit 1; let the rank really
+  // die.
   write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx",
                "HP_TEST_FAULT = \"segv\", ASAN_OPTIONS = \"handle_segv=0:detect_leaks=0\"");
   Run r = run_hp(f.launch("tp.toml", "--timeout 60"));
@@ -286,11 +300,13 @@ TEST_CASE("mpi launch: a crashing rank ends the job with the runtime code and na
   CHECK(no_rank_left(f.d.path / "run"));
 }
 
-TEST_CASE("mpi launch: a rank hanging past --timeout is stopped, nothing left behind", "[mpi][fault]") {
+TEST_CASE("mpi launch: a rank hanging past --timeout is stopped, nothing left behind",
+          "[mpi][fault]") {
   Fixture f("hang");
   write_tp(f.p, 0, f.d.path / "tp0.onnx");
   write_tp(f.p, 1, f.d.path / "tp1.onnx");
-  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "HP_TEST_FAULT = \"hang\"");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx",
+               "HP_TEST_FAULT = \"hang\"");
   Run r = run_hp(f.launch("tp.toml", "--timeout 3"));
   INFO(r.out);
   CHECK(r.rc == 5);
@@ -299,16 +315,18 @@ TEST_CASE("mpi launch: a rank hanging past --timeout is stopped, nothing left be
   CHECK(no_rank_left(f.d.path / "run"));
 }
 
-TEST_CASE("mpi launch: a missing plugin on one group's backend stops the job as unavailable", "[mpi][fault]") {
+TEST_CASE("mpi launch: a missing plugin on one group's backend stops the job as unavailable",
+          "[mpi][fault]") {
   Fixture f("plugin");
   write_tp(f.p, 0, f.d.path / "tp0.onnx");
   write_tp(f.p, 1, f.d.path / "tp1.onnx");
-  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "", "nosuch");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx", "",
+               "nosuch");
   Run r = run_hp(f.launch("tp.toml", "--timeout 60"));
   INFO(r.out);
   CHECK(r.rc == 7);
-  CHECK(r.out.find("rank 1 (group 'g1') failed first (exit code 7): group 'g1': backend 'nosuch' was not found") !=
-        std::string::npos);
+  CHECK(r.out.find("rank 1 (group 'g1') failed first (exit code 7): group 'g1': backend 'nosuch' "
+                   "was not found") != std::string::npos);
   CHECK(r.out.find("last lines of") != std::string::npos);
   CHECK(r.seconds < 30);
   CHECK(no_rank_left(f.d.path / "run"));

@@ -1,6 +1,6 @@
 // The omni-modal example end to end: `hp launch recipes/omni-modal.toml` starts 7 real MPI ranks in
-// 5 groups (text x2, image x2, audio, fusion, scheduler), the tensors flow between the groups, and the
-// scheduler's collected logits equal PyTorch's (recipes/omni-modal/expected, written by
+// 5 groups (text x2, image x2, audio, fusion, scheduler), the tensors flow between the groups, and
+// the scheduler's collected logits equal PyTorch's (recipes/omni-modal/expected, written by
 // gen_omni_modal.py) within 1e-4. Faults: a group whose module lacks an input its flow names is
 // refused before any rank starts (bad input, exit 3, the recipe line named); requests lacking a
 // tensor the scheduler sends stop the whole running job with exit 3 and leave no rank behind.
@@ -11,12 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <signal.h>
 
 #include "hp/exec/tensor.h"
 
@@ -38,7 +38,8 @@ const fs::path kSource = HP_SOURCE_DIR;
 const fs::path kRecipe = kSource / "recipes" / "omni-modal.toml";
 const fs::path kRequests = kSource / "recipes" / "omni-modal" / "requests";
 
-// The bundled recipe's text with `from` replaced by `to` (modules made absolute), written to `file`.
+// The bundled recipe's text with `from` replaced by `to` (modules made absolute), written to
+// `file`.
 void write_variant(const fs::path& file, const std::string& from, const std::string& to) {
   std::ifstream in(kRecipe);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -57,13 +58,15 @@ void write_variant(const fs::path& file, const std::string& from, const std::str
 TEST_CASE("mpi omni-modal: 7 ranks in 5 groups give PyTorch's logits", "[mpi][omni]") {
   TempDir d("run");
   Run r = run_hp("launch " + kRecipe.string() + " --inputs " + kRequests.string() + " --outputs " +
-                 (d.path / "out").string() + " --run-dir " + (d.path / "run").string() + " --threads 1 --timeout 120");
+                 (d.path / "out").string() + " --run-dir " + (d.path / "run").string() +
+                 " --threads 1 --timeout 120");
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("job of 7 rank(s) in 5 group(s)") != std::string::npos);
   CHECK(r.out.find("[text:1] rank 1 of 7 (group 'text'): 1 forward(s)") != std::string::npos);
   CHECK(r.out.find("[audio:4] rank 4 of 7 (group 'audio'): 1 forward(s)") != std::string::npos);
-  CHECK(r.out.find("[scheduler:6] rank 6 of 7 (group 'scheduler'): 0 forward(s)") != std::string::npos);
+  CHECK(r.out.find("[scheduler:6] rank 6 of 7 (group 'scheduler'): 0 forward(s)") !=
+        std::string::npos);
   auto got = read_tensor_file(d.path / "out" / "output_0.pb");
   auto want = read_tensor_file(kSource / "recipes" / "omni-modal" / "expected" / "output_0.pb");
   REQUIRE(got.ok());
@@ -80,7 +83,8 @@ TEST_CASE("mpi omni-modal: 7 ranks in 5 groups give PyTorch's logits", "[mpi][om
 
 TEST_CASE("mpi omni-modal: --dry-run shows one app context per group", "[mpi][omni]") {
   TempDir d("dry");
-  Run r = run_hp("launch " + kRecipe.string() + " --dry-run --run-dir " + (d.path / "run").string());
+  Run r =
+      run_hp("launch " + kRecipe.string() + " --dry-run --run-dir " + (d.path / "run").string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("# 7 rank(s) in 5 group(s); nothing was started") != std::string::npos);
@@ -88,12 +92,14 @@ TEST_CASE("mpi omni-modal: --dry-run shows one app context per group", "[mpi][om
   CHECK(r.out.find("HP_GROUP=fusion") != std::string::npos);
 }
 
-TEST_CASE("mpi omni-modal: a module missing an input its flow needs is refused before launch", "[mpi][omni][fault]") {
+TEST_CASE("mpi omni-modal: a module missing an input its flow needs is refused before launch",
+          "[mpi][omni][fault]") {
   TempDir d("missing");
   // The fusion group runs the audio encoder, which has no text_emb / image_emb / audio_emb inputs.
   write_variant(d.path / "omni.toml", "omni-modal/fusion.onnx", "omni-modal/audio.onnx");
-  Run r = run_hp("launch " + (d.path / "omni.toml").string() + " --inputs " + kRequests.string() + " --outputs " +
-                 (d.path / "out").string() + " --run-dir " + (d.path / "run").string() + " --timeout 60");
+  Run r = run_hp("launch " + (d.path / "omni.toml").string() + " --inputs " + kRequests.string() +
+                 " --outputs " + (d.path / "out").string() + " --run-dir " +
+                 (d.path / "run").string() + " --timeout 60");
   INFO(r.out);
   CHECK(r.rc == 3);
   CHECK(r.out.find("omni.toml:") != std::string::npos);
@@ -108,12 +114,14 @@ TEST_CASE("mpi omni-modal: requests lacking a tensor stop the whole job", "[mpi]
   fs::create_directories(d.path / "in");
   fs::copy_file(kRequests / "input_0.pb", d.path / "in" / "input_0.pb");  // tokens
   fs::copy_file(kRequests / "input_1.pb", d.path / "in" / "input_1.pb");  // image; no audio
-  Run r = run_hp("launch " + kRecipe.string() + " --inputs " + (d.path / "in").string() + " --outputs " +
-                 (d.path / "out").string() + " --run-dir " + (d.path / "run").string() + " --threads 1 --timeout 60");
+  Run r = run_hp("launch " + kRecipe.string() + " --inputs " + (d.path / "in").string() +
+                 " --outputs " + (d.path / "out").string() + " --run-dir " +
+                 (d.path / "run").string() + " --threads 1 --timeout 60");
   INFO(r.out);
   CHECK(r.rc == 3);
   CHECK(r.out.find("rank 6 (group 'scheduler') failed first") != std::string::npos);
-  CHECK(r.out.find("the scheduler sends 'audio' but the requests have no tensor of that name") != std::string::npos);
+  CHECK(r.out.find("the scheduler sends 'audio' but the requests have no tensor of that name") !=
+        std::string::npos);
   CHECK(r.seconds < 60);
   CHECK(no_rank_left(d.path / "run"));
   CHECK_FALSE(fs::exists(d.path / "out"));

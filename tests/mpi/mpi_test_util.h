@@ -27,7 +27,8 @@ namespace fs = std::filesystem;
 struct TempDir {
   fs::path path;
   TempDir(const std::string& prefix, const std::string& name) {
-    path = fs::temp_directory_path() / ("hp_mpi_" + prefix + "_" + name + "_" + std::to_string(::getpid()));
+    path = fs::temp_directory_path() /
+           ("hp_mpi_" + prefix + "_" + name + "_" + std::to_string(::getpid()));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -62,7 +63,8 @@ inline double max_abs_diff(const fs::path& a, const fs::path& b) {
   REQUIRE(y.ok());
   REQUIRE(x->dims == y->dims);
   double d = 0;
-  for (std::int64_t i = 0; i < x->numel(); ++i) d = std::max(d, std::fabs(double(x->as<float>()[i]) - y->as<float>()[i]));
+  for (std::int64_t i = 0; i < x->numel(); ++i)
+    d = std::max(d, std::fabs(double(x->as<float>()[i]) - y->as<float>()[i]));
   return d;
 }
 
@@ -87,6 +89,5 @@ inline bool no_rank_left(const fs::path& run) {
   }
   return false;
 }
-
 
 }  // namespace mpi_test

@@ -1,5 +1,6 @@
 // An empty ONNX model that imports the default domain (opset 17) and the "hp" domain of
-// communication nodes (hp_domain.h): the start of every hand-built partition in the tests and benches.
+// communication nodes (hp_domain.h): the start of every hand-built partition in the tests and
+// benches.
 #pragma once
 
 #include <onnx/onnx_pb.h>

@@ -1,11 +1,12 @@
 // The in-process transport: one thread per rank, exchange through shared memory. Used by unit tests
 // and `hp verify --simulate` to run every rank's partition in one process without MPI.
 //
-// A collective is a rendezvous keyed by (ordered group, per-group call count): each member deposits a
-// copy of its input, waits until all p have arrived, computes its own result from the copies, and the
-// last reader removes the entry. Copies (not pointers) keep in-place calls such as allreduce race-free.
-// Point-to-point messages are buffered in per-(src, dst, tag) queues, so send never blocks, as with
-// MPI_Isend. A failing rank marks the world failed and wakes everyone, so peers fail instead of hanging.
+// A collective is a rendezvous keyed by (ordered group, per-group call count): each member deposits
+// a copy of its input, waits until all p have arrived, computes its own result from the copies, and
+// the last reader removes the entry. Copies (not pointers) keep in-place calls such as allreduce
+// race-free. Point-to-point messages are buffered in per-(src, dst, tag) queues, so send never
+// blocks, as with MPI_Isend. A failing rank marks the world failed and wakes everyone, so peers
+// fail instead of hanging.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -37,11 +38,21 @@ void reduce_into(T* acc, const T* x, std::int64_t n, ReduceOp op) {
 
 Status reduce_bytes(void* acc, const void* x, std::int64_t n, int dtype, ReduceOp op) {
   switch (dtype) {
-    case HP_F32: reduce_into(static_cast<float*>(acc), static_cast<const float*>(x), n, op); return {};
-    case HP_F64: reduce_into(static_cast<double*>(acc), static_cast<const double*>(x), n, op); return {};
-    case HP_I32: reduce_into(static_cast<std::int32_t*>(acc), static_cast<const std::int32_t*>(x), n, op); return {};
-    case HP_I64: reduce_into(static_cast<std::int64_t*>(acc), static_cast<const std::int64_t*>(x), n, op); return {};
-    default: return Error(Errc::bad_input, fmt::format("cannot reduce {} tensors", exec::dtype_label(dtype)));
+    case HP_F32:
+      reduce_into(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
+      return {};
+    case HP_F64:
+      reduce_into(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
+      return {};
+    case HP_I32:
+      reduce_into(static_cast<std::int32_t*>(acc), static_cast<const std::int32_t*>(x), n, op);
+      return {};
+    case HP_I64:
+      reduce_into(static_cast<std::int64_t*>(acc), static_cast<const std::int64_t*>(x), n, op);
+      return {};
+    default:
+      return Error(Errc::bad_input,
+                   fmt::format("cannot reduce {} tensors", exec::dtype_label(dtype)));
   }
 }
 
@@ -58,16 +69,19 @@ struct World {
     int arrived = 0, read = 0;
   };
   std::map<std::pair<std::vector<int>, long>, Coll> colls;
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> mail;  // (src, dst, tag)
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>>
+      mail;  // (src, dst, tag)
 
   // Waits for `ready` under `lock`; fails when a peer failed or the timeout passes.
   template <class Pred>
   Status wait(std::unique_lock<std::mutex>& lock, Pred ready, const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (!ready()) {
       if (failed) return Error(Errc::runtime, fmt::format("{}: another rank failed", what));
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready())
-        return Error(Errc::runtime, fmt::format("{}: no progress for {:g} s (deadlock?)", what, timeout_s));
+        return Error(Errc::runtime,
+                     fmt::format("{}: no progress for {:g} s (deadlock?)", what, timeout_s));
     }
     return {};
   }
@@ -79,45 +93,56 @@ class InProcessTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return w_.size; }
 
-  Status allreduce(const std::vector<int>& group, const void* src, void* buf, std::int64_t count, int dtype,
-                   ReduceOp op) override {
+  Status allreduce(const std::vector<int>& group, const void* src, void* buf, std::int64_t count,
+                   int dtype, ReduceOp op) override {
     const std::int64_t bytes = count * exec::dtype_size(dtype);
-    return exchange(group, src, bytes, "allreduce", [&](const std::vector<std::vector<unsigned char>>& in) -> Status {
-      std::memcpy(buf, in[0].data(), static_cast<std::size_t>(bytes));
-      for (std::size_t j = 1; j < in.size(); ++j) HP_TRY(reduce_bytes(buf, in[j].data(), count, dtype, op));
-      return {};
-    });
+    return exchange(group, src, bytes, "allreduce",
+                    [&](const std::vector<std::vector<unsigned char>>& in) -> Status {
+                      std::memcpy(buf, in[0].data(), static_cast<std::size_t>(bytes));
+                      for (std::size_t j = 1; j < in.size(); ++j)
+                        HP_TRY(reduce_bytes(buf, in[j].data(), count, dtype, op));
+                      return {};
+                    });
   }
-  Status allgather(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
-    return exchange(group, in, bytes, "allgather", [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
-      for (std::size_t j = 0; j < all.size(); ++j)
-        std::memcpy(static_cast<unsigned char*>(out) + j * bytes, all[j].data(), static_cast<std::size_t>(bytes));
-      return {};
-    });
+  Status allgather(const std::vector<int>& group, const void* in, void* out,
+                   std::int64_t bytes) override {
+    return exchange(group, in, bytes, "allgather",
+                    [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
+                      for (std::size_t j = 0; j < all.size(); ++j)
+                        std::memcpy(static_cast<unsigned char*>(out) + j * bytes, all[j].data(),
+                                    static_cast<std::size_t>(bytes));
+                      return {};
+                    });
   }
-  Status reduce_scatter(const std::vector<int>& group, const void* in, void* out, std::int64_t count, int dtype,
-                        ReduceOp op) override {
+  Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,
+                        std::int64_t count, int dtype, ReduceOp op) override {
     const std::int64_t bytes = count * exec::dtype_size(dtype);
     const std::int64_t p = static_cast<std::int64_t>(group.size());
     const std::int64_t pos = position(group);
-    return exchange(group, in, bytes * p, "reduce_scatter", [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
-      std::memcpy(out, all[0].data() + pos * bytes, static_cast<std::size_t>(bytes));
-      for (std::size_t j = 1; j < all.size(); ++j) HP_TRY(reduce_bytes(out, all[j].data() + pos * bytes, count, dtype, op));
-      return {};
-    });
+    return exchange(group, in, bytes * p, "reduce_scatter",
+                    [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
+                      std::memcpy(out, all[0].data() + pos * bytes,
+                                  static_cast<std::size_t>(bytes));
+                      for (std::size_t j = 1; j < all.size(); ++j)
+                        HP_TRY(reduce_bytes(out, all[j].data() + pos * bytes, count, dtype, op));
+                      return {};
+                    });
   }
-  Status alltoall(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
+  Status alltoall(const std::vector<int>& group, const void* in, void* out,
+                  std::int64_t bytes) override {
     const std::int64_t p = static_cast<std::int64_t>(group.size());
     const std::int64_t pos = position(group);
-    return exchange(group, in, bytes * p, "alltoall", [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
-      for (std::size_t j = 0; j < all.size(); ++j)
-        std::memcpy(static_cast<unsigned char*>(out) + j * bytes, all[j].data() + pos * bytes,
-                    static_cast<std::size_t>(bytes));
-      return {};
-    });
+    return exchange(group, in, bytes * p, "alltoall",
+                    [&](const std::vector<std::vector<unsigned char>>& all) -> Status {
+                      for (std::size_t j = 0; j < all.size(); ++j)
+                        std::memcpy(static_cast<unsigned char*>(out) + j * bytes,
+                                    all[j].data() + pos * bytes, static_cast<std::size_t>(bytes));
+                      return {};
+                    });
   }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
-    if (peer < 0 || peer >= w_.size) return Error(Errc::bad_input, fmt::format("send to rank {}: no such rank", peer));
+    if (peer < 0 || peer >= w_.size)
+      return Error(Errc::bad_input, fmt::format("send to rank {}: no such rank", peer));
     std::lock_guard lock(w_.mu);
     const auto* b = static_cast<const unsigned char*>(buf);
     w_.mail[{rank_, peer, tag}].emplace_back(b, b + bytes);
@@ -125,20 +150,24 @@ class InProcessTransport : public Transport {
     return {};
   }
   Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
-    if (peer < 0 || peer >= w_.size) return Error(Errc::bad_input, fmt::format("recv from rank {}: no such rank", peer));
+    if (peer < 0 || peer >= w_.size)
+      return Error(Errc::bad_input, fmt::format("recv from rank {}: no such rank", peer));
     std::unique_lock lock(w_.mu);
     auto& q = w_.mail[{peer, rank_, tag}];
-    HP_TRY(w_.wait(lock, [&] { return !q.empty(); },
-                   fmt::format("rank {} receiving tag {} from rank {}", rank_, tag, peer)));
+    HP_TRY(w_.wait(
+        lock, [&] { return !q.empty(); },
+        fmt::format("rank {} receiving tag {} from rank {}", rank_, tag, peer)));
     std::vector<unsigned char> m = std::move(q.front());
     q.pop_front();
     if (static_cast<std::int64_t>(m.size()) != bytes)
-      return Error(Errc::runtime, fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_, bytes,
-                                              tag, peer, m.size()));
+      return Error(Errc::runtime,
+                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_,
+                               bytes, tag, peer, m.size()));
     std::memcpy(buf, m.data(), m.size());
     return {};
   }
-  Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes, int tag) override {
+  Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes,
+                  int tag) override {
     if (dst >= 0) HP_TRY(send(dst, tag, sbuf, bytes));
     if (src >= 0) HP_TRY(recv(src, tag, rbuf, bytes));
     return {};
@@ -152,9 +181,11 @@ class InProcessTransport : public Transport {
   }
 
   template <class Compute>
-  Status exchange(const std::vector<int>& group, const void* in, std::int64_t bytes, const char* what, Compute compute) {
+  Status exchange(const std::vector<int>& group, const void* in, std::int64_t bytes,
+                  const char* what, Compute compute) {
     const std::int64_t pos = position(group);
-    if (pos < 0) return Error(Errc::internal, fmt::format("{}: rank {} is not in its group", what, rank_));
+    if (pos < 0)
+      return Error(Errc::internal, fmt::format("{}: rank {} is not in its group", what, rank_));
     const long seq = calls_[group]++;
     const auto key = std::make_pair(group, seq);
     std::unique_lock lock(w_.mu);
@@ -165,10 +196,13 @@ class InProcessTransport : public Transport {
     ++c.arrived;
     w_.cv.notify_all();
     const int p = static_cast<int>(group.size());
-    HP_TRY(w_.wait(lock, [&] { return c.arrived == p; }, fmt::format("rank {} in {} #{}", rank_, what, seq)));
+    HP_TRY(w_.wait(
+        lock, [&] { return c.arrived == p; }, fmt::format("rank {} in {} #{}", rank_, what, seq)));
     for (const auto& v : c.in)
       if (static_cast<std::int64_t>(v.size()) != bytes)
-        return Error(Errc::runtime, fmt::format("{}: members passed different sizes ({} and {} bytes)", what, v.size(), bytes));
+        return Error(Errc::runtime,
+                     fmt::format("{}: members passed different sizes ({} and {} bytes)", what,
+                                 v.size(), bytes));
     Status s = compute(c.in);
     if (++c.read == p) w_.colls.erase(key);
     return s;
@@ -181,7 +215,8 @@ class InProcessTransport : public Transport {
 
 }  // namespace
 
-Status run_in_process(int ranks, const std::function<Status(int, Transport&)>& body, double timeout_s) {
+Status run_in_process(int ranks, const std::function<Status(int, Transport&)>& body,
+                      double timeout_s) {
   if (ranks < 1) return Error(Errc::usage, "an in-process job needs at least one rank");
   World world(ranks, timeout_s);
   std::vector<Status> results(static_cast<std::size_t>(ranks));
@@ -203,7 +238,8 @@ Status run_in_process(int ranks, const std::function<Status(int, Transport&)>& b
     for (int r = 0; r < ranks; ++r) {
       const Status& s = results[static_cast<std::size_t>(r)];
       if (s.ok()) continue;
-      if (pass == 0 && s.error().message().find("another rank failed") != std::string::npos) continue;
+      if (pass == 0 && s.error().message().find("another rank failed") != std::string::npos)
+        continue;
       Error e = s.error();
       e.what.message = fmt::format("rank {}: {}", r, e.what.message);
       return e;

@@ -39,7 +39,9 @@ Expected<MPI_Datatype> mpi_type(int dtype) {
     case HP_F64: return MPI_DOUBLE;
     case HP_I32: return MPI_INT32_T;
     case HP_I64: return MPI_INT64_T;
-    default: return Error(Errc::bad_input, fmt::format("cannot reduce {} tensors over MPI", exec::dtype_label(dtype)));
+    default:
+      return Error(Errc::bad_input,
+                   fmt::format("cannot reduce {} tensors over MPI", exec::dtype_label(dtype)));
   }
 }
 
@@ -68,31 +70,35 @@ class MpiTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count, int dtype,
-                   ReduceOp op) override {
+  Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count,
+                   int dtype, ReduceOp op) override {
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
-    return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c), "MPI_Allreduce");
+    return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c),
+                 "MPI_Allreduce");
   }
-  Status allgather(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
+  Status allgather(const std::vector<int>& group, const void* in, void* out,
+                   std::int64_t bytes) override {
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
     return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Allgather");
   }
-  Status reduce_scatter(const std::vector<int>& group, const void* in, void* out, std::int64_t count, int dtype,
-                        ReduceOp op) override {
+  Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,
+                        std::int64_t count, int dtype, ReduceOp op) override {
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
-    return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), c), "MPI_Reduce_scatter_block");
+    return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), c),
+                 "MPI_Reduce_scatter_block");
   }
-  Status alltoall(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) override {
+  Status alltoall(const std::vector<int>& group, const void* in, void* out,
+                  std::int64_t bytes) override {
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
@@ -104,7 +110,8 @@ class MpiTransport : public Transport {
     auto& p = pending_.emplace_back();
     const auto* b = static_cast<const unsigned char*>(buf);
     p.data.assign(b, b + bytes);
-    return check(MPI_Isend(p.data.data(), n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.req), "MPI_Isend");
+    return check(MPI_Isend(p.data.data(), n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.req),
+                 "MPI_Isend");
   }
   Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
@@ -114,14 +121,16 @@ class MpiTransport : public Transport {
     MPI_Get_count(&st, MPI_BYTE, &got);
     if (got != n)
       return Error(Errc::runtime,
-                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_, n, tag, peer, got));
+                   fmt::format("rank {} expected {} bytes with tag {} from rank {}, got {}", rank_,
+                               n, tag, peer, got));
     return {};
   }
-  Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes, int tag) override {
+  Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes,
+                  int tag) override {
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
-    return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag, rbuf,
-                              src < 0 ? 0 : n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag, MPI_COMM_WORLD,
-                              MPI_STATUS_IGNORE),
+    return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag,
+                              rbuf, src < 0 ? 0 : n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag,
+                              MPI_COMM_WORLD, MPI_STATUS_IGNORE),
                  "MPI_Sendrecv");
   }
   Status flush() override { return reap(true); }
@@ -159,12 +168,14 @@ class MpiTransport : public Transport {
     auto it = comms_.find(group);
     if (it != comms_.end()) return it->second;
     bool identity = static_cast<int>(group.size()) == size_;
-    for (std::size_t i = 0; identity && i < group.size(); ++i) identity = group[i] == static_cast<int>(i);
+    for (std::size_t i = 0; identity && i < group.size(); ++i)
+      identity = group[i] == static_cast<int>(i);
     MPI_Comm c = MPI_COMM_WORLD;
     if (!identity) {
       MPI_Group world_group, g;
       MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-      HP_TRY(check(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g), "MPI_Group_incl"));
+      HP_TRY(check(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g),
+                   "MPI_Group_incl"));
       // The tag separates creations of different groups that share members.
       int tag = 0;
       for (int r : group) tag = (tag * 131 + r + 1) % 30000;

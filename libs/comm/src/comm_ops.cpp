@@ -5,25 +5,28 @@
 //
 // The hot path does no more than the transport needs: the node's attributes were parsed once
 // (comm_plan.h), inputs are read where the executor keeps them, outputs are written into the
-// executor's pool buffers (an AllReduce into its donated input, in place), and where the split axis is the outermost non-trivial one the blocks are
-// the tensor itself, so nothing is packed. Packing, where needed, goes through buffers kept across
-// calls: MPI over shared memory is far slower on pages it has not touched before.
+// executor's pool buffers (an AllReduce into its donated input, in place), and where the split axis
+// is the outermost non-trivial one the blocks are the tensor itself, so nothing is packed. Packing,
+// where needed, goes through buffers kept across calls: MPI over shared memory is far slower on
+// pages it has not touched before.
 #include <fmt/core.h>
 
 #include <cstring>
 
 #include "comm_plan.h"
-#include "hp/core/hp_domain.h"
 #include "hp/comm/comm.h"
+#include "hp/core/hp_domain.h"
 
 namespace hp::comm {
 
 namespace {
 
-Expected<int> resolve_axis(const CommNode& n, std::string_view name, std::int64_t a, std::size_t rank) {
+Expected<int> resolve_axis(const CommNode& n, std::string_view name, std::int64_t a,
+                           std::size_t rank) {
   std::int64_t ax = a < 0 ? a + static_cast<std::int64_t>(rank) : a;
   if (ax < 0 || ax >= static_cast<std::int64_t>(rank))
-    return comm_node_error(n, fmt::format("{} {} is out of range for a rank-{} tensor", name, a, rank));
+    return comm_node_error(
+        n, fmt::format("{} {} is out of range for a rank-{} tensor", name, a, rank));
   return static_cast<int>(ax);
 }
 
@@ -45,7 +48,8 @@ void pack_chunks(const unsigned char* src, const Geometry& g, int p, unsigned ch
   const std::int64_t c = g.axis_len / p, row = c * g.inner, block = g.outer * row;
   for (int j = 0; j < p; ++j)
     for (std::int64_t o = 0; o < g.outer; ++o)
-      std::memcpy(dst + j * block + o * row, src + o * g.axis_len * g.inner + j * row, static_cast<std::size_t>(row));
+      std::memcpy(dst + j * block + o * row, src + o * g.axis_len * g.inner + j * row,
+                  static_cast<std::size_t>(row));
 }
 
 // Concatenates p contiguous blocks (each of geometry `chunk`) along the axis into `dst`.
@@ -53,10 +57,13 @@ void concat_chunks(const unsigned char* src, const Geometry& chunk, int p, unsig
   const std::int64_t row = chunk.axis_len * chunk.inner, block = chunk.outer * row;
   for (int j = 0; j < p; ++j)
     for (std::int64_t o = 0; o < chunk.outer; ++o)
-      std::memcpy(dst + o * p * row + j * row, src + j * block + o * row, static_cast<std::size_t>(row));
+      std::memcpy(dst + o * p * row + j * row, src + j * block + o * row,
+                  static_cast<std::size_t>(row));
 }
 
-bool reducible(int dtype) { return dtype == HP_F32 || dtype == HP_F64 || dtype == HP_I32 || dtype == HP_I64; }
+bool reducible(int dtype) {
+  return dtype == HP_F32 || dtype == HP_F64 || dtype == HP_I32 || dtype == HP_I64;
+}
 
 template <class T>
 void divide_as(void* data, std::int64_t n, int p) {
@@ -75,15 +82,17 @@ void divide(void* data, int dtype, std::int64_t n, int p) {
 }
 
 Status check_reducible(const CommNode& n, int dtype) {
-  if (!reducible(dtype)) return comm_node_error(n, fmt::format("cannot reduce {} tensors", exec::dtype_label(dtype)));
+  if (!reducible(dtype))
+    return comm_node_error(n, fmt::format("cannot reduce {} tensors", exec::dtype_label(dtype)));
   return {};
 }
 
 Status check_divisible(const CommNode& n, const CommTensor& x, int axis, int p) {
   const std::vector<std::int64_t> dims(x.dims.begin(), x.dims.end());
   if (x.dims[static_cast<std::size_t>(axis)] % p != 0)
-    return comm_node_error(n, fmt::format("dim {} of {} (size {}) is not divisible by the group size {}", axis,
-                                          exec::dims_label(dims), x.dims[static_cast<std::size_t>(axis)], p));
+    return comm_node_error(
+        n, fmt::format("dim {} of {} (size {}) is not divisible by the group size {}", axis,
+                       exec::dims_label(dims), x.dims[static_cast<std::size_t>(axis)], p));
   return {};
 }
 
@@ -96,19 +105,22 @@ TransportCommOps::TransportCommOps(Transport& transport) : t_(transport) {}
 TransportCommOps::~TransportCommOps() = default;
 
 bool TransportCommOps::handles(const std::string& op) const {
-  for (std::string_view k : {domain::kAllReduce, domain::kAllGather, domain::kReduceScatter, domain::kAllToAll,
-                             domain::kCollectivePermute, domain::kSend, domain::kRecv})
+  for (std::string_view k :
+       {domain::kAllReduce, domain::kAllGather, domain::kReduceScatter, domain::kAllToAll,
+        domain::kCollectivePermute, domain::kSend, domain::kRecv})
     if (op == k) return true;
   return false;
 }
 
 Expected<const CommPlan*> TransportCommOps::plan_for(const CommNode& n) {
   auto it = plans_.find(&n);
-  // The address is only a hint (a temporary node may reuse another's): the plan must match the node.
+  // The address is only a hint (a temporary node may reuse another's): the plan must match the
+  // node.
   if (it != plans_.end() && it->second->op_type == n.op_type && it->second->attrs == n.attrs)
     return static_cast<const CommPlan*>(it->second.get());
   HP_ASSIGN_OR_RETURN(auto p, make_comm_plan(n, t_.rank(), t_.size()));
-  if (plans_.size() > 4096) plans_.clear();  // callers that build a node per call: keep the cache bounded
+  if (plans_.size() > 4096)
+    plans_.clear();  // callers that build a node per call: keep the cache bounded
   auto& slot = plans_[&n];
   slot = std::make_unique<CommPlan>(std::move(p));
   return static_cast<const CommPlan*>(slot.get());
@@ -119,8 +131,10 @@ Status TransportCommOps::run(const CommNode& n, const std::vector<const HostTens
   std::vector<CommTensor> views;
   views.reserve(in.size());
   for (const HostTensor* h : in)
-    views.push_back(h ? CommTensor{h->dtype, h->dims, h->data.data(), h->data.size()} : CommTensor{});
-  auto alloc = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims, int) -> Expected<void*> {
+    views.push_back(h ? CommTensor{h->dtype, h->dims, h->data.data(), h->data.size()}
+                      : CommTensor{});
+  auto alloc = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims,
+                   int) -> Expected<void*> {
     if (k >= out.size()) return comm_node_error(n, "the node has no output");
     HostTensor& y = out[k];
     y.name = k < n.outputs.size() ? n.outputs[k] : std::string();
@@ -132,17 +146,23 @@ Status TransportCommOps::run(const CommNode& n, const std::vector<const HostTens
   return run_into(n, views, alloc);
 }
 
-Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTensor>& in, const CommAlloc& alloc) {
+Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTensor>& in,
+                                  const CommAlloc& alloc) {
   HP_ASSIGN_OR_RETURN(const CommPlan* planned, plan_for(n));
   const CommPlan& pl = *planned;
   const bool takes_input = pl.kind != CommKind::recv;
-  if (takes_input && (in.empty() || in.front().dtype < 0)) return comm_node_error(n, "the node has no input tensor");
-  if (pl.kind != CommKind::send && n.outputs.empty()) return comm_node_error(n, "the node has no output");
+  if (takes_input && (in.empty() || in.front().dtype < 0))
+    return comm_node_error(n, "the node has no input tensor");
+  if (pl.kind != CommKind::send && n.outputs.empty())
+    return comm_node_error(n, "the node has no output");
   const CommTensor* x = takes_input ? &in.front() : nullptr;
   const int esize = x ? exec::dtype_size(x->dtype) : 0;
-  if (x && esize == 0) return comm_node_error(n, fmt::format("cannot communicate {} tensors", exec::dtype_label(x->dtype)));
+  if (x && esize == 0)
+    return comm_node_error(
+        n, fmt::format("cannot communicate {} tensors", exec::dtype_label(x->dtype)));
   const int p = static_cast<int>(pl.group.size());
-  auto output = [&](int dtype, std::span<const std::int64_t> dims, int reuse = -1) -> Expected<unsigned char*> {
+  auto output = [&](int dtype, std::span<const std::int64_t> dims,
+                    int reuse = -1) -> Expected<unsigned char*> {
     auto y = alloc(0, dtype, dims, reuse);
     if (!y) return std::move(y).error();
     return static_cast<unsigned char*>(*y);
@@ -155,11 +175,13 @@ Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTenso
 
   switch (pl.kind) {
     case CommKind::send:
-      return t_.send(pl.peer, micro_batch_ * 4096 + pl.tag, x->data, static_cast<std::int64_t>(x->bytes));
+      return t_.send(pl.peer, micro_batch_ * 4096 + pl.tag, x->data,
+                     static_cast<std::int64_t>(x->bytes));
     case CommKind::recv: {
       auto y = output(pl.recv_dtype, pl.recv_shape);
       if (!y) return std::move(y).error();
-      return t_.recv(pl.peer, micro_batch_ * 4096 + pl.tag, *y, bytes_of(pl.recv_shape, exec::dtype_size(pl.recv_dtype)));
+      return t_.recv(pl.peer, micro_batch_ * 4096 + pl.tag, *y,
+                     bytes_of(pl.recv_shape, exec::dtype_size(pl.recv_dtype)));
     }
     case CommKind::permute: {
       auto y = output(x->dtype, x->dims);
@@ -170,7 +192,8 @@ Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTenso
         return {};
       }
       if (pl.permute_src < 0 && x->bytes) std::memset(*y, 0, x->bytes);  // nobody sends here: zeros
-      return t_.sendrecv(pl.permute_dst, x->data, pl.permute_src, *y, static_cast<std::int64_t>(x->bytes), 4095);
+      return t_.sendrecv(pl.permute_dst, x->data, pl.permute_src, *y,
+                         static_cast<std::int64_t>(x->bytes), 4095);
     }
     case CommKind::all_reduce: {
       HP_TRY(check_reducible(n, x->dtype));
@@ -183,7 +206,8 @@ Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTenso
     }
     default: break;
   }
-  if (x->dims.empty()) return comm_node_error(n, "a scalar cannot be split or gathered along an axis");
+  if (x->dims.empty())
+    return comm_node_error(n, "a scalar cannot be split or gathered along an axis");
   const auto* src = static_cast<const unsigned char*>(x->data);
 
   if (pl.kind == CommKind::all_gather) {
@@ -195,7 +219,8 @@ Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTenso
     if (!y) return std::move(y).error();
     const Geometry g = geometry(x->dims, *axis, esize);
     const auto bytes = static_cast<std::int64_t>(x->bytes);
-    if (g.outer == 1) return t_.allgather(pl.group, src, *y, bytes);  // member blocks are the result
+    if (g.outer == 1)
+      return t_.allgather(pl.group, src, *y, bytes);  // member blocks are the result
     pack_.resize(x->bytes * static_cast<std::size_t>(p));
     HP_TRY(t_.allgather(pl.group, src, pack_.data(), bytes));
     concat_chunks(pack_.data(), g, p, *y);

@@ -16,10 +16,12 @@ Expected<ReduceOp> parse_reduce_op(const std::string& name) {
   if (name == "min") return ReduceOp::min;
   if (name == "avg") return ReduceOp::avg;
   if (name == "prod") return ReduceOp::prod;
-  return Error(Errc::bad_input, fmt::format("unknown reduction '{}'", name), "", "op is sum, max, min, avg or prod");
+  return Error(Errc::bad_input, fmt::format("unknown reduction '{}'", name), "",
+               "op is sum, max, min, avg or prod");
 }
 
-Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text, const std::string& what) {
+Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text,
+                                                   const std::string& what) {
   std::vector<std::int64_t> v;
   if (text.empty()) return v;
   std::size_t pos = 0;
@@ -30,7 +32,8 @@ Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text, cons
     char* stop = nullptr;
     long long x = std::strtoll(item.c_str(), &stop, 10);
     if (item.empty() || *stop != '\0')
-      return Error(Errc::bad_input, fmt::format("attribute '{}' is not a list of integers: '{}'", what, text));
+      return Error(Errc::bad_input,
+                   fmt::format("attribute '{}' is not a list of integers: '{}'", what, text));
     v.push_back(x);
     pos = end + 1;
   }
@@ -38,7 +41,8 @@ Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text, cons
 }
 
 Error comm_node_error(const CommNode& n, std::string msg) {
-  return Error(Errc::bad_input, std::move(msg), fmt::format("node '{}' (hp.{})", n.name, n.op_type));
+  return Error(Errc::bad_input, std::move(msg),
+               fmt::format("node '{}' (hp.{})", n.name, n.op_type));
 }
 
 namespace {
@@ -49,14 +53,16 @@ const std::string* find_attr(const CommNode& n, std::string_view name) {
   return nullptr;
 }
 
-Expected<std::int64_t> int_attr(const CommNode& n, std::string_view name, std::optional<std::int64_t> def = {}) {
+Expected<std::int64_t> int_attr(const CommNode& n, std::string_view name,
+                                std::optional<std::int64_t> def = {}) {
   const std::string* v = find_attr(n, name);
   if (!v) {
     if (def) return *def;
     return comm_node_error(n, fmt::format("attribute '{}' is missing", name));
   }
   auto l = parse_int_list(*v, std::string(name));
-  if (!l || l->size() != 1) return comm_node_error(n, fmt::format("attribute '{}' is not an integer: '{}'", name, *v));
+  if (!l || l->size() != 1)
+    return comm_node_error(n, fmt::format("attribute '{}' is not an integer: '{}'", name, *v));
   return l->front();
 }
 
@@ -67,13 +73,16 @@ Status parse_group(const CommNode& n, int me, int world, CommPlan& p) {
   if (!l) return comm_node_error(n, l.error().message());
   for (std::int64_t r : *l) {
     if (r < 0 || r >= world)
-      return comm_node_error(n, fmt::format("group rank {} is outside the job's ranks 0..{}", r, world - 1));
+      return comm_node_error(
+          n, fmt::format("group rank {} is outside the job's ranks 0..{}", r, world - 1));
     for (int q : p.group)
       if (q == r) return comm_node_error(n, fmt::format("group lists rank {} twice", r));
     if (r == me) p.pos = static_cast<int>(p.group.size());
     p.group.push_back(static_cast<int>(r));
   }
-  if (p.pos < 0) return comm_node_error(n, fmt::format("rank {} runs this node but is not in its group [{}]", me, *v));
+  if (p.pos < 0)
+    return comm_node_error(
+        n, fmt::format("rank {} runs this node but is not in its group [{}]", me, *v));
   return {};
 }
 
@@ -92,8 +101,10 @@ Status parse_point_to_point(const CommNode& n, int me, int world, CommPlan& p) {
   // A rank may send to itself: with interleaved stages its later model chunk reads what an earlier
   // one produced (the message is buffered, as every send is).
   if (peer < 0 || peer >= world)
-    return comm_node_error(n, fmt::format("peer {} is not a rank of the job (0..{}, this is {})", peer, world - 1, me));
-  if (*tag < 0 || *tag >= 4096) return comm_node_error(n, fmt::format("tag {} is outside 0..4095", *tag));
+    return comm_node_error(n, fmt::format("peer {} is not a rank of the job (0..{}, this is {})",
+                                          peer, world - 1, me));
+  if (*tag < 0 || *tag >= 4096)
+    return comm_node_error(n, fmt::format("tag {} is outside 0..4095", *tag));
   p.peer = static_cast<int>(peer);
   p.tag = static_cast<int>(*tag);
   if (p.kind == CommKind::send) return {};
@@ -115,17 +126,21 @@ Status parse_pairs(const CommNode& n, int me, int world, CommPlan& p) {
   const std::string* pv = find_attr(n, domain::kAttrPairs);
   auto pairs = parse_int_list(pv ? *pv : "", "pairs");
   if (!pairs) return comm_node_error(n, pairs.error().message());
-  if (pairs->size() % 2) return comm_node_error(n, "attribute 'pairs' needs an even number of ranks (src, dst, ...)");
+  if (pairs->size() % 2)
+    return comm_node_error(n, "attribute 'pairs' needs an even number of ranks (src, dst, ...)");
   for (std::size_t i = 0; i < pairs->size(); i += 2) {
     const auto s = (*pairs)[i], d = (*pairs)[i + 1];
     if (s < 0 || s >= world || d < 0 || d >= world)
-      return comm_node_error(n, fmt::format("pair ({}, {}) names a rank outside 0..{}", s, d, world - 1));
+      return comm_node_error(
+          n, fmt::format("pair ({}, {}) names a rank outside 0..{}", s, d, world - 1));
     if (s == me) {
-      if (p.permute_dst >= 0) return comm_node_error(n, fmt::format("rank {} is a source twice in 'pairs'", me));
+      if (p.permute_dst >= 0)
+        return comm_node_error(n, fmt::format("rank {} is a source twice in 'pairs'", me));
       p.permute_dst = static_cast<int>(d);
     }
     if (d == me) {
-      if (p.permute_src >= 0) return comm_node_error(n, fmt::format("rank {} is a destination twice in 'pairs'", me));
+      if (p.permute_src >= 0)
+        return comm_node_error(n, fmt::format("rank {} is a destination twice in 'pairs'", me));
       p.permute_src = static_cast<int>(s);
     }
   }
@@ -166,7 +181,8 @@ Expected<CommPlan> make_comm_plan(const CommNode& n, int me, int world) {
     into = *a;
     return {};
   };
-  if (p.kind == CommKind::all_gather || p.kind == CommKind::reduce_scatter) HP_TRY(axis(domain::kAttrAxis, p.axis));
+  if (p.kind == CommKind::all_gather || p.kind == CommKind::reduce_scatter)
+    HP_TRY(axis(domain::kAttrAxis, p.axis));
   if (p.kind == CommKind::all_to_all) {
     HP_TRY(axis(domain::kAttrSplitAxis, p.split_axis));
     HP_TRY(axis(domain::kAttrConcatAxis, p.concat_axis));

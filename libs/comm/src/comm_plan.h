@@ -8,23 +8,23 @@
 #include <string>
 #include <vector>
 
-#include "hp/core/expected.h"
 #include "hp/comm/comm.h"
+#include "hp/core/expected.h"
 
 namespace hp::comm {
 
 enum class CommKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, send, recv };
 
 struct CommPlan {
-  std::string op_type;          ///< the node's, to tell a cached plan still fits the node at its address
+  std::string op_type;  ///< the node's, to tell a cached plan still fits the node at its address
   std::vector<std::pair<std::string, std::string>> attrs;
   CommKind kind = CommKind::all_reduce;
-  std::vector<int> group;       ///< collectives: the ordered members
-  int pos = -1;                 ///< this rank's member position
-  ReduceOp op = ReduceOp::sum;  ///< AllReduce, ReduceScatter
+  std::vector<int> group;                                  ///< collectives: the ordered members
+  int pos = -1;                                            ///< this rank's member position
+  ReduceOp op = ReduceOp::sum;                             ///< AllReduce, ReduceScatter
   std::int64_t axis = 0, split_axis = 0, concat_axis = 0;  ///< as written (may be negative)
-  int peer = -1, tag = 0;       ///< Send, Recv
-  int recv_dtype = -1;          ///< Recv: hp_dtype
+  int peer = -1, tag = 0;                                  ///< Send, Recv
+  int recv_dtype = -1;                                     ///< Recv: hp_dtype
   std::vector<std::int64_t> recv_shape;
   int permute_src = -1, permute_dst = -1;  ///< CollectivePermute: -1 when this rank has none
 };

@@ -18,7 +18,9 @@ Expected<std::string> read_file(const fs::path& path) {
   if (fs::is_directory(path, ec))
     return Error(Errc::bad_input, "is a directory, expected a file", path.string());
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Error(Errc::bad_input, std::string("cannot open: ") + std::strerror(errno), path.string());
+  if (!in)
+    return Error(Errc::bad_input, std::string("cannot open: ") + std::strerror(errno),
+                 path.string());
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) return Error(Errc::runtime, "read failed", path.string());
@@ -32,10 +34,12 @@ Status write_file_atomic(const fs::path& path, std::string_view contents) {
     return Error(Errc::bad_input, "directory does not exist", dir.string());
   // The temp file lives beside the target so rename(2) stays on one filesystem and is atomic.
   std::random_device rd;
-  fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                        std::to_string(rd()));
+  fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) +
+                        "." + std::to_string(rd()));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return Error(Errc::runtime, std::string("cannot create: ") + std::strerror(errno), tmp.string());
+  if (fd < 0)
+    return Error(Errc::runtime, std::string("cannot create: ") + std::strerror(errno),
+                 tmp.string());
   const char* p = contents.data();
   std::size_t left = contents.size();
   while (left > 0) {
@@ -45,7 +49,8 @@ Status write_file_atomic(const fs::path& path, std::string_view contents) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return Error(Errc::runtime, std::string("write failed: ") + std::strerror(err), path.string());
+      return Error(Errc::runtime, std::string("write failed: ") + std::strerror(err),
+                   path.string());
     }
     p += n;
     left -= static_cast<std::size_t>(n);
@@ -58,7 +63,8 @@ Status write_file_atomic(const fs::path& path, std::string_view contents) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return Error(Errc::runtime, std::string("cannot rename into place: ") + std::strerror(err), path.string());
+    return Error(Errc::runtime, std::string("cannot rename into place: ") + std::strerror(err),
+                 path.string());
   }
   return {};
 }

@@ -78,11 +78,23 @@ std::optional<double> parse_bytes(std::string_view text) {
   if (ec != std::errc() || ptr != number.data() + number.size() || value < 0) return std::nullopt;
   std::string unit(trim(text.substr(pos)));
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  struct Suffix { const char* name; double mult; };
-  static constexpr std::array<Suffix, 13> suffixes{{
-      {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"mb", 1e6},
-      {"mib", 1048576.0}, {"gb", 1e9}, {"gib", 1073741824.0}, {"tb", 1e12},
-      {"tib", 1099511627776.0}, {"m", 1e6}, {"g", 1e9}}};
+  struct Suffix {
+    const char* name;
+    double mult;
+  };
+  static constexpr std::array<Suffix, 13> suffixes{{{"", 1},
+                                                    {"b", 1},
+                                                    {"k", 1e3},
+                                                    {"kb", 1e3},
+                                                    {"kib", 1024.0},
+                                                    {"mb", 1e6},
+                                                    {"mib", 1048576.0},
+                                                    {"gb", 1e9},
+                                                    {"gib", 1073741824.0},
+                                                    {"tb", 1e12},
+                                                    {"tib", 1099511627776.0},
+                                                    {"m", 1e6},
+                                                    {"g", 1e9}}};
   for (const auto& s : suffixes)
     if (unit == s.name) return value * s.mult;
   return std::nullopt;
@@ -92,17 +104,25 @@ std::optional<double> parse_seconds(std::string_view text) {
   text = trim(text);
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   // A digit or '.' first: from_chars alone would also take "inf", "nan" and a second sign.
-  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text.front())) || text.front() == '.'))
+  if (text.empty() ||
+      !(std::isdigit(static_cast<unsigned char>(text.front())) || text.front() == '.'))
     return std::nullopt;
   double value = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (ec != std::errc() || !std::isfinite(value) || value < 0) return std::nullopt;
   const std::string_view unit = trim(std::string_view(ptr, static_cast<std::size_t>(end - ptr)));
-  struct Unit { std::string_view name; double mult; };
-  static constexpr std::array<Unit, 7> units{{{"", 1.0}, {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6},
+  struct Unit {
+    std::string_view name;
+    double mult;
+  };
+  static constexpr std::array<Unit, 7> units{{{"", 1.0},
+                                              {"s", 1.0},
+                                              {"ms", 1e-3},
+                                              {"us", 1e-6},
                                               {"\xC2\xB5s", 1e-6} /* µs, micro sign */,
-                                              {"\xCE\xBCs", 1e-6} /* μs, Greek mu */, {"ns", 1e-9}}};
+                                              {"\xCE\xBCs", 1e-6} /* μs, Greek mu */,
+                                              {"ns", 1e-9}}};
   for (const auto& u : units)
     if (unit == u.name) return value * u.mult;
   return std::nullopt;

@@ -1,5 +1,5 @@
-// compare_tensors: elementwise comparison with NaN/Inf handled as PyTorch's allclose does, and exact
-// comparison for integer and bool tensors.
+// compare_tensors: elementwise comparison with NaN/Inf handled as PyTorch's allclose does, and
+// exact comparison for integer and bool tensors.
 #include "hp/exec/compare.h"
 
 #include <fmt/core.h>
@@ -11,15 +11,18 @@
 
 namespace hp::exec {
 
-OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol, double atol) {
+OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol,
+                            double atol) {
   OutputCheck c;
   c.name = want.name.empty() ? got.name : want.name;
   if (got.dtype != want.dtype) {
-    c.problem = fmt::format("dtype {} but expected {}", dtype_label(got.dtype), dtype_label(want.dtype));
+    c.problem =
+        fmt::format("dtype {} but expected {}", dtype_label(got.dtype), dtype_label(want.dtype));
     return c;
   }
   if (got.dims != want.dims) {
-    c.problem = fmt::format("shape {} but expected {}", dims_label(got.dims), dims_label(want.dims));
+    c.problem =
+        fmt::format("shape {} but expected {}", dims_label(got.dims), dims_label(want.dims));
     return c;
   }
   const std::int64_t n = want.numel();

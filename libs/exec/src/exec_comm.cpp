@@ -1,11 +1,12 @@
 // Communication nodes in the executor: an "hp"-domain node goes to the CommOps of ExecOptions with
 // its inputs where they lie in the cpu backend's memory (copied there first when another backend
 // wrote them) and its outputs allocated from the executor's pool, like any node's outputs. Nothing
-// is copied on the way in or out: the buffers are pool buffers reused from run to run, which is what
-// keeps a collective's cost at the transport's (tests/bench/comm measures both). An input whose last
-// reader is this node is donatable: an output of its size may take over its buffer (the tensor-
-// parallel partial sum into its AllReduce), so the collective runs in place as a hand-written
-// MPI_Allreduce(MPI_IN_PLACE) would. Not under offload, whose schedule tracks buffers itself.
+// is copied on the way in or out: the buffers are pool buffers reused from run to run, which is
+// what keeps a collective's cost at the transport's (tests/bench/comm measures both). An input
+// whose last reader is this node is donatable: an output of its size may take over its buffer (the
+// tensor- parallel partial sum into its AllReduce), so the collective runs in place as a
+// hand-written MPI_Allreduce(MPI_IN_PLACE) would. Not under offload, whose schedule tracks buffers
+// itself.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -21,7 +22,8 @@ std::int64_t CommTensor::numel() const {
   return n;
 }
 
-Status CommOps::run_into(const CommNode& node, const std::vector<CommTensor>& inputs, const CommAlloc& alloc) {
+Status CommOps::run_into(const CommNode& node, const std::vector<CommTensor>& inputs,
+                         const CommAlloc& alloc) {
   std::vector<HostTensor> host(inputs.size());
   std::vector<const HostTensor*> ptrs;
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -53,7 +55,8 @@ Expected<void*> Executor::Impl::comm_output(PreparedNode& n, std::size_t k, int 
   std::vector<char>& given = scratch_given;  // inputs whose buffer an output took
   const int esz = dtype_size(dtype);
   if (k >= n.outputs.size() || esz == 0)
-    return Error(Errc::internal, fmt::format("the comm layer asked for output {} of dtype {}", k, dtype), n.name);
+    return Error(Errc::internal,
+                 fmt::format("the comm layer asked for output {} of dtype {}", k, dtype), n.name);
   std::int64_t count = 1;
   for (std::int64_t d : dims) count *= d;
   const std::size_t bytes = static_cast<std::size_t>(count * esz);
@@ -102,14 +105,15 @@ Status Executor::Impl::run_comm(PreparedNode& n) {
   if (!n.inputs.empty()) HP_TRY(be[0]->stream_sync(stream[0]));
   scratch_given.assign(ins.size(), 0);
   // Two pointers of capture: std::function keeps them inline (no allocation per node).
-  auto alloc_out = [this, &n](std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse) {
-    return comm_output(n, k, dtype, dims, reuse);
-  };
+  auto alloc_out = [this, &n](std::size_t k, int dtype, std::span<const std::int64_t> dims,
+                              int reuse) { return comm_output(n, k, dtype, dims, reuse); };
   HP_TRY(opts.comm->run_into(n.comm_node, ins, alloc_out));
   for (int id : n.outputs)
     if (id >= 0 && !slots[static_cast<std::size_t>(id)].live)
-      return Error(Errc::runtime, fmt::format("the comm layer produced no tensor for output '{}'",
-                                              tensor_names[static_cast<std::size_t>(id)]), n.name);
+      return Error(Errc::runtime,
+                   fmt::format("the comm layer produced no tensor for output '{}'",
+                               tensor_names[static_cast<std::size_t>(id)]),
+                   n.name);
   ++stats.nodes;
   return {};
 }

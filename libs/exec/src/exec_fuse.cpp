@@ -1,13 +1,13 @@
-// Node fusion at preparation: chains of ONNX nodes that one kernel does better are rewritten into that
-// kernel's node, when the backend that would run them implements it.
+// Node fusion at preparation: chains of ONNX nodes that one kernel does better are rewritten into
+// that kernel's node, when the backend that would run them implements it.
 //
 // GELU: PyTorch exports the exact GELU (F.gelu, nn.GELU) as five nodes,
 //     Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5)
 // each a full pass over the (large, 4 x hidden wide) activation. They become one ONNX Gelu node
-// (opset 20, approximate "none"), evaluated in one pass. The chain's intermediates must be read only
-// by the next node of the chain and not be graph outputs, and the constants must be scalar weights or
-// Constant nodes with those values (within float rounding). Fused-away nodes are marked dead: the run
-// skips them, lifetimes ignore them.
+// (opset 20, approximate "none"), evaluated in one pass. The chain's intermediates must be read
+// only by the next node of the chain and not be graph outputs, and the constants must be scalar
+// weights or Constant nodes with those values (within float rounding). Fused-away nodes are marked
+// dead: the run skips them, lifetimes ignore them.
 #include <cmath>
 #include <optional>
 
@@ -19,8 +19,8 @@ namespace {
 
 struct Graph {
   Executor::Impl& im;
-  std::vector<int> producer;              ///< tensor id -> node index, -1 for none
-  std::vector<int> readers;               ///< tensor id -> number of reading nodes (+1 when a graph output)
+  std::vector<int> producer;  ///< tensor id -> node index, -1 for none
+  std::vector<int> readers;   ///< tensor id -> number of reading nodes (+1 when a graph output)
 
   explicit Graph(Executor::Impl& impl) : im(impl) {
     producer.assign(im.tensor_names.size(), -1);
@@ -39,7 +39,9 @@ struct Graph {
   PreparedNode* sole_producer(int t) {
     if (t < 0 || readers[static_cast<std::size_t>(t)] != 1) return nullptr;
     const int p = producer[static_cast<std::size_t>(t)];
-    return p < 0 || im.nodes[static_cast<std::size_t>(p)].dead ? nullptr : &im.nodes[static_cast<std::size_t>(p)];
+    return p < 0 || im.nodes[static_cast<std::size_t>(p)].dead
+               ? nullptr
+               : &im.nodes[static_cast<std::size_t>(p)];
   }
 
   /// The one node reading `t` (which has exactly one reader and is no graph output), else null.
@@ -58,11 +60,14 @@ struct Graph {
   std::optional<float> scalar(int t) {
     if (t < 0) return std::nullopt;
     for (const auto& [id, h] : im.weights)
-      if (id == t) return h.dtype == HP_F32 && h.numel() == 1 ? std::optional<float>(h.as<float>()[0]) : std::nullopt;
+      if (id == t)
+        return h.dtype == HP_F32 && h.numel() == 1 ? std::optional<float>(h.as<float>()[0])
+                                                   : std::nullopt;
     const int p = producer[static_cast<std::size_t>(t)];
     if (p < 0) return std::nullopt;
     const PreparedNode& n = im.nodes[static_cast<std::size_t>(p)];
-    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1) return std::nullopt;
+    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1)
+      return std::nullopt;
     const HostTensor& h = n.store_tensors.front();
     if (h.dtype != HP_F32 || h.numel() != 1) return std::nullopt;
     return h.as<float>()[0];
@@ -82,7 +87,8 @@ struct Graph {
 };
 
 bool is_unary(const PreparedNode& n, const char* op) {
-  return n.op_type == op && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1 && n.inputs[0] >= 0;
+  return n.op_type == op && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1 &&
+         n.inputs[0] >= 0;
 }
 
 int fuse_gelu(Graph& g) {
@@ -99,7 +105,9 @@ int fuse_gelu(Graph& g) {
     PreparedNode* mul = g.sole_reader(add->outputs[0]);
     if (!mul || mul->op_type != "Mul" || mul->inputs.size() != 2) continue;
     const int a = add->outputs[0];
-    if (!((mul->inputs[0] == x && mul->inputs[1] == a) || (mul->inputs[1] == x && mul->inputs[0] == a))) continue;
+    if (!((mul->inputs[0] == x && mul->inputs[1] == a) ||
+          (mul->inputs[1] == x && mul->inputs[0] == a)))
+      continue;
     PreparedNode* half = g.sole_reader(mul->outputs[0]);
     if (!half || g.other_than_const(*half, "Mul", 0.5f, true) != mul->outputs[0]) continue;
     // `half` becomes Gelu(x); the four nodes before it go.

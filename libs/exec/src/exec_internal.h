@@ -9,12 +9,12 @@
 #include <map>
 #include <memory>
 #include <span>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
-#include "hp/plugin/hp_plugin.h"
 #include "hp/exec/executor.h"
+#include "hp/plugin/hp_plugin.h"
 
 namespace hp::exec {
 
@@ -22,23 +22,24 @@ namespace hp::exec {
 struct PreparedNode {
   std::string name, op_type, domain;
   std::int64_t opset = 0;
-  std::vector<int> inputs, outputs;        ///< tensor ids; -1 for an omitted input / unused output
+  std::vector<int> inputs, outputs;  ///< tensor ids; -1 for an omitted input / unused output
   std::vector<hp_op_attr> attrs;
-  std::deque<std::string> store_strings;   ///< deques: element addresses stay valid while growing
+  std::deque<std::string> store_strings;  ///< deques: element addresses stay valid while growing
   std::deque<std::vector<std::int64_t>> store_ints;
   std::deque<std::vector<double>> store_floats;
   std::deque<HostTensor> store_tensors;
   std::deque<hp_tensor_desc> store_descs;
-  std::vector<int> release_after;          ///< tensor ids whose last reader is this node
-  bool comm = false;                       ///< an "hp"-domain node for CommOps
+  std::vector<int> release_after;  ///< tensor ids whose last reader is this node
+  bool comm = false;               ///< an "hp"-domain node for CommOps
   CommNode comm_node;
   std::vector<std::int32_t> placed_dtypes;  ///< input dtypes of the last placement decision
-  int placed_where = -1;                   ///< the backend slot chosen for them
-  bool dead = false;                       ///< fused into a later node (exec_fuse.cpp): never runs
-  int op_slot = 0;                         ///< index of its op type in Impl::op_types (time accounting)
-  /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes (or,
-  /// for Shape/Size, only its input's dims), so its outputs stay alive between runs and it reruns only
-  /// when `memo` (its inputs' versions, or the dims a Shape node saw) differs from the last time.
+  int placed_where = -1;                    ///< the backend slot chosen for them
+  bool dead = false;                        ///< fused into a later node (exec_fuse.cpp): never runs
+  int op_slot = 0;  ///< index of its op type in Impl::op_types (time accounting)
+  /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes
+  /// (or, for Shape/Size, only its input's dims), so its outputs stay alive between runs and it
+  /// reruns only when `memo` (its inputs' versions, or the dims a Shape node saw) differs from the
+  /// last time.
   bool cached = false;
   bool memo_valid = false;
   std::vector<std::int64_t> memo;
@@ -51,18 +52,20 @@ struct Slot {
   std::size_t bytes = 0;
   void* ptr[2] = {nullptr, nullptr};
   bool live = false;
-  bool persistent = false;  ///< a weight or a cached node's output: kept alive across runs
+  bool persistent = false;    ///< a weight or a cached node's output: kept alive across runs
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
 };
 
 /// Bytes a buffer of `bytes` takes from the pool and the backend (256-byte granules, 64 for empty).
-inline std::size_t pool_size(std::size_t bytes) { return bytes == 0 ? 64 : (bytes + 255) / 256 * 256; }
+inline std::size_t pool_size(std::size_t bytes) {
+  return bytes == 0 ? 64 : (bytes + 255) / 256 * 256;
+}
 
 /// Offload state and schedule of an executor (exec_offload.cpp); null when offload is off.
 struct OffloadState;
 
-/// Size-keyed free lists per backend slot: freed buffers are reused by later allocations. Vectors, not
-/// a multimap, so that once warm, releasing and reusing a buffer allocates nothing.
+/// Size-keyed free lists per backend slot: freed buffers are reused by later allocations. Vectors,
+/// not a multimap, so that once warm, releasing and reusing a buffer allocates nothing.
 struct Pool {
   std::unordered_map<std::size_t, std::vector<void*>> free[2];
 };
@@ -84,12 +87,12 @@ struct Executor::Impl {
   bool weights_loaded = false;
   std::vector<std::string> op_types;  ///< distinct op types, indexed by PreparedNode::op_slot
   std::vector<OpTime> op_time;        ///< per op_slot, for the run in progress
-  std::vector<std::int32_t> scratch_dtypes;    ///< reused per node (no heap traffic on the hot path)
+  std::vector<std::int32_t> scratch_dtypes;  ///< reused per node (no heap traffic on the hot path)
   std::vector<hp_tensor_desc> scratch_inputs;
   std::vector<std::int64_t> scratch_key;
-  std::vector<CommTensor> scratch_comm;           ///< a comm node's inputs (exec_comm.cpp)
-  std::vector<char> scratch_given;                ///< which of them an output took over
-  std::vector<unsigned char> comm_discard;        ///< where a comm node writes an output nobody reads
+  std::vector<CommTensor> scratch_comm;     ///< a comm node's inputs (exec_comm.cpp)
+  std::vector<char> scratch_given;          ///< which of them an output took over
+  std::vector<unsigned char> comm_discard;  ///< where a comm node writes an output nobody reads
 
   std::shared_ptr<OffloadState> off;
 
@@ -108,8 +111,10 @@ struct Executor::Impl {
   Status launch_on(PreparedNode& n, int where);
   int last_launch_allocated_ = 0;
   Status run_comm(PreparedNode& n);  ///< exec_comm.cpp
-  /// Memory for comm node output k (the CommAlloc of run_comm): a donated input's buffer or the pool.
-  Expected<void*> comm_output(PreparedNode& n, std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse);
+  /// Memory for comm node output k (the CommAlloc of run_comm): a donated input's buffer or the
+  /// pool.
+  Expected<void*> comm_output(PreparedNode& n, std::size_t k, int dtype,
+                              std::span<const std::int64_t> dims, int reuse);
   Expected<HostTensor> to_host(int id);
   /// Frees every live tensor except the persistent ones (all of them when `all`).
   void drain(bool all = false);

@@ -4,10 +4,10 @@
 // The trace needs every tensor's size before the run, which the executor only learns as nodes run;
 // so at the first run (and again when the input shapes change) the model's graph is built at the
 // dims the inputs bind (model::build_graph: ONNX shape inference plus the exporter's shape
-// arithmetic) and each executor tensor is sized from it, rounded as the buffer pool rounds. Lifetimes
-// are the executor's own: a tensor lives from its producer to its last reader; graph outputs to the
-// end; weights and cached-node outputs (persistent) for the whole run. The schedule is then
-// hp::offload::plan_node_offload over the executor's node order.
+// arithmetic) and each executor tensor is sized from it, rounded as the buffer pool rounds.
+// Lifetimes are the executor's own: a tensor lives from its producer to its last reader; graph
+// outputs to the end; weights and cached-node outputs (persistent) for the whole run. The schedule
+// is then hp::offload::plan_node_offload over the executor's node order.
 //
 // Replay: before node k, the schedule's evictions (a D2H write-back into the tensor's host copy
 // first when it is dirty) and fetches (H2D from the weight's decoded data or the activation's host
@@ -29,21 +29,21 @@ namespace hp::exec {
 
 struct OffloadState {
   OffloadConfig cfg;
-  model::Model model;                   ///< for sizes at the bound dims
+  model::Model model;  ///< for sizes at the bound dims
   double budget = 0;
-  int dev = 0;                          ///< backend slot of the device memory: 1 when an accelerator is primary
-  std::vector<bool> weight_on_host;     ///< by tensor id
+  int dev = 0;  ///< backend slot of the device memory: 1 when an accelerator is primary
+  std::vector<bool> weight_on_host;       ///< by tensor id
   std::vector<std::int64_t> planned_for;  ///< the input dims the schedule is for
   bool planned = false;
   offload::NodeTrace trace;
   offload::NodeSchedule sched;
-  std::vector<int> ids;                 ///< trace tensor -> executor tensor id
-  std::vector<int> tracked;             ///< executor tensor id -> trace tensor, -1 when not tracked
+  std::vector<int> ids;      ///< trace tensor -> executor tensor id
+  std::vector<int> tracked;  ///< executor tensor id -> trace tensor, -1 when not tracked
   std::vector<std::vector<unsigned char>> host;  ///< activations' host copies, by trace tensor
   /// Per node: tensors the executor keeps across runs that offload frees after this, their last
   /// reader (tracked weights; outputs of cached nodes, which then recompute next run)
   std::vector<std::vector<int>> free_after;
-  std::vector<const HostTensor*> weight_data;    ///< by tensor id: a weight's decoded data
+  std::vector<const HostTensor*> weight_data;  ///< by tensor id: a weight's decoded data
 };
 
 namespace {
@@ -81,7 +81,8 @@ Status evict(Executor::Impl& im, std::size_t t, bool writeback) {
     // The device replica is the one the schedule counts; a cpu-side replica would do as well.
     const int from = s.ptr[o.dev] ? o.dev : 1 - o.dev;
     o.host[t].resize(s.bytes);
-    HP_TRY(im.be[from]->copy_async(im.stream[from], o.host[t].data(), s.ptr[from], s.bytes, HP_D2H));
+    HP_TRY(
+        im.be[from]->copy_async(im.stream[from], o.host[t].data(), s.ptr[from], s.bytes, HP_D2H));
     HP_TRY(im.be[from]->stream_sync(im.stream[from]));
     im.stats.offload_bytes += static_cast<std::int64_t>(s.bytes);
   }
@@ -91,12 +92,15 @@ Status evict(Executor::Impl& im, std::size_t t, bool writeback) {
 }
 
 /// Binds the graph inputs' symbolic dims to the given inputs' dims.
-model::DimBindings bind_dims(const Executor::Impl& im, const model::Model& m, const std::vector<HostTensor>& inputs) {
+model::DimBindings bind_dims(const Executor::Impl& im, const model::Model& m,
+                             const std::vector<HostTensor>& inputs) {
   model::DimBindings b;
   const auto& g = m.proto->graph();
   for (std::size_t k = 0; k < im.inputs.size() && k < inputs.size(); ++k)
     for (const auto& v : g.input()) {
-      if (v.name() != im.inputs[k].name || !v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) continue;
+      if (v.name() != im.inputs[k].name || !v.type().has_tensor_type() ||
+          !v.type().tensor_type().has_shape())
+        continue;
       const auto& dims = v.type().tensor_type().shape().dim();
       for (int d = 0; d < dims.size() && static_cast<std::size_t>(d) < inputs[k].dims.size(); ++d)
         if (dims[d].has_dim_param() && !dims[d].dim_param().empty())
@@ -124,7 +128,8 @@ Status plan(Executor::Impl& im, const std::vector<HostTensor>& inputs) {
     for (int t : n.outputs)
       if (t >= 0) producer[static_cast<std::size_t>(t)] = k;
     for (int t : n.inputs)
-      if (t >= 0 && (readers[static_cast<std::size_t>(t)].empty() || readers[static_cast<std::size_t>(t)].back() != k))
+      if (t >= 0 && (readers[static_cast<std::size_t>(t)].empty() ||
+                     readers[static_cast<std::size_t>(t)].back() != k))
         readers[static_cast<std::size_t>(t)].push_back(k);
   }
   std::vector<bool> is_output(T, false), is_input(T, false);
@@ -133,7 +138,8 @@ Status plan(Executor::Impl& im, const std::vector<HostTensor>& inputs) {
 
   o.trace = {};
   o.trace.base.assign(static_cast<std::size_t>(N), 0.0);
-  for (const PreparedNode& n : im.nodes) o.trace.node_names.push_back(n.name.empty() ? n.op_type : n.name);
+  for (const PreparedNode& n : im.nodes)
+    o.trace.node_names.push_back(n.name.empty() ? n.op_type : n.name);
   o.ids.clear();
   o.tracked.assign(T, -1);
   o.free_after.assign(static_cast<std::size_t>(N), {});
@@ -154,10 +160,12 @@ Status plan(Executor::Impl& im, const std::vector<HostTensor>& inputs) {
       const int gi = g->find_tensor(im.tensor_names[t]);
       auto b = gi >= 0 ? g->tensor(gi).bytes() : std::nullopt;
       if (!b)
-        return Error(Errc::not_implemented,
-                     fmt::format("offload: the size of tensor '{}' is not known at these input dims, so no "
-                                 "schedule can be planned", im.tensor_names[t]),
-                     o.model.path.string());
+        return Error(
+            Errc::not_implemented,
+            fmt::format("offload: the size of tensor '{}' is not known at these input dims, so no "
+                        "schedule can be planned",
+                        im.tensor_names[t]),
+            o.model.path.string());
       bytes = static_cast<double>(pool_size(static_cast<std::size_t>(*b)));
     }
     const std::int64_t end = rd.empty() ? std::max<std::int64_t>(0, producer[t]) : rd.back();
@@ -182,12 +190,15 @@ Status plan(Executor::Impl& im, const std::vector<HostTensor>& inputs) {
     } else {
       fixed(bytes, producer[t], end);
     }
-    // A cached node's output (constant folding, exec_prepare.cpp) would stay on the device for good;
-    // under a budget it is an activation like the others, and its node recomputes it next run.
-    if (s.persistent && !is_output[t] && producer[t] >= 0) o.free_after[static_cast<std::size_t>(end)].push_back(static_cast<int>(t));
+    // A cached node's output (constant folding, exec_prepare.cpp) would stay on the device for
+    // good; under a budget it is an activation like the others, and its node recomputes it next
+    // run.
+    if (s.persistent && !is_output[t] && producer[t] >= 0)
+      o.free_after[static_cast<std::size_t>(end)].push_back(static_cast<int>(t));
   }
   double run = 0;
-  for (std::int64_t k = 0; k < N; ++k) o.trace.base[static_cast<std::size_t>(k)] = run += diff[static_cast<std::size_t>(k)];
+  for (std::int64_t k = 0; k < N; ++k)
+    o.trace.base[static_cast<std::size_t>(k)] = run += diff[static_cast<std::size_t>(k)];
   auto sched = offload::plan_node_offload(o.trace, o.budget, o.cfg.lookahead);
   if (!sched) {
     Error e = std::move(sched).error();
@@ -207,7 +218,8 @@ Status offload_prepare(Executor::Impl& im, const model::Model& model) {
   o->cfg = im.opts.offload;
   o->model = model;
   o->dev = im.be[1] ? 1 : 0;
-  if (o->cfg.lookahead < 0) return Error(Errc::usage, "offload: the prefetch lookahead must be at least 0");
+  if (o->cfg.lookahead < 0)
+    return Error(Errc::usage, "offload: the prefetch lookahead must be at least 0");
   o->budget = o->cfg.budget;
   if (o->budget <= 0) {
     HP_ASSIGN_OR_RETURN(auto info, im.be[o->dev]->device_info(0));
@@ -264,7 +276,8 @@ Status offload_before_node(Executor::Impl& im, std::size_t k) {
     HP_TRY(m.to_device ? fetch(im, m.tensor) : evict(im, m.tensor, m.writeback));
   // On demand: a tracked input the schedule did not bring (it never should).
   for (int t : im.nodes[k].inputs)
-    if (t >= 0 && o.tracked[static_cast<std::size_t>(t)] >= 0 && !im.slots[static_cast<std::size_t>(t)].live)
+    if (t >= 0 && o.tracked[static_cast<std::size_t>(t)] >= 0 &&
+        !im.slots[static_cast<std::size_t>(t)].live)
       HP_TRY(fetch(im, static_cast<std::size_t>(o.tracked[static_cast<std::size_t>(t)])));
   return {};
 }

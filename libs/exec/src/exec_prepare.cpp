@@ -3,19 +3,20 @@
 //  1. Topological order (Kahn's algorithm over tensor names; ties keep file order, so an already
 //     sorted graph keeps its order). A cycle or a read of a tensor nothing produces is bad_input.
 //  2. Op support: a node is runnable when the primary or the cpu backend implements its op type
-//     (supports_op with NULL dtypes: dtypes of intermediate tensors are only known when running), or it
-//     is an "hp"-domain node and a CommOps handles it. Every unsupported node is collected, then one
-//     error lists them all.
+//     (supports_op with NULL dtypes: dtypes of intermediate tensors are only known when running),
+//     or it is an "hp"-domain node and a CommOps handles it. Every unsupported node is collected,
+//     then one error lists them all.
 //  3. Attributes become hp_op_attr records once (tensor attributes decoded to host tensors).
 //  4. Initializers are decoded (inline or external data) and kept on the host until the run places
 //     them.
 //  5. Lifetimes: for each tensor its last reader; graph outputs are never released early.
 //  6. Fusion (exec_fuse.cpp): node chains one kernel does in a pass, e.g. the exported exact GELU.
 //  7. Constant folding across runs: a node whose inputs are all weights or outputs of such nodes
-//     (exporters emit many: Constant, ConstantOfShape, Range, the Trilu of a causal mask, ...) and the
-//     Shape/Size nodes (their output depends only on dims) are "cached": their outputs persist between
-//     runs, like the weights, and they rerun only when an input changed (exec_run.cpp). With static
-//     input shapes the exporter's Shape -> Gather -> Concat -> Reshape-target arithmetic then runs once.
+//     (exporters emit many: Constant, ConstantOfShape, Range, the Trilu of a causal mask, ...) and
+//     the Shape/Size nodes (their output depends only on dims) are "cached": their outputs persist
+//     between runs, like the weights, and they rerun only when an input changed (exec_run.cpp).
+//     With static input shapes the exporter's Shape -> Gather -> Concat -> Reshape-target
+//     arithmetic then runs once.
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -41,7 +42,8 @@ GraphIO graph_io_of(const onnx::ValueInfoProto& v) {
     io.dtype = dtype_from_onnx(tt.elem_type());
     if (tt.has_shape()) {
       io.has_shape = true;
-      for (const auto& d : tt.shape().dim()) io.dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      for (const auto& d : tt.shape().dim())
+        io.dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
     }
   }
   return io;
@@ -61,7 +63,8 @@ ModelIO model_io(const model::Model& m) {
 namespace {
 
 /// Kahn's algorithm; returns node indices in a valid order.
-Expected<std::vector<int>> topo_order(const onnx::GraphProto& g, const std::set<std::string>& available) {
+Expected<std::vector<int>> topo_order(const onnx::GraphProto& g,
+                                      const std::set<std::string>& available) {
   const int n = g.node_size();
   std::map<std::string, int> producer;
   for (int i = 0; i < n; ++i)
@@ -76,7 +79,9 @@ Expected<std::vector<int>> topo_order(const onnx::GraphProto& g, const std::set<
       if (in.empty() || available.count(in)) continue;
       auto it = producer.find(in);
       if (it == producer.end()) {
-        missing.push_back({g.node(i).name(), fmt::format("reads tensor '{}', which no node, input or weight provides", in), ""});
+        missing.push_back(
+            {g.node(i).name(),
+             fmt::format("reads tensor '{}', which no node, input or weight provides", in), ""});
         continue;
       }
       deps.insert(it->second);
@@ -106,8 +111,14 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
     hp_op_attr r{};
     r.name = n.store_strings.emplace_back(a.name()).c_str();
     switch (a.type()) {
-      case onnx::AttributeProto::INT: r.kind = HP_ATTR_INT; r.i = a.i(); break;
-      case onnx::AttributeProto::FLOAT: r.kind = HP_ATTR_FLOAT; r.f = a.f(); break;
+      case onnx::AttributeProto::INT:
+        r.kind = HP_ATTR_INT;
+        r.i = a.i();
+        break;
+      case onnx::AttributeProto::FLOAT:
+        r.kind = HP_ATTR_FLOAT;
+        r.f = a.f();
+        break;
       case onnx::AttributeProto::STRING:
         r.kind = HP_ATTR_STRING;
         r.s = n.store_strings.emplace_back(a.s()).c_str();
@@ -127,20 +138,21 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
         break;
       }
       case onnx::AttributeProto::TENSOR: {
-        HP_ASSIGN_OR_RETURN(auto t, tensor_from_proto(a.t(), dir, n.name.empty() ? n.op_type : n.name));
+        HP_ASSIGN_OR_RETURN(auto t,
+                            tensor_from_proto(a.t(), dir, n.name.empty() ? n.op_type : n.name));
         HostTensor& h = n.store_tensors.emplace_back(std::move(t));
         hp_tensor_desc& d = n.store_descs.emplace_back();
         d.dtype = h.dtype;
         d.rank = static_cast<std::int32_t>(h.dims.size());
-        if (d.rank > HP_MAX_RANK) return Error(Errc::bad_input, "attribute tensor rank too large", n.name);
+        if (d.rank > HP_MAX_RANK)
+          return Error(Errc::bad_input, "attribute tensor rank too large", n.name);
         for (std::size_t k = 0; k < h.dims.size(); ++k) d.dims[k] = h.dims[k];
         d.data = h.data.data();
         r.kind = HP_ATTR_TENSOR;
         r.tensor = &d;
         break;
       }
-      default:
-        continue;  // graphs, sparse tensors, type protos: no supported op reads them
+      default: continue;  // graphs, sparse tensors, type protos: no supported op reads them
     }
     n.attrs.push_back(r);
   }
@@ -161,12 +173,14 @@ bool runnable(const ExecOptions& o, const PreparedNode& n) {
 
 }  // namespace
 
-Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, const ExecOptions& options) {
+Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
+                                                     const ExecOptions& options) {
   if (!options.cpu) return Error(Errc::internal, "the executor needs the cpu backend");
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   impl->be[0] = options.cpu.get();
-  if (options.backend && options.backend.get() != options.cpu.get()) impl->be[1] = options.backend.get();
+  if (options.backend && options.backend.get() != options.cpu.get())
+    impl->be[1] = options.backend.get();
   const onnx::GraphProto& g = model.proto->graph();
   const std::filesystem::path dir = model.path.parent_path();
   const std::string where = model.path.string();
@@ -203,20 +217,28 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
     n.comm = n.domain == "hp";
     if (!runnable(options, n)) {
       std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
-      unsupported.push_back({n.name.empty() ? fmt::format("node #{}", i) : fmt::format("node '{}'", n.name),
-                             fmt::format("op {} is not supported by any loaded backend", label),
-                             n.comm ? "hp-domain communication ops run under 'hp launch RECIPE.toml' (the comm layer)"
-                                    : "see 'hp devices' for the backends found"});
+      unsupported.push_back(
+          {n.name.empty() ? fmt::format("node #{}", i) : fmt::format("node '{}'", n.name),
+           fmt::format("op {} is not supported by any loaded backend", label),
+           n.comm ? "hp-domain communication ops run under 'hp launch RECIPE.toml' (the comm layer)"
+                  : "see 'hp devices' for the backends found"});
       continue;
     }
     if (n.comm) {
-      n.comm_node = {n.name, n.op_type, {np.input().begin(), np.input().end()}, {np.output().begin(), np.output().end()}, {}};
+      n.comm_node = {n.name,
+                     n.op_type,
+                     {np.input().begin(), np.input().end()},
+                     {np.output().begin(), np.output().end()},
+                     {}};
       // Attributes as text: strings as is, ints in decimal, int lists comma-separated ("0,2,1,3").
       for (const auto& a : np.attribute()) {
         std::string v;
-        if (a.type() == onnx::AttributeProto::STRING) v = a.s();
-        else if (a.type() == onnx::AttributeProto::INTS) v = fmt::format("{}", fmt::join(a.ints(), ","));
-        else v = std::to_string(a.i());
+        if (a.type() == onnx::AttributeProto::STRING)
+          v = a.s();
+        else if (a.type() == onnx::AttributeProto::INTS)
+          v = fmt::format("{}", fmt::join(a.ints(), ","));
+        else
+          v = std::to_string(a.i());
         n.comm_node.attrs.emplace_back(a.name(), std::move(v));
       }
     }
@@ -224,8 +246,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
   }
   if (!unsupported.empty()) {
     Error e = collect_errors(Errc::bad_input, std::move(unsupported));
-    e.what.message = fmt::format("{} ({} unsupported node{} in {})", e.what.message, e.more.size() + 1,
-                                 e.more.empty() ? "" : "s", where);
+    e.what.message = fmt::format("{} ({} unsupported node{} in {})", e.what.message,
+                                 e.more.size() + 1, e.more.empty() ? "" : "s", where);
     return e;
   }
 
@@ -240,7 +262,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
 
   // Cached (constant-folded across runs) nodes and persistent tensors.
   impl->slots.resize(impl->tensor_names.size());
-  for (const auto& [id, h] : impl->weights) impl->slots[static_cast<std::size_t>(id)].persistent = true;
+  for (const auto& [id, h] : impl->weights)
+    impl->slots[static_cast<std::size_t>(id)].persistent = true;
   std::map<std::string, int> op_slots;
   for (PreparedNode& n : impl->nodes) {
     const std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
@@ -261,7 +284,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
       if (t >= 0) impl->slots[static_cast<std::size_t>(t)].persistent = true;
   }
 
-  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never released.
+  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never
+  // released.
   std::vector<int> last(impl->tensor_names.size(), -1);
   for (std::size_t k = 0; k < impl->nodes.size(); ++k)
     if (!impl->nodes[k].dead)
@@ -271,7 +295,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model, 
   for (std::size_t t = 0; t < last.size(); ++t)
     if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !impl->slots[t].persistent)
       impl->nodes[static_cast<std::size_t>(last[t])].release_after.push_back(static_cast<int>(t));
-  // Outputs nobody reads (unused optional outputs, dead ends) are released right after their producer.
+  // Outputs nobody reads (unused optional outputs, dead ends) are released right after their
+  // producer.
   for (std::size_t k = 0; k < impl->nodes.size(); ++k)
     if (!impl->nodes[k].dead)
       for (int t : impl->nodes[k].outputs)

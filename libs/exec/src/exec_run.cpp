@@ -1,22 +1,23 @@
 // Executor run: buffers, placement and the node loop.
 //
 // Buffers come from the backends' alloc through a pool: a released buffer is kept in a size-keyed
-// free list and handed to the next request of the same rounded size on the same backend, so a steady
-// state run allocates nothing. live_bytes counts buffers in use; its maximum is the reported peak.
+// free list and handed to the next request of the same rounded size on the same backend, so a
+// steady state run allocates nothing. live_bytes counts buffers in use; its maximum is the reported
+// peak.
 //
-// A node runs on the primary backend when that backend's supports_op accepts the node's actual input
-// dtypes, else on the cpu backend. Inputs that live on the other backend are copied once (through
-// host-visible cpu memory: D2H on the primary backend's stream, or H2D); the replica is kept until the
-// tensor's last reader has run. Outputs are allocated when the plugin calls alloc_output, on the
-// backend that runs the node. supports_op sees only dtypes, so a primary backend may still refuse a
-// node once it sees the shapes (HP_UNSUPPORTED before allocating any output, e.g. a broadcast it lacks);
-// the node then runs on the cpu backend instead.
+// A node runs on the primary backend when that backend's supports_op accepts the node's actual
+// input dtypes, else on the cpu backend. Inputs that live on the other backend are copied once
+// (through host-visible cpu memory: D2H on the primary backend's stream, or H2D); the replica is
+// kept until the tensor's last reader has run. Outputs are allocated when the plugin calls
+// alloc_output, on the backend that runs the node. supports_op sees only dtypes, so a primary
+// backend may still refuse a node once it sees the shapes (HP_UNSUPPORTED before allocating any
+// output, e.g. a broadcast it lacks); the node then runs on the cpu backend instead.
 //
-// Persistent tensors (weights, outputs of cached nodes; exec_prepare.cpp) are loaded or computed once
-// and stay alive across runs: the weights are not copied again each run, and a cached node reruns only
-// when its memo changes (the versions of its inputs; for Shape/Size the dims of its input). A failed run
-// forgets every memo, so the next run recomputes from scratch. Each node's wall time is added to its
-// op type (ExecStats::by_op).
+// Persistent tensors (weights, outputs of cached nodes; exec_prepare.cpp) are loaded or computed
+// once and stay alive across runs: the weights are not copied again each run, and a cached node
+// reruns only when its memo changes (the versions of its inputs; for Shape/Size the dims of its
+// input). A failed run forgets every memo, so the next run recomputes from scratch. Each node's
+// wall time is added to its op type (ExecStats::by_op).
 #include <fmt/core.h>
 
 #include <chrono>
@@ -60,13 +61,18 @@ Expected<void*> Executor::Impl::alloc(int where, std::size_t bytes, int id) {
     }
     if (!got) {
       Error e = std::move(got).error();
-      const std::string name = id >= 0 && static_cast<std::size_t>(id) < tensor_names.size() ? tensor_names[static_cast<std::size_t>(id)] : "";
-      e.what.message = fmt::format("cannot allocate {} bytes for {} on {}: {}", size,
-                                   name.empty() ? std::string("an unnamed output") : "tensor '" + name + "'",
-                                   be[where]->name(), e.what.message);
+      const std::string name = id >= 0 && static_cast<std::size_t>(id) < tensor_names.size()
+                                   ? tensor_names[static_cast<std::size_t>(id)]
+                                   : "";
+      e.what.message =
+          fmt::format("cannot allocate {} bytes for {} on {}: {}", size,
+                      name.empty() ? std::string("an unnamed output") : "tensor '" + name + "'",
+                      be[where]->name(), e.what.message);
       if (e.what.hint.empty())
-        e.what.hint = "the run needs more device memory than the budget: offload to the host pool ([offload] in the "
-                      "recipe, planned by 'hp offload-profile -o') or raise the budget";
+        e.what.hint =
+            "the run needs more device memory than the budget: offload to the host pool ([offload] "
+            "in the "
+            "recipe, planned by 'hp offload-profile -o') or raise the budget";
       return e;
     }
     p = *got;
@@ -94,7 +100,9 @@ void Executor::Impl::free_slot(int id) {
 
 Status Executor::Impl::place(int id, int where) {
   Slot& s = slots[static_cast<std::size_t>(id)];
-  if (!s.live) return Error(Errc::internal, fmt::format("tensor '{}' read before it was written", tensor_names[static_cast<std::size_t>(id)]));
+  if (!s.live)
+    return Error(Errc::internal, fmt::format("tensor '{}' read before it was written",
+                                             tensor_names[static_cast<std::size_t>(id)]));
   if (s.ptr[where] || s.bytes == 0) return {};
   HP_ASSIGN_OR_RETURN(auto p, alloc(where, s.bytes, id));
   s.ptr[where] = p;
@@ -109,13 +117,16 @@ Status Executor::Impl::place(int id, int where) {
 
 namespace {
 
-int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, const int64_t* dims, hp_tensor_desc* out) {
+int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, const int64_t* dims,
+                     hp_tensor_desc* out) {
   auto* c = static_cast<AllocCtx*>(user);
   Executor::Impl& im = *c->impl;
   if (index < 0 || static_cast<std::size_t>(index) >= c->node->outputs.size() || !out) return 0;
   const int esz = dtype_size(dtype);
   if (esz == 0 || rank < 0 || rank > HP_MAX_RANK) {
-    c->error = Error(Errc::runtime, fmt::format("backend asked for an output of dtype {} rank {}", dtype, rank), c->node->name);
+    c->error = Error(Errc::runtime,
+                     fmt::format("backend asked for an output of dtype {} rank {}", dtype, rank),
+                     c->node->name);
     return 0;
   }
   int id = c->node->outputs[static_cast<std::size_t>(index)];
@@ -157,12 +168,16 @@ Status Executor::Impl::run_node(PreparedNode& n) {
   const char* dom = n.domain.c_str();
   int where = 0;
   // The placement depends on the input dtypes only: decided again only when they change.
-  if (n.placed_where >= 0 && dts == n.placed_dtypes) where = n.placed_where;
-  else if (be[1] && be[1]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts)) where = 1;
+  if (n.placed_where >= 0 && dts == n.placed_dtypes)
+    where = n.placed_where;
+  else if (be[1] && be[1]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts))
+    where = 1;
   else if (!be[0]->supports_op(0, n.op_type.c_str(), dom, n.opset, dts)) {
     std::string list;
-    for (int32_t d : dts) list += (list.empty() ? "" : ", ") + (d < 0 ? std::string("-") : dtype_label(d));
-    return Error(Errc::not_implemented, fmt::format("op {} is not supported for input types ({})", n.op_type, list),
+    for (int32_t d : dts)
+      list += (list.empty() ? "" : ", ") + (d < 0 ? std::string("-") : dtype_label(d));
+    return Error(Errc::not_implemented,
+                 fmt::format("op {} is not supported for input types ({})", n.op_type, list),
                  n.name.empty() ? n.op_type : n.name);
   }
   n.placed_dtypes = dts;
@@ -170,7 +185,8 @@ Status Executor::Impl::run_node(PreparedNode& n) {
   Status st = launch_on(n, where);
   // A backend may find out only when it sees the shapes that it lacks this form of the op
   // (HP_UNSUPPORTED before any output was allocated): the cpu backend then runs the node.
-  if (!st.ok() && where == 1 && st.error().code == Errc::not_implemented && last_launch_allocated_ == 0) {
+  if (!st.ok() && where == 1 && st.error().code == Errc::not_implemented &&
+      last_launch_allocated_ == 0) {
     where = 0;
     n.placed_where = -1;  // shapes decided it: ask again next run
     st = launch_on(n, where);
@@ -217,14 +233,18 @@ Status Executor::Impl::launch_on(PreparedNode& n, int where) {
   if (!actx.error.ok()) return actx.error;
   if (!st.ok()) {
     Error e = std::move(st).error();
-    // not_implemented (HP_UNSUPPORTED: an attribute value or op form the kernel lacks) stays as it is.
+    // not_implemented (HP_UNSUPPORTED: an attribute value or op form the kernel lacks) stays as it
+    // is.
     if (e.code == Errc::unavailable) e.code = Errc::runtime;
     if (e.what.where.empty()) e.what.where = n.name.empty() ? n.op_type : n.name;
     return e;
   }
   for (int t : n.outputs)
     if (t >= 0 && !slots[static_cast<std::size_t>(t)].live)
-      return Error(Errc::runtime, fmt::format("backend produced no tensor for output '{}'", tensor_names[static_cast<std::size_t>(t)]), n.name);
+      return Error(Errc::runtime,
+                   fmt::format("backend produced no tensor for output '{}'",
+                               tensor_names[static_cast<std::size_t>(t)]),
+                   n.name);
   return {};
 }
 
@@ -264,7 +284,9 @@ Status Executor::Impl::run_or_reuse(PreparedNode& n, bool* ran) {
       key.insert(key.end(), s.dims.begin(), s.dims.end());
     }
   } else {
-    for (int t : n.inputs) key.push_back(t < 0 ? -1 : static_cast<std::int64_t>(slots[static_cast<std::size_t>(t)].version));
+    for (int t : n.inputs)
+      key.push_back(t < 0 ? -1
+                          : static_cast<std::int64_t>(slots[static_cast<std::size_t>(t)].version));
   }
   bool outputs_live = true;
   for (int t : n.outputs)
@@ -310,7 +332,8 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
   im.stats.nodes = im.stats.nodes_on_fallback = im.stats.copies = im.stats.nodes_cached = 0;
   im.stats.by_op.clear();
   if (inputs.size() != im.input_ids.size())
-    return Error(Errc::bad_input, fmt::format("the graph has {} inputs, {} were given", im.input_ids.size(), inputs.size()));
+    return Error(Errc::bad_input, fmt::format("the graph has {} inputs, {} were given",
+                                              im.input_ids.size(), inputs.size()));
   auto fail = [&](Error e) {
     im.drain();
     for (PreparedNode& n : im.nodes) n.memo_valid = false;
@@ -318,8 +341,10 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
   };
   if (!im.weights_loaded) {
     for (auto& [id, h] : im.weights)
-      if (offload_keeps_on_host(im, id)) continue;  // copied in before its readers (exec_offload.cpp)
-      else if (Status st = load_host(im, id, h); !st) return fail(std::move(st).error());
+      if (offload_keeps_on_host(im, id))
+        continue;  // copied in before its readers (exec_offload.cpp)
+      else if (Status st = load_host(im, id, h); !st)
+        return fail(std::move(st).error());
     im.weights_loaded = true;
     // The slots hold the weights from now on; the decoded copies would only double the memory.
     for (auto& w : im.weights)
@@ -334,7 +359,8 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
   im.stats.peak_bytes = im.live_bytes;
   read_device_peak(im, true);
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (Status st = load_host(im, im.input_ids[k], inputs[k]); !st) return fail(std::move(st).error());
+    if (Status st = load_host(im, im.input_ids[k], inputs[k]); !st)
+      return fail(std::move(st).error());
   if (Status st = offload_begin_run(im, inputs); !st) return fail(std::move(st).error());
   im.op_time.assign(im.op_types.size(), OpTime{});
   for (std::size_t k = 0; k < im.nodes.size(); ++k) {

@@ -12,7 +12,8 @@ namespace hp::exec {
 
 /// Converts a TensorProto. Data may be inline (raw_data or the typed repeated fields) or external
 /// (data_location EXTERNAL, resolved against `base_dir`). `where` names the source in errors.
-Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
+Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p,
+                                       const std::filesystem::path& base_dir,
                                        const std::string& where);
 
 /// Fills `p` (name, dims, data_type, raw_data) from `t`.

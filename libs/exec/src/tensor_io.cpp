@@ -1,10 +1,10 @@
 // TensorProto decoding and encoding, and the input_K.pb / output_K.pb directory layout.
 //
 // Decoding accepts every way ONNX stores tensor data: raw_data (little-endian bytes), the typed
-// repeated fields (float_data, double_data, int64_data, and int32_data which also carries bool, int8,
-// uint8 values), and external data (a file next to the model, with offset and length). Each path checks
-// that the byte count matches the dims, so a truncated or inconsistent file is a bad_input error that
-// names it, never a read past the end. Encoding always writes raw_data.
+// repeated fields (float_data, double_data, int64_data, and int32_data which also carries bool,
+// int8, uint8 values), and external data (a file next to the model, with offset and length). Each
+// path checks that the byte count matches the dims, so a truncated or inconsistent file is a
+// bad_input error that names it, never a read past the end. Encoding always writes raw_data.
 #include <unistd.h>
 
 #include <cstring>
@@ -26,12 +26,18 @@ std::int64_t HostTensor::numel() const {
 }
 
 // The executor holds f32, f64, i32, i64, bool and u8 tensors; names, sizes and ONNX codes come from
-// the one dtype table (hp/core/dtype.h), this file only decides which of its types the executor runs.
+// the one dtype table (hp/core/dtype.h), this file only decides which of its types the executor
+// runs.
 namespace {
 using hp::DType;
 bool runnable(DType t) {
   switch (t) {
-    case DType::f32: case DType::f64: case DType::i32: case DType::i64: case DType::boolean: case DType::u8: return true;
+    case DType::f32:
+    case DType::f64:
+    case DType::i32:
+    case DType::i64:
+    case DType::boolean:
+    case DType::u8: return true;
     default: return false;
   }
 }
@@ -68,47 +74,67 @@ void copy_field(const Src& field, HostTensor& t) {
   for (int i = 0; i < field.size(); ++i) out[i] = static_cast<Dst>(field.Get(i));
 }
 
-Status read_external(const onnx::TensorProto& p, const std::filesystem::path& base, const std::string& where,
-                     HostTensor& t) {
+Status read_external(const onnx::TensorProto& p, const std::filesystem::path& base,
+                     const std::string& where, HostTensor& t) {
   std::string location;
   std::int64_t offset = 0, length = -1;
   for (const auto& kv : p.external_data()) {
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = std::stoll(kv.value());
-    else if (kv.key() == "length") length = std::stoll(kv.value());
+    if (kv.key() == "location")
+      location = kv.value();
+    else if (kv.key() == "offset")
+      offset = std::stoll(kv.value());
+    else if (kv.key() == "length")
+      length = std::stoll(kv.value());
   }
   const std::filesystem::path file = base / location;
-  if (location.empty()) return Error(Errc::bad_input, fmt::format("tensor '{}' has external data without a location", p.name()), where);
+  if (location.empty())
+    return Error(Errc::bad_input,
+                 fmt::format("tensor '{}' has external data without a location", p.name()), where);
   std::ifstream in(file, std::ios::binary);
   if (!in)
-    return Error(Errc::bad_input, fmt::format("external data file '{}' of tensor '{}' is missing", location, p.name()),
-                 where, "keep the weights file next to the model");
+    return Error(
+        Errc::bad_input,
+        fmt::format("external data file '{}' of tensor '{}' is missing", location, p.name()), where,
+        "keep the weights file next to the model");
   const auto want = static_cast<std::int64_t>(t.data.size());
   if (length >= 0 && length != want)
-    return Error(Errc::bad_input, fmt::format("tensor '{}': external length {} does not match its {} bytes", p.name(), length, want), where);
+    return Error(Errc::bad_input,
+                 fmt::format("tensor '{}': external length {} does not match its {} bytes",
+                             p.name(), length, want),
+                 where);
   in.seekg(offset);
   in.read(reinterpret_cast<char*>(t.data.data()), want);
   if (in.gcount() != want)
-    return Error(Errc::bad_input, fmt::format("external data file '{}' is too short for tensor '{}'", location, p.name()), where);
+    return Error(
+        Errc::bad_input,
+        fmt::format("external data file '{}' is too short for tensor '{}'", location, p.name()),
+        where);
   return {};
 }
 
 }  // namespace
 
-Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
+Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p,
+                                       const std::filesystem::path& base_dir,
                                        const std::string& where) {
   HostTensor t;
   t.name = p.name();
   t.dtype = dtype_from_onnx(p.data_type());
   if (t.dtype < 0)
-    return Error(Errc::bad_input, fmt::format("tensor '{}' has onnx element type {}, which hp cannot run", p.name(), p.data_type()), where);
+    return Error(Errc::bad_input,
+                 fmt::format("tensor '{}' has onnx element type {}, which hp cannot run", p.name(),
+                             p.data_type()),
+                 where);
   for (std::int64_t d : p.dims()) {
-    if (d < 0 || d > (std::int64_t{1} << 40)) return Error(Errc::bad_input, fmt::format("tensor '{}' has a bad dim {}", p.name(), d), where);
+    if (d < 0 || d > (std::int64_t{1} << 40))
+      return Error(Errc::bad_input, fmt::format("tensor '{}' has a bad dim {}", p.name(), d),
+                   where);
     t.dims.push_back(d);
   }
   const std::int64_t n = t.numel();
   const std::int64_t bytes = n * dtype_size(t.dtype);
-  if (bytes > (std::int64_t{1} << 40)) return Error(Errc::bad_input, fmt::format("tensor '{}' is too large", p.name()), where);
+  if (bytes > (std::int64_t{1} << 40))
+    return Error(Errc::bad_input, fmt::format("tensor '{}' is too large", p.name()), where);
   t.data.assign(static_cast<std::size_t>(bytes), 0);
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
     HP_TRY(read_external(p, base_dir, where, t));
@@ -116,12 +142,16 @@ Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p, const std::fi
   }
   auto mismatch = [&](std::int64_t got) {
     return Error(Errc::bad_input,
-                 fmt::format("tensor '{}' holds {} values, its dims {} need {}", p.name(), got, dims_label(t.dims), n), where);
+                 fmt::format("tensor '{}' holds {} values, its dims {} need {}", p.name(), got,
+                             dims_label(t.dims), n),
+                 where);
   };
   if (p.has_raw_data()) {
     if (static_cast<std::int64_t>(p.raw_data().size()) != bytes)
       return Error(Errc::bad_input,
-                   fmt::format("tensor '{}' has {} data bytes, its dims {} need {}", p.name(), p.raw_data().size(), dims_label(t.dims), bytes), where);
+                   fmt::format("tensor '{}' has {} data bytes, its dims {} need {}", p.name(),
+                               p.raw_data().size(), dims_label(t.dims), bytes),
+                   where);
     if (bytes) std::memcpy(t.data.data(), p.raw_data().data(), static_cast<std::size_t>(bytes));
     return t;
   }
@@ -164,7 +194,8 @@ Expected<HostTensor> read_tensor_file(const std::filesystem::path& path) {
   HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
   onnx::TensorProto p;
   if (!p.ParseFromString(bytes))
-    return Error(Errc::bad_input, "not a serialized onnx TensorProto (truncated or corrupt)", path.string());
+    return Error(Errc::bad_input, "not a serialized onnx TensorProto (truncated or corrupt)",
+                 path.string());
   return tensor_from_proto(p, path.parent_path(), path.string());
 }
 
@@ -172,14 +203,17 @@ Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t)
   onnx::TensorProto p;
   tensor_to_proto(t, p);
   std::string bytes;
-  if (!p.SerializeToString(&bytes)) return Error(Errc::runtime, "cannot serialize tensor", path.string());
+  if (!p.SerializeToString(&bytes))
+    return Error(Errc::runtime, "cannot serialize tensor", path.string());
   return write_file_atomic(path, bytes);
 }
 
-Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir, const std::string& prefix) {
+Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir,
+                                                  const std::string& prefix) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
-    return Error(Errc::bad_input, "not a directory", dir.string(), fmt::format("give a folder of {}_K.pb files", prefix));
+    return Error(Errc::bad_input, "not a directory", dir.string(),
+                 fmt::format("give a folder of {}_K.pb files", prefix));
   std::vector<HostTensor> out;
   for (int k = 0;; ++k) {
     const auto file = dir / fmt::format("{}_{}.pb", prefix, k);
@@ -198,7 +232,8 @@ Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<Host
   const fs::path tmp = parent / fmt::format(".{}.tmp-{}", dir.filename().string(), ::getpid());
   fs::remove_all(tmp, ec);
   if (!fs::create_directories(tmp, ec) && ec)
-    return Error(Errc::runtime, fmt::format("cannot create a directory: {}", ec.message()), tmp.string());
+    return Error(Errc::runtime, fmt::format("cannot create a directory: {}", ec.message()),
+                 tmp.string());
   for (std::size_t k = 0; k < tensors.size(); ++k) {
     Status st = write_tensor_file(tmp / fmt::format("{}_{}.pb", prefix, k), tensors[k]);
     if (!st) {

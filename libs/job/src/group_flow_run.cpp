@@ -1,8 +1,8 @@
-// The rank side of group flows (group_flow.h): a rank of a flow recipe agrees on the batch with every
-// other rank, receives its inputs' rows from the producer groups, runs its module once and sends its
-// outputs' rows to the consumer groups; the scheduler rank sends the requests and collects the
-// results. The row arithmetic (rows_of) is the same on both ends of every message, so no rank ever
-// asks another what it will send.
+// The rank side of group flows (group_flow.h): a rank of a flow recipe agrees on the batch with
+// every other rank, receives its inputs' rows from the producer groups, runs its module once and
+// sends its outputs' rows to the consumer groups; the scheduler rank sends the requests and
+// collects the results. The row arithmetic (rows_of) is the same on both ends of every message, so
+// no rank ever asks another what it will send.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -11,24 +11,24 @@
 #include <numeric>
 
 #include "hp/core/fs.h"
-#include "hp/model/model.h"
-#include "hp/plugin/hp_plugin.h"
+#include "hp/exec/tensor.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/launch.h"
-#include "hp/exec/tensor.h"
+#include "hp/model/model.h"
+#include "hp/plugin/hp_plugin.h"
 #include "worker_internal.h"
 
 namespace hp::job {
-using exec::HostTensor;
-using exec::Executor;
-using exec::bind_inputs;
-using exec::read_tensor_dir;
-using exec::write_tensor_dir;
-using exec::dims_label;
-using exec::dtype_size;
-using comm::Transport;
 using comm::mpi_finalize;
 using comm::ReduceOp;
+using comm::Transport;
+using exec::bind_inputs;
+using exec::dims_label;
+using exec::dtype_size;
+using exec::Executor;
+using exec::HostTensor;
+using exec::read_tensor_dir;
+using exec::write_tensor_dir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,8 +51,12 @@ struct FlowRank {
   std::int64_t index_in(std::size_t group, int rank) const {
     return rank - static_cast<int>(r.groups[group].ranks.front());
   }
-  std::int64_t ranks_of(std::size_t group) const { return static_cast<std::int64_t>(r.groups[group].ranks.size()); }
-  RowRange mine(std::size_t group) const { return rows_of(batch, ranks_of(group), index_in(group, t.rank())); }
+  std::int64_t ranks_of(std::size_t group) const {
+    return static_cast<std::int64_t>(r.groups[group].ranks.size());
+  }
+  RowRange mine(std::size_t group) const {
+    return rows_of(batch, ranks_of(group), index_in(group, t.rank()));
+  }
 
   // Sends this rank's rows of flow k's tensor to every consumer rank that serves any of them.
   Status send(int k, const HostTensor& x) {
@@ -61,9 +65,11 @@ struct FlowRank {
     const std::string& gname = r.groups[f.producer].name;
     if (x.dims.empty() || x.dims[0] != own.count || x.dims.size() > kMaxDims)
       return Error(Errc::bad_input,
-                   fmt::format("group '{}' produced '{}' as {} but its rank {} serves {} of the {} requests (axis 0)",
+                   fmt::format("group '{}' produced '{}' as {} but its rank {} serves {} of the {} "
+                               "requests (axis 0)",
                                gname, f.tensor, dims_label(x.dims), t.rank(), own.count, batch));
-    const std::int64_t row_bytes = own.count ? static_cast<std::int64_t>(x.data.size()) / own.count : 0;
+    const std::int64_t row_bytes =
+        own.count ? static_cast<std::int64_t>(x.data.size()) / own.count : 0;
     for (auto c : f.consumers)
       for (std::int64_t j = 0; j < ranks_of(c); ++j) {
         const RowRange theirs = rows_of(batch, ranks_of(c), j);
@@ -77,7 +83,8 @@ struct FlowRank {
         for (std::size_t d = 0; d < x.dims.size(); ++d) h.dims[d] = x.dims[d];
         h.dims[0] = end - first;
         HP_TRY(t.send(peer, flow_header_tag(k), &h, sizeof h));
-        HP_TRY(t.send(peer, flow_data_tag(k), x.data.data() + (first - own.first) * row_bytes, (end - first) * row_bytes));
+        HP_TRY(t.send(peer, flow_data_tag(k), x.data.data() + (first - own.first) * row_bytes,
+                      (end - first) * row_bytes));
       }
     return {};
   }
@@ -98,21 +105,27 @@ struct FlowRank {
       PieceHeader h;
       HP_TRY(t.recv(peer, flow_header_tag(k), &h, sizeof h));
       std::vector<std::int64_t> dims(h.dims, h.dims + std::min<std::int64_t>(h.ndims, kMaxDims));
-      if (h.ndims < 1 || h.ndims > static_cast<std::int64_t>(kMaxDims) || dims[0] != end - first || dtype_size(static_cast<int>(h.dtype)) == 0)
-        return Error(Errc::internal, fmt::format("rank {} sent a malformed piece of '{}'", peer, f.tensor));
+      if (h.ndims < 1 || h.ndims > static_cast<std::int64_t>(kMaxDims) || dims[0] != end - first ||
+          dtype_size(static_cast<int>(h.dtype)) == 0)
+        return Error(Errc::internal,
+                     fmt::format("rank {} sent a malformed piece of '{}'", peer, f.tensor));
       if (x.dtype < 0) {
         x.dtype = static_cast<int>(h.dtype);
         x.dims = dims;
         x.dims[0] = 0;
-      } else if (x.dtype != h.dtype || !std::equal(dims.begin() + 1, dims.end(), x.dims.begin() + 1, x.dims.end())) {
-        return Error(Errc::bad_input, fmt::format("the ranks of group '{}' produced '{}' with different dtypes or shapes",
-                                                  r.groups[f.producer].name, f.tensor));
+      } else if (x.dtype != h.dtype ||
+                 !std::equal(dims.begin() + 1, dims.end(), x.dims.begin() + 1, x.dims.end())) {
+        return Error(
+            Errc::bad_input,
+            fmt::format("the ranks of group '{}' produced '{}' with different dtypes or shapes",
+                        r.groups[f.producer].name, f.tensor));
       }
       HostTensor piece;
       piece.dtype = x.dtype;
       piece.dims = dims;
       piece.data.resize(static_cast<std::size_t>(piece.numel() * dtype_size(piece.dtype)));
-      HP_TRY(t.recv(peer, flow_data_tag(k), piece.data.data(), static_cast<std::int64_t>(piece.data.size())));
+      HP_TRY(t.recv(peer, flow_data_tag(k), piece.data.data(),
+                    static_cast<std::int64_t>(piece.data.size())));
       x.dims[0] += dims[0];
       x.data.insert(x.data.end(), piece.data.begin(), piece.data.end());
     }
@@ -129,26 +142,33 @@ Expected<std::int64_t> agree_batch(const recipe::Recipe& r, Transport& t, std::i
   std::int64_t batch = local;
   HP_TRY(t.allreduce(world, &local, &batch, 1, HP_I64, ReduceOp::max));
   if (batch <= 0)
-    return Error(Errc::usage, "no rank read any requests, so the batch is unknown", "",
-                 "pass --inputs DIR: the scheduler (or the groups reading requests) take them from there");
+    return Error(
+        Errc::usage, "no rank read any requests, so the batch is unknown", "",
+        "pass --inputs DIR: the scheduler (or the groups reading requests) take them from there");
   if (local > 0 && local != batch)
-    return Error(Errc::bad_input, fmt::format("the request tensors disagree on the batch: {} and {} rows", local, batch));
+    return Error(
+        Errc::bad_input,
+        fmt::format("the request tensors disagree on the batch: {} and {} rows", local, batch));
   for (const auto& g : r.groups)
     if (static_cast<std::int64_t>(g.ranks.size()) > batch)
       return Error(Errc::bad_input,
-                   fmt::format("a batch of {} requests cannot be split over group '{}''s {} ranks", batch, g.name,
-                               g.ranks.size()));
+                   fmt::format("a batch of {} requests cannot be split over group '{}''s {} ranks",
+                               batch, g.name, g.ranks.size()));
   return batch;
 }
 
 // Rows [first, first + count) of a request tensor read from --inputs.
 Expected<HostTensor> rows_of_tensor(const HostTensor& x, RowRange rows) {
-  if (x.dims.empty()) return Error(Errc::bad_input, fmt::format("request '{}' is a scalar; requests are batched along axis 0", x.name));
+  if (x.dims.empty())
+    return Error(
+        Errc::bad_input,
+        fmt::format("request '{}' is a scalar; requests are batched along axis 0", x.name));
   HostTensor s = x;
   const std::size_t row_bytes = x.dims[0] ? x.data.size() / static_cast<std::size_t>(x.dims[0]) : 0;
   s.dims[0] = rows.count;
-  s.data.assign(x.data.begin() + static_cast<std::ptrdiff_t>(rows.first * row_bytes),
-                x.data.begin() + static_cast<std::ptrdiff_t>((rows.first + rows.count) * row_bytes));
+  s.data.assign(
+      x.data.begin() + static_cast<std::ptrdiff_t>(rows.first * row_bytes),
+      x.data.begin() + static_cast<std::ptrdiff_t>((rows.first + rows.count) * row_bytes));
   return s;
 }
 
@@ -184,8 +204,12 @@ Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
     const std::string& name = fr.fg.flows[k].tensor;
     const HostTensor* x = find_named(reqs, name);
     if (!x)
-      return Error(Errc::bad_input, fmt::format("the scheduler sends '{}' but the requests have no tensor of that name "
-                                                "(they have: {})", name, names_of(reqs)), o.inputs.string());
+      return Error(
+          Errc::bad_input,
+          fmt::format("the scheduler sends '{}' but the requests have no tensor of that name "
+                      "(they have: {})",
+                      name, names_of(reqs)),
+          o.inputs.string());
     HP_TRY(fr.send(static_cast<int>(k), *x));
   }
   std::vector<HostTensor> results;
@@ -195,11 +219,13 @@ Status run_scheduler(const WorkerOptions& o, FlowRank& fr, std::size_t gi) {
     results.push_back(std::move(*x));
   }
   HP_TRY(fr.t.flush());
-  if (!o.run_dir.empty()) HP_TRY(write_tensor_dir(rank_output_dir(o.run_dir, fr.t.rank()), results));
+  if (!o.run_dir.empty())
+    HP_TRY(write_tensor_dir(rank_output_dir(o.run_dir, fr.t.rank()), results));
   return {};
 }
 
-// A model group's rank: inputs from flows (or --inputs), one forward, outputs to flows (or written).
+// A model group's rank: inputs from flows (or --inputs), one forward, outputs to flows (or
+// written).
 Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerReport& rep) {
   const auto& g = fr.r.groups[gi];
   HP_ASSIGN_OR_RETURN(auto gm, load_group_module(o, fr.job, g));
@@ -214,7 +240,8 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
     if (!read) return std::move(read).error();
     reqs = std::move(*read);
     for (const auto& name : fr.fg.external_inputs[gi])
-      if (const HostTensor* x = find_named(reqs, name); x && !x->dims.empty()) local = std::max(local, x->dims[0]);
+      if (const HostTensor* x = find_named(reqs, name); x && !x->dims.empty())
+        local = std::max(local, x->dims[0]);
   }
   auto batch = agree_batch(fr.r, fr.t, local);
   if (!batch) return std::move(batch).error();
@@ -223,7 +250,8 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
   std::vector<HostTensor> given;
   for (const auto& in : exec.inputs()) {
     const int k = fr.fg.find(in.name);
-    const bool flows_here = k >= 0 && std::find(g.inputs.begin(), g.inputs.end(), in.name) != g.inputs.end();
+    const bool flows_here =
+        k >= 0 && std::find(g.inputs.begin(), g.inputs.end(), in.name) != g.inputs.end();
     if (flows_here) {
       auto x = fr.recv(k, gi);
       if (!x) return std::move(x).error();
@@ -233,10 +261,12 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
       if (!s) return std::move(s).error();
       given.push_back(std::move(*s));
     } else {
-      return Error(Errc::bad_input,
-                   fmt::format("module input '{}' of group '{}' is fed by no flow and is not among the requests", in.name,
-                               g.name),
-                   gm.path.string(), "list it in the group's inputs and in its producer group's outputs");
+      return Error(
+          Errc::bad_input,
+          fmt::format(
+              "module input '{}' of group '{}' is fed by no flow and is not among the requests",
+              in.name, g.name),
+          gm.path.string(), "list it in the group's inputs and in its producer group's outputs");
     }
   }
   auto bound = bind_inputs(exec.inputs(), std::move(given), fmt::format("group '{}'", g.name));
@@ -261,8 +291,8 @@ Status run_module(const WorkerOptions& o, FlowRank& fr, std::size_t gi, WorkerRe
 
 }  // namespace
 
-Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const Job& job, std::size_t gi, Transport& t,
-                                       WorkerReport rep) {
+Expected<WorkerReport> run_flow_worker(const WorkerOptions& o, const Job& job, std::size_t gi,
+                                       Transport& t, WorkerReport rep) {
   const auto start = std::chrono::steady_clock::now();
   const recipe::Recipe& r = job.recipe;
   HP_ASSIGN_OR_RETURN(const FlowGraph fg, build_flows(r, job.where));

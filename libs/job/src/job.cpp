@@ -29,14 +29,16 @@ Expected<CheckedSchedule> recipe_schedule(const recipe::Parallel& p, const std::
   const auto kind = p.schedule == recipe::Schedule::gpipe         ? ScheduleKind::gpipe
                     : p.schedule == recipe::Schedule::interleaved ? ScheduleKind::interleaved
                                                                   : ScheduleKind::one_f_one_b;
-  // hp shard cuts the batch into micro-batches only for a pipeline (shard.cpp bind_micro_batch_dims).
+  // hp shard cuts the batch into micro-batches only for a pipeline (shard.cpp
+  // bind_micro_batch_dims).
   const int m = p.pp > 1 ? static_cast<int>(p.micro_batches) : 1;
   const int v = kind == ScheduleKind::interleaved ? static_cast<int>(p.virtual_stages) : 1;
   HP_ASSIGN_OR_RETURN(auto compute, make_schedule(kind, static_cast<int>(p.pp), m, v, false));
   CheckedSchedule s;
   s.lowered = lower_send_recv(compute);
   s.check = check_schedule(s.lowered);
-  if (!s.check.ok) return Error(Errc::bad_input, "the pipeline schedule deadlocks: " + s.check.problem, where);
+  if (!s.check.ok)
+    return Error(Errc::bad_input, "the pipeline schedule deadlocks: " + s.check.problem, where);
   return s;
 }
 
@@ -55,7 +57,8 @@ std::vector<recipe::Group> Job::groups() const {
   return {g};
 }
 
-Expected<Job> make_job(recipe::RecipeDocument doc, const fs::path& recipe_path, const std::vector<fs::path>& preset_dirs) {
+Expected<Job> make_job(recipe::RecipeDocument doc, const fs::path& recipe_path,
+                       const std::vector<fs::path>& preset_dirs) {
   if (!doc.problems.empty()) return collect_errors(Errc::bad_input, doc.problems);
   Job job;
   job.recipe_path = recipe_path;
@@ -63,13 +66,16 @@ Expected<Job> make_job(recipe::RecipeDocument doc, const fs::path& recipe_path, 
   job.recipe = std::move(doc.recipe);
   job.where = std::move(doc.where);
   job.kind = job_kind_of(job.recipe);
-  HP_ASSIGN_OR_RETURN(job.schedule, recipe_schedule(job.recipe.parallel, job.where.at("parallel.schedule")));
+  HP_ASSIGN_OR_RETURN(job.schedule,
+                      recipe_schedule(job.recipe.parallel, job.where.at("parallel.schedule")));
   if (preset_dirs.empty()) {
     job.cluster_problem = "the cluster was not looked up (no preset directories)";
   } else {
     auto cluster = recipe::cluster_for(job.recipe, job.base_dir, preset_dirs);
-    if (cluster) job.cluster = std::move(*cluster);
-    else job.cluster_problem = cluster.error().what.message;
+    if (cluster)
+      job.cluster = std::move(*cluster);
+    else
+      job.cluster_problem = cluster.error().what.message;
   }
   return job;
 }
@@ -87,8 +93,10 @@ Status attach_manifest(Job& job, const fs::path& shard_dir) {
   std::vector<Diagnostic> problems;
   auto differ = [&](const char* what, std::int64_t have, std::int64_t want) {
     if (have != want)
-      problems.push_back({file.string(), fmt::format("the partitions are for {} {}; the recipe has {}", have, what, want),
-                          "shard the recipe again (hp shard), or drop --shard-dir"});
+      problems.push_back(
+          {file.string(),
+           fmt::format("the partitions are for {} {}; the recipe has {}", have, what, want),
+           "shard the recipe again (hp shard), or drop --shard-dir"});
   };
   differ("ranks", rank_count(m), job.recipe.ranks());
   differ("pipeline stages", m.pp, p.pp);

@@ -1,6 +1,6 @@
-// hp launch MODEL.onnx and hp verify MODEL.onnx: open the backends, load the model with its weights,
-// prepare the executor (which lists unsupported ops before any work), bind the input files, run, and
-// write or compare the outputs.
+// hp launch MODEL.onnx and hp verify MODEL.onnx: open the backends, load the model with its
+// weights, prepare the executor (which lists unsupported ops before any work), bind the input
+// files, run, and write or compare the outputs.
 #include "hp/job/launch.h"
 
 #include <fmt/core.h>
@@ -14,34 +14,34 @@
 #include <ctime>
 
 #include "hp/core/fs.h"
-#include "hp/plugin/registry.h"
-#include "hp/recipe/recipe.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
 #include "hp/job/launcher.h"
 #include "hp/job/predict.h"
 #include "hp/job/sharded.h"
+#include "hp/job/worker.h"
+#include "hp/plugin/registry.h"
+#include "hp/recipe/recipe.h"
 #include "hp/shard/shard.h"
 #include "single_rank.h"
 #include "worker_internal.h"
-#include "hp/job/worker.h"
 
 namespace hp::job {
-using exec::HostTensor;
-using exec::GraphIO;
-using exec::ExecStats;
-using exec::Executor;
 using exec::Backends;
 using exec::bind_inputs;
+using exec::compare_tensors;
+using exec::ExecStats;
+using exec::Executor;
+using exec::GraphIO;
+using exec::HostTensor;
+using exec::open_backends;
 using exec::read_tensor_dir;
 using exec::write_tensor_dir;
-using exec::compare_tensors;
-using exec::open_backends;
-
 
 namespace {
 
-std::filesystem::path default_run_dir(const recipe::Recipe& r, const std::filesystem::path& recipe_path) {
+std::filesystem::path default_run_dir(const recipe::Recipe& r,
+                                      const std::filesystem::path& recipe_path) {
   const std::time_t now = std::time(nullptr);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
@@ -54,7 +54,8 @@ std::filesystem::path default_run_dir(const recipe::Recipe& r, const std::filesy
 Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const JobPlan& plan) {
   std::vector<HostTensor> all;
   for (const auto& c : plan.contexts) {
-    const recipe::Group* g = r.groups.empty() ? nullptr : &r.groups[static_cast<std::size_t>(c.index)];
+    const recipe::Group* g =
+        r.groups.empty() ? nullptr : &r.groups[static_cast<std::size_t>(c.index)];
     for (int k = c.first_rank; k < c.first_rank + c.ranks; ++k) {
       const auto dir = rank_output_dir(plan.run_dir, k);
       if (!std::filesystem::is_directory(dir)) continue;
@@ -64,7 +65,8 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
         bool wanted = !g || g->outputs.empty() || is_scheduler(*g);
         if (g)
           for (const auto& n : g->outputs) wanted |= n == t.name;
-        for (const auto& have : all) wanted &= have.name != t.name;  // replicas (TP, DP) hold copies
+        for (const auto& have : all)
+          wanted &= have.name != t.name;  // replicas (TP, DP) hold copies
         if (wanted) all.push_back(std::move(t));
       }
       break;
@@ -74,7 +76,8 @@ Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const 
 }
 
 // A sharded job's outputs: every rank's pieces put back together by the manifest's layouts.
-Expected<std::vector<HostTensor>> gather_sharded_outputs(const Job& job, const std::filesystem::path& run_dir,
+Expected<std::vector<HostTensor>> gather_sharded_outputs(const Job& job,
+                                                         const std::filesystem::path& run_dir,
                                                          int ranks) {
   std::vector<std::vector<HostTensor>> per_rank(static_cast<std::size_t>(ranks));
   for (int k = 0; k < ranks; ++k) {
@@ -92,15 +95,17 @@ Expected<std::vector<RankRun>> read_timing(const std::filesystem::path& run_dir,
   for (int k = 0; k < ranks; ++k) {
     HP_ASSIGN_OR_RETURN(auto text, read_file(run_dir / "timing" / fmt::format("rank-{}.json", k)));
     auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) return Error(Errc::internal, "unreadable timing file", fmt::format("rank-{}.json", k));
+    if (j.is_discarded())
+      return Error(Errc::internal, "unreadable timing file", fmt::format("rank-{}.json", k));
     RankRun r;
     r.rank = j.value("rank", k);
     r.stage = j.value("stage", 0);
     r.seconds = j.value("seconds", 0.0);
     r.step_seconds = j.value("steps", std::vector<double>{});
     if (j.contains("actions"))
-      for (const auto& a : j["actions"]) r.actions.push_back(
-            {a.value("micro_batch", 0), a.value("start", 0.0), a.value("end", 0.0), a.value("wait", 0.0)});
+      for (const auto& a : j["actions"])
+        r.actions.push_back({a.value("micro_batch", 0), a.value("start", 0.0), a.value("end", 0.0),
+                             a.value("wait", 0.0)});
     out.push_back(std::move(r));
   }
   return out;
@@ -114,9 +119,12 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
   std::filesystem::create_directories(run_dir, ec);
   if (!o.shard_dir.empty()) {
     HP_TRY(attach_manifest(job, o.shard_dir));
-    std::filesystem::create_directory_symlink(std::filesystem::absolute(o.shard_dir), shard_dir_of(run_dir), ec);
-    if (ec) return Error(Errc::runtime, "cannot link the partitions into the run directory: " + ec.message(),
-                         shard_dir_of(run_dir).string());
+    std::filesystem::create_directory_symlink(std::filesystem::absolute(o.shard_dir),
+                                              shard_dir_of(run_dir), ec);
+    if (ec)
+      return Error(Errc::runtime,
+                   "cannot link the partitions into the run directory: " + ec.message(),
+                   shard_dir_of(run_dir).string());
   } else {
     HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(job.recipe, job.where, job.recipe_path));
     HP_ASSIGN_OR_RETURN(auto written, shard::write_partitions(*prepared, shard_dir_of(run_dir)));
@@ -125,8 +133,9 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
   const shard::Manifest& m = *job.manifest;
   if (o.inputs.empty()) {
     if (!m.inputs.empty())
-      return Error(Errc::usage, fmt::format("the model reads {} graph input(s) ('{}', ...); pass --inputs DIR",
-                                            m.inputs.size(), m.inputs.front().tensor));
+      return Error(Errc::usage,
+                   fmt::format("the model reads {} graph input(s) ('{}', ...); pass --inputs DIR",
+                               m.inputs.size(), m.inputs.front().tensor));
     return {};
   }
   HP_ASSIGN_OR_RETURN(auto given, read_tensor_dir(o.inputs, "input"));
@@ -158,7 +167,9 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   jo.recipe = job.recipe_path;
   std::error_code ec;
   jo.worker = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return Error(Errc::internal, "cannot find the hp executable (/proc/self/exe) to start the ranks with");
+  if (ec)
+    return Error(Errc::internal,
+                 "cannot find the hp executable (/proc/self/exe) to start the ranks with");
   jo.run_dir = o.run_dir.empty() ? default_run_dir(*rec, job.recipe_path) : o.run_dir;
   jo.inputs = o.inputs;
   jo.hostfile = o.hostfile;
@@ -170,7 +181,8 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "--steps must be at least 1");
   jo.steps = o.steps;
   if (!o.backend.empty())
-    return Error(Errc::usage, "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
+    return Error(Errc::usage,
+                 "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   LaunchReport r;
   if (o.dry_run) {
@@ -180,9 +192,11 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
   const bool sharded = job.kind == JobKind::sharded_model;
   if (!sharded && !o.shard_dir.empty())
-    return Error(Errc::usage, "--shard-dir applies to a recipe without [[groups]] (one sharded model)");
+    return Error(Errc::usage,
+                 "--shard-dir applies to a recipe without [[groups]] (one sharded model)");
   if (sharded) {
-    // A run directory made here is removed again when the job cannot start: nothing half-made stays.
+    // A run directory made here is removed again when the job cannot start: nothing half-made
+    // stays.
     std::error_code ec;
     const bool fresh = !std::filesystem::exists(jo.run_dir, ec);
     if (Status st = prepare_shards(job, o, jo.run_dir); !st) {
@@ -193,29 +207,35 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   auto ran = run_job(plan, jo, sink);
   if (!ran) return std::move(ran).error();
-  r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n", ran->ranks,
-                          plan.contexts.size(), ran->seconds, ran->log_dir.string());
+  r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n",
+                          ran->ranks, plan.contexts.size(), ran->seconds, ran->log_dir.string());
   if (sharded) {
     auto timing = read_timing(jo.run_dir, ran->ranks);
-    if (timing)
-      r.summary += format_step_timing(*timing, job.schedule.lowered);
+    if (timing) r.summary += format_step_timing(*timing, job.schedule.lowered);
     auto predicted = job.cluster ? predicted_step_seconds(job.recipe, job.base_dir, *job.cluster)
                                  : Expected<double>(Error(Errc::bad_input, job.cluster_problem));
     if (predicted) {
-      r.summary += fmt::format("plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
-                               *predicted, rec->cluster);
-      // The model gives every rank a device of its own; ranks sharing cores wait for each other's CPU.
+      r.summary += fmt::format(
+          "plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
+          *predicted, rec->cluster);
+      // The model gives every rank a device of its own; ranks sharing cores wait for each other's
+      // CPU.
       if (std::find(plan.argv.begin(), plan.argv.end(), "--oversubscribe") != plan.argv.end())
-        r.summary += fmt::format("  (here {} ranks share {} cores, which the model does not see: expect the measured step "
-                                 "above the prediction)\n", plan.total_ranks, probe_host().cores);
+        r.summary += fmt::format(
+            "  (here {} ranks share {} cores, which the model does not see: expect the measured "
+            "step "
+            "above the prediction)\n",
+            plan.total_ranks, probe_host().cores);
     } else
       r.summary += fmt::format("plan's prediction: none ({})\n", predicted.error().what.message);
   }
   if (!o.outputs.empty()) {
-    auto outs = sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, plan);
+    auto outs =
+        sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, plan);
     if (!outs) return std::move(outs).error();
     HP_TRY(write_tensor_dir(o.outputs, *outs));
-    r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
+    r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(),
+                             outs->size() == 1 ? "" : "s", o.outputs.string());
   }
   return r;
 }
@@ -223,19 +243,24 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
 Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.target.extension() == ".toml") return launch_recipe(o);
   if (o.target.extension() != ".onnx")
-    return Error(Errc::usage, fmt::format("'{}' is neither a RECIPE.toml nor a MODEL.onnx", o.target.string()));
+    return Error(Errc::usage,
+                 fmt::format("'{}' is neither a RECIPE.toml nor a MODEL.onnx", o.target.string()));
   if (o.worker) return Error(Errc::usage, "--worker applies to RECIPE.toml");
-  if (o.dry_run) return Error(Errc::usage, "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
+  if (o.dry_run)
+    return Error(Errc::usage,
+                 "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
   if (o.inputs.empty() || o.outputs.empty())
     return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR and --outputs DIR");
-  HP_ASSIGN_OR_RETURN(auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
+  HP_ASSIGN_OR_RETURN(
+      auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
   auto outs = p.exec->run(p.inputs);
   if (!outs) return std::move(outs).error();
   HP_TRY(write_tensor_dir(o.outputs, *outs));
   LaunchReport r;
   r.stats = p.exec->stats();
   r.summary = stats_line(r.stats, p.backends.primary->name()) +
-              fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s", o.outputs.string());
+              fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s",
+                          o.outputs.string());
   return r;
 }
 

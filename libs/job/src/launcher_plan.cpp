@@ -1,5 +1,6 @@
 // plan_job / format_dry_run: the Open MPI MPMD (or srun --multi-prog) command for a recipe. See
-// launcher.h for the rules and docs/launch.md ("Open MPI pitfalls") for the Open MPI 4.1 behaviour they work around.
+// launcher.h for the rules and docs/launch.md ("Open MPI pitfalls") for the Open MPI 4.1 behaviour
+// they work around.
 #include <fmt/core.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -29,8 +30,10 @@ const std::string& JobPlan::group_of(int rank) const {
 }
 
 std::string shell_quote(const std::string& w) {
-  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
-                        std::string::npos)
+  if (!w.empty() &&
+      w.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
+          std::string::npos)
     return w;
   std::string q = "'";
   for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -54,8 +57,8 @@ namespace {
 
 // One app context per group, in recipe order, with its rank range; a module that is missing or no
 // ONNX file is reported for every group at once.
-Status add_contexts(const Job& job, const std::vector<recipe::Group>& groups, const std::string& where,
-                    JobPlan& plan) {
+Status add_contexts(const Job& job, const std::vector<recipe::Group>& groups,
+                    const std::string& where, JobPlan& plan) {
   std::vector<Diagnostic> problems;
   int next = 0;
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -66,9 +69,11 @@ Status add_contexts(const Job& job, const std::vector<recipe::Group>& groups, co
       ;  // runs no model (group_flow.h)
     else if (module.extension() != ".onnx")
       problems.push_back({key, fmt::format("module '{}' is not an ONNX file", g.module),
-                          "each group runs an ONNX module (a path relative to the recipe) or is the \"scheduler\""});
+                          "each group runs an ONNX module (a path relative to the recipe) or is "
+                          "the \"scheduler\""});
     else if (!fs::is_regular_file(module))
-      problems.push_back({key, fmt::format("module '{}' does not exist ({})", g.module, module.string()), ""});
+      problems.push_back(
+          {key, fmt::format("module '{}' does not exist ({})", g.module, module.string()), ""});
     AppContext c;
     c.group = g.name;
     c.index = static_cast<int>(i);
@@ -83,8 +88,8 @@ Status add_contexts(const Job& job, const std::vector<recipe::Group>& groups, co
 }
 
 // Each context's environment (HP_GROUP... then the group's own env) and its worker command line.
-void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::path& recipe, const JobOptions& o,
-                         int threads, JobPlan& plan) {
+void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::path& recipe,
+                         const JobOptions& o, int threads, JobPlan& plan) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     AppContext& c = plan.contexts[i];
     c.env = {{"HP_GROUP", c.group},
@@ -92,8 +97,14 @@ void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::pat
              {"HP_RECIPE", recipe.string()},
              {"HP_RUN_DIR", plan.run_dir.string()}};
     for (const auto& [k, v] : groups[i].env) c.env.emplace_back(k, v);
-    c.argv = {fs::absolute(o.worker).string(), "launch", recipe.string(), "--worker", "--run-dir", plan.run_dir.string(),
-              "--threads", std::to_string(threads)};
+    c.argv = {fs::absolute(o.worker).string(),
+              "launch",
+              recipe.string(),
+              "--worker",
+              "--run-dir",
+              plan.run_dir.string(),
+              "--threads",
+              std::to_string(threads)};
     if (!o.inputs.empty()) {
       c.argv.push_back("--inputs");
       c.argv.push_back(fs::absolute(o.inputs).string());
@@ -117,13 +128,15 @@ void add_launcher_env(const JobOptions& o, const HostInfo& host, bool single_hos
   }
   if (o.launcher == "mpirun" && !std::getenv("OMPI_MCA_btl_vader_single_copy_mechanism")) {
     plan.launcher_env.emplace_back("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-    plan.notes.push_back("OMPI_MCA_btl_vader_single_copy_mechanism=none: containers often block process_vm_readv");
+    plan.notes.push_back(
+        "OMPI_MCA_btl_vader_single_copy_mechanism=none: containers often block process_vm_readv");
   }
-  const bool root_ok = o.allow_run_as_root ||
-                       (env_is("OMPI_ALLOW_RUN_AS_ROOT", "1") && env_is("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"));
+  const bool root_ok = o.allow_run_as_root || (env_is("OMPI_ALLOW_RUN_AS_ROOT", "1") &&
+                                               env_is("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"));
   if (host.root && !root_ok && o.launcher == "mpirun")
-    plan.notes.push_back("running as root: Open MPI refuses unless --allow-run-as-root is given "
-                         "(or OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)");
+    plan.notes.push_back(
+        "running as root: Open MPI refuses unless --allow-run-as-root is given "
+        "(or OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)");
 }
 
 // srun --multi-prog: one line per rank range, its environment through env(1).
@@ -136,10 +149,11 @@ void finish_slurm(const JobOptions& o, JobPlan& plan) {
     for (const auto& a : c.argv) line += " " + a;
     plan.app_file += line + "\n";
   }
-  plan.argv = {o.mpirun == "mpirun" ? std::string("srun") : o.mpirun, "-n", std::to_string(plan.total_ranks), "-l",
-               "--kill-on-bad-exit=1"};
+  plan.argv = {o.mpirun == "mpirun" ? std::string("srun") : o.mpirun, "-n",
+               std::to_string(plan.total_ranks), "-l", "--kill-on-bad-exit=1"};
   if (o.timeout_s > 0)
-    plan.argv.push_back(fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
+    plan.argv.push_back(
+        fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
   plan.argv.push_back("--multi-prog");
   plan.argv.push_back((plan.run_dir / plan.app_file_name).string());
 }
@@ -152,10 +166,13 @@ void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, 
   if (o.allow_run_as_root) global.push_back("--allow-run-as-root");
   if (single_host && plan.total_ranks > host.cores) {
     global.push_back("--oversubscribe");
-    plan.notes.push_back(fmt::format("--oversubscribe: {} ranks on {} cores", plan.total_ranks, host.cores));
+    plan.notes.push_back(
+        fmt::format("--oversubscribe: {} ranks on {} cores", plan.total_ranks, host.cores));
   }
   global.insert(global.end(), {"--bind-to", "none", "--tag-output"});
-  if (o.timeout_s > 0) global.insert(global.end(), {"--timeout", std::to_string(static_cast<long>(std::ceil(o.timeout_s)))});
+  if (o.timeout_s > 0)
+    global.insert(global.end(),
+                  {"--timeout", std::to_string(static_cast<long>(std::ceil(o.timeout_s)))});
   std::string hostfile;
   if (!o.hostfile.empty()) {
     hostfile = fs::absolute(o.hostfile).string();
@@ -163,7 +180,8 @@ void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, 
   }
   plan.argv.insert(plan.argv.end(), global.begin(), global.end());
   plan.app_file_name = "app.txt";
-  plan.app_file = "# mpirun --app: one app context per line; --hostfile and every -x repeated per line\n";
+  plan.app_file =
+      "# mpirun --app: one app context per line; --hostfile and every -x repeated per line\n";
   for (std::size_t i = 0; i < plan.contexts.size(); ++i) {
     const auto& c = plan.contexts[i];
     if (i) plan.argv.push_back(":");
@@ -182,8 +200,10 @@ void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, 
 
 Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host) {
   if (o.launcher != "mpirun" && o.launcher != "slurm")
-    return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "", "--launcher is mpirun or slurm");
-  if (!(o.timeout_s >= 0)) return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
+    return Error(Errc::usage, fmt::format("unknown launcher '{}'", o.launcher), "",
+                 "--launcher is mpirun or slurm");
+  if (!(o.timeout_s >= 0))
+    return Error(Errc::usage, "--timeout must be a non-negative number of seconds");
   if (o.run_dir.empty()) return Error(Errc::internal, "plan_job needs a run directory");
   if (!o.hostfile.empty() && !fs::is_regular_file(o.hostfile))
     return Error(Errc::bad_input, fmt::format("hostfile '{}' does not exist", o.hostfile.string()));
@@ -192,20 +212,24 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
   // The groups: as declared, or one implicit group running the recipe's model on every rank.
   const std::vector<recipe::Group> groups = job.groups();
   HP_TRY(add_contexts(job, groups, o.recipe.string(), plan));
-  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise only
-  // fail once every rank has started.
+  // Tensors flowing between groups: a module that lacks a tensor its flow names would otherwise
+  // only fail once every rank has started.
   if (job.kind == JobKind::flow_groups) HP_TRY(check_group_flows(job));
-  const int threads = o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
+  const int threads =
+      o.threads > 0 ? o.threads : std::max(1, host.cores / std::max(1, plan.total_ranks));
   add_worker_commands(groups, fs::absolute(o.recipe).lexically_normal(), o, threads, plan);
   const bool single_host = o.hostfile.empty() && o.launcher == "mpirun";
   add_launcher_env(o, host, single_host, plan);
-  if (o.launcher == "slurm") finish_slurm(o, plan);
-  else finish_mpirun(o, host, single_host, plan);
+  if (o.launcher == "slurm")
+    finish_slurm(o, plan);
+  else
+    finish_mpirun(o, host, single_host, plan);
   return plan;
 }
 
 std::string format_dry_run(const JobPlan& p) {
-  std::string s = fmt::format("# {} rank(s) in {} group(s); nothing was started\n", p.total_ranks, p.contexts.size());
+  std::string s = fmt::format("# {} rank(s) in {} group(s); nothing was started\n", p.total_ranks,
+                              p.contexts.size());
   for (const auto& c : p.contexts)
     s += fmt::format("#   group '{}': ranks {}\n", c.group, rank_range(c.first_rank, c.ranks));
   std::string cmd;

@@ -1,13 +1,14 @@
 // run_job: starts mpirun (or srun) in its own process group, tees every rank's lines to the console
 // sink ("[group:rank] ...") and to RUN/logs/rank-N.log, and turns the end of the job into a result.
 //
-// Why the pieces: mpirun --tag-output gives "[jobid,rank]<stdout>:text", from which the rank is read
-// (srun -l gives "rank: text"). Logs are flushed per line so a killed job still has its tail. The
-// first failing rank is the first that printed "hp: error:" (workers print their error, then
+// Why the pieces: mpirun --tag-output gives "[jobid,rank]<stdout>:text", from which the rank is
+// read (srun -l gives "rank: text"). Logs are flushed per line so a killed job still has its tail.
+// The first failing rank is the first that printed "hp: error:" (workers print their error, then
 // MPI_Abort with their hp exit code); a rank that crashed is named by mpirun's own message instead.
-// Timeouts: mpirun's --timeout ends the ranks; if mpirun itself is still alive a few seconds after the
-// limit, hp sends SIGTERM to its process group, then SIGKILL, then SIGKILLs the rank PIDs the workers
-// recorded under RUN/pids (ranks may live in their own process groups), so nothing is left behind.
+// Timeouts: mpirun's --timeout ends the ranks; if mpirun itself is still alive a few seconds after
+// the limit, hp sends SIGTERM to its process group, then SIGKILL, then SIGKILLs the rank PIDs the
+// workers recorded under RUN/pids (ranks may live in their own process groups), so nothing is left
+// behind.
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <poll.h>
@@ -17,10 +18,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <regex>
@@ -47,7 +48,9 @@ struct Supervisor {
 
   std::ofstream& log_of(int rank) {
     auto& f = logs[rank];
-    if (!f) f = std::make_unique<std::ofstream>(log_dir / fmt::format("rank-{}.log", rank), std::ios::app);
+    if (!f)
+      f = std::make_unique<std::ofstream>(log_dir / fmt::format("rank-{}.log", rank),
+                                          std::ios::app);
     return *f;
   }
 
@@ -149,7 +152,8 @@ void kill_recorded_ranks(const fs::path& run_dir) {
     std::ifstream cmd(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
     std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find("--worker") != std::string::npos && cmdline.find(run_dir.string()) != std::string::npos)
+    if (cmdline.find("--worker") != std::string::npos &&
+        cmdline.find(run_dir.string()) != std::string::npos)
       ::kill(static_cast<pid_t>(pid), SIGKILL);
   }
 }
@@ -165,20 +169,24 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
                        : "install Open MPI (Debian: openmpi-bin), or put its mpirun on PATH");
   for (const auto& c : plan.contexts)
     if (::access(c.argv[0].c_str(), X_OK) != 0)
-      return Error(Errc::unavailable, fmt::format("the worker program '{}' is not executable", c.argv[0]));
+      return Error(Errc::unavailable,
+                   fmt::format("the worker program '{}' is not executable", c.argv[0]));
   const HostInfo host = probe_host();
   const bool root_ok = o.allow_run_as_root || (std::getenv("OMPI_ALLOW_RUN_AS_ROOT") &&
                                                std::getenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"));
   if (!slurm && host.root && !root_ok)
     return Error(Errc::unavailable, "Open MPI refuses to start ranks as root", "",
-                 "pass --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "pass --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 and "
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                  "(typical in containers)");
 
   std::error_code ec;
   const fs::path log_dir = plan.run_dir / "logs";
   fs::create_directories(log_dir, ec);
   fs::create_directories(plan.run_dir / "pids", ec);
-  if (ec) return Error(Errc::runtime, fmt::format("cannot create the run directory: {}", ec.message()), plan.run_dir.string());
+  if (ec)
+    return Error(Errc::runtime, fmt::format("cannot create the run directory: {}", ec.message()),
+                 plan.run_dir.string());
   HP_TRY(write_file_atomic(plan.run_dir / plan.app_file_name, plan.app_file));
 
   int out_pipe[2], err_pipe[2];
@@ -207,17 +215,21 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
 
-  Supervisor sup{plan, sink, log_dir, {}, std::ofstream(log_dir / "mpirun.log", std::ios::app), {}, -1, {}, slurm};
+  Supervisor sup{plan, sink, log_dir, {},   std::ofstream(log_dir / "mpirun.log", std::ios::app),
+                 {},   -1,   {},      slurm};
   std::string out_buf, err_buf;
   bool out_open = true, err_open = true, timed_out = false;
   int term_stage = 0;
   const double grace = 5;  // mpirun's own --timeout acts first; hp steps in after this grace
   while (out_open || err_open) {
-    pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0}, {err_open ? err_pipe[0] : -1, POLLIN, 0}};
+    pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0},
+                     {err_open ? err_pipe[0] : -1, POLLIN, 0}};
     int n = ::poll(fds, 2, 200);
     if (n > 0) {
-      if (out_open && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) out_open = pump(out_pipe[0], out_buf, false, sup);
-      if (err_open && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) err_open = pump(err_pipe[0], err_buf, true, sup);
+      if (out_open && (fds[0].revents & (POLLIN | POLLHUP | POLLERR)))
+        out_open = pump(out_pipe[0], out_buf, false, sup);
+      if (err_open && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)))
+        err_open = pump(err_pipe[0], err_buf, true, sup);
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (o.timeout_s > 0 && elapsed > o.timeout_s + grace && term_stage == 0) {
@@ -247,17 +259,21 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
 
   std::string launcher_text;
   for (const auto& l : sup.launcher_tail) launcher_text += l + "\n";
-  const std::string logs_hint = fmt::format("rank logs: {}/rank-N.log; mpirun's messages: {}/mpirun.log",
-                                            log_dir.string(), log_dir.string());
-  if (timed_out || rc == 110 || launcher_text.find("time limit for job execution") != std::string::npos)
-    return Error(Errc::runtime, fmt::format("the job ran past --timeout {:g} s and was stopped", o.timeout_s),
+  const std::string logs_hint =
+      fmt::format("rank logs: {}/rank-N.log; mpirun's messages: {}/mpirun.log", log_dir.string(),
+                  log_dir.string());
+  if (timed_out || rc == 110 ||
+      launcher_text.find("time limit for job execution") != std::string::npos)
+    return Error(Errc::runtime,
+                 fmt::format("the job ran past --timeout {:g} s and was stopped", o.timeout_s),
                  o.recipe.string(), logs_hint);
   if (rc == 243 || launcher_text.find("plm_rsh_agent") != std::string::npos)
     return Error(Errc::unavailable, "mpirun found no ssh/rsh launch agent", o.recipe.string(),
                  "on one host export OMPI_MCA_plm=isolated; on a cluster install an ssh client");
   if (launcher_text.find("allow-run-as-root") != std::string::npos)
     return Error(Errc::unavailable, "Open MPI refused to start ranks as root", o.recipe.string(),
-                 "pass --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+                 "pass --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 and "
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
 
   int rank = sup.first_error_rank;
   if (rank < 0) {
@@ -267,13 +283,18 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
     if (std::regex_search(launcher_text, m, named) || std::regex_search(launcher_text, m, procname))
       rank = std::stoi(m[1]);
   }
-  const std::string how = rc > 128 ? fmt::format("killed by signal {}", rc - 128) : fmt::format("exit code {}", rc);
+  const std::string how =
+      rc > 128 ? fmt::format("killed by signal {}", rc - 128) : fmt::format("exit code {}", rc);
   if (rank < 0)
-    return Error(Errc::runtime, fmt::format("the job failed ({}) without naming a rank{}", how, tail_of(log_dir / "mpirun.log", 12)),
+    return Error(Errc::runtime,
+                 fmt::format("the job failed ({}) without naming a rank{}", how,
+                             tail_of(log_dir / "mpirun.log", 12)),
                  o.recipe.string(), logs_hint);
   const fs::path log = log_dir / fmt::format("rank-{}.log", rank);
-  std::string msg = fmt::format("rank {} (group '{}') failed first ({})", rank, plan.group_of(rank), how);
-  if (!sup.first_error.empty() && sup.first_error_rank == rank) msg += ": " + sup.first_error.substr(11);
+  std::string msg =
+      fmt::format("rank {} (group '{}') failed first ({})", rank, plan.group_of(rank), how);
+  if (!sup.first_error.empty() && sup.first_error_rank == rank)
+    msg += ": " + sup.first_error.substr(11);
   msg += fmt::format("\n  last lines of {}:{}", log.string(), tail_of(log, 10));
   return Error(rc > 128 ? Errc::runtime : errc_of_exit(rc), msg, o.recipe.string(), logs_hint);
 }

@@ -1,13 +1,14 @@
 // The plan's prediction of a sharded recipe's step, to report next to the measured one: hp plan's
-// cost model (libs/planner) pricing the recipe's own configuration, in inference mode (a sharded run
-// is forward passes) at the model's own dtype (fp32 on the executor).
+// cost model (libs/planner) pricing the recipe's own configuration, in inference mode (a sharded
+// run is forward passes) at the model's own dtype (fp32 on the executor).
 #include "hp/job/predict.h"
 
 #include "hp/planner/predict.h"
 
 namespace hp::job {
 
-Expected<double> predicted_step_seconds(const recipe::Recipe& r, const std::filesystem::path& base_dir,
+Expected<double> predicted_step_seconds(const recipe::Recipe& r,
+                                        const std::filesystem::path& base_dir,
                                         const recipe::Cluster& cluster) {
   planner::PredictOptions po;
   po.train = false;

@@ -1,7 +1,7 @@
 // Pipeline schedule generation (GPipe, 1F1B, Megatron-style interleaved) and lowering to SEND/RECV.
-// The orders follow docs/schedules.md ("Generating the lists"): 1F1B warms up with min(p-s-1, m) forwards and then alternates F and
-// B; interleaved walks micro-batches in groups of p per chunk and warms up with 2(p-s-1) + (v-1)p
-// forwards. The checker is in schedule_check.cpp.
+// The orders follow docs/schedules.md ("Generating the lists"): 1F1B warms up with min(p-s-1, m)
+// forwards and then alternates F and B; interleaved walks micro-batches in groups of p per chunk
+// and warms up with 2(p-s-1) + (v-1)p forwards. The checker is in schedule_check.cpp.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -46,8 +46,8 @@ Action compute(ActionKind k, int stage, int mb) { return Action{k, stage, mb, -1
 
 // Emits warm-up forwards, then F/B pairs, then the remaining backwards (the 1F1B shape); with
 // warmup >= the number of forwards this degenerates to all forwards, then all backwards.
-void one_f_one_b(std::vector<Action>& out, const std::vector<Action>& fwd, const std::vector<Action>& bwd,
-                 std::size_t warmup, bool training) {
+void one_f_one_b(std::vector<Action>& out, const std::vector<Action>& fwd,
+                 const std::vector<Action>& bwd, std::size_t warmup, bool training) {
   warmup = std::min(warmup, fwd.size());
   std::size_t f = 0, b = 0;
   for (; f < warmup; ++f) out.push_back(fwd[f]);
@@ -66,14 +66,19 @@ void one_f_one_b(std::vector<Action>& out, const std::vector<Action>& fwd, const
 
 Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int p, int m, int v, bool training) {
   if (p < 1 || m < 1 || v < 1)
-    return Error(Errc::usage, fmt::format("a pipeline needs at least 1 rank, micro-batch and chunk (got p={}, m={}, v={})",
-                                          p, m, v));
+    return Error(
+        Errc::usage,
+        fmt::format(
+            "a pipeline needs at least 1 rank, micro-batch and chunk (got p={}, m={}, v={})", p, m,
+            v));
   if (v > 1 && kind != ScheduleKind::interleaved)
-    return Error(Errc::usage, fmt::format("{} runs one chunk per rank, got v={}", schedule_kind_name(kind), v),
+    return Error(Errc::usage,
+                 fmt::format("{} runs one chunk per rank, got v={}", schedule_kind_name(kind), v),
                  "", "several chunks per rank need schedule = \"interleaved\"");
   if (kind == ScheduleKind::interleaved && m % p != 0)
-    return Error(Errc::usage,
-                 fmt::format("interleaved schedules need micro-batches ({}) to be a multiple of the pipeline ranks ({})", m, p));
+    return Error(Errc::usage, fmt::format("interleaved schedules need micro-batches ({}) to be a "
+                                          "multiple of the pipeline ranks ({})",
+                                          m, p));
   PipelineSchedule s;
   s.kind = kind;
   s.ranks = p;
@@ -89,8 +94,9 @@ Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int p, int m, int v,
         fwd.push_back(compute(ActionKind::forward, r, k));
         bwd.push_back(compute(ActionKind::backward, r, k));
       }
-      const std::size_t warmup = kind == ScheduleKind::gpipe ? static_cast<std::size_t>(m)
-                                                             : static_cast<std::size_t>(std::min(p - r - 1, m));
+      const std::size_t warmup = kind == ScheduleKind::gpipe
+                                     ? static_cast<std::size_t>(m)
+                                     : static_cast<std::size_t>(std::min(p - r - 1, m));
       one_f_one_b(out, fwd, bwd, warmup, training);
       continue;
     }
@@ -101,7 +107,8 @@ Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int p, int m, int v,
       fwd.push_back(compute(ActionKind::forward, chunk_f * p + r, mb));
       bwd.push_back(compute(ActionKind::backward, chunk_b * p + r, mb));
     }
-    const std::size_t warmup = static_cast<std::size_t>(std::min(2 * (p - r - 1) + (v - 1) * p, m * v));
+    const std::size_t warmup =
+        static_cast<std::size_t>(std::min(2 * (p - r - 1) + (v - 1) * p, m * v));
     one_f_one_b(out, fwd, bwd, warmup, training);
   }
   return s;
@@ -122,10 +129,12 @@ PipelineSchedule lower_send_recv(const PipelineSchedule& in) {
       const int from = fwd ? a.stage - 1 : a.stage + 1;  // where this action's input comes from
       const int to = fwd ? a.stage + 1 : a.stage - 1;    // where its output goes
       if (from >= 0 && from <= last && in.rank_of(from) != r)
-        out.push_back({fwd ? ActionKind::recv_f : ActionKind::recv_b, a.stage, a.micro_batch, in.rank_of(from)});
+        out.push_back({fwd ? ActionKind::recv_f : ActionKind::recv_b, a.stage, a.micro_batch,
+                       in.rank_of(from)});
       out.push_back(a);
       if (to >= 0 && to <= last && in.rank_of(to) != r)
-        out.push_back({fwd ? ActionKind::send_f : ActionKind::send_b, a.stage, a.micro_batch, in.rank_of(to)});
+        out.push_back({fwd ? ActionKind::send_f : ActionKind::send_b, a.stage, a.micro_batch,
+                       in.rank_of(to)});
     }
   }
   return s;

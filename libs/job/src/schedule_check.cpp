@@ -2,13 +2,15 @@
 //
 // Model: in each step a rank runs zero-cost SEND/RECV actions at the head of its list as long as it
 // can, and at most one compute action (unit cost). Data produced in step t is usable from step t+1.
-// Buffered sends complete at once (the runtime copies and uses MPI_Isend); rendezvous sends complete
-// only together with the matching RECV at the head of the peer's list. Lists without SEND/RECV are
-// compute-only: a compute action then waits for its producer on the other rank directly.
+// Buffered sends complete at once (the runtime copies and uses MPI_Isend); rendezvous sends
+// complete only together with the matching RECV at the head of the peer's list. Lists without
+// SEND/RECV are compute-only: a compute action then waits for its producer on the other rank
+// directly.
 //
 // Static checks first (each (stage, micro-batch) computed exactly once, on the rank that owns the
-// stage), then the simulation: no step makes progress while some rank is unfinished -> deadlock, or a
-// RECV without any matching SEND left anywhere; at the end, a sent message nobody received is an error.
+// stage), then the simulation: no step makes progress while some rank is unfinished -> deadlock, or
+// a RECV without any matching SEND left anywhere; at the end, a sent message nobody received is an
+// error.
 #include <fmt/core.h>
 
 #include <map>
@@ -20,9 +22,11 @@
 namespace hp::job {
 namespace {
 
-// A message between stages: (direction is forward, producing stage, micro-batch, src rank, dst rank).
+// A message between stages: (direction is forward, producing stage, micro-batch, src rank, dst
+// rank).
 using MsgKey = std::tuple<bool, int, int, int, int>;
-// Data a rank holds for a computation: (forward?, producing stage, micro-batch) -> step it became usable.
+// Data a rank holds for a computation: (forward?, producing stage, micro-batch) -> step it became
+// usable.
 using DataKey = std::tuple<bool, int, int>;
 
 struct Sim {
@@ -46,7 +50,8 @@ struct Sim {
 
   const Action* head(int r) const {
     const auto& l = s.per_rank[static_cast<std::size_t>(r)];
-    return pc[static_cast<std::size_t>(r)] < l.size() ? &l[pc[static_cast<std::size_t>(r)]] : nullptr;
+    return pc[static_cast<std::size_t>(r)] < l.size() ? &l[pc[static_cast<std::size_t>(r)]]
+                                                      : nullptr;
   }
 
   // The message a SEND puts on the wire or a RECV expects.
@@ -59,14 +64,16 @@ struct Sim {
     }
   }
 
-  // Whether compute action `a` on rank r may run at step t; fills `why` when the reason is an error.
+  // Whether compute action `a` on rank r may run at step t; fills `why` when the reason is an
+  // error.
   bool inputs_ready(int r, const Action& a, int t, std::string& why) const {
     const bool fwd = a.kind == ActionKind::forward;
     if (!fwd) {
       auto it = done.find({true, a.stage, a.micro_batch});
       if (it == done.end() || it->second >= t) {
         if (it == done.end() && s.rank_of(a.stage) == r)
-          why = fmt::format("rank {}: {} runs before {}F{}", r, format_action(a), a.stage, a.micro_batch);
+          why = fmt::format("rank {}: {} runs before {}F{}", r, format_action(a), a.stage,
+                            a.micro_batch);
         return false;
       }
     }
@@ -79,8 +86,9 @@ struct Sim {
     }
     auto it = have[static_cast<std::size_t>(r)].find(need);
     if (it == have[static_cast<std::size_t>(r)].end()) {
-      why = fmt::format("rank {}: {} uses the output of stage {} for micro-batch {} without a {} first", r,
-                        format_action(a), from, a.micro_batch, fwd ? "RECV_F" : "RECV_B");
+      why = fmt::format(
+          "rank {}: {} uses the output of stage {} for micro-batch {} without a {} first", r,
+          format_action(a), from, a.micro_batch, fwd ? "RECV_F" : "RECV_B");
       return false;
     }
     return it->second < t;
@@ -90,7 +98,9 @@ struct Sim {
     for (int q = 0; q < s.ranks; ++q) {
       const auto& l = s.per_rank[static_cast<std::size_t>(q)];
       for (std::size_t i = pc[static_cast<std::size_t>(q)]; i < l.size(); ++i)
-        if ((l[i].kind == ActionKind::send_f || l[i].kind == ActionKind::send_b) && msg_of(q, l[i]) == k) return true;
+        if ((l[i].kind == ActionKind::send_f || l[i].kind == ActionKind::send_b) &&
+            msg_of(q, l[i]) == k)
+          return true;
     }
     return false;
   }
@@ -102,7 +112,8 @@ struct Sim {
     const bool a_send = a.kind == ActionKind::send_f || a.kind == ActionKind::send_b;
     const bool b_recv = b->kind == ActionKind::recv_f || b->kind == ActionKind::recv_b;
     const bool b_send = b->kind == ActionKind::send_f || b->kind == ActionKind::send_b;
-    if (!(a_send ? b_recv : b_send) || b->peer != r || msg_of(r, a) != msg_of(a.peer, *b)) return false;
+    if (!(a_send ? b_recv : b_send) || b->peer != r || msg_of(r, a) != msg_of(a.peer, *b))
+      return false;
     const MsgKey k = msg_of(r, a);
     const int dst = std::get<4>(k);
     have[static_cast<std::size_t>(dst)][{std::get<0>(k), std::get<1>(k), std::get<2>(k)}] = t;
@@ -116,20 +127,26 @@ std::string static_problems(const PipelineSchedule& s) {
   std::map<std::tuple<bool, int, int>, int> count;
   for (int r = 0; r < s.ranks; ++r)
     for (const auto& a : s.per_rank[static_cast<std::size_t>(r)]) {
-      if (a.stage < 0 || a.stage >= s.stages() || a.micro_batch < 0 || a.micro_batch >= s.micro_batches)
-        return fmt::format("rank {}: {} names a stage or micro-batch outside the pipeline ({} stages, {} micro-batches)",
-                           r, format_action(a), s.stages(), s.micro_batches);
+      if (a.stage < 0 || a.stage >= s.stages() || a.micro_batch < 0 ||
+          a.micro_batch >= s.micro_batches)
+        return fmt::format(
+            "rank {}: {} names a stage or micro-batch outside the pipeline ({} stages, {} "
+            "micro-batches)",
+            r, format_action(a), s.stages(), s.micro_batches);
       if (!a.is_compute() && (a.peer < 0 || a.peer >= s.ranks || a.peer == r))
-        return fmt::format("rank {}: {} has peer {}, not another rank", r, format_action(a), a.peer);
+        return fmt::format("rank {}: {} has peer {}, not another rank", r, format_action(a),
+                           a.peer);
       if (!a.is_compute()) continue;
       if (s.rank_of(a.stage) != r)
-        return fmt::format("rank {}: {} belongs to rank {}", r, format_action(a), s.rank_of(a.stage));
+        return fmt::format("rank {}: {} belongs to rank {}", r, format_action(a),
+                           s.rank_of(a.stage));
       if (++count[{a.kind == ActionKind::forward, a.stage, a.micro_batch}] > 1)
         return fmt::format("rank {}: {} appears twice", r, format_action(a));
     }
   for (int st = 0; st < s.stages(); ++st)
     for (int k = 0; k < s.micro_batches; ++k) {
-      if (!count.count({true, st, k})) return fmt::format("rank {}: {}F{} is missing", s.rank_of(st), st, k);
+      if (!count.count({true, st, k}))
+        return fmt::format("rank {}: {}F{} is missing", s.rank_of(st), st, k);
       if (s.training && !count.count({false, st, k}))
         return fmt::format("rank {}: {}B{} is missing", s.rank_of(st), st, k);
     }
@@ -181,8 +198,9 @@ ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode) {
         if (is_send) {
           // A send needs its data: the stage's own compute for this micro-batch.
           if (!sim.done.count({a->kind == ActionKind::send_f, a->stage, a->micro_batch})) {
-            c.problem = fmt::format("rank {}: {} sends before {}{}{} ran", r, format_action(*a), a->stage,
-                                    a->kind == ActionKind::send_f ? "F" : "B", a->micro_batch);
+            c.problem =
+                fmt::format("rank {}: {} sends before {}{}{} ran", r, format_action(*a), a->stage,
+                            a->kind == ActionKind::send_f ? "F" : "B", a->micro_batch);
             return c;
           }
           if (mode == SendMode::buffered) {
@@ -198,7 +216,8 @@ ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode) {
         const MsgKey k = sim.msg_of(r, *a);
         auto it = sim.inflight.find(k);
         if (mode == SendMode::buffered && it != sim.inflight.end()) {
-          sim.have[static_cast<std::size_t>(r)][{std::get<0>(k), std::get<1>(k), std::get<2>(k)}] = it->second;
+          sim.have[static_cast<std::size_t>(r)][{std::get<0>(k), std::get<1>(k), std::get<2>(k)}] =
+              it->second;
           sim.inflight.erase(it);
           ++sim.pc[static_cast<std::size_t>(r)];
           progress = true;
@@ -224,7 +243,8 @@ ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode) {
         std::string what = format_action(*a);
         if (a->kind == ActionKind::recv_f || a->kind == ActionKind::recv_b) {
           if (mode == SendMode::buffered && !sim.has_pending_send(sim.msg_of(r, *a))) {
-            c.problem = fmt::format("rank {}: {} from rank {} has no matching SEND", r, what, a->peer);
+            c.problem =
+                fmt::format("rank {}: {} from rank {} has no matching SEND", r, what, a->peer);
             return c;
           }
           what += fmt::format(" (from rank {})", a->peer);
@@ -240,8 +260,8 @@ ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode) {
   }
   if (!sim.inflight.empty()) {
     const auto& [fwd, stage, mb, src, dst] = sim.inflight.begin()->first;
-    c.problem = fmt::format("rank {}: {}{}{} sent to rank {} is never received", src, stage, fwd ? "SEND_F" : "SEND_B",
-                            mb, dst);
+    c.problem = fmt::format("rank {}: {}{}{} sent to rank {} is never received", src, stage,
+                            fwd ? "SEND_F" : "SEND_B", mb, dst);
     return c;
   }
   c.ok = true;

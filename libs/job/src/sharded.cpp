@@ -10,26 +10,26 @@
 #include <mutex>
 #include <set>
 
-#include "hp/model/model.h"
+#include "hp/exec/tensor.h"
 #include "hp/job/offload_run.h"
 #include "hp/job/schedule.h"
-#include "hp/exec/tensor.h"
+#include "hp/model/model.h"
 #include "hp/shard/layout.h"
 
 namespace hp::job {
-using exec::HostTensor;
-using exec::GraphIO;
-using exec::Executor;
-using exec::OffloadConfig;
-using exec::Backends;
-using exec::bind_inputs;
-using exec::open_backends;
-using exec::dims_label;
-using exec::dtype_size;
+using comm::ReduceOp;
+using comm::run_in_process;
 using comm::Transport;
 using comm::TransportCommOps;
-using comm::run_in_process;
-using comm::ReduceOp;
+using exec::Backends;
+using exec::bind_inputs;
+using exec::dims_label;
+using exec::dtype_size;
+using exec::Executor;
+using exec::GraphIO;
+using exec::HostTensor;
+using exec::OffloadConfig;
+using exec::open_backends;
 namespace fs = std::filesystem;
 using shard::Range;
 
@@ -38,12 +38,14 @@ namespace {
 // Row-major block copy between a whole tensor (dims `dims`, bytes at `whole`) and one of its blocks
 // (one Range per dim, bytes at `block`): whole -> block when `to_block`, else block -> whole. The
 // innermost dim moves as one run of bytes.
-void copy_block(const std::vector<std::int64_t>& dims, unsigned char* whole, unsigned char* block, std::size_t es,
-                const std::vector<Range>& r, bool to_block) {
+void copy_block(const std::vector<std::int64_t>& dims, unsigned char* whole, unsigned char* block,
+                std::size_t es, const std::vector<Range>& r, bool to_block) {
   const std::size_t nd = dims.size();
   if (nd == 0) {
-    if (to_block) std::memcpy(block, whole, es);
-    else std::memcpy(whole, block, es);
+    if (to_block)
+      std::memcpy(block, whole, es);
+    else
+      std::memcpy(whole, block, es);
     return;
   }
   for (const auto& x : r)
@@ -63,8 +65,10 @@ void copy_block(const std::vector<std::int64_t>& dims, unsigned char* whole, uns
     }
     unsigned char* w = whole + static_cast<std::size_t>(off) * es;
     unsigned char* b = block + static_cast<std::size_t>(boff) * es;
-    if (to_block) std::memcpy(b, w, run);
-    else std::memcpy(w, b, run);
+    if (to_block)
+      std::memcpy(b, w, run);
+    else
+      std::memcpy(w, b, run);
     std::size_t d = nd - 1;  // odometer over all dims but the last
     for (;;) {
       if (d == 0) return;
@@ -118,9 +122,9 @@ std::int64_t position_of(const Placed& p, const shard::ManifestRank& r) {
 
 }  // namespace
 
-Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest& m, int rank,
-                                                           const std::vector<GraphIO>& wanted,
-                                                           const std::vector<HostTensor>& global_inputs) {
+Expected<std::vector<std::vector<HostTensor>>> rank_inputs(
+    const shard::Manifest& m, int rank, const std::vector<GraphIO>& wanted,
+    const std::vector<HostTensor>& global_inputs) {
   const shard::ManifestRank* mr = find_rank(m, rank);
   if (!mr) return Error(Errc::bad_input, fmt::format("the manifest has no rank {}", rank));
   const auto mb = static_cast<std::size_t>(m.micro_batches);
@@ -130,7 +134,10 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
     const shard::ManifestLayout* l = nullptr;
     for (const auto& x : m.inputs)
       if (x.tensor == io.name) l = &x;
-    if (!l) return Error(Errc::bad_input, fmt::format("rank {} reads '{}', which is no graph input of the manifest", rank, io.name));
+    if (!l)
+      return Error(Errc::bad_input,
+                   fmt::format("rank {} reads '{}', which is no graph input of the manifest", rank,
+                               io.name));
     // The global input: by name, else by the manifest's input position (unnamed input_K.pb files).
     const HostTensor* g = nullptr;
     for (const auto& t : global_inputs)
@@ -140,7 +147,9 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
       while (pos < m.inputs.size() && m.inputs[pos].tensor != io.name) ++pos;
       if (pos < global_inputs.size() && global_inputs[pos].name.empty()) g = &global_inputs[pos];
     }
-    if (!g) return Error(Errc::bad_input, fmt::format("no input named '{}' was given", io.name), "", "pass it in --inputs");
+    if (!g)
+      return Error(Errc::bad_input, fmt::format("no input named '{}' was given", io.name), "",
+                   "pass it in --inputs");
     std::vector<std::int64_t> micro = g->dims;
     const bool split = l->batched && m.micro_batches > 1;
     if (split && !micro.empty() && micro[0] % m.micro_batches == 0) micro[0] /= m.micro_batches;
@@ -148,9 +157,11 @@ Expected<std::vector<std::vector<HostTensor>>> rank_inputs(const shard::Manifest
       std::vector<std::int64_t> full = l->shape;
       if (split) full[0] *= m.micro_batches;
       return Error(Errc::bad_input,
-                   fmt::format("input '{}' has shape {}; the partitions expect {}{}", io.name, dims_label(g->dims),
-                               dims_label(full),
-                               split ? fmt::format(" ({} micro-batches of {})", m.micro_batches, dims_label(l->shape)) : ""),
+                   fmt::format("input '{}' has shape {}; the partitions expect {}{}", io.name,
+                               dims_label(g->dims), dims_label(full),
+                               split ? fmt::format(" ({} micro-batches of {})", m.micro_batches,
+                                                   dims_label(l->shape))
+                                     : ""),
                    "", "give the shape of the recipe's [model] dims");
     }
     HP_ASSIGN_OR_RETURN(auto placed, place(m, *l));
@@ -186,18 +197,25 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
                            const OffloadConfig& offload) {
   const int rank = t.rank();
   const shard::ManifestRank* mr = find_rank(m, rank);
-  if (!mr) return Error(Errc::bad_input, fmt::format("the manifest has no rank {} (it lists {} ranks)", rank, m.ranks.size()),
-                        (o.shard_dir / "manifest.toml").string());
+  if (!mr)
+    return Error(
+        Errc::bad_input,
+        fmt::format("the manifest has no rank {} (it lists {} ranks)", rank, m.ranks.size()),
+        (o.shard_dir / "manifest.toml").string());
   if (!m.weights)
-    return Error(Errc::bad_input, "the partitions hold shapes only (the model has no weight data); they cannot run",
-                 (o.shard_dir / "manifest.toml").string(), "shard a model exported with its weights");
+    return Error(Errc::bad_input,
+                 "the partitions hold shapes only (the model has no weight data); they cannot run",
+                 (o.shard_dir / "manifest.toml").string(),
+                 "shard a model exported with its weights");
   const PipelineSchedule& sched = o.schedule;
   const int v = static_cast<int>(m.virtual_stages);
   if (sched.ranks != m.pp || sched.micro_batches != m.micro_batches || sched.chunks != v)
     return Error(Errc::bad_input,
-                 fmt::format("the partitions are for pp={}, {} micro-batch(es), {} chunk(s) per rank; the schedule ({}) "
-                             "is for pp={}, {}, {}", m.pp, m.micro_batches, v, schedule_kind_name(sched.kind),
-                             sched.ranks, sched.micro_batches, sched.chunks),
+                 fmt::format("the partitions are for pp={}, {} micro-batch(es), {} chunk(s) per "
+                             "rank; the schedule ({}) "
+                             "is for pp={}, {}, {}",
+                             m.pp, m.micro_batches, v, schedule_kind_name(sched.kind), sched.ranks,
+                             sched.micro_batches, sched.chunks),
                  (o.shard_dir / "manifest.toml").string());
   RankRun rr;
   rr.rank = rank;
@@ -215,7 +233,9 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
     if (entry.rank != rank) continue;
     const auto c = static_cast<std::size_t>(entry.stage / m.pp);
     if (c >= chunks.size() || chunks[c].exec)
-      return Error(Errc::bad_input, fmt::format("rank {} lists stage {} twice or outside the {} chunks", rank, entry.stage, v),
+      return Error(Errc::bad_input,
+                   fmt::format("rank {} lists stage {} twice or outside the {} chunks", rank,
+                               entry.stage, v),
                    (o.shard_dir / "manifest.toml").string());
     model::LoadOptions lo;
     lo.mode = model::LoadMode::require_data;
@@ -233,7 +253,8 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
   }
   for (std::size_t c = 0; c < chunks.size(); ++c)
     if (!chunks[c].exec)
-      return Error(Errc::bad_input, fmt::format("rank {} has no partition for model chunk {}", rank, c),
+      return Error(Errc::bad_input,
+                   fmt::format("rank {} has no partition for model chunk {}", rank, c),
                    (o.shard_dir / "manifest.toml").string());
 
   const int mb = static_cast<int>(m.micro_batches);
@@ -247,7 +268,9 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
     std::int32_t one = 1, sum = 0;
     HP_TRY(t.allreduce(everyone, &one, &sum, 1, HP_I32, ReduceOp::sum));
     const auto t0 = std::chrono::steady_clock::now();
-    auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    auto since = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     rr.actions.clear();
     for (const Action& a : actions) {
       if (!a.is_compute()) continue;  // SEND/RECV run as the partition's hp.Send / hp.Recv nodes
@@ -260,7 +283,8 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
       const auto& by_op = ch.exec->stats().by_op;
       if (auto w = by_op.find("hp.Recv"); w != by_op.end()) at.wait_s = w->second.seconds;
       rr.actions.push_back(at);
-      if (!out->empty()) outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);  // the chunk with outputs
+      if (!out->empty())
+        outs[static_cast<std::size_t>(a.micro_batch)] = std::move(*out);  // the chunk with outputs
     }
     HP_TRY(t.flush());
     rr.seconds = since();
@@ -273,7 +297,9 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
     for (std::size_t k = 1; k < outs.size(); ++k) {
       const HostTensor& p = outs[k][j];
       if (c.dims.empty() || p.dims.size() != c.dims.size())
-        return Error(Errc::bad_input, fmt::format("output '{}' is a scalar; micro-batches cannot be concatenated", c.name));
+        return Error(
+            Errc::bad_input,
+            fmt::format("output '{}' is a scalar; micro-batches cannot be concatenated", c.name));
       c.dims[0] += p.dims[0];
       c.data.insert(c.data.end(), p.data.begin(), p.data.end());
     }
@@ -282,19 +308,23 @@ Expected<RankRun> run_rank(const shard::Manifest& m, const ShardedRunOptions& o,
   return rr;
 }
 
-Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
-                                                   const std::vector<std::vector<HostTensor>>& per_rank) {
+Expected<std::vector<HostTensor>> assemble_outputs(
+    const shard::Manifest& m, const std::vector<std::vector<HostTensor>>& per_rank) {
   std::vector<HostTensor> result;
   const std::int64_t mb = m.micro_batches;
   for (const auto& l : m.outputs) {
     if (!l.partial.empty())
-      return Error(Errc::internal, fmt::format("output '{}' is left as a partial sum over {}", l.tensor, l.partial[0]));
+      return Error(Errc::internal, fmt::format("output '{}' is left as a partial sum over {}",
+                                               l.tensor, l.partial[0]));
     HP_ASSIGN_OR_RETURN(auto placed, place(m, l));
     HostTensor g;
     g.name = l.tensor;
     g.dims = l.shape;
     if (mb > 1) {
-      if (!l.batched) return Error(Errc::bad_input, fmt::format("output '{}' has no batch axis to concatenate micro-batches on", l.tensor));
+      if (!l.batched)
+        return Error(
+            Errc::bad_input,
+            fmt::format("output '{}' has no batch axis to concatenate micro-batches on", l.tensor));
       g.dims[0] *= mb;
     }
     std::vector<std::vector<Range>> done;
@@ -312,8 +342,9 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
       for (const auto& x : slice) want.push_back(x.size());
       if (mb > 1) want[0] *= mb;
       if (piece->dims != want)
-        return Error(Errc::bad_input, fmt::format("rank {} holds '{}' as {}, its layout says {}", r, l.tensor,
-                                                  dims_label(piece->dims), dims_label(want)));
+        return Error(Errc::bad_input,
+                     fmt::format("rank {} holds '{}' as {}, its layout says {}", r, l.tensor,
+                                 dims_label(piece->dims), dims_label(want)));
       if (!have_dtype) {
         g.dtype = piece->dtype;
         g.data.assign(static_cast<std::size_t>(g.numel() * dtype_size(g.dtype)), 0);
@@ -327,7 +358,8 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
           in[0] = {k * rows, (k + 1) * rows};
         }
         HostTensor part = mb > 1 ? take_block(*piece, in) : *piece;
-        copy_block(g.dims, g.data.data(), part.data.data(), static_cast<std::size_t>(dtype_size(g.dtype)), at, false);
+        copy_block(g.dims, g.data.data(), part.data.data(),
+                   static_cast<std::size_t>(dtype_size(g.dtype)), at, false);
       }
       done.push_back(std::move(slice));
     }
@@ -340,15 +372,17 @@ Expected<std::vector<HostTensor>> assemble_outputs(const shard::Manifest& m,
     std::int64_t total = 1;
     for (auto d : l.shape) total *= d;
     if (!have_dtype || covered != total)
-      return Error(Errc::bad_input, fmt::format("the ranks' outputs do not cover '{}' ({} of {} elements held)", l.tensor,
-                                                covered, total));
+      return Error(Errc::bad_input,
+                   fmt::format("the ranks' outputs do not cover '{}' ({} of {} elements held)",
+                               l.tensor, covered, total));
     result.push_back(std::move(g));
   }
   return result;
 }
 
-Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest, const ShardedRunOptions& o,
-                                             const std::vector<HostTensor>& global_inputs) {
+Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest,
+                                              const ShardedRunOptions& o,
+                                              const std::vector<HostTensor>& global_inputs) {
   const shard::Manifest* m = &manifest;
   HP_ASSIGN_OR_RETURN(auto backends, open_backends(o.backend, o.threads, o.plugin_paths));
   const int ranks = rank_count(*m);
@@ -407,27 +441,31 @@ std::string format_step_timing(const std::vector<RankRun>& ranks, const Pipeline
     auto& slot = busy[static_cast<std::size_t>(std::clamp(r.stage, 0, std::max(pp, 1) - 1))];
     slot = std::max(slot, b);
   }
-  std::string s = fmt::format("step: {:.4f} s (slowest rank, {} micro-batch{})", step, micro_batches,
-                              micro_batches == 1 ? "" : "es");
+  std::string s = fmt::format("step: {:.4f} s (slowest rank, {} micro-batch{})", step,
+                              micro_batches, micro_batches == 1 ? "" : "es");
   // Several steps: the slowest rank's time per step, median over the steps.
   std::size_t steps = 0;
   for (const auto& r : ranks) steps = std::max(steps, r.step_seconds.size());
   if (steps > 1) {
     std::vector<double> per_step(steps, 0.0);
     for (const auto& r : ranks)
-      for (std::size_t k = 0; k < r.step_seconds.size(); ++k) per_step[k] = std::max(per_step[k], r.step_seconds[k]);
+      for (std::size_t k = 0; k < r.step_seconds.size(); ++k)
+        per_step[k] = std::max(per_step[k], r.step_seconds[k]);
     const double first = per_step[0];
     std::sort(per_step.begin(), per_step.end());
-    s = fmt::format("step: {:.4f} s median of {} steps (first {:.4f} s; slowest rank, {} micro-batch{})",
-                    per_step[steps / 2], steps, first, micro_batches, micro_batches == 1 ? "" : "es");
+    s = fmt::format(
+        "step: {:.4f} s median of {} steps (first {:.4f} s; slowest rank, {} micro-batch{})",
+        per_step[steps / 2], steps, first, micro_batches, micro_batches == 1 ? "" : "es");
   }
   if (pp > 1) {
     std::string stages;
     for (double b : busy) stages += fmt::format("{}{:.4f}", stages.empty() ? "" : " / ", b);
     const double theory = bubble_fraction(sched.kind, pp, micro_batches, chunks);
-    s += fmt::format("; stage compute {} s; pipeline bubble measured {:.3f}, schedule's {:.3f} ({}, p={}, m={}{})", stages,
-                     measured_bubble(ranks), theory, schedule_kind_name(sched.kind), pp, micro_batches,
-                     chunks > 1 ? fmt::format(", v={}", chunks) : "");
+    s += fmt::format(
+        "; stage compute {} s; pipeline bubble measured {:.3f}, schedule's {:.3f} ({}, p={}, "
+        "m={}{})",
+        stages, measured_bubble(ranks), theory, schedule_kind_name(sched.kind), pp, micro_batches,
+        chunks > 1 ? fmt::format(", v={}", chunks) : "");
   }
   return s + "\n";
 }

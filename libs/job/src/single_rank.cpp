@@ -5,13 +5,15 @@
 
 namespace hp::job {
 using exec::bind_inputs;
-using exec::Executor;
 using exec::ExecStats;
+using exec::Executor;
 using exec::open_backends;
 using exec::read_tensor_dir;
 
-Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path, const std::filesystem::path& inputs,
-                           const std::string& backend, int threads, const std::vector<std::filesystem::path>& paths) {
+Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path,
+                                         const std::filesystem::path& inputs,
+                                         const std::string& backend, int threads,
+                                         const std::vector<std::filesystem::path>& paths) {
   SingleRank p;
   HP_ASSIGN_OR_RETURN(auto b, open_backends(backend, threads, paths));
   p.backends = b;
@@ -31,10 +33,12 @@ Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path
 }
 
 std::string stats_line(const ExecStats& s, const std::string& backend) {
-  return fmt::format("ran {} nodes on {} ({} on the cpu fallback) in {:.3f} s; peak tensor memory {:.2f} MiB "
-                     "(weights {:.2f} MiB)\n",
-                     s.nodes, backend, s.nodes_on_fallback, s.seconds, static_cast<double>(s.peak_bytes) / (1 << 20),
-                     static_cast<double>(s.weight_bytes) / (1 << 20));
+  return fmt::format(
+      "ran {} nodes on {} ({} on the cpu fallback) in {:.3f} s; peak tensor memory {:.2f} MiB "
+      "(weights {:.2f} MiB)\n",
+      s.nodes, backend, s.nodes_on_fallback, s.seconds,
+      static_cast<double>(s.peak_bytes) / (1 << 20),
+      static_cast<double>(s.weight_bytes) / (1 << 20));
 }
 
 }  // namespace hp::job

@@ -22,7 +22,8 @@ struct SingleRank {
   std::vector<exec::HostTensor> inputs;  ///< bound to the graph inputs, in their order
 };
 
-Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path, const std::filesystem::path& inputs,
+Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path,
+                                         const std::filesystem::path& inputs,
                                          const std::string& backend, int threads,
                                          const std::vector<std::filesystem::path>& plugin_paths);
 

@@ -46,7 +46,8 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
     return;
   }
   auto job = make_job(std::move(*doc), o.target, o.preset_dirs);
-  // The flows are a static fact of the recipe and its modules: a failure there is the checks' failure.
+  // The flows are a static fact of the recipe and its modules: a failure there is the checks'
+  // failure.
   if (job && job->kind == JobKind::flow_groups) {
     if (Status flows = check_group_flows(*job); !flows.ok()) {
       rep.failure = std::move(flows).error();
@@ -67,8 +68,10 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
   ro.threads = o.threads;
   ro.plugin_paths = o.plugin_paths;
   auto run = verify_recipe_run(*job, ro);
-  if (!run) rep.failure = std::move(run).error();
-  else rep.run = std::move(*run);
+  if (!run)
+    rep.failure = std::move(run).error();
+  else
+    rep.run = std::move(*run);
 }
 
 }  // namespace
@@ -96,9 +99,10 @@ std::string VerifyReport::json() const {
 
 Error VerifyReport::mismatch() const {
   if (model_mode)
-    return Error(Errc::mismatch, "outputs differ from the expected ones beyond the tolerance", recipe.string(),
-                 "see the per-output errors above");
-  return Error(Errc::mismatch, "the sharded job's outputs differ from the unsharded model's beyond the tolerance",
+    return Error(Errc::mismatch, "outputs differ from the expected ones beyond the tolerance",
+                 recipe.string(), "see the per-output errors above");
+  return Error(Errc::mismatch,
+               "the sharded job's outputs differ from the unsharded model's beyond the tolerance",
                recipe.string(), "see the per-output errors above");
 }
 
@@ -109,15 +113,18 @@ Expected<VerifyReport> verify(const VerifyOptions& o) {
     return rep;
   }
   if (!o.expected.empty())
-    return Error(Errc::usage, "--expected applies to MODEL.onnx; a recipe's outputs are compared with its unsharded "
-                              "model's");
+    return Error(
+        Errc::usage,
+        "--expected applies to MODEL.onnx; a recipe's outputs are compared with its unsharded "
+        "model's");
   VerifyReport rep;
   rep.recipe = o.target;
   verify_recipe_target(o, rep);
   return rep;
 }
 
-// ---- MODEL.onnx ----------------------------------------------------------------------------------
+// ---- MODEL.onnx
+// ----------------------------------------------------------------------------------
 
 bool ModelVerifyReport::ok() const {
   for (const auto& o : outputs)
@@ -131,8 +138,9 @@ std::string ModelVerifyReport::format() const {
     if (!o.problem.empty())
       s += fmt::format("{}: MISMATCH: {}\n", o.name, o.problem);
     else
-      s += fmt::format("{}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
-                       o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
+      s += fmt::format(
+          "{}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
+          o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
   }
   s += stats_line(stats, backend);
   return s;
@@ -141,14 +149,15 @@ std::string ModelVerifyReport::format() const {
 Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& o) {
   if (o.inputs.empty() || o.expected.empty())
     return Error(Errc::usage, "'hp verify MODEL.onnx' needs --inputs DIR and --expected DIR");
-  if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
+  if (!(o.rtol >= 0) || !(o.atol >= 0))
+    return Error(Errc::usage, "--rtol and --atol must be non-negative");
   HP_ASSIGN_OR_RETURN(auto want, read_tensor_dir(o.expected, "output"));
   auto p = prepare_single_rank(o.model, o.inputs, o.backend, o.threads, o.plugin_paths);
   if (!p) return std::move(p).error();
   if (want.size() != p->exec->outputs().size())
     return Error(Errc::bad_input,
-                 fmt::format("the graph has {} outputs, {} holds {} output_K.pb files", p->exec->outputs().size(),
-                             o.expected.string(), want.size()));
+                 fmt::format("the graph has {} outputs, {} holds {} output_K.pb files",
+                             p->exec->outputs().size(), o.expected.string(), want.size()));
   auto got = p->exec->run(p->inputs);
   if (!got) return std::move(got).error();
   ModelVerifyReport r;

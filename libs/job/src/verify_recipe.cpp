@@ -7,27 +7,27 @@
 #include <chrono>
 #include <random>
 
-#include "hp/model/model.h"
-#include "hp/recipe/recipe.h"
-#include "hp/job/schedule.h"
-#include "hp/job/sharded.h"
 #include "hp/exec/tensor.h"
 #include "hp/job/job.h"
 #include "hp/job/launch.h"
+#include "hp/job/schedule.h"
+#include "hp/job/sharded.h"
 #include "hp/job/verify_run.h"
+#include "hp/model/model.h"
+#include "hp/recipe/recipe.h"
 #include "hp/shard/shard.h"
 
 namespace hp::job {
-using exec::HostTensor;
-using exec::GraphIO;
-using exec::Executor;
 using exec::bind_inputs;
+using exec::compare_tensors;
+using exec::dtype_from_onnx;
+using exec::dtype_size;
+using exec::Executor;
+using exec::GraphIO;
+using exec::HostTensor;
+using exec::open_backends;
 using exec::read_tensor_dir;
 using exec::write_tensor_dir;
-using exec::compare_tensors;
-using exec::open_backends;
-using exec::dtype_size;
-using exec::dtype_from_onnx;
 namespace fs = std::filesystem;
 
 namespace {
@@ -36,13 +36,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The exclusive bound of the integer values of graph input `t`: the smallest table a Gather consumer
-// indexes with it (the size of the data's axis), 0 when none does.
+// The exclusive bound of the integer values of graph input `t`: the smallest table a Gather
+// consumer indexes with it (the size of the data's axis), 0 when none does.
 std::int64_t index_bound(const model::Graph& g, int t) {
   std::int64_t bound = 0;
   for (int n : g.tensor(t).consumers) {
     const auto& node = g.node(n);
-    if (node.op_type != "Gather" || node.inputs.size() < 2 || node.inputs[1] != t || node.inputs[0] < 0) continue;
+    if (node.op_type != "Gather" || node.inputs.size() < 2 || node.inputs[1] != t ||
+        node.inputs[0] < 0)
+      continue;
     const auto& data = g.tensor(node.inputs[0]);
     if (data.dims.empty() || !data.dims[0].known()) continue;
     const std::int64_t n0 = data.dims[0].value;  // embeddings gather along axis 0
@@ -55,8 +57,9 @@ std::int64_t index_bound(const model::Graph& g, int t) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / fmt::format("hp-verify-{}-{}", ::getpid(),
-                                                   std::chrono::steady_clock::now().time_since_epoch().count());
+    path = fs::temp_directory_path() /
+           fmt::format("hp-verify-{}-{}", ::getpid(),
+                       std::chrono::steady_clock::now().time_since_epoch().count());
     fs::create_directories(path);
   }
   ~TempDir() {
@@ -67,7 +70,8 @@ struct TempDir {
 
 }  // namespace
 
-std::vector<HostTensor> generate_inputs(const std::vector<GraphIO>& inputs, const std::vector<std::int64_t>& bounds,
+std::vector<HostTensor> generate_inputs(const std::vector<GraphIO>& inputs,
+                                        const std::vector<std::int64_t>& bounds,
                                         std::uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<HostTensor> out;
@@ -108,10 +112,12 @@ std::string RecipeRunReport::format() const {
     if (!o.problem.empty())
       s += fmt::format("  {}: MISMATCH: {}\n", o.name, o.problem);
     else
-      s += fmt::format("  {}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
-                       o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
+      s += fmt::format(
+          "  {}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
+          o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
   }
-  s += fmt::format("unsharded {:.3f} s, sharded {:.3f} s ({} ranks)\n", unsharded_s, sharded_s, ranks);
+  s += fmt::format("unsharded {:.3f} s, sharded {:.3f} s ({} ranks)\n", unsharded_s, sharded_s,
+                   ranks);
   if (!timing.empty()) s += timing;
   return s;
 }
@@ -120,7 +126,8 @@ namespace {
 
 // Inputs at the recipe's full dims (the manifest holds one micro-batch): floats in [-1, 1), integer
 // ids inside the table they index (generate_inputs).
-std::vector<HostTensor> generated_inputs(const shard::Prepared& P, const shard::Manifest& manifest, std::uint64_t seed) {
+std::vector<HostTensor> generated_inputs(const shard::Prepared& P, const shard::Manifest& manifest,
+                                         std::uint64_t seed) {
   std::vector<GraphIO> ios;
   std::vector<std::int64_t> bounds;
   for (const auto& in : manifest.inputs) {
@@ -136,10 +143,12 @@ std::vector<HostTensor> generated_inputs(const shard::Prepared& P, const shard::
   return generate_inputs(ios, bounds, seed);
 }
 
-// All ranks on threads in this process: the partitions of `P` (or --shard-dir's), the job's schedule.
-Expected<std::vector<HostTensor>> run_simulated(Job& job, const shard::Prepared& P, const RecipeRunOptions& o,
-                                                const std::vector<HostTensor>& inputs, const fs::path& tmp,
-                                                RecipeRunReport& rep) {
+// All ranks on threads in this process: the partitions of `P` (or --shard-dir's), the job's
+// schedule.
+Expected<std::vector<HostTensor>> run_simulated(Job& job, const shard::Prepared& P,
+                                                const RecipeRunOptions& o,
+                                                const std::vector<HostTensor>& inputs,
+                                                const fs::path& tmp, RecipeRunReport& rep) {
   ShardedRunOptions so;
   so.shard_dir = o.shard_dir;
   if (so.shard_dir.empty()) {
@@ -159,7 +168,8 @@ Expected<std::vector<HostTensor>> run_simulated(Job& job, const shard::Prepared&
 }
 
 // A real MPI job through hp launch's own path, on the inputs written to a temporary directory.
-Expected<std::vector<HostTensor>> run_mpi(Job& job, const RecipeRunOptions& o, const std::vector<HostTensor>& inputs,
+Expected<std::vector<HostTensor>> run_mpi(Job& job, const RecipeRunOptions& o,
+                                          const std::vector<HostTensor>& inputs,
                                           const fs::path& tmp, RecipeRunReport& rep) {
   HP_TRY(write_tensor_dir(tmp / "inputs", inputs, "input"));
   LaunchOptions lo;
@@ -176,14 +186,16 @@ Expected<std::vector<HostTensor>> run_mpi(Job& job, const RecipeRunOptions& o, c
   HP_ASSIGN_OR_RETURN(auto outs, read_tensor_dir(lo.outputs, "output"));
   rep.how = fmt::format("mpirun, {} ranks", rep.ranks);
   const auto& s = launched.summary;
-  if (auto at = s.find("step: "); at != std::string::npos) rep.timing = s.substr(at, s.find('\n', at) - at + 1);
+  if (auto at = s.find("step: "); at != std::string::npos)
+    rep.timing = s.substr(at, s.find('\n', at) - at + 1);
   return outs;
 }
 
 }  // namespace
 
 Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o) {
-  if (!(o.rtol >= 0) || !(o.atol >= 0)) return Error(Errc::usage, "--rtol and --atol must be non-negative");
+  if (!(o.rtol >= 0) || !(o.atol >= 0))
+    return Error(Errc::usage, "--rtol and --atol must be non-negative");
   RecipeRunReport rep;
   if (job.kind != JobKind::sharded_model) {
     rep.skipped = "the recipe runs [[groups]] modules (MPMD); hp launch runs it";
@@ -191,10 +203,11 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
   }
   // The schedule the ranks will run (load_job simulated it: no deadlock).
   const auto& sched = job.schedule;
-  rep.schedule = fmt::format("{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(sched.lowered.kind),
-                             sched.lowered.ranks, job.recipe.parallel.micro_batches,
-                             sched.lowered.chunks > 1 ? fmt::format(", v={}", sched.lowered.chunks) : "",
-                             sched.check.bubble());
+  rep.schedule = fmt::format(
+      "{}, p={}, m={}{}: no deadlock, bubble {:.3f}", schedule_kind_name(sched.lowered.kind),
+      sched.lowered.ranks, job.recipe.parallel.micro_batches,
+      sched.lowered.chunks > 1 ? fmt::format(", v={}", sched.lowered.chunks) : "",
+      sched.check.bubble());
 
   // Weights decide whether anything can run. A recipe for planning only may name a file that is no
   // model at all (the static checks need it to exist): then there is nothing to partition or run.
@@ -207,7 +220,8 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
       return rep;
     }
     rep.skipped = "the model has no weight data (shapes only): " + model.error().what.message;
-    HP_TRY(shard::prepare(job.recipe, job.where, job.recipe_path));  // still check that it partitions
+    HP_TRY(
+        shard::prepare(job.recipe, job.where, job.recipe_path));  // still check that it partitions
     return rep;
   }
   HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(job.recipe, job.where, job.recipe_path));
@@ -216,7 +230,8 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
   rep.ranks = rank_count(manifest);
 
   HP_ASSIGN_OR_RETURN(auto backends, open_backends(o.backend, o.threads, o.plugin_paths));
-  HP_ASSIGN_OR_RETURN(auto unsharded, Executor::create(*model, {backends.primary, backends.cpu, nullptr}));
+  HP_ASSIGN_OR_RETURN(auto unsharded,
+                      Executor::create(*model, {backends.primary, backends.cpu, nullptr}));
   TempDir tmp;
   std::vector<HostTensor> inputs;
   if (!o.inputs.empty()) {
@@ -225,8 +240,8 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
     inputs = generated_inputs(P, manifest, o.seed);
     rep.generated_inputs = true;
   }
-  HP_ASSIGN_OR_RETURN(auto bound,
-                      bind_inputs(unsharded->inputs(), inputs, o.inputs.empty() ? "generated" : o.inputs.string()));
+  HP_ASSIGN_OR_RETURN(auto bound, bind_inputs(unsharded->inputs(), inputs,
+                                              o.inputs.empty() ? "generated" : o.inputs.string()));
   auto t0 = std::chrono::steady_clock::now();
   HP_ASSIGN_OR_RETURN(auto want, unsharded->run(bound));
   rep.unsharded_s = seconds_since(t0);
@@ -237,7 +252,8 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
   rep.sharded_s = seconds_since(t0);
   rep.ran = true;
   if (got.size() != want.size())
-    return Error(Errc::internal, fmt::format("the sharded job produced {} outputs, the model {}", got.size(), want.size()));
+    return Error(Errc::internal, fmt::format("the sharded job produced {} outputs, the model {}",
+                                             got.size(), want.size()));
   for (std::size_t k = 0; k < want.size(); ++k) {
     auto c = compare_tensors(got[k], want[k], o.rtol, o.atol);
     c.name = want[k].name;
@@ -267,8 +283,12 @@ std::string add_run_json(const std::string& static_json, const Expected<RecipeRu
       r["sharded_s"] = run->sharded_s;
       r["outputs"] = nlohmann::ordered_json::array();
       for (const auto& o : run->outputs)
-        r["outputs"].push_back({{"name", o.name}, {"max_abs", o.max_abs}, {"max_rel", o.max_rel}, {"bad", o.bad},
-                                {"problem", o.problem}, {"ok", o.ok()}});
+        r["outputs"].push_back({{"name", o.name},
+                                {"max_abs", o.max_abs},
+                                {"max_rel", o.max_rel},
+                                {"bad", o.bad},
+                                {"problem", o.problem},
+                                {"ok", o.ok()}});
       if (!run->ok()) j["ok"] = false;
     }
   }

@@ -10,30 +10,30 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "hp/core/fs.h"
-#include "hp/model/model.h"
-#include "hp/recipe/recipe.h"
 #include "hp/comm/comm.h"
+#include "hp/core/fs.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/launch.h"
 #include "hp/job/schedule.h"
+#include "hp/model/model.h"
+#include "hp/recipe/recipe.h"
 #include "worker_internal.h"
 
 namespace hp::job {
-using exec::HostTensor;
-using exec::ExecStats;
-using exec::Executor;
-using exec::OpTime;
-using exec::bind_inputs;
-using exec::read_tensor_dir;
-using exec::write_tensor_dir;
-using exec::open_backends;
-using exec::dims_label;
-using comm::Transport;
-using comm::TransportCommOps;
-using comm::mpi_world;
 using comm::mpi_appnum;
 using comm::mpi_finalize;
+using comm::mpi_world;
+using comm::Transport;
+using comm::TransportCommOps;
+using exec::bind_inputs;
+using exec::dims_label;
+using exec::ExecStats;
+using exec::Executor;
+using exec::HostTensor;
+using exec::open_backends;
+using exec::OpTime;
+using exec::read_tensor_dir;
+using exec::write_tensor_dir;
 namespace fs = std::filesystem;
 
 std::filesystem::path rank_output_dir(const std::filesystem::path& run_dir, int rank) {
@@ -41,19 +41,23 @@ std::filesystem::path rank_output_dir(const std::filesystem::path& run_dir, int 
 }
 
 std::string WorkerReport::summary() const {
-  std::string s = fmt::format("rank {} of {} (group '{}'): {} forward(s), {} nodes each, in {:.3f} s", rank, ranks,
-                              group, forwards, stats.nodes, seconds);
+  std::string s =
+      fmt::format("rank {} of {} (group '{}'): {} forward(s), {} nodes each, in {:.3f} s", rank,
+                  ranks, group, forwards, stats.nodes, seconds);
   if (stats.device_peak >= 0) s += fmt::format("; device peak {} bytes", stats.device_peak);
   // Where the last forward's time went, the costliest op types first (ExecStats::by_op).
   std::vector<std::pair<std::string, OpTime>> ops(stats.by_op.begin(), stats.by_op.end());
-  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   if (ops.size() > 4) ops.resize(4);
   for (std::size_t k = 0; k < ops.size(); ++k)
-    s += fmt::format("{}{} {:.2f} ms ({}x)", k ? ", " : "; last forward's costliest ops: ", ops[k].first,
+    s += fmt::format("{}{} {:.2f} ms ({}x)",
+                     k ? ", " : "; last forward's costliest ops: ", ops[k].first,
                      1e3 * ops[k].second.seconds, ops[k].second.nodes);
   if (stats.offload_fetches + stats.offload_evictions > 0)
-    s += fmt::format("; offload: {} fetches, {} evictions, {} bytes moved (planned peak {} bytes)", stats.offload_fetches,
-                     stats.offload_evictions, stats.offload_bytes, stats.offload_planned_peak);
+    s += fmt::format("; offload: {} fetches, {} evictions, {} bytes moved (planned peak {} bytes)",
+                     stats.offload_fetches, stats.offload_evictions, stats.offload_bytes,
+                     stats.offload_planned_peak);
   return s + "\n";
 }
 
@@ -63,9 +67,10 @@ namespace {
 Expected<std::vector<HostTensor>> split_batch(const HostTensor& t, int m) {
   if (m == 1) return std::vector<HostTensor>{t};
   if (t.dims.empty() || t.dims[0] % m != 0)
-    return Error(Errc::bad_input,
-                 fmt::format("input '{}' of shape {} cannot be split into {} micro-batches along axis 0", t.name,
-                             dims_label(t.dims), m));
+    return Error(
+        Errc::bad_input,
+        fmt::format("input '{}' of shape {} cannot be split into {} micro-batches along axis 0",
+                    t.name, dims_label(t.dims), m));
   std::vector<HostTensor> parts;
   const std::size_t bytes = t.data.size() / static_cast<std::size_t>(m);
   for (int k = 0; k < m; ++k) {
@@ -100,22 +105,26 @@ Expected<std::size_t> find_group(const recipe::Recipe& r, int rank, int ranks) {
   if (env) {
     const long idx = std::strtol(env, nullptr, 10);
     if (idx < 0 || static_cast<std::size_t>(idx) >= r.groups.size())
-      return Error(Errc::bad_input, fmt::format("HP_GROUP_INDEX={} but the recipe has {} group(s)", env, r.groups.size()));
+      return Error(Errc::bad_input, fmt::format("HP_GROUP_INDEX={} but the recipe has {} group(s)",
+                                                env, r.groups.size()));
     if (appnum >= 0 && appnum != idx)
       return Error(Errc::internal, fmt::format("HP_GROUP_INDEX={} but MPI_APPNUM={}", env, appnum));
     if (by_rank != static_cast<std::size_t>(idx))
-      return Error(Errc::bad_input, fmt::format("rank {} started in group {} but the recipe puts it in group {}", rank,
-                                                idx, by_rank));
+      return Error(Errc::bad_input,
+                   fmt::format("rank {} started in group {} but the recipe puts it in group {}",
+                               rank, idx, by_rank));
     return static_cast<std::size_t>(idx);
   }
   if (by_rank == r.groups.size())
-    return Error(Errc::bad_input, fmt::format("rank {} of {} is in no group of the recipe", rank, ranks));
+    return Error(Errc::bad_input,
+                 fmt::format("rank {} of {} is in no group of the recipe", rank, ranks));
   return by_rank;
 }
 
 }  // namespace
 
-Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job, const recipe::Group& g) {
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
+                                        const recipe::Group& g) {
   auto backends = open_backends(g.backend, o.threads, o.plugin_paths);
   if (!backends) {
     Error e = std::move(backends).error();
@@ -139,7 +148,8 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   if (!o.run_dir.empty()) {
     std::error_code ec;
     fs::create_directories(o.run_dir / "pids", ec);
-    HP_TRY(write_file_atomic(o.run_dir / "pids" / fmt::format("rank-{}.pid", rep.rank), std::to_string(::getpid())));
+    HP_TRY(write_file_atomic(o.run_dir / "pids" / fmt::format("rank-{}.pid", rep.rank),
+                             std::to_string(::getpid())));
   }
 
   // The recipe is read here once; everything below takes the Job.
@@ -176,7 +186,8 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   std::vector<HostTensor> given;
   if (!exec.inputs().empty()) {
     if (o.inputs.empty())
-      return Error(Errc::usage, fmt::format("module '{}' has graph inputs; pass --inputs DIR", group.module));
+      return Error(Errc::usage,
+                   fmt::format("module '{}' has graph inputs; pass --inputs DIR", group.module));
     auto all = read_tensor_dir(o.inputs, "input");
     if (!all) return std::move(all).error();
     for (auto& g : *all)
@@ -189,22 +200,27 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
 
   // The schedule: the job's pipeline stages when the groups are the pipeline, else one forward.
   const auto& par = job.recipe.parallel;
-  // Ranks are laid out tp fastest, then pp, then dp: the pipeline stage of a rank is (rank / tp) % pp.
+  // Ranks are laid out tp fastest, then pp, then dp: the pipeline stage of a rank is (rank / tp) %
+  // pp.
   const bool pipeline = par.pp > 1 && job.recipe.ranks() == rep.ranks;
   const int stage = static_cast<int>((rep.rank / par.tp) % par.pp);
   const int mb = pipeline ? job.micro_batches() : 1;
   std::vector<Action> actions{{ActionKind::forward, 0, 0, -1}};
   if (pipeline) {
     if (job.schedule.lowered.chunks > 1)
-      return Error(Errc::not_implemented, "interleaved schedules need one module per chunk; hp launch runs one module per rank",
-                   o.recipe.string());
+      return Error(
+          Errc::not_implemented,
+          "interleaved schedules need one module per chunk; hp launch runs one module per rank",
+          o.recipe.string());
     actions = job.schedule.lowered.per_rank[static_cast<std::size_t>(stage)];
   }
-  std::vector<std::vector<HostTensor>> per_mb(static_cast<std::size_t>(mb));  // [micro-batch][input]
+  std::vector<std::vector<HostTensor>> per_mb(
+      static_cast<std::size_t>(mb));  // [micro-batch][input]
   for (const auto& g : given) {
     auto p = split_batch(g, mb);
     if (!p) return std::move(p).error();
-    for (int k = 0; k < mb; ++k) per_mb[static_cast<std::size_t>(k)].push_back(std::move((*p)[static_cast<std::size_t>(k)]));
+    for (int k = 0; k < mb; ++k)
+      per_mb[static_cast<std::size_t>(k)].push_back(std::move((*p)[static_cast<std::size_t>(k)]));
   }
   if (!exec.inputs().empty())
     for (auto& in : per_mb) {

@@ -1,32 +1,34 @@
-// Private to run_worker: the two kinds of rank. A recipe without [[groups]] is one sharded model: every
-// rank runs its `hp shard` partition (worker_sharded.cpp). A recipe with [[groups]] runs each group's
-// own module (worker.cpp).
+// Private to run_worker: the two kinds of rank. A recipe without [[groups]] is one sharded model:
+// every rank runs its `hp shard` partition (worker_sharded.cpp). A recipe with [[groups]] runs each
+// group's own module (worker.cpp).
 #pragma once
 
-#include "hp/model/model.h"
-#include "hp/recipe/recipe.h"
+#include "hp/comm/comm.h"
 #include "hp/exec/backends.h"
 #include "hp/job/job.h"
-#include "hp/comm/comm.h"
 #include "hp/job/worker.h"
+#include "hp/model/model.h"
+#include "hp/recipe/recipe.h"
 
 namespace hp::job {
 
-/// A group's backends (errors name the group) and its module (an ONNX file, relative to the recipe),
-/// loaded with its weights.
+/// A group's backends (errors name the group) and its module (an ONNX file, relative to the
+/// recipe), loaded with its weights.
 struct GroupModule {
   exec::Backends backends;
   model::Model model;
   std::filesystem::path path;  ///< the module file, resolved
 };
-Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job, const recipe::Group& g);
+Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
+                                        const recipe::Group& g);
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 
 /// Runs this rank's partition (sharded.h run_rank), writes its outputs to rank_output_dir and its
 /// action times to RUN/timing/rank-N.json. `rep` comes in with rank, ranks and group set.
-Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, Job& job, comm::Transport& t, WorkerReport rep);
+Expected<WorkerReport> run_sharded_worker(const WorkerOptions& o, Job& job, comm::Transport& t,
+                                          WorkerReport rep);
 
 /// Runs this rank of a recipe whose groups exchange tensors (group_flow.h): group `group` of `r`,
 /// the scheduler or a module group. Finalises MPI on success. `rep` as for run_sharded_worker.

@@ -1,8 +1,8 @@
 // Per-node cost for one forward pass at the bound dims.
 //
 // Convention (printed by `hp plan --summary`; docs/planner.md, "FLOPs convention"): matrix products
-// — MatMul, Gemm, Conv, Einsum — count 2 FLOPs per multiply-accumulate and are reported separately as
-// "matmul FLOPs", because they dominate, run on tensor cores, and are what the planner's compute
+// — MatMul, Gemm, Conv, Einsum — count 2 FLOPs per multiply-accumulate and are reported separately
+// as "matmul FLOPs", because they dominate, run on tensor cores, and are what the planner's compute
 // model divides by peak matmul throughput. Everything else counts per element of output:
 //   - elementwise math, comparisons, activations (incl. transcendental ones): 1 FLOP per element,
 //   - Softmax / LogSoftmax: 5 per element (max, subtract, exp, sum, divide),
@@ -10,8 +10,8 @@
 //   - reductions, TopK, CumSum: 1 per *input* element,
 //   - bias terms of Gemm/Conv: 1 per output element (in the "other" FLOPs),
 //   - data movement (Reshape, Transpose, Gather, Concat, Slice, Cast, ...): 0.
-// These other FLOPs are a rounding error next to the matmuls of any large model; they are counted so
-// that small or unusual models (pure elementwise graphs) do not look free.
+// These other FLOPs are a rounding error next to the matmuls of any large model; they are counted
+// so that small or unusual models (pure elementwise graphs) do not look free.
 //
 // Bytes read and written are the sizes of the data inputs and outputs (Shape/Size read metadata
 // only). Parameters are the floating-point initializer elements a node consumes directly. When a
@@ -47,21 +47,26 @@ double output_numel(const Graph& g, const Node& n) {
 
 double elementwise_weight(const std::string& op) {
   static const std::set<std::string> one = {
-      "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Abs", "Relu", "Reciprocal", "Exp", "Log",
-      "Tanh", "Sigmoid", "Erf", "Min", "Max", "Sum", "Mean", "Clip", "LeakyRelu", "Floor", "Ceil",
-      "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where",
-      "Sin", "Cos", "Softplus", "Mod", "PRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Sign",
-      "Round", "Gelu", "Mish", "Trilu", "IsNaN", "IsInf", "BitShift"};
+      "Add",      "Sub",   "Mul",        "Div",  "Pow",     "Sqrt",        "Neg",
+      "Abs",      "Relu",  "Reciprocal", "Exp",  "Log",     "Tanh",        "Sigmoid",
+      "Erf",      "Min",   "Max",        "Sum",  "Mean",    "Clip",        "LeakyRelu",
+      "Floor",    "Ceil",  "Equal",      "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+      "Not",      "And",   "Or",         "Xor",  "Where",   "Sin",         "Cos",
+      "Softplus", "Mod",   "PRelu",      "Elu",  "Selu",    "HardSigmoid", "HardSwish",
+      "Sign",     "Round", "Gelu",       "Mish", "Trilu",   "IsNaN",       "IsInf",
+      "BitShift"};
   if (one.count(op)) return 1;
   if (op == "Softmax" || op == "LogSoftmax") return 5;
   if (op == "LayerNormalization" || op == "BatchNormalization" || op == "InstanceNormalization" ||
-      op == "GroupNormalization" || op == "SimplifiedLayerNormalization" || op == "RMSNormalization")
+      op == "GroupNormalization" || op == "SimplifiedLayerNormalization" ||
+      op == "RMSNormalization")
     return 8;
   return 0;
 }
 
 bool is_reduction(const std::string& op) {
-  return op.rfind("Reduce", 0) == 0 || op == "ArgMax" || op == "ArgMin" || op == "TopK" || op == "CumSum";
+  return op.rfind("Reduce", 0) == 0 || op == "ArgMax" || op == "ArgMin" || op == "TopK" ||
+         op == "CumSum";
 }
 
 // MACs of an Einsum: one per point of the joint index space (einsum.cpp).
@@ -116,19 +121,25 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
     const Tensor& t = g.tensor(i);
     if (t.is_parameter()) c.parameters += t.numel().value_or(0);
     if (metadata_only) continue;
-    if (auto b = t.bytes()) c.bytes_read += *b;
-    else c.known = false;
+    if (auto b = t.bytes())
+      c.bytes_read += *b;
+    else
+      c.known = false;
   }
   for (int o : n.outputs) {
     if (o < 0) continue;
-    if (auto b = g.tensor(o).bytes()) c.bytes_written += *b;
-    else c.known = false;
+    if (auto b = g.tensor(o).bytes())
+      c.bytes_written += *b;
+    else
+      c.known = false;
   }
   const double out_numel = output_numel(g, n);
   if (op == "MatMul" || op == "Gemm" || op == "Conv" || op == "Einsum") {
     auto macs = matmul_macs(p, g, n);
-    if (!macs) c.known = false;
-    else c.matmul_flops = 2 * *macs;
+    if (!macs)
+      c.known = false;
+    else
+      c.matmul_flops = 2 * *macs;
     bool has_bias = (op == "Gemm" && n.inputs.size() > 2 && n.inputs[2] >= 0) ||
                     (op == "Conv" && n.inputs.size() > 2 && n.inputs[2] >= 0);
     if (has_bias && out_numel >= 0) c.other_flops = out_numel;
@@ -137,14 +148,18 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
   if (is_reduction(op)) {
     const Tensor* in = tensor_at(g, n, 0);
     std::int64_t in_numel = in ? in->numel().value_or(-1) : -1;
-    if (in_numel < 0) c.known = false;
-    else c.other_flops = static_cast<double>(in_numel);
+    if (in_numel < 0)
+      c.known = false;
+    else
+      c.other_flops = static_cast<double>(in_numel);
     return c;
   }
   double w = elementwise_weight(op);
   if (w > 0) {
-    if (out_numel < 0) c.known = false;
-    else c.other_flops = w * out_numel;
+    if (out_numel < 0)
+      c.known = false;
+    else
+      c.other_flops = w * out_numel;
   }
   return c;
 }

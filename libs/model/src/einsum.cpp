@@ -17,7 +17,8 @@ double EinsumDims::macs() const {
 std::optional<EinsumDims> analyse_einsum(const std::string& equation,
                                          const std::vector<std::vector<std::int64_t>>& inputs) {
   std::string eq;
-  for (char c : equation) if (c != ' ') eq += c;
+  for (char c : equation)
+    if (c != ' ') eq += c;
   auto arrow = eq.find("->");
   std::string lhs = eq.substr(0, arrow);
   EinsumDims r;
@@ -30,12 +31,14 @@ std::optional<EinsumDims> analyse_einsum(const std::string& equation,
     const auto& shape = inputs[operand++];
     std::size_t ell = term.find("...");
     std::size_t letters = term.size() - (ell == std::string::npos ? 0 : 3);
-    if (letters > shape.size() || (ell == std::string::npos && letters != shape.size())) return std::nullopt;
+    if (letters > shape.size() || (ell == std::string::npos && letters != shape.size()))
+      return std::nullopt;
     std::size_t ell_rank = shape.size() - letters, pos = 0;
     for (std::size_t i = 0; i < term.size(); ++i) {
       if (term.compare(i, 3, "...") == 0) {
         // Right-aligned broadcast of this operand's "..." dims into the common ones.
-        if (r.ellipsis.size() < ell_rank) r.ellipsis.insert(r.ellipsis.begin(), ell_rank - r.ellipsis.size(), 1);
+        if (r.ellipsis.size() < ell_rank)
+          r.ellipsis.insert(r.ellipsis.begin(), ell_rank - r.ellipsis.size(), 1);
         for (std::size_t k = 0; k < ell_rank; ++k) {
           auto& d = r.ellipsis[r.ellipsis.size() - ell_rank + k];
           d = std::max(d, shape[pos + k]);
@@ -56,7 +59,8 @@ std::optional<EinsumDims> analyse_einsum(const std::string& equation,
     rhs = eq.substr(arrow + 2);
   } else {
     rhs = "...";
-    for (const auto& [c, n] : uses) if (n == 1) rhs += c;
+    for (const auto& [c, n] : uses)
+      if (n == 1) rhs += c;
   }
   for (std::size_t i = 0; i < rhs.size(); ++i) {
     if (rhs.compare(i, 3, "...") == 0) {

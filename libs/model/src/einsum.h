@@ -1,5 +1,5 @@
-// Private: Einsum equation analysis, shared by shape inference (output dims, which ONNX 1.12 does not
-// infer) and cost (multiply-accumulates).
+// Private: Einsum equation analysis, shared by shape inference (output dims, which ONNX 1.12 does
+// not infer) and cost (multiply-accumulates).
 #pragma once
 
 #include <cstdint>
@@ -11,9 +11,9 @@
 namespace hp::model {
 
 struct EinsumDims {
-  std::map<char, std::int64_t> letters;   ///< size of every subscript
-  std::vector<std::int64_t> ellipsis;     ///< the broadcast "..." dims
-  std::vector<std::int64_t> output;       ///< output shape
+  std::map<char, std::int64_t> letters;  ///< size of every subscript
+  std::vector<std::int64_t> ellipsis;    ///< the broadcast "..." dims
+  std::vector<std::int64_t> output;      ///< output shape
   /// Multiply-accumulates: one per point of the joint index space (all subscripts and "...").
   double macs() const;
 };

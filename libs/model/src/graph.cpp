@@ -1,5 +1,5 @@
-// Building the graph view: one Tensor per named value with its inferred shape, one Node per ONNX node
-// with its cost, and a classification of every tensor by what its value depends on.
+// Building the graph view: one Tensor per named value with its inferred shape, one Node per ONNX
+// node with its cost, and a classification of every tensor by what its value depends on.
 //
 // The classification (TensorKind) is what lets layer discovery see through exporter clutter: a
 // PyTorch export computes reshape targets, masks and position ids from Shape(x), so the dataflow
@@ -14,7 +14,7 @@
 
 namespace hp::model {
 
-void mark_tied_initializers(const onnx::GraphProto& pg, Graph& g);   // tied.cpp
+void mark_tied_initializers(const onnx::GraphProto& pg, Graph& g);  // tied.cpp
 
 std::optional<std::int64_t> Tensor::numel() const {
   if (!has_shape) return std::nullopt;
@@ -75,7 +75,8 @@ TensorKind classify(const Graph& g, const onnx::NodeProto& n, const std::vector<
 
 std::string dims_text(const Tensor& t) {
   std::string s;
-  for (const auto& d : t.dims) s += (s.empty() ? "" : "x") + (d.known() ? std::to_string(d.value) : "?");
+  for (const auto& d : t.dims)
+    s += (s.empty() ? "" : "x") + (d.known() ? std::to_string(d.value) : "?");
   return s.empty() ? "scalar" : s;
 }
 
@@ -83,7 +84,9 @@ std::string dims_text(const Tensor& t) {
 
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
   for (const auto& [name, value] : dims)
-    if (value < 0) return Error(Errc::bad_input, fmt::format("dim '{}' is bound to negative value {}", name, value));
+    if (value < 0)
+      return Error(Errc::bad_input,
+                   fmt::format("dim '{}' is bound to negative value {}", name, value));
   HP_ASSIGN_OR_RETURN(auto inferred, infer_shapes(model, dims));
   const ShapeMap& shapes = inferred.shapes;
   const onnx::GraphProto& pg = model.proto->graph();
@@ -93,7 +96,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
   g.warnings = std::move(inferred.warnings);
   for (const auto& t : pg.initializer()) add_tensor(g, t.name(), TensorKind::initializer, shapes);
   for (const auto& v : pg.input()) {
-    if (g.index.count(v.name())) continue;   // old-style models list initializers as inputs too
+    if (g.index.count(v.name())) continue;  // old-style models list initializers as inputs too
     g.inputs.push_back(add_tensor(g, v.name(), TensorKind::input, shapes));
   }
   g.nodes.reserve(static_cast<std::size_t>(pg.node_size()));

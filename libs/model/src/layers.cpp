@@ -1,10 +1,11 @@
 // Layer discovery: finding the repeated blocks of a model by structure.
 //
-// A pipeline stage boundary is cheap where exactly one tensor crosses it, and the models we plan are
-// stacks of identical blocks joined by such tensors (the residual stream of a transformer, the hidden
-// vector of an MLP). So the method is:
+// A pipeline stage boundary is cheap where exactly one tensor crosses it, and the models we plan
+// are stacks of identical blocks joined by such tensors (the residual stream of a transformer, the
+// hidden vector of an MLP). So the method is:
 //
-//  1. Spine. Take the activation nodes (those depending on input data; shape arithmetic and constant
+//  1. Spine. Take the activation nodes (those depending on input data; shape arithmetic and
+//  constant
 //     folding are side computations, see graph.cpp) in topological order, and compute for each gap
 //     between consecutive nodes how many activation tensors are live across it. A gap where exactly
 //     one tensor is live is a single-tensor cut: every path from the inputs to the outputs goes
@@ -14,11 +15,13 @@
 //     secondary inputs (an attention mask; the primary inputs are those read by a weighted op, like
 //     token ids by the embedding), and those read all over the graph (a rotary table from
 //     position ids, read by every layer).
-//  2. Fingerprints. Between consecutive cuts lie segments. A segment's fingerprint is the sequence of
+//  2. Fingerprints. Between consecutive cuts lie segments. A segment's fingerprint is the sequence
+//  of
 //     its activation nodes' op types with the shapes of their weight inputs — independent of names,
 //     so an anonymised graph fingerprints the same. A pre-norm transformer layer gives two segments
 //     (attention + residual add, MLP + residual add), an MLP layer two (Gemm, Relu).
-//  3. Repetition. The blocks are the longest run of a repeated fingerprint pattern: for every period
+//  3. Repetition. The blocks are the longest run of a repeated fingerprint pattern: for every
+//  period
 //     p we look for maximal stretches where segment i equals segment i+p; the run covering the most
 //     segments wins (ties: smaller period, then a phase whose block starts with a weighted op, then
 //     the earliest). What precedes the run is the prologue, what follows the epilogue.
@@ -28,8 +31,8 @@
 //     block, epilogue) that consumes them; one consumed by several units goes to the earliest unit
 //     that could compute it, so masks and rotary tables shared by all layers land in the prologue.
 //
-// Apart from that fallback, names only label blocks ("h.3", "layers.3") when the nodes or weights of
-// every block agree on a "<word>.<index>" token; otherwise blocks are "block.<i>".
+// Apart from that fallback, names only label blocks ("h.3", "layers.3") when the nodes or weights
+// of every block agree on a "<word>.<index>" token; otherwise blocks are "block.<i>".
 #include "hp/model/layers.h"
 
 #include <algorithm>
@@ -51,13 +54,13 @@ bool is_activation_node(const Graph& g, const Node& n) {
 bool reads_data(const Node& n) { return n.op_type != "Shape" && n.op_type != "Size"; }
 
 struct Spine {
-  std::vector<int> order;              ///< activation node indices, topological
-  std::vector<int> pos;                ///< node index -> position in order, -1 if not activation
-  std::vector<std::size_t> cut_gaps;   ///< gap i lies between order[i] and order[i+1]
+  std::vector<int> order;             ///< activation node indices, topological
+  std::vector<int> pos;               ///< node index -> position in order, -1 if not activation
+  std::vector<std::size_t> cut_gaps;  ///< gap i lies between order[i] and order[i+1]
 };
 
-// A side tensor: read by many nodes spread over much of the graph (an attention mask built once from
-// an input and read by every layer). `pos` is a provisional order of all activation nodes.
+// A side tensor: read by many nodes spread over much of the graph (an attention mask built once
+// from an input and read by every layer). `pos` is a provisional order of all activation nodes.
 bool is_side_tensor(const Graph& g, const Tensor& t, const std::vector<int>& pos, int n) {
   int first = n, last = -1, readers = 0;
   for (int c : t.consumers) {
@@ -72,7 +75,8 @@ bool is_side_tensor(const Graph& g, const Tensor& t, const std::vector<int>& pos
 
 bool has_weight_input(const Graph& g, const Node& n) {
   for (int i : n.inputs)
-    if (i >= 0 && (g.tensor(i).kind == TensorKind::initializer || g.tensor(i).kind == TensorKind::constant) &&
+    if (i >= 0 &&
+        (g.tensor(i).kind == TensorKind::initializer || g.tensor(i).kind == TensorKind::constant) &&
         g.tensor(i).is_float())
       return true;
   return false;
@@ -93,7 +97,8 @@ std::vector<bool> primary_nodes(const Graph& g) {
   std::vector<bool> primary(g.nodes.size(), false);
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    for (int t : n.inputs) primary[i] = primary[i] || (t >= 0 && primary_tensor[static_cast<std::size_t>(t)]);
+    for (int t : n.inputs)
+      primary[i] = primary[i] || (t >= 0 && primary_tensor[static_cast<std::size_t>(t)]);
     if (!reads_data(n)) primary[i] = false;
     for (int o : n.outputs)
       if (o >= 0) primary_tensor[static_cast<std::size_t>(o)] = primary[i];
@@ -122,7 +127,8 @@ std::vector<bool> find_side_nodes(const Graph& g) {
       if (o < 0 || g.tensor(o).kind != TensorKind::activation) continue;
       const Tensor& t = g.tensor(o);
       bool only_side_readers = !t.consumers.empty();
-      for (int c : t.consumers) only_side_readers = only_side_readers && side[static_cast<std::size_t>(c)];
+      for (int c : t.consumers)
+        only_side_readers = only_side_readers && side[static_cast<std::size_t>(c)];
       any_output = true;
       all_side = all_side && (is_side_tensor(g, t, pos, n) || only_side_readers);
     }
@@ -166,7 +172,8 @@ Spine find_spine(const Graph& g) {
   for (int i = 0; i + 1 < n; ++i) {
     live += delta[static_cast<std::size_t>(i)];
     live_id += id_sum[static_cast<std::size_t>(i)];
-    // With one live tensor, id_sum is its id: consecutive gaps carrying the same tensor are one cut.
+    // With one live tensor, id_sum is its id: consecutive gaps carrying the same tensor are one
+    // cut.
     if (live == 1 && live_id != prev_id) s.cut_gaps.push_back(static_cast<std::size_t>(i));
     prev_id = live == 1 ? live_id : -1;
   }
@@ -212,10 +219,13 @@ Run find_run(const Graph& g, const std::vector<std::vector<int>>& segs) {
   for (std::size_t p = 1; p * 2 <= m; ++p) {
     std::size_t i = 0;
     while (i + p < m) {
-      if (id[i] != id[i + p]) { ++i; continue; }
+      if (id[i] != id[i + p]) {
+        ++i;
+        continue;
+      }
       std::size_t a = i;
       while (i + p < m && id[i] == id[i + p]) ++i;
-      std::size_t len = i - a;                 // segments a..a+len-1 equal their p-th successor
+      std::size_t len = i - a;  // segments a..a+len-1 equal their p-th successor
       std::size_t repeats = len / p + 1;
       for (std::size_t phase = 0; phase <= len % p; ++phase) {
         Run r{a + phase, p, repeats};
@@ -232,7 +242,8 @@ std::string name_token(const Graph& g, const std::vector<int>& nodes) {
   std::map<std::string, int> count;
   auto scan = [&](const std::string& s) {
     std::set<std::string> once;
-    for (std::sregex_iterator it(s.begin(), s.end(), token), end; it != end; ++it) once.insert(it->str());
+    for (std::sregex_iterator it(s.begin(), s.end(), token), end; it != end; ++it)
+      once.insert(it->str());
     for (const auto& t : once) ++count[t];
   };
   for (int i : nodes) {
@@ -251,7 +262,8 @@ std::string name_token(const Graph& g, const std::vector<int>& nodes) {
 // segments by the "<word>.<index>" token of their names. Segments without a token join the group
 // before them; those before the first group are the prologue, after the last the epilogue.
 // Returns the unit of every segment (0 prologue, 1..n blocks, n+1 epilogue) and n, or n = 0.
-int units_from_names(const Graph& g, const std::vector<std::vector<int>>& segs, std::vector<int>& unit) {
+int units_from_names(const Graph& g, const std::vector<std::vector<int>>& segs,
+                     std::vector<int>& unit) {
   std::vector<std::string> tokens;
   std::map<std::string, int> words;
   for (const auto& seg : segs) {
@@ -272,7 +284,7 @@ int units_from_names(const Graph& g, const std::vector<std::vector<int>>& segs, 
     bool ours = !t.empty() && t.substr(0, t.rfind('.')) == word;
     if (ours) {
       long index = std::stol(t.substr(t.rfind('.') + 1));
-      if (index < last_index) return 0;   // indices must run forward in execution order
+      if (index < last_index) return 0;  // indices must run forward in execution order
       if (index != last_index) ++blocks;
       last_index = index;
       last_named = s;
@@ -296,7 +308,8 @@ void name_blocks(const Graph& g, std::vector<Block>& blocks) {
     word = w;
     tokens.push_back(t);
   }
-  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].name = ok ? tokens[i] : fmt::format("block.{}", i);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    blocks[i].name = ok ? tokens[i] : fmt::format("block.{}", i);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // Loading and validating ONNX files.
 //
-// An .onnx file is a protobuf ModelProto. Protobuf is a forgiving format: a random byte string often
-// parses "successfully" as a message full of unknown fields, and a truncated file may parse up to the
-// cut. So a successful parse proves little; what makes a file a model is its content. After parsing
-// we check what every later stage relies on — a graph, an IR version and opset imports, every node
-// input defined before use (the graph is in topological order, as ONNX requires), every initializer's
-// stored size matching its dims — and report all problems found, not just the first.
+// An .onnx file is a protobuf ModelProto. Protobuf is a forgiving format: a random byte string
+// often parses "successfully" as a message full of unknown fields, and a truncated file may parse
+// up to the cut. So a successful parse proves little; what makes a file a model is its content.
+// After parsing we check what every later stage relies on — a graph, an IR version and opset
+// imports, every node input defined before use (the graph is in topological order, as ONNX
+// requires), every initializer's stored size matching its dims — and report all problems found, not
+// just the first.
 //
 // Weights may live outside the file (data_location = EXTERNAL, `location` relative to the model's
 // directory); models over 2 GiB must store them so, because protobuf cannot parse a larger message.
@@ -33,7 +34,8 @@ struct Checker {
   std::string where;
   std::vector<Diagnostic> diags;
   void fail(std::string message, std::string hint = {}) {
-    if (diags.size() < kMaxDiagnostics) diags.push_back({where, std::move(message), std::move(hint)});
+    if (diags.size() < kMaxDiagnostics)
+      diags.push_back({where, std::move(message), std::move(hint)});
   }
 };
 
@@ -41,10 +43,13 @@ struct Checker {
 std::int64_t typed_field_count(const onnx::TensorProto& t) {
   using T = onnx::TensorProto;
   switch (t.data_type()) {
-    case T::FLOAT: case T::COMPLEX64: return t.float_data_size();
-    case T::DOUBLE: case T::COMPLEX128: return t.double_data_size();
+    case T::FLOAT:
+    case T::COMPLEX64: return t.float_data_size();
+    case T::DOUBLE:
+    case T::COMPLEX128: return t.double_data_size();
     case T::INT64: return t.int64_data_size();
-    case T::UINT32: case T::UINT64: return t.uint64_data_size();
+    case T::UINT32:
+    case T::UINT64: return t.uint64_data_size();
     case T::STRING: return t.string_data_size();
     default: return t.int32_data_size();
   }
@@ -66,7 +71,8 @@ void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Ch
       f.path = model_dir / ext->location;
     }
     std::int64_t length = ext->length >= 0 ? ext->length : *numel * elem_size(t.data_type());
-    f.bytes_needed = std::max<std::uint64_t>(f.bytes_needed, static_cast<std::uint64_t>(ext->offset + length));
+    f.bytes_needed =
+        std::max<std::uint64_t>(f.bytes_needed, static_cast<std::uint64_t>(ext->offset + length));
     ++f.initializers;
     return;
   }
@@ -80,9 +86,12 @@ void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Ch
   }
   std::int64_t stored = typed_field_count(t);
   std::int64_t want = *numel * (t.data_type() == onnx::TensorProto::COMPLEX64 ||
-                                        t.data_type() == onnx::TensorProto::COMPLEX128 ? 2 : 1);
+                                        t.data_type() == onnx::TensorProto::COMPLEX128
+                                    ? 2
+                                    : 1);
   if (stored != want)
-    c.fail(fmt::format("initializer '{}' holds {} elements but its dims need {}", name, stored, want));
+    c.fail(
+        fmt::format("initializer '{}' holds {} elements but its dims need {}", name, stored, want));
 }
 
 void check_graph(const onnx::GraphProto& g, Checker& c) {
@@ -93,7 +102,8 @@ void check_graph(const onnx::GraphProto& g, Checker& c) {
   if (g.output_size() == 0) c.fail("the graph has no outputs");
   int index = 0;
   for (const auto& n : g.node()) {
-    std::string label = n.name().empty() ? fmt::format("#{} ({})", index, n.op_type()) : "'" + n.name() + "'";
+    std::string label =
+        n.name().empty() ? fmt::format("#{} ({})", index, n.op_type()) : "'" + n.name() + "'";
     if (n.op_type().empty()) c.fail(fmt::format("node {} has no op type", label));
     for (const auto& in : n.input()) {
       if (in.empty() || defined.count(in)) continue;
@@ -108,7 +118,8 @@ void check_graph(const onnx::GraphProto& g, Checker& c) {
     ++index;
   }
   for (const auto& o : g.output())
-    if (!defined.count(o.name())) c.fail(fmt::format("graph output '{}' is never computed", o.name()));
+    if (!defined.count(o.name()))
+      c.fail(fmt::format("graph output '{}' is never computed", o.name()));
 }
 
 Status check_external_files(Model& m, LoadMode mode) {
@@ -119,17 +130,19 @@ Status check_external_files(Model& m, LoadMode mode) {
     if (!f.present) {
       m.missing_external_data.push_back(f.location);
       if (mode == LoadMode::require_data)
-        diags.push_back({m.path.string(),
-                         fmt::format("external data file '{}' is missing ({} initializers, {} bytes)",
-                                     f.path.string(), f.initializers, f.bytes_needed),
-                         "copy the weights next to the model, or plan without them"});
+        diags.push_back(
+            {m.path.string(),
+             fmt::format("external data file '{}' is missing ({} initializers, {} bytes)",
+                         f.path.string(), f.initializers, f.bytes_needed),
+             "copy the weights next to the model, or plan without them"});
       continue;
     }
     auto size = fs::file_size(f.path, ec);
     if (mode == LoadMode::require_data && !ec && size < f.bytes_needed)
       diags.push_back({m.path.string(),
                        fmt::format("external data file '{}' has {} bytes but the model needs {}",
-                                   f.path.string(), size, f.bytes_needed), ""});
+                                   f.path.string(), size, f.bytes_needed),
+                       ""});
   }
   if (diags.empty()) return Status::success();
   return collect_errors(Errc::bad_input, std::move(diags));
@@ -141,26 +154,29 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
   const std::string where = path.string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return Error(Errc::bad_input, "no such file", where);
-  if (fs::is_directory(path, ec)) return Error(Errc::bad_input, "is a directory, expected an onnx file", where);
+  if (fs::is_directory(path, ec))
+    return Error(Errc::bad_input, "is a directory, expected an onnx file", where);
   auto size = fs::file_size(path, ec);
   if (ec) return Error(Errc::bad_input, "cannot read: " + ec.message(), where);
   if (size == 0) return Error(Errc::bad_input, "file is empty, expected an onnx model", where);
   if (size > static_cast<std::uintmax_t>(INT_MAX))
-    return Error(Errc::bad_input, "model file is larger than 2 GiB, which protobuf cannot parse", where,
+    return Error(Errc::bad_input, "model file is larger than 2 GiB, which protobuf cannot parse",
+                 where,
                  "save the model with external data (onnx.save(..., save_as_external_data=True))");
   HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
 
   auto proto = std::make_shared<onnx::ModelProto>();
   if (!proto->ParseFromString(bytes))
-    return Error(Errc::bad_input, "not an onnx model: protobuf parse failed (truncated or corrupt file?)",
-                 where);
+    return Error(Errc::bad_input,
+                 "not an onnx model: protobuf parse failed (truncated or corrupt file?)", where);
   Checker c{where, {}};
   if (!proto->has_graph()) c.fail("not an onnx model: no graph");
   if (proto->ir_version() <= 0 || proto->ir_version() > 20)
     c.fail(fmt::format("not an onnx model: ir_version {} is out of range", proto->ir_version()));
   if (proto->opset_import_size() == 0) c.fail("not an onnx model: no opset imports");
   for (const auto& op : proto->opset_import())
-    if (op.version() <= 0) c.fail(fmt::format("opset import '{}' has version {}", op.domain(), op.version()));
+    if (op.version() <= 0)
+      c.fail(fmt::format("opset import '{}' has version {}", op.domain(), op.version()));
   if (!c.diags.empty()) return collect_errors(Errc::bad_input, std::move(c.diags));
 
   Model m;

@@ -42,15 +42,20 @@ Expected<ExternalRef> parse_external_data(const onnx::TensorProto& t) {
   ExternalRef r;
   for (const auto& kv : t.external_data()) {
     try {
-      if (kv.key() == "location") r.location = kv.value();
-      else if (kv.key() == "offset") r.offset = std::stoll(kv.value());
-      else if (kv.key() == "length") r.length = std::stoll(kv.value());
+      if (kv.key() == "location")
+        r.location = kv.value();
+      else if (kv.key() == "offset")
+        r.offset = std::stoll(kv.value());
+      else if (kv.key() == "length")
+        r.length = std::stoll(kv.value());
     } catch (const std::exception&) {
-      return Error(Errc::bad_input, fmt::format("external data {} '{}' is not a number", kv.key(), kv.value()));
+      return Error(Errc::bad_input,
+                   fmt::format("external data {} '{}' is not a number", kv.key(), kv.value()));
     }
   }
   if (r.location.empty()) return Error(Errc::bad_input, "external data has no location");
-  if (r.offset < 0 || r.length < -1) return Error(Errc::bad_input, "external data has a negative offset or length");
+  if (r.offset < 0 || r.length < -1)
+    return Error(Errc::bad_input, "external data has a negative offset or length");
   return r;
 }
 
@@ -60,7 +65,8 @@ std::int64_t attr_int(const onnx::NodeProto& n, const std::string& name, std::in
   return dflt;
 }
 
-std::string attr_string(const onnx::NodeProto& n, const std::string& name, const std::string& dflt) {
+std::string attr_string(const onnx::NodeProto& n, const std::string& name,
+                        const std::string& dflt) {
   for (const auto& a : n.attribute())
     if (a.name() == name) return a.s();
   return dflt;
@@ -92,7 +98,8 @@ void append_raw(const std::string& raw, std::vector<double>& out) {
 
 }  // namespace
 
-std::optional<std::vector<double>> read_small_tensor(const onnx::TensorProto& t, std::int64_t max_elems) {
+std::optional<std::vector<double>> read_small_tensor(const onnx::TensorProto& t,
+                                                     std::int64_t max_elems) {
   using T = onnx::TensorProto;
   if (t.data_location() == T::EXTERNAL) return std::nullopt;
   auto numel = checked_numel(t);
@@ -101,31 +108,43 @@ std::optional<std::vector<double>> read_small_tensor(const onnx::TensorProto& t,
   const std::string& raw = t.raw_data();
   switch (t.data_type()) {
     case T::INT64:
-      if (!raw.empty()) append_raw<std::int64_t>(raw, out);
-      else for (auto v : t.int64_data()) out.push_back(static_cast<double>(v));
+      if (!raw.empty())
+        append_raw<std::int64_t>(raw, out);
+      else
+        for (auto v : t.int64_data()) out.push_back(static_cast<double>(v));
       break;
     case T::INT32:
-      if (!raw.empty()) append_raw<std::int32_t>(raw, out);
-      else for (auto v : t.int32_data()) out.push_back(v);
+      if (!raw.empty())
+        append_raw<std::int32_t>(raw, out);
+      else
+        for (auto v : t.int32_data()) out.push_back(v);
       break;
-    case T::BOOL: case T::UINT8:
-      if (!raw.empty()) append_raw<std::uint8_t>(raw, out);
-      else for (auto v : t.int32_data()) out.push_back(v);
+    case T::BOOL:
+    case T::UINT8:
+      if (!raw.empty())
+        append_raw<std::uint8_t>(raw, out);
+      else
+        for (auto v : t.int32_data()) out.push_back(v);
       break;
     case T::INT8:
-      if (!raw.empty()) append_raw<std::int8_t>(raw, out);
-      else for (auto v : t.int32_data()) out.push_back(v);
+      if (!raw.empty())
+        append_raw<std::int8_t>(raw, out);
+      else
+        for (auto v : t.int32_data()) out.push_back(v);
       break;
     case T::FLOAT:
-      if (!raw.empty()) append_raw<float>(raw, out);
-      else for (auto v : t.float_data()) out.push_back(v);
+      if (!raw.empty())
+        append_raw<float>(raw, out);
+      else
+        for (auto v : t.float_data()) out.push_back(v);
       break;
     case T::DOUBLE:
-      if (!raw.empty()) append_raw<double>(raw, out);
-      else for (auto v : t.double_data()) out.push_back(v);
+      if (!raw.empty())
+        append_raw<double>(raw, out);
+      else
+        for (auto v : t.double_data()) out.push_back(v);
       break;
-    default:
-      return std::nullopt;
+    default: return std::nullopt;
   }
   if (static_cast<std::int64_t>(out.size()) != *numel) return std::nullopt;
   return out;

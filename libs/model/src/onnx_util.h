@@ -20,13 +20,14 @@ std::optional<std::int64_t> checked_numel(const onnx::TensorProto& t);
 struct ExternalRef {
   std::string location;
   std::int64_t offset = 0;
-  std::int64_t length = -1;   ///< -1 when not given (then: the whole tensor)
+  std::int64_t length = -1;  ///< -1 when not given (then: the whole tensor)
 };
 Expected<ExternalRef> parse_external_data(const onnx::TensorProto& t);
 
 bool is_float_type(std::int32_t elem_type);
 
-/// double -> int64, saturating (INT64_MAX, a common "to the end" Slice bound, is not exact in a double).
+/// double -> int64, saturating (INT64_MAX, a common "to the end" Slice bound, is not exact in a
+/// double).
 std::int64_t saturate_i64(double v);
 
 /// Attribute lookups with defaults.
@@ -37,6 +38,7 @@ const onnx::TensorProto* attr_tensor(const onnx::NodeProto& n, const std::string
 
 /// Values of a small integer or float tensor stored inline (not external), as doubles; nullopt when
 /// the tensor is external, too large (> max_elems) or of an unsupported type.
-std::optional<std::vector<double>> read_small_tensor(const onnx::TensorProto& t, std::int64_t max_elems);
+std::optional<std::vector<double>> read_small_tensor(const onnx::TensorProto& t,
+                                                     std::int64_t max_elems);
 
 }  // namespace hp::model

@@ -16,12 +16,14 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kConvention =
-    "MatMul/Gemm/Conv/Einsum: 2 FLOPs per multiply-accumulate (matmul_flops); elementwise 1, softmax 5, "
+    "MatMul/Gemm/Conv/Einsum: 2 FLOPs per multiply-accumulate (matmul_flops); elementwise 1, "
+    "softmax 5, "
     "normalisation 8 per output element; reductions 1 per input element; data movement 0";
 
 constexpr const char* kActivationConvention =
     "bytes of every activation tensor a block's nodes produce in one forward at the bound dims "
-    "(shape arithmetic excluded): what the block keeps for backward without recomputation, an upper bound";
+    "(shape arithmetic excluded): what the block keeps for backward without recomputation, an "
+    "upper bound";
 
 json exact(double v) {
   if (std::isfinite(v) && std::fabs(v) < 9e18) return static_cast<std::int64_t>(std::llround(v));
@@ -32,9 +34,12 @@ json shape_json(const Tensor& t) {
   if (!t.has_shape) return nullptr;
   json dims = json::array();
   for (const auto& d : t.dims) {
-    if (d.known()) dims.push_back(d.value);
-    else if (!d.symbol.empty()) dims.push_back(d.symbol);
-    else dims.push_back(nullptr);
+    if (d.known())
+      dims.push_back(d.value);
+    else if (!d.symbol.empty())
+      dims.push_back(d.symbol);
+    else
+      dims.push_back(nullptr);
   }
   return dims;
 }
@@ -78,7 +83,8 @@ std::string format_summary_json(const ModelSummary& s) {
   j["activation_bytes_convention"] = kActivationConvention;
   j["nodes"] = s.nodes;
   j["nodes_cost_unknown"] = s.nodes_cost_unknown;
-  j["layer_discovery"] = {{"method", s.layering.method}, {"spine_tensors", s.layering.spine_tensors}};
+  j["layer_discovery"] = {{"method", s.layering.method},
+                          {"spine_tensors", s.layering.spine_tensors}};
   j["prologue"] = block_json(s.layering.prologue);
   j["layers"] = json::array();
   for (const auto& b : s.layering.blocks) j["layers"].push_back(block_json(b));
@@ -88,10 +94,12 @@ std::string format_summary_json(const ModelSummary& s) {
     json tensors = json::array();
     for (int t : c.tensors) {
       const Tensor& tensor = s.graph.tensor(t);
-      tensors.push_back({{"name", tensor.name}, {"shape", shape_json(tensor)},
+      tensors.push_back({{"name", tensor.name},
+                         {"shape", shape_json(tensor)},
                          {"bytes", tensor.bytes().value_or(0)}});
     }
-    j["cuts"].push_back({{"after", c.after}, {"before", c.before}, {"bytes", c.bytes}, {"tensors", tensors}});
+    j["cuts"].push_back(
+        {{"after", c.after}, {"before", c.before}, {"bytes", c.bytes}, {"tensors", tensors}});
   }
   j["ops"] = s.ops;
   j["unsupported_ops"] = s.unsupported_ops;
@@ -105,13 +113,17 @@ std::string format_summary_json(const ModelSummary& s) {
 
 std::string format_summary_text(const ModelSummary& s) {
   std::string out;
-  auto line = [&](const char* key, const std::string& value) { out += fmt::format("{:<14}{}\n", key, value); };
+  auto line = [&](const char* key, const std::string& value) {
+    out += fmt::format("{:<14}{}\n", key, value);
+  };
   std::string opsets;
-  for (const auto& [d, v] : s.opsets) opsets += fmt::format("{}{} {}", opsets.empty() ? "" : ", ", d.empty() ? "ai.onnx" : d, v);
+  for (const auto& [d, v] : s.opsets)
+    opsets += fmt::format("{}{} {}", opsets.empty() ? "" : ", ", d.empty() ? "ai.onnx" : d, v);
   line("model", fmt::format("{} (ir {}, {})", s.model, s.ir_version, opsets));
   line("dims", dims_text(s.dims));
-  line("parameters", fmt::format("{} ({}, {})", format_count(static_cast<double>(s.parameters)), s.parameters,
-                                 format_bytes(static_cast<double>(s.parameter_bytes))));
+  line("parameters",
+       fmt::format("{} ({}, {})", format_count(static_cast<double>(s.parameters)), s.parameters,
+                   format_bytes(static_cast<double>(s.parameter_bytes))));
   line("flops", fmt::format("{} per forward (matmul {}, other {})", format_flops(s.flops),
                             format_flops(s.matmul_flops), format_flops(s.other_flops)));
   line("", "(matmul: 2 FLOPs per multiply-accumulate of MatMul/Gemm/Conv/Einsum)");
@@ -121,28 +133,31 @@ std::string format_summary_text(const ModelSummary& s) {
   line("missing data", list_text(s.missing_external_data));
 
   const auto& l = s.layering;
-  out += fmt::format("\nlayers: {} repeated blocks (found by {}, {} single-tensor cut points)\n", l.blocks.size(),
-                     l.method, l.spine_tensors);
-  out += fmt::format("  {:<12} {:>6} {:>12} {:>13} {:>13} {:>13}\n", "block", "nodes", "parameters", "flops",
-                     "matmul flops", "activations");
+  out += fmt::format("\nlayers: {} repeated blocks (found by {}, {} single-tensor cut points)\n",
+                     l.blocks.size(), l.method, l.spine_tensors);
+  out += fmt::format("  {:<12} {:>6} {:>12} {:>13} {:>13} {:>13}\n", "block", "nodes", "parameters",
+                     "flops", "matmul flops", "activations");
   auto row = [&](const Block& b) {
     out += fmt::format("  {:<12} {:>6} {:>12} {:>13} {:>13} {:>13}{}\n", b.name, b.nodes.size(),
                        format_count(static_cast<double>(b.parameters)), format_flops(b.flops),
-                       format_flops(b.matmul_flops), format_bytes(static_cast<double>(b.activation_bytes)),
+                       format_flops(b.matmul_flops),
+                       format_bytes(static_cast<double>(b.activation_bytes)),
                        b.cost_known ? "" : "  (incomplete)");
   };
   row(l.prologue);
   // Long stacks: first three, an ellipsis, the last one (the JSON has them all).
   for (std::size_t i = 0; i < l.blocks.size(); ++i) {
-    if (l.blocks.size() > 6 && i == 3) out += fmt::format("  {:<12} ({} more like these)\n", "...", l.blocks.size() - 4);
+    if (l.blocks.size() > 6 && i == 3)
+      out += fmt::format("  {:<12} ({} more like these)\n", "...", l.blocks.size() - 4);
     if (l.blocks.size() > 6 && i >= 3 && i + 1 < l.blocks.size()) continue;
     row(l.blocks[i]);
   }
   row(l.epilogue);
   if (!l.cuts.empty()) {
     const Cut& c = l.cuts.size() > 1 ? l.cuts[1] : l.cuts[0];
-    out += fmt::format("\ncut {} | {}: {} tensor{}, {}\n", c.after, c.before, c.tensors.size(),
-                       c.tensors.size() == 1 ? "" : "s", format_bytes(static_cast<double>(c.bytes)));
+    out +=
+        fmt::format("\ncut {} | {}: {} tensor{}, {}\n", c.after, c.before, c.tensors.size(),
+                    c.tensors.size() == 1 ? "" : "s", format_bytes(static_cast<double>(c.bytes)));
   }
   out += "\nops:";
   for (const auto& [op, n] : s.ops) out += fmt::format(" {}={}", op, n);

@@ -5,9 +5,10 @@
 // shape inference. That alone resolves little in a PyTorch export, whose reshapes take their target
 // shapes from Shape/Gather/Concat arithmetic that ONNX 1.12 cannot evaluate. So inference runs in
 // rounds: after each, values.cpp evaluates the shape arithmetic with the shapes known so far, and
-// every shape-determining input (Reshape's shape, Range's bounds, Expand's shape, ...) whose value is
-// now known is replaced by a constant initializer; ONNX inference uses constant inputs, so the next
-// round resolves further. Rounds stop when nothing new is pinned (a handful for exported models).
+// every shape-determining input (Reshape's shape, Range's bounds, Expand's shape, ...) whose value
+// is now known is replaced by a constant initializer; ONNX inference uses constant inputs, so the
+// next round resolves further. Rounds stop when nothing new is pinned (a handful for exported
+// models).
 //
 // All of this happens on a weight-less copy of the model: float initializers keep their dims and
 // lose their data (only small integer tensors, which may be shape constants, keep theirs). The copy
@@ -44,8 +45,8 @@ onnx::ModelProto weightless_copy(const onnx::ModelProto& m) {
   for (const auto& t : g.initializer()) {
     onnx::TensorProto* ct = cg->add_initializer();
     auto numel = checked_numel(t);
-    bool keep = t.data_location() != onnx::TensorProto::EXTERNAL && numel && *numel <= kKeepDataElems &&
-                !is_float_type(t.data_type());
+    bool keep = t.data_location() != onnx::TensorProto::EXTERNAL && numel &&
+                *numel <= kKeepDataElems && !is_float_type(t.data_type());
     if (keep) {
       *ct = t;
       continue;
@@ -65,9 +66,10 @@ onnx::ModelProto weightless_copy(const onnx::ModelProto& m) {
 // The inputs whose *values* decide an op's output shape (what pinning helps with).
 const std::vector<int>* shape_inputs(const std::string& op) {
   static const std::map<std::string, std::vector<int>> table = {
-      {"Reshape", {1}}, {"Expand", {1}}, {"Tile", {1}}, {"ConstantOfShape", {0}}, {"Range", {0, 1, 2}},
-      {"Slice", {1, 2, 3, 4}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"Split", {1}}, {"TopK", {1}},
-      {"Pad", {1}}, {"OneHot", {1}}, {"ReduceSum", {1}}, {"Resize", {2, 3}}, {"Upsample", {1}}};
+      {"Reshape", {1}},     {"Expand", {1}},         {"Tile", {1}},      {"ConstantOfShape", {0}},
+      {"Range", {0, 1, 2}}, {"Slice", {1, 2, 3, 4}}, {"Unsqueeze", {1}}, {"Squeeze", {1}},
+      {"Split", {1}},       {"TopK", {1}},           {"Pad", {1}},       {"OneHot", {1}},
+      {"ReduceSum", {1}},   {"Resize", {2, 3}},      {"Upsample", {1}}};
   auto it = table.find(op);
   return it == table.end() ? nullptr : &it->second;
 }
@@ -104,8 +106,10 @@ void add_shape(ShapeMap& map, const std::string& name, const onnx::TypeProto& ty
   s.dims.clear();
   for (const auto& d : tt.shape().dim()) {
     Dim dim;
-    if (d.has_dim_value() && d.dim_value() >= 0) dim.value = d.dim_value();
-    else if (d.has_dim_param()) dim.symbol = d.dim_param();
+    if (d.has_dim_value() && d.dim_value() >= 0)
+      dim.value = d.dim_value();
+    else if (d.has_dim_param())
+      dim.symbol = d.dim_param();
     s.dims.push_back(dim);
   }
 }
@@ -143,7 +147,8 @@ int pin_known_values(onnx::GraphProto& g, const ShapeMap& shapes, int opset, int
     const auto* positions = shape_inputs(n.op_type());
     if (!positions) continue;
     bool outputs_known = true;
-    for (const auto& o : n.output()) outputs_known = outputs_known && (o.empty() || fully_known(shapes, o));
+    for (const auto& o : n.output())
+      outputs_known = outputs_known && (o.empty() || fully_known(shapes, o));
     if (outputs_known) continue;
     for (int pos : *positions) {
       if (pos >= n.input_size() || n.input(pos).empty() || inits.count(n.input(pos))) continue;
@@ -164,7 +169,8 @@ int pin_known_values(onnx::GraphProto& g, const ShapeMap& shapes, int opset, int
 int fix_einsum_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed) {
   int added = 0;
   for (const auto& n : g.node()) {
-    if (n.op_type() != "Einsum" || n.output_size() == 0 || fully_known(shapes, n.output(0))) continue;
+    if (n.op_type() != "Einsum" || n.output_size() == 0 || fully_known(shapes, n.output(0)))
+      continue;
     std::vector<std::vector<std::int64_t>> ins;
     std::int32_t type = 0;
     for (const auto& in : n.input()) {
@@ -186,7 +192,8 @@ int fix_einsum_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMa
   return added;
 }
 
-// Re-adds hp's own shapes as value_info, which ONNX merges with (and propagates from) what it infers.
+// Re-adds hp's own shapes as value_info, which ONNX merges with (and propagates from) what it
+// infers.
 void add_fixed_value_info(onnx::GraphProto& g, const ShapeMap& fixed) {
   for (const auto& [name, s] : fixed) {
     auto* vi = g.add_value_info();
@@ -223,11 +230,14 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     }
   }
   for (const auto& [name, value] : dims)
-    if (!used.count(name)) result.warnings.push_back(fmt::format("dim '{}' matches no symbolic input dim", name));
+    if (!used.count(name))
+      result.warnings.push_back(fmt::format("dim '{}' matches no symbolic input dim", name));
   for (const auto& name : unbound) {
     result.unknown_dims.push_back(name);
-    result.warnings.push_back(fmt::format("input dim '{}' is not bound; costs that depend on it are "
-                                          "not counted (pass --dim {}=N)", name, name));
+    result.warnings.push_back(
+        fmt::format("input dim '{}' is not bound; costs that depend on it are "
+                    "not counted (pass --dim {}=N)",
+                    name, name));
   }
 
   int opset = 0;
@@ -235,8 +245,10 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     if (op.domain().empty() || op.domain() == "ai.onnx") opset = static_cast<int>(op.version());
   const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
   if (auto it = known.find(""); it != known.end() && opset > it->second.second)
-    result.warnings.push_back(fmt::format("the model's opset {} is newer than this build's onnx library knows ({}); "
-                                          "ops changed since may have unknown shapes", opset, it->second.second));
+    result.warnings.push_back(
+        fmt::format("the model's opset {} is newer than this build's onnx library knows ({}); "
+                    "ops changed since may have unknown shapes",
+                    opset, it->second.second));
   onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   int serial = 0;
   ShapeMap fixed;
@@ -246,7 +258,8 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     try {
       onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), options);
     } catch (const std::exception& e) {
-      return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()), model.path.string());
+      return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()),
+                   model.path.string());
     }
     result.shapes = collect_shapes(g);
     int progress = pin_known_values(g, result.shapes, opset, serial);
@@ -267,7 +280,8 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
         continue;
       }
       for (const auto& d : it->second.dims)
-        if (!d.known() && !d.symbol.empty() && seen.insert(d.symbol).second) result.unknown_dims.push_back(d.symbol);
+        if (!d.known() && !d.symbol.empty() && seen.insert(d.symbol).second)
+          result.unknown_dims.push_back(d.symbol);
     }
   }
   if (shapeless > 0)

@@ -32,7 +32,8 @@ int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, Shap
       bool known = true;
       for (const auto& d : y.dims) known = known && d.known();
       if (!known) continue;
-      const auto p = static_cast<std::int64_t>(attr_ints(n, std::string(domain::kAttrGroup)).size());
+      const auto p =
+          static_cast<std::int64_t>(attr_ints(n, std::string(domain::kAttrGroup)).size());
       const auto rank = static_cast<std::int64_t>(y.dims.size());
       auto at = [&](std::string_view name) {
         std::int64_t a = attr_int(n, std::string(name), 0);
@@ -49,7 +50,9 @@ int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, Shap
         y.dims[static_cast<std::size_t>(a)].value /= p;
       } else if (op == domain::kAllToAll) {
         const auto s = at(domain::kAttrSplitAxis), c = at(domain::kAttrConcatAxis);
-        if (!in_range(s) || !in_range(c) || p < 1 || y.dims[static_cast<std::size_t>(s)].value % p != 0) continue;
+        if (!in_range(s) || !in_range(c) || p < 1 ||
+            y.dims[static_cast<std::size_t>(s)].value % p != 0)
+          continue;
         y.dims[static_cast<std::size_t>(s)].value /= p;
         y.dims[static_cast<std::size_t>(c)].value *= p;
       } else if (op != domain::kAllReduce && op != domain::kCollectivePermute) {

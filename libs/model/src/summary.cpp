@@ -31,7 +31,8 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
     s.other_flops += n.cost.other_flops;
     if (!n.cost.known) ++s.nodes_cost_unknown;
     ++s.ops[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type];
-    if (!is_supported_op(n.domain, n.op_type)) unsupported.insert(n.domain.empty() ? n.op_type : n.domain + "." + n.op_type);
+    if (!is_supported_op(n.domain, n.op_type))
+      unsupported.insert(n.domain.empty() ? n.op_type : n.domain + "." + n.op_type);
   }
   s.flops = s.matmul_flops + s.other_flops;
   s.unsupported_ops.assign(unsupported.begin(), unsupported.end());
@@ -39,15 +40,18 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
   s.missing_external_data = model.missing_external_data;
   s.warnings = graph.warnings;
   for (const auto& f : model.missing_external_data)
-    s.warnings.push_back(fmt::format("external data file '{}' is absent: fine for planning, needed to run", f));
+    s.warnings.push_back(
+        fmt::format("external data file '{}' is absent: fine for planning, needed to run", f));
   if (s.nodes_cost_unknown > 0)
-    s.warnings.push_back(fmt::format("{} nodes have unknown shapes; their FLOPs and bytes are not counted",
-                                     s.nodes_cost_unknown));
+    s.warnings.push_back(
+        fmt::format("{} nodes have unknown shapes; their FLOPs and bytes are not counted",
+                    s.nodes_cost_unknown));
   for (int c : graph.copies) {
     const Tensor& copy = graph.tensor(c);
     s.tied_copies.push_back(copy.name);
-    s.warnings.push_back(fmt::format("initializer '{}' is a transposed copy of '{}' (tied weights): counted once",
-                                     copy.name, graph.tensor(copy.copy_of).name));
+    s.warnings.push_back(
+        fmt::format("initializer '{}' is a transposed copy of '{}' (tied weights): counted once",
+                    copy.name, graph.tensor(copy.copy_of).name));
   }
   s.layering = discover_layers(graph);
   if (s.layering.blocks.empty())
@@ -74,7 +78,8 @@ Expected<DimBindings> parse_dim_bindings(const std::vector<std::string>& args) {
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
     if (eq == std::string::npos || name.empty() || value.empty() || ec != std::errc() ||
         end != value.data() + value.size() || v < 0)
-      return Error(Errc::usage, fmt::format("--dim '{}' is not NAME=VALUE with a non-negative integer VALUE", a),
+      return Error(Errc::usage,
+                   fmt::format("--dim '{}' is not NAME=VALUE with a non-negative integer VALUE", a),
                    "", "for example --dim batch=8 --dim seq=2048");
     out[name] = v;
   }

@@ -1,15 +1,15 @@
 // The second half of layer discovery (layers.cpp has the first): once every activation node belongs
-// to a unit (prologue, block i, epilogue), place the side nodes, add up each unit's cost, and list the
-// tensors crossing each boundary.
+// to a unit (prologue, block i, epilogue), place the side nodes, add up each unit's cost, and list
+// the tensors crossing each boundary.
 //
 // Side nodes (shape arithmetic, constant computations such as a weight Transpose) go where they are
 // consumed. A side node consumed by a single unit joins it; one consumed by several units joins the
-// earliest unit able to compute it (the latest unit among its inputs' producers), so a causal mask or
-// rotary table built once from the input's shape and used by every layer is prologue work rather
+// earliest unit able to compute it (the latest unit among its inputs' producers), so a causal mask
+// or rotary table built once from the input's shape and used by every layer is prologue work rather
 // than block-0 work, and every block keeps the same cost.
 //
-// Parameters are owned by the first unit that reads them, so a tied embedding/head matrix counts once
-// (in the prologue) and the units' parameters add up to the model's.
+// Parameters are owned by the first unit that reads them, so a tied embedding/head matrix counts
+// once (in the prologue) and the units' parameters add up to the model's.
 #include <algorithm>
 #include <set>
 
@@ -44,7 +44,8 @@ void place_side_nodes(const Graph& g, std::vector<int>& unit_of, int units) {
     std::set<int> consumer_units;
     for (int t : g.nodes[i].outputs) {
       if (t < 0) continue;
-      for (int c : g.tensor(t).consumers) consumer_units.insert(unit_of[static_cast<std::size_t>(c)]);
+      for (int c : g.tensor(t).consumers)
+        consumer_units.insert(unit_of[static_cast<std::size_t>(c)]);
     }
     int u = consumer_units.size() == 1 ? *consumer_units.begin() : earliest[i];
     unit_of[i] = std::clamp(u, 0, units - 1);
@@ -60,7 +61,8 @@ void fill_units(const Graph& g, const std::vector<int>& unit_of, Layering& l) {
     b.matmul_flops += node.cost.matmul_flops;
     b.cost_known = b.cost_known && node.cost.known;
     for (int o : node.outputs)
-      if (o >= 0 && g.tensor(o).kind == TensorKind::activation) b.activation_bytes += g.tensor(o).bytes().value_or(0);
+      if (o >= 0 && g.tensor(o).kind == TensorKind::activation)
+        b.activation_bytes += g.tensor(o).bytes().value_or(0);
   }
   for (const auto& t : g.tensors) {
     if (!t.is_parameter()) continue;

@@ -1,13 +1,13 @@
 // Evaluating the shape arithmetic exporters write into graphs.
 //
-// PyTorch's exporter turns `x.view(b, t, h, d)` with dynamic axes into Shape -> Gather -> Unsqueeze ->
-// Concat -> Reshape, often with Cast and Div in between (`c // heads`), and `torch.arange(t)` into a
-// Range over Cast(Gather(Shape(x))). ONNX's own data propagation (1.12) covers only a few of these
-// ops, so once the symbolic dims are bound most Reshape outputs would still have unknown shapes and
-// every FLOP downstream would be lost. This file is a tiny interpreter for that arithmetic: it
-// computes the values of small integer (and float scalar) tensors from constants and the shapes known
-// so far. shape.cpp then pins those values into the graph as initializers and reruns ONNX inference,
-// which knows how to use constant shape inputs.
+// PyTorch's exporter turns `x.view(b, t, h, d)` with dynamic axes into Shape -> Gather -> Unsqueeze
+// -> Concat -> Reshape, often with Cast and Div in between (`c // heads`), and `torch.arange(t)`
+// into a Range over Cast(Gather(Shape(x))). ONNX's own data propagation (1.12) covers only a few of
+// these ops, so once the symbolic dims are bound most Reshape outputs would still have unknown
+// shapes and every FLOP downstream would be lost. This file is a tiny interpreter for that
+// arithmetic: it computes the values of small integer (and float scalar) tensors from constants and
+// the shapes known so far. shape.cpp then pins those values into the graph as initializers and
+// reruns ONNX inference, which knows how to use constant shape inputs.
 //
 // Only small tensors (<= kMaxElems elements) are evaluated; anything else, or any op not listed
 // here, simply has no value, which is always safe: its consumers keep their unknown shapes.
@@ -63,8 +63,8 @@ bool broadcast_shape(const std::vector<std::int64_t>& a, const std::vector<std::
 }
 
 // Index into a broadcast operand for flat output index `i`.
-std::size_t bcast_index(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& out,
-                        std::int64_t i) {
+std::size_t bcast_index(const std::vector<std::int64_t>& shape,
+                        const std::vector<std::int64_t>& out, std::int64_t i) {
   std::size_t idx = 0, stride = 1;
   std::size_t off = out.size() - shape.size();
   for (std::size_t k = out.size(); k-- > 0;) {
@@ -82,21 +82,25 @@ std::size_t bcast_index(const std::vector<std::int64_t>& shape, const std::vecto
 std::optional<Value> binary(const Value& a, const Value& b, std::int32_t out_type,
                             const std::function<double(double, double)>& f) {
   Value r;
-  if (!broadcast_shape(a.shape, b.shape, r.shape) || numel_of(r.shape) > kMaxElems) return std::nullopt;
+  if (!broadcast_shape(a.shape, b.shape, r.shape) || numel_of(r.shape) > kMaxElems)
+    return std::nullopt;
   r.elem_type = out_type;
   std::int64_t n = numel_of(r.shape);
   r.data.resize(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
-    r.data[static_cast<std::size_t>(i)] =
-        cast_to(f(a.data[bcast_index(a.shape, r.shape, i)], b.data[bcast_index(b.shape, r.shape, i)]), out_type);
+    r.data[static_cast<std::size_t>(i)] = cast_to(
+        f(a.data[bcast_index(a.shape, r.shape, i)], b.data[bcast_index(b.shape, r.shape, i)]),
+        out_type);
   return r;
 }
 
 std::int64_t wrap(std::int64_t i, std::int64_t n) { return i < 0 ? i + n : i; }
 
 // 1-D Slice (the only kind shape arithmetic uses).
-std::optional<Value> slice_1d(const Value& x, std::int64_t start, std::int64_t end, std::int64_t step) {
-  if (x.shape.size() != 1 || step == 0 || step > kMaxElems || step < -kMaxElems) return std::nullopt;
+std::optional<Value> slice_1d(const Value& x, std::int64_t start, std::int64_t end,
+                              std::int64_t step) {
+  if (x.shape.size() != 1 || step == 0 || step > kMaxElems || step < -kMaxElems)
+    return std::nullopt;
   std::int64_t n = x.shape[0];
   auto clamp = [&](std::int64_t v, bool is_end) {
     v = v < 0 ? v + n : v;
@@ -106,7 +110,8 @@ std::optional<Value> slice_1d(const Value& x, std::int64_t start, std::int64_t e
   std::int64_t s = clamp(start, false), e = clamp(end, true);
   Value r;
   r.elem_type = x.elem_type;
-  for (std::int64_t i = s; step > 0 ? i < e : i > e; i += step) r.data.push_back(x.data[static_cast<std::size_t>(i)]);
+  for (std::int64_t i = s; step > 0 ? i < e : i > e; i += step)
+    r.data.push_back(x.data[static_cast<std::size_t>(i)]);
   r.shape = {static_cast<std::int64_t>(r.data.size())};
   return r;
 }
@@ -396,7 +401,8 @@ ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& sh
   for (const auto& t : graph.initializer()) {
     if (t.data_location() == T::EXTERNAL) continue;
     if (auto data = read_small_tensor(t, kMaxElems))
-      ev.values[t.name()] = Value{{t.dims().begin(), t.dims().end()}, std::move(*data), t.data_type()};
+      ev.values[t.name()] =
+          Value{{t.dims().begin(), t.dims().end()}, std::move(*data), t.data_type()};
   }
   for (const auto& n : graph.node()) {
     if (n.output_size() == 0 || n.output(0).empty()) continue;

@@ -19,7 +19,8 @@ double resident_kv_per_token(const CapacityStage& s) {
 bool fits(const CapacityInput& in, std::int64_t context, std::int64_t batch, bool offloaded) {
   for (const auto& s : in.stages) {
     if (device_bytes(s, context, batch, offloaded) > in.budget) return false;
-    const double host = total(s.kv_per_token) * static_cast<double>(context) * static_cast<double>(batch);
+    const double host =
+        total(s.kv_per_token) * static_cast<double>(context) * static_cast<double>(batch);
     if (offloaded && host > in.host_memory) return false;
   }
   return true;
@@ -31,7 +32,10 @@ std::int64_t largest(std::int64_t hi, const std::function<bool(std::int64_t)>& o
   std::int64_t lo = 1;
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo + 1) / 2;
-    if (ok(mid)) lo = mid; else hi = mid - 1;
+    if (ok(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -40,14 +44,16 @@ constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
 
 }  // namespace
 
-double device_bytes(const CapacityStage& s, std::int64_t context, std::int64_t batch, bool kv_offloaded) {
+double device_bytes(const CapacityStage& s, std::int64_t context, std::int64_t batch,
+                    bool kv_offloaded) {
   const double tokens = static_cast<double>(context) * static_cast<double>(batch);
   const double kv = (kv_offloaded ? resident_kv_per_token(s) : total(s.kv_per_token)) * tokens;
   // Prefill activations of one unit for the whole batch at this context.
   return total(s.weights) + s.fixed + kv + s.act_per_token * tokens;
 }
 
-double decode_latency(const CapacityInput& in, std::int64_t context, std::int64_t batch, bool kv_offloaded) {
+double decode_latency(const CapacityInput& in, std::int64_t context, std::int64_t batch,
+                      bool kv_offloaded) {
   const double tokens = static_cast<double>(context) * static_cast<double>(batch);
   double t = 0;
   for (const auto& s : in.stages)
@@ -76,10 +82,12 @@ CapacityReport capacity(const CapacityInput& in) {
                           [&](std::int64_t b) { return fits(in, in.context, b, off); });
     f.latency = f.max_context > 0 ? decode_latency(in, f.max_context, in.batch, off) : 0.0;
     f.max_context_in_latency =
-        in.latency_budget <= 0 ? f.max_context
-                               : largest(std::max<std::int64_t>(1, f.max_context), [&](std::int64_t c) {
-                                   return f.max_context > 0 && decode_latency(in, c, in.batch, off) <= in.latency_budget;
-                                 });
+        in.latency_budget <= 0
+            ? f.max_context
+            : largest(std::max<std::int64_t>(1, f.max_context), [&](std::int64_t c) {
+                return f.max_context > 0 &&
+                       decode_latency(in, c, in.batch, off) <= in.latency_budget;
+              });
   }
   return r;
 }

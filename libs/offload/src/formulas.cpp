@@ -18,7 +18,7 @@ double korthikanti_layer_bytes(const LayerShape& l, recipe::Recompute rc) {
   const double sbh = l.s * l.b * l.h;
   const double quad = 5.0 * l.a * l.s / (l.h * l.t);  // attention scores, softmax, dropout mask
   switch (rc) {
-    case recipe::Recompute::full: return 2.0 * sbh;     // the layer input alone
+    case recipe::Recompute::full: return 2.0 * sbh;  // the layer input alone
     case recipe::Recompute::selective:
       return l.sequence_parallel ? 34.0 * sbh / l.t : sbh * (10.0 + 24.0 / l.t);
     case recipe::Recompute::none: break;
@@ -28,7 +28,8 @@ double korthikanti_layer_bytes(const LayerShape& l, recipe::Recompute rc) {
   return sbh * (10.0 + 24.0 / l.t + quad);
 }
 
-double kv_cache_bytes(double layers, double kv_heads, double head_dim, double tokens, double dtype_bytes) {
+double kv_cache_bytes(double layers, double kv_heads, double head_dim, double tokens,
+                      double dtype_bytes) {
   return 2.0 * layers * kv_heads * head_dim * tokens * dtype_bytes;
 }
 

@@ -2,11 +2,11 @@
 // launch overhead is included, as it is for the runtime that will issue these copies.
 #include "hp/offload/measure.h"
 
+#include <time.h>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <time.h>
 #include <functional>
 #include <memory>
 
@@ -49,7 +49,8 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
   HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(plugin::SearchOptions{}));
   auto backend = reg.find(opt.backend);
   if (!backend)
-    return Error(Errc::unavailable, fmt::format("backend '{}' is not available for --measure", opt.backend), "",
+    return Error(Errc::unavailable,
+                 fmt::format("backend '{}' is not available for --measure", opt.backend), "",
                  "run 'hp devices -v' to see which plugins were found");
   HP_ASSIGN_OR_RETURN(auto info, backend->device_info(0));
   const double largest = *std::max_element(opt.sizes.begin(), opt.sizes.end());
@@ -59,9 +60,8 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
   HP_ASSIGN_OR_RETURN(dev.p, backend->alloc(0, bytes, HP_MEM_DEVICE));
   HP_ASSIGN_OR_RETURN(host.p, backend->alloc(0, bytes, host_kind));
   HP_ASSIGN_OR_RETURN(auto stream, backend->stream_create(0));
-  std::unique_ptr<hp_stream, std::function<void(hp_stream*)>> s(stream, [&](hp_stream* x) {
-    (void)backend->stream_destroy(x);
-  });
+  std::unique_ptr<hp_stream, std::function<void(hp_stream*)>> s(
+      stream, [&](hp_stream* x) { (void)backend->stream_destroy(x); });
   // The reference loop copies between the same two buffers, so both see the same pages and caches;
   // what differs is only the path through the plugin.
   std::memset(host.p, 3, bytes);
@@ -125,9 +125,11 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
       h2d_ratio.push_back(tm / std::max(th, 1e-12));
       d2h_ratio.push_back(tm / std::max(td, 1e-12));
     }
-    r.sizes.push_back({size, median(h2d), median(d2h), median(mc), median(h2d_ratio), median(d2h_ratio)});
+    r.sizes.push_back(
+        {size, median(h2d), median(d2h), median(mc), median(h2d_ratio), median(d2h_ratio)});
   }
-  std::sort(r.sizes.begin(), r.sizes.end(), [](const ProbeSize& x, const ProbeSize& y) { return x.bytes < y.bytes; });
+  std::sort(r.sizes.begin(), r.sizes.end(),
+            [](const ProbeSize& x, const ProbeSize& y) { return x.bytes < y.bytes; });
   r.h2d = r.sizes.back().h2d;
   r.d2h = r.sizes.back().d2h;
   r.memcpy = r.sizes.back().memcpy;

@@ -21,25 +21,31 @@ std::int64_t next_use(const NodeTensor& t, std::int64_t k) {
 
 std::string node_label(const NodeTrace& tr, std::int64_t k) {
   const auto i = static_cast<std::size_t>(k);
-  if (i < tr.node_names.size() && !tr.node_names[i].empty()) return fmt::format("node '{}'", tr.node_names[i]);
+  if (i < tr.node_names.size() && !tr.node_names[i].empty())
+    return fmt::format("node '{}'", tr.node_names[i]);
   return fmt::format("node #{}", k);
 }
 
 }  // namespace
 
-Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget, std::int64_t lookahead) {
+Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget,
+                                         std::int64_t lookahead) {
   const auto N = static_cast<std::int64_t>(tr.base.size());
   const std::size_t T = tr.tensors.size();
   // Per node: tracked tensors read there, and those written there.
-  std::vector<std::vector<std::size_t>> reads(static_cast<std::size_t>(N)), writes(static_cast<std::size_t>(N));
+  std::vector<std::vector<std::size_t>> reads(static_cast<std::size_t>(N)),
+      writes(static_cast<std::size_t>(N));
   for (std::size_t t = 0; t < T; ++t) {
     const NodeTensor& x = tr.tensors[t];
     if (x.created >= N || x.last >= N || x.last < std::max<std::int64_t>(0, x.created))
-      return Error(Errc::internal, fmt::format("offload trace: tensor '{}' lives outside the run", x.name));
+      return Error(Errc::internal,
+                   fmt::format("offload trace: tensor '{}' lives outside the run", x.name));
     if (x.created >= 0) writes[static_cast<std::size_t>(x.created)].push_back(t);
     for (std::int64_t u : x.uses) {
       if (u < std::max<std::int64_t>(0, x.created) || u > x.last)
-        return Error(Errc::internal, fmt::format("offload trace: tensor '{}' is read at node {} outside its life", x.name, u));
+        return Error(Errc::internal,
+                     fmt::format("offload trace: tensor '{}' is read at node {} outside its life",
+                                 x.name, u));
       auto& r = reads[static_cast<std::size_t>(u)];
       if (r.empty() || r.back() != t) r.push_back(t);
     }
@@ -48,7 +54,8 @@ Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget, std
   NodeSchedule s;
   s.before.resize(static_cast<std::size_t>(N));
   s.memory.resize(static_cast<std::size_t>(N));
-  // Without offload every tensor is on the device from creation (weights: from the start) to `last`.
+  // Without offload every tensor is on the device from creation (weights: from the start) to
+  // `last`.
   {
     std::vector<double> diff(static_cast<std::size_t>(N) + 1, 0.0);
     for (const NodeTensor& x : tr.tensors) {
@@ -79,11 +86,13 @@ Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget, std
       if (needed[t] && !resident[t]) missing += tr.tensors[t].bytes;
     const double fixed = tr.base[static_cast<std::size_t>(k)];
     if (fixed + need > budget)
-      return Error(Errc::infeasible,
-                   fmt::format("a device budget of {} is too small: {} needs {} ({} that stays on the device "
-                               "and {} of tensors it reads or writes)",
-                               format_bytes(budget), node_label(tr, k), format_bytes(fixed + need),
-                               format_bytes(fixed), format_bytes(need)));
+      return Error(
+          Errc::infeasible,
+          fmt::format(
+              "a device budget of {} is too small: {} needs {} ({} that stays on the device "
+              "and {} of tensors it reads or writes)",
+              format_bytes(budget), node_label(tr, k), format_bytes(fixed + need),
+              format_bytes(fixed), format_bytes(need)));
     // Evict what is next used furthest ahead until this node's tensors fit.
     while (fixed + tracked + missing > budget) {
       std::size_t victim = T;
@@ -110,7 +119,9 @@ Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget, std
     for (std::size_t t : rd) {
       if (resident[t]) continue;
       if (!on_host[t])
-        return Error(Errc::internal, fmt::format("offload trace: tensor '{}' is read before it is written", tr.tensors[t].name));
+        return Error(Errc::internal,
+                     fmt::format("offload trace: tensor '{}' is read before it is written",
+                                 tr.tensors[t].name));
       moves.push_back({t, true, false});
       resident[t] = true;
       tracked += tr.tensors[t].bytes;
@@ -137,7 +148,8 @@ Expected<NodeSchedule> plan_node_offload(const NodeTrace& tr, double budget, std
     for (std::size_t t : wr) needed[t] = false;
     // Freed after their last node (weights keep their host copy; activations are done).
     for (std::size_t t = 0; t < T; ++t)
-      if (resident[t] && tr.tensors[t].last <= k) resident[t] = false, tracked -= tr.tensors[t].bytes;
+      if (resident[t] && tr.tensors[t].last <= k)
+        resident[t] = false, tracked -= tr.tensors[t].bytes;
   }
   return s;
 }

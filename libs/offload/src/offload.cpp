@@ -1,7 +1,8 @@
 // hp::offload::run, the table of contents of `hp offload-profile`:
 //   1. check the options (budget, mode, state kinds, latency) before reading anything;
 //   2. read the recipe and insist on a plan; resolve its cluster and model;
-//   3. profile the model with the planner and cost every unit of every pipeline rank (stage_input.cpp);
+//   3. profile the model with the planner and cost every unit of every pipeline rank
+//   (stage_input.cpp);
 //   4. simulate each rank's step, and plan offload where the budget needs it (timeline, policy);
 //   5. predict the step time with the planner's cost model, plus the exposed transfer time;
 //   6. inference capacity, measured bandwidths, and the files asked for (--svg, -o).
@@ -51,14 +52,16 @@ Expected<Checked> check_options(const OffloadOptions& o) {
     if (c.train) return Error(Errc::usage, "--latency-budget needs --mode infer");
     auto s = parse_seconds(o.latency_budget);  // hp/core/units.h: the rule recipes use too
     if (!s)
-      return Error(Errc::usage, fmt::format("malformed --latency-budget '{}'", o.latency_budget), "",
-                   "give a time such as 50ms, 0.1s, 800us or 500ns");
+      return Error(Errc::usage, fmt::format("malformed --latency-budget '{}'", o.latency_budget),
+                   "", "give a time such as 50ms, 0.1s, 800us or 500ns");
     if (!(*s > 0))
-      return Error(Errc::usage, fmt::format("--latency-budget must be greater than 0, got '{}'", o.latency_budget));
+      return Error(Errc::usage, fmt::format("--latency-budget must be greater than 0, got '{}'",
+                                            o.latency_budget));
     c.latency = *s;
   }
   if (o.optimizer_ratio != -1 && !(o.optimizer_ratio >= 0 && o.optimizer_ratio <= 1))
-    return Error(Errc::usage, fmt::format("--optimizer-ratio must be in [0, 1], got {}", o.optimizer_ratio));
+    return Error(Errc::usage,
+                 fmt::format("--optimizer-ratio must be in [0, 1], got {}", o.optimizer_ratio));
   if ((o.heads > 0) != (o.kv_heads > 0) || (o.heads > 0 && o.kv_heads > o.heads))
     return Error(Errc::usage, "--heads and --kv-heads go together, with kv-heads <= heads");
   HP_ASSIGN_OR_RETURN(c.targets, parse_targets(o.targets));
@@ -70,13 +73,17 @@ Expected<Checked> check_options(const OffloadOptions& o) {
 Expected<recipe::Recipe> load_planned_recipe(const fs::path& path) {
   HP_ASSIGN_OR_RETURN(auto doc, recipe::read_recipe(path));
   if (doc.syntax_ok && !doc.where.contains("parallel"))
-    return Error(Errc::bad_input, "the recipe has no plan: [parallel] is missing", path.string() + ":1",
+    return Error(Errc::bad_input, "the recipe has no plan: [parallel] is missing",
+                 path.string() + ":1",
                  "make one with 'hp plan MODEL -o recipe.toml', or add [parallel] and [[stages]]");
   HP_ASSIGN_OR_RETURN(auto r, recipe::load_recipe(path));
   if (r.parallel.pp > 1 && r.stages.empty())
-    return Error(Errc::bad_input,
-                 fmt::format("the recipe has no plan for its {} pipeline stages: [[stages]] is missing", r.parallel.pp),
-                 doc.where.at("parallel.pp"), "run 'hp plan MODEL -o recipe.toml' to assign layers to stages");
+    return Error(
+        Errc::bad_input,
+        fmt::format("the recipe has no plan for its {} pipeline stages: [[stages]] is missing",
+                    r.parallel.pp),
+        doc.where.at("parallel.pp"),
+        "run 'hp plan MODEL -o recipe.toml' to assign layers to stages");
   return r;
 }
 
@@ -86,8 +93,8 @@ const recipe::DeviceType* host_device(const recipe::Cluster& c) {
   return nullptr;
 }
 
-recipe::SourcedValue pick(const std::optional<recipe::Offload>& off, recipe::SourcedValue recipe::Offload::*field,
-                          double table) {
+recipe::SourcedValue pick(const std::optional<recipe::Offload>& off,
+                          recipe::SourcedValue recipe::Offload::*field, double table) {
   if (off && ((*off).*field).value > 0) return (*off).*field;
   return {table, table > 0 ? "table" : "unknown"};
 }
@@ -106,7 +113,8 @@ const char* backend_for(recipe::DeviceKind k) {
 Expected<OffloadReport> run(const OffloadOptions& options) {
   HP_ASSIGN_OR_RETURN(auto checked, check_options(options));
   HP_ASSIGN_OR_RETURN(auto rec, load_planned_recipe(options.recipe));
-  const fs::path dir = options.recipe.parent_path().empty() ? fs::path(".") : options.recipe.parent_path();
+  const fs::path dir =
+      options.recipe.parent_path().empty() ? fs::path(".") : options.recipe.parent_path();
   HP_ASSIGN_OR_RETURN(auto cluster, recipe::cluster_for(rec, dir, options.preset_dirs));
 
   StageBuildOptions sb;
@@ -142,12 +150,15 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
   const bool cpu_rank = built.device.kind == recipe::DeviceKind::cpu;
   r.h2d = pick(rec.offload, &recipe::Offload::h2d_bandwidth, built.device.h2d_bandwidth);
   r.d2h = pick(rec.offload, &recipe::Offload::d2h_bandwidth, built.device.d2h_bandwidth);
-  r.host_memory = pick(rec.offload, &recipe::Offload::host_memory,
-                       host && !cpu_rank ? host->memory / static_cast<double>(cluster.ranks_per_node()) : 0.0);
+  r.host_memory =
+      pick(rec.offload, &recipe::Offload::host_memory,
+           host && !cpu_rank ? host->memory / static_cast<double>(cluster.ranks_per_node()) : 0.0);
   r.host_bandwidth = cpu_rank ? built.device.memory_bandwidth : host ? host->memory_bandwidth : 0.0;
   if (r.host_bandwidth <= 0) {
     r.host_bandwidth = 100e9;
-    r.notes.push_back("the cluster file has no host CPU: the host optimizer step assumes 100 GB/s of host memory bandwidth");
+    r.notes.push_back(
+        "the cluster file has no host CPU: the host optimizer step assumes 100 GB/s of host memory "
+        "bandwidth");
   }
   if (options.measure) {
     MeasureOptions mo;
@@ -158,8 +169,10 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
     r.measured = std::move(m);
   }
   if (r.h2d.value <= 0 || r.d2h.value <= 0)
-    return Error(Errc::bad_input, fmt::format("no host-link bandwidth for device '{}'", built.device.name),
-                 cluster.name, "set h2d_bandwidth/d2h_bandwidth in the cluster or [offload], or pass --measure");
+    return Error(Errc::bad_input,
+                 fmt::format("no host-link bandwidth for device '{}'", built.device.name),
+                 cluster.name,
+                 "set h2d_bandwidth/d2h_bandwidth in the cluster or [offload], or pass --measure");
   // State kinds: --offload, else the recipe's [offload] targets, else every kind the mode has.
   r.targets = checked.targets;
   if (r.targets.empty() && rec.offload && !rec.offload->targets.empty()) {
@@ -168,12 +181,12 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
     r.targets = *t;
   }
   if (r.targets.empty())
-    r.targets = checked.train ? std::vector<Target>{Target::optimizer, Target::gradients, Target::activations,
-                                                     Target::parameters}
-                               : std::vector<Target>{Target::kv_cache, Target::parameters};
+    r.targets = checked.train ? std::vector<Target>{Target::optimizer, Target::gradients,
+                                                    Target::activations, Target::parameters}
+                              : std::vector<Target>{Target::kv_cache, Target::parameters};
   r.lookahead = options.lookahead >= -1 ? options.lookahead
-                : rec.offload                ? rec.offload->prefetch_lookahead
-                                              : -1;
+                : rec.offload           ? rec.offload->prefetch_lookahead
+                                        : -1;
 
   PolicyOptions po;
   po.budget = r.budget;
@@ -197,15 +210,17 @@ Expected<OffloadReport> run(const OffloadOptions& options) {
       r.offloaded = true;
       r.exposed = std::max(r.exposed, s.schedule->exposed);
       if (s.schedule->host_peak > r.host_memory.value && r.host_memory.value > 0)
-        r.notes.push_back(fmt::format("stage {} needs {} of host memory, more than the {} available",
-                                      s.input.stage, format_bytes(s.schedule->host_peak),
-                                      format_bytes(r.host_memory.value)));
+        r.notes.push_back(fmt::format(
+            "stage {} needs {} of host memory, more than the {} available", s.input.stage,
+            format_bytes(s.schedule->host_peak), format_bytes(r.host_memory.value)));
     }
     r.stages.push_back(std::move(s));
   }
   r.step_before = built.predicted_step;
   r.step_after = r.step_before + r.exposed;
-  if (!r.offloaded) r.notes.push_back("every stage fits the budget without offload; offload would only add transfers");
+  if (!r.offloaded)
+    r.notes.push_back(
+        "every stage fits the budget without offload; offload would only add transfers");
 
   if (!checked.train) {
     CapacityInput ci = built.capacity;
@@ -232,7 +247,8 @@ recipe::Recipe with_offload_section(const recipe::Recipe& in, const OffloadRepor
   o.d2h_bandwidth = r.d2h;
   o.host_memory = r.host_memory;
   o.margin = r.margin;
-  // Auto lookahead writes the furthest any prefetch was issued, so launch replays the same schedule.
+  // Auto lookahead writes the furthest any prefetch was issued, so launch replays the same
+  // schedule.
   std::int64_t used = r.lookahead;
   if (used < 0) {
     used = 1;

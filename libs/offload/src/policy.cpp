@@ -1,5 +1,6 @@
-// The offload policy of policy.h: build the trace of offloadable tensors, place them under the budget
-// (pass 1, memory only, Belady eviction and bounded prefetch), then time the copies (pass 2).
+// The offload policy of policy.h: build the trace of offloadable tensors, place them under the
+// budget (pass 1, memory only, Belady eviction and bounded prefetch), then time the copies (pass
+// 2).
 #include "hp/offload/policy.h"
 
 #include <algorithm>
@@ -20,32 +21,35 @@ struct Tracked {
   Kind kind = Kind::activations;
   std::int64_t unit = 0, micro = 0;
   double bytes = 0;
-  std::int64_t created = -1;          ///< first slot it is live; -1: live when the step starts
-  std::int64_t last = 0;              ///< last slot it is live
-  std::vector<std::int64_t> uses;     ///< slots that read it, ascending
-  std::vector<std::int64_t> issue;    ///< per use: the earliest slot its prefetch may be issued
-  bool dirty = true;                  ///< the host has no copy until it is written back
+  std::int64_t created = -1;        ///< first slot it is live; -1: live when the step starts
+  std::int64_t last = 0;            ///< last slot it is live
+  std::vector<std::int64_t> uses;   ///< slots that read it, ascending
+  std::vector<std::int64_t> issue;  ///< per use: the earliest slot its prefetch may be issued
+  bool dirty = true;                ///< the host has no copy until it is written back
   bool evictable = true;
-  bool stream_out = false;            ///< host-optimizer gradients: copied out after their last use
+  bool stream_out = false;  ///< host-optimizer gradients: copied out after their last use
 };
 
 struct Trace {
-  std::vector<Breakdown> base;        ///< untracked bytes per slot
-  std::vector<double> duration;       ///< device seconds per slot
+  std::vector<Breakdown> base;   ///< untracked bytes per slot
+  std::vector<double> duration;  ///< device seconds per slot
   std::vector<Tracked> tensors;
   std::vector<std::vector<std::size_t>> needed;  ///< per slot: tensors used or created there
   std::vector<bool> host_unit;
-  double host_fixed = 0;              ///< optimizer states and gradients of host-stepped units
+  double host_fixed = 0;  ///< optimizer states and gradients of host-stepped units
 };
 
-bool has(const std::vector<Target>& ts, Target t) { return std::find(ts.begin(), ts.end(), t) != ts.end(); }
+bool has(const std::vector<Target>& ts, Target t) {
+  return std::find(ts.begin(), ts.end(), t) != ts.end();
+}
 
 std::int64_t next_use(const Tracked& t, std::int64_t s) {
   auto it = std::lower_bound(t.uses.begin(), t.uses.end(), s);
   return it == t.uses.end() ? kNever : *it;
 }
 
-Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions& opt, std::int64_t host_units) {
+Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions& opt,
+                  std::int64_t host_units) {
   Trace tr;
   const auto S = static_cast<std::int64_t>(tl.slots.size());
   const auto n = in.units.size();
@@ -103,7 +107,8 @@ Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions&
         // subtraction over the live range.
         track(g);
         diff[static_cast<std::size_t>(g.created)][static_cast<int>(Kind::gradients)] -= x.gradients;
-        diff[static_cast<std::size_t>(g.last + 1)][static_cast<int>(Kind::gradients)] += x.gradients;
+        diff[static_cast<std::size_t>(g.last + 1)][static_cast<int>(Kind::gradients)] +=
+            x.gradients;
       }
     }
     if (has(opt.targets, Target::parameters) && x.parameters > 0 && !slots_of[u].empty()) {
@@ -151,13 +156,15 @@ Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions&
   for (std::int64_t s = 0; s < S; ++s) {
     for (int k = 0; k < kKinds; ++k) {
       run[k] += diff[static_cast<std::size_t>(s)][k];
-      tr.base[static_cast<std::size_t>(s)][k] = std::max(0.0, tr.base[static_cast<std::size_t>(s)][k] - run[k]);
+      tr.base[static_cast<std::size_t>(s)][k] =
+          std::max(0.0, tr.base[static_cast<std::size_t>(s)][k] - run[k]);
     }
   }
   // Prefetch issue points: `lookahead` slots early, or early enough that compute covers the copy.
   std::vector<double> prefix(static_cast<std::size_t>(S) + 1, 0);
   for (std::int64_t s = 0; s < S; ++s)
-    prefix[static_cast<std::size_t>(s) + 1] = prefix[static_cast<std::size_t>(s)] + tr.duration[static_cast<std::size_t>(s)];
+    prefix[static_cast<std::size_t>(s) + 1] =
+        prefix[static_cast<std::size_t>(s)] + tr.duration[static_cast<std::size_t>(s)];
   tr.needed.resize(static_cast<std::size_t>(S));
   for (std::size_t i = 0; i < tr.tensors.size(); ++i) {
     Tracked& t = tr.tensors[i];
@@ -181,20 +188,22 @@ Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions&
 }
 
 struct Placement {
-  std::vector<std::vector<std::size_t>> fetch, evict;   ///< per slot
+  std::vector<std::vector<std::size_t>> fetch, evict;  ///< per slot
   std::vector<Breakdown> memory;
   std::vector<bool> ever_evicted;
   double host_peak = 0;
   bool feasible = true;
-  double lower = 0;                   ///< max over slots of untracked + needed bytes
+  double lower = 0;  ///< max over slots of untracked + needed bytes
   std::int64_t max_lookahead = 0;
-  std::int64_t worst = 0;             ///< slot of `lower`
+  std::int64_t worst = 0;  ///< slot of `lower`
 };
 
 // Pass 1: which tensors are on the device at each slot. The resident and evicted sets and the
-// per-kind byte sums are kept incrementally, so a slot costs the size of those sets, not of the trace.
+// per-kind byte sums are kept incrementally, so a slot costs the size of those sets, not of the
+// trace.
 Placement place(const Trace& tr, double limit) {
-  const double budget = limit * (1 + 1e-12);  // sums of the same bytes in another order may differ by rounding
+  const double budget =
+      limit * (1 + 1e-12);  // sums of the same bytes in another order may differ by rounding
   const auto S = static_cast<std::int64_t>(tr.base.size());
   const auto T = tr.tensors.size();
   Placement p;
@@ -203,15 +212,18 @@ Placement place(const Trace& tr, double limit) {
   p.memory.resize(static_cast<std::size_t>(S));
   p.ever_evicted.assign(T, false);
   // Tensors by the slot they appear (created, or -1 -> 0) and the slot after they die.
-  std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(S) + 1), dead(static_cast<std::size_t>(S) + 1);
+  std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(S) + 1),
+      dead(static_cast<std::size_t>(S) + 1);
   for (std::size_t i = 0; i < T; ++i) {
     born[static_cast<std::size_t>(std::max<std::int64_t>(0, tr.tensors[i].created))].push_back(i);
     dead[static_cast<std::size_t>(tr.tensors[i].last + 1)].push_back(i);
   }
-  std::vector<int> state(T, 0);  // 0 not live, 1 resident, 2 evicted (on the host)
+  std::vector<int> state(T, 0);                // 0 not live, 1 resident, 2 evicted (on the host)
   std::vector<std::size_t> resident, evicted;  // unordered index sets
   std::vector<std::size_t> pos(T, 0);
-  auto add_to = [&](std::vector<std::size_t>& set, std::size_t i) { pos[i] = set.size(), set.push_back(i); };
+  auto add_to = [&](std::vector<std::size_t>& set, std::size_t i) {
+    pos[i] = set.size(), set.push_back(i);
+  };
   auto remove_from = [&](std::vector<std::size_t>& set, std::size_t i) {
     const std::size_t j = pos[i];
     set[j] = set.back();
@@ -274,7 +286,8 @@ Placement place(const Trace& tr, double limit) {
         const Tracked& t = tr.tensors[i];
         if (must_stamp[i] == s || !t.evictable) continue;
         const std::int64_t u = next_use(t, s);
-        if (u > best_use || (best && u == best_use && t.bytes > tr.tensors[*best].bytes)) best = i, best_use = u;
+        if (u > best_use || (best && u == best_use && t.bytes > tr.tensors[*best].bytes))
+          best = i, best_use = u;
       }
       return best;
     };
@@ -285,7 +298,8 @@ Placement place(const Trace& tr, double limit) {
       cur -= bytes(*v);
     }
     if (cur > budget) p.feasible = false;
-    // Prefetch what is used soon, nearest use first, if it fits (possibly by evicting what is used later).
+    // Prefetch what is used soon, nearest use first, if it fits (possibly by evicting what is used
+    // later).
     std::vector<std::pair<std::int64_t, std::size_t>> soon;
     for (auto i : evicted) {
       const Tracked& t = tr.tensors[i];
@@ -320,7 +334,8 @@ Placement place(const Trace& tr, double limit) {
 }
 
 // Pass 2: when every copy runs and how long compute waits for them.
-StageSchedule time_copies(const StageInput& in, const Trace& tr, const Placement& pl, const PolicyOptions& opt) {
+StageSchedule time_copies(const StageInput& in, const Trace& tr, const Placement& pl,
+                          const PolicyOptions& opt) {
   StageSchedule out;
   const auto S = static_cast<std::int64_t>(tr.base.size());
   const auto T = tr.tensors.size();
@@ -369,7 +384,9 @@ StageSchedule time_copies(const StageInput& in, const Trace& tr, const Placement
     for (auto i : pl.fetch[si]) {
       ++out.fetches;
       // A copy back to the device starts once the host has the data (its write-back finished).
-      const double ready = written[i] >= 0 ? std::max(start, out.transfers[static_cast<std::size_t>(written[i])].end) : start;
+      const double ready =
+          written[i] >= 0 ? std::max(start, out.transfers[static_cast<std::size_t>(written[i])].end)
+                          : start;
       pending[i] = add(tr.tensors[i], true, tr.tensors[i].bytes, ready);
     }
     for (auto i : tr.needed[si]) {
@@ -382,7 +399,8 @@ StageSchedule time_copies(const StageInput& in, const Trace& tr, const Placement
     for (auto i : after[si]) {
       const Tracked& t = tr.tensors[i];
       // Written back right after it is produced, if it will ever leave the device.
-      if (t.dirty && t.created == s && pl.ever_evicted[i]) written[i] = add(t, false, t.bytes, clock);
+      if (t.dirty && t.created == s && pl.ever_evicted[i])
+        written[i] = add(t, false, t.bytes, clock);
       if (t.stream_out && !t.uses.empty() && t.uses.back() == s) {
         const auto g = add(t, false, t.bytes, clock);
         const Unit& u = in.units[static_cast<std::size_t>(t.unit)];
@@ -396,7 +414,8 @@ StageSchedule time_copies(const StageInput& in, const Trace& tr, const Placement
     }
   }
   out.step = std::max(clock, host_end);
-  if (host_end > clock && last_h2d >= 0) out.transfers[static_cast<std::size_t>(last_h2d)].exposed += host_end - clock;
+  if (host_end > clock && last_h2d >= 0)
+    out.transfers[static_cast<std::size_t>(last_h2d)].exposed += host_end - clock;
   out.exposed += std::max(0.0, host_end - clock);
   for (std::size_t s = 0; s < out.memory.size(); ++s)
     if (sum(out.memory[s]) > out.peak_bytes) out.peak_bytes = sum(out.memory[s]), out.peak = s;
@@ -417,35 +436,40 @@ const char* target_name(Target t) {
 }
 
 Expected<std::vector<Target>> parse_targets(const std::vector<std::string>& names) {
-  static const Target all[] = {Target::parameters, Target::gradients, Target::optimizer, Target::activations,
-                               Target::kv_cache};
+  static const Target all[] = {Target::parameters, Target::gradients, Target::optimizer,
+                               Target::activations, Target::kv_cache};
   std::vector<Target> out;
   for (const auto& n : names) {
     const Target* hit = nullptr;
     for (const auto& t : all)
       if (n == target_name(t)) hit = &t;
     if (!hit)
-      return Error(Errc::usage, fmt::format("unknown state kind '{}'", n), "",
-                   "offloadable state kinds: parameters, gradients, optimizer, activations, kv_cache");
+      return Error(
+          Errc::usage, fmt::format("unknown state kind '{}'", n), "",
+          "offloadable state kinds: parameters, gradients, optimizer, activations, kv_cache");
     if (!has(out, *hit)) out.push_back(*hit);
   }
   if (has(out, Target::gradients) && !has(out, Target::optimizer))
     return Error(Errc::usage, "state kind 'gradients' moves with the optimizer step", "",
-                 "gradients go to the host with the optimizer states they update (ZeRO-Offload); add 'optimizer'");
+                 "gradients go to the host with the optimizer states they update (ZeRO-Offload); "
+                 "add 'optimizer'");
   return out;
 }
 
-Expected<StageSchedule> plan_offload(const StageInput& in, const Timeline& base, const PolicyOptions& opt) {
+Expected<StageSchedule> plan_offload(const StageInput& in, const Timeline& base,
+                                     const PolicyOptions& opt) {
   std::int64_t with_params = 0;
   for (const auto& u : in.units) with_params += u.param_count > 0 ? 1 : 0;
   std::vector<std::int64_t> splits{0};
   if (in.train && has(opt.targets, Target::optimizer) && with_params > 0) {
     if (opt.optimizer_ratio >= 0) {
-      splits = {static_cast<std::int64_t>(opt.optimizer_ratio * static_cast<double>(with_params) + 0.5)};
+      splits = {
+          static_cast<std::int64_t>(opt.optimizer_ratio * static_cast<double>(with_params) + 0.5)};
     } else {
       // Every split for small stages, 16 evenly spaced ones (and all units) for large ones.
       const std::int64_t steps = std::min<std::int64_t>(with_params, 16);
-      for (std::int64_t i = 1; i <= steps; ++i) splits.push_back((with_params * i + steps - 1) / steps);
+      for (std::int64_t i = 1; i <= steps; ++i)
+        splits.push_back((with_params * i + steps - 1) / steps);
       splits.erase(std::unique(splits.begin(), splits.end()), splits.end());
     }
   }
@@ -462,14 +486,17 @@ Expected<StageSchedule> plan_offload(const StageInput& in, const Timeline& base,
     if (!pl.feasible) continue;
     StageSchedule s = time_copies(in, tr, pl, opt);
     s.host_units = h;
-    s.optimizer_ratio = with_params > 0 ? static_cast<double>(h) / static_cast<double>(with_params) : 0;
+    s.optimizer_ratio =
+        with_params > 0 ? static_cast<double>(h) / static_cast<double>(with_params) : 0;
     if (!best || s.step < best->step * (1 - 1e-9)) best = std::move(s);
   }
   if (!best)
-    return Error(Errc::infeasible,
-                 fmt::format("no offload schedule fits stage {} in {}: it needs at least {} per device (at the {})",
-                             in.stage, format_bytes(opt.budget), format_bytes(lower), where),
-                 "", "raise --hbm, offload more state kinds, or re-plan with more devices or recomputation");
+    return Error(
+        Errc::infeasible,
+        fmt::format(
+            "no offload schedule fits stage {} in {}: it needs at least {} per device (at the {})",
+            in.stage, format_bytes(opt.budget), format_bytes(lower), where),
+        "", "raise --hbm, offload more state kinds, or re-plan with more devices or recomputation");
   best->lower_bound = lower;
   return std::move(*best);
 }

@@ -53,18 +53,22 @@ double transfer_bytes(const StageSchedule& s, bool to_device) {
 std::string format_text(const OffloadReport& r) {
   std::string o;
   o += fmt::format("recipe        {}\n", r.recipe);
-  o += fmt::format("cluster       {} ({}, {} per device)\n", r.cluster, r.device, format_bytes(r.device_memory));
-  o += fmt::format("plan          dp{} tp{} pp{} zero{} mbs{}x{} {} seq {} ({}, {}, {})\n", r.dp, r.tp, r.pp, r.zero,
-                   r.micro_batch_size, r.micro_batches, r.schedule, r.seq, r.mode, r.dtype, r.optimizer);
+  o += fmt::format("cluster       {} ({}, {} per device)\n", r.cluster, r.device,
+                   format_bytes(r.device_memory));
+  o += fmt::format("plan          dp{} tp{} pp{} zero{} mbs{}x{} {} seq {} ({}, {}, {})\n", r.dp,
+                   r.tp, r.pp, r.zero, r.micro_batch_size, r.micro_batches, r.schedule, r.seq,
+                   r.mode, r.dtype, r.optimizer);
   o += fmt::format("budget        {} ({})\n", format_bytes(r.budget), r.budget_source);
-  o += fmt::format("host link     h2d {} [{}], d2h {} [{}]\n", format_rate(r.h2d.value, "B"), r.h2d.source,
-                   format_rate(r.d2h.value, "B"), r.d2h.source);
+  o += fmt::format("host link     h2d {} [{}], d2h {} [{}]\n", format_rate(r.h2d.value, "B"),
+                   r.h2d.source, format_rate(r.d2h.value, "B"), r.d2h.source);
   o += fmt::format("may offload   {}\n", targets_text(r.targets));
   for (const auto& s : r.stages) {
     const Slot& pk = s.timeline.slots[s.timeline.peak];
-    o += fmt::format("\nstage {} ({} units, {} slots)\n", s.input.stage, s.input.units.size(), s.timeline.slots.size());
-    o += fmt::format("  peak before   {} at {:.4g} s, {} (slot {})\n", format_bytes(s.peak_before()), pk.start,
-                     describe_slot(s.input, pk), s.timeline.peak);
+    o += fmt::format("\nstage {} ({} units, {} slots)\n", s.input.stage, s.input.units.size(),
+                     s.timeline.slots.size());
+    o +=
+        fmt::format("  peak before   {} at {:.4g} s, {} (slot {})\n", format_bytes(s.peak_before()),
+                    pk.start, describe_slot(s.input, pk), s.timeline.peak);
     o += fmt::format("                {}\n", breakdown_text(pk.memory));
     if (!s.schedule) {
       o += fmt::format("  fits the budget: no offload\n");
@@ -72,48 +76,58 @@ std::string format_text(const OffloadReport& r) {
     }
     const StageSchedule& sc = *s.schedule;
     const Slot& pa = s.timeline.slots[sc.peak];
-    o += fmt::format("  peak after    {} at {}\n", format_bytes(sc.peak_bytes), describe_slot(s.input, pa));
+    o += fmt::format("  peak after    {} at {}\n", format_bytes(sc.peak_bytes),
+                     describe_slot(s.input, pa));
     o += fmt::format("                {}\n", breakdown_text(sc.memory[sc.peak]));
     o += fmt::format("  host pool     {} (peak)\n", format_bytes(sc.host_peak));
-    o += fmt::format("  optimizer     {:.0f}% of the step on the host ({} units)\n", 100 * sc.optimizer_ratio,
-                     sc.host_units);
+    o += fmt::format("  optimizer     {:.0f}% of the step on the host ({} units)\n",
+                     100 * sc.optimizer_ratio, sc.host_units);
     o += fmt::format("  transfers     {} h2d ({}), {} d2h ({}); {} evictions, {} fetches\n",
-                     format_bytes(transfer_bytes(sc, true)), format_seconds(transfer_exposed(sc, true)) + " exposed",
-                     format_bytes(transfer_bytes(sc, false)), format_seconds(transfer_exposed(sc, false)) + " exposed",
-                     sc.evictions, sc.fetches);
-    o += fmt::format("  exposed       {} of {} stage work\n", format_seconds(sc.exposed), format_seconds(sc.step));
+                     format_bytes(transfer_bytes(sc, true)),
+                     format_seconds(transfer_exposed(sc, true)) + " exposed",
+                     format_bytes(transfer_bytes(sc, false)),
+                     format_seconds(transfer_exposed(sc, false)) + " exposed", sc.evictions,
+                     sc.fetches);
+    o += fmt::format("  exposed       {} of {} stage work\n", format_seconds(sc.exposed),
+                     format_seconds(sc.step));
   }
   o += fmt::format("\npeak          {} before, {} after offload (budget {})\n",
                    format_bytes(std::max_element(r.stages.begin(), r.stages.end(),
                                                  [](const StageReport& a, const StageReport& b) {
                                                    return a.peak_before() < b.peak_before();
-                                                 })->peak_before()),
+                                                 })
+                                    ->peak_before()),
                    format_bytes(std::max_element(r.stages.begin(), r.stages.end(),
                                                  [](const StageReport& a, const StageReport& b) {
                                                    return a.peak_after() < b.peak_after();
-                                                 })->peak_after()),
+                                                 })
+                                    ->peak_after()),
                    format_bytes(r.budget));
-  o += fmt::format("step          {} predicted without offload, {} exposed transfers, {} with offload\n",
-                   format_seconds(r.step_before), format_seconds(r.exposed), format_seconds(r.step_after));
+  o += fmt::format(
+      "step          {} predicted without offload, {} exposed transfers, {} with offload\n",
+      format_seconds(r.step_before), format_seconds(r.exposed), format_seconds(r.step_after));
   if (r.capacity) {
     const auto& c = *r.capacity;
     o += fmt::format("\ninference     KV cache {} per token (one sequence, summed over stages)\n",
                      format_bytes(c.kv_per_token));
-    o += fmt::format("  at recipe   context {}, batch {}: decode {} per token\n", c.context, c.batch,
-                     format_seconds(c.latency_at_recipe));
+    o += fmt::format("  at recipe   context {}, batch {}: decode {} per token\n", c.context,
+                     c.batch, format_seconds(c.latency_at_recipe));
     for (bool off : {false, true}) {
       const CapacityFigure& f = off ? c.offloaded : c.device;
-      o += fmt::format("  KV {:<8} longest context {} (batch {}), largest batch {} (context {}), decode {} per token\n",
-                       off ? "offload" : "on device", f.max_context, c.batch, f.max_batch, c.context,
-                       format_seconds(f.latency));
+      o += fmt::format(
+          "  KV {:<8} longest context {} (batch {}), largest batch {} (context {}), decode {} per "
+          "token\n",
+          off ? "offload" : "on device", f.max_context, c.batch, f.max_batch, c.context,
+          format_seconds(f.latency));
       if (c.latency_budget > 0)
-        o += fmt::format("              within {} per token: longest context {}\n", format_seconds(c.latency_budget),
-                         f.max_context_in_latency);
+        o += fmt::format("              within {} per token: longest context {}\n",
+                         format_seconds(c.latency_budget), f.max_context_in_latency);
     }
   }
   if (r.measured) {
     const auto& m = *r.measured;
-    o += fmt::format("\nmeasured      {} on {}, median of {} ({})\n", m.probe, m.device, m.repeats, m.date);
+    o += fmt::format("\nmeasured      {} on {}, median of {} ({})\n", m.probe, m.device, m.repeats,
+                     m.date);
     for (const auto& s : m.sizes)
       o += fmt::format("  {:>10}  h2d {}  d2h {}  memcpy {}  (vs memcpy: h2d {:.3f}, d2h {:.3f})\n",
                        format_bytes(s.bytes), format_rate(s.h2d, "B"), format_rate(s.d2h, "B"),
@@ -130,9 +144,16 @@ std::string format_json(const OffloadReport& r) {
   j["cluster"] = r.cluster;
   j["device"] = r.device;
   j["mode"] = r.mode;
-  j["plan"] = {{"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp}, {"optimizer_shard", r.zero}, {"micro_batch_size", r.micro_batch_size},
-               {"micro_batches", r.micro_batches}, {"schedule", r.schedule}, {"seq", r.seq}};
-  j["budget"] = {{"bytes", r.budget}, {"source", r.budget_source}, {"device_memory", r.device_memory}};
+  j["plan"] = {{"dp", r.dp},
+               {"tp", r.tp},
+               {"pp", r.pp},
+               {"optimizer_shard", r.zero},
+               {"micro_batch_size", r.micro_batch_size},
+               {"micro_batches", r.micro_batches},
+               {"schedule", r.schedule},
+               {"seq", r.seq}};
+  j["budget"] = {
+      {"bytes", r.budget}, {"source", r.budget_source}, {"device_memory", r.device_memory}};
   j["h2d_bandwidth"] = {{"value", r.h2d.value}, {"source", r.h2d.source}};
   j["d2h_bandwidth"] = {{"value", r.d2h.value}, {"source", r.d2h.source}};
   j["host_memory"] = {{"value", r.host_memory.value}, {"source", r.host_memory.source}};
@@ -149,11 +170,16 @@ std::string format_json(const OffloadReport& r) {
     json st = {{"stage", s.input.stage},
                {"units", s.input.units.size()},
                {"slots", s.timeline.slots.size()},
-               {"peak_before", {{"bytes", s.peak_before()}, {"slot", s.timeline.peak}, {"time", pk.start},
-                                {"at", describe_slot(s.input, pk)}, {"breakdown", breakdown_json(pk.memory)}}}};
+               {"peak_before",
+                {{"bytes", s.peak_before()},
+                 {"slot", s.timeline.peak},
+                 {"time", pk.start},
+                 {"at", describe_slot(s.input, pk)},
+                 {"breakdown", breakdown_json(pk.memory)}}}};
     if (s.schedule) {
       const auto& sc = *s.schedule;
-      st["peak_after"] = {{"bytes", sc.peak_bytes}, {"slot", sc.peak},
+      st["peak_after"] = {{"bytes", sc.peak_bytes},
+                          {"slot", sc.peak},
                           {"at", describe_slot(s.input, s.timeline.slots[sc.peak])},
                           {"breakdown", breakdown_json(sc.memory[sc.peak])}};
       st["host_peak"] = sc.host_peak;
@@ -165,9 +191,14 @@ std::string format_json(const OffloadReport& r) {
       // Every copy, timed on its link; exposed > 0 marks the ones compute waited for.
       json xs = json::array();
       for (const auto& x : sc.transfers)
-        xs.push_back({{"kind", kind_name(x.kind)}, {"unit", s.input.units[static_cast<std::size_t>(x.unit)].name},
-                      {"micro_batch", x.micro}, {"direction", x.to_device ? "h2d" : "d2h"}, {"bytes", x.bytes},
-                      {"start", x.start}, {"end", x.end}, {"exposed", x.exposed},
+        xs.push_back({{"kind", kind_name(x.kind)},
+                      {"unit", s.input.units[static_cast<std::size_t>(x.unit)].name},
+                      {"micro_batch", x.micro},
+                      {"direction", x.to_device ? "h2d" : "d2h"},
+                      {"bytes", x.bytes},
+                      {"start", x.start},
+                      {"end", x.end},
+                      {"exposed", x.exposed},
                       {"hidden", x.exposed <= 0}});
       st["transfers"] = xs;
       st["evictions"] = sc.evictions;
@@ -186,22 +217,40 @@ std::string format_json(const OffloadReport& r) {
   if (r.capacity) {
     const auto& c = *r.capacity;
     auto fig = [](const CapacityFigure& f) {
-      return json{{"max_context", f.max_context}, {"max_batch", f.max_batch}, {"latency", f.latency},
+      return json{{"max_context", f.max_context},
+                  {"max_batch", f.max_batch},
+                  {"latency", f.latency},
                   {"max_context_in_latency", f.max_context_in_latency}};
     };
-    j["capacity"] = {{"context", c.context}, {"batch", c.batch}, {"kv_per_token", c.kv_per_token},
-                     {"latency_budget", c.latency_budget}, {"latency_at_recipe", c.latency_at_recipe},
-                     {"device", fig(c.device)}, {"offloaded", fig(c.offloaded)}};
+    j["capacity"] = {{"context", c.context},
+                     {"batch", c.batch},
+                     {"kv_per_token", c.kv_per_token},
+                     {"latency_budget", c.latency_budget},
+                     {"latency_at_recipe", c.latency_at_recipe},
+                     {"device", fig(c.device)},
+                     {"offloaded", fig(c.offloaded)}};
   }
   if (r.measured) {
     const auto& m = *r.measured;
     json sizes = json::array();
     for (const auto& s : m.sizes)
-      sizes.push_back({{"bytes", s.bytes}, {"h2d", s.h2d}, {"d2h", s.d2h}, {"memcpy", s.memcpy},
-                       {"h2d_vs_memcpy", s.h2d_vs_memcpy}, {"d2h_vs_memcpy", s.d2h_vs_memcpy}});
-    j["measured"] = {{"backend", m.backend}, {"probe", m.probe}, {"date", m.date}, {"repeats", m.repeats},
-                     {"h2d", m.h2d}, {"d2h", m.d2h}, {"memcpy", m.memcpy},
-                     {"h2d_vs_memcpy", m.h2d_vs_memcpy}, {"d2h_vs_memcpy", m.d2h_vs_memcpy}, {"source", m.source()}, {"sizes", sizes}};
+      sizes.push_back({{"bytes", s.bytes},
+                       {"h2d", s.h2d},
+                       {"d2h", s.d2h},
+                       {"memcpy", s.memcpy},
+                       {"h2d_vs_memcpy", s.h2d_vs_memcpy},
+                       {"d2h_vs_memcpy", s.d2h_vs_memcpy}});
+    j["measured"] = {{"backend", m.backend},
+                     {"probe", m.probe},
+                     {"date", m.date},
+                     {"repeats", m.repeats},
+                     {"h2d", m.h2d},
+                     {"d2h", m.d2h},
+                     {"memcpy", m.memcpy},
+                     {"h2d_vs_memcpy", m.h2d_vs_memcpy},
+                     {"d2h_vs_memcpy", m.d2h_vs_memcpy},
+                     {"source", m.source()},
+                     {"sizes", sizes}};
   }
   j["notes"] = r.notes;
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -211,11 +260,14 @@ std::string format_svg(const OffloadReport& r) {
   const double W = 900, H = 260, L = 70, R = 20, T = 30, B = 40;
   const double total_h = H * static_cast<double>(r.stages.size());
   std::string o = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" "
       "font-size=\"11\">\n",
       W, total_h);
-  o += "<!-- hp offload-profile: device memory over one step per pipeline stage. grey: without offload; "
-       "blue: with offload; red dashed: budget; ticks at the bottom: transfers (green h2d, orange d2h, "
+  o += "<!-- hp offload-profile: device memory over one step per pipeline stage. grey: without "
+       "offload; "
+       "blue: with offload; red dashed: budget; ticks at the bottom: transfers (green h2d, orange "
+       "d2h, "
        "red = exposed) -->\n";
   for (std::size_t i = 0; i < r.stages.size(); ++i) {
     const StageReport& s = r.stages[i];
@@ -226,18 +278,23 @@ std::string format_svg(const OffloadReport& r) {
     double ymax = std::max(r.budget, s.peak_before()) * 1.05;
     auto X = [&](double t) { return L + (W - L - R) * t / tmax; };
     auto Y = [&](double b) { return y0 + T + (H - T - B) * (1 - b / ymax); };
-    o += fmt::format("<text x=\"{}\" y=\"{}\">stage {}: peak {} before, {} after, budget {}</text>\n", L, y0 + 16,
-                     s.input.stage, format_bytes(s.peak_before()), format_bytes(s.peak_after()), format_bytes(r.budget));
-    o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L, y0 + T,
-                     W - L - R, H - T - B);
+    o += fmt::format(
+        "<text x=\"{}\" y=\"{}\">stage {}: peak {} before, {} after, budget {}</text>\n", L,
+        y0 + 16, s.input.stage, format_bytes(s.peak_before()), format_bytes(s.peak_after()),
+        format_bytes(r.budget));
+    o += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L,
+        y0 + T, W - L - R, H - T - B);
     o += fmt::format("<text x=\"4\" y=\"{:.1f}\">{}</text>\n", Y(ymax) + 10, format_bytes(ymax));
     o += fmt::format("<text x=\"4\" y=\"{:.1f}\">0</text>\n", Y(0));
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", X(tmax), y0 + H - B + 14,
-                     format_seconds(tmax));
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", X(tmax),
+                     y0 + H - B + 14, format_seconds(tmax));
     auto line = [&](const std::vector<std::pair<double, double>>& pts, const char* colour) {
       std::string d;
       for (const auto& [t, b] : pts) d += fmt::format("{:.1f},{:.1f} ", X(t), Y(b));
-      return fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.2\" points=\"{}\"/>\n", colour, d);
+      return fmt::format(
+          "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.2\" points=\"{}\"/>\n", colour,
+          d);
     };
     std::vector<std::pair<double, double>> before, after;
     for (std::size_t k = 0; k < slots.size(); ++k) {
@@ -251,14 +308,17 @@ std::string format_svg(const OffloadReport& r) {
     }
     o += line(before, "#888");
     if (s.schedule) o += line(after, "#1f6fd0");
-    o += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#d03030\" stroke-dasharray=\"6,4\"/>\n",
-                     L, W - R, Y(r.budget), Y(r.budget));
+    o += fmt::format(
+        "<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#d03030\" "
+        "stroke-dasharray=\"6,4\"/>\n",
+        L, W - R, Y(r.budget), Y(r.budget));
     if (s.schedule)
       for (const auto& x : s.schedule->transfers) {
         const double yy = y0 + H - B + (x.to_device ? 2 : 8);
         const char* colour = x.exposed > 0 ? "#d03030" : x.to_device ? "#2a9d4a" : "#e08a1e";
-        o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"5\" fill=\"{}\"/>\n", X(x.start), yy,
-                         std::max(0.5, X(x.end) - X(x.start)), colour);
+        o += fmt::format(
+            "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"5\" fill=\"{}\"/>\n",
+            X(x.start), yy, std::max(0.5, X(x.end) - X(x.start)), colour);
       }
   }
   o += "</svg>\n";

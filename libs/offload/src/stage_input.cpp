@@ -22,7 +22,7 @@ constexpr double kGradBucket = 25.0 * 1024 * 1024;
 
 struct Placed {
   std::int64_t chunk = 0;
-  std::int64_t block = -1;            ///< -1 prologue, -2 epilogue
+  std::int64_t block = -1;  ///< -1 prologue, -2 epilogue
   recipe::Recompute rc = recipe::Recompute::none;
 };
 
@@ -45,8 +45,8 @@ double residual_width(const model::ModelSummary& s, std::int64_t seq) {
 }
 
 // What every unit of every stage is priced with: the recipe's configuration as the planner sees it,
-// the links of its parallel axes, the machine and the workload (train, and a forward-only twin whose
-// activations are what exists while a unit runs, also for inference).
+// the links of its parallel axes, the machine and the workload (train, and a forward-only twin
+// whose activations are what exists while a unit runs, also for inference).
 struct Pricing {
   const recipe::Recipe& r;
   const StageBuildOptions& o;
@@ -82,9 +82,11 @@ Expected<std::vector<std::vector<Placed>>> Pricing::place() const {
       for (auto b : st.layers) {
         if (b < 0 || b >= nblocks)
           return Error(Errc::bad_input,
-                       fmt::format("stage {} names layer {} but the model has {} blocks", st.index, b, nblocks),
+                       fmt::format("stage {} names layer {} but the model has {} blocks", st.index,
+                                   b, nblocks),
                        r.name, "re-plan the recipe for this model");
-        ranks[static_cast<std::size_t>(st.index % p.pp)].push_back({st.index / p.pp, b, st.recompute_of(b)});
+        ranks[static_cast<std::size_t>(st.index % p.pp)].push_back(
+            {st.index / p.pp, b, st.recompute_of(b)});
       }
   }
   ranks.front().insert(ranks.front().begin(), Placed{0, -1, recipe::Recompute::none});
@@ -92,14 +94,18 @@ Expected<std::vector<std::vector<Placed>>> Pricing::place() const {
   return ranks;
 }
 
-Unit Pricing::unit_of(const Placed& pl, const planner::BlockProfile& b, const planner::BlockCost& bc,
-                      const planner::BlockCost& bt, double& rc_time) const {
+Unit Pricing::unit_of(const Placed& pl, const planner::BlockProfile& b,
+                      const planner::BlockCost& bc, const planner::BlockCost& bt,
+                      double& rc_time) const {
   const auto& p = r.parallel;
   const double t = static_cast<double>(p.tp);
   const double mbs = static_cast<double>(p.micro_batch_size);
   const std::int64_t shard = p.optimizer_shard > 0 ? p.dp : 1;
   Unit u;
-  u.name = b.name.empty() ? (pl.block == -1 ? "prologue" : pl.block == -2 ? "epilogue" : "block") : b.name;
+  u.name = b.name.empty() ? (pl.block == -1   ? "prologue"
+                             : pl.block == -2 ? "epilogue"
+                                              : "block")
+                          : b.name;
   u.chunk = pl.chunk;
   u.param_count = b.parameters / t;
   const int lv = static_cast<int>(pl.rc);
@@ -119,7 +125,9 @@ Unit Pricing::unit_of(const Placed& pl, const planner::BlockProfile& b, const pl
   u.optimizer = ms.optimizer;
   u.act = bc.act[lv];
   u.act_transient = bc.act[0] - bc.act[lv];
-  rc_time = pl.rc == recipe::Recompute::full ? bc.rc_full : pl.rc == recipe::Recompute::selective ? bc.rc_selective : 0;
+  rc_time = pl.rc == recipe::Recompute::full        ? bc.rc_full
+            : pl.rc == recipe::Recompute::selective ? bc.rc_selective
+                                                    : 0;
   u.fwd = bc.fwd + bc.tp_comm / 2;
   u.bwd = bc.bwd + rc_time + bc.tp_comm / 2;
   if (w.optimizer_state_bytes > 0) {
@@ -155,9 +163,10 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
   CapacityStage cs;
   double grads = 0;
   for (const auto& pl : placed) {
-    const planner::BlockProfile& b = pl.block == -1   ? prof.prologue
-                                     : pl.block == -2 ? prof.epilogue
-                                                      : prof.blocks[static_cast<std::size_t>(pl.block)];
+    const planner::BlockProfile& b = pl.block == -1 ? prof.prologue
+                                     : pl.block == -2
+                                         ? prof.epilogue
+                                         : prof.blocks[static_cast<std::size_t>(pl.block)];
     const planner::BlockCost bc = planner::block_cost(b, prof, c, w, mc, links);
     const planner::BlockCost bt = planner::block_cost(b, prof, c, wt, mc, links);
     double rc_time = 0;
@@ -178,9 +187,11 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
   }
   if (p.pp > 1) {
     const double msg = mbs * prof.hidden_bytes / (p.sequence_parallel ? t : 1.0);
-    in.buffers += 2.0 * msg * (o.train ? 2.0 : 1.0);  // send and receive, activations and their grads
+    in.buffers +=
+        2.0 * msg * (o.train ? 2.0 : 1.0);  // send and receive, activations and their grads
     const bool edge = k == 0 || k == p.pp - 1;
-    const double sends = (edge ? 1.0 : 2.0) * (o.train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
+    const double sends =
+        (edge ? 1.0 : 2.0) * (o.train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
     sp.pp_comm = sends * topology::send_recv_time(links.pp, msg) * (1.0 - mc.cal.overlap_pp);
   }
   if (o.train && p.dp > 1) in.buffers += std::min(grads, kGradBucket);
@@ -193,7 +204,8 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
 
 }  // namespace
 
-Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluster& cluster, const StageBuildOptions& o) {
+Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluster& cluster,
+                                   const StageBuildOptions& o) {
   auto seq_it = r.dims.find("seq");
   if (seq_it == r.dims.end())
     return Error(Errc::bad_input, "the recipe binds no sequence length", r.name,
@@ -208,7 +220,8 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   const auto& p = r.parallel;
   if (r.ranks() != topo.ranks())
     return Error(Errc::bad_input,
-                 fmt::format("dp*tp*pp = {} ranks but cluster '{}' has {}", r.ranks(), cluster.name, topo.ranks()),
+                 fmt::format("dp*tp*pp = {} ranks but cluster '{}' has {}", r.ranks(), cluster.name,
+                             topo.ranks()),
                  r.name, "run 'hp verify' on the recipe");
 
   Pricing pr{r, o, summary, prof};
@@ -229,8 +242,8 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   mc.peak_flops = out.device.peak_flops.of(o.dtype);
   if (mc.peak_flops <= 0) mc.peak_flops = out.device.peak_flops.fp32;
   if (mc.peak_flops <= 0)
-    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s", out.device.name), cluster.name,
-                 "set peak_flops in the cluster file");
+    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s", out.device.name),
+                 cluster.name, "set peak_flops in the cluster file");
   mc.memory = out.device.memory;
   mc.memory_bandwidth = out.device.memory_bandwidth;
   mc.cal = planner::calibration_for(out.device.kind);
@@ -239,14 +252,16 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   pr.w.grad_bytes = db;
   pr.w.optimizer_state_bytes = optimizer_state_bytes(o.optimizer, o.dtype);
   pr.wt = pr.w;
-  pr.wt.train = true;  // activations of a forward, also for inference (what exists while a unit runs)
+  pr.wt.train =
+      true;  // activations of a forward, also for inference (what exists while a unit runs)
   pr.hidden = residual_width(summary, seq);
   if (pr.hidden <= 0) pr.hidden = prof.hidden_bytes / (static_cast<double>(seq) * db);
   pr.kv_ratio = o.heads > 0 ? static_cast<double>(o.kv_heads) / static_cast<double>(o.heads) : 1.0;
 
   HP_ASSIGN_OR_RETURN(auto ranks, pr.place());
   std::vector<planner::StagePlan> plans;
-  for (std::int64_t k = 0; k < p.pp; ++k) pr.build_stage(k, ranks[static_cast<std::size_t>(k)], out, plans);
+  for (std::int64_t k = 0; k < p.pp; ++k)
+    pr.build_stage(k, ranks[static_cast<std::size_t>(k)], out, plans);
   out.predicted_step = planner::predict(prof, c, pr.w, mc, pr.links, plans).iteration;
   out.capacity.context = seq;
   out.capacity.batch = p.micro_batch_size * p.micro_batches;

@@ -29,8 +29,8 @@ double sum(const Breakdown& b) {
   return s;
 }
 
-std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m, std::int64_t v,
-                             bool train) {
+std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
+                             std::int64_t v, bool train) {
   std::vector<Op> ops;
   const std::int64_t chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
   if (!train) {
@@ -47,9 +47,12 @@ std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k,
   // micro-batches run through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
   const std::int64_t group = p * chunks;
   auto fwd = [&](std::int64_t i) { return Op{true, (i / group) * p + i % p, (i % group) / p}; };
-  auto bwd = [&](std::int64_t i) { return Op{false, (i / group) * p + i % p, chunks - 1 - (i % group) / p}; };
+  auto bwd = [&](std::int64_t i) {
+    return Op{false, (i / group) * p + i % p, chunks - 1 - (i % group) / p};
+  };
   const std::int64_t total = m * chunks;
-  const std::int64_t warmup = chunks == 1 ? std::min(p - k - 1, m) : std::min((p - k - 1) * 2 + (chunks - 1) * p, total);
+  const std::int64_t warmup =
+      chunks == 1 ? std::min(p - k - 1, m) : std::min((p - k - 1) * 2 + (chunks - 1) * p, total);
   for (std::int64_t i = 0; i < warmup; ++i) ops.push_back(fwd(i));
   for (std::int64_t i = 0; i < total - warmup; ++i) {
     ops.push_back(fwd(warmup + i));
@@ -86,7 +89,8 @@ Timeline simulate(const StageInput& in) {
     t.slots.push_back(s);
   };
   const auto n = static_cast<std::int64_t>(in.units.size());
-  for (const Op& op : schedule_ops(in.schedule, in.stages, in.stage, in.micro_batches, in.virtual_stages, in.train)) {
+  for (const Op& op : schedule_ops(in.schedule, in.stages, in.stage, in.micro_batches,
+                                   in.virtual_stages, in.train)) {
     if (op.forward) {
       for (std::int64_t u = 0; u < n; ++u) {
         const Unit& x = in.units[static_cast<std::size_t>(u)];
@@ -107,7 +111,8 @@ Timeline simulate(const StageInput& in) {
     }
   }
   if (in.train)
-    for (std::int64_t u = n - 1; u >= 0; --u) push(Slot::optimizer, u, 0, in.units[static_cast<std::size_t>(u)].opt, 0, 0);
+    for (std::int64_t u = n - 1; u >= 0; --u)
+      push(Slot::optimizer, u, 0, in.units[static_cast<std::size_t>(u)].opt, 0, 0);
   t.step = clock;
   for (std::size_t i = 0; i < t.slots.size(); ++i)
     if (sum(t.slots[i].memory) > sum(t.slots[t.peak].memory)) t.peak = i;

@@ -24,23 +24,28 @@ constexpr const char* kBundledModel = "tiny-gpt2.onnx";
 Expected<std::string> bundled_model(const std::vector<fs::path>& dirs) {
   std::error_code ec;
   for (const auto& d : dirs)
-    if (fs::is_regular_file(d / kBundledModel, ec)) return (d / kBundledModel).lexically_normal().string();
+    if (fs::is_regular_file(d / kBundledModel, ec))
+      return (d / kBundledModel).lexically_normal().string();
   return Error(Errc::bad_input, "the bundled model tiny-gpt2.onnx was not found",
-               dirs.empty() ? std::string() : (dirs.front() / kBundledModel).string(), "pass a model file: hp plan MODEL.onnx");
+               dirs.empty() ? std::string() : (dirs.front() / kBundledModel).string(),
+               "pass a model file: hp plan MODEL.onnx");
 }
 
-// --cluster (a preset name, or a file relative to the working directory) at --nodes; nullopt when no
-// cluster is named. Resolved before the model is read, so a bad cluster is reported whatever else is
-// asked.
+// --cluster (a preset name, or a file relative to the working directory) at --nodes; nullopt when
+// no cluster is named. Resolved before the model is read, so a bad cluster is reported whatever
+// else is asked.
 Expected<std::optional<recipe::Cluster>> named_cluster(const PlanOptions& opts) {
   if (opts.cluster.empty()) {
-    if (opts.nodes > 0) return Error(Errc::usage, "--nodes needs --cluster", "", "name a preset, e.g. --cluster dgx-h100");
+    if (opts.nodes > 0)
+      return Error(Errc::usage, "--nodes needs --cluster", "",
+                   "name a preset, e.g. --cluster dgx-h100");
     return std::optional<recipe::Cluster>();
   }
   recipe::Recipe ref;
   ref.cluster = opts.cluster;
   ref.nodes = opts.nodes;  // 0: the cluster file's own
-  HP_ASSIGN_OR_RETURN(recipe::Cluster cluster, recipe::cluster_for(ref, fs::current_path(), opts.preset_dirs));
+  HP_ASSIGN_OR_RETURN(recipe::Cluster cluster,
+                      recipe::cluster_for(ref, fs::current_path(), opts.preset_dirs));
   return std::optional<recipe::Cluster>(std::move(cluster));
 }
 
@@ -53,7 +58,8 @@ std::string describe_cluster(const recipe::Cluster& c) {
 // --summary: the model summarised at the bound dims, as a table or JSON, printed or written to -o.
 Expected<PlanOutput> summary_output(const PlanOptions& opts, const model::DimBindings& dims,
                                     std::optional<recipe::Cluster> cluster) {
-  HP_ASSIGN_OR_RETURN(model::ModelSummary summary, model::summarize_model({opts.model, dims, opts.require_data}));
+  HP_ASSIGN_OR_RETURN(model::ModelSummary summary,
+                      model::summarize_model({opts.model, dims, opts.require_data}));
   PlanOutput out;
   out.model = opts.model;
   out.warnings = summary.warnings;
@@ -72,8 +78,9 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
   out.model = opts.model;
   if (!opts.sweep.empty()) {
     if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
-      return Error(Errc::usage, "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare", "",
-                   "run the value you want without --sweep");
+      return Error(Errc::usage,
+                   "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
+                   "", "run the value you want without --sweep");
     HP_ASSIGN_OR_RETURN(out.text, run_sweep(opts, cluster));
     return out;
   }
@@ -90,7 +97,8 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
 
 std::string format_summary_text(const SummaryReport& r) {
   std::string text = model::format_summary_text(r.model);
-  return r.cluster ? fmt::format("{:<13} {}\n", "cluster", describe_cluster(*r.cluster)) + text : text;
+  return r.cluster ? fmt::format("{:<13} {}\n", "cluster", describe_cluster(*r.cluster)) + text
+                   : text;
 }
 
 std::string format_summary_json(const SummaryReport& r) {
@@ -99,7 +107,9 @@ std::string format_summary_json(const SummaryReport& r) {
   auto j = nlohmann::json::parse(model::format_summary_json(r.model));
   if (r.cluster) {
     const auto* dev = r.cluster->rank_device_type();
-    j["cluster"] = {{"name", r.cluster->name}, {"nodes", r.cluster->nodes}, {"ranks", r.cluster->ranks()},
+    j["cluster"] = {{"name", r.cluster->name},
+                    {"nodes", r.cluster->nodes},
+                    {"ranks", r.cluster->ranks()},
                     {"rank_device", dev ? dev->name : r.cluster->rank_device}};
   }
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

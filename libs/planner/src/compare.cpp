@@ -1,7 +1,7 @@
 // The baselines of `hp plan --compare` (those of the H2O paper, section 3): a DP x TP-only
-// planner in the style of D-Rec, and an expert tuning one axis at a time. Both are searched with the
-// same cost model and level 2 as hp's own plan, so the speedups measure what the restricted search
-// spaces lose, not differences between models.
+// planner in the style of D-Rec, and an expert tuning one axis at a time. Both are searched with
+// the same cost model and level 2 as hp's own plan, so the speedups measure what the restricted
+// search spaces lose, not differences between models.
 #include <algorithm>
 #include <limits>
 
@@ -18,7 +18,8 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
 }
 
 // One search restricted by `f`: the best plan it finds, if any.
-std::optional<Plan> best_under(const SearchInput& in, const Fixed& f, std::int64_t& evaluated, bool whole_heads = true) {
+std::optional<Plan> best_under(const SearchInput& in, const Fixed& f, std::int64_t& evaluated,
+                               bool whole_heads = true) {
   SearchResult r = search({in.model, in.topo, in.work, in.machine, {1, f, whole_heads}});
   evaluated += r.stats.evaluated;
   if (r.plans.empty()) return std::nullopt;
@@ -27,9 +28,12 @@ std::optional<Plan> best_under(const SearchInput& in, const Fixed& f, std::int64
 
 Baseline dp_tp_only(const SearchInput& in) {
   Baseline b{"dp-tp-only",
-             "DP x TP degrees (operator sharding: any tp) and micro-batch size; no pipeline, optimizer sharding or "
+             "DP x TP degrees (operator sharding: any tp) and micro-batch size; no pipeline, "
+             "optimizer sharding or "
              "recomputation",
-             {}, 0, 0};
+             {},
+             0,
+             0};
   Fixed f;
   f.pp = 1;
   f.optimizer_shard = 0;
@@ -40,7 +44,11 @@ Baseline dp_tp_only(const SearchInput& in) {
 }
 
 Baseline greedy_expert(const SearchInput& in) {
-  Baseline b{"greedy-expert", "one axis at a time: tp, pp, ZeRO level, micro-batch size, recompute policy", {}, 0, 0};
+  Baseline b{"greedy-expert",
+             "one axis at a time: tp, pp, ZeRO level, micro-batch size, recompute policy",
+             {},
+             0,
+             0};
   const std::int64_t N = in.topo.ranks(), B = in.work.global_batch;
   const auto L = static_cast<std::int64_t>(in.model.blocks.size());
   struct Point {
@@ -53,7 +61,8 @@ Baseline greedy_expert(const SearchInput& in) {
     if (N % (p.tp * p.pp) != 0 || p.pp > L) return std::nullopt;
     const std::int64_t dp = N / p.tp / p.pp;
     if (B % dp != 0) return std::nullopt;
-    if ((B / dp) % p.mbs != 0) p.mbs = 1;  // the held micro-batch size no longer divides: restart it
+    if ((B / dp) % p.mbs != 0)
+      p.mbs = 1;  // the held micro-batch size no longer divides: restart it
     Fixed f;
     f.tp = p.tp, f.pp = p.pp, f.dp = dp, f.micro_batch_size = p.mbs;
     f.optimizer_shard = dp > 1 ? p.zero : 0;
@@ -85,7 +94,8 @@ Baseline greedy_expert(const SearchInput& in) {
     tune(divisors(std::max<std::int64_t>(1, B / std::max<std::int64_t>(1, N / cur.tp / cur.pp))),
          [](Point& p, std::int64_t v) { p.mbs = v; });
     if (in.work.train)
-      tune(std::vector<recipe::Recompute>{recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full},
+      tune(std::vector<recipe::Recompute>{recipe::Recompute::none, recipe::Recompute::selective,
+                                          recipe::Recompute::full},
            [](Point& p, recipe::Recompute v) { p.rc = v; });
     if (!changed) break;
   }

@@ -1,9 +1,9 @@
 // The analytic cost model, per block and per configuration.
 //
-// Compute. A block's forward costs its ONNX FLOPs (2 per multiply-accumulate, counted by libs/model at
-// micro-batch 1 and the planned sequence) times the micro-batch size, divided by the TP degree, at
-// `compute_efficiency` x peak FLOP/s of the planned dtype. Backward is 2x forward (one GEMM for the
-// input gradient, one for the weight gradient), so training is 3x forward. Recomputation adds a
+// Compute. A block's forward costs its ONNX FLOPs (2 per multiply-accumulate, counted by libs/model
+// at micro-batch 1 and the planned sequence) times the micro-batch size, divided by the TP degree,
+// at `compute_efficiency` x peak FLOP/s of the planned dtype. Backward is 2x forward (one GEMM for
+// the input gradient, one for the weight gradient), so training is 3x forward. Recomputation adds a
 // forward: all of it for "full", only the attention-score part (the matmuls touching seq x seq
 // tensors, plus their softmax) for "selective" (Korthikanti et al. 2022).
 //
@@ -16,18 +16,19 @@
 // saturating curve 0.8 * n / (n + 444) for GPUs and NPUs. Its two constants were FITTED by hand to
 // the four A100 iteration times of Korthikanti et al. 2022 (22B/175B/530B/1T with SP + selective
 // recompute: n = 768..3200 gives 0.51..0.70), so the validation test on
-// those same points is a consistency check, not independent evidence. Widths beyond the widest fitted
-// point (n = 3200, the 1T model at tp 8) keep its 0.70: extrapolating the curve made 175B prefer tp 2
-// (n = 6144 would get 0.75) on no evidence. NPUs reuse the GPU curve
-// untested (Ascend 910 end-to-end MFU reports are lower, 30-50%); CPUs use a flat 0.5. Small
-// models (n of a few dozen) get a few percent: realistic for launch-bound kernels on accelerators.
+// those same points is a consistency check, not independent evidence. Widths beyond the widest
+// fitted point (n = 3200, the 1T model at tp 8) keep its 0.70: extrapolating the curve made 175B
+// prefer tp 2 (n = 6144 would get 0.75) on no evidence. NPUs reuse the GPU curve untested (Ascend
+// 910 end-to-end MFU reports are lower, 30-50%); CPUs use a flat 0.5. Small models (n of a few
+// dozen) get a few percent: realistic for launch-bound kernels on accelerators.
 //
 // Communication (alpha-beta over topology::group_link of the group each axis forms under the chosen
 // placement). TP (Megatron): each transformer block does 2 all-reduces of b*s*h in forward and 2 in
-// backward; with sequence parallelism each becomes a reduce-scatter + all-gather of the same volume,
-// so the time is the same and the gain is in activation memory. Overlap ratios are per pattern
-// (Calibration): TP collectives sit on the critical path (0), DP gradient reduction overlaps half of
-// the last backward (0.5, bucketed DDP), ZeRO-3 parameter gathers are prefetched (0.5), p2p is exposed.
+// backward; with sequence parallelism each becomes a reduce-scatter + all-gather of the same
+// volume, so the time is the same and the gain is in activation memory. Overlap ratios are per
+// pattern (Calibration): TP collectives sit on the critical path (0), DP gradient reduction
+// overlaps half of the last backward (0.5, bucketed DDP), ZeRO-3 parameter gathers are prefetched
+// (0.5), p2p is exposed.
 //
 // Memory per device. Model states per parameter follow the ZeRO paper (Rajbhandari et al. 2020):
 // weights w (dtype), gradients g, optimizer states K (12 for mixed-precision Adam: fp32 master +
@@ -101,7 +102,8 @@ std::int64_t axis_stride(const Config& c, Axis a) {
 }
 
 // `count` ranks `step` apart from rank 0 (one group of an axis, or of part of the DP axis).
-Expected<topology::Link> group_link(const topology::Topology& topo, std::int64_t count, std::int64_t step) {
+Expected<topology::Link> group_link(const topology::Topology& topo, std::int64_t count,
+                                    std::int64_t step) {
   std::vector<std::int64_t> ranks;
   for (std::int64_t i = 0; i < count; ++i) ranks.push_back(i * step);
   return topo.group_link(ranks);
@@ -119,11 +121,13 @@ Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c) 
   HP_ASSIGN_OR_RETURN(links.dp, first_group_link(topo, c, Axis::dp));
   HP_ASSIGN_OR_RETURN(links.pp, first_group_link(topo, c, Axis::pp));
   // Expert parallelism takes the innermost ep ranks of each DP group (Megatron's EP inside DP), so
-  // the all-to-all stays on the fastest tier the DP axis reaches; the expert-DP group strides over them.
+  // the all-to-all stays on the fastest tier the DP axis reaches; the expert-DP group strides over
+  // them.
   const std::int64_t ep = std::max<std::int64_t>(1, c.ep), sdp = axis_stride(c, Axis::dp);
   HP_ASSIGN_OR_RETURN(links.ep, group_link(topo, ep, sdp));
   HP_ASSIGN_OR_RETURN(links.edp, group_link(topo, std::max<std::int64_t>(1, c.dp / ep), ep * sdp));
-  // HSDP shards over the innermost shard_group ranks of the DP group; the shard's replicas stride over them.
+  // HSDP shards over the innermost shard_group ranks of the DP group; the shard's replicas stride
+  // over them.
   const std::int64_t o = c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : c.dp;
   HP_ASSIGN_OR_RETURN(links.shard, group_link(topo, o, sdp));
   HP_ASSIGN_OR_RETURN(links.replica, group_link(topo, c.dp / o, o * sdp));
@@ -144,10 +148,11 @@ std::int64_t expert_shard(const Config& c) {
 
 double usable_memory(const Machine& mc) { return mc.memory * (1.0 - mc.cal.transient_margin); }
 
-double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc, const AxisLinks& links,
-                          double dense, double expert) {
+double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
+                          const AxisLinks& links, double dense, double expert) {
   if (!w.train) return 0;
-  const std::int64_t ep = std::max<std::int64_t>(1, c.ep), edp = std::max<std::int64_t>(1, c.dp / ep);
+  const std::int64_t ep = std::max<std::int64_t>(1, c.ep),
+                     edp = std::max<std::int64_t>(1, c.dp / ep);
   // ZeRO reduce-scatters into the shard group; under HSDP the shards are then all-reduced across
   // their replicas (the slower tier), 1/o of the bytes each.
   auto sync = [&](const topology::Link& l, std::int64_t n, std::int64_t shard, double params) {
@@ -163,7 +168,8 @@ double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
   return t * (1.0 - mc.cal.overlap_dp);
 }
 
-double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level, std::int64_t shard) {
+double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level,
+                             std::int64_t shard) {
   if (!w.train) return dtype_bytes;
   const double o = static_cast<double>(std::max<std::int64_t>(1, shard));
   const double wb = dtype_bytes, g = w.grad_bytes, k = w.optimizer_state_bytes;
@@ -189,12 +195,13 @@ double in_flight(const Config& c, std::int64_t stage) {
   return m;
 }
 
-BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c, const Workload& w,
-                     const Machine& mc, const AxisLinks& links) {
+BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c,
+                     const Workload& w, const Machine& mc, const AxisLinks& links) {
   BlockCost r;
   const double mb = static_cast<double>(c.micro_batch_size);
   const double t = static_cast<double>(c.tp);
-  const double width = m.hidden_bytes / (static_cast<double>(std::max<std::int64_t>(1, m.seq)) * m.dtype_bytes) / t;
+  const double width =
+      m.hidden_bytes / (static_cast<double>(std::max<std::int64_t>(1, m.seq)) * m.dtype_bytes) / t;
   const double rate = mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
   r.fwd = mb * b.fwd_flops / t / rate + b.kernels * mc.cal.kernel_overhead;
   r.bwd = w.train ? 2.0 * r.fwd : 0.0;
@@ -225,15 +232,16 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   r.dense_params = (b.parameters - b.expert_parameters) / t;
   r.expert_params = b.expert_parameters / t / static_cast<double>(ep);
   const std::int64_t dshard = dense_shard(c), eshard = expert_shard(c);
-  r.state_bytes = r.dense_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, dshard) +
-                  r.expert_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, eshard);
+  r.state_bytes =
+      r.dense_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, dshard) +
+      r.expert_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, eshard);
   r.weight_bytes = (r.dense_params + r.expert_params) * m.dtype_bytes;
   r.grad_bytes = w.train ? (r.dense_params + r.expert_params) * w.grad_bytes : 0.0;
   if (b.experts > 0 && ep > 1) {
-    // Dispatch and combine: each rank sends its tokens' top_k copies of the hidden state (split over
-    // TP under SP), a 1/ep share to every peer; backward mirrors both.
-    const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb * m.hidden_bytes /
-                       (c.sequence_parallel ? t : 1.0);
+    // Dispatch and combine: each rank sends its tokens' top_k copies of the hidden state (split
+    // over TP under SP), a 1/ep share to every peer; backward mirrors both.
+    const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb *
+                       m.hidden_bytes / (c.sequence_parallel ? t : 1.0);
     const double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);
     r.ep_comm = (w.train ? 4.0 : 2.0) * one;
     r.rc_full += 2.0 * one;  // a full recompute repeats the forward dispatch and combine

@@ -20,7 +20,8 @@ std::optional<std::int64_t> parse_int(std::string_view v) {
 
 Error bad(const std::string& arg, const std::string& why) {
   return Error(Errc::usage, fmt::format("--fix {}: {}", arg, why), "",
-               "keys: dp, tp, pp, ep, shard_group, optimizer_shard, micro_batch_size, micro_batches, schedule, virtual_stages, "
+               "keys: dp, tp, pp, ep, shard_group, optimizer_shard, micro_batch_size, "
+               "micro_batches, schedule, virtual_stages, "
                "sequence_parallel, recompute");
 }
 
@@ -34,11 +35,12 @@ Status set(std::optional<T>& slot, T value, const std::string& arg) {
 }  // namespace
 
 bool Fixed::admits(const Config& c) const {
-  return (!dp || *dp == c.dp) && (!tp || *tp == c.tp) && (!ep || *ep == c.ep) && (!pp || *pp == c.pp) &&
-         (!micro_batch_size || *micro_batch_size == c.micro_batch_size) &&
+  return (!dp || *dp == c.dp) && (!tp || *tp == c.tp) && (!ep || *ep == c.ep) &&
+         (!pp || *pp == c.pp) && (!micro_batch_size || *micro_batch_size == c.micro_batch_size) &&
          (!micro_batches || *micro_batches == c.micro_batches) &&
          (!virtual_stages || *virtual_stages == c.virtual_stages) &&
-         (!optimizer_shard || *optimizer_shard == c.optimizer_shard) && (!schedule || *schedule == c.schedule) &&
+         (!optimizer_shard || *optimizer_shard == c.optimizer_shard) &&
+         (!schedule || *schedule == c.schedule) &&
          (!sequence_parallel || *sequence_parallel == c.sequence_parallel);
 }
 
@@ -54,14 +56,22 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       return set(slot, *n, arg);
     };
     Status st;
-    if (key == "dp") st = need_int(f.dp, 1);
-    else if (key == "tp") st = need_int(f.tp, 1);
-    else if (key == "pp") st = need_int(f.pp, 1);
-    else if (key == "ep" || key == "expert_parallel") st = need_int(f.ep, 1);
-    else if (key == "shard_group") st = need_int(f.shard_group, 1);
-    else if (key == "micro_batch_size") st = need_int(f.micro_batch_size, 1);
-    else if (key == "micro_batches") st = need_int(f.micro_batches, 1);
-    else if (key == "virtual_stages") st = need_int(f.virtual_stages, 1);
+    if (key == "dp")
+      st = need_int(f.dp, 1);
+    else if (key == "tp")
+      st = need_int(f.tp, 1);
+    else if (key == "pp")
+      st = need_int(f.pp, 1);
+    else if (key == "ep" || key == "expert_parallel")
+      st = need_int(f.ep, 1);
+    else if (key == "shard_group")
+      st = need_int(f.shard_group, 1);
+    else if (key == "micro_batch_size")
+      st = need_int(f.micro_batch_size, 1);
+    else if (key == "micro_batches")
+      st = need_int(f.micro_batches, 1);
+    else if (key == "virtual_stages")
+      st = need_int(f.virtual_stages, 1);
     else if (key == "optimizer_shard") {
       int level = -1;
       for (int l = 0; l <= 3; ++l)
@@ -70,7 +80,8 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       st = set(f.optimizer_shard, level, arg);
     } else if (key == "schedule") {
       std::optional<recipe::Schedule> s;
-      for (auto x : {recipe::Schedule::gpipe, recipe::Schedule::one_f_one_b, recipe::Schedule::interleaved})
+      for (auto x :
+           {recipe::Schedule::gpipe, recipe::Schedule::one_f_one_b, recipe::Schedule::interleaved})
         if (val == recipe::schedule_name(x)) s = x;
       if (!s) return bad(arg, "expected gpipe, 1f1b or interleaved");
       st = set(f.schedule, *s, arg);
@@ -79,7 +90,8 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       st = set(f.sequence_parallel, val == "true", arg);
     } else if (key == "recompute") {
       std::optional<recipe::Recompute> r;
-      for (auto x : {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full})
+      for (auto x :
+           {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full})
         if (val == recipe::recompute_name(x)) r = x;
       if (!r) return bad(arg, "expected none, selective or full");
       st = set(f.recompute, *r, arg);
@@ -88,15 +100,22 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
     }
     HP_TRY(st);
   }
-  if (f.schedule && *f.schedule != recipe::Schedule::interleaved && f.virtual_stages && *f.virtual_stages > 1)
-    return Error(Errc::usage, "--fix virtual_stages > 1 needs schedule=interleaved", "", "drop one of the two");
-  if (f.schedule && *f.schedule == recipe::Schedule::interleaved && f.virtual_stages && *f.virtual_stages < 2)
-    return Error(Errc::usage, "--fix schedule=interleaved needs virtual_stages >= 2", "", "drop one of the two");
+  if (f.schedule && *f.schedule != recipe::Schedule::interleaved && f.virtual_stages &&
+      *f.virtual_stages > 1)
+    return Error(Errc::usage, "--fix virtual_stages > 1 needs schedule=interleaved", "",
+                 "drop one of the two");
+  if (f.schedule && *f.schedule == recipe::Schedule::interleaved && f.virtual_stages &&
+      *f.virtual_stages < 2)
+    return Error(Errc::usage, "--fix schedule=interleaved needs virtual_stages >= 2", "",
+                 "drop one of the two");
   return f;
 }
 
-Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m, std::int64_t global_batch) {
-  auto bad_input = [](std::string msg, std::string hint) { return Error(Errc::bad_input, std::move(msg), "", std::move(hint)); };
+Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m,
+                   std::int64_t global_batch) {
+  auto bad_input = [](std::string msg, std::string hint) {
+    return Error(Errc::bad_input, std::move(msg), "", std::move(hint));
+  };
   std::int64_t product = 1;
   std::string named;
   for (auto [key, val] : {std::pair{"dp", f.dp}, std::pair{"tp", f.tp}, std::pair{"pp", f.pp}})
@@ -105,42 +124,56 @@ Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m, st
       named += fmt::format("{}{}={}", named.empty() ? "" : " x ", key, *val);
     }
   if (f.dp && f.tp && f.pp ? product != ranks : ranks % product != 0)
-    return bad_input(fmt::format("--fix {}{} does not {} the cluster's {} ranks", named,
-                                 named.find(" x ") != std::string::npos ? fmt::format(" = {}", product) : "",
-                                 f.dp && f.tp && f.pp ? "match" : "divide", ranks),
-                     "dp * tp * pp must equal the rank count: change --fix or --nodes");
+    return bad_input(
+        fmt::format("--fix {}{} does not {} the cluster's {} ranks", named,
+                    named.find(" x ") != std::string::npos ? fmt::format(" = {}", product) : "",
+                    f.dp && f.tp && f.pp ? "match" : "divide", ranks),
+        "dp * tp * pp must equal the rank count: change --fix or --nodes");
   const auto blocks = static_cast<std::int64_t>(m.blocks.size());
   if (f.pp && *f.pp > blocks)
-    return bad_input(fmt::format("--fix pp={} exceeds the model's {} blocks", *f.pp, blocks), "use pp <= the block count");
+    return bad_input(fmt::format("--fix pp={} exceeds the model's {} blocks", *f.pp, blocks),
+                     "use pp <= the block count");
   if (f.pp && f.virtual_stages && *f.pp * *f.virtual_stages > blocks)
-    return bad_input(fmt::format("--fix pp={} x virtual_stages={} exceeds the model's {} blocks", *f.pp, *f.virtual_stages, blocks),
+    return bad_input(fmt::format("--fix pp={} x virtual_stages={} exceeds the model's {} blocks",
+                                 *f.pp, *f.virtual_stages, blocks),
                      "every virtual stage needs at least one block");
   if (f.tp && m.heads > 0 && m.heads % *f.tp != 0)
-    return bad_input(fmt::format("--fix tp={} does not divide the model's {} attention heads", *f.tp, m.heads),
-                     "Megatron TP splits whole heads: use a divisor of the head count");
+    return bad_input(
+        fmt::format("--fix tp={} does not divide the model's {} attention heads", *f.tp, m.heads),
+        "Megatron TP splits whole heads: use a divisor of the head count");
   std::int64_t experts = 0;
   for (const auto& b : m.blocks) experts = std::max(experts, b.experts);
   if (f.ep && *f.ep > 1 && experts == 0)
-    return bad_input(fmt::format("--fix ep={}: the model has no routed experts", *f.ep), "drop ep (it needs a MoE model)");
+    return bad_input(fmt::format("--fix ep={}: the model has no routed experts", *f.ep),
+                     "drop ep (it needs a MoE model)");
   if (f.ep && *f.ep > 1 && experts % *f.ep != 0)
-    return bad_input(fmt::format("--fix ep={} does not divide the model's {} experts", *f.ep, experts), "use a divisor of the expert count");
+    return bad_input(
+        fmt::format("--fix ep={} does not divide the model's {} experts", *f.ep, experts),
+        "use a divisor of the expert count");
   if (f.ep && f.dp && *f.dp % *f.ep != 0)
-    return bad_input(fmt::format("--fix ep={} does not divide dp={}", *f.ep, *f.dp), "expert parallelism is carved out of dp");
+    return bad_input(fmt::format("--fix ep={} does not divide dp={}", *f.ep, *f.dp),
+                     "expert parallelism is carved out of dp");
   if (f.shard_group && f.dp && *f.dp % *f.shard_group != 0)
-    return bad_input(fmt::format("--fix shard_group={} does not divide dp={}", *f.shard_group, *f.dp),
-                     "the HSDP group is a divisor of the DP group");
+    return bad_input(
+        fmt::format("--fix shard_group={} does not divide dp={}", *f.shard_group, *f.dp),
+        "the HSDP group is a divisor of the DP group");
   if (f.dp && global_batch % *f.dp != 0)
-    return bad_input(fmt::format("the global batch {} is not divisible by --fix dp={}", global_batch, *f.dp),
-                     "use a global batch that is a multiple of dp");
+    return bad_input(
+        fmt::format("the global batch {} is not divisible by --fix dp={}", global_batch, *f.dp),
+        "use a global batch that is a multiple of dp");
   const std::int64_t per_replica = f.dp ? global_batch / *f.dp : global_batch;
   if (f.micro_batch_size && per_replica % *f.micro_batch_size != 0)
-    return bad_input(fmt::format("--fix micro_batch_size={} does not divide the {} sequences per {}", *f.micro_batch_size,
-                                 per_replica, f.dp ? "data-parallel replica" : "step"),
-                     "use a divisor of global batch / dp");
-  if (f.micro_batch_size && f.micro_batches && f.dp && *f.micro_batch_size * *f.micro_batches != per_replica)
-    return bad_input(fmt::format("--fix micro_batch_size={} x micro_batches={} is not the {} sequences per replica",
-                                 *f.micro_batch_size, *f.micro_batches, per_replica),
-                     "micro_batch_size * micro_batches must equal global batch / dp");
+    return bad_input(
+        fmt::format("--fix micro_batch_size={} does not divide the {} sequences per {}",
+                    *f.micro_batch_size, per_replica, f.dp ? "data-parallel replica" : "step"),
+        "use a divisor of global batch / dp");
+  if (f.micro_batch_size && f.micro_batches && f.dp &&
+      *f.micro_batch_size * *f.micro_batches != per_replica)
+    return bad_input(
+        fmt::format(
+            "--fix micro_batch_size={} x micro_batches={} is not the {} sequences per replica",
+            *f.micro_batch_size, *f.micro_batches, per_replica),
+        "micro_batch_size * micro_batches must equal global batch / dp");
   return {};
 }
 

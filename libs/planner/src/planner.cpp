@@ -1,5 +1,6 @@
 // hp::planner::run, the table of contents of `hp plan`:
-//   1. load the model once and profile its blocks at batch 1 and the planned sequence, in the planned
+//   1. load the model once and profile its blocks at batch 1 and the planned sequence, in the
+//   planned
 //      dtype (load_profile, profile.cpp; shapes, FLOPs and layers come from libs/model);
 //   2. describe the machine: topology, device peak for the dtype, calibration (machine_for below);
 //   3. search level 1 + level 2 (search.cpp);
@@ -23,9 +24,9 @@
 namespace hp::planner {
 namespace {
 
-// Element and optimizer-state bytes come from the core tables (hp/core/dtype.h, optimizer.h), so the
-// planner and offload-profile price alike. A name the tables do not know (hp plan's CLI lets none
-// through) prices as before: 2 bytes, and no optimizer state for an unknown optimizer.
+// Element and optimizer-state bytes come from the core tables (hp/core/dtype.h, optimizer.h), so
+// the planner and offload-profile price alike. A name the tables do not know (hp plan's CLI lets
+// none through) prices as before: 2 bytes, and no optimizer state for an unknown optimizer.
 DType dtype_or_bf16(const std::string& dtype) {
   const auto t = parse_dtype(dtype);
   return t ? *t : DType::bf16;
@@ -53,9 +54,13 @@ std::string short_config(const Config& c) {
 // The breakdown component in which two plans differ most, as "name a vs b".
 std::string biggest_difference(const Prediction& a, const Prediction& b) {
   const std::pair<const char*, double> parts[] = {
-      {"compute", b.compute - a.compute},         {"recompute", b.recompute - a.recompute},
-      {"bubble", b.bubble - a.bubble},            {"tp comm", b.tp_exposed - a.tp_exposed},       {"ep comm", b.ep_exposed - a.ep_exposed},
-      {"pp comm", b.pp_exposed - a.pp_exposed},   {"dp comm", b.dp_exposed - a.dp_exposed},
+      {"compute", b.compute - a.compute},
+      {"recompute", b.recompute - a.recompute},
+      {"bubble", b.bubble - a.bubble},
+      {"tp comm", b.tp_exposed - a.tp_exposed},
+      {"ep comm", b.ep_exposed - a.ep_exposed},
+      {"pp comm", b.pp_exposed - a.pp_exposed},
+      {"dp comm", b.dp_exposed - a.dp_exposed},
       {"optimizer-shard comm", b.opt_exposed - a.opt_exposed},
       {"optimizer step", b.optimizer_step - a.optimizer_step}};
   const auto* best = &parts[0];
@@ -66,29 +71,35 @@ std::string biggest_difference(const Prediction& a, const Prediction& b) {
 
 std::string explain(const std::vector<Plan>& plans) {
   const Plan& b = plans.front();
-  std::string why = fmt::format("{} reaches {:.1f}% MFU", short_config(b.config), 100 * b.predicted.mfu);
+  std::string why =
+      fmt::format("{} reaches {:.1f}% MFU", short_config(b.config), 100 * b.predicted.mfu);
   if (plans.size() < 2) return why + "; it is the only plan that fits";
   const Plan& r = plans[1];
   const double gain = r.predicted.iteration / b.predicted.iteration - 1;
-  return why + fmt::format("; {:.2f}% faster than {} (it spends less on {})", 100 * gain, short_config(r.config),
-                           biggest_difference(b.predicted, r.predicted));
+  return why + fmt::format("; {:.2f}% faster than {} (it spends less on {})", 100 * gain,
+                           short_config(r.config), biggest_difference(b.predicted, r.predicted));
 }
 
 Error infeasible(const Shortfall& s, double memory, double usable) {
   const char* what = s.states >= s.activations ? "model states" : "activations";
-  return Error(Errc::infeasible,
-               fmt::format("no plan fits: the smallest need is {} per device against {} usable of {} (states {}, "
-                           "activations {}; {} dominate) at {}",
-                           format_bytes(s.need), format_bytes(usable), format_bytes(memory), format_bytes(s.states),
-                           format_bytes(s.activations), what, short_config(s.config)),
-               "", "use more nodes, a smaller global batch or sequence, or a cluster with more memory per device");
+  return Error(
+      Errc::infeasible,
+      fmt::format(
+          "no plan fits: the smallest need is {} per device against {} usable of {} (states {}, "
+          "activations {}; {} dominate) at {}",
+          format_bytes(s.need), format_bytes(usable), format_bytes(memory), format_bytes(s.states),
+          format_bytes(s.activations), what, short_config(s.config)),
+      "",
+      "use more nodes, a smaller global batch or sequence, or a cluster with more memory per "
+      "device");
 }
 
 }  // namespace
 
 double dtype_bytes(const std::string& dtype) { return dtype_size(dtype); }
 
-Workload workload_for(bool train, const std::string& dtype, const std::string& optimizer, std::int64_t global_batch) {
+Workload workload_for(bool train, const std::string& dtype, const std::string& optimizer,
+                      std::int64_t global_batch) {
   Workload w;
   w.train = train;
   w.global_batch = global_batch;
@@ -97,19 +108,21 @@ Workload workload_for(bool train, const std::string& dtype, const std::string& o
   return w;
 }
 
-Expected<Machine> machine_for(const topology::Topology& topo, const std::string& dtype, const std::string& cluster_name,
-                              std::vector<std::string>& warnings) {
+Expected<Machine> machine_for(const topology::Topology& topo, const std::string& dtype,
+                              const std::string& cluster_name, std::vector<std::string>& warnings) {
   Machine mc;
   const auto& dev = topo.device();
   mc.peak_flops = dev.peak_flops.of(dtype);
   if (mc.peak_flops <= 0 && dev.peak_flops.fp32 > 0) {
-    warnings.push_back(fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
-                                   dev.name, dtype));
+    warnings.push_back(
+        fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
+                    dev.name, dtype));
     mc.peak_flops = dev.peak_flops.fp32;
   }
   if (mc.peak_flops <= 0)
-    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, dtype), cluster_name,
-                 "set peak_flops in the cluster file");
+    return Error(Errc::bad_input,
+                 fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, dtype),
+                 cluster_name, "set peak_flops in the cluster file");
   mc.memory = dev.memory;
   mc.memory_bandwidth = dev.memory_bandwidth;
   mc.cal = calibration_for(dev.kind);
@@ -117,14 +130,16 @@ Expected<Machine> machine_for(const topology::Topology& topo, const std::string&
 }
 
 const char* flops_convention() {
-  return "model FLOPs = 3 x forward FLOPs of the ONNX graph (2 per multiply-accumulate, attention as "
+  return "model FLOPs = 3 x forward FLOPs of the ONNX graph (2 per multiply-accumulate, attention "
+         "as "
          "exported; backward = 2 x forward), no recomputation (MFU); hardware FLOPs add recomputed "
          "forwards (HFU)";
 }
 
 Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster) {
   HP_ASSIGN_OR_RETURN(auto dims, model::parse_dim_bindings(opts.dim_args));
-  HP_ASSIGN_OR_RETURN(LoadedProfile loaded, load_profile({opts.model, std::move(dims), opts.seq, opts.dtype, opts.require_data}));
+  HP_ASSIGN_OR_RETURN(LoadedProfile loaded, load_profile({opts.model, std::move(dims), opts.seq,
+                                                          opts.dtype, opts.require_data}));
   const ModelProfile& profile = loaded.profile;
   HP_ASSIGN_OR_RETURN(auto topo, topology::Topology::from_cluster(cluster));
   PlanReport rep;
@@ -141,13 +156,15 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   }
   SearchResult found = search({profile, topo, w, mc, {opts.top_k, fixed}});
   if (found.stats.evaluated == 0)
-    return Error(Errc::bad_input,
-                 fmt::format("no configuration matches --fix: it needs dp*tp*pp = {} ranks, pp <= {} blocks, dp "
-                             "dividing the global batch {}, micro_batch_size*micro_batches = {}/dp, and for "
-                             "interleaving micro_batches a multiple of pp and pp*virtual_stages <= {} blocks",
-                             topo.ranks(), profile.blocks.size(), w.global_batch, w.global_batch,
-                             profile.blocks.size()),
-                 opts.model, "relax or correct the --fix values");
+    return Error(
+        Errc::bad_input,
+        fmt::format(
+            "no configuration matches --fix: it needs dp*tp*pp = {} ranks, pp <= {} blocks, dp "
+            "dividing the global batch {}, micro_batch_size*micro_batches = {}/dp, and for "
+            "interleaving micro_batches a multiple of pp and pp*virtual_stages <= {} blocks",
+            topo.ranks(), profile.blocks.size(), w.global_batch, w.global_batch,
+            profile.blocks.size()),
+        opts.model, "relax or correct the --fix values");
   if (found.plans.empty()) return infeasible(found.shortfall, mc.memory, usable_memory(mc));
 
   rep.model = opts.model;
@@ -168,7 +185,8 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.stats = found.stats;
   rep.why = explain(found.plans);
   rep.plans = std::move(found.plans);
-  if (opts.compare) rep.baselines = run_baselines({profile, topo, w, mc, {1, {}}}, rep.plans.front());
+  if (opts.compare)
+    rep.baselines = run_baselines({profile, topo, w, mc, {1, {}}}, rep.plans.front());
   return rep;
 }
 

@@ -3,9 +3,9 @@
 // Activation memory is what autograd keeps for the backward pass (saved_by() below), not every
 // tensor the forward produces: libs/model's Block::activation_bytes counts all of them, an upper
 // bound some 3x above what frameworks keep (views, bias adds and residual sums are not saved). For
-// a GPT layer the rule gives about 56 s h + 2 a s^2 bytes (16-bit) per sequence against Korthikanti's
-// 34 s h + 5 a s^2: unfused GELU keeps four 4h tensors where a fused kernel keeps one, and the ONNX
-// export has no dropout masks.
+// a GPT layer the rule gives about 56 s h + 2 a s^2 bytes (16-bit) per sequence against
+// Korthikanti's 34 s h + 5 a s^2: unfused GELU keeps four 4h tensors where a fused kernel keeps
+// one, and the ONNX export has no dropout masks.
 //
 // libs/model binds the batch dim to 1 and the sequence to the planned length, so every figure here
 // is "per sequence"; the cost model multiplies by the micro-batch size (attention's s^2 term is per
@@ -14,17 +14,18 @@
 // integer tensors (masks, indices) their own size.
 //
 // Two figures need the structure of attention, found without names: a tensor with two dims equal to
-// the sequence length is an attention-score tensor (seq x seq), and a node reading or writing one is
-// part of the quadratic work. Selective recomputation (Korthikanti 2022) drops exactly these tensors
-// and redoes exactly this work. The number of TP collectives per block follows Megatron's pairing of
-// a column-parallel with a row-parallel matmul: one all-reduce per pair in forward, so a transformer
-// block (attention + MLP) has 2; a block with one or two weight matmuls has 1.
+// the sequence length is an attention-score tensor (seq x seq), and a node reading or writing one
+// is part of the quadratic work. Selective recomputation (Korthikanti 2022) drops exactly these
+// tensors and redoes exactly this work. The number of TP collectives per block follows Megatron's
+// pairing of a column-parallel with a row-parallel matmul: one all-reduce per pair in forward, so a
+// transformer block (attention + MLP) has 2; a block with one or two weight matmuls has 1.
 //
-// Mixture of experts, also found without names: a matmul whose weight is a stacked parameter of rank
-// 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and the
-// last dim of a TopK output in the block is the routing top-k. Expert parallelism splits exactly
-// these parameters (routed experts are split by expert x tensor parallelism; the router, norms and
-// shared experts stay replicated). The head count TP must divide is read off the score tensor (1 x heads x seq x seq).
+// Mixture of experts, also found without names: a matmul whose weight is a stacked parameter of
+// rank 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and
+// the last dim of a TopK output in the block is the routing top-k. Expert parallelism splits
+// exactly these parameters (routed experts are split by expert x tensor parallelism; the router,
+// norms and shared experts stay replicated). The head count TP must divide is read off the score
+// tensor (1 x heads x seq x seq).
 #include <algorithm>
 #include <set>
 
@@ -57,27 +58,60 @@ double tensor_bytes(const Tensor& t, double dtype_bytes) {
 }
 
 // What autograd saves for a node's backward: which of its tensors must stay alive. Linear maps
-// (Add, Sub, layout ops, Concat, Split, Slice, Gather's data, Where, Cast) save nothing; matmuls and
-// products save their activation inputs (none when the other factor is a constant); normalisations save their input; Softmax, Sigmoid, Tanh,
-// Relu and Exp save their output; Dropout saves its mask. Unknown ops save their inputs (safe side).
+// (Add, Sub, layout ops, Concat, Split, Slice, Gather's data, Where, Cast) save nothing; matmuls
+// and products save their activation inputs (none when the other factor is a constant);
+// normalisations save their input; Softmax, Sigmoid, Tanh, Relu and Exp save their output; Dropout
+// saves its mask. Unknown ops save their inputs (safe side).
 enum class Saves { nothing, inputs, first_input, output };
 
 Saves saved_by(const std::string& op) {
-  static const std::set<std::string> nothing = {"Add", "Sub", "Neg", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
-                                                "Flatten", "Identity", "Concat", "Split", "Slice", "Gather", "Expand",
-                                                "Where", "Cast", "Shape", "Constant", "ConstantOfShape", "Range",
-                                                "Equal", "Less", "Greater", "Not", "And", "Or", "Trilu", "Pad", "Tile"};
-  static const std::set<std::string> output = {"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Relu", "Exp"};
-  static const std::set<std::string> first = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
-                                              "BatchNormalization", "InstanceNormalization", "GroupNormalization",
-                                              "ReduceMean", "Dropout"};
+  static const std::set<std::string> nothing = {"Add",
+                                                "Sub",
+                                                "Neg",
+                                                "Reshape",
+                                                "Transpose",
+                                                "Squeeze",
+                                                "Unsqueeze",
+                                                "Flatten",
+                                                "Identity",
+                                                "Concat",
+                                                "Split",
+                                                "Slice",
+                                                "Gather",
+                                                "Expand",
+                                                "Where",
+                                                "Cast",
+                                                "Shape",
+                                                "Constant",
+                                                "ConstantOfShape",
+                                                "Range",
+                                                "Equal",
+                                                "Less",
+                                                "Greater",
+                                                "Not",
+                                                "And",
+                                                "Or",
+                                                "Trilu",
+                                                "Pad",
+                                                "Tile"};
+  static const std::set<std::string> output = {"Softmax", "LogSoftmax", "Sigmoid",
+                                               "Tanh",    "Relu",       "Exp"};
+  static const std::set<std::string> first = {"LayerNormalization",
+                                              "SimplifiedLayerNormalization",
+                                              "RMSNormalization",
+                                              "BatchNormalization",
+                                              "InstanceNormalization",
+                                              "GroupNormalization",
+                                              "ReduceMean",
+                                              "Dropout"};
   if (nothing.count(op)) return Saves::nothing;
   if (output.count(op)) return Saves::output;
   if (first.count(op)) return Saves::first_input;
   return Saves::inputs;
 }
 
-BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq, double dtype_bytes) {
+BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq,
+                           double dtype_bytes) {
   BlockProfile p;
   p.name = b.name;
   p.parameters = static_cast<double>(b.parameters);
@@ -92,15 +126,23 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
       if (ti >= 0 && g.tensor(ti).kind == model::TensorKind::activation) saved.insert(ti);
     };
     auto is_act = [&](std::size_t i) {
-      return i < n.inputs.size() && n.inputs[i] >= 0 && g.tensor(n.inputs[i]).kind == model::TensorKind::activation;
+      return i < n.inputs.size() && n.inputs[i] >= 0 &&
+             g.tensor(n.inputs[i]).kind == model::TensorKind::activation;
     };
     // A product or quotient with a constant (x * 0.5, scores / sqrt(d)) needs only the constant.
-    const bool by_constant = (n.op_type == "Mul" || n.op_type == "Div") && !(is_act(0) && is_act(1));
+    const bool by_constant =
+        (n.op_type == "Mul" || n.op_type == "Div") && !(is_act(0) && is_act(1));
     switch (by_constant ? Saves::nothing : saved_by(n.op_type)) {
       case Saves::nothing: break;
-      case Saves::inputs: for (int ti : n.inputs) keep(ti); break;
-      case Saves::first_input: if (!n.inputs.empty()) keep(n.inputs[0]); break;
-      case Saves::output: if (!n.outputs.empty()) keep(n.outputs[0]); break;
+      case Saves::inputs:
+        for (int ti : n.inputs) keep(ti);
+        break;
+      case Saves::first_input:
+        if (!n.inputs.empty()) keep(n.inputs[0]);
+        break;
+      case Saves::output:
+        if (!n.outputs.empty()) keep(n.outputs[0]);
+        break;
     }
     if (n.op_type == "Dropout" && n.outputs.size() > 1) keep(n.outputs[1]);
     for (int ti : n.outputs) {
@@ -117,8 +159,10 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
       if (ti >= 0 && quadratic(g.tensor(ti), seq)) {
         std::int64_t h = 1, seqs = 0;
         for (const auto& d : g.tensor(ti).dims) {
-          if (d.value == seq && seqs < 2) ++seqs;
-          else if (d.value > 0) h *= d.value;
+          if (d.value == seq && seqs < 2)
+            ++seqs;
+          else if (d.value > 0)
+            h *= d.value;
         }
         p.heads = std::max(p.heads, h);
       }
@@ -128,7 +172,8 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
     if (matmul && n.cost.parameters > 0) ++weighted;
     // Routed experts: a matmul over a stacked weight (experts x in x out) read by the whole block.
     for (int ti : n.inputs) {
-      if (!matmul || ti < 0 || !g.tensor(ti).is_parameter() || g.tensor(ti).dims.size() < 3 || !experts.insert(ti).second)
+      if (!matmul || ti < 0 || !g.tensor(ti).is_parameter() || g.tensor(ti).dims.size() < 3 ||
+          !experts.insert(ti).second)
         continue;
       const Tensor& t = g.tensor(ti);
       if (auto numel = t.numel()) p.expert_parameters += static_cast<double>(*numel);
@@ -158,9 +203,11 @@ double cut_bytes(const Graph& g, const model::Cut& c, double dtype_bytes) {
 
 }  // namespace
 
-Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq, double dtype_bytes) {
+Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq,
+                                     double dtype_bytes) {
   if (!s.unknown_dims.empty())
-    return Error(Errc::bad_input, fmt::format("input dim '{}' is not bound", s.unknown_dims.front()), s.model,
+    return Error(Errc::bad_input,
+                 fmt::format("input dim '{}' is not bound", s.unknown_dims.front()), s.model,
                  "bind it with --dim NAME=VALUE");
   const Graph& g = s.graph;
   const auto& lay = s.layering;
@@ -173,7 +220,8 @@ Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t 
   // Cuts are prologue|b0, b0|b1, ..., last|epilogue: cut i is the input of block i.
   for (std::size_t i = 0; i < m.blocks.size() && i < lay.cuts.size(); ++i)
     m.blocks[i].boundary_bytes = cut_bytes(g, lay.cuts[i], dtype_bytes);
-  for (const auto& c : lay.cuts) m.hidden_bytes = std::max(m.hidden_bytes, cut_bytes(g, c, dtype_bytes));
+  for (const auto& c : lay.cuts)
+    m.hidden_bytes = std::max(m.hidden_bytes, cut_bytes(g, c, dtype_bytes));
   if (m.blocks.empty()) {
     // No repeated structure: the whole model is one block that cannot be split across stages.
     m.blocks.push_back(m.prologue);
@@ -203,7 +251,8 @@ Expected<LoadedProfile> load_profile(const ProfileRequest& request) {
   dims["batch"] = 1;  // costs are per sequence; the planner chooses the micro-batch size
   HP_ASSIGN_OR_RETURN(model::Graph graph, model::build_graph(loaded, dims));
   const model::ModelSummary summary = model::summarize_graph(loaded, std::move(graph), dims);
-  HP_ASSIGN_OR_RETURN(ModelProfile profile, profile_model(summary, seq, dtype_bytes(request.dtype)));
+  HP_ASSIGN_OR_RETURN(ModelProfile profile,
+                      profile_model(summary, seq, dtype_bytes(request.dtype)));
   return LoadedProfile{std::move(profile), summary.warnings};
 }
 

@@ -1,12 +1,12 @@
 // The best plan as a recipe: fully explicit, with paths relative to the recipe file.
 //
 // Ranks: the placement orders the axes innermost first, so rank = tp_i * s_tp + dp_i * s_dp +
-// pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline coordinate
-// is k. The mesh is written as one layout "*" whose device_matrix lists the axes outermost first
-// (the recipe's major-first convention) with their alias names. Interleaved plans write one stage
-// per model chunk (pp * v entries; chunk j runs on pipeline rank j mod pp). Level 2 chooses
-// recomputation per block: a stage's `recompute` is the policy most of its blocks use, and the other
-// blocks are listed in its `recompute_layers`, so the recipe keeps every choice.
+// pp_i * s_pp with strides from that order, and stage k runs on every rank whose pipeline
+// coordinate is k. The mesh is written as one layout "*" whose device_matrix lists the axes
+// outermost first (the recipe's major-first convention) with their alias names. Interleaved plans
+// write one stage per model chunk (pp * v entries; chunk j runs on pipeline rank j mod pp). Level 2
+// chooses recomputation per block: a stage's `recompute` is the policy most of its blocks use, and
+// the other blocks are listed in its `recompute_layers`, so the recipe keeps every choice.
 #include <algorithm>
 #include <filesystem>
 #include <iterator>
@@ -20,7 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::int64_t degree(const Config& c, Axis a) { return a == Axis::tp ? c.tp : a == Axis::dp ? c.dp : c.pp; }
+std::int64_t degree(const Config& c, Axis a) {
+  return a == Axis::tp ? c.tp : a == Axis::dp ? c.dp : c.pp;
+}
 
 std::int64_t stride(const Config& c, Axis a) {
   std::int64_t s = 1;
@@ -32,12 +34,15 @@ std::int64_t stride(const Config& c, Axis a) {
 }
 
 // Relative, so a recipe and its model move together; absolute when the two share nothing below the
-// root (a recipe written to /tmp for a model under /home reads better as /home/... than ../../home/...).
+// root (a recipe written to /tmp for a model under /home reads better as /home/... than
+// ../../home/...).
 std::string relative_to(const fs::path& target, const fs::path& recipe_path) {
   std::error_code ec;
   const fs::path dir = fs::absolute(recipe_path, ec).parent_path().lexically_normal();
   const fs::path abs = fs::absolute(target, ec).lexically_normal();
-  auto top = [](const fs::path& p) { return std::distance(p.begin(), p.end()) > 1 ? *std::next(p.begin()) : fs::path(); };
+  auto top = [](const fs::path& p) {
+    return std::distance(p.begin(), p.end()) > 1 ? *std::next(p.begin()) : fs::path();
+  };
   if (ec || top(dir) != top(abs)) return abs.string();
   fs::path rel = fs::relative(abs, dir, ec);
   return ec || rel.empty() ? abs.string() : rel.generic_string();
@@ -49,7 +54,8 @@ std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
   std::vector<std::int64_t> ranks;
   for (std::int64_t d = 0; d < c.dp; ++d)
     for (std::int64_t t = 0; t < c.tp; ++t)
-      ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) + t * stride(c, Axis::tp));
+      ranks.push_back(pp_index * stride(c, Axis::pp) + d * stride(c, Axis::dp) +
+                      t * stride(c, Axis::tp));
   // Not sorted: [[stages]] ranks are in stage-mesh order (dp major, tp minor), which hp shard reads
   // as the global rank at each mesh position.
   return ranks;
@@ -62,10 +68,11 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
   out.name = fs::path(r.model).stem().string() + "-plan";
   out.model = relative_to(r.model, recipe_path);
   std::error_code ec;
-  out.cluster = fs::is_regular_file(r.cluster_ref, ec) ? relative_to(r.cluster_ref, recipe_path) : r.cluster_ref;
+  out.cluster = fs::is_regular_file(r.cluster_ref, ec) ? relative_to(r.cluster_ref, recipe_path)
+                                                       : r.cluster_ref;
   out.nodes = r.nodes;
-  // [model] dims are the shapes of one step's inputs (what hp shard / launch / verify feed the job):
-  // the global batch, which dp splits and micro-batching cuts further.
+  // [model] dims are the shapes of one step's inputs (what hp shard / launch / verify feed the
+  // job): the global batch, which dp splits and micro-batching cuts further.
   out.dims = {{"batch", c.dp * c.micro_batch_size * c.micro_batches}, {"seq", r.seq}};
   out.parallel.dp = c.dp;
   out.parallel.tp = c.tp;
@@ -100,7 +107,8 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
     const auto& rc = chunk_rc[static_cast<std::size_t>(j)];
     // The most common policy is the stage's (ties go to the lighter one); the rest are overrides.
     std::size_t best_count = 0;
-    for (auto mode : {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full}) {
+    for (auto mode :
+         {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full}) {
       const auto n = static_cast<std::size_t>(std::count(rc.begin(), rc.end(), mode));
       if (n > best_count) best_count = n, st.recompute = mode;
     }

@@ -5,8 +5,8 @@
 // 0..3 over the DP group, sequence parallelism when tp > 1, the schedule (GPipe, 1F1B, interleaved
 // with v virtual stages) and the placement of the three axes onto ranks (all 6 orders; orders that
 // give every axis the same topology tier are one candidate). Nothing is ruled out by a fixed rule
-// such as "TP inside the node": a TP group across nodes simply costs what the scale-out tier makes it
-// cost.
+// such as "TP inside the node": a TP group across nodes simply costs what the scale-out tier makes
+// it cost.
 //
 // Each configuration gets two bounds from its cost table without assigning stages:
 //   memory: model states / pp + the margin must fit (the busiest rank holds at least the average);
@@ -16,20 +16,21 @@
 // Candidates are visited in order of that bound, and the visit stops as soon as the bound reaches
 // the k-th best predicted time: no later candidate can enter the top k (branch and bound).
 //
-// Level 2 (assign_stages) splits the blocks into pp contiguous stages, unevenly where that helps, and
-// picks per-block recomputation. It minimises the slowest stage (the term multiplied by m) by binary
-// search on a time threshold T: a greedy pass packs as many blocks into each stage as fit under T
-// and the stage's memory, recomputing where needed; with per-stage costs monotone in the block set,
-// maximal packing succeeds iff some partition meets T. Interleaved schedules use an even split into
-// pp * v chunks (rank k holds chunks k, k+pp, ...), with recomputation still chosen per block.
+// Level 2 (assign_stages) splits the blocks into pp contiguous stages, unevenly where that helps,
+// and picks per-block recomputation. It minimises the slowest stage (the term multiplied by m) by
+// binary search on a time threshold T: a greedy pass packs as many blocks into each stage as fit
+// under T and the stage's memory, recomputing where needed; with per-stage costs monotone in the
+// block set, maximal packing succeeds iff some partition meets T. Interleaved schedules use an even
+// split into pp * v chunks (rank k holds chunks k, k+pp, ...), with recomputation still chosen per
+// block.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
-#include <optional>
 
 #include "hp/planner/planner.h"
 #include "hp/topology/collectives.h"
@@ -66,9 +67,12 @@ struct Packing {
 // same ranges again and again.
 class RangeCosts {
  public:
-  explicit RangeCosts(const StageContext& ctx) : ctx_(ctx), L_(static_cast<std::uint64_t>(ctx.model.blocks.size()) + 1) {}
+  explicit RangeCosts(const StageContext& ctx)
+      : ctx_(ctx), L_(static_cast<std::uint64_t>(ctx.model.blocks.size()) + 1) {}
   std::pair<bool, double> operator()(std::int64_t k, std::int64_t i, std::int64_t j) {
-    const std::uint64_t key = (static_cast<std::uint64_t>(k) * L_ + static_cast<std::uint64_t>(i)) * L_ + static_cast<std::uint64_t>(j);
+    const std::uint64_t key =
+        (static_cast<std::uint64_t>(k) * L_ + static_cast<std::uint64_t>(i)) * L_ +
+        static_cast<std::uint64_t>(j);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const StagePlan s = evaluate_stage(ctx_, k, range(i, j));
@@ -100,8 +104,10 @@ std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t)
       std::int64_t lo = i + 1, hi = L - (p - k - 1);
       while (lo < hi) {
         const std::int64_t mid = (lo + hi + 1) / 2;
-        if (ok(k, i, mid)) lo = mid;
-        else hi = mid - 1;
+        if (ok(k, i, mid))
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       j = lo;
     } else if (!ok(k, i, L)) {
@@ -115,7 +121,8 @@ std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t)
 }
 
 // Rank k's blocks alone under the same layout (the trial packings ask for one rank at a time).
-std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& counts, std::int64_t v, std::int64_t k) {
+std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& counts, std::int64_t v,
+                                           std::int64_t k) {
   std::vector<std::int64_t> out;
   out.reserve(static_cast<std::size_t>(counts[static_cast<std::size_t>(k)]));
   std::int64_t next = 0;
@@ -142,7 +149,8 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
     std::vector<std::int64_t> cs = counts;
     cs[static_cast<std::size_t>(k)] = a;
     const std::int64_t rest = p - k - 1, left = L - used - a;
-    for (std::int64_t r = k + 1; r < p; ++r) cs[static_cast<std::size_t>(r)] = left / rest + (r - k - 1 < left % rest ? 1 : 0);
+    for (std::int64_t r = k + 1; r < p; ++r)
+      cs[static_cast<std::size_t>(r)] = left / rest + (r - k - 1 < left % rest ? 1 : 0);
     const StagePlan s = evaluate_stage(ctx, k, interleaved_rank(cs, v, k));
     return s.feasible && s.time <= t;
   };
@@ -151,8 +159,10 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
     std::int64_t lo = v, hi = L - used - v * (p - k - 1);
     while (lo < hi) {
       const std::int64_t mid = (lo + hi + 1) / 2;
-      if (ok(k, mid)) lo = mid;
-      else hi = mid - 1;
+      if (ok(k, mid))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     counts[static_cast<std::size_t>(k)] = lo;
     used += lo;
@@ -169,7 +179,8 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
 
 }  // namespace
 
-std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v) {
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts,
+                                                          std::int64_t v) {
   const auto pp = static_cast<std::int64_t>(counts.size());
   std::vector<std::vector<std::int64_t>> per_rank(counts.size());
   std::int64_t next = 0;
@@ -177,7 +188,8 @@ std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std:
     for (std::int64_t k = 0; k < pp; ++k) {
       const std::int64_t a = counts[static_cast<std::size_t>(k)];
       const std::int64_t size = a / v + (round < a % v ? 1 : 0);
-      for (std::int64_t i = 0; i < size; ++i) per_rank[static_cast<std::size_t>(k)].push_back(next++);
+      for (std::int64_t i = 0; i < size; ++i)
+        per_rank[static_cast<std::size_t>(k)].push_back(next++);
     }
   return per_rank;
 }
@@ -200,8 +212,10 @@ std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, con
   double lo = best->tmax / static_cast<double>(c.pp) / 4;
   for (int it = 0; it < 24 && best->tmax - lo > 1e-4 * best->tmax; ++it) {
     const double mid = 0.5 * (lo + best->tmax);
-    if (auto got = packer(ctx, cost, mid)) best = std::move(got);
-    else lo = mid;
+    if (auto got = packer(ctx, cost, mid))
+      best = std::move(got);
+    else
+      lo = mid;
   }
   for (int it = 0; it < 64; ++it) {
     auto got = packer(ctx, cost, best->tmax * (1 - 1e-12));
@@ -209,7 +223,8 @@ std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, con
     best = std::move(got);
   }
   std::vector<StagePlan> out;
-  for (std::int64_t k = 0; k < c.pp; ++k) out.push_back(evaluate_stage(ctx, k, best->blocks[static_cast<std::size_t>(k)]));
+  for (std::int64_t k = 0; k < c.pp; ++k)
+    out.push_back(evaluate_stage(ctx, k, best->blocks[static_cast<std::size_t>(k)]));
   return out;
 }
 
@@ -268,14 +283,18 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
   // The post-flush terms are affine in the bytes (gradient sync, gathers) or linear (optimizer
   // step), so the average rank's are at most the biggest rank's.
   bound += gradient_sync_time(c, w, mc, links, t.dense / pp, t.expert / pp);
-  const auto dshard = static_cast<double>(dense_shard(c)), eshard = static_cast<double>(expert_shard(c));
+  const auto dshard = static_cast<double>(dense_shard(c)),
+             eshard = static_cast<double>(expert_shard(c));
   if (c.optimizer_shard > 0) {
     const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
     const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
-    bound += gathers * topology::all_gather_time(links.shard, dense_shard(c), (t.dense + t.expert) / pp * m.dtype_bytes) *
+    bound += gathers *
+             topology::all_gather_time(links.shard, dense_shard(c),
+                                       (t.dense + t.expert) / pp * m.dtype_bytes) *
              (1.0 - hidden);
   }
-  if (mc.memory_bandwidth > 0) bound += 32.0 * (t.dense / dshard + t.expert / eshard) / pp / mc.memory_bandwidth;
+  if (mc.memory_bandwidth > 0)
+    bound += 32.0 * (t.dense / dshard + t.expert / eshard) / pp / mc.memory_bandwidth;
   return bound;
 }
 
@@ -285,10 +304,12 @@ void note_shortfall(Shortfall& sf, double need, double states, double acts, cons
 }
 
 // Expert parallelism is carved out of DP: ep divides dp and the expert count (ep = 1 is no EP).
-std::vector<std::int64_t> expert_degrees(std::int64_t dp, std::int64_t experts, const Fixed& fixed) {
+std::vector<std::int64_t> expert_degrees(std::int64_t dp, std::int64_t experts,
+                                         const Fixed& fixed) {
   std::vector<std::int64_t> eps;
   for (std::int64_t ep : divisors(dp))
-    if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep)) eps.push_back(ep);
+    if ((ep == 1 || (experts > 0 && experts % ep == 0)) && (!fixed.ep || *fixed.ep == ep))
+      eps.push_back(ep);
   return eps;
 }
 
@@ -314,12 +335,16 @@ Hsdp hsdp_group(const topology::Topology& topo, const Config& base, const AxisLi
     return l && l->level < links.dp.level;
   };
   auto ds = divisors(base.dp);
-  ds.erase(std::remove_if(ds.begin(), ds.end(), [&](std::int64_t o) { return o == 1 || o == base.dp; }), ds.end());
+  ds.erase(
+      std::remove_if(ds.begin(), ds.end(), [&](std::int64_t o) { return o == 1 || o == base.dp; }),
+      ds.end());
   std::size_t lo = 0, hi = ds.size();  // ds[0, lo) are faster, ds[hi, end) are not
   while (lo < hi) {
     const std::size_t mid = (lo + hi) / 2;
-    if (faster(ds[mid])) lo = mid + 1;
-    else hi = mid;
+    if (faster(ds[mid]))
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   Hsdp h;
   if (lo > 0) {
@@ -331,14 +356,16 @@ Hsdp hsdp_group(const topology::Topology& topo, const Config& base, const AxisLi
 }
 
 // The schedules a configuration may run: 1F1B always; in training with pp > 1 also GPipe and, when
-// the micro-batch count is a multiple of pp (Megatron interleaves only then), interleaving with every
-// virtual-stage count that leaves each chunk at least one of the `blocks`.
-std::vector<std::pair<recipe::Schedule, std::int64_t>> schedules(const Config& c, bool train, std::int64_t blocks) {
+// the micro-batch count is a multiple of pp (Megatron interleaves only then), interleaving with
+// every virtual-stage count that leaves each chunk at least one of the `blocks`.
+std::vector<std::pair<recipe::Schedule, std::int64_t>> schedules(const Config& c, bool train,
+                                                                 std::int64_t blocks) {
   std::vector<std::pair<recipe::Schedule, std::int64_t>> out = {{recipe::Schedule::one_f_one_b, 1}};
   if (c.pp > 1 && train) {
     out.push_back({recipe::Schedule::gpipe, 1});
     if (c.micro_batches % c.pp == 0)
-      for (std::int64_t v = 2; c.pp * v <= blocks; ++v) out.push_back({recipe::Schedule::interleaved, v});
+      for (std::int64_t v = 2; c.pp * v <= blocks; ++v)
+        out.push_back({recipe::Schedule::interleaved, v});
   }
   return out;
 }
@@ -349,9 +376,12 @@ std::vector<std::pair<recipe::Schedule, std::int64_t>> schedules(const Config& c
 class Level1 {
  public:
   Level1(const SearchInput& in, SearchResult& res)
-      : in_(in), res_(res), ranks_(in.topo.ranks()),
+      : in_(in),
+        res_(res),
+        ranks_(in.topo.ranks()),
         blocks_(std::max<std::int64_t>(1, static_cast<std::int64_t>(in.model.blocks.size()))),
-        batch_(in.work.global_batch), usable_(usable_memory(in.machine)) {
+        batch_(in.work.global_batch),
+        usable_(usable_memory(in.machine)) {
     for (const auto& b : in.model.blocks) experts_ = std::max(experts_, b.experts);
   }
 
@@ -359,7 +389,8 @@ class Level1 {
   std::vector<Bounded> enumerate() {
     const Fixed& fixed = in_.limits.fixed;
     for (std::int64_t tp : divisors(ranks_)) {
-      if ((fixed.tp && *fixed.tp != tp) || (in_.limits.whole_heads && in_.model.heads > 0 && in_.model.heads % tp != 0))
+      if ((fixed.tp && *fixed.tp != tp) ||
+          (in_.limits.whole_heads && in_.model.heads > 0 && in_.model.heads % tp != 0))
         continue;
       for (std::int64_t pp : divisors(ranks_ / tp)) {
         if (pp > blocks_ || (fixed.pp && *fixed.pp != pp)) continue;
@@ -372,8 +403,8 @@ class Level1 {
   }
 
  private:
-  // Every placement of the axes onto ranks and every expert degree of one split. Placements that put
-  // every group on the same tiers cost the same, so only the first of them becomes candidates.
+  // Every placement of the axes onto ranks and every expert degree of one split. Placements that
+  // put every group on the same tiers cost the same, so only the first of them becomes candidates.
   void placements(std::int64_t tp, std::int64_t pp, std::int64_t dp) {
     std::set<std::tuple<int, int, int, int, int, std::int64_t, std::int64_t, int>> seen_links;
     const auto eps = expert_degrees(dp, experts_, in_.limits.fixed);
@@ -381,14 +412,16 @@ class Level1 {
       for (std::int64_t ep : eps) {
         Config base;
         base.tp = tp, base.pp = pp, base.dp = dp, base.ep = ep;
-        if (in_.limits.fixed.recompute) base.forced_recompute = static_cast<int>(*in_.limits.fixed.recompute);
+        if (in_.limits.fixed.recompute)
+          base.forced_recompute = static_cast<int>(*in_.limits.fixed.recompute);
         std::copy(order, order + 3, base.order);
         auto links = axis_links(in_.topo, base);
         if (!links) continue;
         const Hsdp hsdp = in_.work.train && dp > 1 ? hsdp_group(in_.topo, base, *links) : Hsdp{};
         if (!seen_links
-                 .insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level, links->edp.level, ep,
-                          hsdp.group, hsdp.links ? hsdp.links->replica.level : -1})
+                 .insert({links->tp.level, links->dp.level, links->pp.level, links->ep.level,
+                          links->edp.level, ep, hsdp.group,
+                          hsdp.links ? hsdp.links->replica.level : -1})
                  .second)
           continue;
         micro_batchings(base, *links, hsdp);
@@ -422,7 +455,8 @@ class Level1 {
       const int zero = zs <= 3 ? zs : zs - 3;
       c.optimizer_shard = zero;
       c.shard_group = zs <= 3 ? 0 : hsdp.group;
-      if (fixed.shard_group && *fixed.shard_group != (c.shard_group > 0 ? c.shard_group : c.dp)) continue;
+      if (fixed.shard_group && *fixed.shard_group != (c.shard_group > 0 ? c.shard_group : c.dp))
+        continue;
       const AxisLinks& zl = zs <= 3 ? links : *hsdp.links;
       t.states = t.dense * state_bytes_per_param(w, m.dtype_bytes, zero, dense_shard(c)) +
                  t.expert * state_bytes_per_param(w, m.dtype_bytes, zero, expert_shard(c));
@@ -457,7 +491,8 @@ class Level1 {
 
 // A candidate level 2 cannot fit: the even split's worst rank is its need, for the report of why
 // nothing fits.
-void note_even_split(const SearchInput& in, const Config& c, const AxisLinks& links, Shortfall& shortfall) {
+void note_even_split(const SearchInput& in, const Config& c, const AxisLinks& links,
+                     Shortfall& shortfall) {
   const ModelProfile& m = in.model;
   const CostTable table = cost_table(m, c, in.work, in.machine, links);
   const StageContext ctx{m, c, in.work, in.machine, links, table};
@@ -470,16 +505,18 @@ void note_even_split(const SearchInput& in, const Config& c, const AxisLinks& li
   note_shortfall(shortfall, worst.memory, worst.states, worst.activations, c);
 }
 
-// Adds `plan` to the top k, best first. Equivalent plans (same degrees, micro-batching and schedule,
-// the same predicted time to 1e-6: a ZeRO level, SP or placement that changes nothing that matters)
-// would fill the top k with one choice, so only one of them is kept.
+// Adds `plan` to the top k, best first. Equivalent plans (same degrees, micro-batching and
+// schedule, the same predicted time to 1e-6: a ZeRO level, SP or placement that changes nothing
+// that matters) would fill the top k with one choice, so only one of them is kept.
 void keep_distinct(SearchResult& res, Plan plan, std::size_t k) {
   const Config& c = plan.config;
   auto same = std::find_if(res.plans.begin(), res.plans.end(), [&](const Plan& q) {
     const Config& a = q.config;
-    return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep && a.micro_batch_size == c.micro_batch_size &&
-           a.schedule == c.schedule && a.virtual_stages == c.virtual_stages &&
-           std::abs(q.predicted.iteration - plan.predicted.iteration) <= 1e-6 * plan.predicted.iteration;
+    return a.dp == c.dp && a.tp == c.tp && a.pp == c.pp && a.ep == c.ep &&
+           a.micro_batch_size == c.micro_batch_size && a.schedule == c.schedule &&
+           a.virtual_stages == c.virtual_stages &&
+           std::abs(q.predicted.iteration - plan.predicted.iteration) <=
+               1e-6 * plan.predicted.iteration;
   });
   if (same != res.plans.end()) {
     ++res.stats.duplicates;
@@ -528,7 +565,8 @@ SearchResult search(const SearchInput& in) {
   const auto start = clock::now();
   SearchResult res;
   std::vector<Bounded> cands = Level1(in, res).enumerate();
-  std::stable_sort(cands.begin(), cands.end(), [](const Bounded& a, const Bounded& b) { return a.bound < b.bound; });
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Bounded& a, const Bounded& b) { return a.bound < b.bound; });
   rank_by_level2(in, cands, res);
   res.stats.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return res;

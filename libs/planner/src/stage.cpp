@@ -1,20 +1,20 @@
 // One pipeline rank's cost, and the step time of a whole plan.
 //
 // A rank's peak memory is its model states, plus the activations of its blocks times the number of
-// micro-batches the schedule keeps in flight there (in_flight(): 1F1B stage k holds p-k, GPipe all m,
-// interleaving adds (p-1)/(p v)), plus communication buffers (a send and a receive buffer for the
-// pipeline, a TP collective buffer, a DP gradient bucket, expert all-to-all buffers, the prefetched
-// gathered block under ZeRO-3), plus the activations a fully recomputed block rebuilds during its
-// backward. It must fit the device memory less the transient margin (fragmentation, workspaces),
-// which is kept free rather than added to the prediction. Recompute choices are per block (none /
-// selective / full): exact (every count of full and selective blocks) when a rank's blocks are
-// identical, greedy by bytes saved per second added otherwise.
+// micro-batches the schedule keeps in flight there (in_flight(): 1F1B stage k holds p-k, GPipe all
+// m, interleaving adds (p-1)/(p v)), plus communication buffers (a send and a receive buffer for
+// the pipeline, a TP collective buffer, a DP gradient bucket, expert all-to-all buffers, the
+// prefetched gathered block under ZeRO-3), plus the activations a fully recomputed block rebuilds
+// during its backward. It must fit the device memory less the transient margin (fragmentation,
+// workspaces), which is kept free rather than added to the prediction. Recompute choices are per
+// block (none / selective / full): exact (every count of full and selective blocks) when a rank's
+// blocks are identical, greedy by bytes saved per second added otherwise.
 //
 // The step time (predict) is the Metis form of the pipeline time generalised to interleaving:
 //   T_pipe = m * max_k t_k + (sum_k t_k - max_k t_k) / v
 // which is (m - 1) max t + sum t for v = 1 and m t + (p - 1) t / v for equal stages (the
-// interleaved bubble of Narayanan et al. 2021). DP gradient reduction, ZeRO gathers and the optimizer
-// step follow the pipeline flush, minus their overlap ratios.
+// interleaved bubble of Narayanan et al. 2021). DP gradient reduction, ZeRO gathers and the
+// optimizer step follow the pipeline flush, minus their overlap ratios.
 #include "stage.h"
 
 #include <algorithm>
@@ -30,10 +30,12 @@ CostTable cost_table(const ModelProfile& m, const Config& c, const Workload& w, 
   t.blocks.reserve(m.blocks.size());
   // Repeated blocks are usually identical: cost each distinct profile once.
   auto same = [](const BlockProfile& x, const BlockProfile& y) {
-    return x.parameters == y.parameters && x.fwd_flops == y.fwd_flops && x.quadratic_flops == y.quadratic_flops &&
-           x.act_bytes == y.act_bytes && x.quadratic_act_bytes == y.quadratic_act_bytes &&
-           x.boundary_bytes == y.boundary_bytes && x.tp_collectives == y.tp_collectives && x.kernels == y.kernels &&
-           x.expert_parameters == y.expert_parameters && x.experts == y.experts && x.top_k == y.top_k;
+    return x.parameters == y.parameters && x.fwd_flops == y.fwd_flops &&
+           x.quadratic_flops == y.quadratic_flops && x.act_bytes == y.act_bytes &&
+           x.quadratic_act_bytes == y.quadratic_act_bytes && x.boundary_bytes == y.boundary_bytes &&
+           x.tp_collectives == y.tp_collectives && x.kernels == y.kernels &&
+           x.expert_parameters == y.expert_parameters && x.experts == y.experts &&
+           x.top_k == y.top_k;
   };
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     if (i > 0 && same(m.blocks[i], m.blocks[i - 1]))
@@ -64,10 +66,11 @@ struct Upgrade {
 };
 
 // Communication buffers, scaled to what the plan actually moves: the pipeline's send and receive
-// buffers, one TP collective buffer, a DP gradient bucket (DDP's default bucket, 25M fp32 elements =
-// 100 MB, never more than the rank's gradients), the expert all-to-all dispatch and combine buffers,
-// and under ZeRO-3 the gathered block plus its prefetch.
-double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks, double grad_bytes) {
+// buffers, one TP collective buffer, a DP gradient bucket (DDP's default bucket, 25M fp32 elements
+// = 100 MB, never more than the rank's gradients), the expert all-to-all dispatch and combine
+// buffers, and under ZeRO-3 the gathered block plus its prefetch.
+double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks,
+               double grad_bytes) {
   const Config& c = ctx.config;
   const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes;
   double bytes = 0;
@@ -80,7 +83,8 @@ double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks,
     biggest = std::max(biggest, ctx.costs.blocks[static_cast<std::size_t>(b)].weight_bytes);
   }
   bytes += a2a;
-  if (c.optimizer_shard == 3) bytes += 2.0 * biggest;  // the gathered block and the prefetched next one
+  if (c.optimizer_shard == 3)
+    bytes += 2.0 * biggest;  // the gathered block and the prefetched next one
   return bytes;
 }
 
@@ -89,8 +93,8 @@ bool uniform(const CostTable& t, const std::vector<std::int64_t>& blocks) {
   for (std::size_t i = 1; i < blocks.size(); ++i) {
     const BlockCost& a = t.blocks[static_cast<std::size_t>(blocks[0])];
     const BlockCost& b = t.blocks[static_cast<std::size_t>(blocks[i])];
-    if (a.act[0] != b.act[0] || a.act[1] != b.act[1] || a.act[2] != b.act[2] || a.rc_selective != b.rc_selective ||
-        a.rc_full != b.rc_full)
+    if (a.act[0] != b.act[0] || a.act[1] != b.act[1] || a.act[2] != b.act[2] ||
+        a.rc_selective != b.rc_selective || a.rc_full != b.rc_full)
       return false;
   }
   return true;
@@ -118,8 +122,11 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
     s.tp_comm += b.tp_comm;
     a2a += b.ep_comm;
     s.recompute_time += rc_time(b, r);
-    const double rc_flops = r == Recompute::none ? 0.0 : r == Recompute::selective ? p.quadratic_flops : p.fwd_flops;
-    s.recompute_flops += static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
+    const double rc_flops = r == Recompute::none        ? 0.0
+                            : r == Recompute::selective ? p.quadratic_flops
+                                                        : p.fwd_flops;
+    s.recompute_flops +=
+        static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
     // Inference keeps one block's activations at a time; a fully recomputed block rebuilds its
     // whole activations once during its backward.
     if (!train) transient = std::max(transient, b.act_infer);
@@ -135,8 +142,10 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
   if (c.pp > 1) {
     const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes /
                        (c.sequence_parallel ? static_cast<double>(c.tp) : 1.0);
-    const double sends = (first || last ? 1.0 : 2.0) * (train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
-    s.pp_comm = sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
+    const double sends =
+        (first || last ? 1.0 : 2.0) * (train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
+    s.pp_comm =
+        sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
   }
   s.states = states;
   s.activations = acts;
@@ -159,12 +168,14 @@ std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t s
   if (base.memory <= limit || n == 0) return none;
   const BlockCost& bc = ctx.costs.blocks[static_cast<std::size_t>(blocks[0])];
   const double flight = in_flight(ctx.config, stage);
-  const double save_sel = (bc.act[0] - bc.act[1]) * flight, save_full = (bc.act[0] - bc.act[2]) * flight;
+  const double save_sel = (bc.act[0] - bc.act[1]) * flight,
+               save_full = (bc.act[0] - bc.act[2]) * flight;
   double best = -1;
   std::size_t best_full = 0, best_sel = 0;
   for (std::size_t nf = 0; nf <= n; ++nf) {
     // In training the only transient is the one fully recomputed block rebuilding its activations.
-    const double mem = base.memory - static_cast<double>(nf) * save_full + (nf > 0 ? bc.act[0] : 0.0);
+    const double mem =
+        base.memory - static_cast<double>(nf) * save_full + (nf > 0 ? bc.act[0] : 0.0);
     const double over = mem - limit;
     std::size_t ns = 0;
     if (over > 0) {
@@ -172,7 +183,8 @@ std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t s
       ns = static_cast<std::size_t>(std::ceil(over / save_sel * (1 - 1e-12)));
       if (nf + ns > n) continue;
     }
-    const double t = static_cast<double>(nf) * bc.rc_full + static_cast<double>(ns) * bc.rc_selective;
+    const double t =
+        static_cast<double>(nf) * bc.rc_full + static_cast<double>(ns) * bc.rc_selective;
     if (best < 0 || t < best) best = t, best_full = nf, best_sel = ns;
     if (save_full <= 0) break;
   }
@@ -212,13 +224,15 @@ std::vector<Recompute> greedy_recompute(const StageContext& ctx, std::int64_t st
 
 }  // namespace
 
-StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks) {
+StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage,
+                         std::vector<std::int64_t> blocks) {
   const Config& c = ctx.config;
   std::vector<Recompute> rc(blocks.size(), Recompute::none);
   if (ctx.work.train && c.forced_recompute > 0)
     std::fill(rc.begin(), rc.end(), static_cast<Recompute>(c.forced_recompute));
   else if (ctx.work.train && c.forced_recompute < 0)
-    rc = uniform(ctx.costs, blocks) ? uniform_recompute(ctx, stage, blocks) : greedy_recompute(ctx, stage, blocks);
+    rc = uniform(ctx.costs, blocks) ? uniform_recompute(ctx, stage, blocks)
+                                    : greedy_recompute(ctx, stage, blocks);
   return cost_stage(ctx, stage, std::move(blocks), std::move(rc));
 }
 
@@ -241,11 +255,12 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
     p.peak_memory = std::max(p.peak_memory, s.memory);
   }
   const double pipeline = mbs * tmax + (tsum - tmax) / v;
-  p.bubble = std::max(0.0, pipeline - (p.compute + p.recompute + p.tp_exposed + p.ep_exposed + p.pp_exposed));
+  p.bubble = std::max(
+      0.0, pipeline - (p.compute + p.recompute + p.tp_exposed + p.ep_exposed + p.pp_exposed));
 
   if (w.train) {
-    // The slowest rank's gradient reduction and the biggest rank's gathers and optimizer step follow
-    // the flush.
+    // The slowest rank's gradient reduction and the biggest rank's gathers and optimizer step
+    // follow the flush.
     const CostTable t = cost_table(m, c, w, mc, links);
     double weights = 0, opt_params = 0;
     for (std::size_t k = 0; k < stages.size(); ++k) {
@@ -256,13 +271,15 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
       if (k + 1 == stages.size()) add(t.epilogue);
       p.dp_exposed = std::max(p.dp_exposed, gradient_sync_time(c, w, mc, links, dense, expert));
       weights = std::max(weights, (dense + expert) * m.dtype_bytes);
-      const auto shard = static_cast<double>(dense_shard(c)), eshard = static_cast<double>(expert_shard(c));
+      const auto shard = static_cast<double>(dense_shard(c)),
+                 eshard = static_cast<double>(expert_shard(c));
       opt_params = std::max(opt_params, dense / shard + expert / eshard);
     }
     if (c.optimizer_shard > 0) {
       const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
       const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
-      p.opt_exposed = gathers * topology::all_gather_time(links.shard, dense_shard(c), weights) * (1.0 - hidden);
+      p.opt_exposed = gathers * topology::all_gather_time(links.shard, dense_shard(c), weights) *
+                      (1.0 - hidden);
     }
     // Adam reads weights, grads, master, two moments and writes four of them: ~32 bytes/param.
     if (mc.memory_bandwidth > 0) p.optimizer_step = 32.0 * opt_params / mc.memory_bandwidth;

@@ -31,14 +31,17 @@ struct StageContext {
 /// memory saved per second added until the rank fits (exact when the rank's blocks are identical).
 /// `feasible` is false when even full
 /// recomputation of every block does not fit.
-StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks);
+StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage,
+                         std::vector<std::int64_t> blocks);
 
 /// The cost of rank `stage` holding `blocks` with the given recompute choice per block.
 StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
                      std::vector<recipe::Recompute> recompute);
 
-/// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even as
-/// the count allows): chunk j = round * pp + rank, in model order; v = 1 is the contiguous split.
-std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts, std::int64_t v);
+/// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even
+/// as the count allows): chunk j = round * pp + rank, in model order; v = 1 is the contiguous
+/// split.
+std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts,
+                                                          std::int64_t v);
 
 }  // namespace hp::planner

@@ -61,7 +61,8 @@ std::string schedule_svg(const PlanReport& r) {
   std::vector<double> fwd(static_cast<std::size_t>(p)), bwd(fwd), rc(fwd), hop(fwd);
   for (std::int64_t k = 0; k < p; ++k) {
     const StagePlan& s = plan.stages[static_cast<std::size_t>(k)];
-    const double f = (train ? s.compute / 3 : s.compute) + (train ? s.tp_comm / 2 : s.tp_comm) + (train ? s.ep_comm / 2 : s.ep_comm);
+    const double f = (train ? s.compute / 3 : s.compute) + (train ? s.tp_comm / 2 : s.tp_comm) +
+                     (train ? s.ep_comm / 2 : s.ep_comm);
     fwd[k] = f / vd;
     bwd[k] = train ? (s.compute + s.tp_comm + s.ep_comm - f) / vd : 0;
     rc[k] = s.recompute_time / vd;
@@ -73,7 +74,8 @@ std::string schedule_svg(const PlanReport& r) {
   for (std::int64_t k = 0; k < p; ++k) ops.push_back(order(c, k, m, train));
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   std::vector<double> free(static_cast<std::size_t>(p), 0);
-  std::vector<std::vector<double>> fdone(static_cast<std::size_t>(p), std::vector<double>(static_cast<std::size_t>(m), -1));
+  std::vector<std::vector<double>> fdone(static_cast<std::size_t>(p),
+                                         std::vector<double>(static_cast<std::size_t>(m), -1));
   auto bdone = fdone;
   std::vector<std::vector<Box>> boxes(static_cast<std::size_t>(p));
   for (bool progress = true; progress;) {
@@ -95,7 +97,8 @@ std::string schedule_svg(const PlanReport& r) {
         }
         double t = std::max(free[k], ready);
         auto& row = boxes[static_cast<std::size_t>(k)];
-        if (ready > free[k] && hop[k] > 0 && (k > 0 || op.backward)) row.push_back({ready - hop[k], ready, "comm", op.micro});
+        if (ready > free[k] && hop[k] > 0 && (k > 0 || op.backward))
+          row.push_back({ready - hop[k], ready, "comm", op.micro});
         if (!op.backward) {
           row.push_back({t, t + fwd[k], "forward", op.micro});
           fdone[k][mi] = t += fwd[k];
@@ -114,40 +117,51 @@ std::string schedule_svg(const PlanReport& r) {
   const double left = 90, width = 1000, row_h = 28, top = 50;
   const double height = top + static_cast<double>(p) * row_h + 60;
   std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
+      "font-family=\"sans-serif\" "
       "font-size=\"11\">\n",
       left + width + 20, height);
   out += fmt::format("<title>pipeline schedule of {}</title>\n", r.model);
   out += fmt::format(
-      "<text x=\"{}\" y=\"20\" font-size=\"13\">dp{} tp{} pp{} {} v{}, {} micro-batches of {}: one iteration's pipeline, "
+      "<text x=\"{}\" y=\"20\" font-size=\"13\">dp{} tp{} pp{} {} v{}, {} micro-batches of {}: one "
+      "iteration's pipeline, "
       "{} (bubbles are the gaps)</text>\n",
       left, c.dp, c.tp, c.pp, recipe::schedule_name(c.schedule), c.virtual_stages, c.micro_batches,
       c.micro_batch_size, format_seconds(span));
   const auto colour = [](const std::string& kind) {
-    return kind == "forward" ? "#4c78a8" : kind == "backward" ? "#59a14f" : kind == "recompute" ? "#f28e2b" : "#9d9d9d";
+    return kind == "forward"     ? "#4c78a8"
+           : kind == "backward"  ? "#59a14f"
+           : kind == "recompute" ? "#f28e2b"
+                                 : "#9d9d9d";
   };
   for (std::int64_t k = 0; k < p; ++k) {
     const double y = top + static_cast<double>(k) * row_h;
     out += fmt::format("<text x=\"5\" y=\"{:.1f}\">stage {}</text>\n", y + row_h * 0.6, k);
-    out += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{:.1f}\" fill=\"#fbe3e3\"/>\n", left, y + 2, width,
-                       row_h - 4);
+    out += fmt::format(
+        "<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{:.1f}\" fill=\"#fbe3e3\"/>\n", left,
+        y + 2, width, row_h - 4);
     for (const Box& b : boxes[static_cast<std::size_t>(k)]) {
       const bool comm = std::string(b.kind) == "comm";
       out += fmt::format(
-          "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
+          "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
+          "stroke=\"white\" "
           "stroke-width=\"0.3\"><title>{} {} ({})</title></rect>\n",
-          left + b.start / span * width, y + (comm ? row_h * 0.4 : 2), std::max(0.3, (b.end - b.start) / span * width),
-          comm ? row_h * 0.2 : row_h - 4, colour(b.kind), b.kind, b.micro, format_seconds(b.end - b.start));
+          left + b.start / span * width, y + (comm ? row_h * 0.4 : 2),
+          std::max(0.3, (b.end - b.start) / span * width), comm ? row_h * 0.2 : row_h - 4,
+          colour(b.kind), b.kind, b.micro, format_seconds(b.end - b.start));
     }
   }
   double x = left;
   const double ly = top + static_cast<double>(p) * row_h + 25;
   for (const char* kind : {"forward", "backward", "recompute", "comm"}) {
-    out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n", x, ly, colour(kind));
-    out += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", x + 16, ly + 10, std::string(kind) == "comm" ? "send/recv" : kind);
+    out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n",
+                       x, ly, colour(kind));
+    out += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", x + 16, ly + 10,
+                       std::string(kind) == "comm" ? "send/recv" : kind);
     x += 110;
   }
-  out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"#fbe3e3\"/>\n", x, ly);
+  out += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"#fbe3e3\"/>\n", x, ly);
   out += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">bubble</text>\n", x + 16, ly + 10);
   out += "</svg>\n";
   return out;

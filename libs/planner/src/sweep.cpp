@@ -1,5 +1,6 @@
-// `hp plan --sweep KEY=V1,V2,...`: one planner run per value, one CSV row (or JSON line) each, so CI
-// scripts can track how the best plan and its throughput move with the cluster size or the batch.
+// `hp plan --sweep KEY=V1,V2,...`: one planner run per value, one CSV row (or JSON line) each, so
+// CI scripts can track how the best plan and its throughput move with the cluster size or the
+// batch.
 #include <charconv>
 #include <iterator>
 
@@ -17,10 +18,27 @@ Error bad_spec(const std::string& spec, const std::string& why) {
                "use --sweep nodes=1,2,4,8 or --sweep global-batch=64,128,256");
 }
 
-const char* kColumns[] = {"nodes", "ranks", "global_batch", "status", "dp", "tp", "pp", "ep", "optimizer_shard",
-                          "micro_batch_size", "micro_batches", "schedule", "virtual_stages", "sequence_parallel",
-                          "iteration_seconds", "tokens_per_second", "mfu", "hfu", "peak_memory_bytes",
-                          "search_seconds", "evaluated"};
+const char* kColumns[] = {"nodes",
+                          "ranks",
+                          "global_batch",
+                          "status",
+                          "dp",
+                          "tp",
+                          "pp",
+                          "ep",
+                          "optimizer_shard",
+                          "micro_batch_size",
+                          "micro_batches",
+                          "schedule",
+                          "virtual_stages",
+                          "sequence_parallel",
+                          "iteration_seconds",
+                          "tokens_per_second",
+                          "mfu",
+                          "hfu",
+                          "peak_memory_bytes",
+                          "search_seconds",
+                          "evaluated"};
 
 }  // namespace
 
@@ -46,7 +64,8 @@ Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& 
 
   std::string out;
   if (!opts.json) {
-    for (std::size_t i = 0; i < std::size(kColumns); ++i) out += fmt::format("{}{}", i ? "," : "", kColumns[i]);
+    for (std::size_t i = 0; i < std::size(kColumns); ++i)
+      out += fmt::format("{}{}", i ? "," : "", kColumns[i]);
     out += "\n";
   }
   for (std::int64_t v : values) {
@@ -74,8 +93,10 @@ Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& 
       row["micro_batch_size"] = k.micro_batch_size, row["micro_batches"] = k.micro_batches;
       row["schedule"] = recipe::schedule_name(k.schedule), row["virtual_stages"] = k.virtual_stages;
       row["sequence_parallel"] = k.sequence_parallel;
-      row["iteration_seconds"] = b.predicted.iteration, row["tokens_per_second"] = b.predicted.tokens_per_second;
-      row["mfu"] = b.predicted.mfu, row["hfu"] = b.predicted.hfu, row["peak_memory_bytes"] = b.predicted.peak_memory;
+      row["iteration_seconds"] = b.predicted.iteration,
+      row["tokens_per_second"] = b.predicted.tokens_per_second;
+      row["mfu"] = b.predicted.mfu, row["hfu"] = b.predicted.hfu,
+      row["peak_memory_bytes"] = b.predicted.peak_memory;
       row["search_seconds"] = rep->stats.seconds, row["evaluated"] = rep->stats.evaluated;
     } else {
       row["error"] = rep.error().message();

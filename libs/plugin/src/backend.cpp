@@ -1,6 +1,6 @@
-// Host-side wrapper of one plugin table. The only subtle part is version gating: a member appended in
-// a later minor exists only when the table's struct_size covers it, and the structs we pass in carry
-// our own struct_size so the plugin fills only what both sides know.
+// Host-side wrapper of one plugin table. The only subtle part is version gating: a member appended
+// in a later minor exists only when the table's struct_size covers it, and the structs we pass in
+// carry our own struct_size so the plugin fills only what both sides know.
 #include "hp/plugin/backend.h"
 
 #include <fmt/core.h>
@@ -9,12 +9,15 @@
 
 namespace hp::plugin {
 
-// hp_dtype is core's DType numbering for the first ten values (hp/core/dtype.h), so both ways are a cast.
+// hp_dtype is core's DType numbering for the first ten values (hp/core/dtype.h), so both ways are a
+// cast.
 static_assert(static_cast<int>(DType::f32) == HP_F32 && static_cast<int>(DType::f16) == HP_F16 &&
-              static_cast<int>(DType::bf16) == HP_BF16 && static_cast<int>(DType::f64) == HP_F64 &&
-              static_cast<int>(DType::i8) == HP_I8 && static_cast<int>(DType::i32) == HP_I32 &&
-              static_cast<int>(DType::i64) == HP_I64 && static_cast<int>(DType::f8) == HP_F8 &&
-              static_cast<int>(DType::boolean) == HP_BOOL && static_cast<int>(DType::u8) == HP_U8,
+                  static_cast<int>(DType::bf16) == HP_BF16 &&
+                  static_cast<int>(DType::f64) == HP_F64 && static_cast<int>(DType::i8) == HP_I8 &&
+                  static_cast<int>(DType::i32) == HP_I32 &&
+                  static_cast<int>(DType::i64) == HP_I64 && static_cast<int>(DType::f8) == HP_F8 &&
+                  static_cast<int>(DType::boolean) == HP_BOOL &&
+                  static_cast<int>(DType::u8) == HP_U8,
               "hp_dtype and hp::DType must number the ABI's types alike");
 
 std::optional<DType> to_dtype(int hp_dtype) {
@@ -142,7 +145,8 @@ Expected<DeviceInfo> Backend::device_info(int dev) const {
   d.mem_free = raw.mem_free;
   d.compute_units = raw.compute_units;
   d.clock_hz = raw.clock_hz;
-  for (int i = 0; i < HP_DTYPE_COUNT; ++i) d.peak_flops[i] = figure(raw.peak_flops[i], raw.flops_prov[i]);
+  for (int i = 0; i < HP_DTYPE_COUNT; ++i)
+    d.peak_flops[i] = figure(raw.peak_flops[i], raw.flops_prov[i]);
   d.mem_bw = figure(raw.mem_Bps, raw.mem_prov);
   d.h2d_bw = figure(raw.h2d_Bps, raw.h2d_prov);
   d.d2h_bw = figure(raw.d2h_Bps, raw.d2h_prov);
@@ -171,7 +175,9 @@ Expected<hp_stream*> Backend::stream_create(int dev) const {
   return s;
 }
 
-Status Backend::stream_sync(hp_stream* s) const { return take(table_->stream_sync(ctx_, s), "stream_sync"); }
+Status Backend::stream_sync(hp_stream* s) const {
+  return take(table_->stream_sync(ctx_, s), "stream_sync");
+}
 
 Status Backend::stream_destroy(hp_stream* s) const {
   return take(table_->stream_destroy(ctx_, s), "stream_destroy");
@@ -191,7 +197,9 @@ Status Backend::stream_wait_event(hp_stream* s, hp_event* e) const {
   return take(table_->stream_wait_event(ctx_, s, e), "stream_wait_event");
 }
 
-Status Backend::event_sync(hp_event* e) const { return take(table_->event_sync(ctx_, e), "event_sync"); }
+Status Backend::event_sync(hp_event* e) const {
+  return take(table_->event_sync(ctx_, e), "event_sync");
+}
 
 Status Backend::event_destroy(hp_event* e) const {
   return take(table_->event_destroy(ctx_, e), "event_destroy");
@@ -209,7 +217,8 @@ bool Backend::supports_op(int dev, const char* op_type, const char* domain, std:
                              static_cast<std::int64_t>(input_dtypes.size())) != 0;
 }
 
-bool Backend::supports_op_type(int dev, const char* op_type, const char* domain, std::int64_t opset) const {
+bool Backend::supports_op_type(int dev, const char* op_type, const char* domain,
+                               std::int64_t opset) const {
   if (!has_run_op()) return false;
   return table_->supports_op(ctx_, dev, op_type, domain, opset, nullptr, 0) != 0;
 }
@@ -217,8 +226,8 @@ bool Backend::supports_op_type(int dev, const char* op_type, const char* domain,
 Status Backend::run_op(hp_stream* s, const hp_op_desc& d) const {
   if (!has_run_op())
     return Error(Errc::not_implemented,
-                 fmt::format("{} plugin implements ABI {}.{}, run_op needs 1.2", name(), table_->abi_major,
-                             table_->abi_minor));
+                 fmt::format("{} plugin implements ABI {}.{}, run_op needs 1.2", name(),
+                             table_->abi_major, table_->abi_minor));
   return take(table_->run_op(ctx_, s, &d), d.op_type ? d.op_type : "run_op");
 }
 
@@ -229,8 +238,8 @@ bool Backend::has_mem_stats() const {
 Expected<MemStats> Backend::mem_stats(int dev, bool reset_peak) const {
   if (!has_mem_stats())
     return Error(Errc::not_implemented,
-                 fmt::format("{} plugin implements ABI {}.{}, mem_stats needs 1.3", name(), table_->abi_major,
-                             table_->abi_minor));
+                 fmt::format("{} plugin implements ABI {}.{}, mem_stats needs 1.3", name(),
+                             table_->abi_major, table_->abi_minor));
   hp_mem_stats m{};
   m.struct_size = sizeof m;
   HP_TRY(take(table_->mem_stats(ctx_, dev, reset_peak ? 1 : 0, &m), "mem_stats"));

@@ -1,6 +1,6 @@
-// `hp devices` as a library call: discovery plus two renderers. Rejected plugins are listed beside the
-// loaded ones, each with its reason, because on a CPU-only machine the interesting output is exactly
-// why cuda and ascend did not load.
+// `hp devices` as a library call: discovery plus two renderers. Rejected plugins are listed beside
+// the loaded ones, each with its reason, because on a CPU-only machine the interesting output is
+// exactly why cuda and ascend did not load.
 #include "hp/plugin/devices.h"
 
 #include <fmt/core.h>
@@ -20,11 +20,13 @@ Expected<Registry> list_devices(const DevicesOptions& opts) {
 Status check_any_loaded(const Registry& reg) {
   if (!reg.loaded().empty()) return Status::success();
   std::vector<Diagnostic> diags;
-  diags.push_back({"", "no backend plugin could be loaded",
-                   "build the cpu plugin, or point --plugin-path / HP_PLUGIN_PATH at a directory holding "
-                   "libhp-backend-<name>.so files; run 'hp -v devices' to see the paths tried"});
+  diags.push_back(
+      {"", "no backend plugin could be loaded",
+       "build the cpu plugin, or point --plugin-path / HP_PLUGIN_PATH at a directory holding "
+       "libhp-backend-<name>.so files; run 'hp -v devices' to see the paths tried"});
   for (const auto& r : reg.plugins)
-    diags.push_back({r.path.string(), fmt::format("{}: {}", verdict_name(r.verdict), r.reason), ""});
+    diags.push_back(
+        {r.path.string(), fmt::format("{}: {}", verdict_name(r.verdict), r.reason), ""});
   return collect_errors(Errc::unavailable, std::move(diags));
 }
 
@@ -34,11 +36,15 @@ Status check_named_plugins(const Registry& reg) {
   for (const auto& r : reg.plugins) {
     if (!r.named || r.ok()) continue;
     if (diags.empty()) {
-      if (r.verdict == Verdict::unavailable || r.verdict == Verdict::no_devices) code = Errc::unavailable;
-      else if (r.verdict == Verdict::open_failed) code = Errc::runtime;
+      if (r.verdict == Verdict::unavailable || r.verdict == Verdict::no_devices)
+        code = Errc::unavailable;
+      else if (r.verdict == Verdict::open_failed)
+        code = Errc::runtime;
     }
     diags.push_back({r.path.string(), fmt::format("{}: {}", verdict_name(r.verdict), r.reason),
-                     diags.empty() ? "--plugin-path names this file, so hp treats its rejection as an error" : ""});
+                     diags.empty()
+                         ? "--plugin-path names this file, so hp treats its rejection as an error"
+                         : ""});
   }
   return diags.empty() ? Status::success() : Status(collect_errors(code, std::move(diags)));
 }
@@ -55,7 +61,8 @@ void render_device(std::string& out, const DeviceInfo& d) {
   out += fmt::format("      memory        {} total, {} free\n", format_bytes(double(d.mem_total)),
                      format_bytes(double(d.mem_free)));
   std::string clock = d.clock_hz > 0 ? fmt::format(" @ {:.2f} GHz", d.clock_hz / 1e9) : "";
-  std::string units = d.compute_units > 0 ? fmt::format("{} units", d.compute_units) : "unknown units";
+  std::string units =
+      d.compute_units > 0 ? fmt::format("{} units", d.compute_units) : "unknown units";
   out += fmt::format("      compute       {}{}, {}\n", units, clock, d.arch);
   for (int t = 0; t < HP_DTYPE_COUNT; ++t) {
     const Figure& f = d.peak_flops[t];
@@ -77,14 +84,22 @@ nlohmann::json device_json(const DeviceInfo& d) {
   nlohmann::json peak = nlohmann::json::object();
   for (int t = 0; t < HP_DTYPE_COUNT; ++t)
     if (d.peak_flops[t].prov != HP_PROV_UNKNOWN) peak[dtype_name(t)] = figure_json(d.peak_flops[t]);
-  return {{"index", d.index},           {"kind", kind_name(d.kind)},
-          {"name", d.name},             {"arch", d.arch},
-          {"bus_id", d.bus_id},         {"memory_bytes", d.mem_total},
-          {"memory_free_bytes", d.mem_free}, {"compute_units", d.compute_units},
-          {"clock_hz", d.clock_hz},     {"peak_flops", peak},
-          {"memory_bandwidth", figure_json(d.mem_bw)}, {"h2d_bandwidth", figure_json(d.h2d_bw)},
-          {"d2h_bandwidth", figure_json(d.d2h_bw)},    {"peer_bandwidth", figure_json(d.peer_bw)},
-          {"caps", d.caps},             {"note", d.note}};
+  return {{"index", d.index},
+          {"kind", kind_name(d.kind)},
+          {"name", d.name},
+          {"arch", d.arch},
+          {"bus_id", d.bus_id},
+          {"memory_bytes", d.mem_total},
+          {"memory_free_bytes", d.mem_free},
+          {"compute_units", d.compute_units},
+          {"clock_hz", d.clock_hz},
+          {"peak_flops", peak},
+          {"memory_bandwidth", figure_json(d.mem_bw)},
+          {"h2d_bandwidth", figure_json(d.h2d_bw)},
+          {"d2h_bandwidth", figure_json(d.d2h_bw)},
+          {"peer_bandwidth", figure_json(d.peer_bw)},
+          {"caps", d.caps},
+          {"note", d.note}};
 }
 
 }  // namespace
@@ -105,8 +120,8 @@ std::string render_devices_text(const Registry& reg, bool verbose) {
     if (r.ok()) continue;
     if (!any_rejected) out += "not loaded:\n";
     any_rejected = true;
-    out += fmt::format("  {} {} [{}]\n    {}: {}\n", r.name, r.path.string(), r.origin, verdict_name(r.verdict),
-                       r.reason);
+    out += fmt::format("  {} {} [{}]\n    {}: {}\n", r.name, r.path.string(), r.origin,
+                       verdict_name(r.verdict), r.reason);
   }
   if (verbose) {
     out += "paths tried:\n";

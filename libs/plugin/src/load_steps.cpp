@@ -1,6 +1,6 @@
-// One candidate file, step by step. Each step either advances or sets the record's verdict and reason
-// and stops. The reasons are meant for users: they quote dlerror verbatim, name the symbol or member
-// that is missing, and state both ABI versions on a mismatch.
+// One candidate file, step by step. Each step either advances or sets the record's verdict and
+// reason and stops. The reasons are meant for users: they quote dlerror verbatim, name the symbol
+// or member that is missing, and state both ABI versions on a mismatch.
 #include "load_steps.h"
 
 #include <dlfcn.h>
@@ -20,15 +20,20 @@ struct Member {
   std::size_t offset;
 };
 
-#define HP_MEMBER(m) Member{#m, offsetof(hp_backend_v1, m)}
+#define HP_MEMBER(m) \
+  Member { #m, offsetof(hp_backend_v1, m) }
 constexpr Member kMandatory[] = {
-    HP_MEMBER(status_code),    HP_MEMBER(status_message),    HP_MEMBER(status_free),
-    HP_MEMBER(open),           HP_MEMBER(close),             HP_MEMBER(device_count),
-    HP_MEMBER(device_info),    HP_MEMBER(supports),          HP_MEMBER(alloc),
-    HP_MEMBER(free_mem),       HP_MEMBER(stream_create),     HP_MEMBER(stream_sync),
-    HP_MEMBER(stream_destroy), HP_MEMBER(event_create),      HP_MEMBER(event_record),
-    HP_MEMBER(stream_wait_event), HP_MEMBER(event_sync),     HP_MEMBER(event_destroy),
-    HP_MEMBER(copy_async),     HP_MEMBER(gemm),              HP_MEMBER(elementwise),
+    HP_MEMBER(status_code),    HP_MEMBER(status_message),
+    HP_MEMBER(status_free),    HP_MEMBER(open),
+    HP_MEMBER(close),          HP_MEMBER(device_count),
+    HP_MEMBER(device_info),    HP_MEMBER(supports),
+    HP_MEMBER(alloc),          HP_MEMBER(free_mem),
+    HP_MEMBER(stream_create),  HP_MEMBER(stream_sync),
+    HP_MEMBER(stream_destroy), HP_MEMBER(event_create),
+    HP_MEMBER(event_record),   HP_MEMBER(stream_wait_event),
+    HP_MEMBER(event_sync),     HP_MEMBER(event_destroy),
+    HP_MEMBER(copy_async),     HP_MEMBER(gemm),
+    HP_MEMBER(elementwise),
 };
 #undef HP_MEMBER
 
@@ -70,16 +75,18 @@ const hp_backend_v1* resolve_table(PluginRecord& rec, void* handle) {
   if (!entry) {
     if (int major = other_major(handle))
       reject(rec, Verdict::abi_mismatch,
-             fmt::format("plugin {} implements ABI {}, hp supports {}", rec.path.filename().string(),
-                         major, HP_ABI_MAJOR));
+             fmt::format("plugin {} implements ABI {}, hp supports {}",
+                         rec.path.filename().string(), major, HP_ABI_MAJOR));
     else
-      reject(rec, Verdict::not_backend, "not an hp backend, or an unsupported ABI (no hp_backend_entry_v1 symbol)");
+      reject(rec, Verdict::not_backend,
+             "not an hp backend, or an unsupported ABI (no hp_backend_entry_v1 symbol)");
     return nullptr;
   }
   const hp_backend_v1* t = entry(HP_ABI_MINOR);
   if (!t) {
     reject(rec, Verdict::abi_mismatch,
-           fmt::format("hp_backend_entry_v1 returned no table for host ABI {}.{}", HP_ABI_MAJOR, HP_ABI_MINOR));
+           fmt::format("hp_backend_entry_v1 returned no table for host ABI {}.{}", HP_ABI_MAJOR,
+                       HP_ABI_MINOR));
     return nullptr;
   }
   rec.abi_major = t->abi_major;
@@ -113,8 +120,9 @@ const hp_backend_v1* resolve_table(PluginRecord& rec, void* handle) {
 namespace hp::plugin {
 
 bool is_missing_dependency(const std::string& text, const std::string& file) {
-  // glibc: "<file>: <dep>: cannot open shared object file: No such file or directory" when a DT_NEEDED
-  // library is missing; "<file>: cannot open shared object file" when the file itself is missing.
+  // glibc: "<file>: <dep>: cannot open shared object file: No such file or directory" when a
+  // DT_NEEDED library is missing; "<file>: cannot open shared object file" when the file itself is
+  // missing.
   static const std::string kMissing = "cannot open shared object file";
   auto pos = text.find(kMissing);
   if (pos == std::string::npos) return false;

@@ -69,8 +69,8 @@ std::vector<std::pair<fs::path, std::string>> search_dirs(const SearchOptions& o
     if (!opts.build_dir.empty()) {
       dirs.emplace_back(opts.build_dir, "build tree");
     } else if (!installed) {
-      // The compiled-in build tree is for an hp run from its build directory; an installed hp (or an
-      // unpacked .deb) must not pick up plugins of whatever tree it was once built in.
+      // The compiled-in build tree is for an hp run from its build directory; an installed hp (or
+      // an unpacked .deb) must not pick up plugins of whatever tree it was once built in.
 #ifdef HP_BUILD_PLUGIN_DIR
       dirs.emplace_back(fs::path(HP_BUILD_PLUGIN_DIR), "build tree");
 #endif
@@ -106,7 +106,8 @@ std::vector<fs::path> candidates_in(const fs::path& dir) {
 }  // namespace
 
 PluginRecord load_plugin(const fs::path& file, const std::string& origin,
-                         const std::vector<std::string>& open_options, std::vector<std::string>& trace) {
+                         const std::vector<std::string>& open_options,
+                         std::vector<std::string>& trace) {
   PluginRecord rec;
   rec.path = file;
   rec.origin = origin;
@@ -115,8 +116,8 @@ PluginRecord load_plugin(const fs::path& file, const std::string& origin,
   trace.push_back(fmt::format("  try {}", file.string()));
   detail::run_load_steps(rec, open_options);
   if (rec.ok())
-    trace.push_back(fmt::format("    loaded '{}' {} (abi {}.{}), {} device(s)", rec.name, rec.version,
-                                rec.abi_major, rec.abi_minor, rec.devices.size()));
+    trace.push_back(fmt::format("    loaded '{}' {} (abi {}.{}), {} device(s)", rec.name,
+                                rec.version, rec.abi_major, rec.abi_minor, rec.devices.size()));
   else
     trace.push_back(fmt::format("    rejected ({}): {}", verdict_name(rec.verdict), rec.reason));
   return rec;
@@ -141,7 +142,8 @@ Expected<Registry> discover(const SearchOptions& opts) {
     if (!fs::is_directory(dir, ec)) {
       if (explicit_path)
         return Error(Errc::bad_input, "no such plugin file or directory", dir.string(),
-                     "--plugin-path takes a directory holding libhp-backend-<name>.so files, or one such file");
+                     "--plugin-path takes a directory holding libhp-backend-<name>.so files, or "
+                     "one such file");
       reg.trace.push_back(fmt::format("search {} ({}): no such directory", dir.string(), origin));
       continue;
     }
@@ -151,11 +153,13 @@ Expected<Registry> discover(const SearchOptions& opts) {
       continue;
     }
     auto files = candidates_in(dir);
-    reg.trace.push_back(fmt::format("search {} ({}): {} candidate(s)", dir.string(), origin, files.size()));
+    reg.trace.push_back(
+        fmt::format("search {} ({}): {} candidate(s)", dir.string(), origin, files.size()));
     for (const auto& file : files) {
       std::string name = name_from_file(file);
       if (loaded_names.count(name)) {
-        reg.trace.push_back(fmt::format("  skip {}: '{}' already loaded from an earlier path", file.string(), name));
+        reg.trace.push_back(fmt::format("  skip {}: '{}' already loaded from an earlier path",
+                                        file.string(), name));
         continue;
       }
       PluginRecord rec = load_plugin(file, origin, opts.open_options, reg.trace);

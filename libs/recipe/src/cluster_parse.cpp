@@ -1,8 +1,8 @@
-// Reading a cluster file. A cluster names its device types (peak FLOP/s per dtype, memory, memory and
-// host-link bandwidth, how many per node), which of them are ranks, and the network tiers from the
-// innermost (die, node) to the outermost (scale-out). The planner and libs/topology only ever see the
-// struct; this file turns TOML into it and records where every key was, and cluster_validate.cpp
-// checks the numbers against each other.
+// Reading a cluster file. A cluster names its device types (peak FLOP/s per dtype, memory, memory
+// and host-link bandwidth, how many per node), which of them are ranks, and the network tiers from
+// the innermost (die, node) to the outermost (scale-out). The planner and libs/topology only ever
+// see the struct; this file turns TOML into it and records where every key was, and
+// cluster_validate.cpp checks the numbers against each other.
 //
 // Sizes, bandwidths and latencies may be written as plain numbers (bytes, bytes/s, seconds) or as
 // strings with units ("80 GiB", "450 GB/s", "2us"); presets use the strings because a reviewer can
@@ -35,19 +35,22 @@ void read_peak(TomlReader& rd, const toml::table& t, const std::string& path, Pe
 }
 
 void read_device(TomlReader& rd, const toml::table& t, const std::string& path, DeviceType& d) {
-  rd.check_keys(t, path, {"name", "kind", "per_node", "peak_flops", "memory", "memory_bandwidth",
-                          "h2d_bandwidth", "d2h_bandwidth"});
+  rd.check_keys(t, path,
+                {"name", "kind", "per_node", "peak_flops", "memory", "memory_bandwidth",
+                 "h2d_bandwidth", "d2h_bandwidth"});
   if (auto v = rd.get_string(t, "name", path, true)) d.name = *v;
   if (auto v = rd.get_string(t, "kind", path, true)) {
     if (auto k = parse_kind(*v)) {
       d.kind = *k;
     } else {
-      rd.error(rd.loc(t.get("kind")->source()), fmt::format("'{}.kind' must be cpu, gpu or npu, got '{}'", path, *v),
+      rd.error(rd.loc(t.get("kind")->source()),
+               fmt::format("'{}.kind' must be cpu, gpu or npu, got '{}'", path, *v),
                detail::did_you_mean(*v, {"cpu", "gpu", "npu"}));
     }
   }
   if (auto v = rd.get_int(t, "per_node", path, true)) d.per_node = *v;
-  if (auto p = rd.get_table(t, "peak_flops", path, true)) read_peak(rd, *p, TomlReader::join(path, "peak_flops"), d.peak_flops);
+  if (auto p = rd.get_table(t, "peak_flops", path, true))
+    read_peak(rd, *p, TomlReader::join(path, "peak_flops"), d.peak_flops);
   if (auto v = rd.get_bytes(t, "memory", path, true)) d.memory = *v;
   if (auto v = rd.get_rate(t, "memory_bandwidth", path, true)) d.memory_bandwidth = *v;
   if (auto v = rd.get_rate(t, "h2d_bandwidth", path, true)) d.h2d_bandwidth = *v;
@@ -64,7 +67,8 @@ void read_tier(TomlReader& rd, const toml::table& t, const std::string& path, Ti
 
 // Reads [[key]] as an array of tables, calling `each(table, path, index)`.
 template <class F>
-void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key, bool required, F each) {
+void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key, bool required,
+                      F each) {
   const toml::array* a = rd.get_array(root, key, "", required);
   if (!a) return;
   for (std::size_t i = 0; i < a->size(); ++i) {
@@ -73,7 +77,8 @@ void read_table_array(TomlReader& rd, const toml::table& root, std::string_view 
     if (auto t = n.as_table()) {
       each(*t, path, i);
     } else {
-      rd.error(rd.loc(n.source()), fmt::format("'{}' must be a table, got {}", path, detail::type_phrase(n.type())),
+      rd.error(rd.loc(n.source()),
+               fmt::format("'{}' must be a table, got {}", path, detail::type_phrase(n.type())),
                fmt::format("write each entry as a [[{}]] section", key));
     }
   }
@@ -95,7 +100,8 @@ ClusterDocument parse_cluster(std::string_view text, const std::string& display_
   if (auto v = rd.get_int(*head, "version", "cluster", true)) {
     if (*v != kClusterVersion) {
       rd.error(doc.where.at("cluster.version"), fmt::format("unsupported cluster version {}", *v),
-               fmt::format("this hp reads cluster version {}; use a newer hp or rewrite the file", kClusterVersion));
+               fmt::format("this hp reads cluster version {}; use a newer hp or rewrite the file",
+                           kClusterVersion));
       return doc;
     }
     c.version = static_cast<int>(*v);
@@ -106,14 +112,16 @@ ClusterDocument parse_cluster(std::string_view text, const std::string& display_
   if (auto v = rd.get_int(*head, "nodes", "cluster", false)) c.nodes = *v;
   auto rank_device = rd.get_string(*head, "rank_device", "cluster", false);
 
-  read_table_array(rd, *root, "device_types", true, [&](const toml::table& t, const std::string& path, std::size_t) {
-    c.device_types.emplace_back();
-    read_device(rd, t, path, c.device_types.back());
-  });
-  read_table_array(rd, *root, "tiers", true, [&](const toml::table& t, const std::string& path, std::size_t) {
-    c.tiers.emplace_back();
-    read_tier(rd, t, path, c.tiers.back());
-  });
+  read_table_array(rd, *root, "device_types", true,
+                   [&](const toml::table& t, const std::string& path, std::size_t) {
+                     c.device_types.emplace_back();
+                     read_device(rd, t, path, c.device_types.back());
+                   });
+  read_table_array(rd, *root, "tiers", true,
+                   [&](const toml::table& t, const std::string& path, std::size_t) {
+                     c.tiers.emplace_back();
+                     read_tier(rd, t, path, c.tiers.back());
+                   });
   // rank_device may be left out when there is exactly one device type.
   if (rank_device) {
     c.rank_device = *rank_device;

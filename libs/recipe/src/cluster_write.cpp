@@ -64,9 +64,12 @@ std::string format_cluster(const Cluster& c) {
         .number("h2d_bandwidth", d.h2d_bandwidth)
         .number("d2h_bandwidth", d.d2h_bandwidth);
     const PeakFlops& f = d.peak_flops;
-    w.value("peak_flops", toml_inline_table({{"fp32", toml_float(f.fp32)}, {"tf32", toml_float(f.tf32)},
-                                             {"bf16", toml_float(f.bf16)}, {"fp16", toml_float(f.fp16)},
-                                             {"fp8", toml_float(f.fp8)}, {"int8", toml_float(f.int8)}}));
+    w.value("peak_flops", toml_inline_table({{"fp32", toml_float(f.fp32)},
+                                             {"tf32", toml_float(f.tf32)},
+                                             {"bf16", toml_float(f.bf16)},
+                                             {"fp16", toml_float(f.fp16)},
+                                             {"fp8", toml_float(f.fp8)},
+                                             {"int8", toml_float(f.int8)}}));
   }
   for (const auto& t : c.tiers) {
     w.array_table("tiers").string("name", t.name);
@@ -83,16 +86,19 @@ Status write_cluster(const Cluster& c, const std::filesystem::path& path) {
 Expected<Cluster> scale_cluster(const Cluster& c, std::int64_t nodes) {
   constexpr std::int64_t kMaxNodes = std::int64_t{1} << 20;
   if (nodes < 1 || nodes > kMaxNodes)
-    return Error(Errc::bad_input, fmt::format("node count must be 1..{}, got {}", kMaxNodes, nodes), "",
-                 "pass --nodes N with N >= 1");
+    return Error(Errc::bad_input, fmt::format("node count must be 1..{}, got {}", kMaxNodes, nodes),
+                 "", "pass --nodes N with N >= 1");
   Cluster out = c;
   out.nodes = nodes;
   if (!out.tiers.empty() && out.tiers.back().size > 0 && out.tiers.back().size < out.ranks()) {
-    std::int64_t max_nodes = out.ranks_per_node() > 0 ? out.tiers.back().size / out.ranks_per_node() : 0;
-    return Error(Errc::bad_input,
-                 fmt::format("cluster '{}' spans at most {} nodes (tier '{}' has {} ranks), {} requested", c.name,
-                             max_nodes, out.tiers.back().name, out.tiers.back().size, nodes),
-                 "", "use fewer nodes, or add an outermost scale-out tier without 'size' to the cluster file");
+    std::int64_t max_nodes =
+        out.ranks_per_node() > 0 ? out.tiers.back().size / out.ranks_per_node() : 0;
+    return Error(
+        Errc::bad_input,
+        fmt::format("cluster '{}' spans at most {} nodes (tier '{}' has {} ranks), {} requested",
+                    c.name, max_nodes, out.tiers.back().name, out.tiers.back().size, nodes),
+        "",
+        "use fewer nodes, or add an outermost scale-out tier without 'size' to the cluster file");
   }
   return out;
 }

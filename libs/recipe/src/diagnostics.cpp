@@ -1,8 +1,8 @@
 // Where diagnostics come from and in what order they are shown: the TOML parse itself (TOML++'s
 // parse_error, caught here so no exception leaves the library), the SourceMap that remembers where
 // each key was, and the ordering/de-duplication of the collected problems. Users read the problems
-// top to bottom next to their file, so they are sorted by line and column; a semantic complaint at a
-// location that already has a parse problem is dropped as a restatement of it.
+// top to bottom next to their file, so they are sorted by line and column; a semantic complaint at
+// a location that already has a parse problem is dropped as a restatement of it.
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -40,11 +40,14 @@ std::optional<toml::table> parse_toml(std::string_view text, const std::string& 
     return toml::parse(text, display_path);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
-    std::string where = b.line ? fmt::format("{}:{}:{}", display_path, b.line, b.column) : display_path;
+    std::string where =
+        b.line ? fmt::format("{}:{}:{}", display_path, b.line, b.column) : display_path;
     std::string message(e.description());
-    if (!message.empty()) message[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(message[0])));
+    if (!message.empty())
+      message[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(message[0])));
     while (!message.empty() && message.back() == '.') message.pop_back();
-    problems.push_back(Diagnostic{where, "TOML syntax error: " + message, "fix the TOML syntax at this position"});
+    problems.push_back(
+        Diagnostic{where, "TOML syntax error: " + message, "fix the TOML syntax at this position"});
     return std::nullopt;
   }
 }
@@ -80,8 +83,9 @@ void sort_by_location(std::vector<Diagnostic>& problems) {
 void append_new(std::vector<Diagnostic>& problems, std::vector<Diagnostic> more) {
   std::size_t original = problems.size();
   for (auto& d : more) {
-    bool seen = std::any_of(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(original),
-                            [&](const Diagnostic& p) { return p.where == d.where; });
+    bool seen =
+        std::any_of(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(original),
+                    [&](const Diagnostic& p) { return p.where == d.where; });
     if (!seen) problems.push_back(std::move(d));
   }
 }

@@ -1,7 +1,7 @@
 // Preset lookup. A cluster reference is either a path or a preset name; the rule is purely textual
 // (a '/' or a ".toml" suffix makes it a path) so that the same recipe means the same thing on every
-// machine. Preset directories come from the caller: the library does not know where hp is installed,
-// apps/hp passes <exe_dir>/../share/hp/recipes/clusters and the source tree.
+// machine. Preset directories come from the caller: the library does not know where hp is
+// installed, apps/hp passes <exe_dir>/../share/hp/recipes/clusters and the source tree.
 #include "hp/recipe/presets.h"
 
 #include <algorithm>
@@ -36,7 +36,8 @@ std::vector<std::string> list_presets(const std::vector<fs::path>& dirs) {
   for (const auto& dir : dirs) {
     std::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (it->path().extension() == ".toml" && it->is_regular_file(ec)) names.push_back(it->path().stem().string());
+      if (it->path().extension() == ".toml" && it->is_regular_file(ec))
+        names.push_back(it->path().stem().string());
   }
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
@@ -48,9 +49,11 @@ bool looks_like_path(std::string_view ref) {
          (ref.size() > 5 && ref.substr(ref.size() - 5) == ".toml");
 }
 
-Expected<fs::path> find_cluster(std::string_view ref, const fs::path& base_dir, const std::vector<fs::path>& dirs) {
+Expected<fs::path> find_cluster(std::string_view ref, const fs::path& base_dir,
+                                const std::vector<fs::path>& dirs) {
   std::error_code ec;
-  if (ref.empty()) return Error(Errc::bad_input, "empty cluster reference", "", "name a preset or a cluster file");
+  if (ref.empty())
+    return Error(Errc::bad_input, "empty cluster reference", "", "name a preset or a cluster file");
   if (looks_like_path(ref)) {
     fs::path p(ref);
     if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
@@ -75,12 +78,14 @@ Expected<fs::path> find_cluster(std::string_view ref, const fs::path& base_dir, 
   return Error(Errc::bad_input, fmt::format("unknown cluster preset '{}'", ref), "", hint);
 }
 
-Expected<Cluster> load_cluster_ref(std::string_view ref, const fs::path& base_dir, const std::vector<fs::path>& dirs) {
+Expected<Cluster> load_cluster_ref(std::string_view ref, const fs::path& base_dir,
+                                   const std::vector<fs::path>& dirs) {
   HP_ASSIGN_OR_RETURN(auto path, find_cluster(ref, base_dir, dirs));
   return load_cluster(path);
 }
 
-Expected<Cluster> cluster_for(const Recipe& r, const fs::path& base_dir, const std::vector<fs::path>& dirs) {
+Expected<Cluster> cluster_for(const Recipe& r, const fs::path& base_dir,
+                              const std::vector<fs::path>& dirs) {
   HP_ASSIGN_OR_RETURN(Cluster c, load_cluster_ref(r.cluster, base_dir, dirs));
   if (r.nodes > 0 && r.nodes != c.nodes) return scale_cluster(c, r.nodes);
   return c;

@@ -41,7 +41,8 @@ std::optional<std::vector<std::int64_t>> parse_ranges(std::string_view text) {
     } else if (!read_int(part.substr(0, dash), a) || !read_int(part.substr(dash + 1), b) || b < a) {
       return std::nullopt;
     }
-    if (b - a > (1 << 20) || out.size() > (1u << 22)) return std::nullopt;  // a typo, not a real rank count
+    if (b - a > (1 << 20) || out.size() > (1u << 22))
+      return std::nullopt;  // a typo, not a real rank count
     for (std::int64_t x = a; x <= b; ++x) out.push_back(x);
     if (comma == std::string_view::npos) break;
     text.remove_prefix(comma + 1);

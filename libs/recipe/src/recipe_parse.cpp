@@ -1,11 +1,12 @@
 // Reading a recipe. The recipe is the artifact users edit by hand, so the reader is strict (unknown
-// keys are errors, with a did-you-mean hint, because a misspelt "micro_batchs" silently falling back
-// to a default would be worse than refusing) and exhaustive (every problem in one run). Each section
-// has one reader function that lists its keys; recipe_validate.cpp then checks values against each
-// other. An unsupported [recipe] version stops reading early: its keys may mean something else.
+// keys are errors, with a did-you-mean hint, because a misspelt "micro_batchs" silently falling
+// back to a default would be worse than refusing) and exhaustive (every problem in one run). Each
+// section has one reader function that lists its keys; recipe_validate.cpp then checks values
+// against each other. An unsupported [recipe] version stops reading early: its keys may mean
+// something else.
 //
-// Enumerations accept their documented names only ("1f1b", not "1F1B"); optimizer_shard also accepts
-// its ZeRO level as an integer, since that is how most users know it.
+// Enumerations accept their documented names only ("1f1b", not "1F1B"); optimizer_shard also
+// accepts its ZeRO level as an integer, since that is how most users know it.
 #include <fmt/core.h>
 
 #include "hp/core/fs.h"
@@ -19,7 +20,8 @@ using detail::TomlReader;
 
 // Reads an enumeration given as a string; unknown names are reported with the list of valid ones.
 template <class E, std::size_t N>
-std::optional<E> get_enum(TomlReader& rd, const toml::table& t, std::string_view key, const std::string& path,
+std::optional<E> get_enum(TomlReader& rd, const toml::table& t, std::string_view key,
+                          const std::string& path,
                           const std::pair<std::string_view, E> (&names)[N]) {
   auto s = rd.get_string(t, key, path, false);
   if (!s) return std::nullopt;
@@ -38,7 +40,9 @@ std::optional<E> get_enum(TomlReader& rd, const toml::table& t, std::string_view
 }
 
 constexpr std::pair<std::string_view, Schedule> kSchedules[] = {
-    {"gpipe", Schedule::gpipe}, {"1f1b", Schedule::one_f_one_b}, {"interleaved", Schedule::interleaved}};
+    {"gpipe", Schedule::gpipe},
+    {"1f1b", Schedule::one_f_one_b},
+    {"interleaved", Schedule::interleaved}};
 constexpr std::pair<std::string_view, Recompute> kRecomputes[] = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 constexpr std::pair<std::string_view, int> kShardLevels[] = {
@@ -62,20 +66,23 @@ void read_model(TomlReader& rd, const toml::table& t, Recipe& r) {
 
 void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   const std::string path = "parallel";
-  rd.check_keys(t, path, {"dp", "tp", "pp", "optimizer_shard", "micro_batch_size", "micro_batches", "schedule",
-                          "virtual_stages", "sequence_parallel", "expert_parallel"});
+  rd.check_keys(t, path,
+                {"dp", "tp", "pp", "optimizer_shard", "micro_batch_size", "micro_batches",
+                 "schedule", "virtual_stages", "sequence_parallel", "expert_parallel"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
   if (auto v = rd.get_int(t, "pp", path, true)) p.pp = *v;
   if (const toml::node* n = t.get("optimizer_shard"); n && n->is_integer()) {
-    if (auto v = rd.get_int(t, "optimizer_shard", path, false)) p.optimizer_shard = static_cast<int>(*v);
+    if (auto v = rd.get_int(t, "optimizer_shard", path, false))
+      p.optimizer_shard = static_cast<int>(*v);
   } else if (n && n->is_string()) {
     if (auto v = get_enum(rd, t, "optimizer_shard", path, kShardLevels)) p.optimizer_shard = *v;
   } else if (n) {
-    rd.error(rd.loc(n->source()),
-             fmt::format("'parallel.optimizer_shard' must be an integer 0..3 or a level name, got {}",
-                         detail::type_phrase(n->type())),
-             "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
+    rd.error(
+        rd.loc(n->source()),
+        fmt::format("'parallel.optimizer_shard' must be an integer 0..3 or a level name, got {}",
+                    detail::type_phrase(n->type())),
+        "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
   }
   if (auto v = rd.get_int(t, "micro_batch_size", path, false)) p.micro_batch_size = *v;
   if (auto v = rd.get_int(t, "micro_batches", path, false)) p.micro_batches = *v;
@@ -114,14 +121,15 @@ void read_tensor_map(TomlReader& rd, const toml::table& t, const std::string& pa
         if (auto xs = x.as_string()) {
           axes.push_back(xs->get());
         } else {
-          rd.error(rd.loc(x.source()), fmt::format("'{}.tensor_map[{}]' entries must be axis names, got {}", path, i,
-                                                   detail::type_phrase(x.type())));
+          rd.error(rd.loc(x.source()),
+                   fmt::format("'{}.tensor_map[{}]' entries must be axis names, got {}", path, i,
+                               detail::type_phrase(x.type())));
         }
       }
     } else {
-      rd.error(rd.loc(e.source()),
-               fmt::format("'{}.tensor_map[{}]' must be an axis name, \"None\" or an array of axis names, got {}", path,
-                           i, detail::type_phrase(e.type())));
+      rd.error(rd.loc(e.source()), fmt::format("'{}.tensor_map[{}]' must be an axis name, \"None\" "
+                                               "or an array of axis names, got {}",
+                                               path, i, detail::type_phrase(e.type())));
     }
     l.tensor_map.push_back(std::move(axes));
   }
@@ -143,21 +151,24 @@ void read_group(TomlReader& rd, const toml::table& t, const std::string& path, G
   if (auto v = rd.get_string(t, "backend", path, false)) g.backend = *v;
   if (const toml::table* env = rd.get_table(t, "env", path, false))
     for (auto&& [k, v] : *env)
-      if (auto s = rd.get_string(*env, k.str(), TomlReader::join(path, "env"), true)) g.env[std::string(k.str())] = *s;
+      if (auto s = rd.get_string(*env, k.str(), TomlReader::join(path, "env"), true))
+        g.env[std::string(k.str())] = *s;
   if (auto v = rd.get_string_list(t, "inputs", path, false)) g.inputs = *v;
   if (auto v = rd.get_string_list(t, "outputs", path, false)) g.outputs = *v;
 }
 
-void read_sourced(TomlReader& rd, const toml::table& t, std::string_view key, bool bytes, SourcedValue& out) {
+void read_sourced(TomlReader& rd, const toml::table& t, std::string_view key, bool bytes,
+                  SourcedValue& out) {
   auto v = bytes ? rd.get_bytes(t, key, "offload", false) : rd.get_rate(t, key, "offload", false);
   if (v) out.value = *v, out.source = "user";  // typed in by hand unless a source says otherwise
   if (auto s = rd.get_string(t, std::string(key) + "_source", "offload", false)) out.source = *s;
 }
 
 void read_offload(TomlReader& rd, const toml::table& t, Offload& o) {
-  rd.check_keys(t, "offload", {"enabled", "targets", "h2d_bandwidth", "h2d_bandwidth_source", "d2h_bandwidth",
-                               "d2h_bandwidth_source", "host_memory", "host_memory_source", "margin",
-                               "prefetch_lookahead", "device_budget"});
+  rd.check_keys(t, "offload",
+                {"enabled", "targets", "h2d_bandwidth", "h2d_bandwidth_source", "d2h_bandwidth",
+                 "d2h_bandwidth_source", "host_memory", "host_memory_source", "margin",
+                 "prefetch_lookahead", "device_budget"});
   if (auto v = rd.get_bool(t, "enabled", "offload", true)) o.enabled = *v;
   if (auto v = rd.get_string_list(t, "targets", "offload", false)) o.targets = *v;
   read_sourced(rd, t, "h2d_bandwidth", false, o.h2d_bandwidth);
@@ -169,7 +180,8 @@ void read_offload(TomlReader& rd, const toml::table& t, Offload& o) {
 }
 
 template <class T, class F>
-void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key, std::vector<T>& out, F each) {
+void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key,
+                      std::vector<T>& out, F each) {
   const toml::array* a = rd.get_array(root, key, "", false);
   if (!a) return;
   for (std::size_t i = 0; i < a->size(); ++i) {
@@ -179,7 +191,8 @@ void read_table_array(TomlReader& rd, const toml::table& root, std::string_view 
     if (auto t = n.as_table())
       each(*t, path, out.back());
     else
-      rd.error(rd.loc(n.source()), fmt::format("'{}' must be a table, got {}", path, detail::type_phrase(n.type())),
+      rd.error(rd.loc(n.source()),
+               fmt::format("'{}' must be a table, got {}", path, detail::type_phrase(n.type())),
                fmt::format("write each entry as a [[{}]] section", key));
   }
 }
@@ -194,15 +207,18 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
   TomlReader rd(doc.where, doc.problems);
   Recipe& r = doc.recipe;
 
-  rd.check_keys(*root, "", {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload"});
+  rd.check_keys(*root, "",
+                {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload"});
   const toml::table* head = rd.get_table(*root, "recipe", "", true);
   if (head) {
     // The version decides how the rest reads, so an unsupported one stops here.
     if (auto v = rd.get_int(*head, "version", "recipe", true)) {
       if (*v != kRecipeVersion) {
-        rd.error(doc.where.at("recipe.version"), fmt::format("unsupported recipe version {}", *v),
-                 fmt::format("this hp reads recipe version {}; use the hp that wrote it, or run 'hp plan' again",
-                             kRecipeVersion));
+        rd.error(
+            doc.where.at("recipe.version"), fmt::format("unsupported recipe version {}", *v),
+            fmt::format(
+                "this hp reads recipe version {}; use the hp that wrote it, or run 'hp plan' again",
+                kRecipeVersion));
         return doc;
       }
       r.version = static_cast<int>(*v);
@@ -210,9 +226,11 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
     read_head(rd, *head, r);
   }
   if (const toml::table* t = rd.get_table(*root, "model", "", false)) read_model(rd, *t, r);
-  if (const toml::table* t = rd.get_table(*root, "parallel", "", true)) read_parallel(rd, *t, r.parallel);
-  read_table_array(rd, *root, "stages", r.stages,
-                   [&](const toml::table& t, const std::string& path, Stage& s) { read_stage(rd, t, path, s); });
+  if (const toml::table* t = rd.get_table(*root, "parallel", "", true))
+    read_parallel(rd, *t, r.parallel);
+  read_table_array(
+      rd, *root, "stages", r.stages,
+      [&](const toml::table& t, const std::string& path, Stage& s) { read_stage(rd, t, path, s); });
   if (const toml::table* layouts = rd.get_table(*root, "layouts", "", false)) {
     for (auto&& [k, v] : *layouts) {
       std::string path = TomlReader::join("layouts", k.str());
@@ -220,9 +238,11 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
         read_layout(rd, *t, path, r.layouts[std::string(k.str())]);
     }
   }
-  read_table_array(rd, *root, "groups", r.groups,
-                   [&](const toml::table& t, const std::string& path, Group& g) { read_group(rd, t, path, g); });
-  if (const toml::table* t = rd.get_table(*root, "offload", "", false)) read_offload(rd, *t, r.offload.emplace());
+  read_table_array(
+      rd, *root, "groups", r.groups,
+      [&](const toml::table& t, const std::string& path, Group& g) { read_group(rd, t, path, g); });
+  if (const toml::table* t = rd.get_table(*root, "offload", "", false))
+    read_offload(rd, *t, r.offload.emplace());
 
   detail::append_new(doc.problems, validate_recipe(r, doc.where));
   detail::sort_by_location(doc.problems);

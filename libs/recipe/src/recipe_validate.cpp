@@ -28,7 +28,8 @@ struct Checker {
     if (v < min) fail(key, fmt::format("'{}' must be at least {}, got {}", key, min, v));
   }
   // Degrees and counts are capped so that products of them (dp*tp*pp) cannot overflow.
-  void in_range(std::string_view key, std::int64_t v, std::int64_t min, std::int64_t max = kMaxCount) {
+  void in_range(std::string_view key, std::int64_t v, std::int64_t min,
+                std::int64_t max = kMaxCount) {
     if (v < min)
       fail(key, fmt::format("'{}' must be at least {}, got {}", key, min, v));
     else if (v > max)
@@ -49,27 +50,33 @@ void check_parallel(Checker& ck, const Parallel& p) {
   bool degrees_ok = true;
   for (auto v : {p.dp, p.tp, p.pp}) degrees_ok &= v >= 1 && v <= Checker::kMaxCount;
   if (p.optimizer_shard < 0 || p.optimizer_shard > 3)
-    ck.fail("parallel.optimizer_shard", fmt::format("'parallel.optimizer_shard' must be 0..3, got {}", p.optimizer_shard),
+    ck.fail("parallel.optimizer_shard",
+            fmt::format("'parallel.optimizer_shard' must be 0..3, got {}", p.optimizer_shard),
             "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
   if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved)
     ck.fail("parallel.virtual_stages",
-            fmt::format("'parallel.virtual_stages' is {} but the schedule is '{}'", p.virtual_stages, schedule_name(p.schedule)),
+            fmt::format("'parallel.virtual_stages' is {} but the schedule is '{}'",
+                        p.virtual_stages, schedule_name(p.schedule)),
             "virtual stages need schedule = \"interleaved\"");
   if (p.schedule == Schedule::interleaved) {
     if (p.virtual_stages < 2)
-      ck.fail("parallel.schedule", "the interleaved schedule needs 'parallel.virtual_stages' of at least 2",
+      ck.fail("parallel.schedule",
+              "the interleaved schedule needs 'parallel.virtual_stages' of at least 2",
               "set virtual_stages, or use schedule = \"1f1b\"");
     if (p.pp >= 1 && p.micro_batches % p.pp != 0)
       ck.fail("parallel.micro_batches",
-              fmt::format("'parallel.micro_batches' ({}) must be a multiple of pp ({}) for the interleaved schedule",
+              fmt::format("'parallel.micro_batches' ({}) must be a multiple of pp ({}) for the "
+                          "interleaved schedule",
                           p.micro_batches, p.pp));
   }
   if (p.sequence_parallel && p.tp == 1)
     ck.fail("parallel.sequence_parallel", "sequence parallelism needs tp > 1",
-            "it splits activations over the tensor-parallel group; set tp or sequence_parallel = false");
+            "it splits activations over the tensor-parallel group; set tp or sequence_parallel = "
+            "false");
   if (degrees_ok && p.expert_parallel > 1 && (p.dp * p.tp) % p.expert_parallel != 0)
     ck.fail("parallel.expert_parallel",
-            fmt::format("'parallel.expert_parallel' ({}) must divide dp*tp ({})", p.expert_parallel, p.dp * p.tp));
+            fmt::format("'parallel.expert_parallel' ({}) must divide dp*tp ({})", p.expert_parallel,
+                        p.dp * p.tp));
 }
 
 void check_rank_list(Checker& ck, const std::string& key, const std::vector<std::int64_t>& ranks) {
@@ -87,8 +94,10 @@ void check_stages(Checker& ck, const Recipe& r) {
     if (v < 1 || v > Checker::kMaxCount) return;  // reported by check_parallel
   std::int64_t want = p.pp * p.virtual_stages;
   if (static_cast<std::int64_t>(r.stages.size()) != want)
-    ck.fail("stages", fmt::format("the recipe has {} stages but pp*virtual_stages is {}", r.stages.size(), want),
-            "write one [[stages]] entry per pipeline stage (and per virtual stage when interleaved)");
+    ck.fail(
+        "stages",
+        fmt::format("the recipe has {} stages but pp*virtual_stages is {}", r.stages.size(), want),
+        "write one [[stages]] entry per pipeline stage (and per virtual stage when interleaved)");
   std::map<std::int64_t, std::int64_t> layer_owner;
   std::set<std::int64_t> indices;
   for (std::size_t i = 0; i < r.stages.size(); ++i) {
@@ -100,11 +109,15 @@ void check_stages(Checker& ck, const Recipe& r) {
     indices.insert(s.index);
     if (s.layers.empty()) ck.fail(key + ".layers", fmt::format("stage {} has no layers", s.index));
     if (!std::is_sorted(s.layers.begin(), s.layers.end()))
-      ck.fail(key + ".layers", fmt::format("the layers of stage {} are not in ascending order", s.index));
+      ck.fail(key + ".layers",
+              fmt::format("the layers of stage {} are not in ascending order", s.index));
     for (auto l : s.layers) {
-      if (l < 0) ck.fail(key + ".layers", fmt::format("stage {} has negative layer {}", s.index, l));
+      if (l < 0)
+        ck.fail(key + ".layers", fmt::format("stage {} has negative layer {}", s.index, l));
       auto [it, fresh] = layer_owner.emplace(l, s.index);
-      if (!fresh) ck.fail(key + ".layers", fmt::format("layer {} is in stage {} and stage {}", l, it->second, s.index));
+      if (!fresh)
+        ck.fail(key + ".layers",
+                fmt::format("layer {} is in stage {} and stage {}", l, it->second, s.index));
     }
     // Overrides name layers of this stage, each at most once.
     std::map<std::int64_t, Recompute> overridden;
@@ -112,23 +125,25 @@ void check_stages(Checker& ck, const Recipe& r) {
       for (auto l : layers) {
         if (!std::binary_search(s.layers.begin(), s.layers.end(), l))
           ck.fail(key + ".recompute_layers",
-                  fmt::format("'{}.recompute_layers.{}' names layer {}, which is not in stage {}", key,
-                              recompute_name(mode), l, s.index),
+                  fmt::format("'{}.recompute_layers.{}' names layer {}, which is not in stage {}",
+                              key, recompute_name(mode), l, s.index),
                   "list only layers of the stage's 'layers'");
         else if (auto [it, fresh] = overridden.emplace(l, mode); !fresh)
           ck.fail(key + ".recompute_layers",
-                  fmt::format("layer {} of stage {} is both '{}' and '{}' in 'recompute_layers'", l, s.index,
-                              recompute_name(it->second), recompute_name(mode)));
+                  fmt::format("layer {} of stage {} is both '{}' and '{}' in 'recompute_layers'", l,
+                              s.index, recompute_name(it->second), recompute_name(mode)));
       }
     if (!s.ranks.empty() && static_cast<std::int64_t>(s.ranks.size()) != p.dp * p.tp)
-      ck.fail(key + ".ranks", fmt::format("stage {} has {} ranks but dp*tp is {}", s.index, s.ranks.size(), p.dp * p.tp));
+      ck.fail(key + ".ranks", fmt::format("stage {} has {} ranks but dp*tp is {}", s.index,
+                                          s.ranks.size(), p.dp * p.tp));
     check_rank_list(ck, key + ".ranks", s.ranks);
   }
   // Layers must be covered without gaps: a missing layer would silently drop part of the model.
   std::int64_t expect = 0;
   for (auto [layer, stage] : layer_owner) {
     if (layer != expect) {
-      ck.fail("stages", fmt::format("layer {} is in no stage", expect), "stages must cover layers 0..N-1");
+      ck.fail("stages", fmt::format("layer {} is in no stage", expect),
+              "stages must cover layers 0..N-1");
       break;
     }
     ++expect;
@@ -138,19 +153,23 @@ void check_stages(Checker& ck, const Recipe& r) {
     std::map<std::int64_t, std::int64_t> rank_stage;
     for (std::size_t i = 0; i < r.stages.size(); ++i)
       for (auto rank : r.stages[i].ranks)
-        if (auto [it, fresh] = rank_stage.emplace(rank, r.stages[i].index); !fresh && it->second != r.stages[i].index)
+        if (auto [it, fresh] = rank_stage.emplace(rank, r.stages[i].index);
+            !fresh && it->second != r.stages[i].index)
           ck.fail(fmt::format("stages[{}].ranks", i),
-                  fmt::format("rank {} runs stage {} and stage {}", rank, it->second, r.stages[i].index));
+                  fmt::format("rank {} runs stage {} and stage {}", rank, it->second,
+                              r.stages[i].index));
   }
 }
 
 void check_layout(Checker& ck, const std::string& name, const Layout& l) {
   std::string key = "layouts." + toml_key(name);
   auto fail = [&](std::string_view sub, std::string msg, std::string hint = {}) {
-    ck.fail(key + "." + std::string(sub), fmt::format("layout '{}': {}", name, msg), std::move(hint));
+    ck.fail(key + "." + std::string(sub), fmt::format("layout '{}': {}", name, msg),
+            std::move(hint));
   };
   if (l.device_matrix.size() != l.alias_name.size())
-    fail("alias_name", fmt::format("device_matrix has {} axes but alias_name has {}", l.device_matrix.size(), l.alias_name.size()));
+    fail("alias_name", fmt::format("device_matrix has {} axes but alias_name has {}",
+                                   l.device_matrix.size(), l.alias_name.size()));
   std::int64_t devices = 1;
   for (std::size_t i = 0; i < l.device_matrix.size(); ++i) {
     if (l.device_matrix[i] < 1 || l.device_matrix[i] > Checker::kMaxCount) {
@@ -165,17 +184,21 @@ void check_layout(Checker& ck, const std::string& name, const Layout& l) {
   }
   std::set<std::string> aliases;
   for (const auto& a : l.alias_name) {
-    if (a.empty() || a == "None") fail("alias_name", fmt::format("'{}' is not a valid axis name", a));
+    if (a.empty() || a == "None")
+      fail("alias_name", fmt::format("'{}' is not a valid axis name", a));
     if (!aliases.insert(a).second) fail("alias_name", fmt::format("alias '{}' appears twice", a));
   }
   std::set<std::string> used;
   for (std::size_t d = 0; d < l.tensor_map.size(); ++d)
     for (const auto& a : l.tensor_map[d]) {
       if (!aliases.count(a)) fail("tensor_map", fmt::format("axis '{}' is not in alias_name", a));
-      if (!used.insert(a).second) fail("tensor_map", fmt::format("axis '{}' shards more than one dimension", a));
+      if (!used.insert(a).second)
+        fail("tensor_map", fmt::format("axis '{}' shards more than one dimension", a));
     }
-  if (!l.rank_list.empty() && devices > 0 && static_cast<std::int64_t>(l.rank_list.size()) != devices)
-    fail("rank_list", fmt::format("rank_list has {} entries, mesh has {} devices", l.rank_list.size(), devices));
+  if (!l.rank_list.empty() && devices > 0 &&
+      static_cast<std::int64_t>(l.rank_list.size()) != devices)
+    fail("rank_list",
+         fmt::format("rank_list has {} entries, mesh has {} devices", l.rank_list.size(), devices));
   check_rank_list(ck, key + ".rank_list", l.rank_list);
 }
 
@@ -186,7 +209,8 @@ void check_groups(Checker& ck, const Recipe& r) {
     const Group& g = r.groups[i];
     std::string key = fmt::format("groups[{}]", i);
     if (g.name.empty()) ck.fail(key + ".name", fmt::format("'{}.name' must not be empty", key));
-    if (!names.insert(g.name).second) ck.fail(key + ".name", fmt::format("group '{}' appears twice", g.name));
+    if (!names.insert(g.name).second)
+      ck.fail(key + ".name", fmt::format("group '{}' appears twice", g.name));
     if (g.ranks.empty()) {
       ck.fail(key + ".ranks", fmt::format("group '{}' has no ranks", g.name));
       continue;
@@ -195,29 +219,36 @@ void check_groups(Checker& ck, const Recipe& r) {
     std::iota(want.begin(), want.end(), next);
     if (g.ranks != want)
       ck.fail(key + ".ranks",
-              fmt::format("group '{}' has ranks {} but must have {}", g.name, format_ranges(g.ranks), format_ranges(want)),
+              fmt::format("group '{}' has ranks {} but must have {}", g.name,
+                          format_ranges(g.ranks), format_ranges(want)),
               "groups are mpirun app contexts: consecutive rank blocks, in the order listed");
     next += static_cast<std::int64_t>(g.ranks.size());
   }
 }
 
 void check_offload(Checker& ck, const Offload& o) {
-  static const std::set<std::string> targets{"parameters", "gradients", "optimizer", "activations", "kv_cache"};
+  static const std::set<std::string> targets{"parameters", "gradients", "optimizer", "activations",
+                                             "kv_cache"};
   for (const auto& t : o.targets)
     if (!targets.count(t))
       ck.fail("offload.targets", fmt::format("unknown offload target '{}'", t),
               "targets: parameters, gradients, optimizer, activations, kv_cache");
   if (!(o.margin >= 0 && o.margin <= 0.5))  // also false for nan
-    ck.fail("offload.margin", fmt::format("'offload.margin' must be between 0 and 0.5, got {}", o.margin));
+    ck.fail("offload.margin",
+            fmt::format("'offload.margin' must be between 0 and 0.5, got {}", o.margin));
   ck.in_range("offload.prefetch_lookahead", o.prefetch_lookahead, 1);
   if (!(o.device_budget >= 0) || !std::isfinite(o.device_budget))
-    ck.fail("offload.device_budget", "'offload.device_budget' must be a finite, non-negative number of bytes");
-  for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
+    ck.fail("offload.device_budget",
+            "'offload.device_budget' must be a finite, non-negative number of bytes");
+  for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth},
+                        {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}}) {
     std::string k = std::string("offload.") + key;
-    if (!(v->value >= 0) || !std::isfinite(v->value)) ck.fail(k, fmt::format("'{}' must be a finite, non-negative number", k));
+    if (!(v->value >= 0) || !std::isfinite(v->value))
+      ck.fail(k, fmt::format("'{}' must be a finite, non-negative number", k));
     const std::string& s = v->source;
-    bool known = s == "table" || s == "user" || s == "unknown" || (s.rfind("measured:", 0) == 0 && s.size() > 9);
+    bool known = s == "table" || s == "user" || s == "unknown" ||
+                 (s.rfind("measured:", 0) == 0 && s.size() > 9);
     if (!known)
       ck.fail(k + "_source", fmt::format("'{}_source' is '{}'", k, s),
               "write \"table\", \"user\", \"unknown\" or \"measured:<probe> <date>\"");
@@ -229,11 +260,16 @@ void check_offload(Checker& ck, const Offload& o) {
 std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where) {
   Checker ck{where, {}};
   if (r.name.empty()) ck.fail("recipe.name", "'recipe.name' must not be empty");
-  if (r.model.empty()) ck.fail("recipe.model", "'recipe.model' must not be empty", "give the ONNX file, relative to the recipe");
-  if (r.cluster.empty()) ck.fail("recipe.cluster", "'recipe.cluster' must not be empty", "give a preset name or a cluster file");
+  if (r.model.empty())
+    ck.fail("recipe.model", "'recipe.model' must not be empty",
+            "give the ONNX file, relative to the recipe");
+  if (r.cluster.empty())
+    ck.fail("recipe.cluster", "'recipe.cluster' must not be empty",
+            "give a preset name or a cluster file");
   ck.in_range("recipe.nodes", r.nodes, 1);
   for (const auto& [dim, v] : r.dims)
-    if (v < 1) ck.fail("model.dims." + dim, fmt::format("dim '{}' must be at least 1, got {}", dim, v));
+    if (v < 1)
+      ck.fail("model.dims." + dim, fmt::format("dim '{}' must be at least 1, got {}", dim, v));
   check_parallel(ck, r.parallel);
   check_stages(ck, r);
   for (const auto& [name, layout] : r.layouts) check_layout(ck, name, layout);
@@ -242,24 +278,29 @@ std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where)
   return std::move(ck.out);
 }
 
-std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const SourceMap& where, std::int64_t cluster_ranks,
+std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const SourceMap& where,
+                                                   std::int64_t cluster_ranks,
                                                    const std::string& cluster_name) {
   Checker ck{where, {}};
   const Parallel& p = r.parallel;
   if (r.ranks() != cluster_ranks)
-    ck.fail("parallel", fmt::format("dp*tp*pp = {}*{}*{} = {} ranks but cluster '{}' has {} ranks on {} node(s)", p.dp,
-                                    p.tp, p.pp, r.ranks(), cluster_name, cluster_ranks, r.nodes),
-            "make dp*tp*pp equal the cluster's ranks, or change [recipe] nodes");
+    ck.fail(
+        "parallel",
+        fmt::format("dp*tp*pp = {}*{}*{} = {} ranks but cluster '{}' has {} ranks on {} node(s)",
+                    p.dp, p.tp, p.pp, r.ranks(), cluster_name, cluster_ranks, r.nodes),
+        "make dp*tp*pp equal the cluster's ranks, or change [recipe] nodes");
   auto in_range = [&](const std::string& key, const std::vector<std::int64_t>& ranks) {
     for (auto rank : ranks)
       if (rank >= cluster_ranks) {
-        ck.fail(key, fmt::format("'{}' names rank {} but cluster '{}' has ranks 0..{}", key, rank, cluster_name,
-                                 cluster_ranks - 1));
+        ck.fail(key, fmt::format("'{}' names rank {} but cluster '{}' has ranks 0..{}", key, rank,
+                                 cluster_name, cluster_ranks - 1));
         return;
       }
   };
-  for (std::size_t i = 0; i < r.stages.size(); ++i) in_range(fmt::format("stages[{}].ranks", i), r.stages[i].ranks);
-  for (const auto& [name, l] : r.layouts) in_range("layouts." + toml_key(name) + ".rank_list", l.rank_list);
+  for (std::size_t i = 0; i < r.stages.size(); ++i)
+    in_range(fmt::format("stages[{}].ranks", i), r.stages[i].ranks);
+  for (const auto& [name, l] : r.layouts)
+    in_range("layouts." + toml_key(name) + ".rank_list", l.rank_list);
   return std::move(ck.out);
 }
 

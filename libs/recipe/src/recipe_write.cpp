@@ -1,10 +1,10 @@
-// Writing recipes. The output is deterministic and fully explicit: every section hp knows is written
-// in the documented order with every key, defaults included, so a diff between two plans shows every
-// decision that changed. Layers and ranks are written as range strings ("0-11") because a 384-rank
-// stage as an integer array would swamp the file. parse_recipe(format_recipe(r)) == r is a tested
-// invariant (tests/unit/recipe/recipe_test.cpp).
-#include <algorithm>
+// Writing recipes. The output is deterministic and fully explicit: every section hp knows is
+// written in the documented order with every key, defaults included, so a diff between two plans
+// shows every decision that changed. Layers and ranks are written as range strings ("0-11") because
+// a 384-rank stage as an integer array would swamp the file. parse_recipe(format_recipe(r)) == r is
+// a tested invariant (tests/unit/recipe/recipe_test.cpp).
 #include <fmt/core.h>
+#include <algorithm>
 
 #include "hp/core/fs.h"
 #include "hp/recipe/recipe.h"
@@ -49,7 +49,9 @@ void format_layout(TomlWriter& w, const std::string& name, const Layout& l) {
       .value("alias_name", toml_string_array(l.alias_name));
   std::vector<std::string> map;  // per dim: "None", one alias, or a list of aliases
   for (const auto& axes : l.tensor_map)
-    map.push_back(axes.empty() ? toml_string("None") : axes.size() == 1 ? toml_string(axes[0]) : toml_string_array(axes));
+    map.push_back(axes.empty()       ? toml_string("None")
+                  : axes.size() == 1 ? toml_string(axes[0])
+                                     : toml_string_array(axes));
   w.value("tensor_map", toml_array(map));
   if (!l.rank_list.empty()) w.value("rank_list", toml_int_array(l.rank_list));
 }
@@ -69,10 +71,13 @@ void format_group(TomlWriter& w, const Group& g) {
 
 void format_offload(TomlWriter& w, const Offload& o) {
   w.table("offload").boolean("enabled", o.enabled).value("targets", toml_string_array(o.targets));
-  for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth}, {"d2h_bandwidth", &o.d2h_bandwidth},
+  for (auto [key, v] : {std::pair{"h2d_bandwidth", &o.h2d_bandwidth},
+                        {"d2h_bandwidth", &o.d2h_bandwidth},
                         {"host_memory", &o.host_memory}})
     w.number(key, v->value).string(std::string(key) + "_source", v->source);
-  w.number("margin", o.margin).integer("prefetch_lookahead", o.prefetch_lookahead).number("device_budget", o.device_budget);
+  w.number("margin", o.margin)
+      .integer("prefetch_lookahead", o.prefetch_lookahead)
+      .number("device_budget", o.device_budget);
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
-// The reading half of the recipe and cluster formats is mostly bookkeeping: look a key up, check its
-// TOML type, remember where it was, and when anything is off write a located diagnostic and carry on.
-// Doing that in one place keeps the schema code (cluster_parse.cpp, recipe_parse.cpp) a readable list
-// of keys, and makes every message use the same words: "'parallel.tp' must be an integer, got a
-// string", "unknown key 'tpp' in [parallel]", "missing required key 'recipe.model'".
+// The reading half of the recipe and cluster formats is mostly bookkeeping: look a key up, check
+// its TOML type, remember where it was, and when anything is off write a located diagnostic and
+// carry on. Doing that in one place keeps the schema code (cluster_parse.cpp, recipe_parse.cpp) a
+// readable list of keys, and makes every message use the same words: "'parallel.tp' must be an
+// integer, got a string", "unknown key 'tpp' in [parallel]", "missing required key 'recipe.model'".
 //
-// Locations come from TOML++'s source regions (1-based line and column of the value, or of the key for
-// unknown keys). The SourceMap keeps them for checks that run later on the plain structs.
+// Locations come from TOML++'s source regions (1-based line and column of the value, or of the key
+// for unknown keys). The SourceMap keeps them for checks that run later on the plain structs.
 #include "toml_reader.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -19,7 +19,6 @@
 #include "hp/core/units.h"
 #include "hp/recipe/recipe.h"
 #include "hp/recipe/toml_writer.h"
-
 
 namespace hp::recipe::detail {
 
@@ -31,8 +30,10 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i)
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[a.size()][b.size()];
 }
@@ -72,7 +73,8 @@ std::string type_phrase(toml::node_type t) {
 }
 
 std::string TomlReader::join(const std::string& path, std::string_view key) {
-  return path.empty() ? toml_key(key) : path + "." + toml_key(key);  // a key as written in a dotted path
+  return path.empty() ? toml_key(key)
+                      : path + "." + toml_key(key);  // a key as written in a dotted path
 }
 
 std::string TomlReader::loc(const toml::source_region& r) const {
@@ -100,21 +102,25 @@ void TomlReader::check_keys(const toml::table& t, const std::string& path,
   }
 }
 
-const toml::node* TomlReader::lookup(const toml::table& t, std::string_view key, const std::string& path,
-                                     bool required) {
+const toml::node* TomlReader::lookup(const toml::table& t, std::string_view key,
+                                     const std::string& path, bool required) {
   const toml::node* n = t.get(key);
   std::string full = join(path, key);
   if (!n) {
     if (required)
-      error(path.empty() ? where_.file() : where_.at(path), fmt::format("missing required key '{}'", full),
-            fmt::format("add '{} = ...'{}", key, path.empty() ? "" : fmt::format(" under [{}]", path)));
+      error(path.empty() ? where_.file() : where_.at(path),
+            fmt::format("missing required key '{}'", full),
+            fmt::format("add '{} = ...'{}", key,
+                        path.empty() ? "" : fmt::format(" under [{}]", path)));
     return nullptr;
   }
-  where_.set(full, static_cast<int>(n->source().begin.line), static_cast<int>(n->source().begin.column));
+  where_.set(full, static_cast<int>(n->source().begin.line),
+             static_cast<int>(n->source().begin.column));
   return n;
 }
 
-void TomlReader::wrong_type(const toml::node& n, const std::string& full, std::string_view expected) {
+void TomlReader::wrong_type(const toml::node& n, const std::string& full,
+                            std::string_view expected) {
   std::string hint;
   if (expected == "an integer")
     hint = "write a whole number without quotes, e.g. 4";
@@ -128,7 +134,8 @@ void TomlReader::wrong_type(const toml::node& n, const std::string& full, std::s
     hint = fmt::format("write it as a [{}] section or an inline table {{ ... }}", full);
   else if (expected == "an array")
     hint = "write it as [ ... ]";
-  error(loc(n.source()), fmt::format("'{}' must be {}, got {}", full, expected, type_phrase(n.type())), hint);
+  error(loc(n.source()),
+        fmt::format("'{}' must be {}, got {}", full, expected, type_phrase(n.type())), hint);
 }
 
 std::optional<std::int64_t> TomlReader::get_int(const toml::table& t, std::string_view key,
@@ -159,8 +166,8 @@ std::optional<std::string> TomlReader::get_string(const toml::table& t, std::str
   return std::nullopt;
 }
 
-std::optional<bool> TomlReader::get_bool(const toml::table& t, std::string_view key, const std::string& path,
-                                         bool required) {
+std::optional<bool> TomlReader::get_bool(const toml::table& t, std::string_view key,
+                                         const std::string& path, bool required) {
   const toml::node* n = lookup(t, key, path, required);
   if (!n) return std::nullopt;
   if (auto v = n->as_boolean()) return v->get();
@@ -168,8 +175,8 @@ std::optional<bool> TomlReader::get_bool(const toml::table& t, std::string_view 
   return std::nullopt;
 }
 
-const toml::table* TomlReader::get_table(const toml::table& t, std::string_view key, const std::string& path,
-                                         bool required) {
+const toml::table* TomlReader::get_table(const toml::table& t, std::string_view key,
+                                         const std::string& path, bool required) {
   const toml::node* n = lookup(t, key, path, required);
   if (!n) return nullptr;
   if (auto v = n->as_table()) return v;
@@ -177,8 +184,8 @@ const toml::table* TomlReader::get_table(const toml::table& t, std::string_view 
   return nullptr;
 }
 
-const toml::array* TomlReader::get_array(const toml::table& t, std::string_view key, const std::string& path,
-                                         bool required) {
+const toml::array* TomlReader::get_array(const toml::table& t, std::string_view key,
+                                         const std::string& path, bool required) {
   const toml::node* n = lookup(t, key, path, required);
   if (!n) return nullptr;
   if (auto v = n->as_array()) return v;
@@ -198,21 +205,22 @@ std::optional<double> parse_rate(std::string_view text) {
 }  // namespace
 
 // Numbers-or-unit-strings share one shape: a number is taken as is, a string goes through `parse`.
-#define HP_UNIT_GETTER(fn, parse, what, example)                                                          \
-  std::optional<double> TomlReader::fn(const toml::table& t, std::string_view key, const std::string& path, \
-                                       bool required) {                                                   \
-    const toml::node* n = lookup(t, key, path, required);                                                 \
-    if (!n) return std::nullopt;                                                                          \
-    if (auto v = n->as_integer()) return static_cast<double>(v->get());                                   \
-    if (auto v = n->as_floating_point()) return v->get();                                                 \
-    if (auto v = n->as_string()) {                                                                        \
-      if (auto parsed = parse(v->get())) return parsed;                                                   \
-      error(loc(n->source()), fmt::format("'{}' is not " what ": '{}'", join(path, key), v->get()),       \
-            "write a number or a string such as " example);                                               \
-      return std::nullopt;                                                                                \
-    }                                                                                                     \
-    wrong_type(*n, join(path, key), "a number or a string such as " example);                             \
-    return std::nullopt;                                                                                  \
+#define HP_UNIT_GETTER(fn, parse, what, example)                                   \
+  std::optional<double> TomlReader::fn(const toml::table& t, std::string_view key, \
+                                       const std::string& path, bool required) {   \
+    const toml::node* n = lookup(t, key, path, required);                          \
+    if (!n) return std::nullopt;                                                   \
+    if (auto v = n->as_integer()) return static_cast<double>(v->get());            \
+    if (auto v = n->as_floating_point()) return v->get();                          \
+    if (auto v = n->as_string()) {                                                 \
+      if (auto parsed = parse(v->get())) return parsed;                            \
+      error(loc(n->source()),                                                      \
+            fmt::format("'{}' is not " what ": '{}'", join(path, key), v->get()),  \
+            "write a number or a string such as " example);                        \
+      return std::nullopt;                                                         \
+    }                                                                              \
+    wrong_type(*n, join(path, key), "a number or a string such as " example);      \
+    return std::nullopt;                                                           \
   }
 
 HP_UNIT_GETTER(get_bytes, parse_bytes, "a size in bytes", "\"80 GiB\"")
@@ -220,8 +228,10 @@ HP_UNIT_GETTER(get_rate, parse_rate, "a bandwidth", "\"450 GB/s\"")
 HP_UNIT_GETTER(get_seconds, parse_seconds, "a duration", "\"2us\"")
 #undef HP_UNIT_GETTER
 
-std::optional<std::vector<std::int64_t>> TomlReader::get_int_list(const toml::table& t, std::string_view key,
-                                                                  const std::string& path, bool required) {
+std::optional<std::vector<std::int64_t>> TomlReader::get_int_list(const toml::table& t,
+                                                                  std::string_view key,
+                                                                  const std::string& path,
+                                                                  bool required) {
   const toml::node* n = lookup(t, key, path, required);
   if (!n) return std::nullopt;
   std::string full = join(path, key);
@@ -251,8 +261,10 @@ std::optional<std::vector<std::int64_t>> TomlReader::get_int_list(const toml::ta
   return out;
 }
 
-std::optional<std::vector<std::string>> TomlReader::get_string_list(const toml::table& t, std::string_view key,
-                                                                    const std::string& path, bool required) {
+std::optional<std::vector<std::string>> TomlReader::get_string_list(const toml::table& t,
+                                                                    std::string_view key,
+                                                                    const std::string& path,
+                                                                    bool required) {
   const toml::array* a = get_array(t, key, path, required);
   if (!a) return std::nullopt;
   std::vector<std::string> out;

@@ -1,6 +1,6 @@
 // Private: a diagnostic-collecting reader over a TOML++ table. Every accessor records the key's
-// location in the SourceMap and, instead of failing, appends a Diagnostic and returns nullopt, so one
-// pass over a file reports every wrong type, unknown key and missing key.
+// location in the SourceMap and, instead of failing, appends a Diagnostic and returns nullopt, so
+// one pass over a file reports every wrong type, unknown key and missing key.
 #pragma once
 
 #include <cstdint>
@@ -25,37 +25,52 @@ std::string type_phrase(toml::node_type t);
 
 class TomlReader {
  public:
-  TomlReader(SourceMap& where, std::vector<Diagnostic>& problems) : where_(where), problems_(problems) {}
+  TomlReader(SourceMap& where, std::vector<Diagnostic>& problems)
+      : where_(where), problems_(problems) {}
 
   std::string loc(const toml::source_region& r) const;
   void error(std::string where, std::string message, std::string hint = {});
 
   /// Reports every key of `t` not in `allowed` (did-you-mean hint for near misses).
-  void check_keys(const toml::table& t, const std::string& path, std::initializer_list<std::string_view> allowed);
+  void check_keys(const toml::table& t, const std::string& path,
+                  std::initializer_list<std::string_view> allowed);
 
   /// Typed accessors for t[key]; `path` is the table's dotted path ("" for the root).
   /// Absent + required: "missing required key"; wrong type: "must be ..., got ...".
-  std::optional<std::int64_t> get_int(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  std::optional<double> get_number(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  std::optional<std::string> get_string(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  std::optional<bool> get_bool(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  const toml::table* get_table(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  const toml::array* get_array(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  std::optional<std::int64_t> get_int(const toml::table& t, std::string_view key,
+                                      const std::string& path, bool required);
+  std::optional<double> get_number(const toml::table& t, std::string_view key,
+                                   const std::string& path, bool required);
+  std::optional<std::string> get_string(const toml::table& t, std::string_view key,
+                                        const std::string& path, bool required);
+  std::optional<bool> get_bool(const toml::table& t, std::string_view key, const std::string& path,
+                               bool required);
+  const toml::table* get_table(const toml::table& t, std::string_view key, const std::string& path,
+                               bool required);
+  const toml::array* get_array(const toml::table& t, std::string_view key, const std::string& path,
+                               bool required);
   /// A number of bytes: an integer, a float, or a string such as "80 GiB".
-  std::optional<double> get_bytes(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  std::optional<double> get_bytes(const toml::table& t, std::string_view key,
+                                  const std::string& path, bool required);
   /// Bytes per second: a number, or a string such as "450 GB/s".
-  std::optional<double> get_rate(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  std::optional<double> get_rate(const toml::table& t, std::string_view key,
+                                 const std::string& path, bool required);
   /// Seconds: a number, or a string such as "2us", "1.5 ms".
-  std::optional<double> get_seconds(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  std::optional<double> get_seconds(const toml::table& t, std::string_view key,
+                                    const std::string& path, bool required);
   /// Integers: an array of integers or a range string "0-3,8".
-  std::optional<std::vector<std::int64_t>> get_int_list(const toml::table& t, std::string_view key, const std::string& path, bool required);
-  std::optional<std::vector<std::string>> get_string_list(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  std::optional<std::vector<std::int64_t>> get_int_list(const toml::table& t, std::string_view key,
+                                                        const std::string& path, bool required);
+  std::optional<std::vector<std::string>> get_string_list(const toml::table& t,
+                                                          std::string_view key,
+                                                          const std::string& path, bool required);
 
   /// The dotted path of `key` inside `path`.
   static std::string join(const std::string& path, std::string_view key);
 
  private:
-  const toml::node* lookup(const toml::table& t, std::string_view key, const std::string& path, bool required);
+  const toml::node* lookup(const toml::table& t, std::string_view key, const std::string& path,
+                           bool required);
   void wrong_type(const toml::node& n, const std::string& full, std::string_view expected);
 
   SourceMap& where_;

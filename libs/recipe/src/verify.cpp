@@ -1,7 +1,8 @@
-// The static half of `hp verify`. It answers "would hp accept this recipe?" without running anything:
-// the recipe parses and validates on its own, its cluster (preset or file) parses and validates, the
-// degrees fit that cluster at the recipe's node count, and the model file exists. All of it is
-// collected, then reported at once, so a recipe with five mistakes needs one run to fix.
+// The static half of `hp verify`. It answers "would hp accept this recipe?" without running
+// anything: the recipe parses and validates on its own, its cluster (preset or file) parses and
+// validates, the degrees fit that cluster at the recipe's node count, and the model file exists.
+// All of it is collected, then reported at once, so a recipe with five mistakes needs one run to
+// fix.
 //
 // The numeric half (the sharded job against the unsharded model) is hp::job::verify_recipe_run
 // (hp/job/verify_run.h), which the CLI calls once these checks pass.
@@ -70,14 +71,16 @@ Expected<VerifyReport> check_recipe(const RecipeDocument& read, const VerifyOpti
   // The model file: only its existence is a static fact (loading it is the model library's job).
   std::error_code ec;
   if (!r.model.empty()) {
-    rep.model_path = fs::path(r.model).is_absolute() ? fs::path(r.model) : opts.recipe.parent_path() / r.model;
+    rep.model_path =
+        fs::path(r.model).is_absolute() ? fs::path(r.model) : opts.recipe.parent_path() / r.model;
     if (!fs::is_regular_file(rep.model_path, ec))
-      problems.push_back(Diagnostic{doc->where.at("recipe.model"),
-                                    fmt::format("model file '{}' not found", rep.model_path.string()),
-                                    "'recipe.model' is relative to the recipe file"});
+      problems.push_back(
+          Diagnostic{doc->where.at("recipe.model"),
+                     fmt::format("model file '{}' not found", rep.model_path.string()),
+                     "'recipe.model' is relative to the recipe file"});
   }
-  // The cluster, and the recipe's ranks on it. Rank arithmetic on a recipe that is itself broken would
-  // only repeat its errors, so that part needs a clean recipe.
+  // The cluster, and the recipe's ranks on it. Rank arithmetic on a recipe that is itself broken
+  // would only repeat its errors, so that part needs a clean recipe.
   if (!r.cluster.empty() && check_cluster(*doc, opts, rep, problems) && recipe_ok) {
     auto more = validate_recipe_on_cluster(r, doc->where, rep.cluster.ranks(), rep.cluster.name);
     problems.insert(problems.end(), more.begin(), more.end());
@@ -93,13 +96,14 @@ std::string format_verify_summary(const VerifyReport& rep) {
   std::string s = fmt::format("{}: ok\n", rep.recipe_path.string());
   s += fmt::format("  recipe   '{}', version {}\n", r.name, r.version);
   s += fmt::format("  model    {}\n", r.model);
-  s += fmt::format("  cluster  {} ({} node(s) x {} {} = {} ranks)\n", c.name, c.nodes, c.ranks_per_node(),
-                   c.rank_device, c.ranks());
-  s += fmt::format("  degrees  dp={} tp={} pp={} -> {} ranks; {} micro-batch(es) of {}, schedule {}\n", p.dp, p.tp, p.pp,
-                   r.ranks(), p.micro_batches, p.micro_batch_size, schedule_name(p.schedule));
+  s += fmt::format("  cluster  {} ({} node(s) x {} {} = {} ranks)\n", c.name, c.nodes,
+                   c.ranks_per_node(), c.rank_device, c.ranks());
+  s += fmt::format(
+      "  degrees  dp={} tp={} pp={} -> {} ranks; {} micro-batch(es) of {}, schedule {}\n", p.dp,
+      p.tp, p.pp, r.ranks(), p.micro_batches, p.micro_batch_size, schedule_name(p.schedule));
   if (!r.stages.empty() || !r.layouts.empty() || !r.groups.empty())
-    s += fmt::format("  explicit {} stage(s), {} layout(s), {} group(s)\n", r.stages.size(), r.layouts.size(),
-                     r.groups.size());
+    s += fmt::format("  explicit {} stage(s), {} layout(s), {} group(s)\n", r.stages.size(),
+                     r.layouts.size(), r.groups.size());
   return s;
 }
 
@@ -121,7 +125,9 @@ std::string format_verify_json(const fs::path& recipe, const Expected<VerifyRepo
   j["cluster"] = rep.cluster.name;
   j["nodes"] = rep.cluster.nodes;
   j["ranks"] = rep.recipe.ranks();
-  j["degrees"] = {{"dp", rep.recipe.parallel.dp}, {"tp", rep.recipe.parallel.tp}, {"pp", rep.recipe.parallel.pp}};
+  j["degrees"] = {{"dp", rep.recipe.parallel.dp},
+                  {"tp", rep.recipe.parallel.tp},
+                  {"pp", rep.recipe.parallel.pp}};
   return j.dump();
 }
 

@@ -3,8 +3,8 @@
 #include <fmt/core.h>
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "hp/shard/shard.h"
@@ -14,7 +14,8 @@ namespace {
 
 std::string ranges_text(const std::vector<Range>& rs) {
   std::string s = "[";
-  for (std::size_t i = 0; i < rs.size(); ++i) s += fmt::format("{}{}:{}", i ? ", " : "", rs[i].begin, rs[i].end);
+  for (std::size_t i = 0; i < rs.size(); ++i)
+    s += fmt::format("{}{}:{}", i ? ", " : "", rs[i].begin, rs[i].end);
   return s + "]";
 }
 
@@ -33,7 +34,8 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
     std::string close;
     for (const auto& tensor : g.tensors)
       if (close.empty() && tensor.name.find(name) != std::string::npos) close = tensor.name;
-    return Error(Errc::bad_input, fmt::format("the model has no tensor '{}'", name), p.model_path.string(),
+    return Error(Errc::bad_input, fmt::format("the model has no tensor '{}'", name),
+                 p.model_path.string(),
                  close.empty() ? std::string("the manifest's [[layouts]] list every tensor")
                                : fmt::format("did you mean '{}'?", close));
   }
@@ -55,17 +57,21 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
   j["layout"] = format_sharding(mesh, s);
   j["origin"] = p.prop.origin[static_cast<std::size_t>(t)];
   j["mesh"] = {{"device_matrix", mesh.dims}, {"alias_name", mesh.axes}};
-  std::string text = fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", name, dims_text(shape),
-                                 format_sharding(mesh, s), p.prop.origin[static_cast<std::size_t>(t)],
-                                 dims_text(mesh.dims), fmt::format("({})", fmt::join(mesh.axes, ", ")));
-  // A blocked tensor (fused q|k|v) is held as the view [.., k, n/k, ..]: its slices are of the view.
+  std::string text =
+      fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", name, dims_text(shape),
+                  format_sharding(mesh, s), p.prop.origin[static_cast<std::size_t>(t)],
+                  dims_text(mesh.dims), fmt::format("({})", fmt::join(mesh.axes, ", ")));
+  // A blocked tensor (fused q|k|v) is held as the view [.., k, n/k, ..]: its slices are of the
+  // view.
   HeldView view = held_view(p.prop, t, shape);
   auto blk = p.prop.blocked.find(t);
   if (blk != p.prop.blocked.end()) {
-    j["blocked"] = {{"dim", blk->second.dim}, {"blocks", blk->second.blocks}, {"view_shape", view.shape}};
-    text += fmt::format("blocked: dim {} is {} equal blocks, each split as the layout says; ranges below are "
-                        "of the view {}\n",
-                        blk->second.dim, blk->second.blocks, dims_text(view.shape));
+    j["blocked"] = {
+        {"dim", blk->second.dim}, {"blocks", blk->second.blocks}, {"view_shape", view.shape}};
+    text += fmt::format(
+        "blocked: dim {} is {} equal blocks, each split as the layout says; ranges below are "
+        "of the view {}\n",
+        blk->second.dim, blk->second.blocks, dims_text(view.shape));
   }
   j["slices"] = nlohmann::json::array();
   text += "slices:\n";
@@ -82,8 +88,9 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
       for (const auto& r : rs) rj["ranges"].push_back({r.begin, r.end});
       rj["local_shape"] = local_shape(mesh, s, shape, static_cast<std::int64_t>(pos));
       j["slices"].push_back(rj);
-      text += fmt::format("  rank {:>3} (stage {}, {} {}, {} {}): {}\n", st.ranks[pos], si, mesh.axes[0], c[0],
-                          mesh.axes.size() > 1 ? mesh.axes[1] : "", c.size() > 1 ? c[1] : 0, ranges_text(rs));
+      text += fmt::format("  rank {:>3} (stage {}, {} {}, {} {}): {}\n", st.ranks[pos], si,
+                          mesh.axes[0], c[0], mesh.axes.size() > 1 ? mesh.axes[1] : "",
+                          c.size() > 1 ? c[1] : 0, ranges_text(rs));
     }
   }
   j["redistributions"] = nlohmann::json::array();
@@ -91,15 +98,16 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
   for (const auto& r : p.prop.redistributions) {
     if (r.tensor != t) continue;
     ++count;
-    std::string consumer = r.node >= 0 ? fmt::format("{} ({})", g.node(r.node).name, g.node(r.node).op_type)
-                                       : std::string("graph output");
+    std::string consumer = r.node >= 0
+                               ? fmt::format("{} ({})", g.node(r.node).name, g.node(r.node).op_type)
+                               : std::string("graph output");
     std::string plan = describe_plan(mesh, r.plan);
     j["redistributions"].push_back({{"consumer", consumer},
                                     {"from", format_sharding(mesh, r.from)},
                                     {"to", format_sharding(mesh, r.to)},
                                     {"steps", plan}});
-    text += fmt::format("redistribution before {}: {} -> {}\n", consumer, format_sharding(mesh, r.from),
-                        format_sharding(mesh, r.to));
+    text += fmt::format("redistribution before {}: {} -> {}\n", consumer,
+                        format_sharding(mesh, r.from), format_sharding(mesh, r.to));
     for (std::size_t a = 0, b; a < plan.size(); a = b + 1) {
       b = plan.find('\n', a);
       if (b == std::string::npos) b = plan.size();
@@ -108,7 +116,9 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
   }
   if (count == 0) text += "no redistribution: every consumer reads it as produced\n";
   for (const auto& b : p.plan.boundaries)
-    if (b.tensor == t) text += fmt::format("pipeline: sent from stage {} to stage {} (tag {})\n", b.from_stage, b.to_stage, b.tag);
+    if (b.tensor == t)
+      text += fmt::format("pipeline: sent from stage {} to stage {} (tag {})\n", b.from_stage,
+                          b.to_stage, b.tag);
   if (json) return j.dump(2) + "\n";
   return text;
 }

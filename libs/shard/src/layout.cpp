@@ -5,9 +5,9 @@
 // the wording of docs/shard.md, "Validation", so users can grep them.
 #include "hp/shard/layout.h"
 
-#include <algorithm>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <algorithm>
 #include <set>
 
 namespace hp::shard {
@@ -81,12 +81,13 @@ Expected<Mesh> Mesh::make(std::vector<std::int64_t> dims, std::vector<std::strin
     for (std::int64_t i = 0; i < size; ++i) rank_list[static_cast<std::size_t>(i)] = i;
   }
   if (static_cast<std::int64_t>(rank_list.size()) != size)
-    return bad(fmt::format("layout: rank_list has {} entries, mesh has {} devices", rank_list.size(),
-                           size));
+    return bad(fmt::format("layout: rank_list has {} entries, mesh has {} devices",
+                           rank_list.size(), size));
   std::set<std::int64_t> ranks;
   for (std::int64_t r : rank_list) {
     if (r < 0) return bad(fmt::format("layout: rank_list entry {} is negative", r));
-    if (!ranks.insert(r).second) return bad(fmt::format("layout: rank {} appears twice in rank_list", r));
+    if (!ranks.insert(r).second)
+      return bad(fmt::format("layout: rank {} appears twice in rank_list", r));
   }
   return Mesh{std::move(dims), std::move(axes), std::move(rank_list)};
 }
@@ -116,7 +117,8 @@ std::int64_t Mesh::rank_at(const std::vector<std::int64_t>& c) const {
   return rank_list[static_cast<std::size_t>(pos)];
 }
 
-std::vector<std::int64_t> Mesh::group(std::int64_t global_rank, const std::vector<int>& group_axes) const {
+std::vector<std::int64_t> Mesh::group(std::int64_t global_rank,
+                                      const std::vector<int>& group_axes) const {
   std::vector<std::int64_t> c = coords(global_rank);
   if (c.empty()) return {};  // not on the mesh
   std::int64_t n = 1;
@@ -147,11 +149,13 @@ std::vector<std::vector<std::int64_t>> Mesh::groups(const std::vector<int>& grou
   return out;
 }
 
-Expected<Sharding> parse_tensor_map(const Mesh& mesh, const std::vector<std::vector<std::string>>& map,
+Expected<Sharding> parse_tensor_map(const Mesh& mesh,
+                                    const std::vector<std::vector<std::string>>& map,
                                     std::string_view tensor, int tensor_rank) {
   if (tensor_rank >= 0 && static_cast<int>(map.size()) != tensor_rank)
     return bad(fmt::format("layout: tensor '{}' has rank {} but layout has {} entries", tensor,
-                           tensor_rank, map.size()), tensor);
+                           tensor_rank, map.size()),
+               tensor);
   Sharding s;
   std::vector<int> used_by(mesh.axes.size(), -1);
   for (std::size_t d = 0; d < map.size(); ++d) {
@@ -159,18 +163,21 @@ Expected<Sharding> parse_tensor_map(const Mesh& mesh, const std::vector<std::vec
     for (const std::string& alias : map[d]) {
       if (alias == "None") {
         if (map[d].size() > 1)
-          return bad(fmt::format("layout: dim {} of '{}' mixes 'None' with axes", d, tensor), tensor);
+          return bad(fmt::format("layout: dim {} of '{}' mixes 'None' with axes", d, tensor),
+                     tensor);
         continue;
       }
       int a = mesh.axis_index(alias);
       if (a < 0)
-        return bad(fmt::format("layout: axis '{}' is not in ({})", alias, fmt::join(mesh.axes, ", ")),
-                   tensor);
+        return bad(
+            fmt::format("layout: axis '{}' is not in ({})", alias, fmt::join(mesh.axes, ", ")),
+            tensor);
       int& owner = used_by[static_cast<std::size_t>(a)];
       if (owner == static_cast<int>(d))
         return bad(fmt::format("layout: axis '{}' appears twice in dim {}", alias, d), tensor);
       if (owner >= 0)
-        return bad(fmt::format("layout: axis '{}' shards both dim {} and dim {}", alias, owner, d), tensor);
+        return bad(fmt::format("layout: axis '{}' shards both dim {} and dim {}", alias, owner, d),
+                   tensor);
       owner = static_cast<int>(d);
       axes.push_back(a);
     }
@@ -184,24 +191,29 @@ Status check_sharding(const Mesh& mesh, const Sharding& s, std::string_view tens
   for (std::size_t d = 0; d < s.dims.size(); ++d) {
     for (int a : s.dims[d]) {
       if (a < 0 || a >= static_cast<int>(mesh.axes.size()))
-        return bad(fmt::format("layout: dim {} of '{}' names mesh axis {}, mesh has {} axes", d, tensor, a,
-                               mesh.axes.size()), tensor);
+        return bad(fmt::format("layout: dim {} of '{}' names mesh axis {}, mesh has {} axes", d,
+                               tensor, a, mesh.axes.size()),
+                   tensor);
       int& owner = used_by[static_cast<std::size_t>(a)];
       if (owner >= 0)
         return bad(fmt::format("layout: axis '{}' shards both dim {} and dim {}",
-                               mesh.axes[static_cast<std::size_t>(a)], owner, d), tensor);
+                               mesh.axes[static_cast<std::size_t>(a)], owner, d),
+                   tensor);
       owner = static_cast<int>(d);
     }
   }
   std::vector<bool> partial(mesh.axes.size(), false);
   for (const PartialAxis& p : s.partial) {
     if (p.axis < 0 || p.axis >= static_cast<int>(mesh.axes.size()))
-      return bad(fmt::format("layout: '{}' is partial over mesh axis {}, mesh has {} axes", tensor, p.axis,
-                             mesh.axes.size()), tensor);
+      return bad(fmt::format("layout: '{}' is partial over mesh axis {}, mesh has {} axes", tensor,
+                             p.axis, mesh.axes.size()),
+                 tensor);
     const std::string& name = mesh.axes[static_cast<std::size_t>(p.axis)];
     if (used_by[static_cast<std::size_t>(p.axis)] >= 0)
-      return bad(fmt::format("layout: axis '{}' both shards dim {} of '{}' and holds partial values", name,
-                             used_by[static_cast<std::size_t>(p.axis)], tensor), tensor);
+      return bad(
+          fmt::format("layout: axis '{}' both shards dim {} of '{}' and holds partial values", name,
+                      used_by[static_cast<std::size_t>(p.axis)], tensor),
+          tensor);
     if (partial[static_cast<std::size_t>(p.axis)])
       return bad(fmt::format("layout: axis '{}' is partial twice in '{}'", name, tensor), tensor);
     partial[static_cast<std::size_t>(p.axis)] = true;
@@ -213,15 +225,18 @@ Status check_shape(const Mesh& mesh, const Sharding& s, const std::vector<std::i
                    std::string_view tensor, Uneven uneven) {
   HP_TRY(check_sharding(mesh, s, tensor));
   if (shape.size() != s.dims.size())
-    return bad(fmt::format("layout: tensor '{}' has rank {} but layout has {} entries", tensor, shape.size(),
-                           s.dims.size()), tensor);
+    return bad(fmt::format("layout: tensor '{}' has rank {} but layout has {} entries", tensor,
+                           shape.size(), s.dims.size()),
+               tensor);
   std::vector<std::int64_t> counts = shard_counts(mesh, s);
   for (std::size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] < 0)
-      return bad(fmt::format("layout: dim {} of '{}' has negative size {}", d, tensor, shape[d]), tensor);
+      return bad(fmt::format("layout: dim {} of '{}' has negative size {}", d, tensor, shape[d]),
+                 tensor);
     if (uneven == Uneven::reject && shape[d] % counts[d] != 0)
-      return bad(fmt::format("layout: dim {} of '{}' ({}) is not divisible by {} ({})", d, tensor, shape[d],
-                             counts[d], axes_product(mesh, s.dims[d])), tensor);
+      return bad(fmt::format("layout: dim {} of '{}' ({}) is not divisible by {} ({})", d, tensor,
+                             shape[d], counts[d], axes_product(mesh, s.dims[d])),
+                 tensor);
   }
   return {};
 }
@@ -245,8 +260,9 @@ Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k, Une
   return {std::min(n_global, k * chunk), std::min(n_global, (k + 1) * chunk)};
 }
 
-std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
-                            std::int64_t global_rank, Uneven uneven) {
+std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s,
+                            const std::vector<std::int64_t>& shape, std::int64_t global_rank,
+                            Uneven uneven) {
   std::vector<std::int64_t> c = mesh.coords(global_rank);
   if (c.empty()) return {};  // not on the mesh (a precondition; never index past the coordinates)
   std::vector<Range> out;
@@ -263,8 +279,8 @@ std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vect
 }
 
 std::vector<std::int64_t> local_shape(const Mesh& mesh, const Sharding& s,
-                                      const std::vector<std::int64_t>& shape, std::int64_t global_rank,
-                                      Uneven uneven) {
+                                      const std::vector<std::int64_t>& shape,
+                                      std::int64_t global_rank, Uneven uneven) {
   std::vector<std::int64_t> out;
   for (const Range& r : slice_of(mesh, s, shape, global_rank, uneven)) out.push_back(r.size());
   return out;
@@ -307,13 +323,17 @@ std::string format_sharding(const Mesh& mesh, const Sharding& s) {
   for (const auto& axes : s.dims) {
     std::vector<std::string> names;
     for (int a : axes) names.push_back(mesh.axes[static_cast<std::size_t>(a)]);
-    if (names.empty()) entries.emplace_back("None");
-    else if (names.size() == 1) entries.push_back(names[0]);
-    else entries.push_back(fmt::format("({})", fmt::join(names, ", ")));
+    if (names.empty())
+      entries.emplace_back("None");
+    else if (names.size() == 1)
+      entries.push_back(names[0]);
+    else
+      entries.push_back(fmt::format("({})", fmt::join(names, ", ")));
   }
   std::string out = fmt::format("({})", fmt::join(entries, ", "));
   if (s.partial.empty()) return out;
-  // Group the partial axes by op, ops in order of first appearance: " partial(sum: dp, mp; max: sp)".
+  // Group the partial axes by op, ops in order of first appearance: " partial(sum: dp, mp; max:
+  // sp)".
   std::vector<std::string> parts;
   std::vector<ReduceOp> ops;
   for (const PartialAxis& p : s.partial)

@@ -1,5 +1,5 @@
-// manifest.toml writing (hp/recipe/toml_writer.h: fixed key order, so manifests diff well) and reading
-// (TOML++).
+// manifest.toml writing (hp/recipe/toml_writer.h: fixed key order, so manifests diff well) and
+// reading (TOML++).
 #include "hp/shard/manifest.h"
 
 #include <fmt/core.h>
@@ -60,8 +60,8 @@ struct Reader {
 }  // namespace
 
 std::string format_manifest(const Manifest& m) {
-  using recipe::TomlKeys, recipe::TomlWriter, recipe::toml_array, recipe::toml_inline_table, recipe::toml_int,
-      recipe::toml_int_array, recipe::toml_string_array;
+  using recipe::TomlKeys, recipe::TomlWriter, recipe::toml_array, recipe::toml_inline_table,
+      recipe::toml_int, recipe::toml_int_array, recipe::toml_string_array;
   TomlWriter w;
   w.comment("Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).");
   w.table("manifest")
@@ -74,7 +74,8 @@ std::string format_manifest(const Manifest& m) {
       .boolean("weights", m.weights);
   if (m.micro_batches != 1) w.integer("micro_batches", m.micro_batches);
   if (m.virtual_stages != 1) w.integer("virtual_stages", m.virtual_stages);
-  w.value("device_matrix", toml_int_array(m.device_matrix)).value("alias_name", toml_string_array(m.alias_name));
+  w.value("device_matrix", toml_int_array(m.device_matrix))
+      .value("alias_name", toml_string_array(m.alias_name));
   std::vector<std::pair<std::string, std::string>> dims;
   for (const auto& [k, v] : m.dims) dims.emplace_back(k, toml_int(v));
   w.value("dims", toml_inline_table(dims, TomlKeys::quoted));
@@ -87,7 +88,10 @@ std::string format_manifest(const Manifest& m) {
         .integer("tp", r.tp)
         .integer("pp", r.pp);
   for (const auto& g : m.groups)
-    w.array_table("groups").string("name", g.name).string("kind", g.kind).value("members", toml_int_array(g.members));
+    w.array_table("groups")
+        .string("name", g.name)
+        .string("kind", g.kind)
+        .value("members", toml_int_array(g.members));
   for (const auto& st : m.stages)
     w.array_table("stages")
         .integer("index", st.index)
@@ -140,7 +144,8 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   if (!head) return Error(Errc::bad_input, "manifest: missing [manifest] table", display_path);
   m.version = static_cast<int>(rd.get<std::int64_t>(*head, "version", 1));
   if (m.version != 1)
-    return Error(Errc::bad_input, fmt::format("manifest: version {} is not supported (this hp reads 1)", m.version),
+    return Error(Errc::bad_input,
+                 fmt::format("manifest: version {} is not supported (this hp reads 1)", m.version),
                  rd.at(*head));
   m.model = rd.get<std::string>(*head, "model", "");
   m.recipe = rd.get<std::string>(*head, "recipe", "");
@@ -151,9 +156,13 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   m.micro_batches = rd.get<std::int64_t>(*head, "micro_batches", 1, false);
   m.virtual_stages = rd.get<std::int64_t>(*head, "virtual_stages", 1, false);
   if (m.virtual_stages < 1)
-    rd.problems.push_back({rd.at(*head), fmt::format("manifest: virtual_stages = {} (must be >= 1)", m.virtual_stages), ""});
+    rd.problems.push_back(
+        {rd.at(*head),
+         fmt::format("manifest: virtual_stages = {} (must be >= 1)", m.virtual_stages), ""});
   if (m.micro_batches < 1)
-    rd.problems.push_back({rd.at(*head), fmt::format("manifest: micro_batches = {} (must be >= 1)", m.micro_batches), ""});
+    rd.problems.push_back(
+        {rd.at(*head), fmt::format("manifest: micro_batches = {} (must be >= 1)", m.micro_batches),
+         ""});
   m.device_matrix = rd.int_list(*head, "device_matrix");
   m.alias_name = rd.str_list(head->get("alias_name"));
   if (const toml::table* d = head->get_as<toml::table>("dims"))
@@ -167,19 +176,23 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
     r.tp = rd.get<std::int64_t>(t, "tp", 0);
     r.pp = rd.get<std::int64_t>(t, "pp", 0);
     if (r.stage < 0 || r.stage >= m.pp * m.virtual_stages)
-      rd.problems.push_back({rd.at(t), fmt::format("manifest: rank {} names stage {}, there are {}", r.rank, r.stage,
-                                                   m.pp * m.virtual_stages), ""});
+      rd.problems.push_back({rd.at(t),
+                             fmt::format("manifest: rank {} names stage {}, there are {}", r.rank,
+                                         r.stage, m.pp * m.virtual_stages),
+                             ""});
     m.ranks.push_back(r);
   });
   rd.each(root, "groups", [&](const toml::table& t) {
-    m.groups.push_back({rd.get<std::string>(t, "name", ""), rd.get<std::string>(t, "kind", ""), rd.int_list(t, "members")});
+    m.groups.push_back({rd.get<std::string>(t, "name", ""), rd.get<std::string>(t, "kind", ""),
+                        rd.int_list(t, "members")});
   });
   rd.each(root, "stages", [&](const toml::table& t) {
-    m.stages.push_back({static_cast<int>(rd.get<std::int64_t>(t, "index", 0)), rd.int_list(t, "layers"),
-                        rd.int_list(t, "ranks")});
+    m.stages.push_back({static_cast<int>(rd.get<std::int64_t>(t, "index", 0)),
+                        rd.int_list(t, "layers"), rd.int_list(t, "ranks")});
   });
   rd.each(root, "boundaries", [&](const toml::table& t) {
-    m.boundaries.push_back({rd.get<std::string>(t, "tensor", ""), static_cast<int>(rd.get<std::int64_t>(t, "from_stage", 0)),
+    m.boundaries.push_back({rd.get<std::string>(t, "tensor", ""),
+                            static_cast<int>(rd.get<std::int64_t>(t, "from_stage", 0)),
                             static_cast<int>(rd.get<std::int64_t>(t, "to_stage", 0)),
                             static_cast<int>(rd.get<std::int64_t>(t, "tag", 0))});
   });
@@ -194,8 +207,10 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
       l.origin = rd.get<std::string>(t, "origin", "", false);
       l.batched = rd.get<bool>(t, "batched", false, false);
       if (l.tensor_map.size() != l.shape.size())
-        rd.problems.push_back({rd.at(t), fmt::format("manifest: '{}' has {} dims but a tensor_map of {}", l.tensor,
-                                                     l.shape.size(), l.tensor_map.size()), ""});
+        rd.problems.push_back({rd.at(t),
+                               fmt::format("manifest: '{}' has {} dims but a tensor_map of {}",
+                                           l.tensor, l.shape.size(), l.tensor_map.size()),
+                               ""});
       out.push_back(std::move(l));
     });
   };

@@ -27,7 +27,8 @@ std::vector<std::vector<std::string>> alias_map(const Mesh& m, const Sharding& s
 
 // One file per rank, or per (rank, chunk) with interleaved virtual stages.
 std::string rank_file(std::int64_t rank, int stage, std::int64_t pp, std::int64_t v) {
-  return v > 1 ? fmt::format("rank{}.c{}.onnx", rank, stage / pp) : fmt::format("rank{}.onnx", rank);
+  return v > 1 ? fmt::format("rank{}.c{}.onnx", rank, stage / pp)
+               : fmt::format("rank{}.onnx", rank);
 }
 
 std::int64_t chunks_of(const Prepared& p) {
@@ -62,7 +63,8 @@ Manifest make_manifest(const Prepared& p) {
   for (const auto& st : p.plan.stages) {
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto c = mesh.coords(static_cast<std::int64_t>(pos));
-      m.ranks.push_back({st.ranks[pos], st.index, rank_file(st.ranks[pos], st.index, m.pp, m.virtual_stages),
+      m.ranks.push_back({st.ranks[pos], st.index,
+                         rank_file(st.ranks[pos], st.index, m.pp, m.virtual_stages),
                          c[static_cast<std::size_t>(p.dp_axis)],
                          c[static_cast<std::size_t>(p.tp_axis)], st.index});
     }
@@ -76,27 +78,31 @@ Manifest make_manifest(const Prepared& p) {
       }
     }
   }
-  std::sort(m.ranks.begin(), m.ranks.end(),
-            [](const auto& a, const auto& b) { return std::tie(a.rank, a.stage) < std::tie(b.rank, b.stage); });
+  std::sort(m.ranks.begin(), m.ranks.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.rank, a.stage) < std::tie(b.rank, b.stage);
+  });
   if (!p.plan.stages.empty())
     for (std::size_t pos = 0; pos < p.plan.stages[0].ranks.size(); ++pos) {
       std::vector<std::int64_t> members;
       for (const auto& st : p.plan.stages)
-        if (st.index < m.pp) members.push_back(st.ranks[pos]);  // chunks of a rank are on the same ranks
+        if (st.index < m.pp)
+          members.push_back(st.ranks[pos]);  // chunks of a rank are on the same ranks
       m.groups.push_back({fmt::format("pp.{}", pos), "pp", members});
     }
   for (const auto& b : p.plan.boundaries)
     m.boundaries.push_back({p.graph.tensor(b.tensor).name, b.from_stage, b.to_stage, b.tag});
   for (std::size_t t = 0; t < p.graph.tensors.size(); ++t) {
     const auto& tensor = p.graph.tensors[t];
-    if (tensor.kind == model::TensorKind::shape || tensor.kind == model::TensorKind::constant) continue;
+    if (tensor.kind == model::TensorKind::shape || tensor.kind == model::TensorKind::constant)
+      continue;
     if (tensor.kind == model::TensorKind::initializer && tensor.consumers.empty()) continue;
     const auto& s = p.prop.layout[t];
     ManifestLayout l;
     l.tensor = tensor.name;
     l.shape = global_shape(tensor);
     l.tensor_map = alias_map(mesh, s);
-    for (const auto& pa : s.partial) l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
+    for (const auto& pa : s.partial)
+      l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
     l.origin = p.prop.origin[t];
     m.layouts.push_back(std::move(l));
   }
@@ -116,18 +122,20 @@ Manifest make_manifest(const Prepared& p) {
   }
   // The graph's inputs and outputs as the ranks hold them: an output's final layout is the one its
   // graph-output redistribution (node -1) leaves, if any.
-  const std::string last = fmt::format("stage {}", p.plan.stages.empty() ? 0 : p.plan.stages.back().index);
+  const std::string last =
+      fmt::format("stage {}", p.plan.stages.empty() ? 0 : p.plan.stages.back().index);
   auto io = [&](int t, const Sharding& s, std::string origin) {
     ManifestLayout l;
     l.tensor = p.graph.tensor(t).name;
     l.shape = global_shape(p.graph.tensor(t));
     l.tensor_map = alias_map(mesh, s);
-    for (const auto& pa : s.partial) l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
+    for (const auto& pa : s.partial)
+      l.partial.push_back(mesh.axes[static_cast<std::size_t>(pa.axis)]);
     l.origin = std::move(origin);
     return l;
   };
-  // Batched inputs: axis 0 is one of the batch dims (by the model's declared dim name). Every output
-  // of a micro-batched run is concatenated along axis 0.
+  // Batched inputs: axis 0 is one of the batch dims (by the model's declared dim name). Every
+  // output of a micro-batched run is concatenated along axis 0.
   const auto& proto_inputs = p.model.proto->graph().input();
   for (int t : p.graph.inputs) {
     auto l = io(t, p.prop.layout[static_cast<std::size_t>(t)], "graph input");
@@ -153,9 +161,11 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
   std::error_code ec;
   fs::path target = fs::absolute(out_dir, ec);
   if (target.filename().empty()) target = target.parent_path();
-  if (fs::exists(target, ec) && (!fs::is_directory(target, ec) ||
-                                 (!fs::is_empty(target, ec) && !fs::exists(target / "manifest.toml", ec))))
-    return Error(Errc::bad_input, "exists and is not an earlier 'hp shard' output; not replacing it",
+  if (fs::exists(target, ec) &&
+      (!fs::is_directory(target, ec) ||
+       (!fs::is_empty(target, ec) && !fs::exists(target / "manifest.toml", ec))))
+    return Error(Errc::bad_input,
+                 "exists and is not an earlier 'hp shard' output; not replacing it",
                  out_dir.string(), "choose another -o directory");
   fs::path parent = target.parent_path();
   if (!fs::is_directory(parent, ec))
@@ -163,7 +173,10 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
   fs::path tmp = parent / fmt::format(".{}.hp-tmp-{}", target.filename().string(), ::getpid());
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
-  if (ec) return Error(Errc::runtime, fmt::format("cannot create a temporary directory: {}", ec.message()), tmp.string());
+  if (ec)
+    return Error(Errc::runtime,
+                 fmt::format("cannot create a temporary directory: {}", ec.message()),
+                 tmp.string());
   auto fail = [&](Error e) {
     std::error_code ignore;
     fs::remove_all(tmp, ignore);
@@ -176,7 +189,10 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto part = build_partition(p.plan, st.index, static_cast<std::int64_t>(pos));
       if (!part) return fail(std::move(part).error());
-      if (auto s = write_plain(tmp / rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p)), part->onnx); !s)
+      if (auto s = write_plain(
+              tmp / rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p)),
+              part->onnx);
+          !s)
         return fail(std::move(s).error());
       ++files;
       comm += part->comm_nodes;
@@ -186,30 +202,36 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
     }
   Manifest m = make_manifest(p);
   m.weights = weights;
-  if (auto s = write_plain(tmp / "manifest.toml", format_manifest(m)); !s) return fail(std::move(s).error());
+  if (auto s = write_plain(tmp / "manifest.toml", format_manifest(m)); !s)
+    return fail(std::move(s).error());
   // Into place: an earlier output is moved aside first and removed only once the new one is there.
   fs::path old = parent / fmt::format(".{}.hp-old-{}", target.filename().string(), ::getpid());
   bool had = fs::exists(target, ec);
   if (had) {
     fs::rename(target, old, ec);
-    if (ec) return fail(Error(Errc::runtime, fmt::format("cannot move the earlier output aside: {}", ec.message()),
-                              target.string()));
+    if (ec)
+      return fail(Error(Errc::runtime,
+                        fmt::format("cannot move the earlier output aside: {}", ec.message()),
+                        target.string()));
   }
   fs::rename(tmp, target, ec);
   if (ec) {
     std::error_code ignore;
     if (had) fs::rename(old, target, ignore);
-    return fail(Error(Errc::runtime, fmt::format("cannot rename into place: {}", ec.message()), target.string()));
+    return fail(Error(Errc::runtime, fmt::format("cannot rename into place: {}", ec.message()),
+                      target.string()));
   }
   if (had) fs::remove_all(old, ec);
   ShardReport rep;
   rep.summary = fmt::format(
       "wrote {} rank partitions (dp={} tp={} pp={}) and manifest.toml to {}\n"
-      "  {} layouts, {} redistributions ({} comm nodes over all ranks), {} pipeline boundaries ({} sends)\n"
+      "  {} layouts, {} redistributions ({} comm nodes over all ranks), {} pipeline boundaries ({} "
+      "sends)\n"
       "  weights: {}\n",
       files, m.dp, m.tp, m.pp, out_dir.string(), m.layouts.size(), m.redistributions.size(), comm,
       m.boundaries.size(), sends,
-      weights ? fmt::format("{} bytes over all ranks", weight_bytes) : std::string("not written (the model has no weight data; shapes only)"));
+      weights ? fmt::format("{} bytes over all ranks", weight_bytes)
+              : std::string("not written (the model has no weight data; shapes only)"));
   for (const auto& n : p.prop.notes) rep.summary += "  note: " + n + "\n";
   return rep;
 }

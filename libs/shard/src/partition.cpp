@@ -44,13 +44,16 @@ Expected<RankPartition> Builder::build() {
   plan_renames();
   for (int i : stage_.nodes) {
     const std::string& type = pg_.node(i).op_type();
-    if (type == "Shape" || type == "Size") add_shape_constant(i);
-    else HP_TRY(add_node(i));
+    if (type == "Shape" || type == "Size")
+      add_shape_constant(i);
+    else
+      HP_TRY(add_node(i));
   }
   HP_TRY(add_outputs());
   add_sends();
   if (!m.SerializeToString(&result_.onnx))
-    return Error(Errc::internal, fmt::format("could not serialize the partition of rank {}", result_.rank));
+    return Error(Errc::internal,
+                 fmt::format("could not serialize the partition of rank {}", result_.rank));
   return result_;
 }
 
@@ -58,7 +61,8 @@ void Builder::add_inputs_and_recvs() {
   for (int t : g_.inputs)
     if (used_.count(t)) {
       const auto& tensor = g_.tensor(t);
-      set_value_info(out_->add_input(), tensor.name, tensor.elem_type, local(t, prop_.layout[static_cast<std::size_t>(t)]));
+      set_value_info(out_->add_input(), tensor.name, tensor.elem_type,
+                     local(t, prop_.layout[static_cast<std::size_t>(t)]));
     }
   for (const auto& b : plan_.boundaries) {
     if (b.to_stage != s_) continue;
@@ -72,7 +76,8 @@ void Builder::add_inputs_and_recvs() {
     add_int_attr(n, dom::kAttrPeer, rank_of(from, pos_));
     add_int_attr(n, dom::kAttrTag, b.tag);
     add_int_attr(n, dom::kAttrDtype, tensor.elem_type);
-    add_ints_attr(n, dom::kAttrShape, local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
+    add_ints_attr(n, dom::kAttrShape,
+                  local(b.tensor, prop_.layout[static_cast<std::size_t>(b.tensor)]));
     ++result_.recvs;
   }
 }
@@ -84,7 +89,8 @@ void Builder::plan_renames() {
       rename_[g_.tensor(r.tensor).name] = g_.tensor(r.tensor).name + ".hp_pre";
     }
   for (std::size_t k = 0; k < prop_.redistributions.size(); ++k)
-    if (prop_.redistributions[k].node >= 0) redist_by_node_[prop_.redistributions[k].node].push_back(k);
+    if (prop_.redistributions[k].node >= 0)
+      redist_by_node_[prop_.redistributions[k].node].push_back(k);
 }
 
 void Builder::add_shape_constant(int i) {
@@ -137,7 +143,8 @@ Status Builder::add_node(int i) {
       auto key = std::pair{t, static_cast<int>(ri)};
       // The same tensor redistributed the same way for another consumer is reused.
       for (const auto& [kk, v] : redist_done_)
-        if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to) key = kk;
+        if (kk.first == t && prop_.redistributions[static_cast<std::size_t>(kk.second)].to == r.to)
+          key = kk;
       auto it = redist_done_.find(key);
       if (it == redist_done_.end()) {
         HP_ASSIGN_OR_RETURN(auto made, redistribute(t, name, r));
@@ -150,7 +157,8 @@ Status Builder::add_node(int i) {
   }
   for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
   // Reshape/Expand targets: the local output shape.
-  if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 && pn.input_size() > 1) {
+  if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 &&
+      pn.input_size() > 1) {
     int o = node.outputs[0];
     auto ls = local(o, prop_.layout[static_cast<std::size_t>(o)]);
     std::string cname = fresh((pn.name().empty() ? g_.tensor(o).name : pn.name()) + "/local_shape");
@@ -213,7 +221,8 @@ void Builder::add_sends() {
 
 }  // namespace detail
 
-Expected<RankPartition> build_partition(const PartitionPlan& plan, int stage, std::int64_t position) {
+Expected<RankPartition> build_partition(const PartitionPlan& plan, int stage,
+                                        std::int64_t position) {
   return detail::Builder(plan, stage, position).build();
 }
 

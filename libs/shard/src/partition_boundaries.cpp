@@ -21,7 +21,8 @@ Status plan_boundaries(PartitionPlan& plan) {
   for (std::size_t i = 0; i < owner.size(); ++i)
     if (owner[i] < 0) owner[i] = 0;
   std::vector<std::set<int>> sets(plan.stages.size());
-  for (std::size_t i = 0; i < owner.size(); ++i) sets[static_cast<std::size_t>(owner[i])].insert(static_cast<int>(i));
+  for (std::size_t i = 0; i < owner.size(); ++i)
+    sets[static_cast<std::size_t>(owner[i])].insert(static_cast<int>(i));
   std::map<std::pair<int, int>, int> seen;  // (tensor, to_stage) -> tag
   plan.boundaries.clear();
   for (std::size_t s = 0; s < sets.size(); ++s) {
@@ -48,9 +49,11 @@ Status plan_boundaries(PartitionPlan& plan) {
         if (p < 0 || sets[s].count(p) || tensor.kind != model::TensorKind::activation) continue;
         int from = owner[static_cast<std::size_t>(p)];
         if (from > static_cast<int>(s))
-          return Error(Errc::bad_input,
-                       fmt::format("stage {} reads '{}' which stage {} produces: stages must follow the layer order",
-                                   s, tensor.name, from));
+          return Error(
+              Errc::bad_input,
+              fmt::format(
+                  "stage {} reads '{}' which stage {} produces: stages must follow the layer order",
+                  s, tensor.name, from));
         auto key = std::pair{t, static_cast<int>(s)};
         if (seen.count(key)) continue;
         int tag = static_cast<int>(plan.boundaries.size());

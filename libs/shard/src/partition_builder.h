@@ -36,7 +36,8 @@ inline void add_int_attr(onnx::NodeProto* n, std::string_view name, std::int64_t
   a->set_i(v);
 }
 
-inline void add_ints_attr(onnx::NodeProto* n, std::string_view name, const std::vector<std::int64_t>& v) {
+inline void add_ints_attr(onnx::NodeProto* n, std::string_view name,
+                          const std::vector<std::int64_t>& v) {
   auto* a = n->add_attribute();
   a->set_name(std::string(name));
   a->set_type(onnx::AttributeProto::INTS);
@@ -51,7 +52,7 @@ inline void add_str_attr(onnx::NodeProto* n, std::string_view name, const std::s
 }
 
 inline void set_value_info(onnx::ValueInfoProto* v, const std::string& name, std::int32_t elem,
-                    const std::vector<std::int64_t>& dims) {
+                           const std::vector<std::int64_t>& dims) {
   v->set_name(name);
   auto* tt = v->mutable_type()->mutable_tensor_type();
   tt->set_elem_type(elem);
@@ -72,19 +73,25 @@ inline onnx::TensorProto int64_tensor(const std::string& name, const std::vector
 class Builder {
  public:
   Builder(const PartitionPlan& plan, int stage, std::int64_t position)
-      : plan_(plan), g_(*plan.graph), prop_(*plan.prop), pg_(plan.model->proto->graph()),
-        stage_(plan.stages[static_cast<std::size_t>(stage)]), s_(stage), pos_(position) {}
+      : plan_(plan),
+        g_(*plan.graph),
+        prop_(*plan.prop),
+        pg_(plan.model->proto->graph()),
+        stage_(plan.stages[static_cast<std::size_t>(stage)]),
+        s_(stage),
+        pos_(position) {}
 
   Expected<RankPartition> build();
 
  private:
   // The passes of build(), in order.
-  void add_inputs_and_recvs();      ///< graph inputs this stage reads, hp.Recv of earlier stages' activations
-  void plan_renames();              ///< graph outputs whose layout changes get a ".hp_pre" name where produced
-  void add_shape_constant(int i);   ///< Shape/Size as a constant of the global shape
-  Status add_node(int i);           ///< one node: inputs redistributed, outputs renamed, local targets
-  Status add_outputs();             ///< graph outputs produced here, in the layout asked of them
-  void add_sends();                 ///< hp.Send of activations later stages read
+  void add_inputs_and_recvs();  ///< graph inputs this stage reads, hp.Recv of earlier stages'
+                                ///< activations
+  void plan_renames();  ///< graph outputs whose layout changes get a ".hp_pre" name where produced
+  void add_shape_constant(int i);  ///< Shape/Size as a constant of the global shape
+  Status add_node(int i);  ///< one node: inputs redistributed, outputs renamed, local targets
+  Status add_outputs();    ///< graph outputs produced here, in the layout asked of them
+  void add_sends();        ///< hp.Send of activations later stages read
   std::string renamed(const std::string& s) const {
     auto it = rename_.find(s);
     return it == rename_.end() ? s : it->second;
@@ -115,11 +122,14 @@ class Builder {
     onnx::TensorProto* t = out_->add_initializer();
     t->set_name(name);
     t->set_data_type(type);
-    if (type == onnx::TensorProto::INT32) t->add_int32_data(static_cast<std::int32_t>(v));
-    else t->add_int64_data(v);
+    if (type == onnx::TensorProto::INT32)
+      t->add_int32_data(static_cast<std::int32_t>(v));
+    else
+      t->add_int64_data(v);
     return name;
   }
-  onnx::NodeProto* op(const std::string& type, std::vector<std::string> in, const std::string& out) {
+  onnx::NodeProto* op(const std::string& type, std::vector<std::string> in,
+                      const std::string& out) {
     onnx::NodeProto* n = out_->add_node();
     n->set_op_type(type);
     n->set_name(fresh(out));
@@ -143,7 +153,8 @@ class Builder {
   std::set<int> in_stage_;  ///< the stage's nodes
   std::map<std::string, std::string> rename_;
   std::map<int, const Redistribution*> out_redist_;
-  std::map<std::pair<int, int>, std::string> redist_done_;  ///< (tensor, redistribution) -> its name
+  std::map<std::pair<int, int>, std::string>
+      redist_done_;  ///< (tensor, redistribution) -> its name
   std::map<int, std::vector<std::size_t>> redist_by_node_;
 };
 

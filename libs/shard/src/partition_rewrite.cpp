@@ -1,6 +1,6 @@
-// The Builder's rewrites of single nodes and tensors (partition_builder.h): a recorded redistribution
-// as hp-domain collectives or a local Slice, the vocabulary-parallel Gather, Split sizes of a split
-// axis, and a weight's slice for this rank.
+// The Builder's rewrites of single nodes and tensors (partition_builder.h): a recorded
+// redistribution as hp-domain collectives or a local Slice, the vocabulary-parallel Gather, Split
+// sizes of a split axis, and a weight's slice for this rank.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -10,7 +10,8 @@
 
 namespace hp::shard::detail {
 
-Expected<std::string> Builder::redistribute(int tensor, const std::string& name, const Redistribution& r) {
+Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
+                                            const Redistribution& r) {
   std::string cur = name;
   const auto& t = g_.tensor(tensor);
   auto gshape = shape_of(t);
@@ -40,7 +41,8 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
       ++result_.comm_nodes;
       n->set_domain(std::string(dom::kDomain));
       auto group = group_of(st);
-      if (group.empty()) return Error(Errc::internal, fmt::format("no group holds mesh position {}", pos_));
+      if (group.empty())
+        return Error(Errc::internal, fmt::format("no group holds mesh position {}", pos_));
       switch (st.kind) {
         case StepKind::all_reduce:
           n->set_op_type(std::string(dom::kAllReduce));
@@ -73,12 +75,14 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
         case StepKind::local_slice: break;
       }
       add_ints_attr(n, dom::kAttrGroup, group);
-      // The manifest's name for this group: "<dp|tp>.s<stage>.<index>" (mesh axis 0 is dp, 1 is tp).
+      // The manifest's name for this group: "<dp|tp>.s<stage>.<index>" (mesh axis 0 is dp, 1 is
+      // tp).
       std::size_t gi = 0;
       for (std::size_t q = 0; q < st.groups.size(); ++q)
         if (std::find(st.groups[q].begin(), st.groups[q].end(), pos_) != st.groups[q].end()) gi = q;
       if (st.axes.size() == 1)
-        add_str_attr(n, dom::kAttrGroupName, fmt::format("{}.s{}.{}", st.axes[0] == 0 ? "dp" : "tp", s_, gi));
+        add_str_attr(n, dom::kAttrGroupName,
+                     fmt::format("{}.s{}.{}", st.axes[0] == 0 ? "dp" : "tp", s_, gi));
     }
     cur = next;
   }
@@ -101,7 +105,9 @@ Status Builder::vocab_parallel_gather(int i, onnx::NodeProto n) {
     return {};
   }
   if (axis != 0 || dshape.size() != 2)
-    return Error(Errc::internal, fmt::format("'{}': only 2-D tables split on rows are gathered in parts", n.name()));
+    return Error(
+        Errc::internal,
+        fmt::format("'{}': only 2-D tables split on rows are gathered in parts", n.name()));
   auto rows = slice_of(prop_.mesh, s, dshape, pos_)[0];
   const auto& idx_t = g_.tensor(node.inputs[1]);
   std::int32_t it = idx_t.elem_type;
@@ -158,11 +164,14 @@ Status Builder::local_split_sizes(int i, onnx::NodeProto& n) {
   if (axis < 0 || axis >= rank || read[0].dims[static_cast<std::size_t>(axis)].empty()) return {};
   std::vector<std::int64_t> sizes;
   for (int o : node.outputs) {
-    if (o < 0) return Error(Errc::internal, fmt::format("split '{}' has an unnamed output", n.name()));
-    sizes.push_back(local(o, prop_.layout[static_cast<std::size_t>(o)])[static_cast<std::size_t>(axis)]);
+    if (o < 0)
+      return Error(Errc::internal, fmt::format("split '{}' has an unnamed output", n.name()));
+    sizes.push_back(
+        local(o, prop_.layout[static_cast<std::size_t>(o)])[static_cast<std::size_t>(axis)]);
   }
   if (n.input_size() > 1 && !n.input(1).empty()) {
-    std::string cname = fresh((n.name().empty() ? g_.tensor(node.outputs[0]).name : n.name()) + "/local_split");
+    std::string cname =
+        fresh((n.name().empty() ? g_.tensor(node.outputs[0]).name : n.name()) + "/local_split");
     *out_->add_initializer() = int64_tensor(cname, sizes);
     n.set_input(1, cname);
   }
@@ -191,7 +200,8 @@ Status Builder::add_initializer(int t) {
   HP_ASSIGN_OR_RETURN(auto bytes, detail::tensor_bytes(*src, plan_.model->path.parent_path()));
   int elem = model::elem_size(src->data_type());
   if (!bytes.has_value()) {
-    // Shapes only: the weights are not there to slice. The file names a data file that is not written.
+    // Shapes only: the weights are not there to slice. The file names a data file that is not
+    // written.
     result_.weights_written = false;
     dst->set_data_location(onnx::TensorProto::EXTERNAL);
     auto* kv = dst->add_external_data();
@@ -203,11 +213,12 @@ Status Builder::add_initializer(int t) {
     return {};
   }
   if (static_cast<std::int64_t>(bytes->size()) != prod(gshape) * elem)
-    return Error(Errc::bad_input, fmt::format("initializer '{}' holds {} bytes, its shape needs {}", tensor.name,
-                                              bytes->size(), prod(gshape) * elem));
+    return Error(Errc::bad_input, fmt::format("initializer '{}' holds {} bytes, its shape needs {}",
+                                              tensor.name, bytes->size(), prod(gshape) * elem));
   // A blocked (fused q|k|v) weight holds its piece of every block: contiguous in the held view.
   HeldView v = held_view(prop_, t, gshape);
-  std::string data = detail::slice_bytes(*bytes, v.shape, slice_of(prop_.mesh, v.layout, v.shape, pos_), elem);
+  std::string data =
+      detail::slice_bytes(*bytes, v.shape, slice_of(prop_.mesh, v.layout, v.shape, pos_), elem);
   if (!s.partial.empty()) {
     std::int64_t n = 1;
     for (const auto& p : s.partial) n *= prop_.mesh.dims[static_cast<std::size_t>(p.axis)];

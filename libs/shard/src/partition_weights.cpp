@@ -1,5 +1,5 @@
-// Weight slicing for partitions: each rank stores exactly slice_of() of every weight, so the per-rank
-// files concatenated by their layouts give back the original bytes.
+// Weight slicing for partitions: each rank stores exactly slice_of() of every weight, so the
+// per-rank files concatenated by their layouts give back the original bytes.
 #include "partition_weights.h"
 
 #include <fmt/core.h>
@@ -25,17 +25,23 @@ std::string pack(const Src& values, int elem) {
 
 }  // namespace
 
-Expected<std::optional<std::string>> tensor_bytes(const onnx::TensorProto& t, const std::filesystem::path& model_dir) {
+Expected<std::optional<std::string>> tensor_bytes(const onnx::TensorProto& t,
+                                                  const std::filesystem::path& model_dir) {
   using T = onnx::TensorProto;
   int elem = model::elem_size(t.data_type());
-  if (elem <= 0) return Error(Errc::bad_input, fmt::format("initializer '{}' has an element type hp cannot slice", t.name()));
+  if (elem <= 0)
+    return Error(Errc::bad_input,
+                 fmt::format("initializer '{}' has an element type hp cannot slice", t.name()));
   if (t.data_location() == T::EXTERNAL) {
     std::string location;
     std::int64_t offset = 0, length = -1;
     for (const auto& kv : t.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
+      if (kv.key() == "location")
+        location = kv.value();
+      else if (kv.key() == "offset")
+        offset = std::stoll(kv.value());
+      else if (kv.key() == "length")
+        length = std::stoll(kv.value());
     }
     std::int64_t n = 1;
     for (auto d : t.dims()) n *= d;
@@ -47,7 +53,8 @@ Expected<std::optional<std::string>> tensor_bytes(const onnx::TensorProto& t, co
     f.seekg(offset);
     f.read(data.data(), length);
     if (f.gcount() != length)
-      return Error(Errc::bad_input, fmt::format("external data of '{}' is shorter than {} bytes", t.name(), length),
+      return Error(Errc::bad_input,
+                   fmt::format("external data of '{}' is shorter than {} bytes", t.name(), length),
                    path.string());
     return std::optional<std::string>(std::move(data));
   }
@@ -85,7 +92,8 @@ std::string slice_bytes(const std::string& data, const std::vector<std::int64_t>
   return out;
 }
 
-Status divide_elements(std::string& data, std::int32_t elem_type, std::int64_t n, const std::string& name) {
+Status divide_elements(std::string& data, std::int32_t elem_type, std::int64_t n,
+                       const std::string& name) {
   if (elem_type == onnx::TensorProto::FLOAT) {
     for (std::size_t i = 0; i + 4 <= data.size(); i += 4) {
       float v;
@@ -104,7 +112,8 @@ Status divide_elements(std::string& data, std::int32_t elem_type, std::int64_t n
     }
     return {};
   }
-  return Error(Errc::bad_input, fmt::format("'{}' would be a partial sum but is not float or double", name), name);
+  return Error(Errc::bad_input,
+               fmt::format("'{}' would be a partial sum but is not float or double", name), name);
 }
 
 }  // namespace hp::shard::detail

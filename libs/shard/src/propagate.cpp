@@ -38,14 +38,16 @@ struct Retry {
 };
 
 // One run with fixed choices (class Run below); sets `retry.again` when a choice turned out wrong.
-Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g, const PropagateOptions& o,
-                                     Retry& retry);
+Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g,
+                                     const PropagateOptions& o, Retry& retry);
 
 }  // namespace
 
-HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layout, const BlockedDim* b) {
+HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layout,
+                   const BlockedDim* b) {
   HeldView v{shape, layout};
-  if (!b || b->dim < 0 || b->blocks <= 1 || static_cast<std::size_t>(b->dim) >= shape.size()) return v;
+  if (!b || b->dim < 0 || b->blocks <= 1 || static_cast<std::size_t>(b->dim) >= shape.size())
+    return v;
   auto d = static_cast<std::size_t>(b->dim);
   auto at = static_cast<std::ptrdiff_t>(d);
   v.shape[d] = shape[d] / b->blocks;
@@ -56,7 +58,8 @@ HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layou
 
 HeldView held_view(const Propagation& p, int tensor, const std::vector<std::int64_t>& shape) {
   auto it = p.blocked.find(tensor);
-  return held_view(shape, p.layout[static_cast<std::size_t>(tensor)], it == p.blocked.end() ? nullptr : &it->second);
+  return held_view(shape, p.layout[static_cast<std::size_t>(tensor)],
+                   it == p.blocked.end() ? nullptr : &it->second);
 }
 
 Expected<RedistPlan> plan_for_consumer(const Mesh& mesh, const Sharding& from, const Sharding& to,
@@ -65,13 +68,15 @@ Expected<RedistPlan> plan_for_consumer(const Mesh& mesh, const Sharding& from, c
   for (std::size_t d = 0; d < from.dims.size() && d < to.dims.size(); ++d)
     for (int a : from.dims[d])
       for (std::size_t e = 0; e < to.dims.size(); ++e)
-        if (e != d && std::find(to.dims[e].begin(), to.dims[e].end(), a) != to.dims[e].end()) moves = true;
+        if (e != d && std::find(to.dims[e].begin(), to.dims[e].end(), a) != to.dims[e].end())
+          moves = true;
   if (!moves) return plan_steps(mesh, from, to, shape, elem_bytes);
   // A split moving between dims: the planner's all-to-all instead of a gather and a slice.
   return plan_redistribution(mesh, from, to, shape, elem_bytes);
 }
 
-Expected<Propagation> propagate(const model::Model& model, const model::Graph& g, const PropagateOptions& o) {
+Expected<Propagation> propagate(const model::Model& model, const model::Graph& g,
+                                const PropagateOptions& o) {
   Retry retry;
   // Each retry removes one fusion or replicates one weight more, so this ends.
   for (std::size_t round = 0;; ++round) {
@@ -79,17 +84,20 @@ Expected<Propagation> propagate(const model::Model& model, const model::Graph& g
     auto p = propagate_once(model, g, o, retry);
     if (!p) return p;
     if (retry.again && round <= 2 * g.tensors.size()) continue;
-    if (retry.again) return Error(Errc::internal, "sharding propagation did not settle on fused projections");
+    if (retry.again)
+      return Error(Errc::internal, "sharding propagation did not settle on fused projections");
     for (auto& [t, b] : p->blocked)
-      p->origin[static_cast<std::size_t>(t)] += fmt::format(" (blocked: {} blocks on dim {})", b.blocks, b.dim);
+      p->origin[static_cast<std::size_t>(t)] +=
+          fmt::format(" (blocked: {} blocks on dim {})", b.blocks, b.dim);
     for (int t : retry.replicate) {
       // The weight itself, not the transposed copy the MatMul reads.
       int w = t;
       while (g.tensor(w).producer >= 0 && !g.node(g.tensor(w).producer).inputs.empty())
         w = g.node(g.tensor(w).producer).inputs[0];
-      p->notes.push_back(fmt::format("'{}' is replicated: split over tp its output would cut a head that the "
-                                     "head reshape needs whole (fewer heads than tp ranks, as GQA's kv heads)",
-                                     g.tensor(w).name));
+      p->notes.push_back(
+          fmt::format("'{}' is replicated: split over tp its output would cut a head that the "
+                      "head reshape needs whole (fewer heads than tp ranks, as GQA's kv heads)",
+                      g.tensor(w).name));
     }
     return p;
   }

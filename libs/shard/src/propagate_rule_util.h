@@ -52,7 +52,8 @@ inline std::vector<PartialAxis> sum_over(const Entry& axes) {
 }
 
 // Clears entries whose axes an earlier dim (in `order`) already uses, so no axis splits two dims.
-inline void make_unique(std::vector<Entry>& dims, const std::vector<int>& order, std::set<int> used = {}) {
+inline void make_unique(std::vector<Entry>& dims, const std::vector<int>& order,
+                        std::set<int> used = {}) {
   for (int d : order) {
     auto& e = dims[static_cast<std::size_t>(d)];
     bool clash = std::any_of(e.begin(), e.end(), [&](int a) { return used.count(a) > 0; });
@@ -75,14 +76,16 @@ inline RuleResult base(const RuleContext& c) {
   r.req_blocked.assign(c.in.size(), -1);
   r.out_blocked.assign(c.out_shapes.size(), -1);
   r.out.resize(c.out_shapes.size());
-  for (std::size_t j = 0; j < c.out_shapes.size(); ++j) r.out[j] = Sharding::replicated(c.out_shapes[j].size());
+  for (std::size_t j = 0; j < c.out_shapes.size(); ++j)
+    r.out[j] = Sharding::replicated(c.out_shapes[j].size());
   return r;
 }
 
 // Replicated inputs and outputs: correct for any op.
 inline RuleResult replicate_all(const RuleContext& c) {
   RuleResult r = base(c);
-  for (std::size_t k = 0; k < c.in.size(); ++k) r.req[k] = Sharding::replicated(c.in[k].shape.size());
+  for (std::size_t k = 0; k < c.in.size(); ++k)
+    r.req[k] = Sharding::replicated(c.in[k].shape.size());
   return r;
 }
 

@@ -14,9 +14,9 @@
 namespace hp::shard::detail {
 namespace {
 
-
-// Elementwise ops on a blocked input (propagate.h): the output is blocked on the same dim when every
-// input covering it is blocked the same way or is a flexible weight (a bias, then cut the same way).
+// Elementwise ops on a blocked input (propagate.h): the output is blocked on the same dim when
+// every input covering it is blocked the same way or is a flexible weight (a bias, then cut the
+// same way).
 void mark_blocked(const RuleContext& c, const std::vector<int>& slots, RuleResult& r) {
   if (c.out_shapes.empty() || r.out.empty()) return;
   std::size_t R = c.out_shapes[0].size();
@@ -42,8 +42,10 @@ void mark_blocked(const RuleContext& c, const std::vector<int>& slots, RuleResul
     std::size_t ik = ud + rk - R;
     if (in.shape[ik] == 1 && c.out_shapes[0][ud] != 1) continue;
     if (r.req[static_cast<std::size_t>(s)].dims[ik] != e) return;
-    if (in.flexible) r.req_blocked[static_cast<std::size_t>(s)] = static_cast<int>(ik);
-    else if (in.blocked_dim != static_cast<int>(ik)) return;
+    if (in.flexible)
+      r.req_blocked[static_cast<std::size_t>(s)] = static_cast<int>(ik);
+    else if (in.blocked_dim != static_cast<int>(ik))
+      return;
   }
   for (std::size_t j = 0; j < r.out.size(); ++j)
     if (c.out_shapes[j].size() == R) r.out_blocked[j] = d;
@@ -61,8 +63,9 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
   bool partial_tp = false;
   for (std::size_t d = 0; d < R; ++d) {
     bool have = false, conflict = false;
-    // A whole activation (no pending sum) meeting split activations: a residual stream, which the next
-    // norm needs whole anyway, so gather the split one once here rather than before every norm.
+    // A whole activation (no pending sum) meeting split activations: a residual stream, which the
+    // next norm needs whole anyway, so gather the split one once here rather than before every
+    // norm.
     bool whole_activation = false, split_all_activations = true;
     Entry chosen;
     for (int k : slots) {
@@ -73,14 +76,21 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
       std::size_t ik = d + rk - R;
       if (in.shape[ik] == 1 && os[d] != 1) continue;
       const Entry& e = in.cur.dims[ik];
-      if (e.empty()) whole_activation = whole_activation || (in.is_activation && in.cur.partial.empty());
-      else split_all_activations = split_all_activations && in.is_activation &&
-                                   std::find(e.begin(), e.end(), c.dp_axis) == e.end();  // batch splits stay
-      if (!have) { chosen = e; have = true; }
-      else if (e != chosen) {
+      if (e.empty())
+        whole_activation = whole_activation || (in.is_activation && in.cur.partial.empty());
+      else
+        split_all_activations =
+            split_all_activations && in.is_activation &&
+            std::find(e.begin(), e.end(), c.dp_axis) == e.end();  // batch splits stay
+      if (!have) {
+        chosen = e;
+        have = true;
+      } else if (e != chosen) {
         // One side split, the other whole: slicing the whole one is free, gathering is not.
-        if (chosen.empty()) chosen = e;
-        else if (!e.empty()) conflict = true;
+        if (chosen.empty())
+          chosen = e;
+        else if (!e.empty())
+          conflict = true;
       }
     }
     if (whole_activation && split_all_activations) conflict = true;
@@ -93,13 +103,14 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
       if (p.axis == c.tp_axis) partial_tp = true;
   }
   make_unique(ent, iota_order(R));
-  // Sequence parallelism: a row-parallel partial sum entering the residual stream is reduce-scattered
-  // over the sequence dim ([b, s, h]: dim R-2) instead of all-reduced.
+  // Sequence parallelism: a row-parallel partial sum entering the residual stream is
+  // reduce-scattered over the sequence dim ([b, s, h]: dim R-2) instead of all-reduced.
   if (c.sequence_parallel && partial_tp && R >= 3 && c.tp_axis >= 0) {
     std::set<int> used;
     for (auto& e : ent) used.insert(e.begin(), e.end());
     Entry& sd = ent[R - 2];
-    if (!used.count(c.tp_axis) && sd.empty() && os[R - 2] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0)
+    if (!used.count(c.tp_axis) && sd.empty() &&
+        os[R - 2] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0)
       sd = Entry{c.tp_axis};
   }
   for (int k : slots) {
@@ -119,18 +130,18 @@ RuleResult elementwise(const RuleContext& c, const std::vector<int>& slots) {
   return r;
 }
 
-RuleResult elementwise_all(const RuleContext& c) {
-  return elementwise(c, iota_order(c.in.size()));
-}
+RuleResult elementwise_all(const RuleContext& c) { return elementwise(c, iota_order(c.in.size())); }
 
 // Keeps the arriving split everywhere except `whole` dims; outputs of the same rank get the same.
-RuleResult keep_except(const RuleContext& c, const std::set<int>& whole, bool keep_partial = false) {
+RuleResult keep_except(const RuleContext& c, const std::set<int>& whole,
+                       bool keep_partial = false) {
   RuleResult r = base(c);
   const auto& in = c.in[0];
   Sharding s = in.cur;
   if (in.flexible) s = Sharding::replicated(in.shape.size());
   for (int d : whole)
-    if (d >= 0 && static_cast<std::size_t>(d) < s.dims.size()) s.dims[static_cast<std::size_t>(d)].clear();
+    if (d >= 0 && static_cast<std::size_t>(d) < s.dims.size())
+      s.dims[static_cast<std::size_t>(d)].clear();
   if (!keep_partial) s.partial.clear();
   r.req[0] = s;
   for (std::size_t j = 0; j < r.out.size(); ++j)
@@ -155,9 +166,12 @@ RuleResult reshape(const RuleContext& c) {
     if (i < I.size()) pi *= I[i++];
     if (j < O.size()) pj *= O[j++];
     while (pi != pj) {
-      if (pi < pj && i < I.size()) pi *= I[i++];
-      else if (pj < pi && j < O.size()) pj *= O[j++];
-      else break;
+      if (pi < pj && i < I.size())
+        pi *= I[i++];
+      else if (pj < pi && j < O.size())
+        pj *= O[j++];
+      else
+        break;
     }
     // Major non-trivial dims of the group on each side.
     std::size_t im = ia, om = ja;
@@ -167,16 +181,20 @@ RuleResult reshape(const RuleContext& c) {
       Entry& e = s.dims[k];
       if (e.empty()) continue;
       if (static_cast<int>(k) == in.blocked_dim) {
-        // A blocked dim [k*n] -> [k, H, ..]: each block's split lands on H (the fused q|k|v head split).
-        if (pi == pj && i - ia == 1 && om + 1 < j && O[om] == in.blocks && divides(*c.mesh, e, O[om + 1])) {
+        // A blocked dim [k*n] -> [k, H, ..]: each block's split lands on H (the fused q|k|v head
+        // split).
+        if (pi == pj && i - ia == 1 && om + 1 < j && O[om] == in.blocks &&
+            divides(*c.mesh, e, O[om + 1])) {
           out[om + 1] = e;
           r.blocks_ok = true;
         }
         continue;
       }
       bool ok = pi == pj && k == im && om < j && divides(*c.mesh, e, O[om]);
-      if (ok) out[om] = e;
-      else e.clear();
+      if (ok)
+        out[om] = e;
+      else
+        e.clear();
     }
   }
   r.req[0] = s;
@@ -194,7 +212,8 @@ RuleResult transpose(const RuleContext& c) {
   Sharding s = in.flexible ? Sharding::replicated(R) : in.cur;
   r.req[0] = s;
   Sharding o = s;
-  for (std::size_t i = 0; i < R && i < perm.size(); ++i) o.dims[i] = s.dims[static_cast<std::size_t>(perm[i])];
+  for (std::size_t i = 0; i < R && i < perm.size(); ++i)
+    o.dims[i] = s.dims[static_cast<std::size_t>(perm[i])];
   r.out[0] = o;
   return r;
 }
@@ -230,11 +249,12 @@ RuleResult reduce(const RuleContext& c) {
     if (whole.count(static_cast<int>(d)) && !keep) continue;
     o.push_back(s.dims[d]);
   }
-  if (o.size() == c.out_shapes[0].size()) r.out[0] = make(o);
-  else r.req[0] = Sharding::replicated(R);
+  if (o.size() == c.out_shapes[0].size())
+    r.out[0] = make(o);
+  else
+    r.req[0] = Sharding::replicated(R);
   return r;
 }
-
 
 RuleResult expand(const RuleContext& c) {
   RuleResult r = base(c);
@@ -247,8 +267,10 @@ RuleResult expand(const RuleContext& c) {
   std::vector<Entry> o(R);
   for (std::size_t i = 0; i < ri; ++i) {
     std::size_t d = i + R - ri;
-    if (in.shape[i] == os[d]) o[d] = s.dims[i];
-    else s.dims[i].clear();
+    if (in.shape[i] == os[d])
+      o[d] = s.dims[i];
+    else
+      s.dims[i].clear();
   }
   r.req[0] = s;
   r.out[0] = make(o);
@@ -260,19 +282,24 @@ RuleResult concat(const RuleContext& c) {
   if (c.out_shapes.empty()) return r;
   int axis = norm_axis(attr_int(*c.node, "axis", 0), c.out_shapes[0].size());
   for (auto& s : r.req)
-    if (static_cast<std::size_t>(axis) < s.dims.size()) s.dims[static_cast<std::size_t>(axis)].clear();
+    if (static_cast<std::size_t>(axis) < s.dims.size())
+      s.dims[static_cast<std::size_t>(axis)].clear();
   for (auto& s : r.out)
-    if (static_cast<std::size_t>(axis) < s.dims.size()) s.dims[static_cast<std::size_t>(axis)].clear();
+    if (static_cast<std::size_t>(axis) < s.dims.size())
+      s.dims[static_cast<std::size_t>(axis)].clear();
   return r;
 }
 
 const std::set<std::string>& elementwise_ops() {
   static const std::set<std::string> ops{
-      "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "Equal", "Less", "Greater",
-      "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Relu", "Gelu", "Erf", "Tanh",
-      "Sigmoid", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Cast", "CastLike", "Sin", "Cos",
-      "Softplus", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Mish", "Clip", "Floor",
-      "Ceil", "Round", "Sign", "IsNaN", "IsInf", "PRelu", "BitShift", "Dropout", "Identity"};
+      "Add",     "Sub",     "Mul",         "Div",       "Pow",     "Max",         "Min",
+      "Mod",     "Where",   "Equal",       "Less",      "Greater", "LessOrEqual", "GreaterOrEqual",
+      "And",     "Or",      "Xor",         "Not",       "Relu",    "Gelu",        "Erf",
+      "Tanh",    "Sigmoid", "Exp",         "Log",       "Sqrt",    "Reciprocal",  "Neg",
+      "Abs",     "Cast",    "CastLike",    "Sin",       "Cos",     "Softplus",    "LeakyRelu",
+      "Elu",     "Selu",    "HardSigmoid", "HardSwish", "Mish",    "Clip",        "Floor",
+      "Ceil",    "Round",   "Sign",        "IsNaN",     "IsInf",   "PRelu",       "BitShift",
+      "Dropout", "Identity"};
   return ops;
 }
 
@@ -337,15 +364,19 @@ RuleResult apply_rule(const RuleContext& c) {
     int axis = norm_axis(attr_int(*c.node, "axis", c.opset >= 13 ? -1 : 1), R);
     std::set<int> whole{axis};
     if (c.opset < 13)
-      for (std::size_t d = static_cast<std::size_t>(axis); d < R; ++d) whole.insert(static_cast<int>(d));
+      for (std::size_t d = static_cast<std::size_t>(axis); d < R; ++d)
+        whole.insert(static_cast<int>(d));
     return keep_except(c, whole);
   }
-  if (op == "LayerNormalization" || op == "RMSNormalization" || op == "SimplifiedLayerNormalization") {
+  if (op == "LayerNormalization" || op == "RMSNormalization" ||
+      op == "SimplifiedLayerNormalization") {
     int axis = norm_axis(attr_int(*c.node, "axis", -1), R);
     std::set<int> whole;
-    for (std::size_t d = static_cast<std::size_t>(axis); d < R; ++d) whole.insert(static_cast<int>(d));
+    for (std::size_t d = static_cast<std::size_t>(axis); d < R; ++d)
+      whole.insert(static_cast<int>(d));
     RuleResult r = keep_except(c, whole);
-    for (std::size_t k = 1; k < c.in.size(); ++k) r.req[k] = Sharding::replicated(c.in[k].shape.size());
+    for (std::size_t k = 1; k < c.in.size(); ++k)
+      r.req[k] = Sharding::replicated(c.in[k].shape.size());
     for (std::size_t j = 1; j < r.out.size(); ++j) {
       r.out[j] = Sharding::replicated(c.out_shapes[j].size());
       for (int d = 0; d < axis && static_cast<std::size_t>(d) < r.out[j].dims.size(); ++d)
@@ -357,12 +388,15 @@ RuleResult apply_rule(const RuleContext& c) {
   if (op == "Split") {
     int axis = norm_axis(attr_int(*c.node, "axis", 0), R);
     const auto& in = c.in[0];
-    if (in.blocked_dim == axis && !in.flexible && static_cast<std::int64_t>(c.out_shapes.size()) == in.blocks) {
+    if (in.blocked_dim == axis && !in.flexible &&
+        static_cast<std::int64_t>(c.out_shapes.size()) == in.blocks) {
       // A fused q|k|v split into its k blocks: every part keeps the split of its block, locally.
       const Entry& e = in.cur.dims[static_cast<std::size_t>(axis)];
       bool even = !e.empty();
       for (const auto& os : c.out_shapes)
-        even = even && os.size() == R && os[static_cast<std::size_t>(axis)] * in.blocks == in.shape[static_cast<std::size_t>(axis)] &&
+        even = even && os.size() == R &&
+               os[static_cast<std::size_t>(axis)] * in.blocks ==
+                   in.shape[static_cast<std::size_t>(axis)] &&
                divides(*c.mesh, e, os[static_cast<std::size_t>(axis)]);
       if (even) {
         RuleResult r = keep_except(c, {});
@@ -382,13 +416,15 @@ RuleResult apply_rule(const RuleContext& c) {
     for (std::size_t d = 0; d < R && d < os.size(); ++d)
       if (c.in[0].shape[d] != os[d]) whole.insert(static_cast<int>(d));
     // Slices that keep a dim's size but step through it are caught by their axes input.
-    auto axes = c.node->input_size() > 3 ? const_ints(*c.proto, c.node->input(3)) : std::vector<std::int64_t>{};
+    auto axes = c.node->input_size() > 3 ? const_ints(*c.proto, c.node->input(3))
+                                         : std::vector<std::int64_t>{};
     for (auto a : axes) whole.insert(norm_axis(a, R));
     if (c.node->input_size() <= 3)
       for (std::size_t d = 0; d < R; ++d) whole.insert(static_cast<int>(d));
     return keep_except(c, whole);
   }
-  if (op == "Trilu" && R >= 2) return keep_except(c, {static_cast<int>(R - 2), static_cast<int>(R - 1)});
+  if (op == "Trilu" && R >= 2)
+    return keep_except(c, {static_cast<int>(R - 2), static_cast<int>(R - 1)});
   return replicate_all(c);
 }
 

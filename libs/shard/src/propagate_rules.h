@@ -16,17 +16,17 @@
 
 namespace hp::shard::detail {
 
-using Entry = std::vector<int>;   // mesh axes of one tensor dim, first major
+using Entry = std::vector<int>;  // mesh axes of one tensor dim, first major
 
 struct RuleInput {
-  bool present = false;           // false for an omitted optional input
-  Sharding cur;                   // current layout (replicated when flexible)
-  bool flexible = false;          // a weight with no layout yet: takes the requirement as its layout
-  bool is_weight = false;         // an initializer (stored, sliced for free)
-  bool is_activation = false;     // depends on the data of a graph input
+  bool present = false;        // false for an omitted optional input
+  Sharding cur;                // current layout (replicated when flexible)
+  bool flexible = false;       // a weight with no layout yet: takes the requirement as its layout
+  bool is_weight = false;      // an initializer (stored, sliced for free)
+  bool is_activation = false;  // depends on the data of a graph input
   std::vector<std::int64_t> shape;
-  int tensor = -1;                // graph tensor index
-  int blocked_dim = -1;           // Propagation::blocked: the dim made of `blocks` blocks, -1 if none
+  int tensor = -1;       // graph tensor index
+  int blocked_dim = -1;  // Propagation::blocked: the dim made of `blocks` blocks, -1 if none
   std::int64_t blocks = 1;
 };
 
@@ -39,21 +39,22 @@ struct RuleContext {
   bool sequence_parallel = false;
   int opset = 17;
   int node_index = -1;
-  const std::set<int>* no_fuse = nullptr;     // weights not to split blocked (a fusion that failed)
-  const std::set<int>* replicate = nullptr;   // weights a head reshape could not keep split: replicated
+  const std::set<int>* no_fuse = nullptr;  // weights not to split blocked (a fusion that failed)
+  const std::set<int>* replicate =
+      nullptr;  // weights a head reshape could not keep split: replicated
   std::vector<RuleInput> in;
   std::vector<std::vector<std::int64_t>> out_shapes;
 };
 
 struct RuleResult {
-  std::vector<Sharding> req;      // one per input slot (ignored for absent inputs)
-  std::vector<Sharding> out;      // one per output
-  std::vector<std::string> why;   // per input: "column-parallel", ... (for flexible weights)
+  std::vector<Sharding> req;     // one per input slot (ignored for absent inputs)
+  std::vector<Sharding> out;     // one per output
+  std::vector<std::string> why;  // per input: "column-parallel", ... (for flexible weights)
   // Blocked dims (propagate.h): per input, the dim the rule wants a flexible weight blocked on; per
   // output, the dim it produces blocked (-1: none); the block count is `blocks`.
   std::vector<int> req_blocked, out_blocked;
   std::int64_t blocks = 1;
-  bool blocks_ok = false;         // the rule understood its blocked inputs (else propagation refuses them)
+  bool blocks_ok = false;  // the rule understood its blocked inputs (else propagation refuses them)
 };
 
 /// Applies the rule of the node's op (or the replicate-everything default).

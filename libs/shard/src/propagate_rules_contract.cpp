@@ -5,9 +5,9 @@
 #include <map>
 #include <set>
 
+#include "hp/shard/propagate.h"
 #include "propagate_rule_util.h"
 #include "propagate_rules.h"
-#include "hp/shard/propagate.h"
 
 namespace hp::shard::detail {
 namespace {
@@ -22,8 +22,8 @@ bool is_graph_output(const model::Graph& g, int t) {
   return std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end();
 }
 
-// The k of a fused projection (propagate.h): the MatMul's output, through an Add of a 1-D weight bias
-// read nowhere else, is read only by Splits of its last dim into k equal parts or Reshapes to
+// The k of a fused projection (propagate.h): the MatMul's output, through an Add of a 1-D weight
+// bias read nowhere else, is read only by Splits of its last dim into k equal parts or Reshapes to
 // [.., k, H, D, ..] with H divisible by `n`, and each of the k blocks divides by n. 0 otherwise.
 std::int64_t fused_blocks(const RuleContext& c, std::int64_t n) {
   const auto& g = *c.graph;
@@ -42,11 +42,13 @@ std::int64_t fused_blocks(const RuleContext& c, std::int64_t n) {
     const auto& add = g.node(yc[0]);
     int other = add.inputs[0] == y ? add.inputs[1] : add.inputs[0];
     const auto& b = g.tensor(other);
-    if (other >= 0 && b.kind == model::TensorKind::initializer && b.dims.size() == 1 && b.dims[0].value == N &&
-        b.consumers.size() == 1 && !add.outputs.empty() && add.outputs[0] >= 0)
+    if (other >= 0 && b.kind == model::TensorKind::initializer && b.dims.size() == 1 &&
+        b.dims[0].value == N && b.consumers.size() == 1 && !add.outputs.empty() &&
+        add.outputs[0] >= 0)
       z = add.outputs[0];
   }
-  if (z == y && yc.size() == 1 && g.node(yc[0]).op_type == "Add") return 0;  // an Add this does not know
+  if (z == y && yc.size() == 1 && g.node(yc[0]).op_type == "Add")
+    return 0;  // an Add this does not know
   const auto& zc = g.tensor(z).consumers;
   if (is_graph_output(g, z) || zc.empty()) return 0;
   std::int64_t k = 0;
@@ -55,15 +57,16 @@ std::int64_t fused_blocks(const RuleContext& c, std::int64_t n) {
     const auto& pn = c.proto->node(ci);
     std::int64_t kk = 0;
     if (n2.op_type == "Split" && !n2.inputs.empty() && n2.inputs[0] == z) {
-      if (norm_axis(attr_int(pn, "axis", 0), R) != static_cast<int>(R - 1) || n2.outputs.size() < 2) return 0;
+      if (norm_axis(attr_int(pn, "axis", 0), R) != static_cast<int>(R - 1) || n2.outputs.size() < 2)
+        return 0;
       kk = static_cast<std::int64_t>(n2.outputs.size());
       for (int o : n2.outputs) {
         if (o < 0) return 0;
         auto os = global_shape(g.tensor(o));
         if (os.size() != R || os[R - 1] * kk != N) return 0;
       }
-    } else if (n2.op_type == "Reshape" && !n2.inputs.empty() && n2.inputs[0] == z && !n2.outputs.empty() &&
-               n2.outputs[0] >= 0) {
+    } else if (n2.op_type == "Reshape" && !n2.inputs.empty() && n2.inputs[0] == z &&
+               !n2.outputs.empty() && n2.outputs[0] >= 0) {
       auto os = global_shape(g.tensor(n2.outputs[0]));
       // [.., k, heads, head_dim]: a plain head reshape [.., heads, head_dim] is not fused.
       if (os.size() < R + 2 || !std::equal(shape.begin(), shape.end() - 1, os.begin())) return 0;
@@ -89,7 +92,8 @@ RuleResult matmul(const RuleContext& c, bool gemm) {
   const auto& B = c.in[1];
   std::size_t ra = A.shape.size(), rb = B.shape.size();
   if (ra < 2 || rb < 2) return replicate_all(c);
-  MMIdx ix{static_cast<int>(ra) - 2, static_cast<int>(ra) - 1, static_cast<int>(rb) - 2, static_cast<int>(rb) - 1};
+  MMIdx ix{static_cast<int>(ra) - 2, static_cast<int>(ra) - 1, static_cast<int>(rb) - 2,
+           static_cast<int>(rb) - 1};
   if (gemm) {
     bool ta = attr_int(*c.node, "transA", 0) != 0, tb = attr_int(*c.node, "transB", 0) != 0;
     ix = MMIdx{ta ? 1 : 0, ta ? 0 : 1, tb ? 1 : 0, tb ? 0 : 1};
@@ -111,18 +115,22 @@ RuleResult matmul(const RuleContext& c, bool gemm) {
     const Entry& aK = sa.dims[static_cast<std::size_t>(ix.aK)];
     bool a_batch_tp = false;
     for (std::size_t d = 0; d + 2 < ra; ++d)
-      if (std::find(sa.dims[d].begin(), sa.dims[d].end(), c.tp_axis) != sa.dims[d].end()) a_batch_tp = true;
+      if (std::find(sa.dims[d].begin(), sa.dims[d].end(), c.tp_axis) != sa.dims[d].end())
+        a_batch_tp = true;
     std::int64_t n = B.shape[static_cast<std::size_t>(ix.bN)];
     if (!aK.empty()) {
       sb.dims[static_cast<std::size_t>(ix.bK)] = aK;
-      r.why[1] = std::find(aK.begin(), aK.end(), c.tp_axis) != aK.end() ? "row-parallel" : "follows input";
+      r.why[1] =
+          std::find(aK.begin(), aK.end(), c.tp_axis) != aK.end() ? "row-parallel" : "follows input";
     } else if (tp && rb == 2 && !a_batch_tp && c.replicate && c.replicate->count(B.tensor)) {
       r.why[1] = "replicated (its column split would cut a head)";
-    } else if (tp && rb == 2 && !a_batch_tp && n % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
+    } else if (tp && rb == 2 && !a_batch_tp &&
+               n % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
       sb.dims[static_cast<std::size_t>(ix.bN)] = Entry{c.tp_axis};
       r.why[1] = "column-parallel";
       std::int64_t k = (c.no_fuse && c.no_fuse->count(B.tensor)) || gemm
-                           ? 0 : fused_blocks(c, c.mesh->dims[static_cast<std::size_t>(c.tp_axis)]);
+                           ? 0
+                           : fused_blocks(c, c.mesh->dims[static_cast<std::size_t>(c.tp_axis)]);
       if (k > 0) {
         r.req_blocked[1] = ix.bN;
         r.out_blocked[0] = static_cast<int>(std::max(ra, rb) - 1);
@@ -132,12 +140,17 @@ RuleResult matmul(const RuleContext& c, bool gemm) {
       r.why[1] = "replicated";
     }
   }
-  if (A.flexible && !B.flexible) sa.dims[static_cast<std::size_t>(ix.aK)] = sb.dims[static_cast<std::size_t>(ix.bK)];
-  Entry aK = sa.dims[static_cast<std::size_t>(ix.aK)], bK = sb.dims[static_cast<std::size_t>(ix.bK)];
+  if (A.flexible && !B.flexible)
+    sa.dims[static_cast<std::size_t>(ix.aK)] = sb.dims[static_cast<std::size_t>(ix.bK)];
+  Entry aK = sa.dims[static_cast<std::size_t>(ix.aK)],
+        bK = sb.dims[static_cast<std::size_t>(ix.bK)];
   Entry k;
-  if (aK == bK) k = aK;
-  else if (B.is_weight && !A.is_weight) k = bK;
-  else if (A.is_weight && !B.is_weight) k = aK;
+  if (aK == bK)
+    k = aK;
+  else if (B.is_weight && !A.is_weight)
+    k = bK;
+  else if (A.is_weight && !B.is_weight)
+    k = aK;
   // A bias added inside Gemm must become a partial sum too; only a weight can be stored that way.
   bool has_c = gemm && c.in.size() > 2 && c.in[2].present;
   if (has_c && !k.empty() && !c.in[2].flexible) k.clear();
@@ -148,9 +161,12 @@ RuleResult matmul(const RuleContext& c, bool gemm) {
     std::size_t ia = d + ra - R, ib = d + rb - R;
     bool a_bc = !ea || A.shape[ia] == 1, b_bc = !eb || B.shape[ib] == 1;
     Entry e;
-    if (!a_bc && !b_bc) e = (*ea == *eb || eb->empty()) ? *ea : (ea->empty() ? *eb : Entry{});
-    else if (!a_bc) e = *ea;
-    else if (!b_bc) e = *eb;
+    if (!a_bc && !b_bc)
+      e = (*ea == *eb || eb->empty()) ? *ea : (ea->empty() ? *eb : Entry{});
+    else if (!a_bc)
+      e = *ea;
+    else if (!b_bc)
+      e = *eb;
     out[d] = e;
   }
   out[R - 2] = sa.dims[static_cast<std::size_t>(ix.aM)];
@@ -211,7 +227,8 @@ RuleResult einsum(const RuleContext& c) {
   std::map<char, std::int64_t> size;
   for (std::size_t k = 0; k < terms.size(); ++k) {
     if (terms[k].size() != c.in[k].shape.size()) return replicate_all(c);
-    for (std::size_t i = 0; i < terms[k].size(); ++i) size[terms[k][i]] = std::max(size[terms[k][i]], c.in[k].shape[i]);
+    for (std::size_t i = 0; i < terms[k].size(); ++i)
+      size[terms[k][i]] = std::max(size[terms[k][i]], c.in[k].shape[i]);
   }
   std::map<char, Entry> ent;
   std::set<char> conflict;
@@ -223,8 +240,10 @@ RuleResult einsum(const RuleContext& c) {
       if (in.shape[i] == 1 && size[l] != 1) continue;
       const Entry& e = in.cur.dims[i];
       auto it = ent.find(l);
-      if (it == ent.end() || it->second.empty()) ent[l] = e;
-      else if (!e.empty() && e != it->second) conflict.insert(l);
+      if (it == ent.end() || it->second.empty())
+        ent[l] = e;
+      else if (!e.empty() && e != it->second)
+        conflict.insert(l);
     }
   }
   for (char l : conflict) ent[l].clear();
@@ -261,7 +280,8 @@ RuleResult einsum(const RuleContext& c) {
   }
   Entry contracted;
   for (char l : order)
-    if (rhs.find(l) == std::string::npos) contracted.insert(contracted.end(), ent[l].begin(), ent[l].end());
+    if (rhs.find(l) == std::string::npos)
+      contracted.insert(contracted.end(), ent[l].begin(), ent[l].end());
   for (std::size_t k = 0; k < terms.size(); ++k) {
     Sharding s = Sharding::replicated(terms[k].size());
     for (std::size_t i = 0; i < terms[k].size(); ++i)
@@ -284,20 +304,22 @@ RuleResult gather(const RuleContext& c) {
   sd.partial.clear();
   Sharding si = idx.cur;
   si.partial.clear();
-  // Vocabulary-parallel embedding (Megatron): the table's rows split over tp; each rank looks up the
-  // indices in its range, zeroes the rest, and the output is a partial sum over tp.
+  // Vocabulary-parallel embedding (Megatron): the table's rows split over tp; each rank looks up
+  // the indices in its range, zeroes the rest, and the output is a partial sum over tp.
   const bool tp = c.tp_axis >= 0 && c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] > 1;
   bool idx_tp = false;
-  for (const auto& e : si.dims) idx_tp = idx_tp || std::find(e.begin(), e.end(), c.tp_axis) != e.end();
-  if (data.flexible && data.is_weight && idx.is_activation && tp && axis == 0 && rd == 2 && !idx_tp &&
-      data.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
+  for (const auto& e : si.dims)
+    idx_tp = idx_tp || std::find(e.begin(), e.end(), c.tp_axis) != e.end();
+  if (data.flexible && data.is_weight && idx.is_activation && tp && axis == 0 && rd == 2 &&
+      !idx_tp && data.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
     sd.dims[0] = Entry{c.tp_axis};
     r.why[0] = "vocab-parallel";
   }
   Entry rows = sd.dims[static_cast<std::size_t>(axis)];
   std::set<int> idx_axes;
   for (const auto& e : si.dims) idx_axes.insert(e.begin(), e.end());
-  if (!data.is_weight || std::any_of(rows.begin(), rows.end(), [&](int a) { return idx_axes.count(a) > 0; }))
+  if (!data.is_weight ||
+      std::any_of(rows.begin(), rows.end(), [&](int a) { return idx_axes.count(a) > 0; }))
     rows.clear();
   sd.dims[static_cast<std::size_t>(axis)] = rows;
   std::vector<Entry> o;
@@ -312,12 +334,16 @@ RuleResult gather(const RuleContext& c) {
     if (d < static_cast<std::size_t>(axis) || d >= static_cast<std::size_t>(axis) + si.dims.size())
       order.push_back(static_cast<int>(d));
   make_unique(o, order, used);
-  for (int d = 0; d < axis; ++d) sd.dims[static_cast<std::size_t>(d)] = o[static_cast<std::size_t>(d)];
-  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < rd; ++d) sd.dims[d] = o[d + si.dims.size() - 1];
+  for (int d = 0; d < axis; ++d)
+    sd.dims[static_cast<std::size_t>(d)] = o[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < rd; ++d)
+    sd.dims[d] = o[d + si.dims.size() - 1];
   r.req[0] = sd;
   r.req[1] = si;
-  if (o.size() == c.out_shapes[0].size()) r.out[0] = make(o, sum_over(rows));
-  else return replicate_all(c);
+  if (o.size() == c.out_shapes[0].size())
+    r.out[0] = make(o, sum_over(rows));
+  else
+    return replicate_all(c);
   return r;
 }
 
@@ -328,7 +354,8 @@ RuleResult conv(const RuleContext& c) {
   const auto& X = c.in[0];
   const auto& W = c.in[1];
   std::size_t rx = X.shape.size(), rw = W.shape.size();
-  if (rx < 3 || rw != rx || c.out_shapes.empty() || c.out_shapes[0].size() != rx) return replicate_all(c);
+  if (rx < 3 || rw != rx || c.out_shapes.empty() || c.out_shapes[0].size() != rx)
+    return replicate_all(c);
   Sharding sx = X.flexible ? Sharding::replicated(rx) : X.cur;
   sx.partial.clear();
   for (std::size_t d = 1; d < rx; ++d) sx.dims[d].clear();
@@ -337,7 +364,8 @@ RuleResult conv(const RuleContext& c) {
   for (std::size_t d = 1; d < rw; ++d) sw.dims[d].clear();
   const bool tp = c.tp_axis >= 0 && c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] > 1;
   bool grouped = attr_int(*c.node, "group", 1) != 1;
-  if (W.flexible && tp && !grouped && W.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
+  if (W.flexible && tp && !grouped &&
+      W.shape[0] % c.mesh->dims[static_cast<std::size_t>(c.tp_axis)] == 0) {
     sw.dims[0] = Entry{c.tp_axis};
     r.why[1] = "output-channel parallel";
   }

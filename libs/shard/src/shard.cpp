@@ -43,25 +43,29 @@ Expected<Mesh> stage_mesh(const Prepared& p) {
   std::string first_name;
   for (const auto& [name, l] : r.layouts) {
     std::string where = p.where.at(layout_key(name) + ".device_matrix");
-    std::int64_t n = std::accumulate(l.device_matrix.begin(), l.device_matrix.end(), std::int64_t{1},
-                                     std::multiplies<>());
+    std::int64_t n = std::accumulate(l.device_matrix.begin(), l.device_matrix.end(),
+                                     std::int64_t{1}, std::multiplies<>());
     if (n != r.parallel.dp * r.parallel.tp)
-      return Error(Errc::bad_input,
-                   fmt::format("layout of '{}': its mesh has {} devices, but each pipeline stage of the recipe has "
-                               "dp*tp = {}*{} = {}",
-                               name, n, r.parallel.dp, r.parallel.tp, r.parallel.dp * r.parallel.tp),
-                   where, fmt::format("use device_matrix = [{}, {}]", r.parallel.dp, r.parallel.tp));
+      return Error(
+          Errc::bad_input,
+          fmt::format(
+              "layout of '{}': its mesh has {} devices, but each pipeline stage of the recipe has "
+              "dp*tp = {}*{} = {}",
+              name, n, r.parallel.dp, r.parallel.tp, r.parallel.dp * r.parallel.tp),
+          where, fmt::format("use device_matrix = [{}, {}]", r.parallel.dp, r.parallel.tp));
     if (l.device_matrix != dims)
-      return Error(Errc::bad_input,
-                   fmt::format("layout of '{}': device_matrix must be the stage mesh [dp, tp] = [{}, {}]", name,
-                               r.parallel.dp, r.parallel.tp),
-                   where);
+      return Error(
+          Errc::bad_input,
+          fmt::format("layout of '{}': device_matrix must be the stage mesh [dp, tp] = [{}, {}]",
+                      name, r.parallel.dp, r.parallel.tp),
+          where);
     if (!l.rank_list.empty()) {
       std::vector<std::int64_t> iota(static_cast<std::size_t>(n));
       std::iota(iota.begin(), iota.end(), 0);
       if (l.rank_list != iota)
         return Error(Errc::bad_input,
-                     fmt::format("layout of '{}': a permuted rank_list is not supported by partitioning; stage ranks "
+                     fmt::format("layout of '{}': a permuted rank_list is not supported by "
+                                 "partitioning; stage ranks "
                                  "come from [[stages]] ranks",
                                  name),
                      p.where.at(layout_key(name) + ".rank_list"));
@@ -71,14 +75,17 @@ Expected<Mesh> stage_mesh(const Prepared& p) {
       first_name = name;
       axes = l.alias_name;
     } else if (l.alias_name != first->alias_name) {
-      return Error(Errc::bad_input,
-                   fmt::format("layout of '{}': alias_name differs from that of '{}'; all layouts share one mesh", name,
-                               first_name),
-                   p.where.at(layout_key(name) + ".alias_name"));
+      return Error(
+          Errc::bad_input,
+          fmt::format(
+              "layout of '{}': alias_name differs from that of '{}'; all layouts share one mesh",
+              name, first_name),
+          p.where.at(layout_key(name) + ".alias_name"));
     }
   }
   auto m = Mesh::make(dims, axes);
-  if (!m && first) return at(std::move(m).error(), p.where.at(layout_key(first_name) + ".alias_name"));
+  if (!m && first)
+    return at(std::move(m).error(), p.where.at(layout_key(first_name) + ".alias_name"));
   return m;
 }
 
@@ -94,24 +101,31 @@ Status declare_layouts(const Prepared& p, PropagateOptions& o) {
     std::vector<int> hits;
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {
       const auto& tensor = g.tensors[t];
-      bool eligible = tensor.kind == model::TensorKind::initializer || tensor.kind == model::TensorKind::input;
+      bool eligible =
+          tensor.kind == model::TensorKind::initializer || tensor.kind == model::TensorKind::input;
       if (!eligible) continue;
-      bool match = is_glob(name) ? fnmatch(name.c_str(), tensor.name.c_str(), 0) == 0 : tensor.name == name;
+      bool match =
+          is_glob(name) ? fnmatch(name.c_str(), tensor.name.c_str(), 0) == 0 : tensor.name == name;
       if (match) hits.push_back(static_cast<int>(t));
     }
     if (hits.empty()) {
       int any = g.find_tensor(name);
-      return Error(Errc::bad_input,
-                   any >= 0 ? fmt::format("layout of '{}': only parameters and graph inputs take layouts; this tensor "
-                                          "is computed (its layout is propagated)",
-                                          name)
-                            : fmt::format("layout '{}' matches no parameter or graph input of {}", name,
-                                          p.model_path.filename().string()),
-                   where, "'hp shard RECIPE --explain NAME' shows a tensor; names are the ONNX initializer names");
+      return Error(
+          Errc::bad_input,
+          any >= 0
+              ? fmt::format(
+                    "layout of '{}': only parameters and graph inputs take layouts; this tensor "
+                    "is computed (its layout is propagated)",
+                    name)
+              : fmt::format("layout '{}' matches no parameter or graph input of {}", name,
+                            p.model_path.filename().string()),
+          where,
+          "'hp shard RECIPE --explain NAME' shows a tensor; names are the ONNX initializer names");
     }
     for (int t : hits) {
       const auto& tensor = g.tensor(t);
-      auto s = parse_tensor_map(o.mesh, l->tensor_map, tensor.name, static_cast<int>(tensor.dims.size()));
+      auto s = parse_tensor_map(o.mesh, l->tensor_map, tensor.name,
+                                static_cast<int>(tensor.dims.size()));
       if (!s) return at(std::move(s).error(), p.where.at(layout_key(name) + ".tensor_map"));
       auto ok = check_shape(o.mesh, *s, global_shape(tensor), tensor.name);
       if (!ok) return at(std::move(ok).error(), p.where.at(layout_key(name) + ".tensor_map"));
@@ -122,26 +136,29 @@ Status declare_layouts(const Prepared& p, PropagateOptions& o) {
   return {};
 }
 
-// Stages are virtual stages: with an interleaved schedule each of the pp pipeline ranks holds v model
-// chunks, virtual stage j = chunk * pp + rank group (Megatron's interleaving), so there are pp * v of
-// them and stage j runs on the ranks of stage j % pp. Otherwise v = 1.
+// Stages are virtual stages: with an interleaved schedule each of the pp pipeline ranks holds v
+// model chunks, virtual stage j = chunk * pp + rank group (Megatron's interleaving), so there are
+// pp * v of them and stage j runs on the ranks of stage j % pp. Otherwise v = 1.
 Status assign_stages(Prepared& p) {
   const auto& r = p.recipe;
   const auto& L = p.layering;
   auto nb = static_cast<std::int64_t>(L.blocks.size());
-  const std::int64_t v = r.parallel.schedule == recipe::Schedule::interleaved ? r.parallel.virtual_stages : 1;
+  const std::int64_t v =
+      r.parallel.schedule == recipe::Schedule::interleaved ? r.parallel.virtual_stages : 1;
   std::int64_t groups = r.parallel.pp, pp = groups * v, per = r.parallel.dp * r.parallel.tp;
   std::vector<StageNodes> stages(static_cast<std::size_t>(pp));
   if (!r.stages.empty()) {
     if (static_cast<std::int64_t>(r.stages.size()) != pp)
       return Error(Errc::bad_input,
-                   v > 1 ? fmt::format("{} [[stages]] for pp = {} x virtual_stages = {}", r.stages.size(), groups, v)
+                   v > 1 ? fmt::format("{} [[stages]] for pp = {} x virtual_stages = {}",
+                                       r.stages.size(), groups, v)
                          : fmt::format("{} [[stages]] for pp = {}", r.stages.size(), pp),
                    p.where.at("stages"));
     for (std::size_t i = 0; i < r.stages.size(); ++i) {
       const auto& st = r.stages[i];
       if (st.index < 0 || st.index >= pp)
-        return Error(Errc::bad_input, fmt::format("stage index {} is outside 0..{}", st.index, pp - 1),
+        return Error(Errc::bad_input,
+                     fmt::format("stage index {} is outside 0..{}", st.index, pp - 1),
                      p.where.at(fmt::format("stages[{}].index", i)));
       auto& dst = stages[static_cast<std::size_t>(st.index)];
       dst.layers = st.layers;
@@ -149,20 +166,24 @@ Status assign_stages(Prepared& p) {
       for (auto b : st.layers)
         if (b < 0 || b >= nb)
           return Error(Errc::bad_input,
-                       fmt::format("stage {} lists layer {}, but the model has {} blocks (0..{})", st.index, b, nb, nb - 1),
+                       fmt::format("stage {} lists layer {}, but the model has {} blocks (0..{})",
+                                   st.index, b, nb, nb - 1),
                        p.where.at(fmt::format("stages[{}].layers", i)));
       if (!st.ranks.empty() && static_cast<std::int64_t>(st.ranks.size()) != per)
         return Error(Errc::bad_input,
-                     fmt::format("stage {} has {} ranks, a stage needs dp*tp = {}", st.index, st.ranks.size(), per),
+                     fmt::format("stage {} has {} ranks, a stage needs dp*tp = {}", st.index,
+                                 st.ranks.size(), per),
                      p.where.at(fmt::format("stages[{}].ranks", i)));
     }
   } else {
     if (pp > 1 && nb < pp)
-      return Error(Errc::bad_input,
-                   fmt::format("pp = {} stages, but the model has {} repeated blocks to split", pp, nb),
-                   p.where.at("parallel.pp"), "lower pp or list [[stages]] explicitly");
+      return Error(
+          Errc::bad_input,
+          fmt::format("pp = {} stages, but the model has {} repeated blocks to split", pp, nb),
+          p.where.at("parallel.pp"), "lower pp or list [[stages]] explicitly");
     for (std::int64_t s = 0; s < pp; ++s)
-      for (std::int64_t b = s * nb / pp; b < (s + 1) * nb / pp; ++b) stages[static_cast<std::size_t>(s)].layers.push_back(b);
+      for (std::int64_t b = s * nb / pp; b < (s + 1) * nb / pp; ++b)
+        stages[static_cast<std::size_t>(s)].layers.push_back(b);
   }
   for (std::int64_t s = 0; s < pp; ++s) {
     auto& st = stages[static_cast<std::size_t>(s)];
@@ -170,16 +191,19 @@ Status assign_stages(Prepared& p) {
     if (st.ranks.empty())
       for (std::int64_t i = 0; i < per; ++i) st.ranks.push_back((s % groups) * per + i);
     if (s >= groups && st.ranks != stages[static_cast<std::size_t>(s % groups)].ranks)
-      return Error(Errc::bad_input,
-                   fmt::format("virtual stage {} must run on the ranks of stage {} (chunk {} of the same ranks)", s,
-                               s % groups, s / groups),
-                   p.where.at("stages"));
+      return Error(
+          Errc::bad_input,
+          fmt::format(
+              "virtual stage {} must run on the ranks of stage {} (chunk {} of the same ranks)", s,
+              s % groups, s / groups),
+          p.where.at("stages"));
     if (s == 0) st.nodes = L.prologue.nodes;
     for (auto b : st.layers) {
       const auto& blk = L.blocks[static_cast<std::size_t>(b)].nodes;
       st.nodes.insert(st.nodes.end(), blk.begin(), blk.end());
     }
-    if (s == pp - 1) st.nodes.insert(st.nodes.end(), L.epilogue.nodes.begin(), L.epilogue.nodes.end());
+    if (s == pp - 1)
+      st.nodes.insert(st.nodes.end(), L.epilogue.nodes.begin(), L.epilogue.nodes.end());
   }
   p.plan.stages = std::move(stages);
   return plan_boundaries(p.plan);
@@ -187,30 +211,38 @@ Status assign_stages(Prepared& p) {
 
 }  // namespace
 
-// With several pipeline stages the partitions run one micro-batch at a time (they have static shapes),
-// so the batch dims — the symbolic axis 0 of every graph input — are bound to batch / micro_batches.
-// Without a pipeline the micro-batches are a planning notion only and the partitions take the batch.
+// With several pipeline stages the partitions run one micro-batch at a time (they have static
+// shapes), so the batch dims — the symbolic axis 0 of every graph input — are bound to batch /
+// micro_batches. Without a pipeline the micro-batches are a planning notion only and the partitions
+// take the batch.
 Status bind_micro_batch_dims(Prepared& p) {
   const auto& r = p.recipe;
   p.dims = r.dims;
   p.micro_batches = r.parallel.pp > 1 ? r.parallel.micro_batches : 1;
   for (const auto& in : p.model.proto->graph().input()) {
     const auto& shape = in.type().tensor_type().shape();
-    if (shape.dim_size() > 0 && shape.dim(0).has_dim_param()) p.batch_dims.insert(shape.dim(0).dim_param());
+    if (shape.dim_size() > 0 && shape.dim(0).has_dim_param())
+      p.batch_dims.insert(shape.dim(0).dim_param());
   }
   if (p.micro_batches <= 1) return {};
   if (p.batch_dims.empty())
-    return Error(Errc::bad_input,
-                 fmt::format("micro_batches = {} needs a symbolic batch dim (axis 0 of a graph input); the model "
-                             "has none", p.micro_batches),
-                 p.where.at("parallel.micro_batches"), "set micro_batches = 1 or export the model with a dynamic batch");
+    return Error(
+        Errc::bad_input,
+        fmt::format(
+            "micro_batches = {} needs a symbolic batch dim (axis 0 of a graph input); the model "
+            "has none",
+            p.micro_batches),
+        p.where.at("parallel.micro_batches"),
+        "set micro_batches = 1 or export the model with a dynamic batch");
   for (const auto& name : p.batch_dims) {
     auto it = p.dims.find(name);
     if (it == p.dims.end()) continue;  // reported as an unbound dim below
     if (it->second % p.micro_batches != 0)
       return Error(Errc::bad_input,
-                   fmt::format("dim '{}' = {} does not split into micro_batches = {}", name, it->second, p.micro_batches),
-                   p.where.at("parallel.micro_batches"), "make the batch a multiple of micro_batches");
+                   fmt::format("dim '{}' = {} does not split into micro_batches = {}", name,
+                               it->second, p.micro_batches),
+                   p.where.at("parallel.micro_batches"),
+                   "make the batch a multiple of micro_batches");
     it->second /= p.micro_batches;
   }
   return {};
@@ -222,14 +254,16 @@ Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe_
   return prepare(doc.recipe, doc.where, recipe_path);
 }
 
-Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const recipe::SourceMap& where,
+Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe,
+                                            const recipe::SourceMap& where,
                                             const std::filesystem::path& recipe_path) {
   auto p = std::make_unique<Prepared>();
   p->recipe_path = recipe_path;
   p->recipe = recipe;
   p->where = where;
   const auto& r = p->recipe;
-  if (r.model.empty()) return Error(Errc::bad_input, "the recipe names no model", p->where.at("recipe"));
+  if (r.model.empty())
+    return Error(Errc::bad_input, "the recipe names no model", p->where.at("recipe"));
   p->model_path = recipe_path.parent_path() / r.model;
   HP_ASSIGN_OR_RETURN(p->model, model::load_model(p->model_path));
   HP_TRY(bind_micro_batch_dims(*p));
@@ -237,8 +271,10 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const 
   if (!p->graph.unknown_dims.empty()) {
     std::string names;
     for (const auto& d : p->graph.unknown_dims) names += (names.empty() ? "" : ", ") + d;
-    return Error(Errc::bad_input, fmt::format("the model's dims {} are not bound; partitions have static shapes", names),
-                 p->where.at("model.dims"), "add them to [model] dims = { ... }");
+    return Error(
+        Errc::bad_input,
+        fmt::format("the model's dims {} are not bound; partitions have static shapes", names),
+        p->where.at("model.dims"), "add them to [model] dims = { ... }");
   }
   p->layering = model::discover_layers(p->graph);
 
@@ -259,7 +295,8 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const 
 Expected<ShardReport> run(const ShardOptions& options) {
   if (options.out_dir.empty() && options.explain.empty())
     return Error(Errc::usage, "hp shard needs -o DIR (write partitions) or --explain TENSOR");
-  if (options.json && options.explain.empty()) return Error(Errc::usage, "--json goes with --explain TENSOR");
+  if (options.json && options.explain.empty())
+    return Error(Errc::usage, "--json goes with --explain TENSOR");
   HP_ASSIGN_OR_RETURN(auto p, prepare(options.recipe));
   if (!options.explain.empty()) {
     HP_ASSIGN_OR_RETURN(auto text, explain(*p, options.explain, options.json));

@@ -2,9 +2,9 @@
 // shard_cost.h for the table and the units.
 #include "hp/shard/shard_cost.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 
 namespace hp::shard {
 namespace {
@@ -16,7 +16,8 @@ double gamma_of(const topology::Topology& topo, const CostOptions& opts) {
 }
 
 /// One group's time for a collective of n bytes over link l (p = group size).
-double group_time(StepKind kind, const topology::Link& l, double p, double n, double gamma, AllReduceAlgo algo) {
+double group_time(StepKind kind, const topology::Link& l, double p, double n, double gamma,
+                  AllReduceAlgo algo) {
   if (p <= 1) return 0;
   const double alpha = l.latency, beta = l.bandwidth > 0 ? 1.0 / l.bandwidth : 0.0, f = (p - 1) / p;
   switch (kind) {
@@ -38,7 +39,8 @@ double group_time(StepKind kind, const topology::Link& l, double p, double n, do
 
 }  // namespace
 
-Expected<double> step_time(const topology::Topology& topo, const RedistStep& step, const CostOptions& opts) {
+Expected<double> step_time(const topology::Topology& topo, const RedistStep& step,
+                           const CostOptions& opts) {
   const auto n = static_cast<double>(step.bytes);
   double worst = 0;
   if (step.kind == StepKind::local_slice) return 0.0;
@@ -46,7 +48,9 @@ Expected<double> step_time(const topology::Topology& topo, const RedistStep& ste
     for (auto [src, dst] : step.pairs) {
       if (src == dst) continue;
       auto l = topo.link(src, dst);
-      if (!l.ok()) return Error(Errc::bad_input, fmt::format("cost: permute {}->{}: {}", src, dst, l.error().message()));
+      if (!l.ok())
+        return Error(Errc::bad_input,
+                     fmt::format("cost: permute {}->{}: {}", src, dst, l.error().message()));
       double beta = l->bandwidth > 0 ? 1.0 / l->bandwidth : 0.0;
       worst = std::max(worst, l->latency + n * beta);
     }
@@ -56,13 +60,16 @@ Expected<double> step_time(const topology::Topology& topo, const RedistStep& ste
   for (const auto& g : step.groups) {
     auto l = topo.group_link(g);
     if (!l.ok())
-      return Error(Errc::bad_input, fmt::format("cost: {} group: {}", step_kind_name(step.kind), l.error().message()));
-    worst = std::max(worst, group_time(step.kind, *l, static_cast<double>(g.size()), n, gamma, opts.all_reduce));
+      return Error(Errc::bad_input, fmt::format("cost: {} group: {}", step_kind_name(step.kind),
+                                                l.error().message()));
+    worst = std::max(
+        worst, group_time(step.kind, *l, static_cast<double>(g.size()), n, gamma, opts.all_reduce));
   }
   return worst;
 }
 
-Expected<PlanCost> plan_cost(const topology::Topology& topo, const RedistPlan& plan, const CostOptions& opts) {
+Expected<PlanCost> plan_cost(const topology::Topology& topo, const RedistPlan& plan,
+                             const CostOptions& opts) {
   PlanCost cost;
   for (const RedistStep& s : plan.steps) {
     HP_ASSIGN_OR_RETURN(auto t, step_time(topo, s, opts));

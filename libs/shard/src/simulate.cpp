@@ -2,11 +2,11 @@
 // semantics of hp_domain.h, written for obviousness rather than speed.
 #include "hp/shard/simulate.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <random>
 #include <set>
 
@@ -45,15 +45,18 @@ void for_each_index(const std::vector<std::int64_t>& shape, F&& f) {
 }
 
 Error malformed(std::size_t step, const RedistStep& s, std::string what) {
-  return Error(Errc::internal, fmt::format("simulate: step {} ({}): {}", step, step_kind_name(s.kind), what));
+  return Error(Errc::internal,
+               fmt::format("simulate: step {} ({}): {}", step, step_kind_name(s.kind), what));
 }
 
 Expected<std::vector<SimTensor>> split(const SimTensor& t, int dim, std::int64_t parts) {
   if (dim < 0 || dim >= static_cast<int>(t.shape.size()))
-    return Error(Errc::internal, fmt::format("dim {} out of range for rank {}", dim, t.shape.size()));
+    return Error(Errc::internal,
+                 fmt::format("dim {} out of range for rank {}", dim, t.shape.size()));
   auto d = static_cast<std::size_t>(dim);
   if (t.shape[d] % parts != 0)
-    return Error(Errc::internal, fmt::format("dim {} of size {} does not split into {}", dim, t.shape[d], parts));
+    return Error(Errc::internal,
+                 fmt::format("dim {} of size {} does not split into {}", dim, t.shape[d], parts));
   std::int64_t len = t.shape[d] / parts;
   std::vector<SimTensor> out;
   for (std::int64_t k = 0; k < parts; ++k) {
@@ -92,7 +95,8 @@ SimTensor reduce(const std::vector<SimTensor>& parts, ReduceOp op) {
     for (std::size_t i = 0; i < out.values.size(); ++i) {
       double a = out.values[i], b = parts[m].values[i];
       switch (op) {
-        case ReduceOp::sum: case ReduceOp::avg: out.values[i] = a + b; break;
+        case ReduceOp::sum:
+        case ReduceOp::avg: out.values[i] = a + b; break;
         case ReduceOp::max: out.values[i] = std::max(a, b); break;
         case ReduceOp::min: out.values[i] = std::min(a, b); break;
         case ReduceOp::prod: out.values[i] = a * b; break;
@@ -103,10 +107,10 @@ SimTensor reduce(const std::vector<SimTensor>& parts, ReduceOp op) {
   return out;
 }
 
-/// Collects each group's member tensors, checking that every rank of the state is in exactly one group
-/// and that members agree on shape.
+/// Collects each group's member tensors, checking that every rank of the state is in exactly one
+/// group and that members agree on shape.
 Expected<std::vector<std::vector<SimTensor>>> gather_groups(const RankTensors& state, std::size_t i,
-                                                           const RedistStep& s) {
+                                                            const RedistStep& s) {
   std::set<std::int64_t> seen;
   std::vector<std::vector<SimTensor>> out;
   for (const auto& g : s.groups) {
@@ -115,9 +119,11 @@ Expected<std::vector<std::vector<SimTensor>>> gather_groups(const RankTensors& s
     for (std::int64_t r : g) {
       auto it = state.find(r);
       if (it == state.end()) return malformed(i, s, fmt::format("rank {} is not on the mesh", r));
-      if (!seen.insert(r).second) return malformed(i, s, fmt::format("rank {} is in two groups", r));
+      if (!seen.insert(r).second)
+        return malformed(i, s, fmt::format("rank {} is in two groups", r));
       if (it->second.shape != state.at(g[0]).shape)
-        return malformed(i, s, fmt::format("rank {} holds a different shape than rank {}", r, g[0]));
+        return malformed(i, s,
+                         fmt::format("rank {} holds a different shape than rank {}", r, g[0]));
       members.push_back(it->second);
     }
     out.push_back(std::move(members));
@@ -133,15 +139,19 @@ Expected<RankTensors> run_step(const RankTensors& state, std::size_t i, const Re
     next = state;
     std::map<std::int64_t, std::int64_t> src_of;
     for (auto [src, dst] : s.pairs) {
-      if (!state.count(src) || !state.count(dst)) return malformed(i, s, "a pair names a rank off the mesh");
-      if (!src_of.emplace(dst, src).second) return malformed(i, s, fmt::format("rank {} receives twice", dst));
+      if (!state.count(src) || !state.count(dst))
+        return malformed(i, s, "a pair names a rank off the mesh");
+      if (!src_of.emplace(dst, src).second)
+        return malformed(i, s, fmt::format("rank {} receives twice", dst));
     }
     for (std::int64_t r : s.groups[0]) {
       if (!state.count(r)) return malformed(i, s, fmt::format("rank {} is not on the mesh", r));
       auto it = src_of.find(r);
       SimTensor& t = next[r];
-      if (it == src_of.end()) std::fill(t.values.begin(), t.values.end(), 0.0);  // no src: zeros
-      else t = state.at(it->second);
+      if (it == src_of.end())
+        std::fill(t.values.begin(), t.values.end(), 0.0);  // no src: zeros
+      else
+        t = state.at(it->second);
     }
     return next;
   }
@@ -210,7 +220,8 @@ Expected<RankTensors> initial_state(const Mesh& mesh, const std::vector<std::int
   HP_TRY(check_shape(mesh, from, shape, "simulated"));
   SimTensor global = global_tensor(shape);
   RankTensors state;
-  for (std::int64_t r : mesh.rank_list) state[r] = slice_tensor(global, slice_of(mesh, from, shape, r));
+  for (std::int64_t r : mesh.rank_list)
+    state[r] = slice_tensor(global, slice_of(mesh, from, shape, r));
   if (from.partial.empty()) return state;
   ReduceOp op = from.partial[0].op;
   std::vector<int> axes;
@@ -230,7 +241,8 @@ Expected<RankTensors> initial_state(const Mesh& mesh, const std::vector<std::int
       if (exact_split) {
         // Members 0..n-2 get random addends (factors); the last gets what is left.
         for (std::size_t m = 0; m + 1 < n; ++m) {
-          double x = op == ReduceOp::prod ? std::ldexp(1.0, exp2(rng)) : static_cast<double>(small(rng));
+          double x =
+              op == ReduceOp::prod ? std::ldexp(1.0, exp2(rng)) : static_cast<double>(small(rng));
           rest = op == ReduceOp::prod ? rest / x : rest - x;
           state[group[m]].values[v] = x;
         }
@@ -273,13 +285,16 @@ Status prove_plan(const Mesh& mesh, const std::vector<std::int64_t>& shape, cons
       std::vector<SimTensor> members;
       for (std::int64_t m : mesh.group(r, partial_axes)) members.push_back(end.at(m));
       if (members[0].shape != got.shape ||
-          std::any_of(members.begin(), members.end(), [&](const SimTensor& t) { return t.shape != got.shape; }))
-        return Error(Errc::mismatch, fmt::format("simulate: partial group of rank {} disagrees on shape", r));
+          std::any_of(members.begin(), members.end(),
+                      [&](const SimTensor& t) { return t.shape != got.shape; }))
+        return Error(Errc::mismatch,
+                     fmt::format("simulate: partial group of rank {} disagrees on shape", r));
       got = reduce(members, op);
     }
     if (got.shape != want.shape)
-      return Error(Errc::mismatch, fmt::format("simulate: rank {} ends with shape ({}) but should hold ({})", r,
-                                               fmt::join(got.shape, ","), fmt::join(want.shape, ",")));
+      return Error(Errc::mismatch,
+                   fmt::format("simulate: rank {} ends with shape ({}) but should hold ({})", r,
+                               fmt::join(got.shape, ","), fmt::join(want.shape, ",")));
     if (got.values != want.values)
       return Error(Errc::mismatch, fmt::format("simulate: rank {} ends with the wrong values", r));
   }

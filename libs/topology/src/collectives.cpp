@@ -24,7 +24,9 @@ double all_gather_time(const Link& l, std::int64_t p, double bytes) {
   return frac(p) * bytes / l.bandwidth + steps(p) * l.latency;
 }
 
-double reduce_scatter_time(const Link& l, std::int64_t p, double bytes) { return all_gather_time(l, p, bytes); }
+double reduce_scatter_time(const Link& l, std::int64_t p, double bytes) {
+  return all_gather_time(l, p, bytes);
+}
 
 double all_to_all_time(const Link& l, std::int64_t p, double bytes) {
   if (p <= 1) return 0;
@@ -38,11 +40,11 @@ double broadcast_time(const Link& l, std::int64_t p, double bytes) {
   return bytes / l.bandwidth + std::ceil(std::log2(static_cast<double>(p))) * l.latency;
 }
 
-double hierarchical_all_reduce_time(const Link& inner, const Link& outer, std::int64_t per_node, std::int64_t nodes,
-                                    double bytes) {
-  double intra = reduce_scatter_time(inner, per_node, bytes);           // step 1
+double hierarchical_all_reduce_time(const Link& inner, const Link& outer, std::int64_t per_node,
+                                    std::int64_t nodes, double bytes) {
+  double intra = reduce_scatter_time(inner, per_node, bytes);                           // step 1
   double inter = all_reduce_time(outer, nodes, bytes / static_cast<double>(per_node));  // step 2
-  return intra + inter + all_gather_time(inner, per_node, bytes);       // step 3
+  return intra + inter + all_gather_time(inner, per_node, bytes);                       // step 3
 }
 
 }  // namespace hp::topology

@@ -1,8 +1,8 @@
 // Rank placement and links. With contiguous placement, two ranks share a unit of a tier of size S
-// exactly when a / S == b / S, so "the innermost tier containing both" is a scan from the inside out,
-// and the innermost tier holding a whole group is the one where every member has the same unit as the
-// first. Tier sizes nest (validate_cluster checks that each divides the next), so once ranks share a
-// unit of one tier they share a unit of every tier outside it.
+// exactly when a / S == b / S, so "the innermost tier containing both" is a scan from the inside
+// out, and the innermost tier holding a whole group is the one where every member has the same unit
+// as the first. Tier sizes nest (validate_cluster checks that each divides the next), so once ranks
+// share a unit of one tier they share a unit of every tier outside it.
 #include "hp/topology/topology.h"
 
 #include <algorithm>
@@ -33,8 +33,8 @@ std::int64_t Topology::unit_of(std::int64_t rank, int level) const {
 Link Topology::self_link() const { return Link{"self", -1, device_.memory_bandwidth, 0.0}; }
 
 Link Topology::tier_link(int level) const {
-  // The slowest tier up to `level` bounds the transfer (inner tiers are normally faster, but a preset
-  // may say otherwise, e.g. a die link slower than the node fabric).
+  // The slowest tier up to `level` bounds the transfer (inner tiers are normally faster, but a
+  // preset may say otherwise, e.g. a die link slower than the node fabric).
   double bw = std::numeric_limits<double>::infinity();
   for (int i = 0; i <= level; ++i) bw = std::min(bw, tiers_[static_cast<std::size_t>(i)].bandwidth);
   const recipe::Tier& t = tiers_[static_cast<std::size_t>(level)];
@@ -45,7 +45,8 @@ Expected<Link> Topology::link(std::int64_t a, std::int64_t b) const {
   const std::int64_t pair[] = {a, b};
   if (a == b) {
     if (a < 0 || a >= ranks_)
-      return Error(Errc::bad_input, fmt::format("rank {} is outside cluster '{}' (ranks 0..{})", a, name_, ranks_ - 1));
+      return Error(Errc::bad_input, fmt::format("rank {} is outside cluster '{}' (ranks 0..{})", a,
+                                                name_, ranks_ - 1));
     return self_link();
   }
   return group_link(pair);
@@ -56,13 +57,16 @@ Expected<Link> Topology::group_link(std::span<const std::int64_t> ranks) const {
   std::set<std::int64_t> seen;
   for (auto r : ranks) {
     if (r < 0 || r >= ranks_)
-      return Error(Errc::bad_input, fmt::format("rank {} is outside cluster '{}' (ranks 0..{})", r, name_, ranks_ - 1));
-    if (!seen.insert(r).second) return Error(Errc::bad_input, fmt::format("rank {} appears twice in the group", r));
+      return Error(Errc::bad_input, fmt::format("rank {} is outside cluster '{}' (ranks 0..{})", r,
+                                                name_, ranks_ - 1));
+    if (!seen.insert(r).second)
+      return Error(Errc::bad_input, fmt::format("rank {} appears twice in the group", r));
   }
   if (ranks.size() == 1) return self_link();
   for (int level = 0; level < static_cast<int>(tiers_.size()); ++level) {
     std::int64_t unit = unit_of(ranks[0], level);
-    bool together = std::all_of(ranks.begin(), ranks.end(), [&](std::int64_t r) { return unit_of(r, level) == unit; });
+    bool together = std::all_of(ranks.begin(), ranks.end(),
+                                [&](std::int64_t r) { return unit_of(r, level) == unit; });
     if (together) return tier_link(level);
   }
   // Unreachable for a valid cluster: the outermost tier spans every rank.

@@ -3,11 +3,12 @@
 //   MPI in place   MPI_Allreduce(MPI_IN_PLACE) on MPI_COMM_WORLD: what a hand-written step does;
 //   hp exec        the hp.AllReduce node's own time inside Executor::run of the graph x -> y on the
 //                  cpu backend (ExecStats::by_op), right after a one-float AllGather that syncs the
-//                  ranks as the barrier does for MPI: placement, pool, stream sync, the comm layer and
-//                  the call; x is read for the last time there, so its buffer is donated (in place);
+//                  ranks as the barrier does for MPI: placement, pool, stream sync, the comm layer
+//                  and the call; x is read for the last time there, so its buffer is donated (in
+//                  place);
 //   MPI out of place / hp layer: MPI_Allreduce(in, out) against TransportCommOps::run_into on an
-//                  input that is not donated, the output in memory kept across calls: the layer's own
-//                  overhead over the same MPI call.
+//                  input that is not donated, the output in memory kept across calls: the layer's
+//                  own overhead over the same MPI call.
 // The median of the slowest rank is printed, with the ratios (the target: within 10%).
 // See README.md.
 #include <fmt/core.h>
@@ -22,10 +23,10 @@
 #include <tuple>
 #include <vector>
 
-#include "hp/model/model.h"
 #include "hp/comm/comm.h"
-#include "hp/exec/executor.h"
 #include "hp/exec/backends.h"
+#include "hp/exec/executor.h"
+#include "hp/model/model.h"
 #include "hp_model.h"
 
 using namespace hp::exec;
@@ -39,14 +40,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// sync[1] -> hp.AllGather -> (unused); x[count] -> hp.AllReduce(group = all ranks, sum) -> y, in this
-// order. The AllGather of one float synchronises the ranks right before the AllReduce, as the barrier
-// does before the bare MPI call, so the node's time is not the arrival skew of the ranks' work before it.
+// sync[1] -> hp.AllGather -> (unused); x[count] -> hp.AllReduce(group = all ranks, sum) -> y, in
+// this order. The AllGather of one float synchronises the ranks right before the AllReduce, as the
+// barrier does before the bare MPI call, so the node's time is not the arrival skew of the ranks'
+// work before it.
 fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, int ranks) {
   onnx::ModelProto m = hp_domain_model();
   auto* g = m.mutable_graph();
   g->set_name("allreduce");
-  auto value = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const char* name, std::int64_t n) {
+  auto value = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const char* name,
+                  std::int64_t n) {
     auto* v = list->Add();
     v->set_name(name);
     auto* t = v->mutable_type()->mutable_tensor_type();
@@ -56,7 +59,8 @@ fs::path write_allreduce_model(const fs::path& dir, std::int64_t count, int rank
   value(g->mutable_input(), "sync", 1);
   value(g->mutable_input(), "x", count);
   value(g->mutable_output(), "y", count);
-  for (auto [op, in, out] : {std::tuple{"AllGather", "sync", "synced"}, std::tuple{"AllReduce", "x", "y"}}) {
+  for (auto [op, in, out] :
+       {std::tuple{"AllGather", "sync", "synced"}, std::tuple{"AllReduce", "x", "y"}}) {
     auto* n = g->add_node();
     n->set_name(out);
     n->set_op_type(op);
@@ -94,12 +98,15 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("hp-comm-bench-{}-{}", getpid(), me);
   fs::create_directories(dir);
   if (me == 0)
-    fmt::print("{} ranks, {} repeats per size, median microseconds of the slowest rank\n"
-               "{:>10} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}\n",
-               n, reps, "floats", "MPI inplace", "hp exec", "ratio", "MPI outplace", "hp layer", "ratio");
+    fmt::print(
+        "{} ranks, {} repeats per size, median microseconds of the slowest rank\n"
+        "{:>10} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}\n",
+        n, reps, "floats", "MPI inplace", "hp exec", "ratio", "MPI outplace", "hp layer", "ratio");
   std::vector<std::int64_t> counts;
   for (int k = 2; k < argc; ++k) counts.push_back(std::atoll(argv[k]));
-  if (counts.empty()) counts = {std::int64_t{1} << 10, std::int64_t{1} << 14, std::int64_t{1} << 18, std::int64_t{1} << 22};
+  if (counts.empty())
+    counts = {std::int64_t{1} << 10, std::int64_t{1} << 14, std::int64_t{1} << 18,
+              std::int64_t{1} << 22};
   for (std::int64_t count : counts) {
     HostTensor x;
     x.name = "x";
@@ -110,7 +117,8 @@ int main(int argc, char** argv) {
     const auto size = static_cast<std::size_t>(count);
     std::vector<float> raw(x.as<float>(), x.as<float>() + count), out(size), out_hp(size);
     const std::vector<CommTensor> in{CommTensor{x.dtype, x.dims, x.data.data(), x.data.size()}};
-    const CommAlloc alloc = [&](std::size_t, int, std::span<const std::int64_t>, int) -> hp::Expected<void*> {
+    const CommAlloc alloc = [&](std::size_t, int, std::span<const std::int64_t>,
+                                int) -> hp::Expected<void*> {
       return static_cast<void*>(out_hp.data());
     };
     auto model = hp::model::load_model(write_allreduce_model(dir, count, n));
@@ -132,11 +140,15 @@ int main(int argc, char** argv) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       switch (which) {
-        case 0: MPI_Allreduce(MPI_IN_PLACE, raw.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case 0:
+          MPI_Allreduce(MPI_IN_PLACE, raw.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          break;
         case 1:
           if (!(*exec)->run(inputs).ok()) mpi_abort(1);
           return (*exec)->stats().by_op.at("hp.AllReduce").seconds;
-        case 2: MPI_Allreduce(x.data.data(), out.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case 2:
+          MPI_Allreduce(x.data.data(), out.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          break;
         default:
           if (!ops.run_into(node, in, alloc).ok()) mpi_abort(1);
       }
@@ -153,8 +165,8 @@ int main(int argc, char** argv) {
     for (int j = 0; j < 4; ++j) m[j] = median(times[j]);
     MPI_Allreduce(MPI_IN_PLACE, m, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (me == 0)
-      fmt::print("{:>10} {:>12.1f} {:>12.1f} {:>8.3f} {:>12.1f} {:>12.1f} {:>8.3f}\n", count, 1e6 * m[0], 1e6 * m[1],
-                 m[1] / m[0], 1e6 * m[2], 1e6 * m[3], m[3] / m[2]);
+      fmt::print("{:>10} {:>12.1f} {:>12.1f} {:>8.3f} {:>12.1f} {:>12.1f} {:>8.3f}\n", count,
+                 1e6 * m[0], 1e6 * m[1], m[1] / m[0], 1e6 * m[2], 1e6 * m[3], m[3] / m[2]);
   }
   fs::remove_all(dir);
   mpi_finalize();

@@ -1,12 +1,13 @@
 // Times hp's Executor::run on one model and input set: warm-up runs, then the median of timed runs.
 //
-//   bench_executor MODEL.onnx INPUT_DIR [--threads N] [--warmup W] [--iters K] [--expected DIR] [--ops]
+//   bench_executor MODEL.onnx INPUT_DIR [--threads N] [--warmup W] [--iters K] [--expected DIR]
+//   [--ops]
 //
-// INPUT_DIR holds input_K.pb (ONNX backend-test layout). With --expected, the outputs of the last run
-// are compared with output_K.pb there and the max absolute difference printed, so a fast but wrong
-// executor cannot go unnoticed. --ops prints the time per op type of the last run (ExecStats::by_op).
-// Prints "hp threads=N median_ms=X min_ms=Y cpu_ms=Z iters=K" as ort_bench.js does (cpu_ms: median
-// process CPU time per run, all threads); run.sh pairs the two.
+// INPUT_DIR holds input_K.pb (ONNX backend-test layout). With --expected, the outputs of the last
+// run are compared with output_K.pb there and the max absolute difference printed, so a fast but
+// wrong executor cannot go unnoticed. --ops prints the time per op type of the last run
+// (ExecStats::by_op). Prints "hp threads=N median_ms=X min_ms=Y cpu_ms=Z iters=K" as ort_bench.js
+// does (cpu_ms: median process CPU time per run, all threads); run.sh pairs the two.
 #include <fmt/core.h>
 
 #include <time.h>
@@ -18,11 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "hp/exec/backends.h"
+#include "hp/exec/executor.h"
+#include "hp/exec/tensor.h"
 #include "hp/model/model.h"
 #include "hp/plugin/hp_plugin.h"
-#include "hp/exec/executor.h"
-#include "hp/exec/backends.h"
-#include "hp/exec/tensor.h"
 
 using namespace hp;
 using namespace hp::exec;
@@ -30,7 +31,8 @@ using namespace hp::exec;
 namespace {
 
 int fail(const Error& e) {
-  fmt::print(stderr, "bench_executor: {}{}\n", e.what.where.empty() ? "" : e.what.where + ": ", e.what.message);
+  fmt::print(stderr, "bench_executor: {}{}\n", e.what.where.empty() ? "" : e.what.where + ": ",
+             e.what.message);
   return 1;
 }
 
@@ -52,7 +54,8 @@ double cpu_ms() {
 double max_abs_diff(const HostTensor& a, const HostTensor& b) {
   if (a.dtype != b.dtype || a.dims != b.dims || a.dtype != HP_F32) return INFINITY;
   double m = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(a.as<float>()[i]) - b.as<float>()[i]));
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    m = std::max(m, std::fabs(double(a.as<float>()[i]) - b.as<float>()[i]));
   return m;
 }
 
@@ -60,8 +63,9 @@ double max_abs_diff(const HostTensor& a, const HostTensor& b) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(stderr, "usage: bench_executor MODEL.onnx INPUT_DIR [--threads N] [--warmup W] [--iters K] "
-                       "[--expected DIR] [--ops]\n");
+    fmt::print(stderr,
+               "usage: bench_executor MODEL.onnx INPUT_DIR [--threads N] [--warmup W] [--iters K] "
+               "[--expected DIR] [--ops]\n");
     return 2;
   }
   const std::string model_path = argv[1], input_dir = argv[2];
@@ -71,11 +75,16 @@ int main(int argc, char** argv) {
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--threads") threads = std::atoi(next().c_str());
-    else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--iters") iters = std::atoi(next().c_str());
-    else if (a == "--expected") expected = next();
-    else if (a == "--ops") ops = true;
+    if (a == "--threads")
+      threads = std::atoi(next().c_str());
+    else if (a == "--warmup")
+      warmup = std::atoi(next().c_str());
+    else if (a == "--iters")
+      iters = std::atoi(next().c_str());
+    else if (a == "--expected")
+      expected = next();
+    else if (a == "--ops")
+      ops = true;
     else {
       fmt::print(stderr, "bench_executor: unknown option '{}'\n", a);
       return 2;
@@ -87,9 +96,9 @@ int main(int argc, char** argv) {
   }
   // OpenMP's default wait policy spins idle workers between parallel regions (each op is one). With
   // more runnable threads than free cores, as on a shared machine, a spinning worker takes the core
-  // the next op needs (3x slower at 2 threads measured); passive waiting costs a futex wake per region.
-  // libgomp reads this when the cpu plugin loads it, so it must be set before open_backends. A value
-  // the user set wins.
+  // the next op needs (3x slower at 2 threads measured); passive waiting costs a futex wake per
+  // region. libgomp reads this when the cpu plugin loads it, so it must be set before
+  // open_backends. A value the user set wins.
   ::setenv("OMP_WAIT_POLICY", "passive", 0);
   auto be = open_backends("cpu", threads, {});
   if (!be) return fail(be.error());
@@ -100,7 +109,8 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = Executor::create(*m, {be->primary, be->cpu, nullptr});
   if (!ex) return fail(ex.error());
-  const double prep_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double prep_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   auto given = read_tensor_dir(input_dir, "input");
   if (!given) return fail(given.error());
   auto inputs = bind_inputs((*ex)->inputs(), std::move(*given), input_dir);
@@ -113,7 +123,8 @@ int main(int argc, char** argv) {
     const double c0 = cpu_ms();
     auto r = (*ex)->run(*inputs);
     const double c = cpu_ms() - c0;
-    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
+    const double t =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
     if (!r) return fail(r.error());
     if (i >= warmup) {
       ms.push_back(t);
@@ -121,12 +132,14 @@ int main(int argc, char** argv) {
     }
     outs = std::move(*r);
   }
-  fmt::print("hp threads={} median_ms={:.2f} min_ms={:.2f} cpu_ms={:.2f} iters={} prepare_ms={:.1f}\n", threads,
-             median(ms), *std::min_element(ms.begin(), ms.end()), median(cpu), iters, prep_ms);
+  fmt::print(
+      "hp threads={} median_ms={:.2f} min_ms={:.2f} cpu_ms={:.2f} iters={} prepare_ms={:.1f}\n",
+      threads, median(ms), *std::min_element(ms.begin(), ms.end()), median(cpu), iters, prep_ms);
   if (ops) {
     const ExecStats& st = (*ex)->stats();
     std::vector<std::pair<std::string, OpTime>> rows(st.by_op.begin(), st.by_op.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
     for (const auto& [op, t] : rows)
       fmt::print("  {:<24} {:5d} nodes {:9.2f} ms {:5.1f}%\n", op, t.nodes, t.seconds * 1e3,
                  st.seconds > 0 ? 100 * t.seconds / st.seconds : 0.0);
@@ -135,7 +148,8 @@ int main(int argc, char** argv) {
     auto want = read_tensor_dir(expected, "output");
     if (!want) return fail(want.error());
     double worst = 0;
-    for (std::size_t k = 0; k < outs.size() && k < want->size(); ++k) worst = std::max(worst, max_abs_diff(outs[k], (*want)[k]));
+    for (std::size_t k = 0; k < outs.size() && k < want->size(); ++k)
+      worst = std::max(worst, max_abs_diff(outs[k], (*want)[k]));
     fmt::print("hp max_abs_diff_vs_expected={:.3g}\n", worst);
     if (!(worst < 1e-3)) return 6;
   }

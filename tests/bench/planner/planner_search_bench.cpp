@@ -6,8 +6,8 @@
 // the search alone, not ONNX loading.
 //
 // Usage: planner_search_bench [REPEATS] [--max-seconds S]
-// Prints one line per repeat and a summary (median seconds, evaluated configurations, candidates/s);
-// with --max-seconds, exits 1 when the median search takes longer.
+// Prints one line per repeat and a summary (median seconds, evaluated configurations,
+// candidates/s); with --max-seconds, exits 1 when the median search takes longer.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
   int repeats = 5;
   double max_seconds = 0;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) max_seconds = std::atof(argv[++i]);
-    else repeats = std::max(1, std::atoi(argv[i]));
+    if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc)
+      max_seconds = std::atof(argv[++i]);
+    else
+      repeats = std::max(1, std::atoi(argv[i]));
   }
   auto c = recipe::load_cluster_ref("dgx-a100", {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
   if (!c) return std::fprintf(stderr, "dgx-a100: %s\n", c.error().str().c_str()), 2;
@@ -83,20 +85,25 @@ int main(int argc, char** argv) {
     last = search({m, *topo, w, mc, {3, {}}});
     const double cpu = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
     secs.push_back(last.stats.seconds);
-    std::printf("run %d: %.3f s wall, %.3f s cpu, %lld configurations, level 2 on %lld\n", r + 1, last.stats.seconds,
-                cpu, static_cast<long long>(last.stats.evaluated), static_cast<long long>(last.stats.level2));
+    std::printf("run %d: %.3f s wall, %.3f s cpu, %lld configurations, level 2 on %lld\n", r + 1,
+                last.stats.seconds, cpu, static_cast<long long>(last.stats.evaluated),
+                static_cast<long long>(last.stats.level2));
   }
   if (last.plans.empty()) return std::fprintf(stderr, "no plan found\n"), 1;
   std::sort(secs.begin(), secs.end());
   const double median = secs[secs.size() / 2];
   const Config& b = last.plans.front().config;
-  std::printf("1T GPT on %lld ranks: median %.3f s (min %.3f s), %lld configurations evaluated, %.0f candidates/s\n",
-              static_cast<long long>(topo->ranks()), median, secs.front(), static_cast<long long>(last.stats.evaluated),
-              static_cast<double>(last.stats.evaluated) / median);
+  std::printf(
+      "1T GPT on %lld ranks: median %.3f s (min %.3f s), %lld configurations evaluated, %.0f "
+      "candidates/s\n",
+      static_cast<long long>(topo->ranks()), median, secs.front(),
+      static_cast<long long>(last.stats.evaluated),
+      static_cast<double>(last.stats.evaluated) / median);
   std::printf("best: dp %lld tp %lld pp %lld v %lld mbs %lld, %.2f s per iteration, MFU %.1f%%\n",
-              static_cast<long long>(b.dp), static_cast<long long>(b.tp), static_cast<long long>(b.pp),
-              static_cast<long long>(b.virtual_stages), static_cast<long long>(b.micro_batch_size),
-              last.plans.front().predicted.iteration, 100 * last.plans.front().predicted.mfu);
+              static_cast<long long>(b.dp), static_cast<long long>(b.tp),
+              static_cast<long long>(b.pp), static_cast<long long>(b.virtual_stages),
+              static_cast<long long>(b.micro_batch_size), last.plans.front().predicted.iteration,
+              100 * last.plans.front().predicted.mfu);
   if (max_seconds > 0 && median > max_seconds) {
     std::printf("FAIL: median %.3f s > %.3f s\n", median, max_seconds);
     return 1;

@@ -1,15 +1,16 @@
-// Fake libnnopbase.so: tensor and scalar descriptors (see fake_acl.h). Descriptors are copied into the
-// executor when an op is prepared, so destroying them right after the launch (as the plugin does, and
-// as CANN allows) is safe.
+// Fake libnnopbase.so: tensor and scalar descriptors (see fake_acl.h). Descriptors are copied into
+// the executor when an op is prepared, so destroying them right after the launch (as the plugin
+// does, and as CANN allows) is safe.
 #include <cstring>
 
 #include "fake_acl.h"
 
 extern "C" {
 
-FAKE_ACL_EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t n_dims, aclDataType dtype,
-                                           const int64_t* stride, int64_t offset, aclFormat format,
-                                           const int64_t* storage_dims, uint64_t n_storage, void* data) {
+FAKE_ACL_EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t n_dims,
+                                           aclDataType dtype, const int64_t* stride, int64_t offset,
+                                           aclFormat format, const int64_t* storage_dims,
+                                           uint64_t n_storage, void* data) {
   if (format != ACL_FORMAT_ND || (n_dims > 0 && (!view_dims || !stride))) return nullptr;
   auto* t = new aclTensor();
   t->dims.assign(view_dims, view_dims + n_dims);

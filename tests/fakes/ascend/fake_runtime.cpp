@@ -11,7 +11,7 @@
 
 namespace {
 
-std::mutex g_mu;  // guards allocations and the error message
+std::mutex g_mu;                         // guards allocations and the error message
 std::map<uintptr_t, uint64_t> g_device;  // device allocations: start -> size
 std::string g_error;
 bool g_initialised = false;
@@ -28,7 +28,8 @@ aclError fail(const std::string& message) {
 }
 
 void delay() {
-  if (int us = env_int("HP_FAKE_ACL_DELAY_US", 0); us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  if (int us = env_int("HP_FAKE_ACL_DELAY_US", 0); us > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 /// An in-order queue executed by its own thread.
@@ -132,7 +133,8 @@ FAKE_ACL_EXPORT aclError aclrtGetDeviceCount(uint32_t* count) {
 }
 
 FAKE_ACL_EXPORT aclError aclrtSetDevice(int32_t id) {
-  if (id < 0 || id >= env_int("HP_FAKE_ACL_DEVICES", 1)) return fail("aclrtSetDevice: no device " + std::to_string(id));
+  if (id < 0 || id >= env_int("HP_FAKE_ACL_DEVICES", 1))
+    return fail("aclrtSetDevice: no device " + std::to_string(id));
   t_device = id;
   return ACL_SUCCESS;
 }
@@ -166,7 +168,8 @@ FAKE_ACL_EXPORT const char* aclGetRecentErrMsg(void) {
 FAKE_ACL_EXPORT aclError aclrtMalloc(void** p, size_t size, aclrtMemMallocPolicy) {
   if (t_device < 0) return fail("aclrtMalloc: no current device");
   if (size == 0) return fail("aclrtMalloc: size 0");
-  if (const int limit = env_int("HP_FAKE_ACL_HBM_LIMIT", 0); limit > 0) {  // a small device, for OOM paths
+  if (const int limit = env_int("HP_FAKE_ACL_HBM_LIMIT", 0);
+      limit > 0) {  // a small device, for OOM paths
     std::lock_guard<std::mutex> lock(g_mu);
     uint64_t used = 0;
     for (const auto& [start, bytes] : g_device) used += bytes;
@@ -204,7 +207,8 @@ FAKE_ACL_EXPORT aclError aclrtFreeHost(void* p) {
   return ACL_SUCCESS;
 }
 
-static aclError check_copy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind) {
+static aclError check_copy(void* dst, size_t dest_max, const void* src, size_t count,
+                           aclrtMemcpyKind kind) {
   if (count > dest_max) return fail("memcpy: count exceeds destMax");
   bool dst_dev = kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
   bool src_dev = kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
@@ -215,7 +219,8 @@ static aclError check_copy(void* dst, size_t dest_max, const void* src, size_t c
   return ACL_SUCCESS;
 }
 
-FAKE_ACL_EXPORT aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind) {
+FAKE_ACL_EXPORT aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count,
+                                     aclrtMemcpyKind kind) {
   if (aclError err = check_copy(dst, dest_max, src, count, kind)) return err;
   std::memmove(dst, src, count);
   return ACL_SUCCESS;
@@ -224,7 +229,8 @@ FAKE_ACL_EXPORT aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src
 FAKE_ACL_EXPORT aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const void* src, size_t count,
                                           aclrtMemcpyKind kind, aclrtStream stream) {
   if (aclError err = check_copy(dst, dest_max, src, count, kind)) return err;
-  if (!fake_acl::enqueue(stream, [=] { std::memmove(dst, src, count); })) return fail("memcpy: null stream");
+  if (!fake_acl::enqueue(stream, [=] { std::memmove(dst, src, count); }))
+    return fail("memcpy: null stream");
   return ACL_SUCCESS;
 }
 
@@ -295,7 +301,8 @@ FAKE_ACL_EXPORT aclError aclrtSynchronizeEvent(aclrtEvent event) {
 FAKE_ACL_EXPORT aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status) {
   auto* e = static_cast<Event*>(event);
   std::lock_guard<std::mutex> lock(e->mu);
-  *status = e->completed >= e->recorded ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+  *status = e->completed >= e->recorded ? ACL_EVENT_RECORDED_STATUS_COMPLETE
+                                        : ACL_EVENT_RECORDED_STATUS_NOT_READY;
   return ACL_SUCCESS;
 }
 

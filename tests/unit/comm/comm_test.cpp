@@ -1,6 +1,7 @@
-// The comm layer's tensor logic on the in-process transport: every hp-domain op (packed and unpacked
-// axes), non-ascending group orders, f32 and i64, the zero-copy run_into form and its plan cache,
-// attribute errors, and that a failing rank makes its peers fail instead of hanging. Expected values are computed here from each rank's input formula.
+// The comm layer's tensor logic on the in-process transport: every hp-domain op (packed and
+// unpacked axes), non-ascending group orders, f32 and i64, the zero-copy run_into form and its plan
+// cache, attribute errors, and that a failing rank makes its peers fail instead of hanging.
+// Expected values are computed here from each rank's input formula.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,32 +21,43 @@ HostTensor input(int r, std::int64_t rows, std::int64_t cols) {
   t.dims = {rows, cols};
   t.data.resize(static_cast<std::size_t>(rows * cols * 4));
   for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) t.as<float>()[i * cols + j] = static_cast<float>(100 * r + 10 * i + j);
+    for (std::int64_t j = 0; j < cols; ++j)
+      t.as<float>()[i * cols + j] = static_cast<float>(100 * r + 10 * i + j);
   return t;
 }
 
-float at(const HostTensor& t, std::int64_t i, std::int64_t j) { return t.as<float>()[i * t.dims[1] + j]; }
-float x_at(int r, std::int64_t i, std::int64_t j) { return static_cast<float>(100 * r + 10 * i + j); }
+float at(const HostTensor& t, std::int64_t i, std::int64_t j) {
+  return t.as<float>()[i * t.dims[1] + j];
+}
+float x_at(int r, std::int64_t i, std::int64_t j) {
+  return static_cast<float>(100 * r + 10 * i + j);
+}
 
 CommNode node(std::string op, std::vector<std::pair<std::string, std::string>> attrs) {
   return CommNode{"n", std::move(op), {"x"}, {"y"}, std::move(attrs)};
 }
 
-// Runs `n` on the ranks in `members` (out of `ranks`) with input(r, rows, cols); returns each output.
-std::vector<HostTensor> run_on(int ranks, const std::vector<int>& members, const CommNode& n, std::int64_t rows,
-                               std::int64_t cols, Status* failure = nullptr) {
+// Runs `n` on the ranks in `members` (out of `ranks`) with input(r, rows, cols); returns each
+// output.
+std::vector<HostTensor> run_on(int ranks, const std::vector<int>& members, const CommNode& n,
+                               std::int64_t rows, std::int64_t cols, Status* failure = nullptr) {
   std::vector<HostTensor> outs(static_cast<std::size_t>(ranks));
-  Status s = run_in_process(ranks, [&](int r, Transport& t) -> Status {
-    if (std::find(members.begin(), members.end(), r) == members.end()) return {};
-    TransportCommOps ops(t);
-    HostTensor x = input(r, rows, cols);
-    std::vector<HostTensor> y(1);
-    HP_TRY(ops.run(n, {&x}, y));
-    outs[static_cast<std::size_t>(r)] = std::move(y[0]);
-    return {};
-  }, 10);
-  if (failure) *failure = s;
-  else REQUIRE(s.ok());
+  Status s = run_in_process(
+      ranks,
+      [&](int r, Transport& t) -> Status {
+        if (std::find(members.begin(), members.end(), r) == members.end()) return {};
+        TransportCommOps ops(t);
+        HostTensor x = input(r, rows, cols);
+        std::vector<HostTensor> y(1);
+        HP_TRY(ops.run(n, {&x}, y));
+        outs[static_cast<std::size_t>(r)] = std::move(y[0]);
+        return {};
+      },
+      10);
+  if (failure)
+    *failure = s;
+  else
+    REQUIRE(s.ok());
   return outs;
 }
 
@@ -60,7 +72,10 @@ TEST_CASE("comm: AllReduce sum, max, avg and prod over a non-ascending sub-group
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 3; ++j) {
           const float a = x_at(1, i, j), b = x_at(3, i, j);
-          const float want = op == "sum" ? a + b : op == "max" ? std::max(a, b) : op == "avg" ? (a + b) / 2 : a * b;
+          const float want = op == "sum"   ? a + b
+                             : op == "max" ? std::max(a, b)
+                             : op == "avg" ? (a + b) / 2
+                                           : a * b;
           CHECK(at(y, i, j) == Approx(want));
         }
     }
@@ -88,7 +103,9 @@ TEST_CASE("comm: AllReduce of i64 tensors", "[comm]") {
 
 TEST_CASE("comm: AllGather concatenates in group order along the axis", "[comm]") {
   for (int axis : {0, 1, -1}) {
-    auto outs = run_on(3, {0, 1, 2}, node("AllGather", {{"group", "2,0,1"}, {"axis", std::to_string(axis)}}), 2, 2);
+    auto outs =
+        run_on(3, {0, 1, 2},
+               node("AllGather", {{"group", "2,0,1"}, {"axis", std::to_string(axis)}}), 2, 2);
     const std::vector<int> order{2, 0, 1};
     for (int r = 0; r < 3; ++r) {
       const auto& y = outs[static_cast<std::size_t>(r)];
@@ -108,7 +125,9 @@ TEST_CASE("comm: AllGather concatenates in group order along the axis", "[comm]"
 }
 
 TEST_CASE("comm: ReduceScatter gives member i the reduced chunk i", "[comm]") {
-  auto outs = run_on(4, {0, 1, 2, 3}, node("ReduceScatter", {{"group", "1,3,0,2"}, {"axis", "1"}, {"op", "sum"}}), 2, 8);
+  auto outs =
+      run_on(4, {0, 1, 2, 3},
+             node("ReduceScatter", {{"group", "1,3,0,2"}, {"axis", "1"}, {"op", "sum"}}), 2, 8);
   const std::vector<int> order{1, 3, 0, 2};
   for (int pos = 0; pos < 4; ++pos) {
     const auto& y = outs[static_cast<std::size_t>(order[static_cast<std::size_t>(pos)])];
@@ -124,28 +143,37 @@ TEST_CASE("comm: ReduceScatter gives member i the reduced chunk i", "[comm]") {
 
 TEST_CASE("comm: AllToAll splits, exchanges and concatenates in group order", "[comm]") {
   // x is [4, 2] on each of 2 members; split rows into 2 chunks, concatenate along columns.
-  auto outs = run_on(3, {0, 2}, node("AllToAll", {{"group", "2,0"}, {"split_axis", "0"}, {"concat_axis", "1"}}), 4, 2);
+  auto outs =
+      run_on(3, {0, 2},
+             node("AllToAll", {{"group", "2,0"}, {"split_axis", "0"}, {"concat_axis", "1"}}), 4, 2);
   const std::vector<int> order{2, 0};
   for (int pos = 0; pos < 2; ++pos) {
     const auto& y = outs[static_cast<std::size_t>(order[static_cast<std::size_t>(pos)])];
     REQUIRE(y.dims == std::vector<std::int64_t>{2, 4});
     for (int k = 0; k < 2; ++k)  // block k came from member k: its row chunk `pos`
       for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 2; ++j) CHECK(at(y, i, 2 * k + j) == x_at(order[static_cast<std::size_t>(k)], 2 * pos + i, j));
+        for (int j = 0; j < 2; ++j)
+          CHECK(at(y, i, 2 * k + j) == x_at(order[static_cast<std::size_t>(k)], 2 * pos + i, j));
   }
 }
 
-TEST_CASE("comm: ReduceScatter and AllToAll along the outermost axis send the tensor as it lies", "[comm]") {
-  // Axis 0 needs no packing (the chunks are contiguous already); the results must equal the packed path's.
-  auto rs = run_on(2, {0, 1}, node("ReduceScatter", {{"group", "1,0"}, {"axis", "0"}, {"op", "avg"}}), 4, 3);
+TEST_CASE("comm: ReduceScatter and AllToAll along the outermost axis send the tensor as it lies",
+          "[comm]") {
+  // Axis 0 needs no packing (the chunks are contiguous already); the results must equal the packed
+  // path's.
+  auto rs = run_on(2, {0, 1},
+                   node("ReduceScatter", {{"group", "1,0"}, {"axis", "0"}, {"op", "avg"}}), 4, 3);
   for (int pos = 0; pos < 2; ++pos) {
     const auto& y = rs[static_cast<std::size_t>(pos == 0 ? 1 : 0)];
     REQUIRE(y.dims == std::vector<std::int64_t>{2, 3});
     for (int i = 0; i < 2; ++i)
-      for (int j = 0; j < 3; ++j) CHECK(at(y, i, j) == (x_at(0, 2 * pos + i, j) + x_at(1, 2 * pos + i, j)) / 2);
+      for (int j = 0; j < 3; ++j)
+        CHECK(at(y, i, j) == (x_at(0, 2 * pos + i, j) + x_at(1, 2 * pos + i, j)) / 2);
   }
   // Split columns (packed), concatenate rows (received blocks are the result).
-  auto a2a = run_on(2, {0, 1}, node("AllToAll", {{"group", "0,1"}, {"split_axis", "1"}, {"concat_axis", "0"}}), 2, 4);
+  auto a2a =
+      run_on(2, {0, 1},
+             node("AllToAll", {{"group", "0,1"}, {"split_axis", "1"}, {"concat_axis", "0"}}), 2, 4);
   for (int r = 0; r < 2; ++r) {
     const auto& y = a2a[static_cast<std::size_t>(r)];
     REQUIRE(y.dims == std::vector<std::int64_t>{4, 2});
@@ -155,7 +183,9 @@ TEST_CASE("comm: ReduceScatter and AllToAll along the outermost axis send the te
   }
 }
 
-TEST_CASE("comm: run_into reads in place, writes into the caller's memory, and reparses a changed node", "[comm]") {
+TEST_CASE(
+    "comm: run_into reads in place, writes into the caller's memory, and reparses a changed node",
+    "[comm]") {
   std::vector<std::vector<float>> got(2);
   Status s = run_in_process(2, [&](int r, Transport& t) -> Status {
     TransportCommOps ops(t);
@@ -163,7 +193,8 @@ TEST_CASE("comm: run_into reads in place, writes into the caller's memory, and r
     const std::vector<CommTensor> in{CommTensor{x.dtype, x.dims, x.data.data(), x.data.size()}};
     std::vector<float> out(3, -1.0f);
     int calls = 0;
-    const CommAlloc alloc = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse) -> hp::Expected<void*> {
+    const CommAlloc alloc = [&](std::size_t k, int dtype, std::span<const std::int64_t> dims,
+                                int reuse) -> hp::Expected<void*> {
       CHECK(reuse == -1);  // nothing donated
       ++calls;
       CHECK(k == 0);
@@ -184,10 +215,12 @@ TEST_CASE("comm: run_into reads in place, writes into the caller's memory, and r
   });
   REQUIRE(s.ok());
   for (int r = 0; r < 2; ++r)
-    CHECK(got[static_cast<std::size_t>(r)] == std::vector<float>{x_at(0, 0, 2) + x_at(1, 0, 2), x_at(1, 0, 2)});
+    CHECK(got[static_cast<std::size_t>(r)] ==
+          std::vector<float>{x_at(0, 0, 2) + x_at(1, 0, 2), x_at(1, 0, 2)});
 }
 
-TEST_CASE("comm: CollectivePermute moves along pairs and zero-fills ranks without a source", "[comm]") {
+TEST_CASE("comm: CollectivePermute moves along pairs and zero-fills ranks without a source",
+          "[comm]") {
   auto outs = run_on(3, {0, 1, 2}, node("CollectivePermute", {{"pairs", "0,1,1,2"}}), 1, 2);
   CHECK(at(outs[0], 0, 0) == 0);
   CHECK(at(outs[0], 0, 1) == 0);
@@ -204,14 +237,19 @@ TEST_CASE("comm: Send/Recv with micro-batch tags do not cross", "[comm]") {
         ops.set_micro_batch(mb);
         HostTensor x = input(mb + 5, 1, 3);
         std::vector<HostTensor> none;
-        HP_TRY(ops.run(CommNode{"s", "Send", {"x"}, {}, {{"peer", "1"}, {"tag", "7"}}}, {&x}, none));
+        HP_TRY(
+            ops.run(CommNode{"s", "Send", {"x"}, {}, {{"peer", "1"}, {"tag", "7"}}}, {&x}, none));
       }
       return {};
     }
     for (int mb : {1, 0}) {  // receive in the other order: tags keep them apart
       ops.set_micro_batch(mb);
       std::vector<HostTensor> y(1);
-      HP_TRY(ops.run(CommNode{"r", "Recv", {}, {"y"}, {{"peer", "0"}, {"tag", "7"}, {"dtype", "1"}, {"shape", "1,3"}}},
+      HP_TRY(ops.run(CommNode{"r",
+                              "Recv",
+                              {},
+                              {"y"},
+                              {{"peer", "0"}, {"tag", "7"}, {"dtype", "1"}, {"shape", "1,3"}}},
                      {}, y));
       REQUIRE(y[0].dims == std::vector<std::int64_t>{1, 3});
       got.push_back(at(y[0], 0, 2));
@@ -240,19 +278,25 @@ TEST_CASE("comm: malformed attributes are bad input naming the node", "[comm]") 
 }
 
 TEST_CASE("comm: a rank that fails makes its blocked peers fail, not hang", "[comm]") {
-  Status s = run_in_process(3, [&](int r, Transport& t) -> Status {
-    if (r == 1) return hp::Error(hp::Errc::runtime, "kernel exploded");
-    TransportCommOps ops(t);
-    HostTensor x = input(r, 1, 1);
-    std::vector<HostTensor> y(1);
-    return ops.run(node("AllReduce", {{"group", "0,1,2"}}), {&x}, y);
-  }, 30);
+  Status s = run_in_process(
+      3,
+      [&](int r, Transport& t) -> Status {
+        if (r == 1) return hp::Error(hp::Errc::runtime, "kernel exploded");
+        TransportCommOps ops(t);
+        HostTensor x = input(r, 1, 1);
+        std::vector<HostTensor> y(1);
+        return ops.run(node("AllReduce", {{"group", "0,1,2"}}), {&x}, y);
+      },
+      30);
   REQUIRE_FALSE(s.ok());
   CHECK(s.error().message() == "rank 1: kernel exploded");
-  Status d = run_in_process(2, [&](int r, Transport& t) -> Status {
-    std::vector<unsigned char> b(4);
-    return t.recv(1 - r, 0, b.data(), 4);  // both receive: a deadlock, ended by the timeout
-  }, 0.2);
+  Status d = run_in_process(
+      2,
+      [&](int r, Transport& t) -> Status {
+        std::vector<unsigned char> b(4);
+        return t.recv(1 - r, 0, b.data(), 4);  // both receive: a deadlock, ended by the timeout
+      },
+      0.2);
   REQUIRE_FALSE(d.ok());
   CHECK(d.error().message().find("deadlock?") != std::string::npos);
 }

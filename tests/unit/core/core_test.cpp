@@ -3,8 +3,8 @@
 #include <string>
 
 #include <filesystem>
-#include <set>
 #include <fstream>
+#include <set>
 
 #include "hp/core/exit_code.h"
 #include "hp/core/expected.h"
@@ -25,7 +25,8 @@ TEST_CASE("core: every error code maps to a distinct documented exit code", "[co
 }
 
 TEST_CASE("core: collect_errors keeps every diagnostic in order", "[core]") {
-  auto e = hp::collect_errors(hp::Errc::bad_input, {{"a:1:1", "first", ""}, {"a:2:1", "second", "h"}});
+  auto e =
+      hp::collect_errors(hp::Errc::bad_input, {{"a:1:1", "first", ""}, {"a:2:1", "second", "h"}});
   REQUIRE(e.all().size() == 2);
   CHECK(e.str() == "a:1:1: first");
   CHECK(e.more[0].hint == "h");
@@ -57,7 +58,8 @@ hp::Expected<std::string> moved_out(bool fail) {
 }
 }  // namespace
 
-TEST_CASE("core: HP_ASSIGN_OR_RETURN declares or assigns the value, or returns the error", "[core]") {
+TEST_CASE("core: HP_ASSIGN_OR_RETURN declares or assigns the value, or returns the error",
+          "[core]") {
   CHECK(*eighth(16) == 2);
   CHECK(eighth(12).error().message() == "odd");  // 12 -> 3 is odd at the third halving
   CHECK(eighth(6).error().message() == "odd");   // 6 -> 3 fails inside quarter
@@ -100,20 +102,34 @@ TEST_CASE("core: atomic write replaces the file and leaves no temp behind", "[co
 }
 
 TEST_CASE("core: parse_seconds is the one duration rule (recipes and --latency-budget)", "[core]") {
-  const std::pair<const char*, double> good[] = {
-      {"2us", 2e-6},       {"2 us", 2e-6},    {" 1.5 ms ", 1.5e-3}, {"500ns", 5e-7},   {"0", 0},
-      {"0s", 0},           {"0ns", 0},        {"3e-6", 3e-6},       {"1e3ns", 1e-6},   {"1.5E2 ms", 0.15},
-      {".5s", 0.5},        {"+50ms", 0.05},   {"50", 50},           {"0.2 s", 0.2},    {"800us", 8e-4},
-      {"2\xC2\xB5s", 2e-6}, {"2\xCE\xBCs", 2e-6}, {"7\tms", 7e-3}};
+  const std::pair<const char*, double> good[] = {{"2us", 2e-6},
+                                                 {"2 us", 2e-6},
+                                                 {" 1.5 ms ", 1.5e-3},
+                                                 {"500ns", 5e-7},
+                                                 {"0", 0},
+                                                 {"0s", 0},
+                                                 {"0ns", 0},
+                                                 {"3e-6", 3e-6},
+                                                 {"1e3ns", 1e-6},
+                                                 {"1.5E2 ms", 0.15},
+                                                 {".5s", 0.5},
+                                                 {"+50ms", 0.05},
+                                                 {"50", 50},
+                                                 {"0.2 s", 0.2},
+                                                 {"800us", 8e-4},
+                                                 {"2\xC2\xB5s", 2e-6},
+                                                 {"2\xCE\xBCs", 2e-6},
+                                                 {"7\tms", 7e-3}};
   for (auto [text, want] : good) {
     INFO("'" << text << "'");
     auto v = hp::parse_seconds(text);
     REQUIRE(v.has_value());
     CHECK(*v == Approx(want).margin(1e-18));
   }
-  for (const char* bad : {"", " ", "s", "ms", "-1us", "-0", "+-1s", "--1s", "1 5ms", "5 min", "5MS", "5 S", "5sec",
-                          "inf", "nan", "infs", "1e400s", "0x10", "1e", "1.2.3s", "1,5ms", "five ms", "1s2", "1 s s",
-                          "ms5", "+", "."}) {
+  for (const char* bad :
+       {"",      " ",      "s",     "ms",      "-1us", "-0",    "+-1s", "--1s",   "1 5ms",
+        "5 min", "5MS",    "5 S",   "5sec",    "inf",  "nan",   "infs", "1e400s", "0x10",
+        "1e",    "1.2.3s", "1,5ms", "five ms", "1s2",  "1 s s", "ms5",  "+",      "."}) {
     INFO("'" << bad << "'");
     CHECK_FALSE(hp::parse_seconds(bad).has_value());
   }

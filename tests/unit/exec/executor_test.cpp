@@ -1,7 +1,8 @@
 // Executor unit tests on graphs built here with the onnx protobuf API: tensor files (round trip and
-// malformed files), input binding errors, a small MLP against hand-computed values, lifetime planning
-// (peak memory), the up-front list of unsupported ops, missing external data, the CommOps seam, constant
-// and shape-only nodes cached across runs, and the fusion of the exported GELU chain.
+// malformed files), input binding errors, a small MLP against hand-computed values, lifetime
+// planning (peak memory), the up-front list of unsupported ops, missing external data, the CommOps
+// seam, constant and shape-only nodes cached across runs, and the fusion of the exported GELU
+// chain.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -26,7 +27,8 @@ using namespace hp::comm;
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("hp_runtime_test_" + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("hp_runtime_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -42,21 +44,25 @@ HostTensor f32(std::vector<std::int64_t> dims, std::vector<float> v, std::string
   return t;
 }
 
-void add_value(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const std::string& name,
-               std::vector<std::int64_t> dims, int type = onnx::TensorProto::FLOAT) {
+void add_value(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list,
+               const std::string& name, std::vector<std::int64_t> dims,
+               int type = onnx::TensorProto::FLOAT) {
   auto* v = list->Add();
   v->set_name(name);
   auto* tt = v->mutable_type()->mutable_tensor_type();
   tt->set_elem_type(type);
   for (auto d : dims) {
     auto* dim = tt->mutable_shape()->add_dim();
-    if (d < 0) dim->set_dim_param("batch");
-    else dim->set_dim_value(d);
+    if (d < 0)
+      dim->set_dim_param("batch");
+    else
+      dim->set_dim_value(d);
   }
 }
 
 onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in,
-                          std::vector<std::string> out, const std::string& name, const std::string& domain = "") {
+                          std::vector<std::string> out, const std::string& name,
+                          const std::string& domain = "") {
   auto* n = g->add_node();
   n->set_op_type(op);
   n->set_name(name);
@@ -234,7 +240,8 @@ namespace {
 struct FakeComm : CommOps {
   int calls = 0;
   bool handles(const std::string& op) const override { return op == "AllReduce"; }
-  Status run(const CommNode& node, const std::vector<const HostTensor*>& in, std::vector<HostTensor>& out) override {
+  Status run(const CommNode& node, const std::vector<const HostTensor*>& in,
+             std::vector<HostTensor>& out) override {
     ++calls;
     CHECK(node.name == "ar");
     out[0] = *in[0];
@@ -271,8 +278,8 @@ TEST_CASE("hp-domain communication nodes go through the CommOps seam", "[exec]")
 
 namespace {
 
-// a -> AllReduce -> ya (a's last reader: donatable); b -> AllReduce -> yb, then zb = b + yb (b is read
-// again: not donatable). Outputs ya, zb.
+// a -> AllReduce -> ya (a's last reader: donatable); b -> AllReduce -> yb, then zb = b + yb (b is
+// read again: not donatable). Outputs ya, zb.
 fs::path write_two_allreduces(const fs::path& dir) {
   onnx::ModelProto m = hp_domain_model();
   auto* g = m.mutable_graph();
@@ -298,10 +305,12 @@ fs::path write_two_allreduces(const fs::path& dir) {
 struct DonationProbe : CommOps {
   std::map<std::string, bool> donatable;
   bool handles(const std::string& op) const override { return op == "AllReduce"; }
-  Status run(const CommNode&, const std::vector<const HostTensor*>&, std::vector<HostTensor>&) override {
+  Status run(const CommNode&, const std::vector<const HostTensor*>&,
+             std::vector<HostTensor>&) override {
     return hp::Error(hp::Errc::internal, "the executor must call run_into");
   }
-  Status run_into(const CommNode& node, const std::vector<CommTensor>& in, const CommAlloc& alloc) override {
+  Status run_into(const CommNode& node, const std::vector<CommTensor>& in,
+                  const CommAlloc& alloc) override {
     const bool offered = in[0].donatable;
     donatable[node.name] = offered;
     auto y = alloc(0, in[0].dtype, in[0].dims, offered ? 0 : -1);
@@ -315,7 +324,9 @@ struct DonationProbe : CommOps {
 
 }  // namespace
 
-TEST_CASE("a comm node may take over an input buffer only where that input is read for the last time", "[exec]") {
+TEST_CASE(
+    "a comm node may take over an input buffer only where that input is read for the last time",
+    "[exec]") {
   fs::path d = temp_dir("donate");
   auto model = load(write_two_allreduces(d));
   Backends b = cpu();
@@ -370,7 +381,8 @@ fs::path write_model(const fs::path& dir, const onnx::ModelProto& m) {
 
 }  // namespace
 
-TEST_CASE("constant and shape-only nodes run once and rerun when an input shape changes", "[exec]") {
+TEST_CASE("constant and shape-only nodes run once and rerun when an input shape changes",
+          "[exec]") {
   fs::path d = temp_dir("cached");
   onnx::ModelProto m;
   m.set_ir_version(8);
@@ -383,7 +395,7 @@ TEST_CASE("constant and shape-only nodes run once and rerun when an input shape 
   add_scalar_constant(g, "c", 1.5f);
   add_node(g, "Add", {"c", "c"}, {"c2"}, "fold");  // constant input only: cached
   add_node(g, "Mul", {"x", "c2"}, {"xc"}, "scale");
-  add_node(g, "Shape", {"x"}, {"s"}, "shape");       // cached while x keeps its dims
+  add_node(g, "Shape", {"x"}, {"s"}, "shape");  // cached while x keeps its dims
   auto* flat = g->add_initializer();
   flat->set_name("flat");
   flat->set_data_type(onnx::TensorProto::INT64);
@@ -410,7 +422,7 @@ TEST_CASE("constant and shape-only nodes run once and rerun when an input shape 
   check({2, 3}, {6, 5, 4, 3, 2, 1});
   CHECK((*ex)->stats().nodes_cached == 3);  // Constant, the Add of constants, Shape
   CHECK((*ex)->stats().nodes == 2);
-  check({3, 1}, {7, 8, 9});                 // new dims: Shape reruns, the constants do not
+  check({3, 1}, {7, 8, 9});  // new dims: Shape reruns, the constants do not
   CHECK((*ex)->stats().nodes_cached == 2);
   CHECK((*ex)->stats().by_op.at("Shape").nodes == 1);
   CHECK((*ex)->stats().by_op.count("Constant") == 0);
@@ -449,7 +461,8 @@ TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same val
   auto out = (*ex)->run({f32({4}, xs)});
   REQUIRE(out.ok());
   for (std::size_t i = 0; i < xs.size(); ++i)
-    CHECK((*out)[0].as<float>()[i] == Approx(0.5 * xs[i] * (1 + std::erf(xs[i] / std::sqrt(2.0)))).margin(1e-6));
+    CHECK((*out)[0].as<float>()[i] ==
+          Approx(0.5 * xs[i] * (1 + std::erf(xs[i] / std::sqrt(2.0)))).margin(1e-6));
   const auto& by_op = (*ex)->stats().by_op;
   CHECK(by_op.count("Gelu") == 1);
   CHECK(by_op.count("Erf") == 0);

@@ -14,11 +14,11 @@
 #include <optional>
 #include <string>
 
+#include "hp/exec/executor.h"
+#include "hp/exec/tensor.h"
+#include "hp/job/offload_run.h"
 #include "hp/model/model.h"
 #include "hp/plugin/registry.h"
-#include "hp/exec/executor.h"
-#include "hp/job/offload_run.h"
-#include "hp/exec/tensor.h"
 
 using namespace hp;
 using namespace hp::exec;
@@ -98,7 +98,8 @@ float max_abs(const HostTensor& a, const HostTensor& b) {
 
 }  // namespace
 
-TEST_CASE("cpu arena: allocations past device_budget are refused, mem_stats counts them", "[exec][offload]") {
+TEST_CASE("cpu arena: allocations past device_budget are refused, mem_stats counts them",
+          "[exec][offload]") {
   auto cpu = open_cpu({"device_budget=4K"});
   REQUIRE(cpu->has_mem_stats());
   auto a = cpu->alloc(0, 3000);
@@ -164,18 +165,22 @@ TEST_CASE("offload run: under a budget below the peak the outputs equal the un-o
     off.weights = off.activations = true;
     auto report = [&](int pct, const Result& o) {
       const auto budget = static_cast<std::uint64_t>(peak) * static_cast<std::uint64_t>(pct) / 100;
-      WARN(name << " at " << pct << "% (" << budget << " B): device peak " << o.stats.device_peak << " B (without "
-                << "offload " << peak << " B), live " << o.stats.peak_bytes << " B (without offload "
-                << base.stats.peak_bytes << " B), planned " << o.stats.offload_planned_peak << " B, "
-                << o.stats.offload_fetches << " fetches, " << o.stats.offload_evictions << " evictions, "
-                << o.stats.offload_bytes << " B moved");
+      WARN(name << " at " << pct << "% (" << budget << " B): device peak " << o.stats.device_peak
+                << " B (without "
+                << "offload " << peak << " B), live " << o.stats.peak_bytes
+                << " B (without offload " << base.stats.peak_bytes << " B), planned "
+                << o.stats.offload_planned_peak << " B, " << o.stats.offload_fetches << " fetches, "
+                << o.stats.offload_evictions << " evictions, " << o.stats.offload_bytes
+                << " B moved");
     };
     auto offloaded = [&](int pct, bool must_fit) -> std::optional<Result> {
       const auto budget = static_cast<std::uint64_t>(peak) * static_cast<std::uint64_t>(pct) / 100;
       off.budget = static_cast<double>(budget);
       Result o = run(c, budget, off, 2);  // twice: the second run replays the same schedule
-      INFO(name << " at " << pct << "%: " << (o.outputs.ok() ? std::string() : o.outputs.error().str()));
-      if (!must_fit && !o.outputs.ok() && o.outputs.error().code == Errc::infeasible) return std::nullopt;
+      INFO(name << " at " << pct
+                << "%: " << (o.outputs.ok() ? std::string() : o.outputs.error().str()));
+      if (!must_fit && !o.outputs.ok() && o.outputs.error().code == Errc::infeasible)
+        return std::nullopt;
       REQUIRE(o.outputs.ok());
       REQUIRE(o.outputs->size() == base.outputs->size());
       for (std::size_t k = 0; k < o.outputs->size(); ++k)
@@ -211,7 +216,8 @@ TEST_CASE("offload run: under a budget below the peak the outputs equal the un-o
   }
 }
 
-TEST_CASE("offload run: a budget below one node's own need is infeasible and says the need", "[exec][offload]") {
+TEST_CASE("offload run: a budget below one node's own need is infeasible and says the need",
+          "[exec][offload]") {
   Case c = load("tiny-gpt2");
   OffloadConfig off;
   off.enabled = true;
@@ -220,12 +226,15 @@ TEST_CASE("offload run: a budget below one node's own need is infeasible and say
   Result r = run(c, 4096, off);
   REQUIRE(!r.outputs.ok());
   CHECK(r.outputs.error().code == Errc::infeasible);
-  CHECK_THAT(r.outputs.error().message(), Catch::Contains("a device budget of 4.00 KiB is too small") &&
-                                              Catch::Contains("needs"));
+  CHECK_THAT(
+      r.outputs.error().message(),
+      Catch::Contains("a device budget of 4.00 KiB is too small") && Catch::Contains("needs"));
 }
 
-TEST_CASE("offload run: the recipe's [offload] section becomes the backend option and the executor's config",
-          "[exec][offload]") {
+TEST_CASE(
+    "offload run: the recipe's [offload] section becomes the backend option and the executor's "
+    "config",
+    "[exec][offload]") {
   recipe::Recipe r;
   r.parallel.pp = 2;
   auto none = offload_run_for(r, 0, "cpu");
@@ -250,7 +259,8 @@ TEST_CASE("offload run: the recipe's [offload] section becomes the backend optio
   REQUIRE(run->notes.size() == 1);
   CHECK_THAT(run->notes[0], Catch::Contains("'optimizer'"));
 
-  auto cuda = offload_run_for(r, 1, "cuda");  // the cuda device has its own memory: nothing to enforce
+  auto cuda =
+      offload_run_for(r, 1, "cuda");  // the cuda device has its own memory: nothing to enforce
   REQUIRE(cuda.ok());
   CHECK(cuda->open_options.empty());
 

@@ -1,10 +1,11 @@
-// Conformance of the executor + cpu plugin with the ONNX backend test suite (Debian libonnx-testdata:
-// node/, pytorch-operator/, pytorch-converted/). Every test whose ops the cpu plugin implements runs on
-// each of its test_data_set_N folders and is compared with the stored outputs (ONNX's own default
-// tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is skipped, with the reason
-// printed, when an op is not implemented, a tensor has a dtype hp does not run (f16, strings, ...), or
-// a kernel reports an op form it does not implement (e.g. Einsum with an ellipsis). The report lists
-// passed / failed / skipped per op type; any failure among the runnable tests fails the test.
+// Conformance of the executor + cpu plugin with the ONNX backend test suite (Debian
+// libonnx-testdata: node/, pytorch-operator/, pytorch-converted/). Every test whose ops the cpu
+// plugin implements runs on each of its test_data_set_N folders and is compared with the stored
+// outputs (ONNX's own default tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is
+// skipped, with the reason printed, when an op is not implemented, a tensor has a dtype hp does not
+// run (f16, strings, ...), or a kernel reports an op form it does not implement (e.g. Einsum with
+// an ellipsis). The report lists passed / failed / skipped per op type; any failure among the
+// runnable tests fails the test.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -35,7 +36,10 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   auto m = model::load_model(dir / "model.onnx", lo);
-  if (!m) { why = "model: " + m.error().str(); return Outcome::skipped; }
+  if (!m) {
+    why = "model: " + m.error().str();
+    return Outcome::skipped;
+  }
   auto ex = Executor::create(*m, {b.cpu, b.cpu, nullptr});
   if (!ex) {
     why = ex.error().message();
@@ -43,23 +47,38 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
     return ex.error().code == Errc::bad_input ? Outcome::skipped : Outcome::failed;
   }
   for (const auto& io : (*ex)->inputs())
-    if (io.dtype < 0) { why = "input dtype (onnx " + std::to_string(io.onnx_type) + ")"; return Outcome::skipped; }
+    if (io.dtype < 0) {
+      why = "input dtype (onnx " + std::to_string(io.onnx_type) + ")";
+      return Outcome::skipped;
+    }
   for (const auto& io : (*ex)->outputs())
-    if (io.dtype < 0) { why = "output dtype (onnx " + std::to_string(io.onnx_type) + ")"; return Outcome::skipped; }
+    if (io.dtype < 0) {
+      why = "output dtype (onnx " + std::to_string(io.onnx_type) + ")";
+      return Outcome::skipped;
+    }
   int sets = 0;
   for (int k = 0; fs::is_directory(dir / ("test_data_set_" + std::to_string(k))); ++k) {
     const fs::path set = dir / ("test_data_set_" + std::to_string(k));
     auto in = read_tensor_dir(set, "input");
     auto want = read_tensor_dir(set, "output");
-    if (!in || !want) { why = "data: " + (in ? want.error().str() : in.error().str()); return Outcome::skipped; }
+    if (!in || !want) {
+      why = "data: " + (in ? want.error().str() : in.error().str());
+      return Outcome::skipped;
+    }
     auto bound = bind_inputs((*ex)->inputs(), std::move(*in), set.string());
-    if (!bound) { why = "inputs: " + bound.error().str(); return Outcome::failed; }
+    if (!bound) {
+      why = "inputs: " + bound.error().str();
+      return Outcome::failed;
+    }
     auto got = (*ex)->run(*bound);
     if (!got) {
       why = got.error().str();
       return got.error().code == Errc::not_implemented ? Outcome::skipped : Outcome::failed;
     }
-    if (got->size() != want->size()) { why = "output count differs"; return Outcome::failed; }
+    if (got->size() != want->size()) {
+      why = "output count differs";
+      return Outcome::failed;
+    }
     for (std::size_t o = 0; o < got->size(); ++o) {
       OutputCheck c = compare_tensors((*got)[o], (*want)[o], 1e-3, 1e-5);
       if (!c.ok()) {
@@ -70,7 +89,10 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
     }
     ++sets;
   }
-  if (sets == 0) { why = "no test data"; return Outcome::skipped; }
+  if (sets == 0) {
+    why = "no test data";
+    return Outcome::skipped;
+  }
   return Outcome::passed;
 }
 
@@ -118,10 +140,12 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
     }
   }
   std::printf("\n%-28s %6s %6s %7s\n", "op", "passed", "failed", "skipped");
-  for (const auto& [op, t] : by_op) std::printf("%-28s %6d %6d %7d\n", op.c_str(), t.passed, t.failed, t.skipped);
+  for (const auto& [op, t] : by_op)
+    std::printf("%-28s %6d %6d %7d\n", op.c_str(), t.passed, t.failed, t.skipped);
   std::printf("\nskip reasons:\n");
   for (const auto& [r, n] : skip_reasons) std::printf("  %4d  %s\n", n, r.c_str());
-  std::printf("\ntests: %d passed, %d failed, %d skipped\n", total.passed, total.failed, total.skipped);
+  std::printf("\ntests: %d passed, %d failed, %d skipped\n", total.passed, total.failed,
+              total.skipped);
   for (const auto& f : failures) std::printf("FAILED %s\n", f.c_str());
   CHECK(failures.empty());
   CHECK(total.passed > 400);

@@ -1,6 +1,6 @@
 // The Job (hp/job/job.h): the job kind decided from the recipe alone, the recipe's schedule lowered
-// and checked once, the cluster resolved at the recipe's node count, the partitions' manifest checked
-// against the recipe, and located errors for recipes that cannot make a job.
+// and checked once, the cluster resolved at the recipe's node count, the partitions' manifest
+// checked against the recipe, and located errors for recipes that cannot make a job.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -33,9 +33,11 @@ std::vector<fs::path> presets() { return {kRecipes / "clusters"}; }
 
 // A recipe with [parallel] dp, tp, pp (required keys) and `more` keys, then `groups`.
 hp::recipe::Recipe parsed(int dp, int pp, const std::string& more, const std::string& groups = "") {
-  auto doc = hp::recipe::parse_recipe("[recipe]\nversion = 1\nname = \"t\"\nmodel = \"m.onnx\"\ncluster = "
-                                      "\"local-cpu\"\n[parallel]\ndp = " + std::to_string(dp) + "\ntp = 1\npp = " +
-                                      std::to_string(pp) + "\n" + more + groups, "t.toml");
+  auto doc = hp::recipe::parse_recipe(
+      "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"m.onnx\"\ncluster = "
+      "\"local-cpu\"\n[parallel]\ndp = " +
+          std::to_string(dp) + "\ntp = 1\npp = " + std::to_string(pp) + "\n" + more + groups,
+      "t.toml");
   INFO((doc.problems.empty() ? std::string() : doc.problems.front().message));
   REQUIRE(doc.problems.empty());
   return doc.recipe;
@@ -45,11 +47,13 @@ hp::recipe::Recipe parsed(int dp, int pp, const std::string& more, const std::st
 
 TEST_CASE("job: the kind is decided from the recipe alone", "[job]") {
   CHECK(job_kind_of(parsed(2, 1, "")) == JobKind::sharded_model);
-  const std::string two = "[[groups]]\nname = \"a\"\nranks = \"0\"\nmodule = \"a.onnx\"\n"
-                          "[[groups]]\nname = \"b\"\nranks = \"1\"\nmodule = \"b.onnx\"\n";
+  const std::string two =
+      "[[groups]]\nname = \"a\"\nranks = \"0\"\nmodule = \"a.onnx\"\n"
+      "[[groups]]\nname = \"b\"\nranks = \"1\"\nmodule = \"b.onnx\"\n";
   CHECK(job_kind_of(parsed(2, 1, "", two)) == JobKind::module_groups);
-  const std::string flow = "[[groups]]\nname = \"a\"\nranks = \"0\"\nmodule = \"a.onnx\"\noutputs = [\"x\"]\n"
-                           "[[groups]]\nname = \"b\"\nranks = \"1\"\nmodule = \"b.onnx\"\ninputs = [\"x\"]\n";
+  const std::string flow =
+      "[[groups]]\nname = \"a\"\nranks = \"0\"\nmodule = \"a.onnx\"\noutputs = [\"x\"]\n"
+      "[[groups]]\nname = \"b\"\nranks = \"1\"\nmodule = \"b.onnx\"\ninputs = [\"x\"]\n";
   CHECK(job_kind_of(parsed(2, 1, "", flow)) == JobKind::flow_groups);
   CHECK(std::string(job_kind_name(JobKind::flow_groups)) == "flow groups");
 }
@@ -72,7 +76,8 @@ TEST_CASE("job: the recipe's schedule is lowered and checked once", "[job]") {
   CHECK(flat->lowered.micro_batches == 1);
   REQUIRE(flat->lowered.per_rank.size() == 1);
   CHECK(flat->lowered.per_rank[0].size() == 1);
-  auto inter = recipe_schedule(parsed(1, 2, "micro_batches = 4\nschedule = \"interleaved\"\nvirtual_stages = 2\n").parallel);
+  auto inter = recipe_schedule(
+      parsed(1, 2, "micro_batches = 4\nschedule = \"interleaved\"\nvirtual_stages = 2\n").parallel);
   REQUIRE(inter);
   CHECK(inter->lowered.chunks == 2);
   CHECK(inter->lowered.stages() == 4);
@@ -107,7 +112,8 @@ TEST_CASE("job: load_job reads a bundled recipe, resolves its cluster and its pa
 
 TEST_CASE("job: malformed recipes are located errors, every problem at once", "[job]") {
   TempDir d;
-  std::ofstream(d.path / "bad.toml") << "[recipe]\nversion = 1\nmodel = \"m.onnx\"\n[parallel]\ndp = 0\ntp = -1\n";
+  std::ofstream(d.path / "bad.toml")
+      << "[recipe]\nversion = 1\nmodel = \"m.onnx\"\n[parallel]\ndp = 0\ntp = -1\n";
   auto job = load_job(d.path / "bad.toml");
   REQUIRE_FALSE(job);
   CHECK(job.error().code == hp::Errc::bad_input);

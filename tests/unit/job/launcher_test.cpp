@@ -2,13 +2,13 @@
 // count, container defaults, the app file and the srun --multi-prog file, and bad groups.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <unistd.h>
 
-#include "hp/recipe/recipe.h"
 #include "hp/job/launcher.h"
+#include "hp/recipe/recipe.h"
 
 using namespace hp::job;
 namespace fs = std::filesystem;
@@ -110,7 +110,8 @@ TEST_CASE("launcher: one app context per group, -x repeated in each", "[launcher
   CHECK(dry.find("# 3 rank(s) in 2 group(s); nothing was started") != std::string::npos);
 }
 
-TEST_CASE("launcher: oversubscribe past the core count, hostfile on every app file line", "[launcher]") {
+TEST_CASE("launcher: oversubscribe past the core count, hostfile on every app file line",
+          "[launcher]") {
   TempDir d;
   auto o = options(d);
   auto plan = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{2, false});
@@ -127,9 +128,11 @@ TEST_CASE("launcher: oversubscribe past the core count, hostfile on every app fi
   auto t = std::find(cluster->argv.begin(), cluster->argv.end(), "--timeout");
   REQUIRE(t != cluster->argv.end());
   CHECK(*(t + 1) == "3");
-  for (const auto& [k, v] : cluster->launcher_env) CHECK(k != "OMPI_MCA_plm");  // isolated is single-host only
+  for (const auto& [k, v] : cluster->launcher_env)
+    CHECK(k != "OMPI_MCA_plm");  // isolated is single-host only
   std::size_t lines = 0, pos = 0;
-  while ((pos = cluster->app_file.find("--hostfile " + fs::absolute(o.hostfile).string(), pos)) != std::string::npos) {
+  while ((pos = cluster->app_file.find("--hostfile " + fs::absolute(o.hostfile).string(), pos)) !=
+         std::string::npos) {
     ++lines;
     ++pos;
   }
@@ -155,7 +158,8 @@ TEST_CASE("launcher: implicit single group and root notes", "[launcher]") {
   REQUIRE(plan->contexts.size() == 1);
   CHECK(plan->contexts[0].group == "main");
   CHECK(plan->contexts[0].ranks == 2);
-  const bool opted_in = std::getenv("OMPI_ALLOW_RUN_AS_ROOT") && std::getenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM");
+  const bool opted_in =
+      std::getenv("OMPI_ALLOW_RUN_AS_ROOT") && std::getenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM");
   bool root_note = false;
   for (const auto& n : plan->notes) root_note |= n.find("root") != std::string::npos;
   CHECK(root_note == !opted_in);
@@ -171,7 +175,8 @@ TEST_CASE("launcher: missing and non-ONNX modules are bad input, all listed", "[
   auto o = options(d);
   fs::remove(d.path / "a.onnx");
   auto r = recipe_of(kTwoGroups);
-  r.groups[1].module = "encoder.py";  // ("scheduler" is the one module that is no ONNX file: group_flow.h)
+  r.groups[1].module =
+      "encoder.py";  // ("scheduler" is the one module that is no ONNX file: group_flow.h)
   auto plan = plan_job(job_of(r, d), o, HostInfo{8, false});
   REQUIRE_FALSE(plan);
   CHECK(plan.error().code == hp::Errc::bad_input);
@@ -180,7 +185,8 @@ TEST_CASE("launcher: missing and non-ONNX modules are bad input, all listed", "[
   CHECK(all[0].message.find("module 'a.onnx' does not exist") != std::string::npos);
   CHECK(all[1].message == "module 'encoder.py' is not an ONNX file");
   o.launcher = "pbs";
-  CHECK(plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false}).error().code == hp::Errc::usage);
+  CHECK(plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false}).error().code ==
+        hp::Errc::usage);
 }
 
 TEST_CASE("launcher: shell quoting for the printed command", "[launcher]") {

@@ -5,10 +5,10 @@
 
 #include <cstdlib>
 
-#include "hp/job/verify.h"
 #include "hp/exec/compare.h"
 #include "hp/exec/executor.h"
 #include "hp/exec/tensor.h"
+#include "hp/job/verify.h"
 
 using namespace hp;
 using namespace hp::exec;
@@ -16,7 +16,8 @@ using namespace hp::job;
 
 TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[job][models]") {
   const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
-  auto name = GENERATE(as<std::string>{}, "tiny-mlp", "tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-moe");
+  auto name =
+      GENERATE(as<std::string>{}, "tiny-mlp", "tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-moe");
   SECTION(name) {
     ModelVerifyOptions o;
     o.model = dir + name + ".onnx";
@@ -36,8 +37,9 @@ TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[job][models]") 
   }
 }
 
-TEST_CASE("on the ascend plugin (fake CANN) supported nodes run there, the rest on the cpu fallback",
-          "[job][models][ascend]") {
+TEST_CASE(
+    "on the ascend plugin (fake CANN) supported nodes run there, the rest on the cpu fallback",
+    "[job][models][ascend]") {
   ::setenv("HP_ASCEND_LIB", HP_FAKE_ACL_LIB, 1);
   const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
   for (const char* name : {"tiny-mlp", "tiny-gpt2"}) {

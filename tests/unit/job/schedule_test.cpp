@@ -71,9 +71,11 @@ TEST_CASE("schedule: interleaved order walks micro-batch groups of p per chunk",
   auto t = make(ScheduleKind::interleaved, 4, 8, 2, true);
   for (const auto& l : t.per_rank) {
     std::map<std::pair<int, int>, std::size_t> pos;
-    for (std::size_t i = 0; i < l.size(); ++i) pos[{l[i].stage * 2 + (l[i].kind == ActionKind::backward), l[i].micro_batch}] = i;
+    for (std::size_t i = 0; i < l.size(); ++i)
+      pos[{l[i].stage * 2 + (l[i].kind == ActionKind::backward), l[i].micro_batch}] = i;
     for (const auto& a : l)
-      if (a.kind == ActionKind::backward) CHECK(pos[{a.stage * 2, a.micro_batch}] < pos[{a.stage * 2 + 1, a.micro_batch}]);
+      if (a.kind == ActionKind::backward)
+        CHECK(pos[{a.stage * 2, a.micro_batch}] < pos[{a.stage * 2 + 1, a.micro_batch}]);
   }
 }
 
@@ -96,7 +98,8 @@ TEST_CASE("schedule: every generated schedule simulates without deadlock", "[sch
           if (kind == ScheduleKind::interleaved && m % p) continue;
           for (bool training : {false, true}) {
             auto s = make(kind, p, m, v, training);
-            INFO(schedule_kind_name(kind) << " p=" << p << " m=" << m << " v=" << v << " training=" << training);
+            INFO(schedule_kind_name(kind)
+                 << " p=" << p << " m=" << m << " v=" << v << " training=" << training);
             auto lowered = lower_send_recv(s);
             auto c = check_schedule(lowered);
             REQUIRE(c.ok);
@@ -110,13 +113,19 @@ TEST_CASE("schedule: every generated schedule simulates without deadlock", "[sch
 }
 
 TEST_CASE("schedule: simulated bubble equals the closed form with unit costs", "[schedule]") {
-  for (auto [kind, p, m, v] : std::vector<std::tuple<ScheduleKind, int, int, int>>{
-           {ScheduleKind::gpipe, 4, 8, 1}, {ScheduleKind::one_f_one_b, 4, 8, 1}, {ScheduleKind::one_f_one_b, 8, 32, 1},
-           {ScheduleKind::gpipe, 2, 2, 1}, {ScheduleKind::interleaved, 4, 8, 2}, {ScheduleKind::interleaved, 2, 4, 4}}) {
+  for (auto [kind, p, m, v] :
+       std::vector<std::tuple<ScheduleKind, int, int, int>>{{ScheduleKind::gpipe, 4, 8, 1},
+                                                            {ScheduleKind::one_f_one_b, 4, 8, 1},
+                                                            {ScheduleKind::one_f_one_b, 8, 32, 1},
+                                                            {ScheduleKind::gpipe, 2, 2, 1},
+                                                            {ScheduleKind::interleaved, 4, 8, 2},
+                                                            {ScheduleKind::interleaved, 2, 4, 4}}) {
     for (bool training : {false, true}) {
       auto c = check_schedule(lower_send_recv(make(kind, p, m, v, training)));
       REQUIRE(c.ok);
-      INFO(schedule_kind_name(kind) << " p=" << p << " m=" << m << " v=" << v << " training=" << training << "\n" << c.grid);
+      INFO(schedule_kind_name(kind)
+           << " p=" << p << " m=" << m << " v=" << v << " training=" << training << "\n"
+           << c.grid);
       const int per_pass = m * v + p - 1;  // ideal makespan of one direction
       CHECK(c.makespan == (training ? 2 : 1) * per_pass);
       CHECK(c.bubble() == Approx(bubble_fraction(kind, p, m, v)));
@@ -134,7 +143,8 @@ TEST_CASE("schedule: the checker finds deadlocks and data used before it arrived
   std::rotate(r0.begin(), r0.begin() + 4, r0.begin() + 5);
   auto c = check_schedule(s);
   REQUIRE_FALSE(c.ok);
-  CHECK(c.problem == "deadlock at step 0: rank 0 at 0RECV_B0 (from rank 1), rank 1 at 1RECV_F0 (from rank 0)");
+  CHECK(c.problem ==
+        "deadlock at step 0: rank 0 at 0RECV_B0 (from rank 1), rank 1 at 1RECV_F0 (from rank 0)");
 
   // Rank 1 computes micro-batch 1 before receiving it.
   PipelineSchedule w = lower_send_recv(make(ScheduleKind::one_f_one_b, 2, 2, 1, false));
@@ -163,7 +173,8 @@ TEST_CASE("schedule: the checker finds unmatched sends and receives", "[schedule
   CHECK(c.problem == "rank 1: 1RECV_F1 from rank 0 has no matching SEND");
 
   PipelineSchedule t = lower_send_recv(make(ScheduleKind::gpipe, 2, 2, 1, false));
-  t.per_rank[1].erase(t.per_rank[1].begin() + 2, t.per_rank[1].begin() + 3);  // drop RECV_F1 and keep F1
+  t.per_rank[1].erase(t.per_rank[1].begin() + 2,
+                      t.per_rank[1].begin() + 3);  // drop RECV_F1 and keep F1
   auto d = check_schedule(t);
   REQUIRE_FALSE(d.ok);
   CHECK(d.problem.find("without a RECV_F first") != std::string::npos);

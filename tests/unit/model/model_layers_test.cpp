@@ -1,5 +1,5 @@
-// Layer discovery on hand-built graphs (side inputs used by every layer, no repetition at all) and on
-// where the exported models' embeddings, rotary tables and heads end up.
+// Layer discovery on hand-built graphs (side inputs used by every layer, no repetition at all) and
+// on where the exported models' embeddings, rotary tables and heads end up.
 #include <onnx/onnx_pb.h>
 
 #include <catch2/catch.hpp>
@@ -32,7 +32,7 @@ struct Builder {
   }
   std::string weight(std::int64_t rows, std::int64_t cols) {
     auto* t = g->add_initializer();
-    t->set_name("");   // anonymous on purpose
+    t->set_name("");  // anonymous on purpose
     t->set_name("w" + std::to_string(serial++));
     t->set_data_type(onnx::TensorProto::FLOAT);
     t->add_dims(rows);
@@ -40,7 +40,8 @@ struct Builder {
     for (std::int64_t i = 0; i < rows * cols; ++i) t->add_float_data(0.1f);
     return t->name();
   }
-  std::string node(const std::string& op, std::vector<std::string> ins, const std::string& name = "") {
+  std::string node(const std::string& op, std::vector<std::string> ins,
+                   const std::string& name = "") {
     auto* n = g->add_node();
     n->set_op_type(op);
     n->set_name(name);
@@ -66,12 +67,13 @@ struct Builder {
 
 }  // namespace
 
-TEST_CASE("layers: a mask derived from a side input and read by every layer does not hide the cuts", "[model]") {
+TEST_CASE("layers: a mask derived from a side input and read by every layer does not hide the cuts",
+          "[model]") {
   Builder b;
   b.input("x", 8);
   b.input("mask", 8);
   std::string x = b.node("Relu", {"x"});
-  std::string bias = b.node("Mul", {"mask", "mask"});   // an activation every layer reads
+  std::string bias = b.node("Mul", {"mask", "mask"});  // an activation every layer reads
   for (int i = 0; i < 4; ++i) {
     std::string y = b.node("MatMul", {x, b.weight(8, 8)});
     y = b.node("Add", {y, bias});
@@ -116,7 +118,8 @@ TEST_CASE("layers: layers of different shapes are grouped by their names", "[mod
   CHECK(s.layering.blocks[1].name == "layers.1");
   CHECK(s.layering.blocks[1].parameters == 16 * 32);
   CHECK(s.layering.epilogue.parameters == 16);
-  CHECK(s.layering.cuts.size() == 3);   // no prologue: layers.0|layers.1, layers.1|layers.2, layers.2|epilogue
+  CHECK(s.layering.cuts.size() ==
+        3);  // no prologue: layers.0|layers.1, layers.1|layers.2, layers.2|epilogue
 }
 
 TEST_CASE("layers: embeddings, rotary tables and heads sit outside the blocks", "[model]") {
@@ -129,24 +132,25 @@ TEST_CASE("layers: embeddings, rotary tables and heads sit outside the blocks", 
     return false;
   };
   const auto& l = s->layering;
-  CHECK(has_op(l.prologue, "Gather"));   // token embedding
-  CHECK(has_op(l.prologue, "Sin"));      // rotary table, shared by all layers
+  CHECK(has_op(l.prologue, "Gather"));  // token embedding
+  CHECK(has_op(l.prologue, "Sin"));     // rotary table, shared by all layers
   CHECK(has_op(l.prologue, "Cos"));
   for (const auto& blk : l.blocks) {
     CHECK_FALSE(has_op(blk, "Sin"));
     CHECK(has_op(blk, "Softmax"));
   }
-  CHECK(has_op(l.epilogue, "MatMul"));   // lm head
+  CHECK(has_op(l.epilogue, "MatMul"));  // lm head
   const std::int64_t vocab = j["config"]["vocab"], hidden = j["config"]["hidden"];
   CHECK(l.prologue.parameters == vocab * hidden);
-  CHECK(l.epilogue.parameters == vocab * hidden + hidden);   // head + final norm
+  CHECK(l.epilogue.parameters == vocab * hidden + hidden);  // head + final norm
 }
 
 TEST_CASE("layers: the ViT patch embedding is prologue, the classifier epilogue", "[model]") {
   auto s = summarize_model({model_path("tiny-vit"), sidecar_dims(sidecar("tiny-vit")), false});
   REQUIRE(s.ok());
   bool conv_in_prologue = false;
-  for (int n : s->layering.prologue.nodes) conv_in_prologue = conv_in_prologue || s->graph.node(n).op_type == "Conv";
+  for (int n : s->layering.prologue.nodes)
+    conv_in_prologue = conv_in_prologue || s->graph.node(n).op_type == "Conv";
   CHECK(conv_in_prologue);
   CHECK(s->layering.prologue.matmul_flops > 0);
   CHECK(s->layering.epilogue.matmul_flops > 0);

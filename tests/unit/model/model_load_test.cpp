@@ -1,5 +1,5 @@
-// Loading and validating ONNX files: good models, malformed files (each a clear bad_input error naming
-// the file, never a crash), and initializers with external data present or absent.
+// Loading and validating ONNX files: good models, malformed files (each a clear bad_input error
+// naming the file, never a crash), and initializers with external data present or absent.
 #include <onnx/onnx_pb.h>
 
 #include <catch2/catch.hpp>
@@ -58,7 +58,9 @@ onnx::ModelProto tiny_matmul(bool external, const std::string& input_of_matmul =
   return m;
 }
 
-void save(const onnx::ModelProto& m, const std::filesystem::path& p) { write_bytes(p, m.SerializeAsString()); }
+void save(const onnx::ModelProto& m, const std::filesystem::path& p) {
+  write_bytes(p, m.SerializeAsString());
+}
 
 void require_bad_input(const std::filesystem::path& p) {
   auto m = load_model(p);
@@ -72,8 +74,8 @@ void require_bad_input(const std::filesystem::path& p) {
 }  // namespace
 
 TEST_CASE("model: loads every generated test model", "[model]") {
-  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "masked-gpt2", "anon-gpt2",
-                           "anon-llama", "gpt-175b-skeleton"}) {
+  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe",
+                           "masked-gpt2", "anon-gpt2", "anon-llama", "gpt-175b-skeleton"}) {
     INFO(name);
     auto m = load_model(model_path(name));
     REQUIRE(m.ok());
@@ -94,8 +96,8 @@ TEST_CASE("model: truncated files are rejected", "[model]") {
   auto bytes = read_file(model_path("tiny-gpt2"));
   REQUIRE(bytes.ok());
   auto dir = scratch_dir("model_load_truncated");
-  for (std::size_t keep : {std::size_t{1}, std::size_t{7}, std::size_t{100}, bytes->size() / 3, bytes->size() / 2,
-                           bytes->size() - 1}) {
+  for (std::size_t keep : {std::size_t{1}, std::size_t{7}, std::size_t{100}, bytes->size() / 3,
+                           bytes->size() / 2, bytes->size() - 1}) {
     INFO("kept " << keep << " bytes");
     auto p = dir / ("cut" + std::to_string(keep) + ".onnx");
     write_bytes(p, bytes->substr(0, keep));
@@ -131,14 +133,15 @@ TEST_CASE("model: a node using an undefined tensor is rejected with its name", "
 TEST_CASE("model: an initializer whose data does not match its dims is rejected", "[model]") {
   auto dir = scratch_dir("model_load_size");
   auto proto = tiny_matmul(false);
-  proto.mutable_graph()->mutable_initializer(0)->add_float_data(1.0f);   // 13 values for 4x3
+  proto.mutable_graph()->mutable_initializer(0)->add_float_data(1.0f);  // 13 values for 4x3
   save(proto, dir / "size.onnx");
   auto m = load_model(dir / "size.onnx");
   REQUIRE_FALSE(m.ok());
   CHECK(m.error().message().find("'w'") != std::string::npos);
 }
 
-TEST_CASE("model: absent external data is fine for planning, an error when data is required", "[model]") {
+TEST_CASE("model: absent external data is fine for planning, an error when data is required",
+          "[model]") {
   auto dir = scratch_dir("model_load_external");
   save(tiny_matmul(true), dir / "tiny.onnx");
 
@@ -199,8 +202,10 @@ TEST_CASE("model: byte-mutated models load or fail cleanly, never crash", "[mode
       continue;
     }
     auto g = build_graph(*m, {{"batch", 2}, {"seq", 16}});
-    if (g) ++loaded;
-    else CHECK(g.error().code == Errc::bad_input);
+    if (g)
+      ++loaded;
+    else
+      CHECK(g.error().code == Errc::bad_input);
   }
   CHECK(loaded > 0);
 }

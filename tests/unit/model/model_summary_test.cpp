@@ -61,7 +61,8 @@ void check_against_sidecar(const std::string& name) {
 }  // namespace
 
 TEST_CASE("model: summaries match the sidecars of the PyTorch exports", "[model]") {
-  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "masked-gpt2"})
+  for (const char* name :
+       {"tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-mlp", "tiny-moe", "masked-gpt2"})
     check_against_sidecar(name);
 }
 
@@ -72,7 +73,7 @@ TEST_CASE("model: a tied head folded into a transposed copy counts once", "[mode
   const Tensor& copy = s.graph.tensor(s.graph.find_tensor(s.tied_copies[0]));
   CHECK(s.graph.tensor(copy.copy_of).name == "wte.weight");
   CHECK_FALSE(copy.is_parameter());
-  CHECK(s.layering.prologue.parameters == (256 + 64) * 32);   // wte + wpe, the head shares wte
+  CHECK(s.layering.prologue.parameters == (256 + 64) * 32);  // wte + wpe, the head shares wte
   ModelSummary untied = summarize_at_sidecar_dims("tiny-gpt2");
   CHECK(untied.tied_copies.empty());
 }
@@ -94,7 +95,7 @@ TEST_CASE("model: the 175B skeleton is summarised fast without its weights", "[m
   check_against_sidecar("gpt-175b-skeleton");
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("gpt-175b-skeleton: summarised in %.3f s\n", seconds);
-  CHECK(seconds < 5.0);   // generous: measured ~0.1 s; "well under a second" in a release build
+  CHECK(seconds < 5.0);  // generous: measured ~0.1 s; "well under a second" in a release build
   ModelSummary s = summarize_at_sidecar_dims("gpt-175b-skeleton");
   CHECK(s.missing_external_data == std::vector<std::string>{"gpt-175b-skeleton.weights"});
   CHECK(s.layering.blocks.front().name == "h.0");
@@ -108,11 +109,12 @@ TEST_CASE("model: unbound dims are reported, not fatal", "[model]") {
   auto s = summarize_model({model_path("tiny-gpt2"), {}, false});
   REQUIRE(s.ok());
   CHECK(s->parameters == sidecar("tiny-gpt2")["parameters"].get<std::int64_t>());
-  CHECK(std::find(s->unknown_dims.begin(), s->unknown_dims.end(), "batch") != s->unknown_dims.end());
+  CHECK(std::find(s->unknown_dims.begin(), s->unknown_dims.end(), "batch") !=
+        s->unknown_dims.end());
   CHECK(std::find(s->unknown_dims.begin(), s->unknown_dims.end(), "seq") != s->unknown_dims.end());
   CHECK(s->nodes_cost_unknown > 0);
   CHECK_FALSE(s->warnings.empty());
-  CHECK(s->layering.blocks.size() == 4);   // structure does not need sizes
+  CHECK(s->layering.blocks.size() == 4);  // structure does not need sizes
 }
 
 TEST_CASE("model: a binding that matches no input dim is a warning", "[model]") {
@@ -127,7 +129,7 @@ TEST_CASE("model: cut points carry the residual stream", "[model]") {
   ModelSummary s = summarize_at_sidecar_dims("tiny-gpt2");
   auto j = sidecar("tiny-gpt2");
   const std::int64_t b = 2, seq = 16, h = j["config"]["hidden"].get<std::int64_t>();
-  REQUIRE(s.layering.cuts.size() == 5);   // prologue|h.0, h.0|h.1, ..., h.3|epilogue
+  REQUIRE(s.layering.cuts.size() == 5);  // prologue|h.0, h.0|h.1, ..., h.3|epilogue
   for (const auto& c : s.layering.cuts) {
     INFO(c.after << " | " << c.before);
     int activations = 0;
@@ -161,13 +163,15 @@ TEST_CASE("model: MLP blocks start with their weighted op", "[model]") {
 TEST_CASE("model: JSON summary has the documented keys", "[model]") {
   ModelSummary s = summarize_at_sidecar_dims("tiny-moe");
   auto j = nlohmann::json::parse(format_summary_json(s));
-  for (const char* key : {"parameters", "matmul_flops", "flops", "layers", "prologue", "epilogue", "cuts", "ops",
-                          "unsupported_ops", "unknown_dims", "missing_external_data"})
+  for (const char* key :
+       {"parameters", "matmul_flops", "flops", "layers", "prologue", "epilogue", "cuts", "ops",
+        "unsupported_ops", "unknown_dims", "missing_external_data"})
     CHECK(j.contains(key));
   CHECK(j["parameters"].is_number_integer());
   CHECK(j["layers"].size() == 3);
   for (const auto& layer : j["layers"])
-    for (const char* key : {"name", "parameters", "flops", "activation_bytes"}) CHECK(layer.contains(key));
+    for (const char* key : {"name", "parameters", "flops", "activation_bytes"})
+      CHECK(layer.contains(key));
   CHECK(j["ops"]["Einsum"].get<int>() == 9);
   CHECK(j["ops"]["TopK"].get<int>() == 3);
   CHECK_FALSE(format_summary_text(s).empty());

@@ -11,8 +11,12 @@
 
 namespace hp::model::test {
 
-inline std::filesystem::path models_dir() { return std::filesystem::path(HP_SOURCE_DIR) / "tests/data/models"; }
-inline std::filesystem::path model_path(const std::string& name) { return models_dir() / (name + ".onnx"); }
+inline std::filesystem::path models_dir() {
+  return std::filesystem::path(HP_SOURCE_DIR) / "tests/data/models";
+}
+inline std::filesystem::path model_path(const std::string& name) {
+  return models_dir() / (name + ".onnx");
+}
 
 /// The sidecar <name>.json written by gen_models.py.
 inline nlohmann::json sidecar(const std::string& name) {

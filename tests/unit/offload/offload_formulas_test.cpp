@@ -19,23 +19,29 @@ constexpr double GiB = 1024.0 * 1024 * 1024;
 constexpr double KiB = 1024.0;
 }  // namespace
 
-TEST_CASE("model states follow the ZeRO formulas for 7.5B parameters on 64 devices", "[offload][formulas]") {
+TEST_CASE("model states follow the ZeRO formulas for 7.5B parameters on 64 devices",
+          "[offload][formulas]") {
   const double psi = 7.5e9, nd = 64, k = 12;
   // ZeRO paper Fig. 1 rows, written out independently of the implementation.
-  CHECK(zero_states(psi, 0, 64).total() == Approx(16 * psi).epsilon(1e-12));          // 120 GB
-  CHECK(zero_states(psi, 1, 64).total() == Approx(4 * psi + k * psi / nd).epsilon(1e-12));  // 31.4 GB
-  CHECK(zero_states(psi, 2, 64).total() == Approx(2 * psi + (2 + k) * psi / nd).epsilon(1e-12));  // 16.6 GB
-  CHECK(zero_states(psi, 3, 64).total() == Approx((2 + 2 + k) * psi / nd).epsilon(1e-12));  // 1.9 GB
+  CHECK(zero_states(psi, 0, 64).total() == Approx(16 * psi).epsilon(1e-12));  // 120 GB
+  CHECK(zero_states(psi, 1, 64).total() ==
+        Approx(4 * psi + k * psi / nd).epsilon(1e-12));  // 31.4 GB
+  CHECK(zero_states(psi, 2, 64).total() ==
+        Approx(2 * psi + (2 + k) * psi / nd).epsilon(1e-12));  // 16.6 GB
+  CHECK(zero_states(psi, 3, 64).total() ==
+        Approx((2 + 2 + k) * psi / nd).epsilon(1e-12));  // 1.9 GB
   CHECK(zero_states(psi, 0, 64).total() / 1e9 == Approx(120.0));
   CHECK(zero_states(psi, 1, 64).total() / 1e9 == Approx(31.40625));
   CHECK(zero_states(psi, 2, 64).total() / 1e9 == Approx(16.640625));
   CHECK(zero_states(psi, 3, 64).total() / 1e9 == Approx(1.875));
-  // Megatron's 18 B/param (bf16 weights, fp32 grads, 12 B optimizer); distributed optimizer 6 + 12/d.
+  // Megatron's 18 B/param (bf16 weights, fp32 grads, 12 B optimizer); distributed optimizer 6 +
+  // 12/d.
   CHECK(zero_states(psi, 0, 64, 2, 4, 12).total() / 1e9 == Approx(135.0));
   CHECK(zero_states(psi, 1, 64, 2, 4, 12).total() / 1e9 == Approx(46.40625));
 }
 
-TEST_CASE("the timeline carries each ZeRO level's model states through every slot", "[offload][formulas]") {
+TEST_CASE("the timeline carries each ZeRO level's model states through every slot",
+          "[offload][formulas]") {
   for (int level = 0; level <= 3; ++level) {
     StageInput in;
     in.micro_batches = 4;
@@ -53,7 +59,8 @@ TEST_CASE("the timeline carries each ZeRO level's model states through every slo
     const Timeline t = simulate(in);
     const double want = zero_states(7.5e9, level, 64).total();
     for (const auto& s : t.slots) {
-      const double states = s.memory[static_cast<int>(Kind::parameters)] + s.memory[static_cast<int>(Kind::gradients)] +
+      const double states = s.memory[static_cast<int>(Kind::parameters)] +
+                            s.memory[static_cast<int>(Kind::gradients)] +
                             s.memory[static_cast<int>(Kind::optimizer)];
       REQUIRE(states == Approx(want).epsilon(1e-9));
     }
@@ -66,11 +73,13 @@ TEST_CASE("activations per layer follow Korthikanti's Table 2", "[offload][formu
   LayerShape one{s, b, h, a, 1, false};
   CHECK(korthikanti_layer_bytes(one, Recompute::none) == Approx(sbh * (34 + 5 * a * s / h)));
   LayerShape tp{s, b, h, a, t, false};
-  CHECK(korthikanti_layer_bytes(tp, Recompute::none) == Approx(sbh * (10 + 24 / t + 5 * a * s / (h * t))));
+  CHECK(korthikanti_layer_bytes(tp, Recompute::none) ==
+        Approx(sbh * (10 + 24 / t + 5 * a * s / (h * t))));
   CHECK(korthikanti_layer_bytes(tp, Recompute::selective) == Approx(sbh * (10 + 24 / t)));
   CHECK(korthikanti_layer_bytes(tp, Recompute::full) == Approx(2 * sbh));
   LayerShape sp{s, b, h, a, t, true};
-  CHECK(korthikanti_layer_bytes(sp, Recompute::none) == Approx(sbh * (34 / t + 5 * a * s / (h * t))));
+  CHECK(korthikanti_layer_bytes(sp, Recompute::none) ==
+        Approx(sbh * (34 / t + 5 * a * s / (h * t))));
   CHECK(korthikanti_layer_bytes(sp, Recompute::selective) == Approx(34 * sbh / t));
 }
 
@@ -82,7 +91,8 @@ struct Fig1 {
   double states_gib, act_tp_gib, act_sp_sel_gib;
 };
 
-// First-stage activation peak from simulating stage 0's schedule with Korthikanti's per-layer bytes.
+// First-stage activation peak from simulating stage 0's schedule with Korthikanti's per-layer
+// bytes.
 double first_stage_activation_peak(const Fig1& f, const LayerShape& shape, Recompute rc) {
   StageInput in;
   in.stage = 0;
@@ -101,13 +111,15 @@ double first_stage_activation_peak(const Fig1& f, const LayerShape& shape, Recom
       in.units.push_back(u);
     }
   double peak = 0;
-  for (const auto& s : simulate(in).slots) peak = std::max(peak, s.memory[static_cast<int>(Kind::activations)]);
+  for (const auto& s : simulate(in).slots)
+    peak = std::max(peak, s.memory[static_cast<int>(Kind::activations)]);
   return peak;
 }
 
 }  // namespace
 
-TEST_CASE("simulated schedules reproduce Korthikanti Fig. 1 first-stage memory", "[offload][formulas]") {
+TEST_CASE("simulated schedules reproduce Korthikanti Fig. 1 first-stage memory",
+          "[offload][formulas]") {
   // Korthikanti et al. 2022, Fig. 1; s = 2048, global batch = micro-batches x b (dp = 1).
   const Fig1 rows[] = {
       {"22B", 64, 6144, 48, 8, 1, 1, 4, 1, 45.5625, 59.25, 9.5625},
@@ -121,8 +133,10 @@ TEST_CASE("simulated schedules reproduce Korthikanti Fig. 1 first-stage memory",
     CHECK(zero_states(params, 0, 1, 2, 4, 12).total() / GiB == Approx(f.states_gib).epsilon(1e-9));
     LayerShape tp{2048, f.b, f.hidden, f.heads, f.t, false};
     LayerShape sp{2048, f.b, f.hidden, f.heads, f.t, true};
-    CHECK(first_stage_activation_peak(f, tp, Recompute::none) / GiB == Approx(f.act_tp_gib).epsilon(1e-9));
-    CHECK(first_stage_activation_peak(f, sp, Recompute::selective) / GiB == Approx(f.act_sp_sel_gib).epsilon(1e-9));
+    CHECK(first_stage_activation_peak(f, tp, Recompute::none) / GiB ==
+          Approx(f.act_tp_gib).epsilon(1e-9));
+    CHECK(first_stage_activation_peak(f, sp, Recompute::selective) / GiB ==
+          Approx(f.act_sp_sel_gib).epsilon(1e-9));
   }
 }
 
@@ -138,7 +152,8 @@ TEST_CASE("KV cache bytes follow the GQA formula", "[offload][formulas]") {
   CHECK(kv_cache_bytes(32, 32, 128, 1000, 2) / kv_cache_bytes(32, 8, 128, 1000, 2) == Approx(4.0));
 }
 
-TEST_CASE("schedules run every forward before its backward and keep the documented warm-up", "[offload][timeline]") {
+TEST_CASE("schedules run every forward before its backward and keep the documented warm-up",
+          "[offload][timeline]") {
   for (auto sched : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved}) {
     const std::int64_t p = 4, m = 8, v = sched == Schedule::interleaved ? 2 : 1;
     for (std::int64_t k = 0; k < p; ++k) {
@@ -158,7 +173,8 @@ TEST_CASE("schedules run every forward before its backward and keep the document
       }
       if (sched == Schedule::gpipe) CHECK(warmup == m);
       if (sched == Schedule::one_f_one_b) CHECK(warmup == p - k);
-      if (sched == Schedule::interleaved) CHECK(warmup == std::min((p - k - 1) * 2 + (v - 1) * p, m * v) + 1);
+      if (sched == Schedule::interleaved)
+        CHECK(warmup == std::min((p - k - 1) * 2 + (v - 1) * p, m * v) + 1);
     }
   }
 }

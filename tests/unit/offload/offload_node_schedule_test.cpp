@@ -1,7 +1,7 @@
 // The node-level offload schedule (the policy `hp launch` replays on a rank's executor): replaying
-// its moves keeps every node under the budget with every tensor a node reads on the device; eviction
-// is Belady (furthest next use first); activations are written back once; a budget below a node's own
-// need is infeasible and names the node and the need.
+// its moves keeps every node under the budget with every tensor a node reads on the device;
+// eviction is Belady (furthest next use first); activations are written back once; a budget below a
+// node's own need is infeasible and names the node and the need.
 #include <catch2/catch.hpp>
 
 #include <set>
@@ -19,7 +19,8 @@ NodeTrace chain(int layers) {
   tr.base.assign(static_cast<std::size_t>(layers), 5.0);
   for (int k = 0; k < layers; ++k) {
     tr.tensors.push_back({"w" + std::to_string(k), 100, -1, k, {k}, false});
-    if (k + 1 < layers) tr.tensors.push_back({"a" + std::to_string(k), 10, k, k + 1, {k + 1}, true});
+    if (k + 1 < layers)
+      tr.tensors.push_back({"a" + std::to_string(k), 10, k, k + 1, {k + 1}, true});
   }
   tr.tensors.push_back({"residual", 50, 0, layers - 1, {layers - 1}, true});
   return tr;
@@ -59,7 +60,8 @@ void replay(const NodeTrace& tr, const NodeSchedule& s, double budget) {
 
 }  // namespace
 
-TEST_CASE("offload node schedule: a budget above the peak moves each weight in once", "[offload][node]") {
+TEST_CASE("offload node schedule: a budget above the peak moves each weight in once",
+          "[offload][node]") {
   NodeTrace tr = chain(6);
   auto s = plan_node_offload(tr, 1e9, 1);
   REQUIRE(s.ok());
@@ -74,14 +76,15 @@ TEST_CASE("offload node schedule: below the un-offloaded peak every node stays u
   NodeTrace tr = chain(6);
   auto loose = plan_node_offload(tr, 1e9, 0);
   REQUIRE(loose.ok());
-  // Without offload all six weights sit on the device: 5 + 600 + residual 50 + one or two activations.
+  // Without offload all six weights sit on the device: 5 + 600 + residual 50 + one or two
+  // activations.
   CHECK(loose->unplanned_peak >= 655);
   const double budget = 5 + 100 + 100 + 50 + 10 + 10;  // room for two weights beside the rest
   auto s = plan_node_offload(tr, budget, 2);
   REQUIRE(s.ok());
   CHECK(s->peak_bytes <= budget);
   CHECK(s->peak_bytes < s->unplanned_peak);
-  CHECK(s->prefetches > 0);        // the next weight comes in while the current node runs
+  CHECK(s->prefetches > 0);  // the next weight comes in while the current node runs
   CHECK(s->max_lookahead == 1);
   replay(tr, *s, budget);
 }
@@ -89,7 +92,8 @@ TEST_CASE("offload node schedule: below the un-offloaded peak every node stays u
 TEST_CASE("offload node schedule: the residual is evicted (written back once) before the weights",
           "[offload][node]") {
   NodeTrace tr = chain(6);
-  const double budget = 5 + 100 + 10 + 50;  // node 0's own need: one weight at a time, no room for the residual
+  const double budget =
+      5 + 100 + 10 + 50;  // node 0's own need: one weight at a time, no room for the residual
   auto s = plan_node_offload(tr, budget, 1);
   REQUIRE(s.ok());
   CHECK(s->writebacks == 1);
@@ -107,18 +111,20 @@ done:
   CHECK(first_eviction_is_residual);
 }
 
-TEST_CASE("offload node schedule: a budget below one node's own need is infeasible and says the need",
-          "[offload][node]") {
+TEST_CASE(
+    "offload node schedule: a budget below one node's own need is infeasible and says the need",
+    "[offload][node]") {
   NodeTrace tr = chain(4);
   tr.node_names = {"mm0", "mm1", "mm2", "mm3"};
   auto s = plan_node_offload(tr, 100, 1);
   REQUIRE(!s.ok());
   CHECK(s.error().code == hp::Errc::infeasible);
-  CHECK_THAT(s.error().message(), Catch::Contains("node 'mm0'") && Catch::Contains("100 B") &&
-                                      Catch::Contains("needs"));
+  CHECK_THAT(s.error().message(),
+             Catch::Contains("node 'mm0'") && Catch::Contains("100 B") && Catch::Contains("needs"));
 }
 
-TEST_CASE("offload node schedule: a malformed trace is an internal error, not a crash", "[offload][node]") {
+TEST_CASE("offload node schedule: a malformed trace is an internal error, not a crash",
+          "[offload][node]") {
   NodeTrace tr;
   tr.base = {0, 0};
   tr.tensors.push_back({"x", 8, 1, 1, {0}, true});  // read before it is written

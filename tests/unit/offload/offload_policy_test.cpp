@@ -46,7 +46,8 @@ PolicyOptions options(double budget, std::vector<Target> targets, double bw = 25
   return o;
 }
 
-const std::vector<Target> kAll = {Target::optimizer, Target::gradients, Target::activations, Target::parameters};
+const std::vector<Target> kAll = {Target::optimizer, Target::gradients, Target::activations,
+                                  Target::parameters};
 
 void require_under_budget(const StageSchedule& s, double budget) {
   for (std::size_t i = 0; i < s.memory.size(); ++i) {
@@ -65,7 +66,8 @@ TEST_CASE("every slot stays under a budget below the un-offloaded peak", "[offlo
       const Timeline base = simulate(in);
       for (double frac : {0.9, 0.7, 0.5}) {
         const double budget = frac * base.peak_bytes();
-        INFO("schedule " << static_cast<int>(sched) << " stage " << k << " budget fraction " << frac);
+        INFO("schedule " << static_cast<int>(sched) << " stage " << k << " budget fraction "
+                         << frac);
         auto s = plan_offload(in, base, options(budget, kAll));
         REQUIRE(s.ok());
         require_under_budget(*s, budget);
@@ -74,7 +76,8 @@ TEST_CASE("every slot stays under a budget below the un-offloaded peak", "[offlo
         CHECK(!s->transfers.empty());
         // Waiting only adds time; the host optimizer can only remove the device's optimizer steps.
         double host_opt = 0;
-        for (std::size_t u = in.units.size() - static_cast<std::size_t>(s->host_units); u < in.units.size(); ++u)
+        for (std::size_t u = in.units.size() - static_cast<std::size_t>(s->host_units);
+             u < in.units.size(); ++u)
           host_opt += in.units[u].opt;
         CHECK(s->step >= (base.step - host_opt) * (1 - 1e-12));
         CHECK(s->step == Approx(base.step - host_opt + s->exposed));
@@ -88,7 +91,8 @@ TEST_CASE("each state kind alone can bring the peak under the budget", "[offload
   const Timeline base = simulate(in);
   // Activations alone: the activation share of the peak can go.
   {
-    const double budget = base.peak_bytes() - 0.5 * base.slots[base.peak].memory[static_cast<int>(Kind::activations)];
+    const double budget =
+        base.peak_bytes() - 0.5 * base.slots[base.peak].memory[static_cast<int>(Kind::activations)];
     auto s = plan_offload(in, base, options(budget, {Target::activations}));
     REQUIRE(s.ok());
     require_under_budget(*s, budget);
@@ -121,7 +125,8 @@ TEST_CASE("each state kind alone can bring the peak under the budget", "[offload
   }
 }
 
-TEST_CASE("transfers hide behind compute on a fast link and are exposed on a slow one", "[offload][policy]") {
+TEST_CASE("transfers hide behind compute on a fast link and are exposed on a slow one",
+          "[offload][policy]") {
   const StageInput in = stage();
   const Timeline base = simulate(in);
   const double budget = 0.7 * base.peak_bytes();
@@ -141,7 +146,8 @@ TEST_CASE("transfers hide behind compute on a fast link and are exposed on a slo
   CHECK(slow->step == Approx(base.step + slow->exposed));
 }
 
-TEST_CASE("a budget below every schedule's need is infeasible and says how much is needed", "[offload][policy]") {
+TEST_CASE("a budget below every schedule's need is infeasible and says how much is needed",
+          "[offload][policy]") {
   const StageInput in = stage();
   const Timeline base = simulate(in);
   auto s = plan_offload(in, base, options(1e6, kAll));

@@ -19,7 +19,8 @@ using namespace hp::offload;
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("hp-offload-test-" + name + "-" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("hp-offload-test-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -34,7 +35,8 @@ std::string gpt175b_recipe() {
   std::string s = R"([recipe]
 version = 1
 name = "gpt175b"
-model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/gpt-175b-skeleton.onnx").string() + R"("
+model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/gpt-175b-skeleton.onnx").string() +
+                  R"("
 cluster = "dgx-a100"
 nodes = 8
 
@@ -54,8 +56,8 @@ sequence_parallel = true
 expert_parallel = 1
 )";
   for (int j = 0; j < 24; ++j)
-    s += "\n[[stages]]\nindex = " + std::to_string(j) + "\nlayers = \"" + std::to_string(4 * j) + "-" +
-         std::to_string(4 * j + 3) + "\"\nrecompute = \"selective\"\n";
+    s += "\n[[stages]]\nindex = " + std::to_string(j) + "\nlayers = \"" + std::to_string(4 * j) +
+         "-" + std::to_string(4 * j + 3) + "\"\nrecompute = \"selective\"\n";
   return s;
 }
 
@@ -68,7 +70,8 @@ OffloadOptions base_options(const fs::path& recipe) {
 
 }  // namespace
 
-TEST_CASE("GPT-175B under a budget below its peak stays under it at every slot of every stage", "[offload][recipe]") {
+TEST_CASE("GPT-175B under a budget below its peak stays under it at every slot of every stage",
+          "[offload][recipe]") {
   const fs::path dir = temp_dir("175b");
   write(dir / "r.toml", gpt175b_recipe());
   OffloadOptions o = base_options(dir / "r.toml");
@@ -78,8 +81,10 @@ TEST_CASE("GPT-175B under a budget below its peak stays under it at every slot o
   double peak = 0;
   for (const auto& s : plain->stages) peak = std::max(peak, s.peak_before());
   // Stage 0 holds the most activations (interleaved 1F1B), as Korthikanti's Fig. 1 says.
-  CHECK(plain->stages[0].timeline.slots[plain->stages[0].timeline.peak].memory[static_cast<int>(Kind::activations)] >
-        plain->stages[4].timeline.slots[plain->stages[4].timeline.peak].memory[static_cast<int>(Kind::activations)]);
+  CHECK(plain->stages[0].timeline.slots[plain->stages[0].timeline.peak].memory[static_cast<int>(
+            Kind::activations)] >
+        plain->stages[4].timeline.slots[plain->stages[4].timeline.peak].memory[static_cast<int>(
+            Kind::activations)]);
   CHECK(plain->step_before > 1);  // seconds, from the planner's cost model
 
   const double budget = 0.6 * peak;
@@ -122,7 +127,8 @@ TEST_CASE("GPT-175B under a budget below its peak stays under it at every slot o
   fs::remove_all(dir);
 }
 
-TEST_CASE("a budget below what any schedule needs is infeasible with the need", "[offload][recipe]") {
+TEST_CASE("a budget below what any schedule needs is infeasible with the need",
+          "[offload][recipe]") {
   const fs::path dir = temp_dir("small");
   write(dir / "r.toml", gpt175b_recipe());
   OffloadOptions o = base_options(dir / "r.toml");
@@ -136,7 +142,8 @@ TEST_CASE("a budget below what any schedule needs is infeasible with the need", 
 
 TEST_CASE("bad inputs: no plan, malformed budget, unknown state kind", "[offload][recipe]") {
   const fs::path dir = temp_dir("bad");
-  write(dir / "noplan.toml", "[recipe]\nversion = 1\nname = \"x\"\nmodel = \"m.onnx\"\ncluster = \"local-cpu\"\n");
+  write(dir / "noplan.toml",
+        "[recipe]\nversion = 1\nname = \"x\"\nmodel = \"m.onnx\"\ncluster = \"local-cpu\"\n");
   auto r = run(base_options(dir / "noplan.toml"));
   REQUIRE(!r.ok());
   CHECK(r.error().code == hp::Errc::bad_input);
@@ -167,12 +174,14 @@ TEST_CASE("bad inputs: no plan, malformed budget, unknown state kind", "[offload
   fs::remove_all(dir);
 }
 
-TEST_CASE("inference: the KV cache follows the GQA formula and capacity grows with KV offload", "[offload][recipe]") {
+TEST_CASE("inference: the KV cache follows the GQA formula and capacity grows with KV offload",
+          "[offload][recipe]") {
   const fs::path dir = temp_dir("infer");
   write(dir / "r.toml", R"([recipe]
 version = 1
 name = "llama"
-model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/tiny-llama.onnx").string() + R"("
+model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/tiny-llama.onnx").string() +
+                            R"("
 cluster = "local-cpu"
 nodes = 1
 
@@ -202,7 +211,8 @@ micro_batches = 1
   CHECK(r->capacity->offloaded.max_context > r->capacity->device.max_context);
   CHECK(r->capacity->offloaded.max_batch > r->capacity->device.max_batch);
   CHECK(r->capacity->device.latency > 0);
-  // A latency budget between the two latencies limits the offloaded context, not below the device one.
+  // A latency budget between the two latencies limits the offloaded context, not below the device
+  // one.
   o.latency_budget = "1s";
   auto l = run(o);
   REQUIRE(l.ok());
@@ -218,7 +228,8 @@ micro_batches = 1
   fs::remove_all(dir);
 }
 
-TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy loop", "[offload][measure]") {
+TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy loop",
+          "[offload][measure]") {
   // Median of 9 at each size; the machine is shared, so allow two retries before judging.
   bool within = false;
   BandwidthReport last;
@@ -228,8 +239,8 @@ TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy
     last = *m;
     within = std::abs(m->h2d_vs_memcpy - 1) <= 0.10 && std::abs(m->d2h_vs_memcpy - 1) <= 0.10;
   }
-  INFO("h2d " << last.h2d << " d2h " << last.d2h << " memcpy " << last.memcpy << " ratios " << last.h2d_vs_memcpy
-              << " " << last.d2h_vs_memcpy);
+  INFO("h2d " << last.h2d << " d2h " << last.d2h << " memcpy " << last.memcpy << " ratios "
+              << last.h2d_vs_memcpy << " " << last.d2h_vs_memcpy);
 #if defined(__SANITIZE_ADDRESS__)
   // Sanitizer builds instrument the plugin's copies differently from the test's memcpy: the
   // comparison is only meaningful in a normal build (which the test suite also runs).

@@ -113,7 +113,8 @@ void all_assignments(const ModelProfile& m, const Config& c, const Workload& w, 
         for (std::int64_t k = 0; k < c.pp; ++k) {
           const auto& blocks = per_rank[static_cast<std::size_t>(k)];
           std::vector<recipe::Recompute> rc;
-          for (std::size_t i = 0; i < blocks.size(); ++i) rc.push_back(levels[static_cast<std::size_t>(at++)]);
+          for (std::size_t i = 0; i < blocks.size(); ++i)
+            rc.push_back(levels[static_cast<std::size_t>(at++)]);
           stages.push_back(stage_plan(m, c, w, mc, links, k, blocks, rc));
           if (!stages.back().feasible) return;
         }
@@ -121,7 +122,8 @@ void all_assignments(const ModelProfile& m, const Config& c, const Workload& w, 
         out.best = std::min(out.best, predict(m, c, w, mc, links, stages).iteration);
         return;
       }
-      for (auto r : {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full}) {
+      for (auto r :
+           {recipe::Recompute::none, recipe::Recompute::selective, recipe::Recompute::full}) {
         levels[static_cast<std::size_t>(b)] = r;
         rec(b + 1);
       }
@@ -132,13 +134,16 @@ void all_assignments(const ModelProfile& m, const Config& c, const Workload& w, 
   });
 }
 
-Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const Workload& w, const Machine& mc) {
+Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const Workload& w,
+                  const Machine& mc) {
   Brute out;
-  const std::int64_t N = topo.ranks(), L = static_cast<std::int64_t>(m.blocks.size()), B = w.global_batch;
+  const std::int64_t N = topo.ranks(), L = static_cast<std::int64_t>(m.blocks.size()),
+                     B = w.global_batch;
   std::int64_t experts = 0;
   for (const auto& b : m.blocks) experts = std::max(experts, b.experts);
-  const Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp}, {Axis::dp, Axis::tp, Axis::pp},
-                             {Axis::pp, Axis::tp, Axis::dp}, {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
+  const Axis orders[6][3] = {{Axis::tp, Axis::dp, Axis::pp}, {Axis::tp, Axis::pp, Axis::dp},
+                             {Axis::dp, Axis::tp, Axis::pp}, {Axis::pp, Axis::tp, Axis::dp},
+                             {Axis::dp, Axis::pp, Axis::tp}, {Axis::pp, Axis::dp, Axis::tp}};
   for (std::int64_t tp : divisors(N))
     for (std::int64_t pp : divisors(N / tp)) {
       const std::int64_t dp = N / tp / pp;
@@ -150,36 +155,39 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
             for (int sp = 0; sp <= (tp > 1); ++sp)
               for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero)
                 for (std::int64_t group : divisors(dp))  // HSDP shard group (dp = plain ZeRO)
-                for (std::int64_t v = 1; pp * v <= L; ++v)
-                  for (int sched = 0; sched < 3; ++sched) {
-                    Config c;
-                    c.tp = tp, c.pp = pp, c.dp = dp, c.ep = ep;
-                    std::copy(order, order + 3, c.order);
-                    c.micro_batch_size = mbs, c.micro_batches = B / dp / mbs;
-                    c.sequence_parallel = sp == 1;
-                    c.optimizer_shard = zero;
-                    c.shard_group = group == dp ? 0 : group;
-                    c.virtual_stages = v;
-                    c.schedule = sched == 0 ? recipe::Schedule::one_f_one_b
-                                 : sched == 1 ? recipe::Schedule::gpipe
-                                              : recipe::Schedule::interleaved;
-                    if ((v > 1) != (sched == 2)) continue;
-                    if (pp == 1 && sched != 0) continue;       // one stage: no pipeline schedule
-                    if (!w.train && sched != 0) continue;      // inference: forward only
-                    if (v > 1 && c.micro_batches % pp != 0) continue;  // Megatron's interleaving rule
-                    if (group < dp && (zero == 0 || group == 1)) continue;
-                    auto links = axis_links(topo, c);
-                    REQUIRE(links);
-                    // HSDP groups live on a faster tier than the whole DP group (else it is plain ZeRO).
-                    if (group < dp && links->shard.level >= links->dp.level) continue;
-                    all_assignments(m, c, w, mc, *links, out);
-                  }
+                  for (std::int64_t v = 1; pp * v <= L; ++v)
+                    for (int sched = 0; sched < 3; ++sched) {
+                      Config c;
+                      c.tp = tp, c.pp = pp, c.dp = dp, c.ep = ep;
+                      std::copy(order, order + 3, c.order);
+                      c.micro_batch_size = mbs, c.micro_batches = B / dp / mbs;
+                      c.sequence_parallel = sp == 1;
+                      c.optimizer_shard = zero;
+                      c.shard_group = group == dp ? 0 : group;
+                      c.virtual_stages = v;
+                      c.schedule = sched == 0   ? recipe::Schedule::one_f_one_b
+                                   : sched == 1 ? recipe::Schedule::gpipe
+                                                : recipe::Schedule::interleaved;
+                      if ((v > 1) != (sched == 2)) continue;
+                      if (pp == 1 && sched != 0) continue;   // one stage: no pipeline schedule
+                      if (!w.train && sched != 0) continue;  // inference: forward only
+                      if (v > 1 && c.micro_batches % pp != 0)
+                        continue;  // Megatron's interleaving rule
+                      if (group < dp && (zero == 0 || group == 1)) continue;
+                      auto links = axis_links(topo, c);
+                      REQUIRE(links);
+                      // HSDP groups live on a faster tier than the whole DP group (else it is plain
+                      // ZeRO).
+                      if (group < dp && links->shard.level >= links->dp.level) continue;
+                      all_assignments(m, c, w, mc, *links, out);
+                    }
       }
     }
   return out;
 }
 
-void check_same_optimum(const ModelProfile& m, const topology::Topology& topo, const Workload& w, double memory) {
+void check_same_optimum(const ModelProfile& m, const topology::Topology& topo, const Workload& w,
+                        double memory) {
   const Machine mc = a100(memory);
   const SearchResult r = search({m, topo, w, mc, {1, {}}});
   const Brute b = brute_force(m, topo, w, mc);
@@ -190,21 +198,26 @@ void check_same_optimum(const ModelProfile& m, const topology::Topology& topo, c
   }
   REQUIRE(!r.plans.empty());
   CHECK(r.plans.front().predicted.iteration == Approx(b.best).epsilon(1e-9));
-  CHECK(r.plans.front().predicted.iteration >= b.best * (1 - 1e-12));  // never better than the true optimum
+  CHECK(r.plans.front().predicted.iteration >=
+        b.best * (1 - 1e-12));  // never better than the true optimum
 }
 
 }  // namespace
 
-TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (dense, 4 ranks on 2 nodes)", "[planner]") {
+TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (dense, 4 ranks on 2 nodes)",
+          "[planner]") {
   const auto topo = small_cluster(2, 2);
   const ModelProfile m = gpt(4, 512, 1024, 8000, 0);
   Workload w;
   w.global_batch = 8;
-  // From roomy (no recompute, any layout) to tight (recompute and ZeRO decide what fits) to nothing fits.
-  for (double gib : {16.0, 0.9, 0.6, 0.45, 0.3, 0.05}) check_same_optimum(m, topo, w, gib * (1 << 30));
+  // From roomy (no recompute, any layout) to tight (recompute and ZeRO decide what fits) to nothing
+  // fits.
+  for (double gib : {16.0, 0.9, 0.6, 0.45, 0.3, 0.05})
+    check_same_optimum(m, topo, w, gib * (1 << 30));
 }
 
-TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (6 blocks, interleaving)", "[planner]") {
+TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (6 blocks, interleaving)",
+          "[planner]") {
   const auto topo = small_cluster(1, 2);
   const ModelProfile m = gpt(6, 512, 1024, 8000, 0);
   Workload w;
@@ -212,7 +225,8 @@ TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (6 blocks, in
   for (double gib : {16.0, 0.8, 0.5}) check_same_optimum(m, topo, w, gib * (1 << 30));
 }
 
-TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (MoE with expert parallelism)", "[planner]") {
+TEST_CASE("planner: level 1 + level 2 find the brute-force optimum (MoE with expert parallelism)",
+          "[planner]") {
   const auto topo = small_cluster(2, 2);
   const ModelProfile m = gpt(3, 256, 512, 4000, 4);
   Workload w;

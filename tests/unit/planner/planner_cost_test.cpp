@@ -110,6 +110,8 @@ TEST_CASE("planner: the 175B skeleton's parameters and FLOPs match 12 l h^2", "[
   CHECK(p->blocks[10].fwd_flops == Approx(24 * seq * h * h + 4 * seq * seq * h).epsilon(0.02));
   CHECK(p->blocks[10].quadratic_flops > 4 * seq * seq * h * 0.9);
   CHECK(p->blocks[10].tp_collectives == 2);
-  WARN("175B block: act " << p->blocks[10].act_bytes << " quad " << p->blocks[10].quadratic_act_bytes << " kernels " << p->blocks[10].kernels);
+  WARN("175B block: act " << p->blocks[10].act_bytes << " quad "
+                          << p->blocks[10].quadratic_act_bytes << " kernels "
+                          << p->blocks[10].kernels);
   CHECK(p->hidden_bytes == Approx(2 * seq * h));
 }

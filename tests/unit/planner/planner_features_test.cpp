@@ -21,7 +21,9 @@ recipe::Cluster cluster(const std::string& name, std::int64_t nodes) {
   return *scaled;
 }
 
-std::string data_model(const std::string& name) { return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name; }
+std::string data_model(const std::string& name) {
+  return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name;
+}
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
@@ -31,8 +33,10 @@ std::size_t count(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("planner: the DeepSeek-style skeleton profiles as 58 MoE blocks of 96 experts, top-6", "[planner]") {
-  auto sum = model::summarize_model({data_model("planner-deepseek-moe-141b.onnx"), model::DimBindings{{"batch", 1}, {"seq", 4096}}, false});
+TEST_CASE("planner: the DeepSeek-style skeleton profiles as 58 MoE blocks of 96 experts, top-6",
+          "[planner]") {
+  auto sum = model::summarize_model({data_model("planner-deepseek-moe-141b.onnx"),
+                                     model::DimBindings{{"batch", 1}, {"seq", 4096}}, false});
   if (!sum) FAIL(sum.error().str());
   auto m = profile_model(*sum, 4096, 2);
   REQUIRE(m);
@@ -49,7 +53,8 @@ TEST_CASE("planner: the DeepSeek-style skeleton profiles as 58 MoE blocks of 96 
   CHECK(b.fwd_flops < 2.0 * 3 * 96 * 5120 * 1536 * 4096 / 4);
 }
 
-TEST_CASE("planner: expert parallelism splits expert states and adds all-to-all time", "[planner]") {
+TEST_CASE("planner: expert parallelism splits expert states and adds all-to-all time",
+          "[planner]") {
   ModelProfile m;
   m.seq = 1024;
   m.hidden_bytes = 2.0 * 1024 * 1024;
@@ -70,7 +75,8 @@ TEST_CASE("planner: expert parallelism splits expert states and adds all-to-all 
   Config c1, c8;
   c1.dp = c8.dp = 8;
   c8.ep = 8;
-  const BlockCost one = block_cost(b, m, c1, w, mc, links), eight = block_cost(b, m, c8, w, mc, links);
+  const BlockCost one = block_cost(b, m, c1, w, mc, links),
+                  eight = block_cost(b, m, c8, w, mc, links);
   CHECK(one.ep_comm == 0);
   CHECK(eight.ep_comm > 0);
   CHECK(eight.expert_params == Approx(0.1e9));
@@ -92,8 +98,8 @@ TEST_CASE("planner: --compare on the DeepSeek-style MoE on 128 Ascend 910B", "[p
   for (const auto& b : rep->baselines) {
     INFO(b.name);
     REQUIRE(b.plan);
-    WARN("MoE " << b.name << ": " << b.plan->predicted.iteration << " s vs best " << best.predicted.iteration
-                << " s, speedup " << 100 * b.speedup << "%");
+    WARN("MoE " << b.name << ": " << b.plan->predicted.iteration << " s vs best "
+                << best.predicted.iteration << " s, speedup " << 100 * b.speedup << "%");
     CHECK(b.speedup >= 0);
     CHECK(b.plan->config.dp * b.plan->config.tp * b.plan->config.pp == 128);
   }
@@ -117,7 +123,8 @@ TEST_CASE("planner: --compare on a dense 141B GPT on 128 Ascend 910B", "[planner
     INFO(b.name);
     REQUIRE(b.plan);
     WARN("dense " << b.name << ": " << b.plan->predicted.iteration << " s vs best "
-                  << rep->plans.front().predicted.iteration << " s, speedup " << 100 * b.speedup << "%");
+                  << rep->plans.front().predicted.iteration << " s, speedup " << 100 * b.speedup
+                  << "%");
     CHECK(b.speedup >= 0);
   }
   const std::string json = format_plan_json(*rep);
@@ -143,7 +150,9 @@ TEST_CASE("planner: --sweep prints one CSV row per value, infeasible rows includ
   CHECK(bad.error().code == Errc::usage);
 }
 
-TEST_CASE("planner: the schedule picture has one forward and one backward box per micro-batch and stage", "[planner]") {
+TEST_CASE(
+    "planner: the schedule picture has one forward and one backward box per micro-batch and stage",
+    "[planner]") {
   PlanOptions opts;
   opts.model = data_model("tiny-gpt2.onnx");
   opts.seq = 64;
@@ -194,17 +203,20 @@ TEST_CASE("planner: the top-k plans are pairwise different configurations", "[pl
   std::set<std::string> seen;
   for (const auto& p : rep->plans) {
     const Config& c = p.config;
-    std::string key = std::to_string(c.dp) + "/" + std::to_string(c.tp) + "/" + std::to_string(c.pp) + "/" +
-                      std::to_string(c.ep) + "/" + std::to_string(c.optimizer_shard) + "/" +
-                      std::to_string(c.micro_batch_size) + "/" + recipe::schedule_name(c.schedule) + "/" +
-                      std::to_string(c.virtual_stages) + "/" + (c.sequence_parallel ? "sp" : "") + "/" +
-                      p.links.tp.tier + p.links.dp.tier + p.links.pp.tier;
+    std::string key = std::to_string(c.dp) + "/" + std::to_string(c.tp) + "/" +
+                      std::to_string(c.pp) + "/" + std::to_string(c.ep) + "/" +
+                      std::to_string(c.optimizer_shard) + "/" + std::to_string(c.micro_batch_size) +
+                      "/" + recipe::schedule_name(c.schedule) + "/" +
+                      std::to_string(c.virtual_stages) + "/" + (c.sequence_parallel ? "sp" : "") +
+                      "/" + p.links.tp.tier + p.links.dp.tier + p.links.pp.tier;
     CHECK(seen.insert(key).second);
   }
 }
 
-TEST_CASE("planner: run_command resolves the bundled model and the cluster, and returns what to print and write",
-          "[planner][command]") {
+TEST_CASE(
+    "planner: run_command resolves the bundled model and the cluster, and returns what to print "
+    "and write",
+    "[planner][command]") {
   PlanOptions opts;
   opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
   opts.model_dirs = {"/nonexistent/models", std::string(HP_SOURCE_DIR) + "/recipes/models"};
@@ -221,7 +233,8 @@ TEST_CASE("planner: run_command resolves the bundled model and the cluster, and 
   CHECK(summary->text.find("\"ranks\": 16") != std::string::npos);
   CHECK(summary->files.empty());
 
-  // Planning without a cluster plans on local-cpu; -o and --schedule-svg come back as files, in order.
+  // Planning without a cluster plans on local-cpu; -o and --schedule-svg come back as files, in
+  // order.
   opts = PlanOptions{};
   opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
   opts.model = data_model("tiny-gpt2.onnx");

@@ -30,7 +30,9 @@ recipe::Cluster cluster(const std::string& name, std::int64_t nodes) {
   return *scaled;
 }
 
-std::string data_model(const std::string& name) { return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name; }
+std::string data_model(const std::string& name) {
+  return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name;
+}
 
 // One `hp plan` problem: the model, the cluster and the options the search and predict() share.
 struct Problem {
@@ -56,7 +58,9 @@ PlanOptions plan_options(const Problem& p) {
   return o;
 }
 
-PredictOptions predict_options(const Problem& p) { return {p.mode == "train", p.dtype, p.optimizer}; }
+PredictOptions predict_options(const Problem& p) {
+  return {p.mode == "train", p.dtype, p.optimizer};
+}
 
 ModelProfile profile_of(const Problem& p) {
   auto loaded = load_profile({p.model, {}, p.seq, p.dtype, false});
@@ -66,25 +70,88 @@ ModelProfile profile_of(const Problem& p) {
 
 const std::vector<Problem>& problems() {
   static const std::vector<Problem> list = {
-      {"bundled tiny-gpt2, 4 CPU ranks", std::string(HP_SOURCE_DIR) + "/recipes/models/tiny-gpt2.onnx", "local-cpu", 4, 8, 16, {}},
-      {"tiny-gpt2, pp 2 x 4 micro-batches", data_model("tiny-gpt2.onnx"), "dgx-h100", 1, 16, 32, {"pp=2", "micro_batches=4"}},
-      {"tiny-gpt2, gpipe", data_model("tiny-gpt2.onnx"), "dgx-h100", 1, 16, 32, {"pp=2", "schedule=gpipe"}},
-      {"tiny-gpt2, interleaved", data_model("tiny-gpt2.onnx"), "dgx-h100", 1, 16, 32,
+      {"bundled tiny-gpt2, 4 CPU ranks",
+       std::string(HP_SOURCE_DIR) + "/recipes/models/tiny-gpt2.onnx",
+       "local-cpu",
+       4,
+       8,
+       16,
+       {}},
+      {"tiny-gpt2, pp 2 x 4 micro-batches",
+       data_model("tiny-gpt2.onnx"),
+       "dgx-h100",
+       1,
+       16,
+       32,
+       {"pp=2", "micro_batches=4"}},
+      {"tiny-gpt2, gpipe",
+       data_model("tiny-gpt2.onnx"),
+       "dgx-h100",
+       1,
+       16,
+       32,
+       {"pp=2", "schedule=gpipe"}},
+      {"tiny-gpt2, interleaved",
+       data_model("tiny-gpt2.onnx"),
+       "dgx-h100",
+       1,
+       16,
+       32,
        {"pp=2", "schedule=interleaved", "virtual_stages=2", "micro_batches=4"}},
-      {"tiny-gpt2, full recompute", data_model("tiny-gpt2.onnx"), "dgx-h100", 1, 16, 32, {"pp=2", "recompute=full"}},
+      {"tiny-gpt2, full recompute",
+       data_model("tiny-gpt2.onnx"),
+       "dgx-h100",
+       1,
+       16,
+       32,
+       {"pp=2", "recompute=full"}},
       {"tiny-llama, 2 DGX A100", data_model("tiny-llama.onnx"), "dgx-a100", 2, 32, 64, {}},
-      {"tiny-llama, inference", data_model("tiny-llama.onnx"), "dgx-a100", 1, 16, 64, {"pp=2"}, "infer", "fp32", "none"},
-      {"masked-gpt2, ZeRO-3", data_model("masked-gpt2.onnx"), "dgx-h100", 2, 32, 32, {"optimizer_shard=3"}},
-      {"dense 141B on 128 Ascend 910B", data_model("planner-gpt-141b.onnx"), "ascend-910b-8x", 16, 512, 4096, {}},
-      {"MoE 141B with expert parallelism", data_model("planner-deepseek-moe-141b.onnx"), "ascend-910b-8x", 16, 512, 4096, {}},
-      {"175B skeleton on 16 DGX A100", data_model("gpt-175b-skeleton.onnx"), "dgx-a100", 16, 512, 2048, {}},
+      {"tiny-llama, inference",
+       data_model("tiny-llama.onnx"),
+       "dgx-a100",
+       1,
+       16,
+       64,
+       {"pp=2"},
+       "infer",
+       "fp32",
+       "none"},
+      {"masked-gpt2, ZeRO-3",
+       data_model("masked-gpt2.onnx"),
+       "dgx-h100",
+       2,
+       32,
+       32,
+       {"optimizer_shard=3"}},
+      {"dense 141B on 128 Ascend 910B",
+       data_model("planner-gpt-141b.onnx"),
+       "ascend-910b-8x",
+       16,
+       512,
+       4096,
+       {}},
+      {"MoE 141B with expert parallelism",
+       data_model("planner-deepseek-moe-141b.onnx"),
+       "ascend-910b-8x",
+       16,
+       512,
+       4096,
+       {}},
+      {"175B skeleton on 16 DGX A100",
+       data_model("gpt-175b-skeleton.onnx"),
+       "dgx-a100",
+       16,
+       512,
+       2048,
+       {}},
   };
   return list;
 }
 
 }  // namespace
 
-TEST_CASE("planner: predict() reprices every plan the search ranks, to the bit", "[planner][predict]") {
+TEST_CASE("planner: predict() reprices every plan the search ranks, to the bit",
+          "[planner][predict]") {
   for (const Problem& p : problems()) {
     INFO(p.name);
     const recipe::Cluster c = cluster(p.cluster, p.nodes);
@@ -116,7 +183,8 @@ TEST_CASE("planner: predict() reprices every plan the search ranks, to the bit",
   }
 }
 
-TEST_CASE("planner: the recipe hp plan writes is priced as the plan it came from", "[planner][predict]") {
+TEST_CASE("planner: the recipe hp plan writes is priced as the plan it came from",
+          "[planner][predict]") {
   const auto dir = fs::temp_directory_path() / ("hp-predict-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   int compared = 0;
@@ -150,7 +218,8 @@ TEST_CASE("planner: the recipe hp plan writes is priced as the plan it came from
   fs::remove_all(dir);
 }
 
-TEST_CASE("planner: every shipped recipe gets the inference prediction hp launch reports", "[planner][predict]") {
+TEST_CASE("planner: every shipped recipe gets the inference prediction hp launch reports",
+          "[planner][predict]") {
   const auto dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
   const fs::path recipes = fs::path(HP_SOURCE_DIR) / "recipes";
   int priced = 0;
@@ -159,14 +228,18 @@ TEST_CASE("planner: every shipped recipe gets the inference prediction hp launch
     INFO(entry.path().string());
     auto r = recipe::load_recipe(entry.path());
     if (!r) FAIL(r.error().str());
-    if (!r->groups.empty()) continue;  // MPMD groups run their own modules: no one configuration to price
+    if (!r->groups.empty())
+      continue;  // MPMD groups run their own modules: no one configuration to price
     auto c = recipe::cluster_for(*r, recipes, dirs);
     if (!c) FAIL(c.error().str());
-    // What hp launch asks: forward passes at the executor's fp32, with the recipe's schedule as written
-    // (the skeleton recipes are interleaved, which a search in inference mode never visits).
+    // What hp launch asks: forward passes at the executor's fp32, with the recipe's schedule as
+    // written (the skeleton recipes are interleaved, which a search in inference mode never
+    // visits).
     auto infer = predict_recipe(*r, recipes, *c, {false, "fp32", "none"});
-    if (!infer && infer.error().message().find("has no peak FLOP/s for fp32") != std::string::npos) {
-      // A device whose cluster file states no fp32 peak (the Ascend 910C die) is priced in its own dtype.
+    if (!infer &&
+        infer.error().message().find("has no peak FLOP/s for fp32") != std::string::npos) {
+      // A device whose cluster file states no fp32 peak (the Ascend 910C die) is priced in its own
+      // dtype.
       CHECK(infer.error().where() == c->name);
       infer = predict_recipe(*r, recipes, *c, {false, "bf16", "none"});
     }
@@ -190,7 +263,8 @@ TEST_CASE("planner: every shipped recipe gets the inference prediction hp launch
   CHECK(priced >= 8);
 }
 
-TEST_CASE("planner: a hand-written recipe's uneven stages and batch are priced as written", "[planner][predict]") {
+TEST_CASE("planner: a hand-written recipe's uneven stages and batch are priced as written",
+          "[planner][predict]") {
   const fs::path shard = fs::path(HP_SOURCE_DIR) / "tests/data/recipes/shard";
   const auto dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
   auto r = recipe::load_recipe(shard / "gpt2-tp2-pp2-stages.toml");
@@ -208,8 +282,9 @@ TEST_CASE("planner: a hand-written recipe's uneven stages and batch are priced a
   CHECK(plan->stages[1].blocks == std::vector<std::int64_t>{3});
 
   // Every sharded test recipe whose model the planner can profile gets a prediction.
-  for (const char* name : {"gpt2-dp2-pp2-mb2.toml", "gpt2-dp2-tp2-pp2.toml", "gpt2-tp2-sp.toml", "gpt2-tp2.toml",
-                           "llama-dp2-tp2-pp2.toml", "llama-tp4.toml", "gpt175b-skeleton-tp8-pp4.toml"}) {
+  for (const char* name :
+       {"gpt2-dp2-pp2-mb2.toml", "gpt2-dp2-tp2-pp2.toml", "gpt2-tp2-sp.toml", "gpt2-tp2.toml",
+        "llama-dp2-tp2-pp2.toml", "llama-tp4.toml", "gpt175b-skeleton-tp8-pp4.toml"}) {
     INFO(name);
     auto rr = recipe::load_recipe(shard / name);
     if (!rr) FAIL(rr.error().str());
@@ -221,8 +296,10 @@ TEST_CASE("planner: a hand-written recipe's uneven stages and batch are priced a
   }
 }
 
-TEST_CASE("planner: a configuration that does not fit is still priced, and says so", "[planner][predict]") {
-  const Problem p{"175B on one node", data_model("gpt-175b-skeleton.onnx"), "dgx-a100", 1, 8, 2048, {}};
+TEST_CASE("planner: a configuration that does not fit is still priced, and says so",
+          "[planner][predict]") {
+  const Problem p{
+      "175B on one node", data_model("gpt-175b-skeleton.onnx"), "dgx-a100", 1, 8, 2048, {}};
   const ModelProfile m = profile_of(p);
   Candidate k;
   k.config.tp = 8;
@@ -235,12 +312,14 @@ TEST_CASE("planner: a configuration that does not fit is still priced, and says 
   CHECK(plan->predicted.iteration > 0);
 }
 
-TEST_CASE("planner: a configuration predict() cannot price is a located, clear error", "[planner][predict]") {
+TEST_CASE("planner: a configuration predict() cannot price is a located, clear error",
+          "[planner][predict]") {
   const Problem p{"tiny", data_model("tiny-gpt2.onnx"), "local-cpu", 4, 4, 16, {}};
   const ModelProfile m = profile_of(p);
   REQUIRE(m.blocks.size() == 4);
   const PredictOptions o = predict_options(p);
-  auto fails = [&](const Candidate& k, std::int64_t nodes, const std::string& where, const std::string& says) {
+  auto fails = [&](const Candidate& k, std::int64_t nodes, const std::string& where,
+                   const std::string& says) {
     auto got = predict(k, cluster("local-cpu", nodes), m, o);
     REQUIRE(!got);
     CHECK(got.error().code == Errc::bad_input);
@@ -263,7 +342,8 @@ TEST_CASE("planner: a configuration predict() cannot price is a located, clear e
   k.config.pp = 4;
   k.config.micro_batches = 4;
   k.config.schedule = recipe::Schedule::interleaved;
-  fails(k, 4, "parallel.virtual_stages", "pp x virtual_stages = 4 x 2 exceeds the model's 4 blocks");
+  fails(k, 4, "parallel.virtual_stages",
+        "pp x virtual_stages = 4 x 2 exceeds the model's 4 blocks");
   k = {};
   k.config.dp = 2;
   k.config.ep = 2;
@@ -284,7 +364,8 @@ TEST_CASE("planner: a configuration predict() cannot price is a located, clear e
   REQUIRE(!fp32);
   CHECK(fp32.error().where() == "dtype");
 
-  // Recipes: the stage count, the batch and the sequence length are checked before the model is read.
+  // Recipes: the stage count, the batch and the sequence length are checked before the model is
+  // read.
   recipe::Recipe r;
   r.model = "tiny-gpt2.onnx";
   r.parallel.pp = 2;
@@ -299,15 +380,18 @@ TEST_CASE("planner: a configuration predict() cannot price is a located, clear e
   auto batch = candidate_of(r);
   REQUIRE(!batch);
   CHECK(batch.error().where() == "model.dims");
-  CHECK_THAT(batch.error().message(), Catch::Contains("the batch dim 3 is not a multiple of dp x micro_batches"));
+  CHECK_THAT(batch.error().message(),
+             Catch::Contains("the batch dim 3 is not a multiple of dp x micro_batches"));
   r.dims = {{"batch", 4}};
-  auto seq = predict_recipe(r, fs::path(HP_SOURCE_DIR) / "tests/data/models", cluster("local-cpu", 4), o);
+  auto seq =
+      predict_recipe(r, fs::path(HP_SOURCE_DIR) / "tests/data/models", cluster("local-cpu", 4), o);
   REQUIRE(!seq);
   CHECK(seq.error().where() == "model.dims");
   CHECK_THAT(seq.error().message(), Catch::Contains("binds no sequence length"));
 }
 
-TEST_CASE("planner: load_profile reads the model once, and a bad model before a missing sequence", "[planner][predict]") {
+TEST_CASE("planner: load_profile reads the model once, and a bad model before a missing sequence",
+          "[planner][predict]") {
   auto missing = load_profile({"/nonexistent/model.onnx", {}, 0, "bf16", false});
   REQUIRE(!missing);
   CHECK(missing.error().code == Errc::bad_input);

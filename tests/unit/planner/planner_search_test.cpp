@@ -1,5 +1,5 @@
-// Planner search: level 2 against brute force on a small instance, uneven stages around a heavy head,
-// and level 1 on two DGX A100 nodes keeping TP inside the node.
+// Planner search: level 2 against brute force on a small instance, uneven stages around a heavy
+// head, and level 1 on two DGX A100 nodes keeping TP inside the node.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -9,8 +9,8 @@
 
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
-#include "planner_test_util.h"
 #include "hp/recipe/verify.h"
+#include "planner_test_util.h"
 
 #include <unistd.h>
 
@@ -100,14 +100,20 @@ TEST_CASE("planner: level 2 equals brute force over partitions and recompute set
               if (k == 0) edge(m.prologue);
               if (k == 2) edge(m.epilogue);
               for (std::size_t j = 0; j < n; ++j) {
-                BlockCost bc = block_cost(m.blocks[static_cast<std::size_t>(split[static_cast<std::size_t>(k)][j])], m, c, w, mc, table_links);
+                BlockCost bc = block_cost(
+                    m.blocks[static_cast<std::size_t>(split[static_cast<std::size_t>(k)][j])], m, c,
+                    w, mc, table_links);
                 states += bc.state_bytes;
                 acts += bc.act[lv[j]] * flight;
-                time += bc.fwd + bc.bwd + bc.tp_comm + (lv[j] == 1 ? bc.rc_selective : lv[j] == 2 ? bc.rc_full : 0);
+                time += bc.fwd + bc.bwd + bc.tp_comm +
+                        (lv[j] == 1   ? bc.rc_selective
+                         : lv[j] == 2 ? bc.rc_full
+                                      : 0);
                 if (lv[j] == 2) transient = std::max(transient, bc.act[0]);
               }
               const double buffers = 2 * c.micro_batch_size * m.hidden_bytes;
-              const double mem_need = states + acts + transient + buffers + mc.cal.transient_margin * mc.memory;
+              const double mem_need =
+                  states + acts + transient + buffers + mc.cal.transient_margin * mc.memory;
               if (mem_need <= mc.memory) stage_best = std::min(stage_best, time);
               return;
             }
@@ -161,7 +167,7 @@ TEST_CASE("planner: on two DGX A100 nodes a 13B-class model keeps TP inside a no
   CHECK(best.config.tp <= 8);
   auto links = axis_links(topo, best.config);
   REQUIRE(links);
-  CHECK(links->tp.level <= 0);  // the node tier (or a single rank)
+  CHECK(links->tp.level <= 0);                // the node tier (or a single rank)
   CHECK(r.stats.evaluated > r.stats.level2);  // the bound pruned something
   for (std::size_t i = 1; i < r.plans.size(); ++i)
     CHECK(r.plans[i - 1].predicted.iteration <= r.plans[i].predicted.iteration);
@@ -195,7 +201,8 @@ TEST_CASE("planner: run() on tiny-gpt2 writes a recipe that hp verify accepts", 
   CHECK(rep->plans.front().predicted.mfu > 0);
   CHECK(rep->plans.front().predicted.hfu >= rep->plans.front().predicted.mfu);
 
-  const auto dir = std::filesystem::temp_directory_path() / ("hp-planner-test-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("hp-planner-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = dir / "plan.toml";
   const recipe::Recipe written = plan_to_recipe(*rep, path);
@@ -211,7 +218,8 @@ TEST_CASE("planner: run() on tiny-gpt2 writes a recipe that hp verify accepts", 
   vo.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
   auto checked = recipe::check_recipe(vo);
   if (!checked) FAIL(checked.error().str());
-  CHECK(checked->recipe.parallel.dp * checked->recipe.parallel.tp * checked->recipe.parallel.pp == 16);
+  CHECK(checked->recipe.parallel.dp * checked->recipe.parallel.tp * checked->recipe.parallel.pp ==
+        16);
   std::filesystem::remove_all(dir);
 }
 
@@ -235,14 +243,15 @@ TEST_CASE("planner: a 1T-class GPT on 3072 A100s plans quickly", "[planner]") {
   w.global_batch = 3072;
   SearchResult r = search({m, topo, w, a100(80.0 * (1 << 30)), {3, {}}});
   REQUIRE(!r.plans.empty());
-  WARN("1T on 3072 ranks: " << r.stats.evaluated << " configurations in " << r.stats.seconds << " s ("
-                            << static_cast<double>(r.stats.evaluated) / r.stats.seconds << "/s), level 2 on "
-                            << r.stats.level2);
+  WARN("1T on 3072 ranks: " << r.stats.evaluated << " configurations in " << r.stats.seconds
+                            << " s (" << static_cast<double>(r.stats.evaluated) / r.stats.seconds
+                            << "/s), level 2 on " << r.stats.level2);
   CHECK(r.stats.seconds < 10.0);  // < 1 s in release builds; loose for sanitizer builds
   CHECK(r.plans.front().config.tp <= 8);
 }
 
-TEST_CASE("planner: Korthikanti 2022 configurations predict their published iteration times", "[planner]") {
+TEST_CASE("planner: Korthikanti 2022 configurations predict their published iteration times",
+          "[planner]") {
   struct Case {
     const char* name;
     int layers;
@@ -272,7 +281,8 @@ TEST_CASE("planner: Korthikanti 2022 configurations predict their published iter
     auto stages = assign_stages(m, c, w, a100(80.0 * (1 << 30)), *links);
     REQUIRE(!stages.empty());
     Prediction p = predict(m, c, w, a100(80.0 * (1 << 30)), *links, stages);
-    WARN(k.name << ": predicted " << p.iteration << " s, published " << k.published << " s, MFU " << p.mfu);
+    WARN(k.name << ": predicted " << p.iteration << " s, published " << k.published << " s, MFU "
+                << p.mfu);
     CHECK(p.iteration > k.published * 0.85);
     CHECK(p.iteration < k.published * 1.15);
     // The planner's own best for the same model, cluster and batch is at least as fast.

@@ -29,7 +29,8 @@ TEST_CASE("abi: hp_dtype is core's DType numbering, names come from the core tab
     CHECK(hp::plugin::to_hp_dtype(t) == -1);
 }
 
-TEST_CASE("abi: HP_BACKEND_V1_0_SIZE ends at graph_free and 1.1 members lie beyond it", "[plugin]") {
+TEST_CASE("abi: HP_BACKEND_V1_0_SIZE ends at graph_free and 1.1 members lie beyond it",
+          "[plugin]") {
   hp_backend_v1 t{};
   t.struct_size = HP_BACKEND_V1_0_SIZE;
   CHECK(HP_HAS_MEMBER(&t, hp_backend_v1, graph_free));
@@ -39,7 +40,8 @@ TEST_CASE("abi: HP_BACKEND_V1_0_SIZE ends at graph_free and 1.1 members lie beyo
   CHECK(HP_HAS_MEMBER(&t, hp_backend_v1, mem_info));
 }
 
-TEST_CASE("abi: an older-minor plugin loads and the host uses only the members it has", "[plugin]") {
+TEST_CASE("abi: an older-minor plugin loads and the host uses only the members it has",
+          "[plugin]") {
   // The fake's slots past struct_size abort the process if called.
   auto rec = load_only(hp_test::fake_plugin("fakeold"));
   REQUIRE(rec.ok());
@@ -73,11 +75,13 @@ TEST_CASE("abi: a current plugin exposes the 1.1 members", "[plugin]") {
   CHECK(rec.backend->event_destroy(*ev).ok());
 }
 
-TEST_CASE("abi: a plugin fills only the part of hp_device_info the caller's struct_size covers", "[plugin]") {
+TEST_CASE("abi: a plugin fills only the part of hp_device_info the caller's struct_size covers",
+          "[plugin]") {
   auto rec = load_only(hp_test::cpu_plugin());
   REQUIRE(rec.ok());
   const hp_backend_v1* t = rec.backend->table();
-  // An "older host" that knows hp_device_info only up to mem_Bps: bytes past that must stay untouched.
+  // An "older host" that knows hp_device_info only up to mem_Bps: bytes past that must stay
+  // untouched.
   hp_device_info info;
   std::memset(&info, 0xAB, sizeof info);
   std::size_t known = offsetof(hp_device_info, mem_Bps);
@@ -119,7 +123,8 @@ TEST_CASE("abi: status objects carry a code and a message and become hp::Error",
   CHECK(errc_for(HP_NO_MEMORY) == hp::Errc::runtime);
 }
 
-TEST_CASE("abi: unsupported kernels report HP_UNSUPPORTED rather than failing silently", "[plugin]") {
+TEST_CASE("abi: unsupported kernels report HP_UNSUPPORTED rather than failing silently",
+          "[plugin]") {
   auto rec = load_only(hp_test::cpu_plugin());
   REQUIRE(rec.ok());
   auto& b = *rec.backend;

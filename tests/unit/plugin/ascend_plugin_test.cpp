@@ -1,7 +1,7 @@
 // The ascend plugin's own outcomes, against the fake CANN runtime: each way CANN can be missing or
 // unusable gives the documented code and a message naming what was tried, and the SoC table figures
-// arrive with provenance. The plugin caches a successfully loaded runtime for the process, so the cases
-// run in this order: failures to load first, then runtime knobs.
+// arrive with provenance. The plugin caches a successfully loaded runtime for the process, so the
+// cases run in this order: failures to load first, then runtime knobs.
 #include <catch2/catch.hpp>
 
 #include "hp/plugin/registry.h"
@@ -25,7 +25,8 @@ PluginRecord load_ascend() {
 
 }  // namespace
 
-TEST_CASE("ascend: without CANN the plugin is unavailable and lists what it tried", "[plugin][ascend]") {
+TEST_CASE("ascend: without CANN the plugin is unavailable and lists what it tried",
+          "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", std::string("/nonexistent/libascendcl.so"));
   hp_test::ScopedEnv home("ASCEND_TOOLKIT_HOME", std::nullopt);
   auto rec = load_ascend();
@@ -33,27 +34,35 @@ TEST_CASE("ascend: without CANN the plugin is unavailable and lists what it trie
   CHECK(rec.code == HP_UNAVAILABLE);
   CHECK(rec.probe_score == 0);
   CHECK_THAT(rec.reason, Catch::Contains("ascend: CANN runtime not found"));
-  CHECK_THAT(rec.reason, Catch::Contains("tried $HP_ASCEND_LIB=/nonexistent/libascendcl.so: /nonexistent/libascendcl.so: cannot open shared object file"));
-  CHECK_THAT(rec.reason, Catch::Contains("libascendcl.so: libascendcl.so: cannot open shared object file"));
+  CHECK_THAT(rec.reason,
+             Catch::Contains("tried $HP_ASCEND_LIB=/nonexistent/libascendcl.so: "
+                             "/nonexistent/libascendcl.so: cannot open shared object file"));
+  CHECK_THAT(rec.reason,
+             Catch::Contains("libascendcl.so: libascendcl.so: cannot open shared object file"));
   CHECK_THAT(rec.reason, Catch::Contains("source <toolkit>/set_env.sh"));
 }
 
 TEST_CASE("ascend: a CANN lacking a required operator is a version error", "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
-  hp_test::ScopedEnv opapi("HP_ASCEND_OPAPI_LIB", std::string(HP_FAKE_ACL_DIR) + "/lib-old/libopapi.so");
+  hp_test::ScopedEnv opapi("HP_ASCEND_OPAPI_LIB",
+                           std::string(HP_FAKE_ACL_DIR) + "/lib-old/libopapi.so");
   auto rec = load_ascend();
   CHECK(rec.verdict == Verdict::unavailable);
   CHECK(rec.code == HP_VERSION);
-  CHECK_THAT(rec.reason, Catch::Contains("ascend: libopapi.so lacks aclnnMatmulGetWorkspaceSize; CANN too old"));
+  CHECK_THAT(
+      rec.reason,
+      Catch::Contains("ascend: libopapi.so lacks aclnnMatmulGetWorkspaceSize; CANN too old"));
 }
 
-TEST_CASE("ascend: a failing device query is unavailable with the ACL error text", "[plugin][ascend]") {
+TEST_CASE("ascend: a failing device query is unavailable with the ACL error text",
+          "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
   hp_test::ScopedEnv fail("HP_FAKE_ACL_FAIL_COUNT", std::string("1"));
   auto rec = load_ascend();
   CHECK(rec.verdict == Verdict::unavailable);
   CHECK(rec.probe_score == 10);
-  CHECK_THAT(rec.reason, Catch::Contains("ascend: no usable device (aclrtGetDeviceCount failed (error 507033: fake acl: drvGetDevNum failed"));
+  CHECK_THAT(rec.reason, Catch::Contains("ascend: no usable device (aclrtGetDeviceCount failed "
+                                         "(error 507033: fake acl: drvGetDevNum failed"));
 }
 
 TEST_CASE("ascend: zero devices is rejected as 'no devices'", "[plugin][ascend]") {
@@ -63,7 +72,8 @@ TEST_CASE("ascend: zero devices is rejected as 'no devices'", "[plugin][ascend]"
   CHECK(rec.verdict == Verdict::no_devices);
 }
 
-TEST_CASE("ascend: devices report memory and SoC-table figures tagged 'table'", "[plugin][ascend]") {
+TEST_CASE("ascend: devices report memory and SoC-table figures tagged 'table'",
+          "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
   hp_test::ScopedEnv n("HP_FAKE_ACL_DEVICES", std::string("2"));
   SECTION("910B3") {
@@ -97,7 +107,8 @@ TEST_CASE("ascend: devices report memory and SoC-table figures tagged 'table'", 
   }
 }
 
-TEST_CASE("ascend: copies whose direction does not match the pointers are refused", "[plugin][ascend]") {
+TEST_CASE("ascend: copies whose direction does not match the pointers are refused",
+          "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
   auto rec = load_ascend();
   REQUIRE(rec.ok());
@@ -112,7 +123,9 @@ TEST_CASE("ascend: copies whose direction does not match the pointers are refuse
   CHECK(b.stream_destroy(*s).ok());
 }
 
-TEST_CASE("ascend: mem_stats counts device allocations, not pinned host memory, and runtime refusals", "[plugin][ascend]") {
+TEST_CASE(
+    "ascend: mem_stats counts device allocations, not pinned host memory, and runtime refusals",
+    "[plugin][ascend]") {
   hp_test::ScopedEnv lib("HP_ASCEND_LIB", kFakeLib);
   hp_test::ScopedEnv hbm("HP_FAKE_ACL_HBM_LIMIT", std::string("8192"));
   auto rec = load_ascend();
@@ -137,7 +150,7 @@ TEST_CASE("ascend: mem_stats counts device allocations, not pinned host memory, 
   m = b.mem_stats(0, true);
   REQUIRE(m.ok());
   CHECK(m->in_use == 1000);
-  CHECK(m->peak == 4000);   // the peak before the reset
+  CHECK(m->peak == 4000);  // the peak before the reset
   CHECK(m->refused == 1);
   CHECK(b.mem_stats(0)->peak == 1000);  // reset to what is in use
   REQUIRE(b.free_mem(0, *a).ok());

@@ -1,6 +1,6 @@
-// `hp devices` end to end against the fake plugins (whose build paths the shell-based CLI runner has
-// no substitution for): each rejection reason reaches the user on stdout, and the exit code is 0 while
-// the cpu plugin loads, 7 when nothing does.
+// `hp devices` end to end against the fake plugins (whose build paths the shell-based CLI runner
+// has no substitution for): each rejection reason reaches the user on stdout, and the exit code is
+// 0 while the cpu plugin loads, 7 when nothing does.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -21,7 +21,8 @@ struct Run {
 
 Run run_hp(const std::string& args, const std::string& env = "") {
   Run r;
-  std::string cmd = std::string("env -u HP_PLUGIN_PATH ") + env + " " + HP_EXE + " " + args + " 2>&1";
+  std::string cmd =
+      std::string("env -u HP_PLUGIN_PATH ") + env + " " + HP_EXE + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::array<char, 4096> buf;
@@ -34,13 +35,16 @@ Run run_hp(const std::string& args, const std::string& env = "") {
 
 }  // namespace
 
-TEST_CASE("hp devices: a wrong-ABI plugin named by --plugin-path is an error at the file (exit 3)", "[plugin][cli]") {
+TEST_CASE("hp devices: a wrong-ABI plugin named by --plugin-path is an error at the file (exit 3)",
+          "[plugin][cli]") {
   auto file = hp_test::fake_plugin("fakeabi2").string();
   auto r = run_hp("devices --plugin-path " + file);
   INFO(r.out);
   CHECK(r.rc == 3);
-  CHECK_THAT(r.out, Catch::Contains("hp: error: " + file +
-                                    ": wrong abi: plugin libhp-backend-fakeabi2.so implements ABI 2, hp supports 1"));
+  CHECK_THAT(r.out,
+             Catch::Contains(
+                 "hp: error: " + file +
+                 ": wrong abi: plugin libhp-backend-fakeabi2.so implements ABI 2, hp supports 1"));
   CHECK_THAT(r.out, Catch::Contains("cpu 0.1.0"));  // the listing is still printed
 }
 
@@ -49,7 +53,8 @@ TEST_CASE("hp devices: a named plugin whose runtime is missing exits 7", "[plugi
   auto r = run_hp("devices --plugin-path " + file);
   INFO(r.out);
   CHECK(r.rc == 7);
-  CHECK_THAT(r.out, Catch::Contains("hp: error: " + file + ": unavailable: fakeunavailable: fake runtime not found"));
+  CHECK_THAT(r.out, Catch::Contains("hp: error: " + file +
+                                    ": unavailable: fakeunavailable: fake runtime not found"));
 }
 
 TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plugin][cli]") {
@@ -65,7 +70,8 @@ TEST_CASE("hp devices: the fake plugin dir shows every rejection reason", "[plug
 }
 
 TEST_CASE("hp devices: -v --json includes the paths tried", "[plugin][cli]") {
-  auto r = run_hp(std::string("-v devices --json --plugin-path ") + hp_test::fake_plugin("notbackend").string());
+  auto r = run_hp(std::string("-v devices --json --plugin-path ") +
+                  hp_test::fake_plugin("notbackend").string());
   INFO(r.out);
   CHECK(r.rc == 3);
   CHECK_THAT(r.out, Catch::Contains("\"trace\""));
@@ -73,7 +79,8 @@ TEST_CASE("hp devices: -v --json includes the paths tried", "[plugin][cli]") {
   CHECK_THAT(r.out, Catch::Contains(HP_BUILD_PLUGIN_DIR));
 }
 
-TEST_CASE("hp devices: a --plugin-path that does not exist is bad input (exit 3)", "[plugin][cli]") {
+TEST_CASE("hp devices: a --plugin-path that does not exist is bad input (exit 3)",
+          "[plugin][cli]") {
   auto r = run_hp("devices --plugin-path /no/such/dir");
   INFO(r.out);
   CHECK(r.rc == 3);
@@ -81,23 +88,27 @@ TEST_CASE("hp devices: a --plugin-path that does not exist is bad input (exit 3)
 }
 
 TEST_CASE("hp devices: explains why cuda is unavailable without a driver", "[plugin][cli]") {
-  if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) / "libhp-backend-cuda.so")) {
+  if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) /
+                               "libhp-backend-cuda.so")) {
     WARN("cuda plugin not built (no CUDA toolkit), nothing to check");
     return;
   }
   auto r = run_hp("devices", "HP_CUDA_DRIVER_LIB=/nonexistent/libcuda.so.1");
   INFO(r.out);
   CHECK(r.rc == 0);
-  CHECK_THAT(r.out, Catch::Contains("unavailable: cuda: NVIDIA driver not found (/nonexistent/libcuda.so.1: "
-                                    "/nonexistent/libcuda.so.1: cannot open shared object file"));
+  CHECK_THAT(r.out, Catch::Contains(
+                        "unavailable: cuda: NVIDIA driver not found (/nonexistent/libcuda.so.1: "
+                        "/nonexistent/libcuda.so.1: cannot open shared object file"));
 }
 
-TEST_CASE("hp devices: on this machine every built plugin is either listed or explained", "[plugin][cli]") {
+TEST_CASE("hp devices: on this machine every built plugin is either listed or explained",
+          "[plugin][cli]") {
   auto r = run_hp("devices");
   INFO(r.out);
   CHECK(r.rc == 0);
   for (const char* name : {"cuda", "ascend"}) {
-    if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) / ("libhp-backend-" + std::string(name) + ".so")))
+    if (!std::filesystem::exists(std::filesystem::path(HP_BUILD_PLUGIN_DIR) /
+                                 ("libhp-backend-" + std::string(name) + ".so")))
       continue;
     bool listed = r.out.find(std::string("  ") + name + " 0.1.0 (abi") != std::string::npos;
     bool explained = r.out.find(std::string("unavailable: ") + name + ": ") != std::string::npos ||

@@ -1,5 +1,5 @@
-// Loader: search order, and one test per rejection reason (what the user is told for each way a file
-// can fail to be a usable backend).
+// Loader: search order, and one test per rejection reason (what the user is told for each way a
+// file can fail to be a usable backend).
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -10,10 +10,11 @@
 #include "plugin_test_util.h"
 
 using namespace hp::plugin;
-using hp_test::load_only;
 using hp_test::fake_plugin;
+using hp_test::load_only;
 
-TEST_CASE("loader: search order is --plugin-path, HP_PLUGIN_PATH, install dir, build tree", "[plugin]") {
+TEST_CASE("loader: search order is --plugin-path, HP_PLUGIN_PATH, install dir, build tree",
+          "[plugin]") {
   hp_test::ScopedEnv env("HP_PLUGIN_PATH", std::string("/env/a::/env/b"));
   SearchOptions o;
   o.plugin_paths = {"/cli/x"};
@@ -25,7 +26,8 @@ TEST_CASE("loader: search order is --plugin-path, HP_PLUGIN_PATH, install dir, b
   CHECK(dirs[2] == std::make_pair(std::filesystem::path("/env/b"), std::string("HP_PLUGIN_PATH")));
   CHECK(dirs[3].second == "install dir");
   CHECK(dirs[3].first.string().find("lib/hp/plugins") != std::string::npos);
-  CHECK(dirs[4] == std::make_pair(std::filesystem::path("/build/plugins"), std::string("build tree")));
+  CHECK(dirs[4] ==
+        std::make_pair(std::filesystem::path("/build/plugins"), std::string("build tree")));
 }
 
 TEST_CASE("loader: the build tree is searched by default and finds the cpu plugin", "[plugin]") {
@@ -53,7 +55,8 @@ TEST_CASE("loader: an earlier path shadows a later plugin of the same name", "[p
   for (const auto& r : reg->plugins) cpu_records += r.name == "cpu";
   CHECK(cpu_records == 1);
   bool skipped = false;
-  for (const auto& line : reg->trace) skipped |= line.find("already loaded from an earlier path") != std::string::npos;
+  for (const auto& line : reg->trace)
+    skipped |= line.find("already loaded from an earlier path") != std::string::npos;
   CHECK(skipped);
 }
 
@@ -66,14 +69,16 @@ TEST_CASE("loader: a --plugin-path that does not exist is a bad-input error", "[
   CHECK(reg.error().where() == "/no/such/dir");
 }
 
-TEST_CASE("loader: a file that is not a shared library is rejected with the dlerror text", "[plugin]") {
+TEST_CASE("loader: a file that is not a shared library is rejected with the dlerror text",
+          "[plugin]") {
   hp_test::TempDir dir;
   auto file = dir.path() / "libhp-backend-garbage.so";
   std::ofstream(file) << "this is not an ELF file\n";
   auto rec = load_only(file);
   CHECK(rec.verdict == Verdict::not_library);
   CHECK_THAT(rec.reason, Catch::Contains(file.string()));
-  CHECK_THAT(rec.reason, Catch::Contains("invalid ELF header") || Catch::Contains("file too short"));
+  CHECK_THAT(rec.reason,
+             Catch::Contains("invalid ELF header") || Catch::Contains("file too short"));
 }
 
 TEST_CASE("loader: a shared library without the entry symbol is not an hp backend", "[plugin]") {
@@ -91,7 +96,8 @@ TEST_CASE("loader: a plugin for another ABI major is rejected with both versions
   SECTION("the v1 entry returns a table saying major 2") {
     auto rec = load_only(fake_plugin("fakeabi2table"));
     CHECK(rec.verdict == Verdict::abi_mismatch);
-    CHECK_THAT(rec.reason, Catch::Contains("libhp-backend-fakeabi2table.so implements ABI 2, hp supports 1"));
+    CHECK_THAT(rec.reason,
+               Catch::Contains("libhp-backend-fakeabi2table.so implements ABI 2, hp supports 1"));
   }
 }
 
@@ -101,7 +107,8 @@ TEST_CASE("loader: a table with a null mandatory member is rejected", "[plugin]"
   CHECK_THAT(rec.reason, Catch::Contains("mandatory member 'gemm' is null"));
 }
 
-TEST_CASE("loader: open failing with HP_UNAVAILABLE is reported as unavailable with the reason", "[plugin]") {
+TEST_CASE("loader: open failing with HP_UNAVAILABLE is reported as unavailable with the reason",
+          "[plugin]") {
   auto rec = load_only(fake_plugin("fakeunavailable"));
   CHECK(rec.verdict == Verdict::unavailable);
   CHECK(rec.code == HP_UNAVAILABLE);
@@ -109,7 +116,8 @@ TEST_CASE("loader: open failing with HP_UNAVAILABLE is reported as unavailable w
   CHECK(rec.probe_score == 5);
 }
 
-TEST_CASE("loader: a plugin whose vendor library is missing is unavailable, not broken", "[plugin]") {
+TEST_CASE("loader: a plugin whose vendor library is missing is unavailable, not broken",
+          "[plugin]") {
   auto rec = load_only(fake_plugin("fakeneedsvendor"));
   CHECK(rec.verdict == Verdict::unavailable);
   CHECK_THAT(rec.reason, Catch::Contains("libhpfakevendor.so: cannot open shared object file"));
@@ -121,7 +129,8 @@ TEST_CASE("loader: a plugin with no devices is rejected", "[plugin]") {
   CHECK_THAT(rec.reason, Catch::Contains("reports no devices"));
 }
 
-TEST_CASE("loader: a well-formed plugin loads with its table name, version and devices", "[plugin]") {
+TEST_CASE("loader: a well-formed plugin loads with its table name, version and devices",
+          "[plugin]") {
   auto rec = load_only(fake_plugin("fakegood"));
   REQUIRE(rec.ok());
   CHECK(rec.name == "fakegood");
@@ -134,7 +143,8 @@ TEST_CASE("loader: a well-formed plugin loads with its table name, version and d
   CHECK(rec.devices[0].h2d_bw.prov == HP_PROV_UNKNOWN);
 }
 
-TEST_CASE("loader: every rejection in a directory is kept, loaded ones are ordered cpu last", "[plugin]") {
+TEST_CASE("loader: every rejection in a directory is kept, loaded ones are ordered cpu last",
+          "[plugin]") {
   SearchOptions o;
   o.plugin_paths = {HP_FAKE_PLUGIN_DIR, hp_test::cpu_plugin()};
   o.use_env = o.use_install_dir = o.use_build_dir = false;
@@ -147,15 +157,18 @@ TEST_CASE("loader: every rejection in a directory is kept, loaded ones are order
   CHECK(reg->record("fakeabi2")->verdict == Verdict::abi_mismatch);
 }
 
-TEST_CASE("loader: dlerror classification tells missing dependencies from missing files", "[plugin]") {
-  CHECK(is_missing_dependency("/p/a.so: libcudart.so.12: cannot open shared object file: No such file or directory",
-                                     "/p/a.so"));
-  CHECK_FALSE(is_missing_dependency("/p/a.so: cannot open shared object file: No such file or directory",
-                                           "/p/a.so"));
+TEST_CASE("loader: dlerror classification tells missing dependencies from missing files",
+          "[plugin]") {
+  CHECK(is_missing_dependency(
+      "/p/a.so: libcudart.so.12: cannot open shared object file: No such file or directory",
+      "/p/a.so"));
+  CHECK_FALSE(is_missing_dependency(
+      "/p/a.so: cannot open shared object file: No such file or directory", "/p/a.so"));
   CHECK_FALSE(is_missing_dependency("/p/a.so: invalid ELF header", "/p/a.so"));
 }
 
-TEST_CASE("devices: no loaded plugin is 'unavailable' (exit 7) and lists every rejection", "[plugin]") {
+TEST_CASE("devices: no loaded plugin is 'unavailable' (exit 7) and lists every rejection",
+          "[plugin]") {
   SearchOptions o;
   o.plugin_paths = {hp_test::fake_plugin("fakeabi2"), hp_test::fake_plugin("fakeunavailable")};
   o.use_env = o.use_install_dir = o.use_build_dir = false;
@@ -168,7 +181,8 @@ TEST_CASE("devices: no loaded plugin is 'unavailable' (exit 7) and lists every r
   auto all = st.error().all();
   REQUIRE(all.size() == 3);
   CHECK_THAT(all[1].message, Catch::Contains("implements ABI 2"));
-  CHECK_THAT(all[2].message, Catch::Contains("unavailable: fakeunavailable: fake runtime not found"));
+  CHECK_THAT(all[2].message,
+             Catch::Contains("unavailable: fakeunavailable: fake runtime not found"));
   auto text = render_devices_text(*reg, true);
   CHECK_THAT(text, Catch::Contains("(none)"));
   CHECK_THAT(text, Catch::Contains("paths tried:"));

@@ -52,7 +52,8 @@ latency = 1e-5
 
 TEST_CASE("cluster: every preset loads and validates", "[recipe]") {
   auto names = list_presets(source_presets());
-  for (const char* want : {"local-cpu", "cloudmatrix384", "ascend-910b-8x", "dgx-a100", "dgx-h100", "gh200"})
+  for (const char* want :
+       {"local-cpu", "cloudmatrix384", "ascend-910b-8x", "dgx-a100", "dgx-h100", "gh200"})
     CHECK(std::find(names.begin(), names.end(), want) != names.end());
   for (const auto& name : names) {
     INFO(name);
@@ -128,7 +129,9 @@ TEST_CASE("cluster: scaling to N nodes", "[recipe]") {
   CHECK(scale_cluster(bounded, 48).ok());
   auto too_many = scale_cluster(bounded, 49);
   REQUIRE(!too_many.ok());
-  CHECK(too_many.error().message() == "cluster 'cloudmatrix384' spans at most 48 nodes (tier 'supernode' has 768 ranks), 49 requested");
+  CHECK(too_many.error().message() ==
+        "cluster 'cloudmatrix384' spans at most 48 nodes (tier 'supernode' has 768 ranks), 49 "
+        "requested");
 }
 
 TEST_CASE("cluster: numbers and unit strings", "[recipe]") {
@@ -147,8 +150,12 @@ TEST_CASE("cluster: numbers and unit strings", "[recipe]") {
 }
 
 TEST_CASE("cluster: tier latencies follow core's duration rule", "[recipe]") {
-  for (auto [text, want] : {std::pair{"\"500ns\"", 5e-7}, {"\"0\"", 0.0}, {"\"1.5 ms\"", 1.5e-3},
-                            {"\"+3e-6\"", 3e-6}, {"\"3e-6\"", 3e-6}, {"\"2\xC2\xB5s\"", 2e-6}}) {
+  for (auto [text, want] : {std::pair{"\"500ns\"", 5e-7},
+                            {"\"0\"", 0.0},
+                            {"\"1.5 ms\"", 1.5e-3},
+                            {"\"+3e-6\"", 3e-6},
+                            {"\"3e-6\"", 3e-6},
+                            {"\"2\xC2\xB5s\"", 2e-6}}) {
     std::string t = kSmall;
     t.replace(t.find("latency = \"2us\""), 16, std::string("latency = ") + text);
     ClusterDocument doc = parse_cluster(t, "c.toml");
@@ -167,14 +174,17 @@ TEST_CASE("cluster: tier latencies follow core's duration rule", "[recipe]") {
 
 TEST_CASE("cluster: malformed files report every problem with locations", "[recipe]") {
   std::string text = kSmall;
-  auto replace = [&](const std::string& from, const std::string& to) { text.replace(text.find(from), from.size(), to); };
+  auto replace = [&](const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+  };
   replace("kind = \"gpu\"", "kind = \"gpx\"");
   replace("per_node = 4", "per_nod = 4");
   replace("bandwidth = \"100 GB/s\"", "bandwidth = \"fast\"");
   replace("size = 4", "size = 3");
   ClusterDocument doc = parse_cluster(text, "c.toml");
   INFO(dump(doc.problems));
-  CHECK(has(doc.problems, "c.toml:8:8", "'device_types[0].kind' must be cpu, gpu or npu, got 'gpx'"));
+  CHECK(
+      has(doc.problems, "c.toml:8:8", "'device_types[0].kind' must be cpu, gpu or npu, got 'gpx'"));
   CHECK(has(doc.problems, "c.toml:9:1", "unknown key 'per_nod' in [device_types[0]]"));
   CHECK(has(doc.problems, "c.toml:6:1", "missing required key 'device_types[0].per_node'"));
   CHECK(has(doc.problems, "c.toml:19:13", "'tiers[0].bandwidth' is not a bandwidth: 'fast'"));
@@ -185,18 +195,23 @@ TEST_CASE("cluster: tier structure is checked", "[recipe]") {
   text.replace(text.find("size = 4"), 8, "size = 3");
   ClusterDocument doc = parse_cluster(text, "c.toml");
   INFO(dump(doc.problems));
-  CHECK(has(doc.problems, "c.toml:18:8", "tier 'node' (size 3) does not nest with nodes of 4 ranks"));
+  CHECK(
+      has(doc.problems, "c.toml:18:8", "tier 'node' (size 3) does not nest with nodes of 4 ranks"));
 
-  doc = parse_cluster(std::string(kSmall) + "\n[[tiers]]\nname = \"x\"\nsize = 2\nbandwidth = 1\nlatency = 0\n", "c.toml");
+  doc = parse_cluster(
+      std::string(kSmall) + "\n[[tiers]]\nname = \"x\"\nsize = 2\nbandwidth = 1\nlatency = 0\n",
+      "c.toml");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "c.toml:", "tier 'scale-out' has no size but is not the outermost tier"));
-  CHECK(has(doc.problems, "c.toml:29:8", "the outermost tier 'x' spans 2 ranks but the cluster has 8 (2 nodes x 4)"));
+  CHECK(has(doc.problems, "c.toml:29:8",
+            "the outermost tier 'x' spans 2 ranks but the cluster has 8 (2 nodes x 4)"));
 
   std::string shrinking = kSmall;
   shrinking.replace(shrinking.find("name = \"scale-out\""), 18, "name = \"rack\"\nsize = 2");
   doc = parse_cluster(shrinking, "c.toml");
   INFO(dump(doc.problems));
-  CHECK(has(doc.problems, "c.toml:", "tier 'rack' (size 2) must be a larger multiple of tier 'node' (size 4)"));
+  CHECK(has(doc.problems,
+            "c.toml:", "tier 'rack' (size 2) must be a larger multiple of tier 'node' (size 4)"));
 }
 
 TEST_CASE("cluster: unsupported version and syntax errors", "[recipe]") {
@@ -218,7 +233,8 @@ TEST_CASE("cluster: preset lookup by name and by path", "[recipe]") {
   auto p = find_cluster("dgx-h100", {}, dirs);
   REQUIRE(p.ok());
   CHECK(p->filename() == "dgx-h100.toml");
-  auto by_path = find_cluster("clusters/dgx-h100.toml", std::filesystem::path(HP_SOURCE_DIR) / "recipes", {});
+  auto by_path =
+      find_cluster("clusters/dgx-h100.toml", std::filesystem::path(HP_SOURCE_DIR) / "recipes", {});
   CHECK(by_path.ok());
   auto typo = find_cluster("dgx-h10", {}, dirs);
   REQUIRE(!typo.ok());
@@ -237,7 +253,8 @@ TEST_CASE("cluster: non-finite and absurd figures are refused", "[recipe]") {
   ClusterDocument doc = parse_cluster(text, "c.toml");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "c.toml:19:", "'tiers[0].bandwidth' must be a finite, positive number"));
-  CHECK(has(doc.problems, "c.toml:25:", "'tiers[1].latency' must be a finite, non-negative number"));
+  CHECK(
+      has(doc.problems, "c.toml:25:", "'tiers[1].latency' must be a finite, non-negative number"));
   CHECK(has(doc.problems, "c.toml:4:", "'cluster.nodes' must be 1..1048576"));
   CHECK(!scale_cluster(parse_cluster(kSmall, "c").cluster, std::int64_t{1} << 40).ok());
 }

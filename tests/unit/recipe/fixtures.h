@@ -29,9 +29,15 @@ inline Recipe full_recipe() {
     r.stages.push_back(st);
   }
   r.layouts["h.*.attn.c_attn.weight"] = Layout{{2, 2}, {"dp", "tp"}, {{}, {"tp"}}, {}};
-  r.layouts["wte.weight"] = Layout{{2, 2, 2}, {"dp", "sp", "mp"}, {{"mp"}, {"sp", "dp"}}, {7, 6, 5, 4, 3, 2, 1, 0}};
-  Group train{"train", {0, 1, 2, 3, 4, 5, 6, 7}, "stage", "cuda", {{"NCCL_DEBUG", "WARN"}, {"OMP_NUM_THREADS", "1"}},
-              {"input_ids"}, {"logits"}};
+  r.layouts["wte.weight"] =
+      Layout{{2, 2, 2}, {"dp", "sp", "mp"}, {{"mp"}, {"sp", "dp"}}, {7, 6, 5, 4, 3, 2, 1, 0}};
+  Group train{"train",
+              {0, 1, 2, 3, 4, 5, 6, 7},
+              "stage",
+              "cuda",
+              {{"NCCL_DEBUG", "WARN"}, {"OMP_NUM_THREADS", "1"}},
+              {"input_ids"},
+              {"logits"}};
   Group sched{"sched", {8}, "scheduler", "cpu", {}, {}, {}};
   r.groups = {train, sched};
   Offload o;
@@ -47,7 +53,8 @@ inline Recipe full_recipe() {
 }
 
 /// True when some diagnostic's where contains `where` and its message contains `message`.
-inline bool has(const std::vector<Diagnostic>& ds, const std::string& where, const std::string& message) {
+inline bool has(const std::vector<Diagnostic>& ds, const std::string& where,
+                const std::string& message) {
   return std::any_of(ds.begin(), ds.end(), [&](const Diagnostic& d) {
     return d.where.find(where) != std::string::npos && d.message.find(message) != std::string::npos;
   });
@@ -55,7 +62,8 @@ inline bool has(const std::vector<Diagnostic>& ds, const std::string& where, con
 
 inline std::string dump(const std::vector<Diagnostic>& ds) {
   std::string s;
-  for (const auto& d : ds) s += d.where + ": " + d.message + (d.hint.empty() ? "" : " [" + d.hint + "]") + "\n";
+  for (const auto& d : ds)
+    s += d.where + ": " + d.message + (d.hint.empty() ? "" : " [" + d.hint + "]") + "\n";
   return s;
 }
 

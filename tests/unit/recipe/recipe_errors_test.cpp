@@ -1,5 +1,5 @@
-// Malformed recipes: each mistake is reported with file:line:column and a hint, and several mistakes
-// are all reported by one parse.
+// Malformed recipes: each mistake is reported with file:line:column and a hint, and several
+// mistakes are all reported by one parse.
 #include <catch2/catch.hpp>
 
 #include "fixtures.h"
@@ -18,7 +18,9 @@ model = "m.onnx"
 cluster = "local-cpu"
 )";
 
-RecipeDocument parse_with(const std::string& rest) { return parse_recipe(kHead + rest, "recipe.toml"); }
+RecipeDocument parse_with(const std::string& rest) {
+  return parse_recipe(kHead + rest, "recipe.toml");
+}
 
 }  // namespace
 
@@ -57,7 +59,8 @@ TEST_CASE("recipe: an unknown section is reported too", "[recipe]") {
 }
 
 TEST_CASE("recipe: missing required keys are reported at their table", "[recipe]") {
-  RecipeDocument doc = parse_recipe("[recipe]\nversion = 1\nname = \"t\"\n[parallel]\ndp = 1\n", "recipe.toml");
+  RecipeDocument doc =
+      parse_recipe("[recipe]\nversion = 1\nname = \"t\"\n[parallel]\ndp = 1\n", "recipe.toml");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.model'"));
   CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.cluster'"));
@@ -87,7 +90,8 @@ sequence_parallel = true
 )");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be at least 1, got 0"));
-  CHECK(has(doc.problems, "recipe.toml:10:17", "must be a multiple of pp (3) for the interleaved schedule"));
+  CHECK(has(doc.problems, "recipe.toml:10:17",
+            "must be a multiple of pp (3) for the interleaved schedule"));
   CHECK(has(doc.problems, "recipe.toml:13:19", "'parallel.optimizer_shard' must be 0..3, got 5"));
   CHECK(has(doc.problems, "recipe.toml:14:21", "sequence parallelism needs tp > 1"));
 }
@@ -96,7 +100,8 @@ TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
   INFO(dump(doc.problems));
   REQUIRE(doc.problems.size() == 1);
-  CHECK(doc.problems[0].message == "'parallel.schedule' must be one of gpipe, 1f1b, interleaved, got '1F1B'");
+  CHECK(doc.problems[0].message ==
+        "'parallel.schedule' must be one of gpipe, 1f1b, interleaved, got '1F1B'");
   CHECK(doc.problems[0].hint == "did you mean '1f1b'?");
 }
 
@@ -151,14 +156,16 @@ tp = 0
 pp = 1
 schedule = "gpipe"
 virtual_stages = 2
-)", "recipe.toml");
+)",
+                                    "recipe.toml");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "recipe.toml:4:1", "unknown key 'modle' in [recipe]"));
   CHECK(has(doc.problems, "recipe.toml:1:1", "missing required key 'recipe.model'"));
   CHECK(has(doc.problems, "recipe.toml:5:11", "'recipe.cluster' must be a string, got an integer"));
   CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be an integer, got a string"));
   CHECK(has(doc.problems, "recipe.toml:8:6", "'parallel.tp' must be at least 1, got 0"));
-  CHECK(has(doc.problems, "recipe.toml:11:18", "'parallel.virtual_stages' is 2 but the schedule is 'gpipe'"));
+  CHECK(has(doc.problems, "recipe.toml:11:18",
+            "'parallel.virtual_stages' is 2 but the schedule is 'gpipe'"));
   // The "did you mean" of 'modle' points at 'model'.
   for (const auto& d : doc.problems)
     if (d.message.find("modle") != std::string::npos) CHECK(d.hint == "did you mean 'model'?");
@@ -190,9 +197,10 @@ TEST_CASE("recipe: validate_recipe_on_cluster checks rank counts", "[recipe]") {
 }
 
 TEST_CASE("recipe: huge degrees are refused without overflow", "[recipe]") {
-  RecipeDocument doc = parse_with("[parallel]\ndp = 9223372036854775807\ntp = 4611686018427387904\npp = 2\n"
-                                  "expert_parallel = 3\n[layouts.w]\ndevice_matrix = [1048576, 1048576]\n"
-                                  "alias_name = [\"a\", \"b\"]\ntensor_map = [\"a\"]\nrank_list = [0]\n");
+  RecipeDocument doc = parse_with(
+      "[parallel]\ndp = 9223372036854775807\ntp = 4611686018427387904\npp = 2\n"
+      "expert_parallel = 3\n[layouts.w]\ndevice_matrix = [1048576, 1048576]\n"
+      "alias_name = [\"a\", \"b\"]\ntensor_map = [\"a\"]\nrank_list = [0]\n");
   INFO(dump(doc.problems));
   CHECK(has(doc.problems, "recipe.toml:7:6", "'parallel.dp' must be at most 1048576"));
   CHECK(has(doc.problems, "recipe.toml:8:6", "'parallel.tp' must be at most 1048576"));
@@ -227,7 +235,10 @@ recompute = "selective"
 recompute_layers = { full = "2-4", none = [2], sometimes = [1] }
 )");
   INFO(dump(doc.problems));
-  CHECK(has(doc.problems, "recipe.toml:14:48", "unknown key 'sometimes' in [stages[0].recompute_layers]"));
-  CHECK(has(doc.problems, "recipe.toml:14:20", "'stages[0].recompute_layers.full' names layer 4, which is not in stage 0"));
-  CHECK(has(doc.problems, "recipe.toml:14:20", "layer 2 of stage 0 is both 'none' and 'full' in 'recompute_layers'"));
+  CHECK(has(doc.problems, "recipe.toml:14:48",
+            "unknown key 'sometimes' in [stages[0].recompute_layers]"));
+  CHECK(has(doc.problems, "recipe.toml:14:20",
+            "'stages[0].recompute_layers.full' names layer 4, which is not in stage 0"));
+  CHECK(has(doc.problems, "recipe.toml:14:20",
+            "layer 2 of stage 0 is both 'none' and 'full' in 'recompute_layers'"));
 }

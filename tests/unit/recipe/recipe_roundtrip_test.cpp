@@ -43,7 +43,8 @@ cluster = "local-cpu"
 dp = 1
 tp = 1
 pp = 1
-)", "min.toml");
+)",
+                                    "min.toml");
   INFO(test::dump(doc.problems));
   REQUIRE(doc.problems.empty());
   const Recipe& r = doc.recipe;
@@ -78,7 +79,8 @@ ranks = "2-3"
 enabled = true
 h2d_bandwidth = "25 GB/s"
 host_memory = "64 GiB"
-)", "alt.toml");
+)",
+                                    "alt.toml");
   INFO(test::dump(doc.problems));
   REQUIRE(doc.problems.empty());
   CHECK(doc.recipe.parallel.optimizer_shard == 2);

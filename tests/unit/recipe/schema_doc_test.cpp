@@ -50,6 +50,7 @@ TEST_CASE("schema: cluster keys written == cluster keys documented", "[recipe]")
 TEST_CASE("schema: the key table renders as Markdown", "[recipe]") {
   std::string t = format_key_table(recipe_keys());
   CHECK(t.rfind("| Section | Key |", 0) == 0);
-  CHECK(t.find("| [parallel] | dp | integer >= 1 | yes | data-parallel degree |") != std::string::npos);
+  CHECK(t.find("| [parallel] | dp | integer >= 1 | yes | data-parallel degree |") !=
+        std::string::npos);
   CHECK(t.find("gpipe\\|1f1b\\|interleaved") != std::string::npos);
 }

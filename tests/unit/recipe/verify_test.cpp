@@ -22,7 +22,9 @@ struct TempDir {
     fs::create_directories(path / "models");
   }
   ~TempDir() { fs::remove_all(path); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(path / name) << text; }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+  }
 };
 
 VerifyOptions options(const fs::path& recipe) {
@@ -73,7 +75,8 @@ TEST_CASE("verify: missing model, rank mismatch and cluster errors are collected
   auto all = rep.error().all();
   INFO(test::dump(all));
   CHECK(test::has(all, "r.toml:4:9", "model file"));
-  CHECK(test::has(all, "r.toml:7:1", "= 16 ranks but cluster 'dgx-h100' has 24 ranks on 3 node(s)"));
+  CHECK(
+      test::has(all, "r.toml:7:1", "= 16 ranks but cluster 'dgx-h100' has 24 ranks on 3 node(s)"));
   std::string j = format_verify_json(d.path / "r.toml", rep);
   CHECK(j.find("\"ok\":false") != std::string::npos);
   CHECK(j.find("\"where\":") != std::string::npos);

@@ -15,8 +15,8 @@
 #include <map>
 #include <set>
 
-#include "shard_test_util.h"
 #include "hp/shard/simulate.h"
+#include "shard_test_util.h"
 
 using namespace hp;
 using namespace hp::shard;
@@ -56,7 +56,9 @@ std::vector<BlockComm> per_block(const Prepared& P) {
 int count_origin_prefix(const Prepared& p, const std::string& prefix) {
   int n = 0;
   for (std::size_t t = 0; t < p.graph.tensors.size(); ++t)
-    if (p.graph.tensors[t].kind == model::TensorKind::initializer && p.prop.origin[t].rfind(prefix, 0) == 0) ++n;
+    if (p.graph.tensors[t].kind == model::TensorKind::initializer &&
+        p.prop.origin[t].rfind(prefix, 0) == 0)
+      ++n;
   return n;
 }
 
@@ -73,9 +75,9 @@ std::map<std::string, int> comm_ops(const Prepared& P, int stage, std::int64_t p
 }
 
 struct TpRun {
-  double worst = 0;                      // max |partitioned - PyTorch| over every rank's output
-  std::map<std::string, int> by_op;      // collective calls (all ranks)
-  std::map<std::string, int> hp_nodes;   // hp-domain nodes in the partitions (all ranks)
+  double worst = 0;                     // max |partitioned - PyTorch| over every rank's output
+  std::map<std::string, int> by_op;     // collective calls (all ranks)
+  std::map<std::string, int> hp_nodes;  // hp-domain nodes in the partitions (all ranks)
 };
 
 // Runs a dp = 1, pp = 1 recipe's ranks in threads (each gets the whole input and returns the whole
@@ -85,7 +87,8 @@ TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::p
   World world;
   auto backends = exec::open_backends("cpu", 1, {});
   REQUIRE(backends.ok());
-  std::string io = std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name + ".io/test_data_set_0";
+  std::string io =
+      std::string(HP_SOURCE_DIR) + "/tests/data/models/" + model_name + ".io/test_data_set_0";
   auto inputs = exec::read_tensor_dir(io, "input");
   REQUIRE(inputs.ok());
   auto expected = exec::read_tensor_dir(io, "output");
@@ -106,7 +109,8 @@ TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::p
     auto model = model::load_model(f, {model::LoadMode::require_data});
     REQUIRE(model.ok());
     comms.push_back(std::make_unique<Comm>(world, part->rank));
-    auto ex = exec::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
+    auto ex =
+        exec::Executor::create(*model, {backends->primary, backends->cpu, comms.back().get()});
     REQUIRE(ex.ok());
     execs.push_back(std::move(*ex));
   }
@@ -116,8 +120,10 @@ TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::p
   for (std::size_t k = 0; k < outs.size(); ++k)
     threads.emplace_back([&, k] {
       auto out = execs[k]->run(*inputs);
-      if (!out) errors[k] = out.error().str();
-      else outs[k] = std::move(*out);
+      if (!out)
+        errors[k] = out.error().str();
+      else
+        outs[k] = std::move(*out);
     });
   for (auto& t : threads) t.join();
   for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -127,7 +133,8 @@ TpRun run_tp_world(const Prepared& P, const std::string& model_name, const fs::p
     const auto& got = outs[k][0];
     REQUIRE(got.dims == want.dims);
     for (std::int64_t i = 0; i < want.numel(); ++i)
-      run.worst = std::max(run.worst, static_cast<double>(std::fabs(want.as<float>()[i] - got.as<float>()[i])));
+      run.worst = std::max(
+          run.worst, static_cast<double>(std::fabs(want.as<float>()[i] - got.as<float>()[i])));
   }
   run.by_op = world.by_op;
   return run;
@@ -140,14 +147,15 @@ fs::path temp_dir(const std::string& tag) {
   return d;
 }
 
-const char* kGpt2Head =
-    "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" HP_SOURCE_DIR "/tests/data/models/tiny-gpt2.onnx\"\n"
-    "cluster = \"local-cpu\"\n[model]\ndims = { batch = 2, seq = 12 }\n";
+const char* kGpt2Head = "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" HP_SOURCE_DIR
+                        "/tests/data/models/tiny-gpt2.onnx\"\n"
+                        "cluster = \"local-cpu\"\n[model]\ndims = { batch = 2, seq = 12 }\n";
 
 }  // namespace
 
-TEST_CASE("a fusion whose bias the recipe fixes whole is undone; the rest stay blocked and match PyTorch",
-          "[shard][fused][numerics]") {
+TEST_CASE(
+    "a fusion whose bias the recipe fixes whole is undone; the rest stay blocked and match PyTorch",
+    "[shard][fused][numerics]") {
   // h.0's bias declared replicated cannot be cut into blocks: propagation runs again without fusing
   // h.0.c_attn (gathered before its Split, as before), the other three blocks stay fused.
   fs::path d = temp_dir("unfuse");
@@ -173,7 +181,8 @@ TEST_CASE("a fusion whose bias the recipe fixes whole is undone; the rest stay b
   fs::remove_all(d);
 }
 
-TEST_CASE("fused q|k|v projections are split blocked: no gather before the head split", "[shard][fused]") {
+TEST_CASE("fused q|k|v projections are split blocked: no gather before the head split",
+          "[shard][fused]") {
   auto name = GENERATE(as<std::string>{}, "gpt2-tp2", "gpt2-dp2-tp2-pp2", "vit-dp2-tp2");
   INFO(name);
   auto p = prepare(recipe_file(name));
@@ -182,22 +191,24 @@ TEST_CASE("fused q|k|v projections are split blocked: no gather before the head 
   const auto nblocks = static_cast<int>(P.layering.blocks.size());
   REQUIRE(nblocks >= 3);
   // The fused weight and its bias, cut into 3 blocks on their output dim, one pair per block.
-  CHECK(count_origin_prefix(P, "column-parallel (blocked: 3 blocks on dim 0)") == nblocks);  // [3h, h] weight
-  CHECK(count_origin_prefix(P, "propagated (blocked: 3 blocks on dim 0)") == nblocks);       // [3h] bias
+  CHECK(count_origin_prefix(P, "column-parallel (blocked: 3 blocks on dim 0)") ==
+        nblocks);  // [3h, h] weight
+  CHECK(count_origin_prefix(P, "propagated (blocked: 3 blocks on dim 0)") == nblocks);  // [3h] bias
   for (const auto& [t, b] : P.prop.blocked) {
     CHECK(b.blocks == 3);
     // A blocked tensor is never redistributed (its order is not the tensor's).
     for (const auto& r : P.prop.redistributions) CHECK(r.tensor != t);
   }
-  // Every block: one AllReduce after the attention output projection, one after the MLP, nothing else.
-  // Before: the fused output was gathered before the Split, the output projection became
+  // Every block: one AllReduce after the attention output projection, one after the MLP, nothing
+  // else. Before: the fused output was gathered before the Split, the output projection became
   // column-parallel, and the residual stream was gathered again for the next LayerNorm
   // (3 AllGather + 1 AllReduce per block, gpt2 and ViT alike). ViT's first block gathers the
   // residual stream once: the patch embedding (a Conv over output channels) leaves it split.
   auto comm = per_block(P);
   for (int b = 0; b < nblocks; ++b) {
     INFO("block " << b);
-    CHECK(comm[static_cast<std::size_t>(b)].all_gather == (b == 0 && name == "vit-dp2-tp2" ? 1 : 0));
+    CHECK(comm[static_cast<std::size_t>(b)].all_gather ==
+          (b == 0 && name == "vit-dp2-tp2" ? 1 : 0));
     CHECK(comm[static_cast<std::size_t>(b)].all_reduce == 2);
     CHECK(comm[static_cast<std::size_t>(b)].reduce_scatter == 0);
   }
@@ -221,7 +232,8 @@ TEST_CASE("gpt2 tp=2: rank partitions hold 2 AllReduce per block and no AllGathe
   auto n = static_cast<int>(P.layering.blocks.size());
   for (std::int64_t pos = 0; pos < 2; ++pos) {
     auto ops = comm_ops(P, 0, pos);
-    // + 1 AllReduce for the vocabulary-parallel embedding, + 1 AllGather for the column-parallel logits.
+    // + 1 AllReduce for the vocabulary-parallel embedding, + 1 AllGather for the column-parallel
+    // logits.
     CHECK(ops["AllReduce"] == 2 * n + 1);
     CHECK(ops["AllGather"] == 1);
   }
@@ -243,7 +255,8 @@ TEST_CASE("held_view: a blocked dim is [k, n/k] with the split on the minor", "[
   CHECK(held_view({4, 12}, s, nullptr).shape == std::vector<std::int64_t>{4, 12});
 }
 
-TEST_CASE("GQA: kv heads fewer than tp ranks replicate the k/v projections, no gather", "[shard][fused][gqa]") {
+TEST_CASE("GQA: kv heads fewer than tp ranks replicate the k/v projections, no gather",
+          "[shard][fused][gqa]") {
   auto p = prepare(recipe_file("llama-tp4"));
   REQUIRE(p.ok());
   const Prepared& P = **p;
@@ -251,7 +264,8 @@ TEST_CASE("GQA: kv heads fewer than tp ranks replicate the k/v projections, no g
   // k_proj and v_proj of every layer: 2 kv heads cannot split over tp = 4 without cutting a head.
   CHECK(count_origin_prefix(P, "replicated (its column split would cut a head)") == 2 * nblocks);
   int notes = 0;
-  for (const auto& n : P.prop.notes) notes += n.find("fewer heads than tp ranks") != std::string::npos;
+  for (const auto& n : P.prop.notes)
+    notes += n.find("fewer heads than tp ranks") != std::string::npos;
   CHECK(notes == 2 * nblocks);
   // q (4 heads) stays column-parallel; nothing is gathered inside a block.
   auto comm = per_block(P);
@@ -278,7 +292,8 @@ TEST_CASE("propagation moves a split between dims with one all-to-all", "[shard]
   CHECK(plan->steps[0].dim == 2);
   CHECK(plan->steps[0].concat_dim == 1);
   CHECK(prove_plan(*m, {2, 12, 32}, seq, hidden, *plan).ok());
-  // The gather-then-slice plan the propagation used to insert is two steps and moves twice the bytes.
+  // The gather-then-slice plan the propagation used to insert is two steps and moves twice the
+  // bytes.
   auto old = plan_steps(*m, seq, hidden, {2, 12, 32}, 4);
   REQUIRE(old.ok());
   CHECK(old->steps.size() == 2);
@@ -290,10 +305,13 @@ TEST_CASE("propagation moves a split between dims with one all-to-all", "[shard]
   CHECK(same->steps[0].kind == StepKind::all_gather);
 }
 
-TEST_CASE("a [layouts] override that moves a split from seq to hidden runs with an AllToAll and matches PyTorch",
-          "[shard][alltoall][numerics]") {
-  // Sequence parallelism leaves ln_2's output split on seq; declaring c_fc row-parallel (split on its
-  // input dim) makes the MatMul read it split on hidden: seq -> hidden is one all-to-all over tp.
+TEST_CASE(
+    "a [layouts] override that moves a split from seq to hidden runs with an AllToAll and matches "
+    "PyTorch",
+    "[shard][alltoall][numerics]") {
+  // Sequence parallelism leaves ln_2's output split on seq; declaring c_fc row-parallel (split on
+  // its input dim) makes the MatMul read it split on hidden: seq -> hidden is one all-to-all over
+  // tp.
   fs::path d = temp_dir("a2a");
   std::ofstream(d / "r.toml") << kGpt2Head
                               << "[parallel]\ndp = 1\ntp = 2\npp = 1\nsequence_parallel = true\n"
@@ -309,12 +327,13 @@ TEST_CASE("a [layouts] override that moves a split from seq to hidden runs with 
         ++a2a;
         INFO(P.graph.tensor(r.tensor).name << ": " << describe_plan(P.prop.mesh, r.plan));
         CHECK(r.plan.steps.size() == 1);
-        CHECK(prove_plan(P.prop.mesh, global_shape(P.graph.tensor(r.tensor)), r.from, r.to, r.plan).ok());
+        CHECK(prove_plan(P.prop.mesh, global_shape(P.graph.tensor(r.tensor)), r.from, r.to, r.plan)
+                  .ok());
       }
   CHECK(a2a == 1);
   auto run = run_tp_world(P, "tiny-gpt2", d);
-  std::printf("seq -> hidden via AllToAll: max |partitioned - pytorch| = %.3g, %d AllToAll calls\n", run.worst,
-              run.by_op["AllToAll"]);
+  std::printf("seq -> hidden via AllToAll: max |partitioned - pytorch| = %.3g, %d AllToAll calls\n",
+              run.worst, run.by_op["AllToAll"]);
   CHECK(run.worst < 1e-4);
   CHECK(run.hp_nodes["AllToAll"] == 2);
   CHECK(run.by_op["AllToAll"] == 2);

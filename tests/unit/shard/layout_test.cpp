@@ -14,7 +14,8 @@ using Ranges = std::vector<Range>;
 
 namespace {
 
-Mesh mesh(std::vector<std::int64_t> dims, std::vector<std::string> axes, std::vector<std::int64_t> ranks = {}) {
+Mesh mesh(std::vector<std::int64_t> dims, std::vector<std::string> axes,
+          std::vector<std::int64_t> ranks = {}) {
   auto m = Mesh::make(std::move(dims), std::move(axes), std::move(ranks));
   REQUIRE(m.ok());
   return *m;
@@ -52,10 +53,12 @@ TEST_CASE("layout: mesh (2,2) worked slices", "[shard][layout]") {
     for (std::int64_t r = 0; r < 4; ++r) out.push_back(slice_of(m, s, shape, r));
     return out;
   };
-  CHECK(slices({{"x"}, {"y"}}, s44) ==
-        std::vector<Ranges>{{{0, 2}, {0, 2}}, {{0, 2}, {2, 4}}, {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}}});
-  CHECK(slices({{"y"}, {"x"}}, s44) ==
-        std::vector<Ranges>{{{0, 2}, {0, 2}}, {{2, 4}, {0, 2}}, {{0, 2}, {2, 4}}, {{2, 4}, {2, 4}}});
+  CHECK(
+      slices({{"x"}, {"y"}}, s44) ==
+      std::vector<Ranges>{{{0, 2}, {0, 2}}, {{0, 2}, {2, 4}}, {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}}});
+  CHECK(
+      slices({{"y"}, {"x"}}, s44) ==
+      std::vector<Ranges>{{{0, 2}, {0, 2}}, {{2, 4}, {0, 2}}, {{0, 2}, {2, 4}}, {{2, 4}, {2, 4}}});
   CHECK(slices({{"x"}, {"None"}}, s44) ==
         std::vector<Ranges>{{{0, 2}, all4}, {{0, 2}, all4}, {{2, 4}, all4}, {{2, 4}, all4}});
   CHECK(slices({{"x", "y"}, {}}, s84) ==
@@ -107,7 +110,8 @@ TEST_CASE("layout: mesh (2,4) slices", "[shard][layout]") {
   }
   SECTION("((dp, mp), None) on (8,2): rank r holds row r") {
     Sharding s = sharding(m, {{"dp", "mp"}, {"None"}});
-    for (std::int64_t r = 0; r < 8; ++r) CHECK(slice_of(m, s, {8, 2}, r) == Ranges{{r, r + 1}, {0, 2}});
+    for (std::int64_t r = 0; r < 8; ++r)
+      CHECK(slice_of(m, s, {8, 2}, r) == Ranges{{r, r + 1}, {0, 2}});
   }
   SECTION("((mp, dp), None) on (8,2)") {
     Sharding s = sharding(m, {{"mp", "dp"}, {"None"}});
@@ -122,7 +126,8 @@ TEST_CASE("layout: mesh (2,4) slices", "[shard][layout]") {
     for (std::int64_t r = 0; r < 8; ++r)
       CHECK(slice_of(m, s, {4, 8}, r) == Ranges{{r < 4 ? 0 : 2, r < 4 ? 2 : 4}, {0, 8}});
     CHECK(repeat_num(m, s) == 4);
-    CHECK(replication_groups(m, s) == std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+    CHECK(replication_groups(m, s) ==
+          std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
   }
 }
 
@@ -130,9 +135,11 @@ TEST_CASE("layout: 3-D mesh (2,2,2) slices", "[shard][layout]") {
   Mesh m = mesh({2, 2, 2}, {"dp", "sp", "mp"});
   SECTION("(dp, mp) on (4,4), replicated over sp") {
     Sharding s = sharding(m, {{"dp"}, {"mp"}});
-    std::vector<Ranges> want{{{0, 2}, {0, 2}}, {{0, 2}, {2, 4}}, {{0, 2}, {0, 2}}, {{0, 2}, {2, 4}},
-                             {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}}, {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}}};
-    for (std::int64_t r = 0; r < 8; ++r) CHECK(slice_of(m, s, {4, 4}, r) == want[static_cast<std::size_t>(r)]);
+    std::vector<Ranges> want{{{0, 2}, {0, 2}}, {{0, 2}, {2, 4}}, {{0, 2}, {0, 2}},
+                             {{0, 2}, {2, 4}}, {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}},
+                             {{2, 4}, {0, 2}}, {{2, 4}, {2, 4}}};
+    for (std::int64_t r = 0; r < 8; ++r)
+      CHECK(slice_of(m, s, {4, 4}, r) == want[static_cast<std::size_t>(r)]);
     CHECK(replication_groups(m, s) ==
           std::vector<std::vector<std::int64_t>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
     CHECK(repeat_num(m, s) == 2);
@@ -159,26 +166,32 @@ TEST_CASE("layout: 3-D mesh (2,2,2) slices", "[shard][layout]") {
 
 TEST_CASE("layout: tensor_map integers count axes from the right", "[shard][layout]") {
   Mesh m = mesh({2, 2, 2}, {"dp", "sp", "mp"});
-  CHECK(tensor_map_ints(m, sharding(m, {{"dp"}, {"mp"}})) == std::vector<std::vector<int>>{{2}, {0}});
+  CHECK(tensor_map_ints(m, sharding(m, {{"dp"}, {"mp"}})) ==
+        std::vector<std::vector<int>>{{2}, {0}});
   CHECK(tensor_map_ints(m, sharding(m, {{"None"}, {"sp", "mp"}})) ==
         std::vector<std::vector<int>>{{-1}, {1, 0}});
-  CHECK(format_sharding(m, sharding(m, {{"dp"}, {"sp", "mp"}, {"None"}})) == "(dp, (sp, mp), None)");
+  CHECK(format_sharding(m, sharding(m, {{"dp"}, {"sp", "mp"}, {"None"}})) ==
+        "(dp, (sp, mp), None)");
   Sharding p = sharding(m, {{"dp"}, {}});
   p.partial = {{2, ReduceOp::sum}, {1, ReduceOp::sum}};
   CHECK(format_sharding(m, p) == "(dp, None) partial(sum: mp, sp)");
 }
 
 TEST_CASE("layout: mesh validation messages", "[shard][layout]") {
-  CHECK(error_of(Mesh::make({2, 2, 2}, {"dp", "mp"})) == "layout: device_matrix has 3 axes but alias_name has 2");
+  CHECK(error_of(Mesh::make({2, 2, 2}, {"dp", "mp"})) ==
+        "layout: device_matrix has 3 axes but alias_name has 2");
   CHECK(error_of(Mesh::make({2, 0}, {"dp", "mp"})) == "layout: axis 'mp' has size 0");
   CHECK(error_of(Mesh::make({2, -2}, {"dp", "mp"})) == "layout: axis 'mp' has size -2");
   CHECK(error_of(Mesh::make({2, 2}, {"dp", "dp"})) == "layout: alias 'dp' appears twice");
-  CHECK(error_of(Mesh::make({2, 2}, {"dp", "None"})) == "layout: alias 'None' is reserved for an unsplit dim");
+  CHECK(error_of(Mesh::make({2, 2}, {"dp", "None"})) ==
+        "layout: alias 'None' is reserved for an unsplit dim");
   CHECK(error_of(Mesh::make({2, 2}, {"dp", ""})) == "layout: axis 1 has an empty alias");
   CHECK(error_of(Mesh::make({2, 4}, {"dp", "mp"}, {0, 1, 2, 3, 4, 5})) ==
         "layout: rank_list has 6 entries, mesh has 8 devices");
-  CHECK(error_of(Mesh::make({2, 2}, {"dp", "mp"}, {0, 1, 1, 3})) == "layout: rank 1 appears twice in rank_list");
-  CHECK(error_of(Mesh::make({2, 2}, {"dp", "mp"}, {0, 1, -2, 3})) == "layout: rank_list entry -2 is negative");
+  CHECK(error_of(Mesh::make({2, 2}, {"dp", "mp"}, {0, 1, 1, 3})) ==
+        "layout: rank 1 appears twice in rank_list");
+  CHECK(error_of(Mesh::make({2, 2}, {"dp", "mp"}, {0, 1, -2, 3})) ==
+        "layout: rank_list entry -2 is negative");
   CHECK(error_of(Mesh::make({2, 2, 2}, {"dp", "interleaved_parallel", "mp"})) ==
         "layout: 'interleaved_parallel' must be the last axis");
   auto last = Mesh::make({2, 4, 2}, {"dp", "mp", "interleaved_parallel"});
@@ -189,10 +202,12 @@ TEST_CASE("layout: mesh validation messages", "[shard][layout]") {
 TEST_CASE("layout: tensor_map validation messages", "[shard][layout]") {
   Mesh m = mesh({2, 4}, {"dp", "mp"});
   CHECK(error_of(parse_tensor_map(m, {{"tp"}, {}}, "w")) == "layout: axis 'tp' is not in (dp, mp)");
-  CHECK(error_of(parse_tensor_map(m, {{"dp"}, {"dp"}}, "w")) == "layout: axis 'dp' shards both dim 0 and dim 1");
+  CHECK(error_of(parse_tensor_map(m, {{"dp"}, {"dp"}}, "w")) ==
+        "layout: axis 'dp' shards both dim 0 and dim 1");
   CHECK(error_of(parse_tensor_map(m, {{"mp"}, {"dp", "mp"}}, "w")) ==
         "layout: axis 'mp' shards both dim 0 and dim 1");
-  CHECK(error_of(parse_tensor_map(m, {{"dp", "dp"}, {}}, "w")) == "layout: axis 'dp' appears twice in dim 0");
+  CHECK(error_of(parse_tensor_map(m, {{"dp", "dp"}, {}}, "w")) ==
+        "layout: axis 'dp' appears twice in dim 0");
   CHECK(error_of(parse_tensor_map(m, {{"dp"}, {}, {}}, "w", 2)) ==
         "layout: tensor 'w' has rank 2 but layout has 3 entries");
   auto named = parse_tensor_map(m, {{"tp"}}, "w");
@@ -241,7 +256,8 @@ TEST_CASE("layout: local and global shapes round trip", "[shard][layout]") {
 TEST_CASE("layout: uneven chunk sizes follow torch.chunk", "[shard][layout]") {
   auto sizes = [](std::int64_t n, std::int64_t parts) {
     std::vector<std::int64_t> out;
-    for (std::int64_t k = 0; k < parts; ++k) out.push_back(chunk_range(n, parts, k, Uneven::chunk).size());
+    for (std::int64_t k = 0; k < parts; ++k)
+      out.push_back(chunk_range(n, parts, k, Uneven::chunk).size());
     return out;
   };
   CHECK(sizes(5, 4) == std::vector<std::int64_t>{2, 2, 1, 0});

@@ -1,5 +1,5 @@
-// The manifest's view of the graph's inputs and outputs and of micro-batching: what the runtime needs
-// to feed the ranks and to reassemble the outputs (hp/job/sharded.h).
+// The manifest's view of the graph's inputs and outputs and of micro-batching: what the runtime
+// needs to feed the ranks and to reassemble the outputs (hp/job/sharded.h).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -13,7 +13,8 @@ using namespace hp;
 using namespace hp::shard;
 using namespace shard_test;
 
-TEST_CASE("a pipeline with micro-batches specialises the partitions to one micro-batch", "[shard][manifest]") {
+TEST_CASE("a pipeline with micro-batches specialises the partitions to one micro-batch",
+          "[shard][manifest]") {
   auto p = prepare(recipe_file("gpt2-dp2-pp2-mb2"));
   REQUIRE(p.ok());
   Manifest m = make_manifest(**p);
@@ -38,10 +39,11 @@ TEST_CASE("micro-batches that do not divide the batch are a located error", "[sh
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("hp_shard_mb_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "r.toml") << "[recipe]\nversion = 1\nname = \"x\"\nmodel = \"" << HP_SOURCE_DIR
-                                << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\n[model]\n"
-                                   "dims = { batch = 3, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
-                                   "micro_batches = 2\n";
+  std::ofstream(dir / "r.toml")
+      << "[recipe]\nversion = 1\nname = \"x\"\nmodel = \"" << HP_SOURCE_DIR
+      << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\n[model]\n"
+         "dims = { batch = 3, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
+         "micro_batches = 2\n";
   auto p = prepare(dir / "r.toml");
   fs::remove_all(dir);
   REQUIRE_FALSE(p.ok());
@@ -53,10 +55,11 @@ TEST_CASE("interleaved stages give every rank one partition per model chunk", "[
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("hp_shard_il_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "r.toml") << "[recipe]\nversion = 1\nname = \"il\"\nmodel = \"" << HP_SOURCE_DIR
-                                << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\nnodes = 2\n"
-                                   "[model]\ndims = { batch = 2, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
-                                   "micro_batches = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\n";
+  std::ofstream(dir / "r.toml")
+      << "[recipe]\nversion = 1\nname = \"il\"\nmodel = \"" << HP_SOURCE_DIR
+      << "/tests/data/models/tiny-gpt2.onnx\"\ncluster = \"local-cpu\"\nnodes = 2\n"
+         "[model]\ndims = { batch = 2, seq = 12 }\n[parallel]\ndp = 1\ntp = 1\npp = 2\n"
+         "micro_batches = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\n";
   auto p = prepare(dir / "r.toml");
   REQUIRE(p.ok());
   Manifest m = make_manifest(**p);
@@ -79,9 +82,11 @@ TEST_CASE("interleaved stages give every rank one partition per model chunk", "[
   fs::remove_all(dir);
 }
 
-TEST_CASE("malformed micro-batch, chunk and input entries of a manifest are located errors", "[shard][manifest]") {
-  const std::string head = "[manifest]\nversion = 1\nmodel = \"m.onnx\"\nrecipe = \"r.toml\"\ndp = 1\ntp = 1\npp = 1\n"
-                           "weights = true\ndevice_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n";
+TEST_CASE("malformed micro-batch, chunk and input entries of a manifest are located errors",
+          "[shard][manifest]") {
+  const std::string head =
+      "[manifest]\nversion = 1\nmodel = \"m.onnx\"\nrecipe = \"r.toml\"\ndp = 1\ntp = 1\npp = 1\n"
+      "weights = true\ndevice_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n";
   auto bad_mb = parse_manifest(head + "micro_batches = 0\n", "m.toml");
   REQUIRE_FALSE(bad_mb.ok());
   CHECK(bad_mb.error().str().find("micro_batches = 0") != std::string::npos);
@@ -89,14 +94,18 @@ TEST_CASE("malformed micro-batch, chunk and input entries of a manifest are loca
   auto bad_v = parse_manifest(head + "virtual_stages = -1\n", "m.toml");
   REQUIRE_FALSE(bad_v.ok());
   CHECK(bad_v.error().str().find("virtual_stages = -1") != std::string::npos);
-  auto bad_in = parse_manifest(head + "\n[[inputs]]\ntensor = \"x\"\nshape = [2, 3]\ntensor_map = [[\"dp\"]]\n"
-                                      "partial = []\n", "m.toml");
+  auto bad_in =
+      parse_manifest(head +
+                         "\n[[inputs]]\ntensor = \"x\"\nshape = [2, 3]\ntensor_map = [[\"dp\"]]\n"
+                         "partial = []\n",
+                     "m.toml");
   REQUIRE_FALSE(bad_in.ok());
   CHECK(bad_in.error().str().find("'x' has 2 dims but a tensor_map of 1") != std::string::npos);
   CHECK(bad_in.error().str().find("m.toml:") != std::string::npos);
 }
 
-TEST_CASE("format_manifest writes the documented layout byte for byte and reads back", "[shard][manifest]") {
+TEST_CASE("format_manifest writes the documented layout byte for byte and reads back",
+          "[shard][manifest]") {
   // The text is what the manifest writer produced before it shared hp/recipe/toml_writer.h.
   Manifest m;
   m.model = "m \"x\".onnx";
@@ -116,7 +125,8 @@ TEST_CASE("format_manifest writes the documented layout byte for byte and reads 
   m.outputs = {{"logits", {8, 12, 50}, {{"dp"}, {}, {"tp", "dp"}}, {}, "stage 1", false}};
   m.layouts = {{"w", {4, 4}, {{}, {"tp"}}, {"dp"}, "recipe (r.toml:12:1)", false}};
   m.redistributions = {{"x", "", "S(0)", "R", {"all_gather tp", "slice \"dp\""}}};
-  const std::string want = R"TOML(# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).
+  const std::string want =
+      R"TOML(# Written by hp shard: the per-rank partitions of this directory (see hp-shard(1)).
 [manifest]
 version = 1
 model = "m \"x\".onnx"

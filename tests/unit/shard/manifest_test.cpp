@@ -1,5 +1,6 @@
-// manifest.toml: the manifest of a real partition round-trips through format/parse, names every rank
-// once with its stage and coordinates, orders group members, and malformed manifests are located errors.
+// manifest.toml: the manifest of a real partition round-trips through format/parse, names every
+// rank once with its stage and coordinates, orders group members, and malformed manifests are
+// located errors.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,7 +12,8 @@
 using namespace hp;
 using namespace hp::shard;
 
-TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent", "[shard][manifest]") {
+TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent",
+          "[shard][manifest]") {
   auto p = prepare(shard_test::recipe_file("gpt2-dp2-tp2-pp2"));
   REQUIRE(p.ok());
   Manifest m = make_manifest(**p);
@@ -29,9 +31,18 @@ TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent", "
   CHECK(ranks.size() == 8);
   int tp = 0, dp = 0, pp = 0;
   for (const auto& g : m.groups) {
-    if (g.kind == "tp") { ++tp; CHECK(g.members[1] == g.members[0] + 1); }
-    if (g.kind == "dp") { ++dp; CHECK(g.members[1] == g.members[0] + 2); }
-    if (g.kind == "pp") { ++pp; CHECK(g.members[1] == g.members[0] + 4); }
+    if (g.kind == "tp") {
+      ++tp;
+      CHECK(g.members[1] == g.members[0] + 1);
+    }
+    if (g.kind == "dp") {
+      ++dp;
+      CHECK(g.members[1] == g.members[0] + 2);
+    }
+    if (g.kind == "pp") {
+      ++pp;
+      CHECK(g.members[1] == g.members[0] + 4);
+    }
   }
   CHECK(tp == 4);
   CHECK(dp == 4);
@@ -45,7 +56,8 @@ TEST_CASE("the manifest of an 8-rank partition round-trips and is consistent", "
   CHECK(*back == m);
 }
 
-TEST_CASE("every comm node's group_name is a manifest group with the same ordered members", "[shard][manifest]") {
+TEST_CASE("every comm node's group_name is a manifest group with the same ordered members",
+          "[shard][manifest]") {
   auto p = prepare(shard_test::recipe_file("gpt2-dp2-tp2-pp2"));
   REQUIRE(p.ok());
   Manifest m = make_manifest(**p);
@@ -84,11 +96,14 @@ TEST_CASE("malformed manifests are located errors", "[shard][manifest]") {
   REQUIRE(!missing.ok());
   CHECK(missing.error().message().find("missing key") != std::string::npos);
   auto wrong_stage = parse_manifest(
-      "[manifest]\nversion = 1\nmodel = \"m\"\nrecipe = \"r\"\ndp = 1\ntp = 1\npp = 1\nweights = true\n"
-      "device_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n[[ranks]]\nrank = 0\nstage = 3\nfile = \"rank0.onnx\"\n"
+      "[manifest]\nversion = 1\nmodel = \"m\"\nrecipe = \"r\"\ndp = 1\ntp = 1\npp = 1\nweights = "
+      "true\n"
+      "device_matrix = [1, 1]\nalias_name = [\"dp\", \"tp\"]\n[[ranks]]\nrank = 0\nstage = 3\nfile "
+      "= \"rank0.onnx\"\n"
       "dp = 0\ntp = 0\npp = 3\n",
       "m.toml");
   REQUIRE(!wrong_stage.ok());
   CHECK(wrong_stage.error().where() == "m.toml:11:1");
-  CHECK(parse_manifest("[manifest]\nversion = 2\n", "m.toml").error().message().find("version 2") != std::string::npos);
+  CHECK(parse_manifest("[manifest]\nversion = 2\n", "m.toml").error().message().find("version 2") !=
+        std::string::npos);
 }

@@ -32,7 +32,9 @@ int count_weights(const Prepared& p, const std::string& origin) {
   int n = 0;
   for (std::size_t t = 0; t < p.graph.tensors.size(); ++t)
     // Prefix: a fused projection's origin adds " (blocked: 3 blocks on dim 0)".
-    if (p.graph.tensors[t].kind == model::TensorKind::initializer && p.prop.origin[t].rfind(origin, 0) == 0) ++n;
+    if (p.graph.tensors[t].kind == model::TensorKind::initializer &&
+        p.prop.origin[t].rfind(origin, 0) == 0)
+      ++n;
   return n;
 }
 
@@ -74,7 +76,9 @@ TEST_CASE("plans: partial sums, gathers and slices", "[shard][propagate]") {
     REQUIRE(q->steps.size() == 1);
     CHECK(q->steps[0].kind == StepKind::local_slice);
   }
-  SECTION("an axis moving between dims: plan_steps gathers, then slices (propagation uses all-to-all)") {
+  SECTION(
+      "an axis moving between dims: plan_steps gathers, then slices (propagation uses "
+      "all-to-all)") {
     auto p = plan_steps(m, sh({{1}, {}}), sh({{}, {1}}), {4, 8}, 4);
     REQUIRE(p.ok());
     REQUIRE(p->steps.size() == 2);
@@ -125,10 +129,13 @@ TEST_CASE("GPT-2 and Llama: attention and MLP projections split Megatron-style, 
     CHECK(count_weights(P, "row-parallel") >= 4);         // mlp projection per layer
     // The token embedding is vocabulary-parallel (its lookups a partial sum); positions stay whole.
     CHECK(count_weights(P, "vocab-parallel") == 1);
-    CHECK(P.prop.origin[static_cast<std::size_t>(P.graph.find_tensor("wte.weight"))] == "vocab-parallel");
+    CHECK(P.prop.origin[static_cast<std::size_t>(P.graph.find_tensor("wte.weight"))] ==
+          "vocab-parallel");
     for (std::size_t t = 0; t < P.graph.tensors.size(); ++t) {
       INFO(P.graph.tensors[t].name);
-      CHECK(check_shape(P.prop.mesh, P.prop.layout[t], global_shape(P.graph.tensors[t]), P.graph.tensors[t].name).ok());
+      CHECK(check_shape(P.prop.mesh, P.prop.layout[t], global_shape(P.graph.tensors[t]),
+                        P.graph.tensors[t].name)
+                .ok());
     }
   }
   SECTION("llama: q/k/v column, o/down row, the [b, h, s, d] attention split on heads") {
@@ -154,11 +161,12 @@ TEST_CASE("the recipe's [layouts] override defaults by name and glob", "[shard][
   fs::path d = fs::temp_directory_path() / ("hp_shard_layouts_" + std::to_string(::getpid()));
   fs::create_directories(d);
   std::string model = std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-mlp.onnx";
-  std::ofstream(d / "r.toml") << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" << model
-                              << "\"\ncluster = \"local-cpu\"\n[model]\ndims = { batch = 8 }\n"
-                                 "[parallel]\ndp = 1\ntp = 2\npp = 1\n"
-                                 "[layouts.\"*.weight\"]\ndevice_matrix = [1, 2]\nalias_name = [\"dp\", \"mp\"]\n"
-                                 "tensor_map = [\"None\", \"None\"]\n";
+  std::ofstream(d / "r.toml")
+      << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"" << model
+      << "\"\ncluster = \"local-cpu\"\n[model]\ndims = { batch = 8 }\n"
+         "[parallel]\ndp = 1\ntp = 2\npp = 1\n"
+         "[layouts.\"*.weight\"]\ndevice_matrix = [1, 2]\nalias_name = [\"dp\", \"mp\"]\n"
+         "tensor_map = [\"None\", \"None\"]\n";
   auto p = prepare(d / "r.toml");
   REQUIRE(p.ok());
   const Prepared& P = **p;

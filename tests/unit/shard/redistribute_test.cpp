@@ -16,7 +16,8 @@ using Groups = std::vector<std::vector<std::int64_t>>;
 
 namespace {
 
-Mesh make_mesh(std::vector<std::int64_t> dims, std::vector<std::string> axes, std::vector<std::int64_t> ranks = {}) {
+Mesh make_mesh(std::vector<std::int64_t> dims, std::vector<std::string> axes,
+               std::vector<std::int64_t> ranks = {}) {
   auto m = Mesh::make(std::move(dims), std::move(axes), std::move(ranks));
   REQUIRE(m.ok());
   return *m;
@@ -27,7 +28,8 @@ Sharding L(std::vector<std::vector<int>> dims, std::vector<PartialAxis> partial 
 }
 
 /// Plans and proves; every plan a test looks at is also checked by the simulator.
-RedistPlan plan(const Mesh& m, const Sharding& from, const Sharding& to, std::vector<std::int64_t> shape) {
+RedistPlan plan(const Mesh& m, const Sharding& from, const Sharding& to,
+                std::vector<std::int64_t> shape) {
   auto p = plan_redistribution(m, from, to, shape, 4);
   INFO(format_sharding(m, from) << " -> " << format_sharding(m, to));
   REQUIRE(p.ok());
@@ -88,12 +90,13 @@ TEST_CASE("redistribute: verified plans on mesh (2,2)", "[shard][redistribute]")
     check_step(p.steps[1], StepKind::all_gather, {0}, 0, kOverX);
   }
   SECTION("((x,y),None) -> ((y,x),None): one permute instead of the reference's gather + split") {
-    // The reference plan (AG over [0,1,2,3], split in order [0,2,1,3]) is proven in simulate_test; hp
-    // moves each block once: ranks 1 and 2 swap, 0 and 3 keep theirs.
+    // The reference plan (AG over [0,1,2,3], split in order [0,2,1,3]) is proven in simulate_test;
+    // hp moves each block once: ranks 1 and 2 swap, 0 and 3 keep theirs.
     RedistPlan p = plan(m, L({{0, 1}, {}}), L({{1, 0}, {}}), {8, 4});
     REQUIRE(p.steps.size() == 1);
     CHECK(p.steps[0].kind == StepKind::permute);
-    CHECK(p.steps[0].pairs == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {2, 1}, {1, 2}, {3, 3}});
+    CHECK(p.steps[0].pairs ==
+          std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {2, 1}, {1, 2}, {3, 3}});
     CHECK(p.steps[0].groups == Groups{{0, 1, 2, 3}});
     CHECK_FALSE(p.full_rematerialization);
   }
@@ -104,7 +107,8 @@ TEST_CASE("redistribute: verified plans on mesh (2,2)", "[shard][redistribute]")
   }
 }
 
-TEST_CASE("redistribute: mesh (2,4) (None,mp) -> (mp,None) is one all-to-all", "[shard][redistribute]") {
+TEST_CASE("redistribute: mesh (2,4) (None,mp) -> (mp,None) is one all-to-all",
+          "[shard][redistribute]") {
   Mesh m = make_mesh({2, 4}, {"dp", "mp"});
   RedistPlan p = plan(m, L({{}, {1}}), L({{1}, {}}), {8, 8});
   REQUIRE(p.steps.size() == 1);
@@ -129,13 +133,15 @@ TEST_CASE("redistribute: the cases HyperParallel plans wrongly", "[shard][redist
   }
   SECTION("((x,y),None) -> (y,None) never gathers over x alone") {
     RedistPlan p = plan(m, L({{0, 1}, {}}), L({{1}, {}}), {8, 4});
-    for (const RedistStep& s : p.steps) CHECK_FALSE((s.kind == StepKind::all_gather && s.axes == std::vector<int>{0}));
-    // Gather the minor axis y (contiguous blocks), giving (x,None); then move each block once to (y,None)
-    // rather than gathering the whole tensor and slicing it again.
+    for (const RedistStep& s : p.steps)
+      CHECK_FALSE((s.kind == StepKind::all_gather && s.axes == std::vector<int>{0}));
+    // Gather the minor axis y (contiguous blocks), giving (x,None); then move each block once to
+    // (y,None) rather than gathering the whole tensor and slicing it again.
     REQUIRE(p.steps.size() == 2);
     check_step(p.steps[0], StepKind::all_gather, {1}, 0, kOverY);
     CHECK(p.steps[1].kind == StepKind::permute);
-    CHECK(p.steps[1].pairs == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {2, 1}, {1, 2}, {3, 3}});
+    CHECK(p.steps[1].pairs ==
+          std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {2, 1}, {1, 2}, {3, 3}});
     CHECK_FALSE(p.full_rematerialization);
   }
 }
@@ -191,7 +197,8 @@ TEST_CASE("redistribute: partials created from replicated values", "[shard][redi
   CHECK(plan(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::avg}}), {4, 4}).steps.empty());
   CHECK(plan(m, L({{0}, {1}}), L({{}, {0}}, {{1, ReduceOp::max}}), {4, 4}).steps.size() == 2);
   // A partial(sum) source changing its op: all-reduce, then the new partial is a relabelling.
-  RedistPlan change = plan(m, L({{}, {}}, {{1, ReduceOp::sum}}), L({{}, {}}, {{1, ReduceOp::max}}), {4, 4});
+  RedistPlan change =
+      plan(m, L({{}, {}}, {{1, ReduceOp::sum}}), L({{}, {}}, {{1, ReduceOp::max}}), {4, 4});
   REQUIRE(change.steps.size() == 1);
   CHECK(change.steps[0].kind == StepKind::all_reduce);
 }
@@ -212,11 +219,14 @@ TEST_CASE("redistribute: errors", "[shard][redistribute]") {
   auto indivisible = plan_redistribution(m, L({{0}, {}}), L({{}, {}}), {5, 4}, 4);
   REQUIRE_FALSE(indivisible.ok());
   CHECK(indivisible.error().code == hp::Errc::bad_input);
-  auto create = plan_redistribution(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::prod}}), {4, 4}, 4);
+  auto create =
+      plan_redistribution(m, L({{0}, {}}), L({{0}, {}}, {{1, ReduceOp::prod}}), {4, 4}, 4);
   REQUIRE_FALSE(create.ok());
-  CHECK(create.error().message() == "redistribute: cannot create partial(prod) over 'y'; only sum, avg, max and "
-                                    "min partials can be made from replicated values");
-  auto mixed = plan_redistribution(m, L({{}, {}}, {{0, ReduceOp::sum}, {1, ReduceOp::max}}), L({{}, {}}), {4, 4}, 4);
+  CHECK(create.error().message() ==
+        "redistribute: cannot create partial(prod) over 'y'; only sum, avg, max and "
+        "min partials can be made from replicated values");
+  auto mixed = plan_redistribution(m, L({{}, {}}, {{0, ReduceOp::sum}, {1, ReduceOp::max}}),
+                                   L({{}, {}}), {4, 4}, 4);
   REQUIRE_FALSE(mixed.ok());
   CHECK(mixed.error().code == hp::Errc::bad_input);
   auto same = plan_redistribution(m, L({{0}, {1}}), L({{0}, {1}}), {4, 4}, 4);
@@ -230,7 +240,8 @@ TEST_CASE("redistribute: describe reports a full rematerialization", "[shard][re
   RedistPlan p = plan(m, L({{0}, {}}), L({{}, {}}), {4, 4});
   CHECK(p.describe(m).find("replicates") == std::string::npos);
   p.full_rematerialization = true;
-  CHECK(p.describe(m).find("note: the plan replicates the whole tensor before slicing it again") != std::string::npos);
+  CHECK(p.describe(m).find("note: the plan replicates the whole tensor before slicing it again") !=
+        std::string::npos);
 }
 
 TEST_CASE("redistribute: describe prints one line per step", "[shard][redistribute]") {
@@ -238,6 +249,7 @@ TEST_CASE("redistribute: describe prints one line per step", "[shard][redistribu
   RedistPlan p = plan(m, L({{0}, {1}}), L({{1}, {0}}), {4, 4});
   CHECK(p.describe(m) ==
         "1. all_gather over x on dim 0: (x, y) -> (None, y); groups [0,2] [1,3]; 32 B per rank\n"
-        "2. all_to_all over y: split dim 0, concat dim 1: (None, y) -> (y, None); groups [0,1] [2,3]; 32 B per rank\n"
+        "2. all_to_all over y: split dim 0, concat dim 1: (None, y) -> (y, None); groups [0,1] "
+        "[2,3]; 32 B per rank\n"
         "3. local_slice over x on dim 1: (y, None) -> (y, x); groups [0,2] [1,3]; 0 B per rank\n");
 }

@@ -50,7 +50,8 @@ RedistPlan plan(const Mesh& m, Sharding from, Sharding to, std::vector<std::int6
 TEST_CASE("shard cost: all-gathers inside and across nodes", "[shard][cost]") {
   topology::Topology t = cluster(2);
   Mesh m = mesh22();
-  // (x,y) -> (None,None): AG over x ([0,2]: across nodes, n = 32 B), then over y ([0,1]: in a node, 64 B).
+  // (x,y) -> (None,None): AG over x ([0,2]: across nodes, n = 32 B), then over y ([0,1]: in a node,
+  // 64 B).
   RedistPlan p = plan(m, {{{0}, {1}}, {}}, {{{}, {}}, {}}, {4, 4});
   auto c = plan_cost(t, p);
   REQUIRE(c.ok());
@@ -60,19 +61,22 @@ TEST_CASE("shard cost: all-gathers inside and across nodes", "[shard][cost]") {
   CHECK(c->seconds == Approx(c->step_seconds[0] + c->step_seconds[1]));
 }
 
-TEST_CASE("shard cost: reductions include gamma; all-reduce ring and recursive doubling", "[shard][cost]") {
+TEST_CASE("shard cost: reductions include gamma; all-reduce ring and recursive doubling",
+          "[shard][cost]") {
   topology::Topology t = cluster(2);
   Mesh m = mesh22();
   Sharding partial{{{}, {}}, {{0, ReduceOp::sum}, {1, ReduceOp::sum}}};
   const double gamma = 1e-12;
-  // To (y,None): reduce-scatter over y (in a node, n = 64 B), then all-reduce over x (across, n = 32 B).
+  // To (y,None): reduce-scatter over y (in a node, n = 64 B), then all-reduce over x (across, n =
+  // 32 B).
   RedistPlan p = plan(m, partial, {{{1}, {}}, {}}, {4, 4});
   REQUIRE(p.steps.size() == 2);
   REQUIRE(p.steps[1].kind == StepKind::all_reduce);
   auto ring = plan_cost(t, p, {gamma, AllReduceAlgo::ring});
   REQUIRE(ring.ok());
   CHECK(ring->step_seconds[0] == Approx(kIntraLat + 0.5 * 64 * (1 / kIntraBw + gamma)));
-  CHECK(ring->step_seconds[1] == Approx(2 * kInterLat + 2 * 0.5 * 32 / kInterBw + 0.5 * 32 * gamma));
+  CHECK(ring->step_seconds[1] ==
+        Approx(2 * kInterLat + 2 * 0.5 * 32 / kInterBw + 0.5 * 32 * gamma));
   auto rd = plan_cost(t, p, {gamma, AllReduceAlgo::recursive_doubling});
   REQUIRE(rd.ok());
   CHECK(rd->step_seconds[1] == Approx(1 * (kInterLat + 32 / kInterBw + 32 * gamma)));
@@ -88,9 +92,11 @@ TEST_CASE("shard cost: reductions include gamma; all-reduce ring and recursive d
 TEST_CASE("shard cost: all-to-all, permute and local slices", "[shard][cost]") {
   topology::Topology t = cluster(2);
   Mesh m = mesh22();
-  RedistPlan a2a = plan(m, {{{0}, {}}, {}}, {{{}, {0}}, {}}, {4, 4});  // over x: across nodes, n = 32 B
+  RedistPlan a2a =
+      plan(m, {{{0}, {}}, {}}, {{{}, {0}}, {}}, {4, 4});  // over x: across nodes, n = 32 B
   CHECK(*step_time(t, a2a.steps[0]) == Approx(kInterLat + 0.5 * 32 / kInterBw));
-  RedistPlan perm = plan(m, {{{0, 1}, {}}, {}}, {{{1, 0}, {}}, {}}, {8, 4});  // ranks 1 <-> 2 swap 32 B
+  RedistPlan perm =
+      plan(m, {{{0, 1}, {}}, {}}, {{{1, 0}, {}}, {}}, {8, 4});  // ranks 1 <-> 2 swap 32 B
   REQUIRE(perm.steps[0].kind == StepKind::permute);
   CHECK(*step_time(t, perm.steps[0]) == Approx(kInterLat + 32 / kInterBw));
   RedistPlan slice = plan(m, {{{0}, {}}, {}}, {{{0, 1}, {}}, {}}, {8, 4});

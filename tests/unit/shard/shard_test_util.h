@@ -1,6 +1,7 @@
 // Shared by the shard tests: recipes under tests/data/recipes/shard, and an in-process "world" that
 // runs every rank's partition in its own thread with a CommOps doing the collectives and the
-// pipeline's Send/Recv in memory, so partitions are checked numerically against the unsharded model.
+// pipeline's Send/Recv in memory, so partitions are checked numerically against the unsharded
+// model.
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -13,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "hp/exec/executor.h"
 #include "hp/exec/backends.h"
+#include "hp/exec/executor.h"
 #include "hp/shard/shard.h"
 
 namespace shard_test {
@@ -51,13 +52,16 @@ inline HostTensor concat(const std::vector<HostTensor>& parts, std::int64_t axis
   std::int64_t outer = 1;
   for (std::int64_t d = 0; d < axis; ++d) outer *= out.dims[static_cast<std::size_t>(d)];
   out.dims[static_cast<std::size_t>(axis)] = 0;
-  for (const auto& p : parts) out.dims[static_cast<std::size_t>(axis)] += p.dims[static_cast<std::size_t>(axis)];
+  for (const auto& p : parts)
+    out.dims[static_cast<std::size_t>(axis)] += p.dims[static_cast<std::size_t>(axis)];
   out.data.clear();
   for (std::int64_t o = 0; o < outer; ++o)
     for (const auto& p : parts) {
       std::size_t chunk = p.data.size() / static_cast<std::size_t>(outer);
-      out.data.insert(out.data.end(), p.data.begin() + static_cast<std::ptrdiff_t>(o * static_cast<std::int64_t>(chunk)),
-                      p.data.begin() + static_cast<std::ptrdiff_t>((o + 1) * static_cast<std::int64_t>(chunk)));
+      out.data.insert(
+          out.data.end(),
+          p.data.begin() + static_cast<std::ptrdiff_t>(o * static_cast<std::int64_t>(chunk)),
+          p.data.begin() + static_cast<std::ptrdiff_t>((o + 1) * static_cast<std::int64_t>(chunk)));
     }
   (void)es;
   return out;
@@ -74,7 +78,8 @@ inline std::vector<HostTensor> split(const HostTensor& t, std::int64_t axis, std
     p.dims[static_cast<std::size_t>(axis)] /= n;
     p.data.clear();
     for (std::int64_t o = 0; o < outer; ++o) {
-      auto b = t.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(o) * row + static_cast<std::size_t>(k) * chunk);
+      auto b = t.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(o) * row +
+                                                            static_cast<std::size_t>(k) * chunk);
       p.data.insert(p.data.end(), b, b + static_cast<std::ptrdiff_t>(chunk));
     }
     parts.push_back(std::move(p));
@@ -91,18 +96,19 @@ class World {
   };
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::string, Slot> slots;                                // collective key -> deposits
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, HostTensor> mail;  // (src, dst, tag)
+  std::map<std::string, Slot> slots;  // collective key -> deposits
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, HostTensor>
+      mail;  // (src, dst, tag)
   int collectives = 0, messages = 0;
-  std::map<std::string, int> by_op;   // collective calls by op type (summed over ranks)
+  std::map<std::string, int> by_op;  // collective calls by op type (summed over ranks)
 };
 
 class Comm : public hp::exec::CommOps {
  public:
   Comm(World& w, std::int64_t rank) : w_(w), rank_(rank) {}
   bool handles(const std::string& op) const override {
-    return op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" || op == "AllToAll" || op == "Send" ||
-           op == "Recv";
+    return op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" || op == "AllToAll" ||
+           op == "Send" || op == "Recv";
   }
   hp::Status run(const CommNode& node, const std::vector<const HostTensor*>& in,
                  std::vector<HostTensor>& out) override {
@@ -114,8 +120,8 @@ class Comm : public hp::exec::CommOps {
       return {};
     }
     if (node.op_type == "Recv") {
-      std::tuple<std::int64_t, std::int64_t, std::int64_t> key{std::stoll(attr(node, "peer")), rank_,
-                                                               std::stoll(attr(node, "tag"))};
+      std::tuple<std::int64_t, std::int64_t, std::int64_t> key{
+          std::stoll(attr(node, "peer")), rank_, std::stoll(attr(node, "tag"))};
       w_.cv.wait(lock, [&] { return w_.mail.count(key) > 0; });
       out[0] = w_.mail[key];
       w_.mail.erase(key);
@@ -142,16 +148,21 @@ class Comm : public hp::exec::CommOps {
         for (std::int64_t i = 0; i < s.numel(); ++i) s.as<float>()[i] += parts[k].as<float>()[i];
       return s;
     };
-    if (node.op_type == "AllReduce") out[0] = sum();
-    else if (node.op_type == "AllGather") out[0] = concat(parts, std::stoll(attr(node, "axis")));
+    if (node.op_type == "AllReduce")
+      out[0] = sum();
+    else if (node.op_type == "AllGather")
+      out[0] = concat(parts, std::stoll(attr(node, "axis")));
     else if (node.op_type == "ReduceScatter")
-      out[0] = split(sum(), std::stoll(attr(node, "axis")), static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)];
+      out[0] = split(sum(), std::stoll(attr(node, "axis")),
+                     static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)];
     else if (node.op_type == "AllToAll") {
-      // Member j's chunk `me` (split along split_axis), concatenated along concat_axis in member order.
+      // Member j's chunk `me` (split along split_axis), concatenated along concat_axis in member
+      // order.
       std::vector<HostTensor> mine;
       for (const auto& part : parts)
-        mine.push_back(split(part, std::stoll(attr(node, "split_axis")),
-                             static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)]);
+        mine.push_back(
+            split(part, std::stoll(attr(node, "split_axis")),
+                  static_cast<std::int64_t>(group.size()))[static_cast<std::size_t>(me)]);
       out[0] = concat(mine, std::stoll(attr(node, "concat_axis")));
     }
     return {};

@@ -54,11 +54,13 @@ TEST_CASE("simulate: partial starting states reduce to the slice", "[shard][simu
     plan.steps.push_back(ar);
     CHECK(prove_plan(m, {4, 2}, from, layout({{0}, {}}), plan, 7).ok());
     // Without the reduction, the data is wrong.
-    CHECK(prove_plan(m, {4, 2}, from, layout({{0}, {}}), RedistPlan{}, 7).error().code == hp::Errc::mismatch);
+    CHECK(prove_plan(m, {4, 2}, from, layout({{0}, {}}), RedistPlan{}, 7).error().code ==
+          hp::Errc::mismatch);
   }
 }
 
-TEST_CASE("simulate: all-gather concatenates in member order, not rank order", "[shard][simulate]") {
+TEST_CASE("simulate: all-gather concatenates in member order, not rank order",
+          "[shard][simulate]") {
   Mesh m = mesh22();
   // ((y,x),None) -> (None,None): the gather group must be [0,2,1,3].
   RedistPlan plan;
@@ -115,7 +117,8 @@ TEST_CASE("simulate: all-to-all, reduce-scatter and permute semantics", "[shard]
 
   RedistPlan rs;
   rs.steps.push_back(step(StepKind::reduce_scatter, m, {1}, 1));  // row-parallel output to (x,y)
-  CHECK(prove_plan(m, {4, 4}, layout({{0}, {}}, {{1, ReduceOp::sum}}), layout({{0}, {1}}), rs).ok());
+  CHECK(
+      prove_plan(m, {4, 4}, layout({{0}, {}}, {{1, ReduceOp::sum}}), layout({{0}, {1}}), rs).ok());
 
   // (x,None) -> (y,None): ranks 1 and 2 swap their blocks; 0 and 3 keep theirs.
   RedistPlan perm;
@@ -140,5 +143,6 @@ TEST_CASE("simulate: malformed plans are internal errors", "[shard][simulate]") 
   REQUIRE_FALSE(st.ok());
   CHECK(st.error().code == hp::Errc::internal);
   plan.steps[0] = step(StepKind::local_slice, m, {0, 1}, 0);  // 2 rows do not split 4 ways
-  CHECK(prove_plan(m, {4, 4}, layout({{0}, {}}), layout({{}, {}}), plan).error().code == hp::Errc::internal);
+  CHECK(prove_plan(m, {4, 4}, layout({{0}, {}}), layout({{}, {}}), plan).error().code ==
+        hp::Errc::internal);
 }

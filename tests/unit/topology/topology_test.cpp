@@ -1,5 +1,5 @@
-// Topology: links between ranks, the effective link of a group, and collective costs checked against
-// hand-computed values.
+// Topology: links between ranks, the effective link of a group, and collective costs checked
+// against hand-computed values.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -29,7 +29,8 @@ Link must(Expected<Link> l) {
 }
 
 // A cluster built in code: nodes of g ranks, intra-node B_intra, inter-node B_inter, zero latency.
-Topology two_tier(std::int64_t g, std::int64_t nodes, double intra, double inter, double alpha = 0) {
+Topology two_tier(std::int64_t g, std::int64_t nodes, double intra, double inter,
+                  double alpha = 0) {
   recipe::Cluster c;
   c.name = "test";
   c.nodes = nodes;
@@ -163,7 +164,9 @@ TEST_CASE("collectives: worked example, flat ring vs hierarchical", "[topology]"
   std::vector<std::int64_t> node0{0, 1, 2, 3, 4, 5, 6, 7};
   Link inner = must(t.group_link(node0));
   CHECK(reduce_scatter_time(inner, 8, 1e9) == Approx(5.8333e-3));  // 5.83 ms
-  // The reference computes the inter-node step at the per-GPU bandwidth: 2*3/4 * (1e9/8)/25e9 = 7.5 ms.
+  // The reference computes the inter-node step at the per-GPU bandwidth: 2*3/4 * (1e9/8)/25e9 = 7.5
+  // ms.
   CHECK(all_reduce_time(flat, 4, 1e9 / 8) == Approx(7.5e-3));
-  CHECK(hierarchical_all_reduce_time(inner, flat, 8, 4, 1e9) == Approx(0.0191667).epsilon(1e-4));  // 19.2 ms
+  CHECK(hierarchical_all_reduce_time(inner, flat, 8, 4, 1e9) ==
+        Approx(0.0191667).epsilon(1e-4));  // 19.2 ms
 }

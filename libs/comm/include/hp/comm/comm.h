@@ -7,13 +7,13 @@
 // in-process one (one thread per rank, exchange through shared memory) for `--simulate` and unit
 // tests. On top, make_comm_ops() turns a Transport into the executor's CommOps: it parses the node
 // attributes, computes output shapes, packs chunks along the node's axis into contiguous blocks in
-// member order, calls the transport and unpacks. All tensor logic is therefore shared and tested once
-// with the in-process transport; the MPI transport is a thin byte mover (tests/mpi checks it).
+// member order, calls the transport and unpacks. All tensor logic is therefore shared and tested
+// once with the in-process transport; the MPI transport is a thin byte mover (tests/mpi checks it).
 //
-// Dtypes: every op moves any dtype; reductions (AllReduce, ReduceScatter) take f32, f64, i32 and i64.
-// Pipeline tags: Send/Recv add micro_batch * 4096 to the node's tag (hp_domain.h), where micro_batch
-// is set by the worker before each forward (set_micro_batch), so several in-flight micro-batches never
-// match the wrong message.
+// Dtypes: every op moves any dtype; reductions (AllReduce, ReduceScatter) take f32, f64, i32 and
+// i64. Pipeline tags: Send/Recv add micro_batch * 4096 to the node's tag (hp_domain.h), where
+// micro_batch is set by the worker before each forward (set_micro_batch), so several in-flight
+// micro-batches never match the wrong message.
 #pragma once
 
 #include <cstdint>
@@ -46,41 +46,50 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// out = the reduction of everyone's `in` (`count` elements of hp_dtype `dtype`); in == out is allowed.
-  /// avg is done by the caller (sum, then divide).
-  virtual Status allreduce(const std::vector<int>& group, const void* in, void* out, std::int64_t count, int dtype,
-                           ReduceOp op) = 0;
+  /// out = the reduction of everyone's `in` (`count` elements of hp_dtype `dtype`); in == out is
+  /// allowed. avg is done by the caller (sum, then divide).
+  virtual Status allreduce(const std::vector<int>& group, const void* in, void* out,
+                           std::int64_t count, int dtype, ReduceOp op) = 0;
   /// out = member 0's block, member 1's block, ... (each `bytes` long).
-  virtual Status allgather(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) = 0;
+  virtual Status allgather(const std::vector<int>& group, const void* in, void* out,
+                           std::int64_t bytes) = 0;
   /// in holds p blocks of `count` elements; member i gets the reduction of everyone's block i.
-  virtual Status reduce_scatter(const std::vector<int>& group, const void* in, void* out, std::int64_t count,
-                                int dtype, ReduceOp op) = 0;
-  /// in holds p blocks of `bytes`; block j goes to member j; out receives member i's block at position i.
-  virtual Status alltoall(const std::vector<int>& group, const void* in, void* out, std::int64_t bytes) = 0;
+  virtual Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,
+                                std::int64_t count, int dtype, ReduceOp op) = 0;
+  /// in holds p blocks of `bytes`; block j goes to member j; out receives member i's block at
+  /// position i.
+  virtual Status alltoall(const std::vector<int>& group, const void* in, void* out,
+                          std::int64_t bytes) = 0;
   /// Point-to-point; send may return before the receiver has the data (the bytes are copied).
   virtual Status send(int peer, int tag, const void* buf, std::int64_t bytes) = 0;
   virtual Status recv(int peer, int tag, void* buf, std::int64_t bytes) = 0;
-  /// Sends `sbuf` to `dst` and receives `rbuf` from `src` without ordering deadlocks; -1 skips a side.
-  virtual Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes, int tag) = 0;
-  /// Completes outstanding sends (their buffers were copied, so this only bounds memory and errors).
+  /// Sends `sbuf` to `dst` and receives `rbuf` from `src` without ordering deadlocks; -1 skips a
+  /// side.
+  virtual Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes,
+                          int tag) = 0;
+  /// Completes outstanding sends (their buffers were copied, so this only bounds memory and
+  /// errors).
   virtual Status flush() { return {}; }
 };
 
 struct CommPlan;
 
-/// The CommOps of a rank on `transport` (not owned; must outlive the result). Each node's attributes
-/// are parsed once and the plan kept per node (by address, checked against the node's attributes), so
-/// a step's cost is the transport's: inputs are read where they lie, outputs written into the memory
-/// the caller hands out, and chunk packing is skipped where a split axis is the outermost one.
+/// The CommOps of a rank on `transport` (not owned; must outlive the result). Each node's
+/// attributes are parsed once and the plan kept per node (by address, checked against the node's
+/// attributes), so a step's cost is the transport's: inputs are read where they lie, outputs
+/// written into the memory the caller hands out, and chunk packing is skipped where a split axis is
+/// the outermost one.
 class TransportCommOps : public CommOps {
  public:
   explicit TransportCommOps(Transport& transport);
   ~TransportCommOps() override;
   bool handles(const std::string& op_type) const override;
-  /// The HostTensor form: outputs are resized in place (a caller that keeps `outputs` reuses memory).
+  /// The HostTensor form: outputs are resized in place (a caller that keeps `outputs` reuses
+  /// memory).
   Status run(const CommNode& node, const std::vector<const HostTensor*>& inputs,
              std::vector<HostTensor>& outputs) override;
-  Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs, const CommAlloc& alloc) override;
+  Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs,
+                  const CommAlloc& alloc) override;
   /// Send/Recv tags become tag + micro_batch * 4096 (hp_domain.h).
   void set_micro_batch(int k) { micro_batch_ = k; }
   Transport& transport() { return t_; }
@@ -91,11 +100,14 @@ class TransportCommOps : public CommOps {
   Transport& t_;
   int micro_batch_ = 0;
   std::unordered_map<const CommNode*, std::unique_ptr<CommPlan>> plans_;
-  std::vector<unsigned char> pack_, got_;  ///< chunk packing, reused across calls (warm memory for MPI)
+  std::vector<unsigned char> pack_,
+      got_;  ///< chunk packing, reused across calls (warm memory for MPI)
 };
 
-/// Parses "0,2,1,3" (an int-list attribute as the executor hands it over). Errc::bad_input when malformed.
-Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text, const std::string& what);
+/// Parses "0,2,1,3" (an int-list attribute as the executor hands it over). Errc::bad_input when
+/// malformed.
+Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text,
+                                                   const std::string& what);
 
 // ---- MPI ---------------------------------------------------------------------------------------
 
@@ -112,9 +124,9 @@ void mpi_finalize();
 
 // ---- in process --------------------------------------------------------------------------------
 
-/// Runs `body(rank, transport)` on `ranks` threads that exchange through shared memory. A rank whose
-/// body fails makes every blocked peer fail too (no hang); a blocked call fails after `timeout_s`.
-/// Returns the first error by rank order.
+/// Runs `body(rank, transport)` on `ranks` threads that exchange through shared memory. A rank
+/// whose body fails makes every blocked peer fail too (no hang); a blocked call fails after
+/// `timeout_s`. Returns the first error by rank order.
 Status run_in_process(int ranks, const std::function<Status(int rank, Transport& t)>& body,
                       double timeout_s = 60);
 

@@ -1,6 +1,6 @@
-// Errors as values. Libraries never print or exit: they return an hp::Error, and only apps/ turns it
-// into "hp: error: <where>: <message>" and an exit code. An Error can carry several diagnostics so a
-// validating pass can report every problem of an input in one run (collect, then stop).
+// Errors as values. Libraries never print or exit: they return an hp::Error, and only apps/ turns
+// it into "hp: error: <where>: <message>" and an exit code. An Error can carry several diagnostics
+// so a validating pass can report every problem of an input in one run (collect, then stop).
 #pragma once
 
 #include <string>
@@ -29,8 +29,8 @@ struct Diagnostic {
 
 struct Error {
   Errc code = Errc::internal;
-  Diagnostic what;                    ///< the primary problem
-  std::vector<Diagnostic> more;       ///< further problems found by the same pass
+  Diagnostic what;               ///< the primary problem
+  std::vector<Diagnostic> more;  ///< further problems found by the same pass
 
   Error() = default;
   Error(Errc c, std::string message, std::string where = {}, std::string hint = {})

@@ -5,21 +5,24 @@
 // Every node lives in domain "hp" (the model imports opset {domain "hp", version 1}). Attributes:
 //
 //   group   ints    the ordered global ranks taking part. The order is the chunk order: AllGather
-//                   concatenates member i's chunk at position i, ReduceScatter/AllToAll give member i
-//                   chunk i. It need not be ascending (docs/shard.md, "Group member ordering");
+//                   concatenates member i's chunk at position i, ReduceScatter/AllToAll give member
+//                   i chunk i. It need not be ascending (docs/shard.md, "Group member ordering");
 //                   the comm layer permutes chunks when its communicator orders ranks differently.
 //   group_name string  optional; a manifest group name for logs.
 //
 //   AllReduce      X -> Y (same shape)            op: "sum" | "max" | "min" | "avg" | "prod"
 //   AllGather      X -> Y, Y.shape[axis] = p * X.shape[axis]               axis: int
-//   ReduceScatter  X -> Y, Y.shape[axis] = X.shape[axis] / p               axis: int, op as AllReduce
-//   AllToAll       X -> Y: X is split into p chunks along split_axis, chunk j goes to group[j]; the p
+//   ReduceScatter  X -> Y, Y.shape[axis] = X.shape[axis] / p               axis: int, op as
+//   AllReduce AllToAll       X -> Y: X is split into p chunks along split_axis, chunk j goes to
+//   group[j]; the p
 //                  chunks received are concatenated along concat_axis in group order.
 //                                                 split_axis: int, concat_axis: int
-//   CollectivePermute X -> Y: pairs = [src0, dst0, src1, dst1, ...] (global ranks); each rank sends X to
+//   CollectivePermute X -> Y: pairs = [src0, dst0, src1, dst1, ...] (global ranks); each rank sends
+//   X to
 //                  its dst and receives Y from its src; a rank with no src gets zeros of X's shape.
 //   Send           X -> (no outputs)              peer: int (global rank), tag: int
-//   Recv           (no inputs) -> Y               peer: int, tag: int, dtype: int (TensorProto type),
+//   Recv           (no inputs) -> Y               peer: int, tag: int, dtype: int (TensorProto
+//   type),
 //                                                 shape: ints
 //
 // Send/Recv tags: pipeline stages use tag = micro_batch * 4096 + tensor index, so several in-flight

@@ -11,14 +11,15 @@ namespace hp::exec {
 /// The comparison of one output.
 struct OutputCheck {
   std::string name;
-  double max_abs = 0;             ///< max |got - want|
-  double max_rel = 0;             ///< max |got - want| / |want| over elements with want != 0
-  std::int64_t bad = 0;           ///< elements with |got - want| > atol + rtol * |want|
-  std::string problem;            ///< dtype or shape mismatch, else empty
+  double max_abs = 0;    ///< max |got - want|
+  double max_rel = 0;    ///< max |got - want| / |want| over elements with want != 0
+  std::int64_t bad = 0;  ///< elements with |got - want| > atol + rtol * |want|
+  std::string problem;   ///< dtype or shape mismatch, else empty
   bool ok() const { return bad == 0 && problem.empty(); }
 };
 
 /// Compares two tensors elementwise (NaN equals NaN; integer and bool tensors must match exactly).
-OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol, double atol);
+OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol,
+                            double atol);
 
 }  // namespace hp::exec

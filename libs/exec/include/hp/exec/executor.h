@@ -1,21 +1,21 @@
 // The executor: runs an ONNX graph node by node on backend plugins.
 //
-// Preparation (Executor::create) does everything that can fail before any work starts: it orders the
-// nodes topologically, asks the backends which ops they support and lists *every* unsupported op with its
-// node name in one error, converts attributes to the plugin ABI's hp_op_attr form once, loads the
-// initializers (external data included) and plans lifetimes: each tensor's last reader is known, so its
-// buffer goes back to a per-backend pool right after that node, and later allocations of the same size
-// reuse it (no allocator traffic on the hot path once the pool is warm). The peak of live bytes is
-// reported.
+// Preparation (Executor::create) does everything that can fail before any work starts: it orders
+// the nodes topologically, asks the backends which ops they support and lists *every* unsupported
+// op with its node name in one error, converts attributes to the plugin ABI's hp_op_attr form once,
+// loads the initializers (external data included) and plans lifetimes: each tensor's last reader is
+// known, so its buffer goes back to a per-backend pool right after that node, and later allocations
+// of the same size reuse it (no allocator traffic on the hot path once the pool is warm). The peak
+// of live bytes is reported.
 //
-// Placement: every node runs on the primary backend when its supports_op says yes for the node's input
-// dtypes, otherwise on the cpu backend (always loaded, the reference). A tensor needed on the other
-// backend is copied there once and the copy lives as long as the tensor.
+// Placement: every node runs on the primary backend when its supports_op says yes for the node's
+// input dtypes, otherwise on the cpu backend (always loaded, the reference). A tensor needed on the
+// other backend is copied there once and the copy lives as long as the tensor.
 //
 // A rank's partition (hp shard) also holds communication nodes of the "hp" domain (hp.AllReduce,
 // hp.AllGather, hp.ReduceScatter, hp.AllToAll, hp.Send, hp.Recv). The executor does not know MPI:
-// it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes are
-// reported as unsupported before the run.
+// it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes
+// are reported as unsupported before the run.
 //
 // With ExecOptions::offload (offload_run.h) the weights, and optionally activations, live in a host
 // pool and are copied onto the device ahead of the nodes that read them, on a schedule planned for
@@ -31,17 +31,17 @@
 #include <vector>
 
 #include "hp/core/expected.h"
-#include "hp/model/model.h"
-#include "hp/plugin/backend.h"
 #include "hp/exec/offload.h"
 #include "hp/exec/tensor.h"
+#include "hp/model/model.h"
+#include "hp/plugin/backend.h"
 
 namespace hp::exec {
 
 /// One "hp"-domain communication node as the comm layer sees it.
 struct CommNode {
   std::string name;
-  std::string op_type;                 ///< "AllReduce", "Send", ...
+  std::string op_type;  ///< "AllReduce", "Send", ...
   std::vector<std::string> inputs, outputs;
   /// Attributes as text (hp_domain.h): strings as is, ints in decimal, int lists comma-separated.
   std::vector<std::pair<std::string, std::string>> attrs;
@@ -49,7 +49,7 @@ struct CommNode {
 
 /// A tensor handed to the comm layer where it lies: host memory owned by the caller, not copied.
 struct CommTensor {
-  int dtype = -1;                      ///< hp_dtype
+  int dtype = -1;  ///< hp_dtype
   std::span<const std::int64_t> dims;
   const void* data = nullptr;
   std::size_t bytes = 0;
@@ -59,16 +59,17 @@ struct CommTensor {
   std::int64_t numel() const;
 };
 
-/// Memory for a node's output `k` of `dtype` and `dims` (numel * dtype_size bytes, contents undefined).
-/// The executor hands out buffers of its pool, which are reused from step to step: MPI on memory it
-/// has touched before is many times faster than on fresh pages (tests/bench/comm). `reuse_input` >= 0
-/// asks for that donatable input's memory instead (same byte size); the layer compares the pointer it
-/// gets with the input's to know whether it works in place.
-using CommAlloc =
-    std::function<Expected<void*>(std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse_input)>;
+/// Memory for a node's output `k` of `dtype` and `dims` (numel * dtype_size bytes, contents
+/// undefined). The executor hands out buffers of its pool, which are reused from step to step: MPI
+/// on memory it has touched before is many times faster than on fresh pages (tests/bench/comm).
+/// `reuse_input` >= 0 asks for that donatable input's memory instead (same byte size); the layer
+/// compares the pointer it gets with the input's to know whether it works in place.
+using CommAlloc = std::function<Expected<void*>(
+    std::size_t k, int dtype, std::span<const std::int64_t> dims, int reuse_input)>;
 
-/// The seam to the communication layer: implemented over MPI by the comm layer (libs/comm), by fakes in
-/// tests. Tensors are on the host for now; device-resident collectives come with the comm layer.
+/// The seam to the communication layer: implemented over MPI by the comm layer (libs/comm), by
+/// fakes in tests. Tensors are on the host for now; device-resident collectives come with the comm
+/// layer.
 class CommOps {
  public:
   virtual ~CommOps() = default;
@@ -77,59 +78,63 @@ class CommOps {
   /// Runs one node: `inputs` in node input order; fills `outputs` (one per node output).
   virtual Status run(const CommNode& node, const std::vector<const HostTensor*>& inputs,
                      std::vector<HostTensor>& outputs) = 0;
-  /// What the executor calls: inputs read in place, outputs written straight into memory from `alloc`,
-  /// so a collective costs what the transport costs. The default copies into HostTensors and calls
-  /// run() (enough for fakes); the MPI comm layer overrides it.
-  virtual Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs, const CommAlloc& alloc);
+  /// What the executor calls: inputs read in place, outputs written straight into memory from
+  /// `alloc`, so a collective costs what the transport costs. The default copies into HostTensors
+  /// and calls run() (enough for fakes); the MPI comm layer overrides it.
+  virtual Status run_into(const CommNode& node, const std::vector<CommTensor>& inputs,
+                          const CommAlloc& alloc);
 };
 
 struct ExecOptions {
   std::shared_ptr<plugin::Backend> backend;  ///< primary backend (nullptr: the cpu backend)
-  std::shared_ptr<plugin::Backend> cpu;      ///< the cpu backend: fallback for unsupported ops; required
-  CommOps* comm = nullptr;                   ///< runs "hp"-domain nodes; not owned
-  OffloadConfig offload{};                   ///< host-pool offload under a device budget (offload_run.h)
+  std::shared_ptr<plugin::Backend>
+      cpu;                  ///< the cpu backend: fallback for unsupported ops; required
+  CommOps* comm = nullptr;  ///< runs "hp"-domain nodes; not owned
+  OffloadConfig offload{};  ///< host-pool offload under a device budget (offload_run.h)
 };
 
 /// A declared graph input or output.
 struct GraphIO {
   std::string name;
-  int dtype = -1;                       ///< hp_dtype; -1 when undeclared or not runnable
+  int dtype = -1;  ///< hp_dtype; -1 when undeclared or not runnable
   std::int32_t onnx_type = 0;
-  std::vector<std::int64_t> dims;       ///< -1 for a symbolic or unknown dim
+  std::vector<std::int64_t> dims;  ///< -1 for a symbolic or unknown dim
   bool has_shape = false;
 };
 
 /// Time spent in one op type during the last run.
 struct OpTime {
-  int nodes = 0;                        ///< nodes of this type that ran
-  double seconds = 0;                   ///< wall time in their kernels (copies to their backend included)
+  int nodes = 0;       ///< nodes of this type that ran
+  double seconds = 0;  ///< wall time in their kernels (copies to their backend included)
 };
 
 /// Figures of the last run.
 struct ExecStats {
-  std::int64_t peak_bytes = 0;          ///< most bytes of tensors alive at once (weights included)
-  std::int64_t weight_bytes = 0;        ///< initializers
+  std::int64_t peak_bytes = 0;    ///< most bytes of tensors alive at once (weights included)
+  std::int64_t weight_bytes = 0;  ///< initializers
   int nodes = 0;
-  int nodes_on_fallback = 0;            ///< nodes run on the cpu backend while another was primary
-  int copies = 0;                       ///< tensors copied between backends
-  int nodes_cached = 0;                 ///< constant-input nodes not rerun: their outputs are kept from before
+  int nodes_on_fallback = 0;  ///< nodes run on the cpu backend while another was primary
+  int copies = 0;             ///< tensors copied between backends
+  int nodes_cached = 0;  ///< constant-input nodes not rerun: their outputs are kept from before
   double seconds = 0;
-  std::map<std::string, OpTime> by_op;  ///< per op type ("MatMul", "hp.AllReduce"): where the time went
+  std::map<std::string, OpTime>
+      by_op;  ///< per op type ("MatMul", "hp.AllReduce"): where the time went
   /// Most device bytes the primary backend had allocated during the run, as it counts them (ABI 1.3
   /// mem_stats: the executor's buffer pool included); -1 when the backend does not report it.
   std::int64_t device_peak = -1;
   // Offload (ExecOptions::offload): the planned peak and the copies of the last run.
   std::int64_t offload_planned_peak = 0;
   std::int64_t offload_fetches = 0, offload_evictions = 0;
-  std::int64_t offload_bytes = 0;       ///< bytes copied between the host pool and the device
+  std::int64_t offload_bytes = 0;  ///< bytes copied between the host pool and the device
 };
 
 class Executor {
  public:
   /// Prepares `model` (loaded with LoadMode::require_data) for execution; see the file comment.
-  /// Errors: Errc::bad_input listing every unsupported op (node names in `where`), or a weight whose
-  /// data is missing or malformed.
-  static Expected<std::unique_ptr<Executor>> create(const model::Model& model, const ExecOptions& options);
+  /// Errors: Errc::bad_input listing every unsupported op (node names in `where`), or a weight
+  /// whose data is missing or malformed.
+  static Expected<std::unique_ptr<Executor>> create(const model::Model& model,
+                                                    const ExecOptions& options);
   ~Executor();
 
   const std::vector<GraphIO>& inputs() const;
@@ -154,11 +159,12 @@ struct ModelIO {
 };
 ModelIO model_io(const model::Model& m);
 
-/// Orders `given` (tensors read from input_K.pb) as the graph inputs and checks them: a tensor named
-/// after a graph input binds to it, an unnamed one binds by position; a name the graph lacks, a missing
-/// input, a wrong dtype or a shape that contradicts the declared dims is Errc::bad_input, with `where` =
-/// `source/input_K.pb`.
+/// Orders `given` (tensors read from input_K.pb) as the graph inputs and checks them: a tensor
+/// named after a graph input binds to it, an unnamed one binds by position; a name the graph lacks,
+/// a missing input, a wrong dtype or a shape that contradicts the declared dims is Errc::bad_input,
+/// with `where` = `source/input_K.pb`.
 Expected<std::vector<HostTensor>> bind_inputs(const std::vector<GraphIO>& graph_inputs,
-                                              std::vector<HostTensor> given, const std::string& source);
+                                              std::vector<HostTensor> given,
+                                              const std::string& source);
 
 }  // namespace hp::exec

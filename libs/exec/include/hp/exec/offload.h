@@ -11,11 +11,11 @@ namespace hp::exec {
 /// What the executor needs to offload (ExecOptions::offload).
 struct OffloadConfig {
   bool enabled = false;
-  double budget = 0;                  ///< device bytes; 0 = the backend's device memory x (1 - margin)
-  double margin = 0.1;                ///< used only when budget is 0
-  std::int64_t lookahead = 1;         ///< nodes ahead a copy may be issued
-  bool weights = true;                ///< "parameters": weights live in the host pool
-  bool activations = false;           ///< "activations": may be written back and fetched again
+  double budget = 0;           ///< device bytes; 0 = the backend's device memory x (1 - margin)
+  double margin = 0.1;         ///< used only when budget is 0
+  std::int64_t lookahead = 1;  ///< nodes ahead a copy may be issued
+  bool weights = true;         ///< "parameters": weights live in the host pool
+  bool activations = false;    ///< "activations": may be written back and fetched again
 };
 
 }  // namespace hp::exec

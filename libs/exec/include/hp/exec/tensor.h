@@ -2,11 +2,12 @@
 //
 // A HostTensor is what crosses hp's edges: inputs read from `input_K.pb`, outputs written to
 // `output_K.pb`, expected outputs compared by `hp verify`, initializers before they are placed on a
-// device. Element types are the plugin ABI's hp_dtype values (f32, f64, i32, i64, bool, u8 are the ones
-// the executor runs); conversion from and to ONNX TensorProto types lives here too.
+// device. Element types are the plugin ABI's hp_dtype values (f32, f64, i32, i64, bool, u8 are the
+// ones the executor runs); conversion from and to ONNX TensorProto types lives here too.
 //
-// Directory layout: a folder holds input_0.pb, input_1.pb, ... (or output_K.pb), each one serialized
-// onnx.TensorProto, K following the graph's input (output) order, as in the ONNX backend test data.
+// Directory layout: a folder holds input_0.pb, input_1.pb, ... (or output_K.pb), each one
+// serialized onnx.TensorProto, K following the graph's input (output) order, as in the ONNX backend
+// test data.
 #pragma once
 
 #include <cstdint>
@@ -20,21 +21,26 @@ namespace hp::exec {
 
 /// A dense row-major tensor in host memory.
 struct HostTensor {
-  std::string name;                 ///< TensorProto name (may be empty)
-  int dtype = -1;                   ///< hp_dtype
+  std::string name;  ///< TensorProto name (may be empty)
+  int dtype = -1;    ///< hp_dtype
   std::vector<std::int64_t> dims;
   std::vector<unsigned char> data;  ///< numel * dtype_size bytes
 
   std::int64_t numel() const;
   template <class T>
-  const T* as() const { return reinterpret_cast<const T*>(data.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(data.data());
+  }
   template <class T>
-  T* as() { return reinterpret_cast<T*>(data.data()); }
+  T* as() {
+    return reinterpret_cast<T*>(data.data());
+  }
 };
 
 /// Bytes per element of an hp_dtype the executor handles; 0 otherwise.
 int dtype_size(int dtype);
-/// hp_dtype of an ONNX TensorProto::DataType; -1 when the executor cannot hold it (string, f16, ...).
+/// hp_dtype of an ONNX TensorProto::DataType; -1 when the executor cannot hold it (string, f16,
+/// ...).
 int dtype_from_onnx(std::int32_t onnx_type);
 /// ONNX TensorProto::DataType of an hp_dtype.
 std::int32_t dtype_to_onnx(int dtype);
@@ -51,9 +57,11 @@ Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t)
 
 /// Reads `<dir>/<prefix>_0.pb`, `<prefix>_1.pb`, ... while they exist (prefix "input" or "output").
 /// Errc::bad_input when `dir` is not a directory.
-Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir, const std::string& prefix);
+Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir,
+                                                  const std::string& prefix);
 /// Writes `<dir>/output_K.pb` for every tensor, atomically as a whole: into a temporary sibling
-/// directory first, then renamed over `dir` (an existing `dir` is replaced only when all files wrote).
+/// directory first, then renamed over `dir` (an existing `dir` is replaced only when all files
+/// wrote).
 Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<HostTensor>& tensors,
                         const std::string& prefix = "output");
 

@@ -4,8 +4,8 @@
 // Before the Job existed, every layer re-derived what it needed from a recipe *path*: the launcher
 // read the recipe, then the flow checks and the partitioner read it again, the manifest was read
 // four times, "what kind of job is this" was decided from `groups.empty()` / `has_flows()` in eight
-// places, and the recipe's schedule was turned into a runtime schedule three times (once through the
-// string "1f1b"). Now the launcher and each worker call load_job() once and hand the Job on:
+// places, and the recipe's schedule was turned into a runtime schedule three times (once through
+// the string "1f1b"). Now the launcher and each worker call load_job() once and hand the Job on:
 //   - the recipe as parsed (with its key locations, for located errors) and its directory, against
 //     which the model, the group modules and a cluster file are resolved;
 //   - the job kind (job_kind_of is the only place that decides it);
@@ -32,8 +32,10 @@
 namespace hp::job {
 
 enum class JobKind {
-  sharded_model,  ///< no [[groups]]: the recipe's model, partitioned by hp shard over dp*tp*pp ranks
-  module_groups,  ///< [[groups]], each rank running its group's own module; no tensors between groups
+  sharded_model,  ///< no [[groups]]: the recipe's model, partitioned by hp shard over dp*tp*pp
+                  ///< ranks
+  module_groups,  ///< [[groups]], each rank running its group's own module; no tensors between
+                  ///< groups
   flow_groups,    ///< [[groups]] that exchange tensors by name (group_flow.h)
 };
 
@@ -58,9 +60,9 @@ struct Job {
   std::filesystem::path recipe_path;  ///< as given on the command line
   std::filesystem::path base_dir;     ///< the recipe's directory, absolute
   recipe::Recipe recipe;
-  recipe::SourceMap where;            ///< key -> "file:line:col", for located errors
+  recipe::SourceMap where;  ///< key -> "file:line:col", for located errors
   JobKind kind = JobKind::sharded_model;
-  CheckedSchedule schedule;           ///< recipe_schedule(recipe.parallel)
+  CheckedSchedule schedule;  ///< recipe_schedule(recipe.parallel)
   /// The cluster at the recipe's node count (recipe::cluster_for); empty when no preset directories
   /// were given or it did not resolve (cluster_problem says why).
   std::optional<recipe::Cluster> cluster;

@@ -35,9 +35,9 @@ struct LaunchOptions {
   int steps = 1;
   /// Where cluster presets are looked up for the plan's predicted step (hp/recipe/presets.h).
   std::vector<std::filesystem::path> preset_dirs;
-  std::string launcher = "mpirun";///< mpirun or slurm
+  std::string launcher = "mpirun";  ///< mpirun or slurm
   bool allow_run_as_root = false;
-  bool worker = false;            ///< this process is a rank (hidden: started by mpirun)
+  bool worker = false;  ///< this process is a rank (hidden: started by mpirun)
   /// Console lines of the ranks ("[group:rank] ..."); err for their stderr. Unset: dropped.
   std::function<void(bool err, const std::string& line)> sink;
 };
@@ -51,19 +51,17 @@ struct LaunchReport {
 /// --inputs/--outputs), bad_input (model, inputs, unsupported ops), unavailable (the requested
 /// backend), runtime (a kernel failed).
 /// RECIPE.toml: plans the MPMD job; --dry-run returns the command and app file as the summary; else
-/// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of the
-/// group that wrote any (filtered by the group's `outputs` names when given, except for a scheduler
-/// group, whose outputs are the results it collected: group_flow.h; a name already taken from an
-/// earlier group is skipped), groups in recipe order.
-/// A failed rank's Error carries the rank's own hp exit code where it had one, else Errc::runtime;
-/// timeouts are Errc::runtime. With `worker`, runs this process as one rank (worker.h); the caller
-/// must mpi_abort() on error.
+/// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of
+/// the group that wrote any (filtered by the group's `outputs` names when given, except for a
+/// scheduler group, whose outputs are the results it collected: group_flow.h; a name already taken
+/// from an earlier group is skipped), groups in recipe order. A failed rank's Error carries the
+/// rank's own hp exit code where it had one, else Errc::runtime; timeouts are Errc::runtime. With
+/// `worker`, runs this process as one rank (worker.h); the caller must mpi_abort() on error.
 Expected<LaunchReport> launch(const LaunchOptions& options);
 
 struct Job;  // job.h
 /// launch() of a RECIPE.toml whose Job the caller already built (hp verify's MPI run): the recipe
 /// is not read again; the job gets the manifest of the partitions the ranks run.
 Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& options);
-
 
 }  // namespace hp::job

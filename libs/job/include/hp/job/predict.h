@@ -12,11 +12,12 @@ namespace hp::job {
 
 /// Seconds per step the planner's cost model predicts for `r` run as inference (forward passes,
 /// fp32) on `cluster` (the cluster it runs on: recipe::cluster_for) with exactly the recipe's
-/// configuration: degrees, micro-batches, schedule, placement and stage layout (planner::predict_recipe;
-/// `base_dir` is the recipe's directory, which its model path is relative to). Errors are the
-/// planner's (a model it cannot profile, a configuration it cannot price); callers report the
-/// measurement without a prediction then.
-Expected<double> predicted_step_seconds(const recipe::Recipe& r, const std::filesystem::path& base_dir,
+/// configuration: degrees, micro-batches, schedule, placement and stage layout
+/// (planner::predict_recipe; `base_dir` is the recipe's directory, which its model path is relative
+/// to). Errors are the planner's (a model it cannot profile, a configuration it cannot price);
+/// callers report the measurement without a prediction then.
+Expected<double> predicted_step_seconds(const recipe::Recipe& r,
+                                        const std::filesystem::path& base_dir,
                                         const recipe::Cluster& cluster);
 
 }  // namespace hp::job

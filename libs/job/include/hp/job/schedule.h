@@ -1,9 +1,9 @@
 // Pipeline schedules as data: for every pipeline rank, the ordered list of actions it performs.
 //
-// Notation (docs/schedules.md, "Notation"): p ranks (pipeline stages per chunk), m micro-batches, v model chunks per
-// rank ("virtual stages"). Virtual stage vs = chunk * p + rank, so the model runs through
-// vs = 0 .. p*v-1 and chunk c of rank r is vs = c*p + r (Megatron's interleaving). With v = 1 the
-// virtual stage is the rank.
+// Notation (docs/schedules.md, "Notation"): p ranks (pipeline stages per chunk), m micro-batches, v
+// model chunks per rank ("virtual stages"). Virtual stage vs = chunk * p + rank, so the model runs
+// through vs = 0 .. p*v-1 and chunk c of rank r is vs = c*p + r (Megatron's interleaving). With v =
+// 1 the virtual stage is the rank.
 //
 // make_schedule() writes compute-only lists (F = forward, B = backward; backward only when
 // `training`); lower_send_recv() inserts the SEND/RECV pairs between neighbouring virtual stages.
@@ -31,9 +31,9 @@ enum class ActionKind { forward, backward, send_f, recv_f, send_b, recv_b };
 
 struct Action {
   ActionKind kind = ActionKind::forward;
-  int stage = 0;        ///< virtual stage the action belongs to (for SEND/RECV: this rank's stage)
+  int stage = 0;  ///< virtual stage the action belongs to (for SEND/RECV: this rank's stage)
   int micro_batch = 0;
-  int peer = -1;        ///< SEND/RECV: the other rank
+  int peer = -1;  ///< SEND/RECV: the other rank
   bool is_compute() const { return kind == ActionKind::forward || kind == ActionKind::backward; }
   friend bool operator==(const Action&, const Action&) = default;
 };
@@ -50,24 +50,29 @@ struct PipelineSchedule {
   int rank_of(int stage) const { return stage % ranks; }
 };
 
-/// Compute-only lists. Errc::usage for p, m or v below 1, v > 1 outside interleaved, interleaved with
-/// m not a multiple of p (Megatron's micro-batch groups of size p).
-Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks, bool training);
-/// Inserts RECV before and SEND after each compute action whose neighbour stage lives on another rank.
+/// Compute-only lists. Errc::usage for p, m or v below 1, v > 1 outside interleaved, interleaved
+/// with m not a multiple of p (Megatron's micro-batch groups of size p).
+Expected<PipelineSchedule> make_schedule(ScheduleKind kind, int ranks, int micro_batches,
+                                         int chunks, bool training);
+/// Inserts RECV before and SEND after each compute action whose neighbour stage lives on another
+/// rank.
 PipelineSchedule lower_send_recv(const PipelineSchedule& compute_only);
 
 struct ScheduleCheck {
   bool ok = false;
-  std::string problem;          ///< empty when ok
-  int makespan = 0;             ///< steps of unit compute until every rank is done
-  int compute_per_rank = 0;     ///< busiest rank's compute actions
+  std::string problem;       ///< empty when ok
+  int makespan = 0;          ///< steps of unit compute until every rank is done
+  int compute_per_rank = 0;  ///< busiest rank's compute actions
   /// 1 - compute / makespan on the busiest rank: the bubble as a fraction of wall time.
-  double bubble() const { return makespan ? 1.0 - static_cast<double>(compute_per_rank) / makespan : 0; }
-  std::string grid;             ///< step x rank table of what ran; "!" marks the blocked cells
+  double bubble() const {
+    return makespan ? 1.0 - static_cast<double>(compute_per_rank) / makespan : 0;
+  }
+  std::string grid;  ///< step x rank table of what ran; "!" marks the blocked cells
 };
 
 enum class SendMode { buffered, rendezvous };
-/// Simulates the lists (lowered ones, or compute-only ones, whose cross-rank data flow is then implied).
+/// Simulates the lists (lowered ones, or compute-only ones, whose cross-rank data flow is then
+/// implied).
 ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode = SendMode::buffered);
 
 /// Idle time as a fraction of wall time: (p-1) / (v*m + p-1) (GPipe and 1F1B: v = 1).

@@ -1,13 +1,16 @@
-// `hp verify`: the one entry point for its three checks, so that the CLI only binds flags and prints.
+// `hp verify`: the one entry point for its three checks, so that the CLI only binds flags and
+// prints.
 //
 //   MODEL.onnx --inputs DIR --expected DIR: run the model on one rank and compare every output with
 //     the expected tensors (verify_model).
-//   RECIPE.toml: the recipe's static checks (hp/recipe/verify.h: keys, model file, cluster and ranks),
+//   RECIPE.toml: the recipe's static checks (hp/recipe/verify.h: keys, model file, cluster and
+//   ranks),
 //     the tensor flows between its [[groups]] (group_flow.h), then, unless static_only, the sharded
 //     job against the unsharded model (verify_run.h), over mpirun or in one process (`simulate`).
 // The recipe is read once: the static checks and the Job (job.h) are made from the same document.
-// A failed recipe step and a mismatch are not errors of verify() itself: the report carries them, so
-// that `--json` can describe them and the CLI picks the exit code (3 bad input, 6 mismatch, ...).
+// A failed recipe step and a mismatch are not errors of verify() itself: the report carries them,
+// so that `--json` can describe them and the CLI picks the exit code (3 bad input, 6 mismatch,
+// ...).
 #pragma once
 
 #include <filesystem>
@@ -29,7 +32,7 @@ struct ModelVerifyOptions {
   std::filesystem::path expected;
   double rtol = 1e-4;
   double atol = 1e-5;
-  std::string backend;            ///< empty: best available
+  std::string backend;  ///< empty: best available
   int threads = 0;
   std::vector<std::filesystem::path> plugin_paths;
 };
@@ -48,17 +51,18 @@ struct ModelVerifyReport {
 Expected<ModelVerifyReport> verify_model(const ModelVerifyOptions& options);
 
 struct VerifyOptions {
-  std::filesystem::path target;  ///< RECIPE.toml or MODEL.onnx (the extension decides)
-  std::filesystem::path inputs;  ///< input_K.pb tensors (MODEL: required; RECIPE: else generated)
+  std::filesystem::path target;    ///< RECIPE.toml or MODEL.onnx (the extension decides)
+  std::filesystem::path inputs;    ///< input_K.pb tensors (MODEL: required; RECIPE: else generated)
   std::filesystem::path expected;  ///< MODEL only: output_K.pb tensors to compare with
   double rtol = 1e-4, atol = 1e-5;
   std::string backend;  ///< empty: the best available
   int threads = 0;
   std::vector<std::filesystem::path> plugin_paths;
-  std::vector<std::filesystem::path> preset_dirs;  ///< where the recipe's cluster preset is looked up
-  bool static_only = false;                        ///< RECIPE: no sharded run
-  /// RECIPE: the sharded run's own settings (simulate, seed, shard_dir, timeout, root, run_dir); its
-  /// inputs, tolerances, backend, threads and plugin paths are taken from the fields above.
+  std::vector<std::filesystem::path>
+      preset_dirs;           ///< where the recipe's cluster preset is looked up
+  bool static_only = false;  ///< RECIPE: no sharded run
+  /// RECIPE: the sharded run's own settings (simulate, seed, shard_dir, timeout, root, run_dir);
+  /// its inputs, tolerances, backend, threads and plugin paths are taken from the fields above.
   RecipeRunOptions run;
 };
 

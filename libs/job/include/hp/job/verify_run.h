@@ -1,9 +1,10 @@
-// `hp verify RECIPE.toml`, past the recipe's own static checks (hp/recipe/verify.h): that the sharded
-// job computes what the unsharded model computes.
+// `hp verify RECIPE.toml`, past the recipe's own static checks (hp/recipe/verify.h): that the
+// sharded job computes what the unsharded model computes.
 //
-//   1. static: the recipe partitions (hp shard's checks: layouts fit the mesh and the shapes, stages
-//      cover the blocks, ranks cover the mesh), and the recipe's pipeline schedule simulates without
-//      deadlock (schedule.h check_schedule);
+//   1. static: the recipe partitions (hp shard's checks: layouts fit the mesh and the shapes,
+//   stages
+//      cover the blocks, ranks cover the mesh), and the recipe's pipeline schedule simulates
+//      without deadlock (schedule.h check_schedule);
 //   2. inputs: --inputs DIR, or generated from the model's inputs at the recipe's dims (seeded:
 //      floats uniform in [-1, 1), integers in [0, n) where n is the smallest table a Gather indexes
 //      with them — token ids stay in the vocabulary — else {0, 1});
@@ -29,29 +30,29 @@ namespace hp::job {
 struct Job;  // job.h
 
 struct RecipeRunOptions {
-  std::filesystem::path inputs;          ///< empty: generated
-  std::filesystem::path shard_dir;       ///< run these partitions instead of sharding afresh
+  std::filesystem::path inputs;     ///< empty: generated
+  std::filesystem::path shard_dir;  ///< run these partitions instead of sharding afresh
   double rtol = 1e-4, atol = 1e-5;
-  bool simulate = false;                 ///< in-process ranks instead of mpirun
+  bool simulate = false;  ///< in-process ranks instead of mpirun
   std::uint64_t seed = 1;
-  std::string backend;                   ///< of the unsharded run and, with simulate, of the ranks
+  std::string backend;  ///< of the unsharded run and, with simulate, of the ranks
   int threads = 0;
-  double timeout_s = 0;                  ///< the MPI job's --timeout
+  double timeout_s = 0;  ///< the MPI job's --timeout
   bool allow_run_as_root = false;
-  std::filesystem::path run_dir;         ///< the MPI job's run directory (default: a temporary one)
+  std::filesystem::path run_dir;  ///< the MPI job's run directory (default: a temporary one)
   std::vector<std::filesystem::path> plugin_paths;
 };
 
 struct RecipeRunReport {
-  bool ran = false;                      ///< false: static checks only (`skipped` says why)
+  bool ran = false;  ///< false: static checks only (`skipped` says why)
   std::string skipped;
   int ranks = 0;
-  std::string how;                       ///< "simulated in one process" / "mpirun, 8 ranks"
+  std::string how;  ///< "simulated in one process" / "mpirun, 8 ranks"
   bool generated_inputs = false;
   std::vector<exec::OutputCheck> outputs;
   double unsharded_s = 0, sharded_s = 0;
-  std::string timing;                    ///< the sharded job's step line
-  std::string schedule;                  ///< "1f1b, p=2, m=4: no deadlock, bubble 0.20"
+  std::string timing;    ///< the sharded job's step line
+  std::string schedule;  ///< "1f1b, p=2, m=4: no deadlock, bubble 0.20"
   bool ok() const;
   std::string format() const;
 };
@@ -67,7 +68,8 @@ std::string add_run_json(const std::string& static_json, const Expected<RecipeRu
 
 /// Inputs for the model's graph inputs at the given shapes (see 2. above); `bounds` per input:
 /// the exclusive upper bound of integer values (0: the default {0, 1}).
-std::vector<exec::HostTensor> generate_inputs(const std::vector<exec::GraphIO>& inputs, const std::vector<std::int64_t>& bounds,
-                                        std::uint64_t seed);
+std::vector<exec::HostTensor> generate_inputs(const std::vector<exec::GraphIO>& inputs,
+                                              const std::vector<std::int64_t>& bounds,
+                                              std::uint64_t seed);
 
 }  // namespace hp::job

@@ -1,5 +1,5 @@
-// The read-only graph view the planner works on: tensors with inferred shapes at bound dims, nodes in
-// topological order, and each node's cost (FLOPs, bytes, parameters).
+// The read-only graph view the planner works on: tensors with inferred shapes at bound dims, nodes
+// in topological order, and each node's cost (FLOPs, bytes, parameters).
 #pragma once
 
 #include <cstdint>
@@ -34,12 +34,12 @@ enum class TensorKind {
 
 struct Tensor {
   std::string name;
-  std::int32_t elem_type = 0;   ///< onnx TensorProto::DataType; 0 when unknown
-  bool has_shape = false;       ///< rank known
+  std::int32_t elem_type = 0;  ///< onnx TensorProto::DataType; 0 when unknown
+  bool has_shape = false;      ///< rank known
   std::vector<Dim> dims;
   TensorKind kind = TensorKind::activation;
-  int producer = -1;            ///< node index, -1 for inputs and initializers
-  std::vector<int> consumers;   ///< node indices (a node using it twice appears once)
+  int producer = -1;           ///< node index, -1 for inputs and initializers
+  std::vector<int> consumers;  ///< node indices (a node using it twice appears once)
   /// For an initializer that is a transposed copy of another (the exporter's constant folding of a
   /// tied embedding's transpose): that other initializer's index. Copies are not parameters.
   int copy_of = -1;
@@ -48,7 +48,7 @@ struct Tensor {
   std::optional<std::int64_t> numel() const;
   /// numel() * element size when both are known.
   std::optional<std::int64_t> bytes() const;
-  bool is_float() const;        ///< float16/bfloat16/float/double
+  bool is_float() const;  ///< float16/bfloat16/float/double
   /// A floating-point initializer that is not a copy of another: what counts as parameters.
   bool is_parameter() const { return kind == TensorKind::initializer && copy_of < 0 && is_float(); }
 };
@@ -65,10 +65,10 @@ struct NodeCost {
 };
 
 struct Node {
-  std::string name;       ///< may be empty (anonymous graphs)
+  std::string name;  ///< may be empty (anonymous graphs)
   std::string op_type;
-  std::string domain;     ///< "" for ai.onnx
-  std::vector<int> inputs;   ///< tensor indices; -1 for an omitted optional input
+  std::string domain;       ///< "" for ai.onnx
+  std::vector<int> inputs;  ///< tensor indices; -1 for an omitted optional input
   std::vector<int> outputs;
   NodeCost cost;
   /// Shape of each initializer input as "AxB" (layer fingerprints use it); empty for other inputs.
@@ -79,7 +79,7 @@ struct Node {
 struct Graph {
   std::vector<Tensor> tensors;
   std::vector<Node> nodes;
-  std::vector<int> inputs;    ///< graph inputs that are not initializers
+  std::vector<int> inputs;  ///< graph inputs that are not initializers
   std::vector<int> outputs;
   /// Symbolic dims of graph inputs that were not bound, plus symbols inference could not resolve.
   std::vector<std::string> unknown_dims;
@@ -88,11 +88,11 @@ struct Graph {
   /// Bindings that matched no input dim, tensors left without shapes, ... (lower-case sentences).
   std::vector<std::string> warnings;
 
-  int find_tensor(const std::string& name) const;   ///< -1 when absent
+  int find_tensor(const std::string& name) const;  ///< -1 when absent
   const Tensor& tensor(int i) const { return tensors[static_cast<std::size_t>(i)]; }
   const Node& node(int i) const { return nodes[static_cast<std::size_t>(i)]; }
 
-  std::map<std::string, int> index;   ///< tensor name -> index
+  std::map<std::string, int> index;  ///< tensor name -> index
 };
 
 /// Binds `dims` on the graph inputs, infers every tensor's shape (ONNX shape inference plus hp's
@@ -100,8 +100,8 @@ struct Graph {
 /// external data. Errors: Errc::bad_input for a negative binding or a graph inference rejects.
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims);
 
-/// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown (strings,
-/// undefined, 4-bit types).
+/// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown
+/// (strings, undefined, 4-bit types).
 int elem_size(std::int32_t elem_type);
 
 }  // namespace hp::model

@@ -1,5 +1,5 @@
-// Loading an ONNX model file. Planning needs only the graph and the initializers' dims, so weights in
-// external data files are never read here: their files are only checked for existence.
+// Loading an ONNX model file. Planning needs only the graph and the initializers' dims, so weights
+// in external data files are never read here: their files are only checked for existence.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +29,11 @@ struct LoadOptions {
 
 /// One external data file referenced by initializers (`location` relative to the model's dir).
 struct ExternalFile {
-  std::string location;             ///< as written in the model
-  std::filesystem::path path;       ///< resolved against the model's directory
+  std::string location;        ///< as written in the model
+  std::filesystem::path path;  ///< resolved against the model's directory
   bool present = false;
-  std::uint64_t bytes_needed = 0;   ///< max(offset + length) over the initializers using it
-  std::int64_t initializers = 0;    ///< how many initializers live in it
+  std::uint64_t bytes_needed = 0;  ///< max(offset + length) over the initializers using it
+  std::int64_t initializers = 0;   ///< how many initializers live in it
 };
 
 /// A parsed and validated ONNX model. The proto is shared and immutable once loaded.
@@ -41,7 +41,7 @@ struct Model {
   std::filesystem::path path;
   std::shared_ptr<const onnx::ModelProto> proto;
   std::int64_t ir_version = 0;
-  std::map<std::string, std::int64_t> opsets;   ///< domain ("" = ai.onnx) -> version
+  std::map<std::string, std::int64_t> opsets;  ///< domain ("" = ai.onnx) -> version
   std::vector<ExternalFile> external_files;
   /// Locations of external data files that do not exist (empty unless weights are absent).
   std::vector<std::string> missing_external_data;

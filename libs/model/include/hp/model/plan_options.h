@@ -1,5 +1,6 @@
 // Parsing of `hp plan --dim NAME=VALUE` bindings. The options struct of `hp plan` itself lives in
-// libs/planner (hp/planner/options.h); dim bindings stay here because --summary needs only the model.
+// libs/planner (hp/planner/options.h); dim bindings stay here because --summary needs only the
+// model.
 #pragma once
 
 #include <cstdint>

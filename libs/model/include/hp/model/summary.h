@@ -1,5 +1,5 @@
-// `hp plan --summary`: one call that loads a model, infers shapes at the bound dims, costs every node,
-// discovers the layers, and renders the result as a table or one JSON object.
+// `hp plan --summary`: one call that loads a model, infers shapes at the bound dims, costs every
+// node, discovers the layers, and renders the result as a table or one JSON object.
 #pragma once
 
 #include <cstdint>
@@ -16,23 +16,23 @@ namespace hp::model {
 
 struct SummaryOptions {
   std::filesystem::path model;
-  DimBindings dims;            ///< symbolic input dims to bind (--dim NAME=VALUE)
-  bool require_data = false;   ///< fail when external weight files are absent
+  DimBindings dims;           ///< symbolic input dims to bind (--dim NAME=VALUE)
+  bool require_data = false;  ///< fail when external weight files are absent
 };
 
 struct ModelSummary {
-  std::string model;                     ///< path as given
+  std::string model;  ///< path as given
   std::int64_t ir_version = 0;
   std::map<std::string, std::int64_t> opsets;
-  DimBindings dims;                      ///< the bindings used
+  DimBindings dims;  ///< the bindings used
   std::int64_t nodes = 0;
-  std::int64_t parameters = 0;           ///< float initializer elements, each initializer once
+  std::int64_t parameters = 0;  ///< float initializer elements, each initializer once
   std::int64_t parameter_bytes = 0;
-  double flops = 0;                      ///< one forward pass at the bound dims
+  double flops = 0;  ///< one forward pass at the bound dims
   double matmul_flops = 0;
   double other_flops = 0;
-  std::int64_t nodes_cost_unknown = 0;   ///< nodes whose FLOPs are not counted (unknown shapes)
-  std::map<std::string, std::int64_t> ops;   ///< op type -> count
+  std::int64_t nodes_cost_unknown = 0;      ///< nodes whose FLOPs are not counted (unknown shapes)
+  std::map<std::string, std::int64_t> ops;  ///< op type -> count
   std::vector<std::string> unsupported_ops;
   std::vector<std::string> unknown_dims;
   std::vector<std::string> missing_external_data;
@@ -40,7 +40,7 @@ struct ModelSummary {
   std::vector<std::string> tied_copies;
   std::vector<std::string> warnings;
   Layering layering;
-  Graph graph;                           ///< for callers that want per-node detail
+  Graph graph;  ///< for callers that want per-node detail
 };
 
 /// Loads `options.model` and summarises it. Errors carry the model path in `where`.

@@ -32,40 +32,43 @@ const char* target_name(Target t);
 Expected<std::vector<Target>> parse_targets(const std::vector<std::string>& names);
 
 struct PolicyOptions {
-  double budget = 0;                  ///< bytes of device memory the stage may use
+  double budget = 0;  ///< bytes of device memory the stage may use
   std::vector<Target> targets;
-  std::int64_t lookahead = -1;        ///< slots ahead a fetch is issued; -1 = as early as compute hides it
-  double h2d = 0, d2h = 0;            ///< link bandwidths, bytes/s
-  double host_bandwidth = 0;          ///< host memory bandwidth for the host optimizer step, bytes/s
-  double optimizer_ratio = -1;        ///< host share of the optimizer step; -1 = choose
+  std::int64_t lookahead =
+      -1;                     ///< slots ahead a fetch is issued; -1 = as early as compute hides it
+  double h2d = 0, d2h = 0;    ///< link bandwidths, bytes/s
+  double host_bandwidth = 0;  ///< host memory bandwidth for the host optimizer step, bytes/s
+  double optimizer_ratio = -1;  ///< host share of the optimizer step; -1 = choose
 };
 
 /// One copy between device and host.
 struct Transfer {
   Kind kind = Kind::activations;
   std::int64_t unit = 0, micro = 0;
-  bool to_device = true;              ///< H2D (prefetch) or D2H (write-back)
+  bool to_device = true;  ///< H2D (prefetch) or D2H (write-back)
   double bytes = 0, start = 0, end = 0;
-  double exposed = 0;                 ///< seconds compute waited for it (0 = hidden)
+  double exposed = 0;  ///< seconds compute waited for it (0 = hidden)
 };
 
 struct StageSchedule {
-  std::vector<Breakdown> memory;      ///< per slot of the timeline: device bytes after offload
-  std::vector<double> start;          ///< per slot: start time after waits
+  std::vector<Breakdown> memory;  ///< per slot of the timeline: device bytes after offload
+  std::vector<double> start;      ///< per slot: start time after waits
   std::vector<Transfer> transfers;
   std::size_t peak = 0;
   double peak_bytes = 0;
-  double host_peak = 0;               ///< most bytes in the host pool at once
-  double exposed = 0;                 ///< seconds of waiting on copies (and on the host optimizer)
-  double step = 0;                    ///< this stage's work with the waits
-  double optimizer_ratio = 0;         ///< units whose optimizer step runs on the host / units with parameters
+  double host_peak = 0;  ///< most bytes in the host pool at once
+  double exposed = 0;    ///< seconds of waiting on copies (and on the host optimizer)
+  double step = 0;       ///< this stage's work with the waits
+  double optimizer_ratio =
+      0;  ///< units whose optimizer step runs on the host / units with parameters
   std::int64_t host_units = 0;
   std::int64_t evictions = 0, fetches = 0;
-  std::int64_t max_lookahead = 0;     ///< furthest ahead (slots) a prefetch was issued
-  double lower_bound = 0;             ///< the smallest budget any schedule of these targets needs
+  std::int64_t max_lookahead = 0;  ///< furthest ahead (slots) a prefetch was issued
+  double lower_bound = 0;          ///< the smallest budget any schedule of these targets needs
 };
 
 /// The schedule under `opt`. Budget below every schedule's need: Errc::infeasible naming the need.
-Expected<StageSchedule> plan_offload(const StageInput& in, const Timeline& base, const PolicyOptions& opt);
+Expected<StageSchedule> plan_offload(const StageInput& in, const Timeline& base,
+                                     const PolicyOptions& opt);
 
 }  // namespace hp::offload

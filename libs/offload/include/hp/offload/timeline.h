@@ -1,9 +1,10 @@
 // One pipeline rank's device memory over one step of its schedule. Ranks of a stage are alike under
-// dp/tp, so a stage is simulated once. The step is a sequence of slots, each one unit (a block, or the
-// prologue/epilogue) running forward or backward for one micro-batch, or the optimizer step of one
-// unit, in the order the schedule runs them (schedule_ops). Memory at a slot is what is allocated
-// while it runs: model states, the activations of every micro-batch in flight, the KV cache, the
-// transients of that slot (recompute rebuild, a ZeRO-3 gathered layer), buffers and workspace.
+// dp/tp, so a stage is simulated once. The step is a sequence of slots, each one unit (a block, or
+// the prologue/epilogue) running forward or backward for one micro-batch, or the optimizer step of
+// one unit, in the order the schedule runs them (schedule_ops). Memory at a slot is what is
+// allocated while it runs: model states, the activations of every micro-batch in flight, the KV
+// cache, the transients of that slot (recompute rebuild, a ZeRO-3 gathered layer), buffers and
+// workspace.
 #pragma once
 
 #include <array>
@@ -25,28 +26,28 @@ double sum(const Breakdown& b);
 /// One block (or prologue/epilogue) as one device of the stage holds and runs it.
 struct Unit {
   std::string name;
-  std::int64_t chunk = 0;        ///< model chunk (virtual stage) on this rank, 0..v-1
-  double param_count = 0;        ///< parameters held (after TP; before ZeRO sharding)
+  std::int64_t chunk = 0;  ///< model chunk (virtual stage) on this rank, 0..v-1
+  double param_count = 0;  ///< parameters held (after TP; before ZeRO sharding)
   double parameters = 0, gradients = 0, optimizer = 0;  ///< bytes on this device (ZeRO applied)
-  double act = 0;                ///< bytes kept per micro-batch for backward, after recompute
-  double act_transient = 0;      ///< extra bytes live during its backward (recompute rebuilds)
-  double kv = 0;                 ///< KV-cache bytes per micro-batch (inference)
-  double gather = 0;             ///< ZeRO-3: the gathered full layer while it runs
-  double fwd = 0, bwd = 0;       ///< seconds per micro-batch; bwd includes recomputation
-  double opt = 0;                ///< seconds of its optimizer step on the device
-  double opt_bytes = 0;          ///< bytes its optimizer step reads and writes (memory-bound)
-  double update_bytes = 0;       ///< bytes of the parameters its optimizer step updates
+  double act = 0;            ///< bytes kept per micro-batch for backward, after recompute
+  double act_transient = 0;  ///< extra bytes live during its backward (recompute rebuilds)
+  double kv = 0;             ///< KV-cache bytes per micro-batch (inference)
+  double gather = 0;         ///< ZeRO-3: the gathered full layer while it runs
+  double fwd = 0, bwd = 0;   ///< seconds per micro-batch; bwd includes recomputation
+  double opt = 0;            ///< seconds of its optimizer step on the device
+  double opt_bytes = 0;      ///< bytes its optimizer step reads and writes (memory-bound)
+  double update_bytes = 0;   ///< bytes of the parameters its optimizer step updates
 };
 
 /// A stage's whole input to the simulation.
 struct StageInput {
-  std::int64_t stage = 0, stages = 1;     ///< pipeline rank k and pp
+  std::int64_t stage = 0, stages = 1;  ///< pipeline rank k and pp
   std::int64_t micro_batches = 1, virtual_stages = 1;
   recipe::Schedule schedule = recipe::Schedule::one_f_one_b;
   bool train = true;
-  std::vector<Unit> units;                ///< in model order; chunk ascending
-  double buffers = 0;                     ///< communication buffers (p2p, gradient buckets)
-  double workspace = 0;                   ///< kernel workspace (largest transient of one op)
+  std::vector<Unit> units;  ///< in model order; chunk ascending
+  double buffers = 0;       ///< communication buffers (p2p, gradient buckets)
+  double workspace = 0;     ///< kernel workspace (largest transient of one op)
 };
 
 /// One forward or backward of a model chunk for one micro-batch.
@@ -57,20 +58,20 @@ struct Op {
 /// The order stage k runs its chunks: GPipe (all forwards, then all backwards), 1F1B (p-k-1 warm-up
 /// forwards, then one forward / one backward), interleaved 1F1B (Megatron's order: warm-up
 /// 2(p-k-1) + (v-1)p chunk forwards). Inference is forwards only.
-std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t stages, std::int64_t stage, std::int64_t micro_batches,
-                             std::int64_t virtual_stages, bool train);
+std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t stages, std::int64_t stage,
+                             std::int64_t micro_batches, std::int64_t virtual_stages, bool train);
 
 struct Slot {
   enum Type { forward, backward, optimizer } type = forward;
   std::int64_t unit = 0, micro = 0;
   double start = 0, duration = 0;
-  Breakdown memory{};                     ///< bytes live while the slot runs
+  Breakdown memory{};  ///< bytes live while the slot runs
 };
 
 struct Timeline {
   std::vector<Slot> slots;
-  std::size_t peak = 0;                   ///< index of the slot with the most memory
-  double step = 0;                        ///< seconds of this stage's own work (no pipeline waits)
+  std::size_t peak = 0;  ///< index of the slot with the most memory
+  double step = 0;       ///< seconds of this stage's own work (no pipeline waits)
   double peak_bytes() const { return slots.empty() ? 0 : sum(slots[peak].memory); }
 };
 

@@ -1,7 +1,7 @@
-// The planner's analytic cost model: what one block costs (time, memory, traffic) under one parallel
-// configuration, and what a pipeline stage and a whole training (or inference) step cost. Every
-// quantity is in SI units: seconds, bytes, FLOPs. The formulas and their sources are in the essay at
-// the top of src/cost.cpp; the calibration constants are in Calibration below.
+// The planner's analytic cost model: what one block costs (time, memory, traffic) under one
+// parallel configuration, and what a pipeline stage and a whole training (or inference) step cost.
+// Every quantity is in SI units: seconds, bytes, FLOPs. The formulas and their sources are in the
+// essay at the top of src/cost.cpp; the calibration constants are in Calibration below.
 #pragma once
 
 #include <cstdint>
@@ -14,24 +14,25 @@
 
 namespace hp::planner {
 
-/// One plannable unit (a block from layer discovery, or the prologue/epilogue) at micro-batch size 1
-/// and the planned sequence length, in the planned dtype.
+/// One plannable unit (a block from layer discovery, or the prologue/epilogue) at micro-batch size
+/// 1 and the planned sequence length, in the planned dtype.
 struct BlockProfile {
   std::string name;
-  double parameters = 0;        ///< parameter elements
-  double fwd_flops = 0;         ///< one forward, one sequence
-  double quadratic_flops = 0;   ///< of which in attention-score matmuls (what selective recompute redoes)
-  double act_bytes = 0;         ///< activations kept for backward, one sequence, no TP split
-  double quadratic_act_bytes = 0; ///< of which seq x seq tensors (freed by selective recompute)
-  double boundary_bytes = 0;    ///< the tensor crossing into the next block (one sequence)
-  int tp_collectives = 0;       ///< forward all-reduces under Megatron TP (2 for attention + MLP)
-  double kernels = 0;           ///< nodes producing activations (each a kernel launch in forward)
+  double parameters = 0;  ///< parameter elements
+  double fwd_flops = 0;   ///< one forward, one sequence
+  double quadratic_flops =
+      0;                 ///< of which in attention-score matmuls (what selective recompute redoes)
+  double act_bytes = 0;  ///< activations kept for backward, one sequence, no TP split
+  double quadratic_act_bytes = 0;  ///< of which seq x seq tensors (freed by selective recompute)
+  double boundary_bytes = 0;       ///< the tensor crossing into the next block (one sequence)
+  int tp_collectives = 0;  ///< forward all-reduces under Megatron TP (2 for attention + MLP)
+  double kernels = 0;      ///< nodes producing activations (each a kernel launch in forward)
   // Mixture of experts (zero for dense blocks): routed experts are stacked weights whose leading
   // dim is the expert count; expert parallelism splits them, everything else stays replicated.
-  double expert_parameters = 0; ///< of `parameters`, in routed experts
-  std::int64_t experts = 0;     ///< routed experts per MoE layer (0 = dense block)
-  std::int64_t top_k = 0;       ///< experts each token is routed to
-  std::int64_t heads = 0;       ///< attention heads (from the seq x seq score tensors); 0 = none seen
+  double expert_parameters = 0;  ///< of `parameters`, in routed experts
+  std::int64_t experts = 0;      ///< routed experts per MoE layer (0 = dense block)
+  std::int64_t top_k = 0;        ///< experts each token is routed to
+  std::int64_t heads = 0;  ///< attention heads (from the seq x seq score tensors); 0 = none seen
 };
 
 /// The model as the planner sees it: prologue, repeated blocks, epilogue.
@@ -40,9 +41,9 @@ struct ModelProfile {
   std::vector<BlockProfile> blocks;
   BlockProfile epilogue;
   std::int64_t seq = 0;
-  double dtype_bytes = 2;       ///< bytes per element of the planned dtype
-  double hidden_bytes = 0;      ///< b=1 boundary activation (s x h x dtype): TP/PP message size unit
-  std::int64_t heads = 0;       ///< attention heads (from the seq x seq score tensors); 0 = unknown
+  double dtype_bytes = 2;   ///< bytes per element of the planned dtype
+  double hidden_bytes = 0;  ///< b=1 boundary activation (s x h x dtype): TP/PP message size unit
+  std::int64_t heads = 0;   ///< attention heads (from the seq x seq score tensors); 0 = unknown
 
   double total_parameters() const;
   double total_fwd_flops() const;  ///< one forward, one sequence
@@ -51,19 +52,20 @@ struct ModelProfile {
 /// Achievable fractions and overlap ratios. See src/cost.cpp for where each number comes from.
 struct Calibration {
   /// Achieved / peak FLOP/s of dense kernels as a function of the per-device GEMM width
-  /// n = hidden / tp: compute_efficiency * n / (n + efficiency_half_width). 0 half-width = constant.
+  /// n = hidden / tp: compute_efficiency * n / (n + efficiency_half_width). 0 half-width =
+  /// constant.
   double compute_efficiency = 0.6;
   double efficiency_half_width = 0;
   /// The widest n of the fitting data: wider GEMMs get the efficiency at this width (the curve is
   /// not extrapolated past what it was fitted on). 0 = no cap.
   double efficiency_max_width = 0;
-  double kernel_overhead = 4e-6;    ///< seconds per kernel launch and tail, per micro-batch and pass
-  double overlap_tp = 0.0;          ///< share of TP collectives hidden under compute
-  double overlap_dp = 0.5;          ///< share of the DP gradient reduction hidden under backward
-  double overlap_opt = 0.5;         ///< share of optimizer-shard gathers hidden (ZeRO-3 prefetch)
-  double overlap_pp = 0.0;          ///< share of pipeline send/recv hidden
-  double overlap_ep = 0.0;          ///< share of expert all-to-alls hidden (dispatch waits on routing)
-  double transient_margin = 0.08;   ///< fraction of device memory kept for fragmentation/workspace
+  double kernel_overhead = 4e-6;  ///< seconds per kernel launch and tail, per micro-batch and pass
+  double overlap_tp = 0.0;        ///< share of TP collectives hidden under compute
+  double overlap_dp = 0.5;        ///< share of the DP gradient reduction hidden under backward
+  double overlap_opt = 0.5;       ///< share of optimizer-shard gathers hidden (ZeRO-3 prefetch)
+  double overlap_pp = 0.0;        ///< share of pipeline send/recv hidden
+  double overlap_ep = 0.0;  ///< share of expert all-to-alls hidden (dispatch waits on routing)
+  double transient_margin = 0.08;  ///< fraction of device memory kept for fragmentation/workspace
 };
 
 /// The calibration hp uses for a device kind (gpu / npu / cpu).
@@ -78,31 +80,31 @@ const char* axis_name(Axis a);
 /// A level-1 configuration: degrees, micro-batching, schedule and axis placement.
 struct Config {
   std::int64_t dp = 1, tp = 1, pp = 1;
-  int optimizer_shard = 0;          ///< ZeRO level 0..3; levels 1..3 shard over the whole DP group
+  int optimizer_shard = 0;  ///< ZeRO level 0..3; levels 1..3 shard over the whole DP group
   std::int64_t micro_batch_size = 1, micro_batches = 1;
   recipe::Schedule schedule = recipe::Schedule::one_f_one_b;
   std::int64_t virtual_stages = 1;
   bool sequence_parallel = false;
-  std::int64_t ep = 1;              ///< expert-parallel degree: carved out of dp, splits routed experts
+  std::int64_t ep = 1;  ///< expert-parallel degree: carved out of dp, splits routed experts
   /// HSDP: ZeRO shards over the innermost shard_group ranks of each DP group (a faster tier) and
   /// replicates across the dp / shard_group such groups; 0 = shard over the whole DP group.
   std::int64_t shard_group = 0;
   Axis order[3] = {Axis::tp, Axis::dp, Axis::pp};
-  int forced_recompute = -1;        ///< 0..2 forces none/selective/full on every block (--fix recompute)
+  int forced_recompute = -1;  ///< 0..2 forces none/selective/full on every block (--fix recompute)
 };
 
 /// What the planner is asked to plan.
 struct Workload {
-  std::int64_t global_batch = 1;    ///< sequences per step
+  std::int64_t global_batch = 1;  ///< sequences per step
   bool train = true;
-  double optimizer_state_bytes = 12; ///< per parameter: fp32 master + Adam moments (K in ZeRO)
-  double grad_bytes = 2;             ///< per parameter
+  double optimizer_state_bytes = 12;  ///< per parameter: fp32 master + Adam moments (K in ZeRO)
+  double grad_bytes = 2;              ///< per parameter
 };
 
 /// The machine: device figures and the links each parallel axis gets under a placement.
 struct Machine {
-  double peak_flops = 0;            ///< dense, planned dtype
-  double memory = 0;                ///< bytes per device
+  double peak_flops = 0;  ///< dense, planned dtype
+  double memory = 0;      ///< bytes per device
   double memory_bandwidth = 0;
   Calibration cal;
 };
@@ -112,10 +114,10 @@ double usable_memory(const Machine& mc);
 /// Links of the TP, DP and PP groups of a configuration (from topology::group_link).
 struct AxisLinks {
   topology::Link tp, dp, pp;
-  topology::Link ep;                ///< the innermost ep ranks of a DP group (expert all-to-all)
-  topology::Link edp;               ///< the DP ranks holding the same experts (dp/ep of them)
-  topology::Link shard;             ///< the ranks ZeRO shards over (the DP group, or the HSDP group)
-  topology::Link replica;           ///< HSDP: the dp/shard_group ranks holding the same shard
+  topology::Link ep;       ///< the innermost ep ranks of a DP group (expert all-to-all)
+  topology::Link edp;      ///< the DP ranks holding the same experts (dp/ep of them)
+  topology::Link shard;    ///< the ranks ZeRO shards over (the DP group, or the HSDP group)
+  topology::Link replica;  ///< HSDP: the dp/shard_group ranks holding the same shard
 };
 /// Ranks the optimizer states of replicated (dense) parameters are split over: 1 without ZeRO, the
 /// HSDP group when set, else the whole DP group.
@@ -126,59 +128,62 @@ Expected<AxisLinks> axis_links(const topology::Topology& topo, const Config& c);
 
 /// Per-block costs for one micro-batch under a configuration (one device's share).
 struct BlockCost {
-  double fwd = 0, bwd = 0;          ///< compute seconds
-  double rc_selective = 0, rc_full = 0; ///< extra forward seconds when recomputed
-  double tp_comm = 0;               ///< exposed TP (or SP) collective seconds, fwd + bwd
-  double ep_comm = 0;               ///< exposed expert all-to-all seconds, fwd + bwd
-  double act[3] = {0, 0, 0};        ///< bytes kept per micro-batch for none / selective / full
-  double act_infer = 0;             ///< bytes alive while the block runs one micro-batch forward
-  double a2a_buffer = 0;            ///< dispatch + combine buffers of the expert all-to-all
-  double state_bytes = 0;           ///< parameters + gradients + optimizer states on one device
-  double weight_bytes = 0;          ///< parameters alone on one device (planned dtype)
-  double grad_bytes = 0;            ///< gradients on one device (training)
-  double dense_params = 0, expert_params = 0; ///< parameter elements on one device, by kind
+  double fwd = 0, bwd = 0;               ///< compute seconds
+  double rc_selective = 0, rc_full = 0;  ///< extra forward seconds when recomputed
+  double tp_comm = 0;                    ///< exposed TP (or SP) collective seconds, fwd + bwd
+  double ep_comm = 0;                    ///< exposed expert all-to-all seconds, fwd + bwd
+  double act[3] = {0, 0, 0};             ///< bytes kept per micro-batch for none / selective / full
+  double act_infer = 0;     ///< bytes alive while the block runs one micro-batch forward
+  double a2a_buffer = 0;    ///< dispatch + combine buffers of the expert all-to-all
+  double state_bytes = 0;   ///< parameters + gradients + optimizer states on one device
+  double weight_bytes = 0;  ///< parameters alone on one device (planned dtype)
+  double grad_bytes = 0;    ///< gradients on one device (training)
+  double dense_params = 0, expert_params = 0;  ///< parameter elements on one device, by kind
 };
-BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c, const Workload& w,
-                     const Machine& mc, const AxisLinks& links);
+BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c,
+                     const Workload& w, const Machine& mc, const AxisLinks& links);
 
 /// Bytes of model states per parameter on one device under a ZeRO level and shard degree.
-double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level, std::int64_t shard);
+double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level,
+                             std::int64_t shard);
 
 /// Exposed seconds of the gradient reduction after the flush for a rank holding `dense` replicated
 /// and `expert` expert-parallel parameter elements (all-reduce, or reduce-scatter under ZeRO).
-double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc, const AxisLinks& links,
-                          double dense, double expert);
+double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
+                          const AxisLinks& links, double dense, double expert);
 
 /// Micro-batches whose activations stage k (0-based) keeps alive at the peak, per schedule.
 double in_flight(const Config& c, std::int64_t stage);
 
-/// A pipeline rank's share after level 2: its blocks (indices into ModelProfile::blocks; contiguous,
-/// or v contiguous chunks when interleaved) and the recompute choice per block.
+/// A pipeline rank's share after level 2: its blocks (indices into ModelProfile::blocks;
+/// contiguous, or v contiguous chunks when interleaved) and the recompute choice per block.
 struct StagePlan {
   std::vector<std::int64_t> blocks;
   std::vector<recipe::Recompute> recompute;  ///< parallel to blocks
-  bool feasible = true;             ///< memory <= device memory
-  double recompute_flops = 0;       ///< extra forward FLOPs per micro-batch on one device
-  double time = 0;                  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
+  bool feasible = true;                      ///< memory <= device memory
+  double recompute_flops = 0;                ///< extra forward FLOPs per micro-batch on one device
+  double time = 0;  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
   double compute = 0, recompute_time = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0;
-  double memory = 0;                ///< peak bytes (states + activations + buffers + margin)
+  double memory = 0;  ///< peak bytes (states + activations + buffers + margin)
   double states = 0, activations = 0;
 };
 
 /// The predicted step of a full plan.
 struct Prediction {
-  double iteration = 0;             ///< seconds per step
+  double iteration = 0;  ///< seconds per step
   double compute = 0, recompute = 0, bubble = 0;
-  double tp_exposed = 0, ep_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0, optimizer_step = 0;
+  double tp_exposed = 0, ep_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0,
+         optimizer_step = 0;
   double tokens_per_second = 0;
-  double model_flops = 0;           ///< per step, no recomputation (MFU convention)
-  double hardware_flops = 0;        ///< per step, with recomputation (HFU)
-  double tflops_model = 0, tflops_hardware = 0; ///< per device
+  double model_flops = 0;                        ///< per step, no recomputation (MFU convention)
+  double hardware_flops = 0;                     ///< per step, with recomputation (HFU)
+  double tflops_model = 0, tflops_hardware = 0;  ///< per device
   double mfu = 0, hfu = 0;
-  double peak_memory = 0;           ///< max over stages
+  double peak_memory = 0;  ///< max over stages
 };
 
-/// Combines stage plans into the step time (the Metis form generalised to interleaving; src/stage.cpp).
+/// Combines stage plans into the step time (the Metis form generalised to interleaving;
+/// src/stage.cpp).
 Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, const Machine& mc,
                    const AxisLinks& links, const std::vector<StagePlan>& stages);
 

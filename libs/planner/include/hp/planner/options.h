@@ -1,6 +1,6 @@
-// The options of `hp plan`, bound by apps/hp/cmd_plan.cpp and run by planner::run_command. The model
-// part (which file, which dims) also serves --summary. Precedence when recipes fill this struct:
-// defaults < recipe < flags.
+// The options of `hp plan`, bound by apps/hp/cmd_plan.cpp and run by planner::run_command. The
+// model part (which file, which dims) also serves --summary. Precedence when recipes fill this
+// struct: defaults < recipe < flags.
 #pragma once
 
 #include <cstdint>
@@ -11,28 +11,30 @@
 namespace hp::planner {
 
 struct PlanOptions {
-  std::string model;                 ///< ONNX file; empty = the bundled tiny-gpt2
-  std::vector<std::string> dim_args; ///< raw --dim NAME=VALUE arguments
-  bool summary = false;              ///< print the model summary instead of planning
-  bool json = false;                 ///< JSON instead of a table
-  bool require_data = false;         ///< fail when external weight files are absent
-  std::string cluster;               ///< preset name or cluster TOML file
-  std::int64_t nodes = 0;            ///< number of cluster nodes; 0 = the cluster file's own
-  std::int64_t global_batch = 0;     ///< sequences per step; 0 = planner default (one per rank)
-  std::int64_t seq = 0;              ///< sequence length; 0 = from --dim or the model
-  std::string dtype = "bf16";        ///< compute dtype (weights, activations, communication)
-  std::string optimizer = "adam";    ///< adam | adamw | sgd | none
-  std::string mode = "train";        ///< train | infer
-  std::string output;                ///< recipe to write
-  std::int64_t top_k = 3;            ///< plans to rank
-  std::vector<std::string> fix_args; ///< raw --fix KEY=VALUE arguments (restrict the search)
-  bool compare = false;              ///< also run the DP x TP-only and greedy "expert" baselines
-  std::string sweep;                 ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
-  std::string schedule_svg;          ///< file to draw the best plan's pipeline schedule into
-  // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then the
-  // source tree of a build):
-  std::vector<std::filesystem::path> preset_dirs;  ///< cluster presets, in search order (recipe::preset_dirs)
-  std::vector<std::filesystem::path> model_dirs;   ///< directories that may hold the bundled tiny-gpt2.onnx, in order
+  std::string model;                  ///< ONNX file; empty = the bundled tiny-gpt2
+  std::vector<std::string> dim_args;  ///< raw --dim NAME=VALUE arguments
+  bool summary = false;               ///< print the model summary instead of planning
+  bool json = false;                  ///< JSON instead of a table
+  bool require_data = false;          ///< fail when external weight files are absent
+  std::string cluster;                ///< preset name or cluster TOML file
+  std::int64_t nodes = 0;             ///< number of cluster nodes; 0 = the cluster file's own
+  std::int64_t global_batch = 0;      ///< sequences per step; 0 = planner default (one per rank)
+  std::int64_t seq = 0;               ///< sequence length; 0 = from --dim or the model
+  std::string dtype = "bf16";         ///< compute dtype (weights, activations, communication)
+  std::string optimizer = "adam";     ///< adam | adamw | sgd | none
+  std::string mode = "train";         ///< train | infer
+  std::string output;                 ///< recipe to write
+  std::int64_t top_k = 3;             ///< plans to rank
+  std::vector<std::string> fix_args;  ///< raw --fix KEY=VALUE arguments (restrict the search)
+  bool compare = false;               ///< also run the DP x TP-only and greedy "expert" baselines
+  std::string sweep;         ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
+  std::string schedule_svg;  ///< file to draw the best plan's pipeline schedule into
+  // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then
+  // the source tree of a build):
+  std::vector<std::filesystem::path>
+      preset_dirs;  ///< cluster presets, in search order (recipe::preset_dirs)
+  std::vector<std::filesystem::path>
+      model_dirs;  ///< directories that may hold the bundled tiny-gpt2.onnx, in order
 };
 
 }  // namespace hp::planner

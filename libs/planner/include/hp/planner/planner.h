@@ -1,9 +1,9 @@
 // `hp plan`: the two-level H2O planner (docs/planner.md). run() loads the model's shapes, profiles
-// its blocks, searches level 1 (degrees, micro-batching, schedule, placement of the axes onto topology
-// tiers) pruned by lower bounds, runs level 2 (stage assignment and per-block recomputation) on the
-// survivors, and returns the ranked plans. Rendering and recipe writing are separate so tests can
-// check each; run_command is the whole command. Pricing one given configuration without a search is
-// planner::predict (hp/planner/predict.h).
+// its blocks, searches level 1 (degrees, micro-batching, schedule, placement of the axes onto
+// topology tiers) pruned by lower bounds, runs level 2 (stage assignment and per-block
+// recomputation) on the survivors, and returns the ranked plans. Rendering and recipe writing are
+// separate so tests can check each; run_command is the whole command. Pricing one given
+// configuration without a search is planner::predict (hp/planner/predict.h).
 #pragma once
 
 #include <cstdint>
@@ -25,25 +25,25 @@ namespace hp::planner {
 /// One ranked plan: a level-1 configuration with its level-2 stages and prediction.
 struct Plan {
   Config config;
-  std::vector<StagePlan> stages;     ///< one per pipeline rank
+  std::vector<StagePlan> stages;  ///< one per pipeline rank
   Prediction predicted;
-  AxisLinks links;                   ///< the tier each axis's groups talk over under the placement
+  AxisLinks links;  ///< the tier each axis's groups talk over under the placement
 };
 
 /// Counters of one search.
 struct SearchStats {
   double seconds = 0;
-  std::int64_t evaluated = 0;        ///< level-1 configurations bounded
-  std::int64_t pruned_memory = 0;    ///< dropped by the model-state memory lower bound
-  std::int64_t pruned_time = 0;      ///< dropped by the time lower bound against the k-th best
-  std::int64_t level2 = 0;           ///< configurations that ran level 2
+  std::int64_t evaluated = 0;      ///< level-1 configurations bounded
+  std::int64_t pruned_memory = 0;  ///< dropped by the model-state memory lower bound
+  std::int64_t pruned_time = 0;    ///< dropped by the time lower bound against the k-th best
+  std::int64_t level2 = 0;         ///< configurations that ran level 2
   std::int64_t level2_infeasible = 0;
-  std::int64_t duplicates = 0;       ///< plans dropped as equivalent to a ranked one
+  std::int64_t duplicates = 0;  ///< plans dropped as equivalent to a ranked one
 };
 
 /// The smallest memory any candidate needed when nothing fits.
 struct Shortfall {
-  double need = 0;                   ///< bytes per device at the best candidate
+  double need = 0;  ///< bytes per device at the best candidate
   double states = 0, activations = 0;
   Config config;
 };
@@ -60,17 +60,19 @@ struct Fixed {
   bool admits(const Config& c) const;
 };
 
-/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), shard_group (HSDP), optimizer_shard (0..3 or none|optimizer|gradients|
-/// parameters), micro_batch_size, micro_batches, schedule (gpipe|1f1b|interleaved), virtual_stages,
-/// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
-/// and a key given twice with different values are Errc::usage.
+/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), shard_group (HSDP),
+/// optimizer_shard (0..3 or none|optimizer|gradients| parameters), micro_batch_size, micro_batches,
+/// schedule (gpipe|1f1b|interleaved), virtual_stages, sequence_parallel (true|false), recompute
+/// (none|selective|full). Unknown keys, malformed values and a key given twice with different
+/// values are Errc::usage.
 Expected<Fixed> parse_fixes(const std::vector<std::string>& args);
 
 /// Checks pinned values against the cluster and the model before searching: the degrees' product
 /// against the rank count, pp against the blocks, tp against the attention heads, ep against the
 /// experts and dp, micro_batch_size against the global batch. Each mismatch is Errc::bad_input
 /// naming both sides.
-Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m, std::int64_t global_batch);
+Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m,
+                   std::int64_t global_batch);
 
 struct SearchLimits {
   std::int64_t top_k = 3;
@@ -90,15 +92,16 @@ struct SearchInput {
 };
 
 struct SearchResult {
-  std::vector<Plan> plans;           ///< best first; empty when nothing fits
+  std::vector<Plan> plans;  ///< best first; empty when nothing fits
   SearchStats stats;
-  Shortfall shortfall;               ///< meaningful when plans is empty
+  Shortfall shortfall;  ///< meaningful when plans is empty
 };
 
 /// Level 1 + level 2 over every configuration of in.topo.ranks() devices.
 SearchResult search(const SearchInput& in);
 
-/// Level 2 alone for one configuration (stage assignment + recomputation); empty when it cannot fit.
+/// Level 2 alone for one configuration (stage assignment + recomputation); empty when it cannot
+/// fit.
 std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, const Workload& w,
                                      const Machine& mc, const AxisLinks& links);
 
@@ -109,44 +112,47 @@ StagePlan stage_plan(const ModelProfile& m, const Config& c, const Workload& w, 
                      std::vector<recipe::Recompute> recompute);
 
 /// The profile of a summarised model (bound at batch 1 and the planned seq) in the planned dtype.
-Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq, double dtype_bytes);
+Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t seq,
+                                     double dtype_bytes);
 
 /// A baseline planner's best plan for the same problem (--compare).
 struct Baseline {
-  std::string name;                  ///< "dp-tp-only" | "greedy-expert"
+  std::string name;  ///< "dp-tp-only" | "greedy-expert"
   std::string description;
-  std::optional<Plan> plan;          ///< empty when nothing in its space fits
-  std::int64_t evaluated = 0;        ///< configurations it looked at
-  double speedup = 0;                ///< its iteration time / the best plan's - 1 (0.2 = 20% faster)
+  std::optional<Plan> plan;    ///< empty when nothing in its space fits
+  std::int64_t evaluated = 0;  ///< configurations it looked at
+  double speedup = 0;          ///< its iteration time / the best plan's - 1 (0.2 = 20% faster)
 };
 
 /// The two baselines of the H2O paper, each searched under the same cost model:
 ///  dp-tp-only: DP x TP degrees and the micro-batch size only (no pipeline, no optimizer sharding,
 ///    no recomputation, no SP) - the D-Rec-style planner H2O compares against; its operator-level
-///    sharding may split any dimension, so tp need not divide the heads, and expert dims may be split;
+///    sharding may split any dimension, so tp need not divide the heads, and expert dims may be
+///    split;
 ///  greedy-expert: one axis at a time (tp, pp, ZeRO level, micro-batch size, one recompute policy
 ///    for every block), each set to its best value with the others held, until nothing changes -
-///    how an expert tunes by hand. It starts from tp = pp = 1, ZeRO-3, micro-batch 1, full recompute.
+///    how an expert tunes by hand. It starts from tp = pp = 1, ZeRO-3, micro-batch 1, full
+///    recompute.
 std::vector<Baseline> run_baselines(const SearchInput& in, const Plan& best);
 
 /// What `hp plan` reports.
 struct PlanReport {
-  std::string model;                 ///< path as given
-  std::string cluster;               ///< cluster name
-  std::string cluster_ref;           ///< as given on the command line (preset name or file)
+  std::string model;        ///< path as given
+  std::string cluster;      ///< cluster name
+  std::string cluster_ref;  ///< as given on the command line (preset name or file)
   std::int64_t nodes = 1, ranks = 1;
   std::string device;
   double device_memory = 0;
-  double usable_memory = 0;          ///< what a plan may use: device memory less the transient margin
+  double usable_memory = 0;  ///< what a plan may use: device memory less the transient margin
   std::int64_t global_batch = 0, seq = 0;
   std::string dtype, mode, optimizer;
   double parameters = 0;
   std::int64_t blocks = 0;
-  std::vector<Plan> plans;           ///< top-k, best first (never empty in a returned report)
+  std::vector<Plan> plans;  ///< top-k, best first (never empty in a returned report)
   SearchStats stats;
-  std::string why;                   ///< why the best plan wins
+  std::string why;  ///< why the best plan wins
   std::vector<std::string> warnings;
-  std::vector<Baseline> baselines;   ///< with --compare
+  std::vector<Baseline> baselines;  ///< with --compare
 };
 
 /// Plans opts.model on `cluster` (already scaled to its node count). No feasible plan is
@@ -188,22 +194,23 @@ std::string format_summary_json(const SummaryReport& r);
 
 /// What `hp plan` prints and writes, rendered as the options asked.
 struct PlanOutput {
-  std::string model;                  ///< the model summarised or planned (the bundled one when none was named)
+  std::string model;  ///< the model summarised or planned (the bundled one when none was named)
   std::vector<std::string> warnings;  ///< about that model, to report before `text`
-  std::string text;                   ///< for standard output: the plan table or JSON, the sweep rows or the
-                                      ///< summary (empty when -o takes the summary)
+  std::string text;  ///< for standard output: the plan table or JSON, the sweep rows or the
+                     ///< summary (empty when -o takes the summary)
   struct File {
     std::filesystem::path path;
     std::string contents;
   };
-  std::vector<File> files;            ///< to write after printing, in order (--schedule-svg, then -o)
+  std::vector<File> files;  ///< to write after printing, in order (--schedule-svg, then -o)
 };
 
 /// `hp plan` in one call. Resolves the options (--dim bindings, --cluster scaled to --nodes, the
 /// bundled model from opts.model_dirs when opts.model is empty), then with opts.summary summarises
 /// the model; else plans on the cluster (local-cpu when none is named), once per value with
-/// opts.sweep (run_sweep) or once (run), rendered as text or JSON, with the schedule SVG and the best
-/// plan's recipe as files. Errors come in the order the options are resolved: --dim, the cluster
+/// opts.sweep (run_sweep) or once (run), rendered as text or JSON, with the schedule SVG and the
+/// best plan's recipe as files. Errors come in the order the options are resolved: --dim, the
+/// cluster
 /// (--nodes without --cluster is Errc::usage), the bundled model, then the summary's, the sweep's
 /// (--sweep with -o, --schedule-svg or --compare is Errc::usage) or the plan's.
 Expected<PlanOutput> run_command(const PlanOptions& opts);

@@ -1,7 +1,7 @@
 // hp::plugin::Backend: the host-side view of one opened plugin. It wraps the C table of
 // hp_plugin.h: every call turns an hp_status* into an hp::Error (freeing the status through the
-// table), and every member added after ABI 1.0 is gated on the table's struct_size, so an older plugin
-// simply reports "unsupported" for what it does not have.
+// table), and every member added after ABI 1.0 is gated on the table's struct_size, so an older
+// plugin simply reports "unsupported" for what it does not have.
 #pragma once
 
 #include <array>
@@ -40,16 +40,17 @@ struct DeviceInfo {
 /// hp_mem_stats in C++ terms (1.3).
 struct MemStats {
   std::uint64_t in_use = 0, peak = 0;
-  std::uint64_t limit = 0;     ///< enforced device budget; 0 = none
+  std::uint64_t limit = 0;  ///< enforced device budget; 0 = none
   std::uint64_t allocs = 0, refused = 0;
 };
 
 /// The core DType of an hp_dtype (the same numbering, HP_F32 .. HP_U8); nullopt outside it.
 std::optional<DType> to_dtype(int hp_dtype);
-/// The hp_dtype of a DType; -1 for the types the plugin ABI has no code for (i16, u16, u32, u64, c64,
-/// c128, tf32).
+/// The hp_dtype of a DType; -1 for the types the plugin ABI has no code for (i16, u16, u32, u64,
+/// c64, c128, tf32).
 int to_hp_dtype(DType t);
-const char* dtype_name(int dtype);        ///< hp::dtype_name of the hp_dtype ("f32", "bf16", ...), "?" outside
+const char* dtype_name(
+    int dtype);  ///< hp::dtype_name of the hp_dtype ("f32", "bf16", ...), "?" outside
 const char* prov_name(hp_prov p);         ///< "measured", "table", "unknown"
 const char* kind_name(hp_device_kind k);  ///< "cpu", "gpu", "npu"
 const char* code_name(hp_code c);         ///< "unavailable", "version", ...
@@ -91,10 +92,12 @@ class Backend {
   Status event_destroy(hp_event* e) const;
   /// 1.1: whether `e` has completed; "unsupported" error on a 1.0 plugin.
   Expected<bool> event_query(hp_event* e) const;
-  Status copy_async(hp_stream* s, void* dst, const void* src, std::size_t bytes, hp_copy_dir dir) const;
+  Status copy_async(hp_stream* s, void* dst, const void* src, std::size_t bytes,
+                    hp_copy_dir dir) const;
   Status gemm(hp_stream* s, const hp_gemm_desc& d) const;
   Status elementwise(hp_stream* s, const hp_elementwise_desc& d) const;
-  /// 1.2: whether ONNX op `op_type` runs on `dev` with these input dtypes; false on an older plugin.
+  /// 1.2: whether ONNX op `op_type` runs on `dev` with these input dtypes; false on an older
+  /// plugin.
   bool supports_op(int dev, const char* op_type, const char* domain, std::int64_t opset,
                    const std::vector<std::int32_t>& input_dtypes) const;
   /// 1.2: whether the op type is implemented at all (for some dtypes); false on an older plugin.
@@ -103,8 +106,8 @@ class Backend {
   Status run_op(hp_stream* s, const hp_op_desc& d) const;
   /// True when the table has the 1.3 member mem_stats (set).
   bool has_mem_stats() const;
-  /// 1.3: device-memory accounting (in use, peak, enforced budget); not_implemented on an older plugin.
-  /// With `reset_peak` the peak restarts from what is in use after this read.
+  /// 1.3: device-memory accounting (in use, peak, enforced budget); not_implemented on an older
+  /// plugin. With `reset_peak` the peak restarts from what is in use after this read.
   Expected<MemStats> mem_stats(int dev, bool reset_peak = false) const;
 
   /// Converts (and frees) a status returned by this plugin; NULL gives success.

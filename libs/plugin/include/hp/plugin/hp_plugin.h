@@ -2,29 +2,29 @@
  * hp backend plugin C ABI, version 1.
  *
  * A backend (cpu, cuda, ascend, ...) is a shared library `libhp-backend-<name>.so` that exports
- * `hp_backend_entry_v1`, returning a static table of function pointers (hp_backend_v1), and optionally
- * `hp_backend_probe`. Only plain C crosses the boundary: fixed-width integers, size_t, double, function
- * pointers and opaque handles. No C++ types, no exceptions, no ownership of host strings.
+ * `hp_backend_entry_v1`, returning a static table of function pointers (hp_backend_v1), and
+ * optionally `hp_backend_probe`. Only plain C crosses the boundary: fixed-width integers, size_t,
+ * double, function pointers and opaque handles. No C++ types, no exceptions, no ownership of host
+ * strings.
  *
- * Versioning. HP_ABI_MAJOR changes when anything but an append happens; each major has its own entry
- * symbol (`hp_backend_entry_v2` later), so one plugin can serve two hosts during a transition.
- * HP_ABI_MINOR grows when members are appended to a table or struct. Every table and every in/out struct
- * starts with `struct_size`: the host only touches a member when
+ * Versioning. HP_ABI_MAJOR changes when anything but an append happens; each major has its own
+ * entry symbol (`hp_backend_entry_v2` later), so one plugin can serve two hosts during a
+ * transition. HP_ABI_MINOR grows when members are appended to a table or struct. Every table and
+ * every in/out struct starts with `struct_size`: the host only touches a member when
  *   offsetof(member) + sizeof(member) <= struct_size
- * (HP_HAS_MEMBER below), and a plugin fills only the members that fit the caller's struct_size. Members
- * marked "optional" may also be NULL. History:
- *   1.0  the core surface: status, open/close, devices, supports, memory, streams, events, copies,
- *        gemm, elementwise, optional graph execution
+ * (HP_HAS_MEMBER below), and a plugin fills only the members that fit the caller's struct_size.
+ * Members marked "optional" may also be NULL. History: 1.0  the core surface: status, open/close,
+ * devices, supports, memory, streams, events, copies, gemm, elementwise, optional graph execution
  *   1.1  appended event_query and mem_info
  *   1.2  appended supports_op and run_op: generic execution of one ONNX node (hp_op_desc), with
  *        tensor dtypes HP_BOOL and HP_U8 beyond the FLOP-rated set
  *   1.3  appended mem_stats: device bytes in use, their peak and an enforced budget (hp_mem_stats)
  *
- * Errors. Fallible functions return `hp_status*`: NULL means success; otherwise an object allocated by
- * the plugin that the host reads with status_code/status_message and releases with status_free.
+ * Errors. Fallible functions return `hp_status*`: NULL means success; otherwise an object allocated
+ * by the plugin that the host reads with status_code/status_message and releases with status_free.
  *
- * Layout. Matrices are row-major (as in ONNX). Device pointers are opaque to the host unless the device
- * reports HP_CAP_HOST_VISIBLE.
+ * Layout. Matrices are row-major (as in ONNX). Device pointers are opaque to the host unless the
+ * device reports HP_CAP_HOST_VISIBLE.
  */
 #ifndef HP_PLUGIN_HP_PLUGIN_H
 #define HP_PLUGIN_HP_PLUGIN_H
@@ -54,15 +54,15 @@ typedef struct hp_event hp_event;
 
 /** Status codes. */
 typedef enum hp_code {
-  HP_OK = 0,           /**< never carried by a status object; NULL is success */
-  HP_UNAVAILABLE = 1,  /**< the backend cannot run on this machine (no runtime, driver or device) */
-  HP_INVALID = 2,      /**< an argument is invalid (null pointer, bad device index, bad shape) */
-  HP_NO_MEMORY = 3,    /**< an allocation failed */
-  HP_UNSUPPORTED = 4,  /**< the op / dtype / member is not implemented by this backend */
-  HP_VERSION = 5,      /**< ABI or vendor runtime version mismatch (e.g. a required symbol is absent) */
-  HP_DEVICE_LOST = 6,  /**< the device failed or was reset */
-  HP_TIMEOUT = 7,      /**< an operation timed out */
-  HP_INTERNAL = 8      /**< a bug in the plugin or the vendor runtime */
+  HP_OK = 0,          /**< never carried by a status object; NULL is success */
+  HP_UNAVAILABLE = 1, /**< the backend cannot run on this machine (no runtime, driver or device) */
+  HP_INVALID = 2,     /**< an argument is invalid (null pointer, bad device index, bad shape) */
+  HP_NO_MEMORY = 3,   /**< an allocation failed */
+  HP_UNSUPPORTED = 4, /**< the op / dtype / member is not implemented by this backend */
+  HP_VERSION = 5, /**< ABI or vendor runtime version mismatch (e.g. a required symbol is absent) */
+  HP_DEVICE_LOST = 6, /**< the device failed or was reset */
+  HP_TIMEOUT = 7,     /**< an operation timed out */
+  HP_INTERNAL = 8     /**< a bug in the plugin or the vendor runtime */
 } hp_code;
 
 /** Element types; also the index into hp_device_info::peak_flops. */
@@ -75,55 +75,61 @@ typedef enum hp_dtype {
   HP_I32 = 5,
   HP_I64 = 6,
   HP_F8 = 7,
-  HP_DTYPE_COUNT = 8,  /**< size of the FLOP-rated set (hp_device_info::peak_flops) */
+  HP_DTYPE_COUNT = 8, /**< size of the FLOP-rated set (hp_device_info::peak_flops) */
   /* 1.2: tensor element types that carry no FLOP figure */
-  HP_BOOL = 8,         /**< one byte per element, 0 or 1 */
+  HP_BOOL = 8, /**< one byte per element, 0 or 1 */
   HP_U8 = 9
 } hp_dtype;
 
 /** Where a device figure comes from. */
 typedef enum hp_prov {
-  HP_PROV_UNKNOWN = 0,  /**< not known; the value is 0 */
-  HP_PROV_TABLE = 1,    /**< looked up from a datasheet table or estimated from specs */
-  HP_PROV_MEASURED = 2  /**< measured on this machine */
+  HP_PROV_UNKNOWN = 0, /**< not known; the value is 0 */
+  HP_PROV_TABLE = 1,   /**< looked up from a datasheet table or estimated from specs */
+  HP_PROV_MEASURED = 2 /**< measured on this machine */
 } hp_prov;
 
 /** Device kinds. */
-typedef enum hp_device_kind { HP_DEVICE_CPU = 0, HP_DEVICE_GPU = 1, HP_DEVICE_NPU = 2 } hp_device_kind;
+typedef enum hp_device_kind {
+  HP_DEVICE_CPU = 0,
+  HP_DEVICE_GPU = 1,
+  HP_DEVICE_NPU = 2
+} hp_device_kind;
 
 /** Capability bits of hp_device_info::caps. */
-#define HP_CAP_ASYNC 0x1u        /**< streams execute asynchronously to the caller */
-#define HP_CAP_EVENTS 0x2u       /**< events can be recorded, waited on and synchronised */
-#define HP_CAP_PINNED_HOST 0x4u  /**< alloc with HP_MEM_PINNED_HOST returns page-locked memory */
-#define HP_CAP_P2P 0x8u          /**< D2D copies between devices of this backend */
-#define HP_CAP_GRAPH 0x10u       /**< graph_load / graph_run / graph_free are implemented */
+#define HP_CAP_ASYNC 0x1u         /**< streams execute asynchronously to the caller */
+#define HP_CAP_EVENTS 0x2u        /**< events can be recorded, waited on and synchronised */
+#define HP_CAP_PINNED_HOST 0x4u   /**< alloc with HP_MEM_PINNED_HOST returns page-locked memory */
+#define HP_CAP_P2P 0x8u           /**< D2D copies between devices of this backend */
+#define HP_CAP_GRAPH 0x10u        /**< graph_load / graph_run / graph_free are implemented */
 #define HP_CAP_HOST_VISIBLE 0x20u /**< device memory is ordinary host memory (cpu backend) */
 
-/** Device properties. The caller sets struct_size and zeroes the rest; the plugin fills what fits. */
+/** Device properties. The caller sets struct_size and zeroes the rest; the plugin fills what fits.
+ */
 typedef struct hp_device_info {
-  size_t struct_size;          /**< sizeof(hp_device_info) as the caller knows it */
-  char name[64];               /**< marketing name, NUL-terminated ("Intel(R) Xeon(R) ...", "Ascend910B3") */
-  char arch[32];               /**< architecture ("x86_64 avx2", "sm_90", "Ascend910B3") */
-  char bus_id[32];             /**< PCI bus id or "" */
-  int32_t kind;                /**< hp_device_kind */
-  int32_t numa_node;           /**< NUMA node or -1 */
-  uint64_t mem_total;          /**< device memory in bytes */
-  uint64_t mem_free;           /**< free device memory in bytes at query time */
-  int32_t compute_units;       /**< cores / SMs / AI cores */
-  int32_t reserved0;           /**< zero */
-  double clock_hz;             /**< nominal clock, 0 when unknown */
-  double peak_flops[HP_DTYPE_COUNT];  /**< dense peak FLOP/s per hp_dtype (0 = not supported/unknown) */
+  size_t struct_size; /**< sizeof(hp_device_info) as the caller knows it */
+  char name[64];      /**< marketing name, NUL-terminated ("Intel(R) Xeon(R) ...", "Ascend910B3") */
+  char arch[32];      /**< architecture ("x86_64 avx2", "sm_90", "Ascend910B3") */
+  char bus_id[32];    /**< PCI bus id or "" */
+  int32_t kind;       /**< hp_device_kind */
+  int32_t numa_node;  /**< NUMA node or -1 */
+  uint64_t mem_total; /**< device memory in bytes */
+  uint64_t mem_free;  /**< free device memory in bytes at query time */
+  int32_t compute_units; /**< cores / SMs / AI cores */
+  int32_t reserved0;     /**< zero */
+  double clock_hz;       /**< nominal clock, 0 when unknown */
+  double
+      peak_flops[HP_DTYPE_COUNT]; /**< dense peak FLOP/s per hp_dtype (0 = not supported/unknown) */
   int32_t flops_prov[HP_DTYPE_COUNT]; /**< hp_prov of each peak_flops entry */
-  double mem_Bps;              /**< device memory bandwidth, bytes/s */
-  double h2d_Bps;              /**< host-to-device copy bandwidth, bytes/s */
-  double d2h_Bps;              /**< device-to-host copy bandwidth, bytes/s */
-  double peer_Bps;             /**< device-to-device (peer) bandwidth, bytes/s */
-  int32_t mem_prov;            /**< hp_prov of mem_Bps */
-  int32_t h2d_prov;            /**< hp_prov of h2d_Bps */
-  int32_t d2h_prov;            /**< hp_prov of d2h_Bps */
-  int32_t peer_prov;           /**< hp_prov of peer_Bps */
-  uint64_t caps;               /**< HP_CAP_* bits */
-  char note[128];              /**< free text on how the figures were obtained (provenance detail) */
+  double mem_Bps;                     /**< device memory bandwidth, bytes/s */
+  double h2d_Bps;                     /**< host-to-device copy bandwidth, bytes/s */
+  double d2h_Bps;                     /**< device-to-host copy bandwidth, bytes/s */
+  double peer_Bps;                    /**< device-to-device (peer) bandwidth, bytes/s */
+  int32_t mem_prov;                   /**< hp_prov of mem_Bps */
+  int32_t h2d_prov;                   /**< hp_prov of h2d_Bps */
+  int32_t d2h_prov;                   /**< hp_prov of d2h_Bps */
+  int32_t peer_prov;                  /**< hp_prov of peer_Bps */
+  uint64_t caps;                      /**< HP_CAP_* bits */
+  char note[128]; /**< free text on how the figures were obtained (provenance detail) */
 } hp_device_info;
 
 /** Operations for supports(). */
@@ -138,19 +144,19 @@ typedef enum hp_op {
   HP_OP_MIN = 21,
   /* unary elementwise: out = f(x) */
   HP_OP_RELU = 32,
-  HP_OP_GELU = 33,   /**< exact (erf) GELU, as ONNX Gelu with approximate="none" */
-  HP_OP_SILU = 34,   /**< x * sigmoid(x) */
+  HP_OP_GELU = 33, /**< exact (erf) GELU, as ONNX Gelu with approximate="none" */
+  HP_OP_SILU = 34, /**< x * sigmoid(x) */
   HP_OP_SIGMOID = 35,
   HP_OP_TANH = 36,
   HP_OP_EXP = 37,
   HP_OP_NEG = 38,
   HP_OP_SQRT = 39,
-  HP_OP_SCALE = 40   /**< out = x * scalar */
+  HP_OP_SCALE = 40 /**< out = x * scalar */
 } hp_op;
 
 /** Memory kinds for alloc / free_mem. */
-#define HP_MEM_DEVICE 0       /**< device memory */
-#define HP_MEM_PINNED_HOST 1  /**< page-locked host memory usable for async copies */
+#define HP_MEM_DEVICE 0      /**< device memory */
+#define HP_MEM_PINNED_HOST 1 /**< page-locked host memory usable for async copies */
 
 /** Copy directions for copy_async. */
 typedef enum hp_copy_dir { HP_H2D = 0, HP_D2H = 1, HP_D2D = 2, HP_H2H = 3 } hp_copy_dir;
@@ -158,51 +164,52 @@ typedef enum hp_copy_dir { HP_H2D = 0, HP_D2H = 1, HP_D2D = 2, HP_H2H = 3 } hp_c
 /**
  * A (batched, strided) GEMM in row-major layout: for b in [0, batch)
  *   C_b[m x n] = alpha * op(A_b) * op(B_b) + beta * C_b
- * with A_b = a + b*stride_a elements (A_b is m x k, stored k x m when trans_a), likewise B_b (k x n,
- * stored n x k when trans_b) and C_b. lda/ldb/ldc are row strides of the stored matrices in elements.
- * A batch stride of 0 broadcasts that operand over the batch. beta == 0 ignores C's old contents.
+ * with A_b = a + b*stride_a elements (A_b is m x k, stored k x m when trans_a), likewise B_b (k x
+ * n, stored n x k when trans_b) and C_b. lda/ldb/ldc are row strides of the stored matrices in
+ * elements. A batch stride of 0 broadcasts that operand over the batch. beta == 0 ignores C's old
+ * contents.
  */
 typedef struct hp_gemm_desc {
-  size_t struct_size;   /**< sizeof(hp_gemm_desc) as the caller knows it */
-  int32_t trans_a;      /**< nonzero: A is stored transposed (k x m) */
-  int32_t trans_b;      /**< nonzero: B is stored transposed (n x k) */
-  int64_t m, n, k;      /**< problem size, each >= 1 */
-  int64_t lda, ldb, ldc;  /**< row strides in elements */
-  int64_t batch;        /**< number of matrices, >= 1 */
-  int64_t stride_a, stride_b, stride_c;  /**< elements between consecutive matrices */
-  double alpha, beta;   /**< scaling factors */
-  int32_t type_a, type_b, type_c;  /**< hp_dtype of the operands */
-  int32_t type_compute; /**< hp_dtype of the accumulation */
-  const void* a;        /**< device pointer to A_0 */
-  const void* b;        /**< device pointer to B_0 */
-  void* c;              /**< device pointer to C_0 */
+  size_t struct_size;                   /**< sizeof(hp_gemm_desc) as the caller knows it */
+  int32_t trans_a;                      /**< nonzero: A is stored transposed (k x m) */
+  int32_t trans_b;                      /**< nonzero: B is stored transposed (n x k) */
+  int64_t m, n, k;                      /**< problem size, each >= 1 */
+  int64_t lda, ldb, ldc;                /**< row strides in elements */
+  int64_t batch;                        /**< number of matrices, >= 1 */
+  int64_t stride_a, stride_b, stride_c; /**< elements between consecutive matrices */
+  double alpha, beta;                   /**< scaling factors */
+  int32_t type_a, type_b, type_c;       /**< hp_dtype of the operands */
+  int32_t type_compute;                 /**< hp_dtype of the accumulation */
+  const void* a;                        /**< device pointer to A_0 */
+  const void* b;                        /**< device pointer to B_0 */
+  void* c;                              /**< device pointer to C_0 */
 } hp_gemm_desc;
 
 /**
- * An elementwise op over n elements: out[i] = x[i] (op) y[i % y_len] for binary ops (y_len == 0 means
- * n; a y_len dividing n broadcasts y over the trailing dimension, as for a bias), out[i] = f(x[i]) for
- * unary ops, out[i] = x[i] * scalar for HP_OP_SCALE. out may alias x.
+ * An elementwise op over n elements: out[i] = x[i] (op) y[i % y_len] for binary ops (y_len == 0
+ * means n; a y_len dividing n broadcasts y over the trailing dimension, as for a bias), out[i] =
+ * f(x[i]) for unary ops, out[i] = x[i] * scalar for HP_OP_SCALE. out may alias x.
  */
 typedef struct hp_elementwise_desc {
-  size_t struct_size;   /**< sizeof(hp_elementwise_desc) as the caller knows it */
-  int32_t op;           /**< hp_op (not HP_OP_GEMM) */
-  int32_t dtype;        /**< hp_dtype of x, y and out */
-  int64_t n;            /**< number of output elements */
-  int64_t y_len;        /**< elements of y (0 = n); must divide n */
-  double scalar;        /**< HP_OP_SCALE factor */
-  const void* x;        /**< device pointer */
-  const void* y;        /**< device pointer (binary ops) or NULL */
-  void* out;            /**< device pointer */
+  size_t struct_size; /**< sizeof(hp_elementwise_desc) as the caller knows it */
+  int32_t op;         /**< hp_op (not HP_OP_GEMM) */
+  int32_t dtype;      /**< hp_dtype of x, y and out */
+  int64_t n;          /**< number of output elements */
+  int64_t y_len;      /**< elements of y (0 = n); must divide n */
+  double scalar;      /**< HP_OP_SCALE factor */
+  const void* x;      /**< device pointer */
+  const void* y;      /**< device pointer (binary ops) or NULL */
+  void* out;          /**< device pointer */
 } hp_elementwise_desc;
 
 /** Attribute kinds of hp_op_attr (1.2). */
 typedef enum hp_attr_kind {
-  HP_ATTR_INT = 0,     /**< i */
-  HP_ATTR_FLOAT = 1,   /**< f */
-  HP_ATTR_STRING = 2,  /**< s (NUL-terminated) */
-  HP_ATTR_INTS = 3,    /**< ints[0..n) */
-  HP_ATTR_FLOATS = 4,  /**< floats[0..n) */
-  HP_ATTR_TENSOR = 5   /**< tensor (a host-memory hp_tensor_desc, e.g. Constant's value) */
+  HP_ATTR_INT = 0,    /**< i */
+  HP_ATTR_FLOAT = 1,  /**< f */
+  HP_ATTR_STRING = 2, /**< s (NUL-terminated) */
+  HP_ATTR_INTS = 3,   /**< ints[0..n) */
+  HP_ATTR_FLOATS = 4, /**< floats[0..n) */
+  HP_ATTR_TENSOR = 5  /**< tensor (a host-memory hp_tensor_desc, e.g. Constant's value) */
 } hp_attr_kind;
 
 /** Maximum rank of an hp_tensor_desc. */
@@ -214,8 +221,8 @@ typedef enum hp_attr_kind {
  * one element; a dim of 0 gives an empty tensor (data may then be NULL).
  */
 typedef struct hp_tensor_desc {
-  int32_t dtype;                 /**< hp_dtype */
-  int32_t rank;                  /**< 0..HP_MAX_RANK */
+  int32_t dtype; /**< hp_dtype */
+  int32_t rank;  /**< 0..HP_MAX_RANK */
   int64_t dims[HP_MAX_RANK];
   void* data;
 } hp_tensor_desc;
@@ -223,21 +230,21 @@ typedef struct hp_tensor_desc {
 /** One node attribute (1.2). Strings and arrays are owned by the host and valid during the call. */
 typedef struct hp_op_attr {
   const char* name;
-  int32_t kind;                  /**< hp_attr_kind */
+  int32_t kind; /**< hp_attr_kind */
   int64_t i;
   double f;
   const char* s;
   const int64_t* ints;
   const double* floats;
-  int64_t n;                     /**< element count of ints / floats */
+  int64_t n; /**< element count of ints / floats */
   const hp_tensor_desc* tensor;
 } hp_op_attr;
 
 /**
- * Output allocation callback of run_op (1.2). Output shapes are the plugin's to compute (some depend
- * on input values: Reshape, Range, TopK), so the plugin asks the host for each output's buffer once it
- * knows the shape. The host fills out->data with device memory of this backend (NULL for an empty
- * tensor) and returns nonzero on success, 0 when it cannot allocate.
+ * Output allocation callback of run_op (1.2). Output shapes are the plugin's to compute (some
+ * depend on input values: Reshape, Range, TopK), so the plugin asks the host for each output's
+ * buffer once it knows the shape. The host fills out->data with device memory of this backend (NULL
+ * for an empty tensor) and returns nonzero on success, 0 when it cannot allocate.
  */
 typedef int32_t (*hp_alloc_output_fn)(void* user, int32_t index, int32_t dtype, int32_t rank,
                                       const int64_t* dims, hp_tensor_desc* out);
@@ -248,11 +255,11 @@ typedef int32_t (*hp_alloc_output_fn)(void* user, int32_t index, int32_t dtype, 
  * in [0, n_outputs).
  */
 typedef struct hp_op_desc {
-  size_t struct_size;            /**< sizeof(hp_op_desc) as the caller knows it */
-  const char* op_type;           /**< ONNX op type, e.g. "MatMul" */
-  const char* domain;            /**< "" for ai.onnx */
-  int64_t opset;                 /**< the model's opset of that domain */
-  const char* node_name;         /**< for messages; may be "" */
+  size_t struct_size;    /**< sizeof(hp_op_desc) as the caller knows it */
+  const char* op_type;   /**< ONNX op type, e.g. "MatMul" */
+  const char* domain;    /**< "" for ai.onnx */
+  int64_t opset;         /**< the model's opset of that domain */
+  const char* node_name; /**< for messages; may be "" */
   const hp_op_attr* attrs;
   int64_t n_attrs;
   const hp_tensor_desc* inputs;
@@ -263,39 +270,41 @@ typedef struct hp_op_desc {
 } hp_op_desc;
 
 /**
- * Device-memory accounting of one device (1.3): what alloc(HP_MEM_DEVICE) handed out and not yet freed.
- * A backend opened with a device budget (the cpu backend's "device_budget=BYTES") refuses, with
- * HP_NO_MEMORY, an allocation that would take in_use past `limit`; that is how a host-memory backend
- * stands in for a device of that size (offload schedules are then really exercised).
+ * Device-memory accounting of one device (1.3): what alloc(HP_MEM_DEVICE) handed out and not yet
+ * freed. A backend opened with a device budget (the cpu backend's "device_budget=BYTES") refuses,
+ * with HP_NO_MEMORY, an allocation that would take in_use past `limit`; that is how a host-memory
+ * backend stands in for a device of that size (offload schedules are then really exercised).
  */
 typedef struct hp_mem_stats {
-  size_t struct_size;   /**< sizeof(hp_mem_stats) as the caller knows it */
-  uint64_t in_use;      /**< bytes of live device allocations (as the backend rounds them) */
-  uint64_t peak;        /**< the most in_use since open or the last reset */
-  uint64_t limit;       /**< the enforced budget in bytes; 0 = none */
-  uint64_t allocs;      /**< device allocations that succeeded */
-  uint64_t refused;     /**< device allocations refused because of the limit */
+  size_t struct_size; /**< sizeof(hp_mem_stats) as the caller knows it */
+  uint64_t in_use;    /**< bytes of live device allocations (as the backend rounds them) */
+  uint64_t peak;      /**< the most in_use since open or the last reset */
+  uint64_t limit;     /**< the enforced budget in bytes; 0 = none */
+  uint64_t allocs;    /**< device allocations that succeeded */
+  uint64_t refused;   /**< device allocations refused because of the limit */
 } hp_mem_stats;
 
 /** The function table of ABI major 1. Members are appended only; see the version history above. */
 typedef struct hp_backend_v1 {
-  size_t struct_size;   /**< sizeof(hp_backend_v1) as the plugin was compiled */
-  uint16_t abi_major;   /**< HP_ABI_MAJOR the plugin implements (must equal the host's) */
-  uint16_t abi_minor;   /**< HP_ABI_MINOR the plugin was compiled with */
-  const char* name;     /**< short name: "cpu", "cuda", "ascend" (static storage) */
-  const char* version;  /**< plugin version string (static storage) */
+  size_t struct_size;  /**< sizeof(hp_backend_v1) as the plugin was compiled */
+  uint16_t abi_major;  /**< HP_ABI_MAJOR the plugin implements (must equal the host's) */
+  uint16_t abi_minor;  /**< HP_ABI_MINOR the plugin was compiled with */
+  const char* name;    /**< short name: "cpu", "cuda", "ascend" (static storage) */
+  const char* version; /**< plugin version string (static storage) */
 
   /** Code of a status object (never HP_OK). */
   hp_code (*status_code)(const hp_status* s);
-  /** Message of a status object; lower-case, names the backend and the failing call. Valid until freed. */
+  /** Message of a status object; lower-case, names the backend and the failing call. Valid until
+   * freed. */
   const char* (*status_message)(const hp_status* s);
   /** Releases a status object; NULL is allowed. */
   void (*status_free)(hp_status* s);
 
   /**
-   * Initialises the backend: resolves the vendor runtime, initialises it, counts devices. `kv` holds
-   * n_kv "key=value" option strings owned by the host. Fails with HP_UNAVAILABLE (and the reason)
-   * when the runtime, driver or devices are missing, HP_VERSION when the runtime is too old.
+   * Initialises the backend: resolves the vendor runtime, initialises it, counts devices. `kv`
+   * holds n_kv "key=value" option strings owned by the host. Fails with HP_UNAVAILABLE (and the
+   * reason) when the runtime, driver or devices are missing, HP_VERSION when the runtime is too
+   * old.
    */
   hp_status* (*open)(const char* const* kv, size_t n_kv, hp_ctx** out);
   /** Releases what open created. The plugin library itself stays loaded. */
@@ -324,7 +333,8 @@ typedef struct hp_backend_v1 {
   hp_status* (*event_create)(hp_ctx* ctx, int32_t dev, hp_event** out);
   /** Records `e` on `s`: it completes when all work queued on `s` before it has completed. */
   hp_status* (*event_record)(hp_ctx* ctx, hp_event* e, hp_stream* s);
-  /** Makes later work on `s` wait until `e` (as last recorded) has completed; does not block the host. */
+  /** Makes later work on `s` wait until `e` (as last recorded) has completed; does not block the
+   * host. */
   hp_status* (*stream_wait_event)(hp_ctx* ctx, hp_stream* s, hp_event* e);
   /** Blocks the host until `e` has completed. */
   hp_status* (*event_sync)(hp_ctx* ctx, hp_event* e);
@@ -367,8 +377,8 @@ typedef struct hp_backend_v1 {
 
   /* ---- 1.3 ---- */
   /**
-   * Optional (1.3): device-memory accounting of device `dev` (see hp_mem_stats); `out->struct_size` is
-   * set by the caller. With reset_peak nonzero, peak restarts from in_use after it was read.
+   * Optional (1.3): device-memory accounting of device `dev` (see hp_mem_stats); `out->struct_size`
+   * is set by the caller. With reset_peak nonzero, peak restarts from in_use after it was read.
    */
   hp_status* (*mem_stats)(hp_ctx* ctx, int32_t dev, int32_t reset_peak, hp_mem_stats* out);
 } hp_backend_v1;
@@ -390,8 +400,8 @@ const hp_backend_v1* hp_backend_entry_v1(uint16_t host_minor);
 
 /**
  * Optional and cheap: must not initialise devices. 0 means "cannot work here"; a larger value is a
- * preference score (the cpu backend returns 1, accelerators more). The host still calls open to learn
- * the reason when it is 0.
+ * preference score (the cpu backend returns 1, accelerators more). The host still calls open to
+ * learn the reason when it is 0.
  */
 int32_t hp_backend_probe(void);
 

@@ -1,4 +1,5 @@
-// Plugin discovery: where hp looks for backends, what it found, and why it rejected what it rejected.
+// Plugin discovery: where hp looks for backends, what it found, and why it rejected what it
+// rejected.
 //
 // Search order (first match of a backend name wins; later files with the same name are recorded as
 // shadowed):
@@ -7,10 +8,10 @@
 //   3. the install dir, <exe_dir>/../lib/hp/plugins
 //   4. the build tree's plugin dir (compile definition HP_BUILD_PLUGIN_DIR)
 // In a directory, files named libhp-backend-<name>.so are candidates. Each is dlopen'ed with
-// RTLD_NOW|RTLD_LOCAL (missing symbols fail at load, not later), its entry symbol is looked up, the ABI
-// major checked, the table's mandatory members checked, then the plugin is opened and its devices
-// enumerated. Libraries are never dlclose'd: a backend may own threads (oneDNN, cudart) that would run
-// unmapped code after an unload.
+// RTLD_NOW|RTLD_LOCAL (missing symbols fail at load, not later), its entry symbol is looked up, the
+// ABI major checked, the table's mandatory members checked, then the plugin is opened and its
+// devices enumerated. Libraries are never dlclose'd: a backend may own threads (oneDNN, cudart)
+// that would run unmapped code after an unload.
 #pragma once
 
 #include <filesystem>
@@ -26,23 +27,23 @@ namespace hp::plugin {
 /// Where to search and how to open. Defaults give hp's documented search order.
 struct SearchOptions {
   std::vector<std::filesystem::path> plugin_paths;  ///< --plugin-path entries (dirs or files)
-  bool use_env = true;          ///< read $HP_PLUGIN_PATH
-  bool use_install_dir = true;  ///< <exe_dir>/../lib/hp/plugins
-  bool use_build_dir = true;    ///< the build-tree dir baked in at compile time
+  bool use_env = true;                              ///< read $HP_PLUGIN_PATH
+  bool use_install_dir = true;                      ///< <exe_dir>/../lib/hp/plugins
+  bool use_build_dir = true;                        ///< the build-tree dir baked in at compile time
   std::filesystem::path build_dir;  ///< overrides the compiled-in build-tree dir when not empty
   std::vector<std::string> open_options;  ///< "key=value" strings passed to every plugin's open
 };
 
 /// Why a candidate file did not become a usable backend.
 enum class Verdict {
-  loaded,             ///< opened, with at least one device
-  not_library,        ///< dlopen failed: not a shared library, wrong architecture, missing symbols
-  not_backend,        ///< no hp_backend_entry_v1 symbol
-  abi_mismatch,       ///< the table's major differs from the host's, or the entry returned NULL
-  bad_table,          ///< a mandatory member is missing or the table is too small
-  unavailable,        ///< vendor runtime / driver / device missing (dlopen dependency or open)
-  open_failed,        ///< open failed for another reason
-  no_devices,         ///< opened but reports zero devices
+  loaded,        ///< opened, with at least one device
+  not_library,   ///< dlopen failed: not a shared library, wrong architecture, missing symbols
+  not_backend,   ///< no hp_backend_entry_v1 symbol
+  abi_mismatch,  ///< the table's major differs from the host's, or the entry returned NULL
+  bad_table,     ///< a mandatory member is missing or the table is too small
+  unavailable,   ///< vendor runtime / driver / device missing (dlopen dependency or open)
+  open_failed,   ///< open failed for another reason
+  no_devices,    ///< opened but reports zero devices
 };
 
 const char* verdict_name(Verdict v);  ///< "loaded", "not a shared library", ...
@@ -86,10 +87,12 @@ Expected<Registry> discover(const SearchOptions& opts);
 
 /// Examines one file (the per-candidate step of discover), appending to `trace`.
 PluginRecord load_plugin(const std::filesystem::path& file, const std::string& origin,
-                         const std::vector<std::string>& open_options, std::vector<std::string>& trace);
+                         const std::vector<std::string>& open_options,
+                         std::vector<std::string>& trace);
 
-/// True when a dlopen error names a missing dependency of `file` rather than `file` itself: the plugin
-/// links a vendor library that is not installed, which is "unavailable", not a broken plugin.
+/// True when a dlopen error names a missing dependency of `file` rather than `file` itself: the
+/// plugin links a vendor library that is not installed, which is "unavailable", not a broken
+/// plugin.
 bool is_missing_dependency(const std::string& dlerror_text, const std::string& file);
 
 }  // namespace hp::plugin

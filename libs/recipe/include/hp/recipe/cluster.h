@@ -1,12 +1,13 @@
 // The cluster description: what devices a machine (or a fleet of identical nodes) has, and the
-// topology tiers ranks talk over. Presets live in recipes/clusters/*.toml; every key is documented in
-// cluster_keys() (schema_doc.h), the source of the cluster part of hp-recipe(5). The shape:
+// topology tiers ranks talk over. Presets live in recipes/clusters/*.toml; every key is documented
+// in cluster_keys() (schema_doc.h), the source of the cluster part of hp-recipe(5). The shape:
 //
 //   [cluster]           version = 1, name, description, nodes = 1, rank_device (the device type
 //                       whose devices are ranks; optional with a single device type)
 //   [[device_types]]    name, kind = cpu|gpu|npu, per_node, memory ("80 GiB"), memory_bandwidth,
 //                       h2d_bandwidth, d2h_bandwidth ("450 GB/s"),
-//                       peak_flops = { fp32, tf32, bf16, fp16, fp8, int8 }   (FLOP/s, dense; 0 = none)
+//                       peak_flops = { fp32, tf32, bf16, fp16, fp8, int8 }   (FLOP/s, dense; 0 =
+//                       none)
 //   [[tiers]]           innermost first: name (die, node, rack, supernode, scale-out, ...),
 //                       size (ranks per unit; left out on the outermost tier = every rank),
 //                       bandwidth (per rank, one direction), latency ("2us")
@@ -38,7 +39,8 @@ struct PeakFlops {
   double fp32 = 0, tf32 = 0, bf16 = 0, fp16 = 0, fp8 = 0, int8 = 0;
   /// The peak for a data type; 0 for one without a field here (f64, i32, ...).
   double of(DType dtype) const;
-  /// The same by name or alias (parse_dtype: "bf16", "fp32", "float32", ...); 0 for an unknown name.
+  /// The same by name or alias (parse_dtype: "bf16", "fp32", "float32", ...); 0 for an unknown
+  /// name.
   double of(std::string_view dtype) const;
   friend bool operator==(const PeakFlops&, const PeakFlops&) = default;
 };
@@ -47,12 +49,12 @@ struct PeakFlops {
 struct DeviceType {
   std::string name;
   DeviceKind kind = DeviceKind::cpu;
-  std::int64_t per_node = 1;      ///< devices of this type in one node
+  std::int64_t per_node = 1;  ///< devices of this type in one node
   PeakFlops peak_flops;
-  double memory = 0;              ///< device memory, bytes
-  double memory_bandwidth = 0;    ///< device memory bandwidth, bytes/s
-  double h2d_bandwidth = 0;       ///< host -> device, bytes/s, one direction
-  double d2h_bandwidth = 0;       ///< device -> host, bytes/s, one direction
+  double memory = 0;            ///< device memory, bytes
+  double memory_bandwidth = 0;  ///< device memory bandwidth, bytes/s
+  double h2d_bandwidth = 0;     ///< host -> device, bytes/s, one direction
+  double d2h_bandwidth = 0;     ///< device -> host, bytes/s, one direction
   friend bool operator==(const DeviceType&, const DeviceType&) = default;
 };
 
@@ -72,10 +74,10 @@ struct Cluster {
   int version = kClusterVersion;
   std::string name;
   std::string description;
-  std::int64_t nodes = 1;          ///< identical nodes described
-  std::string rank_device;         ///< the device type whose devices are ranks (one rank each)
+  std::int64_t nodes = 1;   ///< identical nodes described
+  std::string rank_device;  ///< the device type whose devices are ranks (one rank each)
   std::vector<DeviceType> device_types;
-  std::vector<Tier> tiers;         ///< innermost first
+  std::vector<Tier> tiers;  ///< innermost first
 
   /// The device type named by rank_device, or nullptr.
   const DeviceType* rank_device_type() const;

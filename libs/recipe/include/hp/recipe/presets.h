@@ -26,7 +26,8 @@ bool looks_like_path(std::string_view ref);
 
 /// Resolves a cluster reference: a path (relative to `base_dir`) or a preset name looked up in
 /// `dirs`. An unknown preset fails with the list of presets and a did-you-mean hint.
-Expected<std::filesystem::path> find_cluster(std::string_view ref, const std::filesystem::path& base_dir,
+Expected<std::filesystem::path> find_cluster(std::string_view ref,
+                                             const std::filesystem::path& base_dir,
                                              const std::vector<std::filesystem::path>& dirs);
 
 /// find_cluster + load_cluster.
@@ -35,7 +36,8 @@ Expected<Cluster> load_cluster_ref(std::string_view ref, const std::filesystem::
 
 /// The cluster recipe `r` runs on: its `cluster` reference resolved (a path relative to `base_dir`,
 /// the recipe's directory, or a preset in `dirs`) and scaled to the recipe's `nodes` when that
-/// differs from the cluster file's node count. Every command that prices or runs a recipe uses this.
+/// differs from the cluster file's node count. Every command that prices or runs a recipe uses
+/// this.
 Expected<Cluster> cluster_for(const Recipe& r, const std::filesystem::path& base_dir,
                               const std::vector<std::filesystem::path>& dirs);
 

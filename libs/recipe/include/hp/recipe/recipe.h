@@ -6,15 +6,18 @@
 //   [recipe]            version = 1, name, model (ONNX path relative to the recipe),
 //                       cluster (preset name or cluster file relative to the recipe), nodes = 1
 //   [model]             dims = { batch = 8, seq = 2048 }          symbolic input dims
-//   [parallel]          dp, tp, pp (required); optimizer_shard = none|optimizer|gradients|parameters
-//                       (or 0..3); micro_batch_size; micro_batches; schedule = gpipe|1f1b|interleaved;
-//                       virtual_stages; sequence_parallel; expert_parallel
+//   [parallel]          dp, tp, pp (required); optimizer_shard =
+//   none|optimizer|gradients|parameters
+//                       (or 0..3); micro_batch_size; micro_batches; schedule =
+//                       gpipe|1f1b|interleaved; virtual_stages; sequence_parallel; expert_parallel
 //   [[stages]]          index, layers = "0-11" (or [0, 1, ...]), recompute = none|selective|full,
 //                       recompute_layers = { full = "4-5" } (per-layer overrides), ranks = "0-7"
 //   [layouts."<tensor or glob>"]
 //                       device_matrix = [2, 4], alias_name = ["dp", "mp"],
-//                       tensor_map = ["None", "mp"] (an entry may be ["dp", "mp"]), rank_list = [...]
-//   [[groups]]          name, ranks = "0-5" (consecutive, after the previous group), module, backend,
+//                       tensor_map = ["None", "mp"] (an entry may be ["dp", "mp"]), rank_list =
+//                       [...]
+//   [[groups]]          name, ranks = "0-5" (consecutive, after the previous group), module,
+//   backend,
 //                       inputs = [...], outputs = [...], env = { KEY = "value" }
 //   [offload]           enabled, targets = [...], h2d_bandwidth + h2d_bandwidth_source,
 //                       d2h_bandwidth + d2h_bandwidth_source, host_memory + host_memory_source,
@@ -50,23 +53,23 @@ const char* optimizer_shard_name(int level);
 
 struct Parallel {
   std::int64_t dp = 1, tp = 1, pp = 1;
-  int optimizer_shard = 0;               ///< 0..3, see optimizer_shard_name()
+  int optimizer_shard = 0;  ///< 0..3, see optimizer_shard_name()
   std::int64_t micro_batch_size = 1;
   std::int64_t micro_batches = 1;
   Schedule schedule = Schedule::one_f_one_b;
-  std::int64_t virtual_stages = 1;       ///< model chunks per pipeline rank (interleaved only)
+  std::int64_t virtual_stages = 1;  ///< model chunks per pipeline rank (interleaved only)
   bool sequence_parallel = false;
-  std::int64_t expert_parallel = 1;      ///< expert-parallel degree (1 = none)
+  std::int64_t expert_parallel = 1;  ///< expert-parallel degree (1 = none)
   friend bool operator==(const Parallel&, const Parallel&) = default;
 };
 
 struct Stage {
   std::int64_t index = 0;
-  std::vector<std::int64_t> layers;      ///< layer indices (block numbers from layer discovery)
-  Recompute recompute = Recompute::none; ///< the policy of every layer not in recompute_layers
+  std::vector<std::int64_t> layers;       ///< layer indices (block numbers from layer discovery)
+  Recompute recompute = Recompute::none;  ///< the policy of every layer not in recompute_layers
   /// Per-layer overrides (the planner's level 2 chooses recomputation per block): mode -> layers.
   std::map<Recompute, std::vector<std::int64_t>> recompute_layers;
-  std::vector<std::int64_t> ranks;       ///< global ranks running this stage; may be empty
+  std::vector<std::int64_t> ranks;  ///< global ranks running this stage; may be empty
   /// The policy of one of the stage's layers: its override, else the stage's `recompute`.
   Recompute recompute_of(std::int64_t layer) const;
   friend bool operator==(const Stage&, const Stage&) = default;
@@ -78,7 +81,7 @@ struct Layout {
   std::vector<std::int64_t> device_matrix;
   std::vector<std::string> alias_name;
   std::vector<std::vector<std::string>> tensor_map;
-  std::vector<std::int64_t> rank_list;   ///< empty = 0..prod(device_matrix)-1
+  std::vector<std::int64_t> rank_list;  ///< empty = 0..prod(device_matrix)-1
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 
@@ -86,8 +89,8 @@ struct Layout {
 struct Group {
   std::string name;
   std::vector<std::int64_t> ranks;
-  std::string module;                    ///< what the ranks run (a stage program, "scheduler", ...)
-  std::string backend;                   ///< plugin name: "cpu", "cuda", "ascend"; empty = default
+  std::string module;   ///< what the ranks run (a stage program, "scheduler", ...)
+  std::string backend;  ///< plugin name: "cpu", "cuda", "ascend"; empty = default
   std::map<std::string, std::string> env;
   std::vector<std::string> inputs, outputs;
   friend bool operator==(const Group&, const Group&) = default;
@@ -105,14 +108,16 @@ struct SourcedValue {
 /// offload-profile.
 struct Offload {
   bool enabled = false;
-  std::vector<std::string> targets;      ///< "parameters", "gradients", "optimizer", "activations", "kv_cache"
-  SourcedValue h2d_bandwidth;            ///< bytes/s
-  SourcedValue d2h_bandwidth;            ///< bytes/s
-  SourcedValue host_memory;              ///< bytes of host memory hp may pin
-  double margin = 0.1;                   ///< fraction of device memory kept free (0..0.5)
-  std::int64_t prefetch_lookahead = 1;   ///< ops ahead an H2D copy is issued
+  std::vector<std::string>
+      targets;  ///< "parameters", "gradients", "optimizer", "activations", "kv_cache"
+  SourcedValue h2d_bandwidth;           ///< bytes/s
+  SourcedValue d2h_bandwidth;           ///< bytes/s
+  SourcedValue host_memory;             ///< bytes of host memory hp may pin
+  double margin = 0.1;                  ///< fraction of device memory kept free (0..0.5)
+  std::int64_t prefetch_lookahead = 1;  ///< ops ahead an H2D copy is issued
   /// Bytes of device memory the schedule keeps each rank under (offload-profile's budget); 0 = the
-  /// device's memory x (1 - margin). `hp launch` enforces it on the cpu backend (an arena of that size).
+  /// device's memory x (1 - margin). `hp launch` enforces it on the cpu backend (an arena of that
+  /// size).
   double device_budget = 0;
   friend bool operator==(const Offload&, const Offload&) = default;
 };
@@ -120,13 +125,13 @@ struct Offload {
 struct Recipe {
   int version = kRecipeVersion;
   std::string name;
-  std::string model;                     ///< ONNX path, relative to the recipe file
-  std::string cluster;                   ///< preset name or cluster file path relative to the recipe
+  std::string model;    ///< ONNX path, relative to the recipe file
+  std::string cluster;  ///< preset name or cluster file path relative to the recipe
   std::int64_t nodes = 1;
   std::map<std::string, std::int64_t> dims;  ///< symbolic input dims bound for planning
   Parallel parallel;
   std::vector<Stage> stages;
-  std::map<std::string, Layout> layouts; ///< tensor name or glob -> layout
+  std::map<std::string, Layout> layouts;  ///< tensor name or glob -> layout
   std::vector<Group> groups;
   std::optional<Offload> offload;
 
@@ -140,7 +145,7 @@ struct RecipeDocument {
   Recipe recipe;
   SourceMap where;
   std::vector<Diagnostic> problems;
-  bool syntax_ok = false;                ///< false when the TOML itself did not parse
+  bool syntax_ok = false;  ///< false when the TOML itself did not parse
 };
 
 /// Parses and validates recipe TOML text (no file system access; the cluster is not consulted).

@@ -1,5 +1,5 @@
-// Where each key of a parsed TOML file came from, so checks that run after parsing (ranges, cross-key
-// consistency, the recipe against its cluster) can still point at "file:line:col".
+// Where each key of a parsed TOML file came from, so checks that run after parsing (ranges,
+// cross-key consistency, the recipe against its cluster) can still point at "file:line:col".
 #pragma once
 
 #include <map>

@@ -1,5 +1,5 @@
-// `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model file).
-// The numeric comparison of the sharded job against the unsharded model is in libs/job
+// `hp verify RECIPE.toml`: the static checks of a recipe (its own keys, its cluster, its model
+// file). The numeric comparison of the sharded job against the unsharded model is in libs/job
 // (hp/job/verify_run.h). apps/hp/cmd_verify.cpp binds flags into VerifyOptions and calls
 // check_recipe(), then the runtime.
 #pragma once
@@ -29,9 +29,9 @@ struct VerifyOptions {
 /// What the static checks found out; printed as the OK summary.
 struct VerifyReport {
   Recipe recipe;
-  Cluster cluster;                         ///< scaled to recipe.nodes
+  Cluster cluster;  ///< scaled to recipe.nodes
   std::filesystem::path recipe_path;
-  std::filesystem::path model_path;        ///< resolved against the recipe's directory
+  std::filesystem::path model_path;  ///< resolved against the recipe's directory
   std::filesystem::path cluster_path;
 };
 
@@ -43,8 +43,9 @@ Expected<VerifyReport> check_recipe(const RecipeDocument& doc, const VerifyOptio
 /// The short human summary of a passing report (several lines, each ending in '\n').
 std::string format_verify_summary(const VerifyReport& r);
 
-/// One JSON object: {"ok": bool, "recipe": path, "errors": [{"where","message","hint"}], ...} plus, when
-/// ok, "version", "model", "cluster", "nodes", "ranks" and "degrees".
-std::string format_verify_json(const std::filesystem::path& recipe, const Expected<VerifyReport>& result);
+/// One JSON object: {"ok": bool, "recipe": path, "errors": [{"where","message","hint"}], ...} plus,
+/// when ok, "version", "model", "cluster", "nodes", "ranks" and "degrees".
+std::string format_verify_json(const std::filesystem::path& recipe,
+                               const Expected<VerifyReport>& result);
 
 }  // namespace hp::recipe

@@ -4,8 +4,8 @@
 // splits one dimension over several axes, first axis major; the integer tensor_map counts axes from
 // the right and exists only for interop.
 //
-// Contract shared by the layout algebra, redistribution planning, propagation and partitioning. Axes
-// are stored as indices into Mesh::axes (0 = the first alias, the slowest-varying axis).
+// Contract shared by the layout algebra, redistribution planning, propagation and partitioning.
+// Axes are stored as indices into Mesh::axes (0 = the first alias, the slowest-varying axis).
 #pragma once
 
 #include <cstdint>
@@ -19,9 +19,9 @@ namespace hp::shard {
 
 /// Layout(device_matrix, alias_name, rank_list): the logical mesh.
 struct Mesh {
-  std::vector<std::int64_t> dims;        ///< device_matrix
-  std::vector<std::string> axes;         ///< alias_name, one unique name per axis ("None" reserved)
-  std::vector<std::int64_t> rank_list;   ///< size == prod(dims); iota when not given
+  std::vector<std::int64_t> dims;       ///< device_matrix
+  std::vector<std::string> axes;        ///< alias_name, one unique name per axis ("None" reserved)
+  std::vector<std::int64_t> rank_list;  ///< size == prod(dims); iota when not given
 
   /// Validates (docs/shard.md, "Validation": axis count vs names, sizes > 0, unique non-"None"
   /// aliases, rank_list length/duplicates/negatives) and fills rank_list. Errors are
@@ -30,15 +30,15 @@ struct Mesh {
   static Expected<Mesh> make(std::vector<std::int64_t> dims, std::vector<std::string> axes,
                              std::vector<std::int64_t> rank_list = {});
 
-  std::int64_t size() const;                         ///< prod(dims)
-  int axis_index(std::string_view alias) const;      ///< -1 when absent
+  std::int64_t size() const;                     ///< prod(dims)
+  int axis_index(std::string_view alias) const;  ///< -1 when absent
   bool holds(std::int64_t global_rank) const;
   /// Mesh coordinates of a global rank (one per axis); the rank must be in rank_list.
   std::vector<std::int64_t> coords(std::int64_t global_rank) const;
   std::int64_t rank_at(const std::vector<std::int64_t>& coords) const;
-  /// The ranks whose coordinates differ from `global_rank`'s only on `axes`, ordered by the mixed-radix
-  /// number of those coordinates (first listed axis major): the chunk order for gathers and splits.
-  /// Empty for a rank not on the mesh.
+  /// The ranks whose coordinates differ from `global_rank`'s only on `axes`, ordered by the
+  /// mixed-radix number of those coordinates (first listed axis major): the chunk order for gathers
+  /// and splits. Empty for a rank not on the mesh.
   std::vector<std::int64_t> group(std::int64_t global_rank, const std::vector<int>& axes) const;
   /// Every such group, each ordered as group(), groups ordered by their smallest mesh position.
   std::vector<std::vector<std::int64_t>> groups(const std::vector<int>& axes) const;
@@ -57,11 +57,14 @@ struct PartialAxis {
 
 /// How one tensor is laid out on a mesh.
 struct Sharding {
-  std::vector<std::vector<int>> dims;    ///< per tensor dim: mesh axis indices, first major; {} = None
-  std::vector<PartialAxis> partial;      ///< axes holding partial values (never also sharding a dim)
+  std::vector<std::vector<int>>
+      dims;                          ///< per tensor dim: mesh axis indices, first major; {} = None
+  std::vector<PartialAxis> partial;  ///< axes holding partial values (never also sharding a dim)
   friend bool operator==(const Sharding&, const Sharding&) = default;
 
-  static Sharding replicated(std::size_t rank) { return Sharding{std::vector<std::vector<int>>(rank), {}}; }
+  static Sharding replicated(std::size_t rank) {
+    return Sharding{std::vector<std::vector<int>>(rank), {}};
+  }
 };
 
 /// Uneven dimensions: rejected (default), or split torch.chunk-style: chunk = ceil(N / n), shard k
@@ -69,9 +72,10 @@ struct Sharding {
 enum class Uneven { reject, chunk };
 
 /// Parses a tensor_map given as aliases: per dim "None", an alias, or several aliases (a tuple).
-/// Errors (bad_input, `where` = tensor name): unknown alias, an axis used twice (also inside tuples),
-/// length != tensor rank when `tensor_rank` >= 0.
-Expected<Sharding> parse_tensor_map(const Mesh& mesh, const std::vector<std::vector<std::string>>& map,
+/// Errors (bad_input, `where` = tensor name): unknown alias, an axis used twice (also inside
+/// tuples), length != tensor rank when `tensor_rank` >= 0.
+Expected<Sharding> parse_tensor_map(const Mesh& mesh,
+                                    const std::vector<std::vector<std::string>>& map,
                                     std::string_view tensor, int tensor_rank = -1);
 
 /// Checks a Sharding built in code against the mesh: axis indices in range, no axis on two dims or
@@ -90,24 +94,29 @@ struct Range {
   friend bool operator==(const Range&, const Range&) = default;
 };
 
-/// Block k of `parts` of a dim of n_global elements (reject: n_global / parts each; chunk: as above).
-Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k, Uneven uneven = Uneven::reject);
-/// Mesh axes no dim of `s` is split over (ascending): the axes its replicas (or partial addends) span.
+/// Block k of `parts` of a dim of n_global elements (reject: n_global / parts each; chunk: as
+/// above).
+Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k,
+                  Uneven uneven = Uneven::reject);
+/// Mesh axes no dim of `s` is split over (ascending): the axes its replicas (or partial addends)
+/// span.
 std::vector<int> unused_axes(const Mesh& mesh, const Sharding& s);
 
-/// The slice of the global tensor `global_rank` holds (one Range per dim). Precondition: check_shape.
-/// Empty for a rank not on the mesh.
-std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s, const std::vector<std::int64_t>& shape,
-                            std::int64_t global_rank, Uneven uneven = Uneven::reject);
+/// The slice of the global tensor `global_rank` holds (one Range per dim). Precondition:
+/// check_shape. Empty for a rank not on the mesh.
+std::vector<Range> slice_of(const Mesh& mesh, const Sharding& s,
+                            const std::vector<std::int64_t>& shape, std::int64_t global_rank,
+                            Uneven uneven = Uneven::reject);
 /// Shard count per dim (prod of the dim's axis sizes).
 std::vector<std::int64_t> shard_counts(const Mesh& mesh, const Sharding& s);
 /// Local shape on `global_rank` (even: shape / counts).
 std::vector<std::int64_t> local_shape(const Mesh& mesh, const Sharding& s,
-                                      const std::vector<std::int64_t>& shape, std::int64_t global_rank,
-                                      Uneven uneven = Uneven::reject);
+                                      const std::vector<std::int64_t>& shape,
+                                      std::int64_t global_rank, Uneven uneven = Uneven::reject);
 /// prod(dims) / prod(sizes of the axes used by dims): how many ranks hold each slice.
 std::int64_t repeat_num(const Mesh& mesh, const Sharding& s);
-/// Groups of ranks holding the same slice (same values unless partial), each ascending by mesh position.
+/// Groups of ranks holding the same slice (same values unless partial), each ascending by mesh
+/// position.
 std::vector<std::vector<std::int64_t>> replication_groups(const Mesh& mesh, const Sharding& s);
 /// The integer tensor_map (axis i -> len(axes)-1-i, None -> -1; a tuple gives several) for interop.
 std::vector<std::vector<int>> tensor_map_ints(const Mesh& mesh, const Sharding& s);

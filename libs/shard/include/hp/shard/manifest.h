@@ -1,8 +1,9 @@
-// manifest.toml: what `hp shard -o DIR` wrote, for the launcher and for people. One file next to the
-// per-rank models:
+// manifest.toml: what `hp shard -o DIR` wrote, for the launcher and for people. One file next to
+// the per-rank models:
 //
 //   [manifest]        version = 1, model, recipe, dp, tp, pp, weights (false: shapes only),
-//                     device_matrix = [dp, tp], alias_name = ["dp", "tp"], dims = { batch = 8, ... }
+//                     device_matrix = [dp, tp], alias_name = ["dp", "tp"], dims = { batch = 8, ...
+//                     }
 //   [[ranks]]         rank, stage, file ("rank3.onnx", relative to the manifest), dp, tp, pp
 //                     (coordinates: dp/tp on the stage's mesh, pp = the stage index)
 //   [[groups]]        name ("tp.s0.d1"), kind ("dp" | "tp" | "pp"), members (ordered global ranks:
@@ -13,17 +14,19 @@
 //                     origin ("recipe (r.toml:12:1)", "column-parallel", "propagated", ...)
 //   [[redistributions]] tensor, consumer (node name, "" for a graph output), from, to, steps
 //   [[inputs]] / [[outputs]]  the graph's inputs and outputs as the partitions hold them, in graph
-//                     order: tensor, shape (global, of one micro-batch), tensor_map, partial (always
-//                     empty for outputs: they are resolved), origin (the stage that feeds / holds it),
-//                     batched (true: axis 0 is the batch, cut into micro_batches; written when true)
+//                     order: tensor, shape (global, of one micro-batch), tensor_map, partial
+//                     (always empty for outputs: they are resolved), origin (the stage that feeds /
+//                     holds it), batched (true: axis 0 is the batch, cut into micro_batches;
+//                     written when true)
 //
-// virtual_stages (in [manifest], default 1): with an interleaved schedule every rank holds that many
-// model chunks: [[ranks]] lists one entry per (rank, chunk) with stage = chunk * pp + the rank's
-// pipeline index and file "rank<R>.c<chunk>.onnx"; [[stages]] lists the pp * virtual_stages stages.
+// virtual_stages (in [manifest], default 1): with an interleaved schedule every rank holds that
+// many model chunks: [[ranks]] lists one entry per (rank, chunk) with stage = chunk * pp + the
+// rank's pipeline index and file "rank<R>.c<chunk>.onnx"; [[stages]] lists the pp * virtual_stages
+// stages.
 //
 // micro_batches (in [manifest], default 1): the partitions are specialised to one micro-batch — the
-// batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the runtime
-// splits the recipe's batch into that many micro-batches along axis 0 (hp/job/sharded.h).
+// batch dims (axis 0 of the graph inputs) are bound to dims[batch] / micro_batches — and the
+// runtime splits the recipe's batch into that many micro-batches along axis 0 (hp/job/sharded.h).
 //
 // The launcher reads it with read_manifest(): for each rank the file to run and, for each group,
 // the ordered members its communicators must be created over.
@@ -50,8 +53,8 @@ struct ManifestRank {
 
 struct ManifestGroup {
   std::string name;
-  std::string kind;                       ///< "dp", "tp" or "pp"
-  std::vector<std::int64_t> members;      ///< ordered
+  std::string kind;                   ///< "dp", "tp" or "pp"
+  std::vector<std::int64_t> members;  ///< ordered
   friend bool operator==(const ManifestGroup&, const ManifestGroup&) = default;
 };
 
@@ -70,9 +73,9 @@ struct ManifestBoundary {
 
 struct ManifestLayout {
   std::string tensor;
-  std::vector<std::int64_t> shape;        ///< global
+  std::vector<std::int64_t> shape;  ///< global
   std::vector<std::vector<std::string>> tensor_map;
-  std::vector<std::string> partial;       ///< aliases holding a pending sum
+  std::vector<std::string> partial;  ///< aliases holding a pending sum
   std::string origin;
   /// [[inputs]] / [[outputs]] only: axis 0 is the batch, cut into micro_batches blocks of rows.
   bool batched = false;
@@ -90,7 +93,7 @@ struct Manifest {
   std::string model, recipe;
   std::int64_t dp = 1, tp = 1, pp = 1;
   std::int64_t micro_batches = 1;
-  std::int64_t virtual_stages = 1;        ///< model chunks per pipeline rank (interleaved)
+  std::int64_t virtual_stages = 1;  ///< model chunks per pipeline rank (interleaved)
   bool weights = true;
   std::vector<std::int64_t> device_matrix;
   std::vector<std::string> alias_name;

@@ -10,25 +10,27 @@
 //
 // Default layouts (Megatron-style, found from dataflow, not names): graph inputs split their first
 // dim over the data-parallel axis; a weight is laid out by its first matmul consumer: when the
-// activation reaching it is split on the contracting dim over the tensor-parallel axis the weight is
-// row-parallel (split on its contracting dim, output Partial(sum)), otherwise column-parallel (split on
-// its output dim). A column-parallel projection therefore feeds a row-parallel one through elementwise
-// ops, head reshapes and attention, and the partial sum is resolved where the residual stream needs it
-// whole (AllReduce, or ReduceScatter on the sequence dim with sequence parallelism).
+// activation reaching it is split on the contracting dim over the tensor-parallel axis the weight
+// is row-parallel (split on its contracting dim, output Partial(sum)), otherwise column-parallel
+// (split on its output dim). A column-parallel projection therefore feeds a row-parallel one
+// through elementwise ops, head reshapes and attention, and the partial sum is resolved where the
+// residual stream needs it whole (AllReduce, or ReduceScatter on the sequence dim with sequence
+// parallelism).
 //
-// Fused projections (GPT-2's c_attn, ViT's qkv: one MatMul to k*n columns, then a Split into k equal
-// parts or a Reshape to [.., k, heads, head_dim]) are split Megatron's "blocked" way: the output dim
-// is k equal blocks (q | k | v) and each block is split over the axis on its own, so a rank holds its
-// 1/tp of q's columns, of k's and of v's, and the Split (or head Reshape) runs locally with each part
-// split on its heads: attention stays head-parallel with no gather before the Split. Propagation
-// records this in Propagation::blocked; the tensor's Sharding then describes the *blocked order* of
-// the dim (block b's i-th chunk before block b+1's), so every layout tool (slice_of, local_shape,
-// redistribution) works on the held_view() of the tensor, in which the dim is [k, n/k] with the split
-// on the minor: a reshape, so row-major bytes and flat indices are those of the tensor itself.
-// Partitioning cuts the weight's k pieces (held_view) and gives Split its local sizes; the manifest's
-// layout origin says "(blocked: k blocks on dim d)". Only the pattern above is made blocked, decided
-// from the MatMul's consumers before the weight is fixed; if a blocked tensor then met a consumer or a
-// redistribution that does not know blocks, propagation runs again with that weight not fused.
+// Fused projections (GPT-2's c_attn, ViT's qkv: one MatMul to k*n columns, then a Split into k
+// equal parts or a Reshape to [.., k, heads, head_dim]) are split Megatron's "blocked" way: the
+// output dim is k equal blocks (q | k | v) and each block is split over the axis on its own, so a
+// rank holds its 1/tp of q's columns, of k's and of v's, and the Split (or head Reshape) runs
+// locally with each part split on its heads: attention stays head-parallel with no gather before
+// the Split. Propagation records this in Propagation::blocked; the tensor's Sharding then describes
+// the *blocked order* of the dim (block b's i-th chunk before block b+1's), so every layout tool
+// (slice_of, local_shape, redistribution) works on the held_view() of the tensor, in which the dim
+// is [k, n/k] with the split on the minor: a reshape, so row-major bytes and flat indices are those
+// of the tensor itself. Partitioning cuts the weight's k pieces (held_view) and gives Split its
+// local sizes; the manifest's layout origin says "(blocked: k blocks on dim d)". Only the pattern
+// above is made blocked, decided from the MatMul's consumers before the weight is fixed; if a
+// blocked tensor then met a consumer or a redistribution that does not know blocks, propagation
+// runs again with that weight not fused.
 //
 // GQA and other head reshapes the split cannot survive (kv heads fewer than the tp degree: a column
 // split of k_proj would cut a head): the column-parallel weight whose output a head Reshape would
@@ -50,18 +52,19 @@ namespace hp::shard {
 
 /// A consumer reading a tensor in another layout than it was produced in.
 struct Redistribution {
-  int tensor = -1;          ///< graph tensor index
-  int node = -1;            ///< consuming node; -1 for a graph output
+  int tensor = -1;  ///< graph tensor index
+  int node = -1;    ///< consuming node; -1 for a graph output
   Sharding from, to;
   RedistPlan plan;
 };
 
 struct PropagateOptions {
-  Mesh mesh;                ///< logical mesh of one stage; rank_list = mesh positions 0..n-1
-  int dp_axis = -1;         ///< mesh axis of data parallelism (-1: none)
-  int tp_axis = -1;         ///< mesh axis of tensor parallelism (-1: none)
+  Mesh mesh;         ///< logical mesh of one stage; rank_list = mesh positions 0..n-1
+  int dp_axis = -1;  ///< mesh axis of data parallelism (-1: none)
+  int tp_axis = -1;  ///< mesh axis of tensor parallelism (-1: none)
   bool sequence_parallel = false;
-  /// Layouts fixed up front (the recipe's [layouts]): tensor index -> sharding, and where it was given.
+  /// Layouts fixed up front (the recipe's [layouts]): tensor index -> sharding, and where it was
+  /// given.
   std::map<int, Sharding> declared;
   std::map<int, std::string> declared_where;
 };
@@ -75,10 +78,11 @@ struct BlockedDim {
 
 struct Propagation {
   Mesh mesh;
-  /// Tensors whose layout is blocked on one dim (fused q|k|v projections and their biases, outputs).
+  /// Tensors whose layout is blocked on one dim (fused q|k|v projections and their biases,
+  /// outputs).
   std::map<int, BlockedDim> blocked;
-  std::vector<Sharding> layout;        ///< per graph tensor: its layout as produced (or stored)
-  std::vector<std::string> origin;     ///< per tensor: "recipe (file:line)", "column-parallel", ...
+  std::vector<Sharding> layout;     ///< per graph tensor: its layout as produced (or stored)
+  std::vector<std::string> origin;  ///< per tensor: "recipe (file:line)", "column-parallel", ...
   /// Per node, per input slot: the layout the node reads (after any redistribution).
   std::vector<std::vector<Sharding>> reads;
   std::vector<Redistribution> redistributions;
@@ -86,9 +90,9 @@ struct Propagation {
   std::vector<std::string> notes;
 };
 
-/// Propagates layouts through `g`, built from `model` (node attributes are read from its proto; shapes
-/// must be known: bind every symbolic dim). Errors (bad_input)
-/// name the tensor: a declared layout that does not fit its tensor's shape.
+/// Propagates layouts through `g`, built from `model` (node attributes are read from its proto;
+/// shapes must be known: bind every symbolic dim). Errors (bad_input) name the tensor: a declared
+/// layout that does not fit its tensor's shape.
 Expected<Propagation> propagate(const model::Model& model, const model::Graph& g,
                                 const PropagateOptions& options);
 
@@ -99,7 +103,8 @@ struct HeldView {
   std::vector<std::int64_t> shape;
   Sharding layout;
 };
-HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layout, const BlockedDim* blocked);
+HeldView held_view(const std::vector<std::int64_t>& shape, const Sharding& layout,
+                   const BlockedDim* blocked);
 HeldView held_view(const Propagation& p, int tensor, const std::vector<std::int64_t>& shape);
 
 /// The plan propagation inserts: plan_redistribution (which moves a split between dims with one
@@ -107,10 +112,10 @@ HeldView held_view(const Propagation& p, int tensor, const std::vector<std::int6
 Expected<RedistPlan> plan_for_consumer(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                        const std::vector<std::int64_t>& shape, int elem_bytes);
 
-/// Plans from -> to with AllReduce / ReduceScatter for partial axes, AllGather for dropped split axes
-/// (minor axis first, so member order is chunk order) and local slices for added ones. Always valid;
-/// not always the cheapest (an axis moving between dims is gathered then sliced: plan_for_consumer
-/// uses the all-to-all of plan_redistribution there).
+/// Plans from -> to with AllReduce / ReduceScatter for partial axes, AllGather for dropped split
+/// axes (minor axis first, so member order is chunk order) and local slices for added ones. Always
+/// valid; not always the cheapest (an axis moving between dims is gathered then sliced:
+/// plan_for_consumer uses the all-to-all of plan_redistribution there).
 Expected<RedistPlan> plan_steps(const Mesh& mesh, const Sharding& from, const Sharding& to,
                                 const std::vector<std::int64_t>& shape, int elem_bytes);
 

@@ -3,8 +3,8 @@
 // explicit ordered rank groups, and their alpha-beta cost.
 //
 // Contract shared by the planner of plans, the data-movement simulator (tests prove every plan with
-// it), propagation (which inserts plans where producer and consumer disagree) and partitioning (which
-// writes each step as "hp"-domain nodes, hp/core/hp_domain.h, or as a local ONNX Slice).
+// it), propagation (which inserts plans where producer and consumer disagree) and partitioning
+// (which writes each step as "hp"-domain nodes, hp/core/hp_domain.h, or as a local ONNX Slice).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,9 @@
 #include "hp/core/expected.h"
 #include "hp/shard/layout.h"
 
-namespace hp::topology { class Topology; }
+namespace hp::topology {
+class Topology;
+}
 
 namespace hp::shard {
 
@@ -25,10 +27,10 @@ const char* step_kind_name(StepKind k);  ///< "local_slice", "all_gather", ...
 /// One step, the same on every rank (each rank takes part through the group holding it).
 struct RedistStep {
   StepKind kind = StepKind::local_slice;
-  std::vector<int> axes;                 ///< mesh axes the step runs over (first major)
-  int dim = -1;            ///< gathered / scattered / sliced dim; all_to_all: the split dim
-  int concat_dim = -1;     ///< all_to_all only: the dim received chunks are concatenated on
-  ReduceOp op = ReduceOp::sum;           ///< all_reduce / reduce_scatter
+  std::vector<int> axes;        ///< mesh axes the step runs over (first major)
+  int dim = -1;                 ///< gathered / scattered / sliced dim; all_to_all: the split dim
+  int concat_dim = -1;          ///< all_to_all only: the dim received chunks are concatenated on
+  ReduceOp op = ReduceOp::sum;  ///< all_reduce / reduce_scatter
   /// Ordered member lists, one per disjoint group (chunk order = member order); permute: one group
   /// of all ranks involved.
   std::vector<std::vector<std::int64_t>> groups;
@@ -38,7 +40,7 @@ struct RedistStep {
 };
 
 struct RedistPlan {
-  std::vector<RedistStep> steps;         ///< empty when the layouts agree
+  std::vector<RedistStep> steps;  ///< empty when the layouts agree
   /// True when the plan replicates the whole tensor on some rank before slicing it again
   /// (GSPMD's "involuntary full rematerialization"); reported to the user.
   bool full_rematerialization = false;

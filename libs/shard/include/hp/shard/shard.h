@@ -4,15 +4,15 @@
 //   hp shard RECIPE.toml --explain TENSOR [--json]   a tensor's layout, every rank's slice, and the
 //                                               redistributions on its path
 //
-// The logical mesh of a stage is [dp, tp] (axis names "dp", "tp", or those of the recipe's [layouts]
-// meshes, which must all be that mesh); stage k's ranks are the recipe's [[stages]] ranks, or
-// k*dp*tp .. (k+1)*dp*tp-1 in row-major mesh order (tp fastest).
+// The logical mesh of a stage is [dp, tp] (axis names "dp", "tp", or those of the recipe's
+// [layouts] meshes, which must all be that mesh); stage k's ranks are the recipe's [[stages]]
+// ranks, or k*dp*tp .. (k+1)*dp*tp-1 in row-major mesh order (tp fastest).
 #pragma once
 
 #include <filesystem>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "hp/core/expected.h"
@@ -47,7 +47,7 @@ struct Prepared {
   /// graph inputs) divided by [parallel] micro_batches when the pipeline has several stages.
   std::map<std::string, std::int64_t> dims;
   std::int64_t micro_batches = 1;
-  std::set<std::string> batch_dims;     ///< the symbolic axis-0 dims of the graph inputs
+  std::set<std::string> batch_dims;  ///< the symbolic axis-0 dims of the graph inputs
   model::Model model;
   model::Graph graph;
   model::Layering layering;
@@ -60,13 +60,14 @@ struct Prepared {
   Prepared& operator=(const Prepared&) = delete;
 };
 
-/// Reads the recipe and its model, resolves layouts and stages, propagates. Errors: bad_input naming
-/// the recipe line (a layout naming a missing alias, an indivisible dim, a glob that matches
+/// Reads the recipe and its model, resolves layouts and stages, propagates. Errors: bad_input
+/// naming the recipe line (a layout naming a missing alias, an indivisible dim, a glob that matches
 /// nothing, a mesh whose size is not dp*tp, stages that do not cover the model's blocks, ...).
 Expected<std::unique_ptr<Prepared>> prepare(const std::filesystem::path& recipe);
 /// The same for a recipe already read and validated (`where` locates its keys): `hp launch` and
 /// `hp verify` read the recipe once and partition what they read.
-Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe, const recipe::SourceMap& where,
+Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe,
+                                            const recipe::SourceMap& where,
                                             const std::filesystem::path& recipe_path);
 
 /// The manifest of `p` (file names rank<R>.onnx).

@@ -26,20 +26,22 @@ namespace hp::shard {
 enum class AllReduceAlgo { ring, recursive_doubling, best };
 
 struct CostOptions {
-  /// Seconds per reduced byte; < 0 derives it from the rank device: 3 / memory_bandwidth (two reads and
-  /// one write per element reduced), 0 when the device gives no memory bandwidth.
+  /// Seconds per reduced byte; < 0 derives it from the rank device: 3 / memory_bandwidth (two reads
+  /// and one write per element reduced), 0 when the device gives no memory bandwidth.
   double gamma = -1;
   AllReduceAlgo all_reduce = AllReduceAlgo::ring;  ///< best: the cheaper of the two per step
 };
 
 struct PlanCost {
-  double seconds = 0;                 ///< sum of the steps (they run one after another)
-  std::vector<double> step_seconds;   ///< per step of the plan, same order
+  double seconds = 0;                ///< sum of the steps (they run one after another)
+  std::vector<double> step_seconds;  ///< per step of the plan, same order
 };
 
 /// Time of one step. Errors (bad_input): a group rank outside the topology.
-Expected<double> step_time(const topology::Topology& topo, const RedistStep& step, const CostOptions& opts = {});
+Expected<double> step_time(const topology::Topology& topo, const RedistStep& step,
+                           const CostOptions& opts = {});
 /// Time of every step and their sum.
-Expected<PlanCost> plan_cost(const topology::Topology& topo, const RedistPlan& plan, const CostOptions& opts = {});
+Expected<PlanCost> plan_cost(const topology::Topology& topo, const RedistPlan& plan,
+                             const CostOptions& opts = {});
 
 }  // namespace hp::shard

@@ -17,8 +17,8 @@ double all_reduce_time(const Link& l, std::int64_t p, double bytes);
 double all_gather_time(const Link& l, std::int64_t p, double bytes);
 /// Reduce-scatter of an n-byte buffer (n/p result per rank): (p-1)/p * n/B + (p-1) alpha.
 double reduce_scatter_time(const Link& l, std::int64_t p, double bytes);
-/// All-to-all where each rank holds n bytes, n/p for every peer (itself included), pairwise exchange:
-/// (p-1)/p * n/B + (p-1) alpha.
+/// All-to-all where each rank holds n bytes, n/p for every peer (itself included), pairwise
+/// exchange: (p-1)/p * n/B + (p-1) alpha.
 double all_to_all_time(const Link& l, std::int64_t p, double bytes);
 /// Point-to-point send/recv of n bytes: n/B + alpha.
 double send_recv_time(const Link& l, double bytes);

@@ -14,8 +14,8 @@
 
 namespace hp::topology {
 
-/// What a transfer between ranks runs over. `level` indexes Topology::tiers(); -1 means the ranks are
-/// the same device (a local copy at memory bandwidth, zero latency).
+/// What a transfer between ranks runs over. `level` indexes Topology::tiers(); -1 means the ranks
+/// are the same device (a local copy at memory bandwidth, zero latency).
 struct Link {
   std::string tier;
   int level = -1;
@@ -44,10 +44,10 @@ class Topology {
 
   /// The effective link of a group: the innermost tier holding every member. A group that spans
   /// several units of the tier below crosses this tier, so its collectives are bound by the slowest
-  /// tier on the way (the minimum bandwidth of the tiers up to it) and pay this tier's latency. Tier
-  /// bandwidths are per rank with the whole unit sending at once, so concurrent groups (every TP group
-  /// of a node at once) share the tier without a further division. A one-rank group gets the self link.
-  /// Fails for an empty group, duplicate ranks or ranks out of range.
+  /// tier on the way (the minimum bandwidth of the tiers up to it) and pay this tier's latency.
+  /// Tier bandwidths are per rank with the whole unit sending at once, so concurrent groups (every
+  /// TP group of a node at once) share the tier without a further division. A one-rank group gets
+  /// the self link. Fails for an empty group, duplicate ranks or ranks out of range.
   Expected<Link> group_link(std::span<const std::int64_t> ranks) const;
 
  private:
