@@ -11,7 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   catch2
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
-  clang-format                # the style/clang-format test (.clang-format)
+  clang-format python3        # the source checks (style/clang-format, layers, comment citations)
   go-md2man man-db dpkg-dev   # man pages (Markdown -> roff) and their render test; cpack's dpkg-shlibdeps
 )
 
