@@ -1,6 +1,7 @@
 // The one table of operators the executor supports (the transformer and CNN ops of exported models,
 // plus the basics exporters emit around them).
-// Keep it sorted; the runtime's kernel registry is checked against it by its own tests.
+// Sorted within each group; tests/unit/exec/op_table_test.cpp checks it against the ops the cpu
+// plugin runs, both ways.
 #include "hp/model/ops.h"
 
 #include <algorithm>
@@ -12,10 +13,17 @@ namespace {
 constexpr std::string_view kSupported[] = {
     // elementwise math
     "Abs",
+    "Acos",
+    "Acosh",
     "Add",
+    "Asin",
+    "Asinh",
+    "Atan",
+    "Atanh",
     "Ceil",
     "Clip",
     "Cos",
+    "Cosh",
     "Div",
     "Exp",
     "Floor",
@@ -31,20 +39,27 @@ constexpr std::string_view kSupported[] = {
     "Round",
     "Sign",
     "Sin",
+    "Sinh",
     "Sqrt",
     "Sub",
     "Sum",
+    "Tan",
     // activations
+    "Celu",
     "Elu",
     "Erf",
     "Gelu",
     "HardSigmoid",
     "HardSwish",
     "LeakyRelu",
+    "PRelu",
     "Relu",
+    "Selu",
     "Sigmoid",
     "Softplus",
+    "Softsign",
     "Tanh",
+    "ThresholdedRelu",
     // comparisons and logic
     "And",
     "Equal",
@@ -56,9 +71,13 @@ constexpr std::string_view kSupported[] = {
     "Or",
     "Xor",
     // normalisation, softmax, reductions
+    "BatchNormalization",
     "LayerNormalization",
     "LogSoftmax",
+    "ReduceL1",
     "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
@@ -85,6 +104,8 @@ constexpr std::string_view kSupported[] = {
     // indexing
     "Gather",
     "GatherElements",
+    "GatherND",
+    "OneHot",
     "ScatterElements",
     "ScatterND",
     "TopK",
@@ -92,12 +113,19 @@ constexpr std::string_view kSupported[] = {
     "Where",
     // shapes, constants, types
     "Cast",
+    "CastLike",
     "Constant",
     "ConstantOfShape",
     "CumSum",
     "Range",
     "Shape",
     "Size",
+    // pooling and resampling (CNNs)
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "MaxPool",
+    "Resize",
     // no-ops at inference
     "Dropout",
     "Identity",
