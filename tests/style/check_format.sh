@@ -13,7 +13,7 @@ while IFS= read -r -d '' f; do
     diff "$f" <("$clang_format" --style=file "$f") | head -6 || true
     bad=$((bad + 1))
   fi
-done < <(git ls-files -z -- 'libs/*.cpp' 'libs/*.h' 'apps/*.cpp' 'apps/*.h' 'plugins/*.cpp' 'plugins/*.h' \
+done < <(git ls-files -z --cached --others --exclude-standard -- 'libs/*.cpp' 'libs/*.h' 'apps/*.cpp' 'apps/*.h' 'plugins/*.cpp' 'plugins/*.h' \
            'plugins/*.cu' 'tests/*.cpp' 'tests/*.h' 2>/dev/null || find libs apps plugins tests \
            \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \) -print0)
 if [ "$bad" -gt 0 ]; then

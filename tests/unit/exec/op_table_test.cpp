@@ -2,8 +2,8 @@
 // unsupported) against what the cpu plugin really runs: every op in the table must run on the cpu
 // backend, and every standard ONNX op the cpu backend runs must be in the table. Without this check
 // the two drift apart (the summary once listed GlobalAveragePool as unsupported although it ran).
-#include <catch2/catch.hpp>
 #include <onnx/defs/schema.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <set>
