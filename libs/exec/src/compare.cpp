@@ -53,4 +53,17 @@ OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, doubl
   return c;
 }
 
+std::string format_check(const OutputCheck& c) {
+  if (!c.problem.empty()) return fmt::format("{}: MISMATCH: {}", c.name, c.problem);
+  return fmt::format("{}: max abs error {:.3g}, max rel error {:.3g}: {}", c.name, c.max_abs,
+                     c.max_rel,
+                     c.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", c.bad));
+}
+
+bool all_ok(const std::vector<OutputCheck>& checks) {
+  for (const auto& c : checks)
+    if (!c.ok()) return false;
+  return true;
+}
+
 }  // namespace hp::exec

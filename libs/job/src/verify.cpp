@@ -45,7 +45,10 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
     rep.failure = std::move(checks).error();
     return;
   }
-  auto job = make_job(std::move(*doc), o.target, o.preset_dirs);
+  // The Job takes the cluster the static checks already loaded (at the recipe's node count), rather
+  // than resolving and reading the cluster file a second time.
+  auto job = make_job(std::move(*doc), o.target);
+  if (job && !job->recipe.cluster.empty()) job->cluster = checks->cluster;
   // The flows are a static fact of the recipe and its modules: a failure there is the checks'
   // failure.
   if (job && job->kind == JobKind::flow_groups) {
@@ -123,25 +126,13 @@ Expected<VerifyReport> verify(const VerifyOptions& o) {
   return rep;
 }
 
-// ---- MODEL.onnx
-// ----------------------------------------------------------------------------------
+// ---- MODEL.onnx ---------------------------------------------------------------------------
 
-bool ModelVerifyReport::ok() const {
-  for (const auto& o : outputs)
-    if (!o.ok()) return false;
-  return true;
-}
+bool ModelVerifyReport::ok() const { return exec::all_ok(outputs); }
 
 std::string ModelVerifyReport::format() const {
   std::string s;
-  for (const auto& o : outputs) {
-    if (!o.problem.empty())
-      s += fmt::format("{}: MISMATCH: {}\n", o.name, o.problem);
-    else
-      s += fmt::format(
-          "{}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
-          o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
-  }
+  for (const auto& o : outputs) s += "" + exec::format_check(o) + "\n";
   s += stats_line(stats, backend);
   return s;
 }

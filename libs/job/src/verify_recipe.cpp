@@ -97,25 +97,14 @@ std::vector<HostTensor> generate_inputs(const std::vector<GraphIO>& inputs,
   return out;
 }
 
-bool RecipeRunReport::ok() const {
-  for (const auto& o : outputs)
-    if (!o.ok()) return false;
-  return true;
-}
+bool RecipeRunReport::ok() const { return exec::all_ok(outputs); }
 
 std::string RecipeRunReport::format() const {
   if (!ran) return fmt::format("sharded run: not done ({})\n", skipped);
   std::string s = fmt::format("pipeline schedule: {}\n", schedule);
   s += fmt::format("sharded run ({}) against the unsharded model on {} input{}:\n", how,
                    generated_inputs ? "generated" : "the given", generated_inputs ? "s" : "s");
-  for (const auto& o : outputs) {
-    if (!o.problem.empty())
-      s += fmt::format("  {}: MISMATCH: {}\n", o.name, o.problem);
-    else
-      s += fmt::format(
-          "  {}: max abs error {:.3g}, max rel error {:.3g}: {}\n", o.name, o.max_abs, o.max_rel,
-          o.ok() ? "ok" : fmt::format("MISMATCH ({} elements out of tolerance)", o.bad));
-  }
+  for (const auto& o : outputs) s += "  " + exec::format_check(o) + "\n";
   s += fmt::format("unsharded {:.3f} s, sharded {:.3f} s ({} ranks)\n", unsharded_s, sharded_s,
                    ranks);
   if (!timing.empty()) s += timing;

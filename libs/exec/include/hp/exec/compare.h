@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hp/exec/tensor.h"
 
@@ -21,5 +22,13 @@ struct OutputCheck {
 /// Compares two tensors elementwise (NaN equals NaN; integer and bool tensors must match exactly).
 OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol,
                             double atol);
+
+/// "name: max abs error 1e-08, max rel error 3e-05: ok", or "...: MISMATCH (N elements out of
+/// tolerance)", or "name: MISMATCH: <problem>" (no newline): one output's line in hp verify's
+/// report.
+std::string format_check(const OutputCheck& c);
+
+/// True when every output is within tolerance.
+bool all_ok(const std::vector<OutputCheck>& checks);
 
 }  // namespace hp::exec
