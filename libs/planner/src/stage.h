@@ -41,6 +41,9 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
 /// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even
 /// as the count allows): chunk j = round * pp + rank, in model order; v = 1 is the contiguous
 /// split.
+/// The block indices a, a+1, ..., b-1.
+std::vector<std::int64_t> block_range(std::int64_t a, std::int64_t b);
+
 std::vector<std::vector<std::int64_t>> interleaved_layout(const std::vector<std::int64_t>& counts,
                                                           std::int64_t v);
 
