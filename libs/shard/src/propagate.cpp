@@ -75,6 +75,29 @@ Expected<RedistPlan> plan_for_consumer(const Mesh& mesh, const Sharding& from, c
   return plan_redistribution(mesh, from, to, shape, elem_bytes);
 }
 
+// Every node reads each input either as the tensor is laid out or through a redistribution. A
+// violation is a propagation bug; it is reported here, naming the node, so that a plan is refused
+// before any rank runs instead of failing inside a kernel with mismatched shapes.
+Status check_consistent(const model::Graph& g, const Propagation& p) {
+  std::set<std::pair<int, int>> moved;
+  for (const auto& rd : p.redistributions) moved.insert({rd.tensor, rd.node});
+  for (std::size_t i = 0; i < p.reads.size(); ++i)
+    for (std::size_t k = 0; k < p.reads[i].size() && k < g.nodes[i].inputs.size(); ++k) {
+      const int t = g.nodes[i].inputs[k];
+      if (t < 0 || p.reads[i][k].dims.size() != g.tensor(t).dims.size()) continue;
+      if (p.reads[i][k] == p.layout[static_cast<std::size_t>(t)]) continue;
+      if (moved.count({t, static_cast<int>(i)})) continue;
+      return Error(
+          Errc::internal,
+          fmt::format("sharding propagation: node '{}' reads '{}' as {} but it is laid "
+                      "out as {}, with no redistribution between",
+                      g.nodes[i].name, g.tensor(t).name, format_sharding(p.mesh, p.reads[i][k]),
+                      format_sharding(p.mesh, p.layout[static_cast<std::size_t>(t)])),
+          g.nodes[i].name, "report this model; fixing tp = 1 avoids the inconsistency");
+    }
+  return {};
+}
+
 Expected<Propagation> propagate(const model::Model& model, const model::Graph& g,
                                 const PropagateOptions& o) {
   Retry retry;
@@ -89,6 +112,7 @@ Expected<Propagation> propagate(const model::Model& model, const model::Graph& g
     for (auto& [t, b] : p->blocked)
       p->origin[static_cast<std::size_t>(t)] +=
           fmt::format(" (blocked: {} blocks on dim {})", b.blocks, b.dim);
+    HP_TRY(check_consistent(g, *p));
     for (int t : retry.replicate) {
       // The weight itself, not the transposed copy the MatMul reads.
       int w = t;
@@ -221,6 +245,54 @@ class Run {
            (tensor.kind == model::TensorKind::initializer || deferred_.count(t) > 0);
   }
 
+  // The Transpose's perm of node `j` (reversed dims when absent), for a tensor of rank `rank`.
+  std::vector<std::int64_t> perm_of(int j, std::size_t rank) const {
+    std::vector<std::int64_t> perm;
+    for (const auto& a : pg_.node(j).attribute())
+      if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
+    if (perm.empty())
+      for (std::size_t q = 0; q < rank; ++q)
+        perm.push_back(static_cast<std::int64_t>(rank - 1 - q));
+    return perm;
+  }
+
+  // A deferred copy whose weight another consumer has laid out already (exporters share one
+  // initializer between layers through Identity copies when the initial values are equal): the
+  // copy can no longer choose, because the weight is stored one way for every reader. The copy
+  // node runs as an ordinary node on the weight as laid out, and a consumer that needs another
+  // layout gets a redistribution. Without this, fix() would re-lay-out a weight that an earlier
+  // node already read, and the two readers would disagree about its shape.
+  void settle_copy(int t) {
+    const auto d = deferred_.find(t);
+    if (d == deferred_.end() || decided_[static_cast<std::size_t>(t)]) return;
+    const int j = d->second;
+    const int src = g_.node(j).inputs[0];
+    settle_copy(src);
+    if (!decided_[static_cast<std::size_t>(src)]) return;  // still free: fix() chooses for both
+    const Sharding& in = p_.layout[static_cast<std::size_t>(src)];
+    Sharding out = in;
+    if (pg_.node(j).op_type() == "Transpose") {
+      const auto perm = perm_of(j, in.dims.size());
+      for (std::size_t q = 0; q < perm.size() && q < out.dims.size(); ++q)
+        out.dims[q] = in.dims[static_cast<std::size_t>(perm[q])];
+    }
+    if (const auto blk = p_.blocked.find(src); blk != p_.blocked.end()) {
+      int dim = blk->second.dim;
+      if (pg_.node(j).op_type() == "Transpose") {
+        const auto perm = perm_of(j, in.dims.size());
+        for (std::size_t q = 0; q < perm.size(); ++q)
+          if (perm[q] == blk->second.dim) dim = static_cast<int>(q);
+      }
+      p_.blocked[t] = {dim, blk->second.blocks};
+      root_[t] = root_.count(src) ? root_[src] : src;
+    }
+    p_.reads[static_cast<std::size_t>(j)].assign(g_.node(j).inputs.size(), Sharding{});
+    p_.reads[static_cast<std::size_t>(j)][0] = in;
+    p_.layout[static_cast<std::size_t>(t)] = out;
+    p_.origin[static_cast<std::size_t>(t)] = p_.origin[static_cast<std::size_t>(src)];
+    decided_[static_cast<std::size_t>(t)] = true;
+  }
+
   // Fixes the layout of `t`, and through a deferred Transpose/Identity/Cast the layout of the
   // weight it was computed from, so the weight is stored the way its consumer reads it.
   void fix(int t, const Sharding& need) {
@@ -235,12 +307,7 @@ class Run {
     Sharding in = need;
     const auto blk = p_.blocked.find(t);
     if (pn.op_type() == "Transpose") {
-      std::vector<std::int64_t> perm;
-      for (const auto& a : pn.attribute())
-        if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
-      if (perm.empty())
-        for (std::size_t q = 0; q < need.dims.size(); ++q)
-          perm.push_back(static_cast<std::int64_t>(need.dims.size() - 1 - q));
+      const auto perm = perm_of(j, need.dims.size());
       for (std::size_t q = 0; q < perm.size() && q < need.dims.size(); ++q)
         in.dims[static_cast<std::size_t>(perm[q])] = need.dims[q];
       if (blk != p_.blocked.end() && static_cast<std::size_t>(blk->second.dim) < perm.size())
@@ -278,6 +345,7 @@ class Run {
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
       const int t = n.inputs[k];
       if (t < 0) continue;
+      settle_copy(t);
       const auto& tensor = g_.tensor(t);
       auto& in = c_.in[k];
       in.present = true;
@@ -373,6 +441,7 @@ class Run {
 
   // Weight copies no node read: replicated, like their weights.
   void replicate_unread_copies() {
+    for (const auto& [t, j] : deferred_) settle_copy(t);
     for (const auto& [t, j] : deferred_)
       if (!decided_[static_cast<std::size_t>(t)]) {
         p_.origin[static_cast<std::size_t>(t)] = "replicated";
