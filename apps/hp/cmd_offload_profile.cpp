@@ -26,7 +26,8 @@ void add_offload_profile_command(CLI::App& app, Context& ctx) {
       ->required();
   sub->add_option("--hbm", opts->hbm,
                   "device-memory budget, e.g. 64GiB (default: device memory x (1 - margin))");
-  sub->add_option("--mode", opts->mode, "train | infer (default train)");
+  sub->add_option("--mode", opts->mode,
+                  "train | infer (default: the recipe's [workload] mode, else train)");
   sub->add_option("--offload", opts->targets,
                   "state kinds that may move to the host: parameters, gradients, optimizer, "
                   "activations, kv_cache")
@@ -35,8 +36,12 @@ void add_offload_profile_command(CLI::App& app, Context& ctx) {
                   "slots ahead a prefetch is issued (-1: as early as compute hides it)");
   sub->add_option("--optimizer-ratio", opts->optimizer_ratio,
                   "host share of the optimizer step, 0..1 (default: chosen)");
-  sub->add_option("--dtype", opts->dtype, "compute dtype: bf16 | fp16 | fp32 | fp8 (default bf16)");
-  sub->add_option("--optimizer", opts->optimizer, "adam | adamw | sgd | none (default adam)");
+  sub->add_option("--dtype", opts->dtype,
+                  "compute dtype: bf16 | fp16 | fp32 | fp8 (default: the recipe's [workload] "
+                  "dtype, else bf16)");
+  sub->add_option("--optimizer", opts->optimizer,
+                  "adam | adamw | sgd | none (default: the recipe's [workload] optimizer, else "
+                  "adam)");
   sub->add_option("--heads", opts->heads,
                   "attention heads (with --kv-heads: grouped-query KV cache)");
   sub->add_option("--kv-heads", opts->kv_heads,

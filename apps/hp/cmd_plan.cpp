@@ -71,6 +71,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::PositiveNumber);
   sub->callback([opts, &ctx] {
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
+    opts->command = ctx.command_line;
     opts->model_dirs = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / "recipes" / "models",
                         std::filesystem::path(HP_SOURCE_DIR) / "recipes" / "models"};
     ctx.exit_code = run_plan(*opts);

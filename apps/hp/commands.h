@@ -15,6 +15,7 @@ namespace hp::cli {
 struct Context {
   int exit_code = 0;
   bool verbose = false;
+  std::string command_line;  ///< "hp plan ..." as typed (shell-quoted), recorded in what hp writes
 };
 
 /// Prints every diagnostic of `e` as "hp: error: <where>: <message>" (+ "  hint: ...") on stderr

@@ -65,12 +65,28 @@ bool check_command_name(int argc, char** argv) {
   return false;
 }
 
+// argv as a shell would re-read it: arguments with spaces or shell syntax in single quotes.
+std::string command_line(int argc, char** argv) {
+  std::string out = "hp";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool plain = !a.empty() && a.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP"
+                                         "QRSTUVWXYZ0123456789-_=.,/:+@%") == std::string::npos;
+    std::string quoted;
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += " " + (plain ? a : "'" + quoted + "'");
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"hp: plan, shard, profile, launch and verify parallel executions of large models"};
   app.name("hp");
   app.set_version_flag("--version", std::string("hp ") + version_string());
   app.require_subcommand(1);
   Context ctx;
+  ctx.command_line = command_line(argc, argv);
   app.add_flag("-v,--verbose", ctx.verbose, "log what hp looks at (plugin paths tried, ...)");
   for (const auto& row : kCommands) row.add(app, ctx);
   app.footer(

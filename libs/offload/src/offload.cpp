@@ -110,9 +110,20 @@ const char* backend_for(recipe::DeviceKind k) {
 
 }  // namespace
 
-Expected<OffloadReport> run(const OffloadOptions& options) {
+// Flags first, then what the recipe's [workload] says the plan was made for, then the defaults: a
+// recipe planned for fp32 training with SGD is profiled as that unless a flag says otherwise.
+OffloadOptions resolve_workload(OffloadOptions o, const recipe::Recipe& rec) {
+  const recipe::Workload w = rec.workload.value_or(recipe::Workload{});
+  if (o.mode.empty()) o.mode = w.mode;
+  if (o.dtype.empty()) o.dtype = w.dtype;
+  if (o.optimizer.empty()) o.optimizer = w.optimizer;
+  return o;
+}
+
+Expected<OffloadReport> run(const OffloadOptions& given) {
+  HP_ASSIGN_OR_RETURN(auto rec, load_planned_recipe(given.recipe));
+  const OffloadOptions options = resolve_workload(given, rec);
   HP_ASSIGN_OR_RETURN(auto checked, check_options(options));
-  HP_ASSIGN_OR_RETURN(auto rec, load_planned_recipe(options.recipe));
   const fs::path dir =
       options.recipe.parent_path().empty() ? fs::path(".") : options.recipe.parent_path();
   HP_ASSIGN_OR_RETURN(auto cluster, recipe::cluster_for(rec, dir, options.preset_dirs));

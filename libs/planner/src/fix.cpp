@@ -129,6 +129,12 @@ Status check_fixes(const Fixed& f, std::int64_t ranks, const ModelProfile& m,
                     named.find(" x ") != std::string::npos ? fmt::format(" = {}", product) : "",
                     f.dp && f.tp && f.pp ? "match" : "divide", ranks),
         "dp * tp * pp must equal the rank count: change --fix or --nodes");
+  if (m.static_batch > 0 && f.micro_batches && *f.micro_batches > 1 && f.pp && *f.pp > 1)
+    return bad_input(
+        fmt::format("--fix micro_batches={}: the model's batch is static ({}), and pipeline "
+                    "stages run one micro-batch at a time with static shapes",
+                    *f.micro_batches, m.static_batch),
+        "export the model with a dynamic batch axis, or fix pp=1");
   const auto blocks = static_cast<std::int64_t>(m.blocks.size());
   if (f.pp && *f.pp > blocks)
     return bad_input(fmt::format("--fix pp={} exceeds the model's {} blocks", *f.pp, blocks),

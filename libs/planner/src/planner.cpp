@@ -136,17 +136,35 @@ const char* flops_convention() {
          "forwards (HFU)";
 }
 
+// --global-batch, or one sequence per rank. A static-batch export runs exactly its own batch (dp
+// and micro-batches split it), so that is the only global batch it can be planned for.
+Expected<std::int64_t> planned_global_batch(const PlanOptions& opts, const ModelProfile& profile,
+                                            std::int64_t ranks) {
+  const std::int64_t b = profile.static_batch;
+  if (b > 0 && opts.global_batch > 0 && opts.global_batch != b)
+    return Error(Errc::usage,
+                 fmt::format("the model's batch is static ({} on every input); --global-batch {} "
+                             "cannot run it",
+                             b, opts.global_batch),
+                 opts.model,
+                 fmt::format("pass --global-batch {}, or export the model with a dynamic batch "
+                             "axis",
+                             b));
+  return opts.global_batch > 0 ? opts.global_batch : b > 0 ? b : ranks;
+}
+
 Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster) {
   HP_ASSIGN_OR_RETURN(auto dims, model::parse_dim_bindings(opts.dim_args));
-  HP_ASSIGN_OR_RETURN(LoadedProfile loaded, load_profile({opts.model, std::move(dims), opts.seq,
-                                                          opts.dtype, opts.require_data}));
+  HP_ASSIGN_OR_RETURN(LoadedProfile loaded,
+                      load_profile({opts.model, dims, opts.seq, opts.dtype, opts.require_data}));
   const ModelProfile& profile = loaded.profile;
   HP_ASSIGN_OR_RETURN(auto topo, topology::Topology::from_cluster(cluster));
   PlanReport rep;
   rep.warnings = std::move(loaded.warnings);
   HP_ASSIGN_OR_RETURN(const Machine mc, machine_for(topo, opts.dtype, cluster.name, rep.warnings));
-  const Workload w = workload_for(opts.mode != "infer", opts.dtype, opts.optimizer,
-                                  opts.global_batch > 0 ? opts.global_batch : topo.ranks());
+  HP_ASSIGN_OR_RETURN(const std::int64_t global_batch,
+                      planned_global_batch(opts, profile, topo.ranks()));
+  const Workload w = workload_for(opts.mode != "infer", opts.dtype, opts.optimizer, global_batch);
 
   HP_ASSIGN_OR_RETURN(const Fixed fixed, parse_fixes(opts.fix_args));
   if (auto st = check_fixes(fixed, topo.ranks(), profile, w.global_batch); !st) {
@@ -177,9 +195,14 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.usable_memory = usable_memory(mc);
   rep.global_batch = w.global_batch;
   rep.seq = profile.seq;
+  rep.sequence = profile.sequence;
+  rep.dims = {dims.begin(), dims.end()};
+  if (!profile.batch_dim.empty()) rep.dims[profile.batch_dim] = w.global_batch;
+  if (!profile.seq_dim.empty()) rep.dims[profile.seq_dim] = profile.seq;
   rep.dtype = opts.dtype;
   rep.mode = w.train ? "train" : "infer";
   rep.optimizer = opts.optimizer;
+  rep.command = opts.command;
   rep.parameters = profile.total_parameters();
   rep.blocks = static_cast<std::int64_t>(profile.blocks.size());
   rep.stats = found.stats;

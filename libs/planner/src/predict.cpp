@@ -302,12 +302,12 @@ Expected<Candidate> candidate_of(const recipe::Recipe& r) {
 Expected<Plan> predict_recipe(const recipe::Recipe& r, const fs::path& base_dir,
                               const recipe::Cluster& cluster, const PredictOptions& options) {
   HP_ASSIGN_OR_RETURN(const Candidate candidate, candidate_of(r));
-  if (!r.dims.count("seq"))
-    return bad("model.dims", "the recipe binds no sequence length",
-               "add seq to [model] dims, e.g. dims = { batch = 8, seq = 2048 }");
+  // The sequence length: the recipe's [model] dims (under the model's own dim name), its
+  // [workload] seq, or the model's static length; load_profile says which is missing.
   ProfileRequest request;
   request.model = base_dir / r.model;
   request.dims = r.dims;
+  if (r.workload) request.seq = r.workload->seq;
   request.dtype = options.dtype;
   HP_ASSIGN_OR_RETURN(const LoadedProfile loaded, load_profile(request));
   return predict(candidate, cluster, loaded.profile, options);

@@ -31,6 +31,7 @@
 
 #include <fmt/core.h>
 
+#include "hp/model/axes.h"
 #include "hp/model/model.h"
 #include "hp/planner/planner.h"
 #include "hp/planner/predict.h"
@@ -237,22 +238,75 @@ Expected<ModelProfile> profile_model(const model::ModelSummary& s, std::int64_t 
   return m;
 }
 
+// The planned sequence length and the dims bound for profiling: the batch axis (whatever the
+// export named it) at 1, the sequence axis at the planned length. The length is --seq, a binding
+// of the model's own sequence dim, or the model's static length; a model without a sequence axis
+// (images, feature rows) is planned per sample, at length 1.
+Expected<std::int64_t> bind_profile_dims(const ProfileRequest& request,
+                                         const model::InputAxes& axes, model::DimBindings& dims) {
+  if (!axes.batch_dim.empty()) dims[axes.batch_dim] = 1;
+  if (!axes.sequence) {
+    dims.erase("seq");  // --seq binds "seq" for sequence models; here there is none to bind
+    return 1;
+  }
+  std::int64_t seq = request.seq;
+  if (seq <= 0 && dims.count("seq")) seq = dims.at("seq");
+  if (seq <= 0 && !axes.seq_dim.empty() && dims.count(axes.seq_dim)) seq = dims.at(axes.seq_dim);
+  if (axes.static_seq > 0) {
+    if (seq > 0 && seq != axes.static_seq)
+      return Error(Errc::usage,
+                   fmt::format("the model's sequence length is static ({} on input '{}'); "
+                               "--seq {} cannot run it",
+                               axes.static_seq, axes.seq_input, seq),
+                   request.model.string(),
+                   "drop --seq, or export the model with a dynamic sequence axis");
+    seq = axes.static_seq;
+  }
+  if (seq <= 0)
+    return Error(Errc::usage,
+                 fmt::format("planning needs a sequence length: axis 1 of input '{}' ('{}') is "
+                             "symbolic",
+                             axes.seq_input, axes.seq_dim),
+                 request.model.string(), "pass --seq S");
+  dims["seq"] = seq;
+  if (!axes.seq_dim.empty()) dims[axes.seq_dim] = seq;
+  return seq;
+}
+
+// A static-batch export was summarised at its own batch: its per-sequence figures are that batch's
+// divided by it (weights and their counts are per model, not per sequence).
+void per_sequence(ModelProfile& m, std::int64_t batch) {
+  if (batch <= 1) return;
+  const double b = static_cast<double>(batch);
+  for (BlockProfile* p : {&m.prologue, &m.epilogue}) {
+    p->fwd_flops /= b, p->quadratic_flops /= b, p->act_bytes /= b;
+    p->quadratic_act_bytes /= b, p->boundary_bytes /= b;
+  }
+  for (auto& p : m.blocks) {
+    p.fwd_flops /= b, p.quadratic_flops /= b, p.act_bytes /= b;
+    p.quadratic_act_bytes /= b, p.boundary_bytes /= b;
+  }
+  m.hidden_bytes /= b;
+}
+
 Expected<LoadedProfile> load_profile(const ProfileRequest& request) {
   // A malformed model is bad input whatever else is missing, so it is read before the sequence
   // length is checked; it is read once, for the summary and the profile alike.
   model::LoadOptions lo;
   lo.mode = request.require_data ? model::LoadMode::require_data : model::LoadMode::shapes_only;
   HP_ASSIGN_OR_RETURN(const model::Model loaded, model::load_model(request.model, lo));
+  const model::InputAxes axes = model::input_axes(loaded);
   model::DimBindings dims = request.dims;
-  const auto bound = dims.find("seq");
-  const std::int64_t seq = request.seq > 0 ? request.seq : bound != dims.end() ? bound->second : 0;
-  if (seq <= 0) return Error(Errc::usage, "planning needs a sequence length", "", "pass --seq S");
-  dims["seq"] = seq;
-  dims["batch"] = 1;  // costs are per sequence; the planner chooses the micro-batch size
+  HP_ASSIGN_OR_RETURN(const std::int64_t seq, bind_profile_dims(request, axes, dims));
   HP_ASSIGN_OR_RETURN(model::Graph graph, model::build_graph(loaded, dims));
   const model::ModelSummary summary = model::summarize_graph(loaded, std::move(graph), dims);
   HP_ASSIGN_OR_RETURN(ModelProfile profile,
                       profile_model(summary, seq, dtype_bytes(request.dtype)));
+  profile.sequence = axes.sequence;
+  profile.static_batch = axes.static_batch;
+  profile.batch_dim = axes.batch_dim;
+  profile.seq_dim = axes.sequence ? axes.seq_dim : std::string();
+  per_sequence(profile, axes.static_batch);
   return LoadedProfile{std::move(profile), summary.warnings};
 }
 

@@ -72,8 +72,11 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) 
                                                        : r.cluster_ref;
   out.nodes = r.nodes;
   // [model] dims are the shapes of one step's inputs (what hp shard / launch / verify feed the
-  // job): the global batch, which dp splits and micro-batching cuts further.
-  out.dims = {{"batch", c.dp * c.micro_batch_size * c.micro_batches}, {"seq", r.seq}};
+  // job): the global batch, which dp splits and micro-batching cuts further, bound to the model's
+  // own batch dim (a static batch has none to bind).
+  out.dims = r.dims;
+  out.workload = recipe::Workload{
+      r.mode, r.dtype, r.optimizer, r.global_batch, r.sequence ? r.seq : 0, r.command};
   out.parallel.dp = c.dp;
   out.parallel.tp = c.tp;
   out.parallel.pp = c.pp;

@@ -71,6 +71,7 @@ json parallel_json(const Plan& p) {
 json predicted_json(const Prediction& p) {
   return {{"iteration_seconds", p.iteration},
           {"tokens_per_second", p.tokens_per_second},
+          {"samples_per_second", p.samples_per_second},
           {"tflops_per_device_model", p.tflops_model},
           {"tflops_per_device_hardware", p.tflops_hardware},
           {"mfu", p.mfu},
@@ -124,6 +125,7 @@ std::string format_plan_json(const PlanReport& r) {
             {"workload",
              {{"global_batch", r.global_batch},
               {"seq", r.seq},
+              {"sequence_axis", r.sequence},
               {"dtype", r.dtype},
               {"mode", r.mode},
               {"optimizer", r.optimizer},
@@ -167,8 +169,9 @@ std::string format_plan_text(const PlanReport& r) {
       "free)\n",
       r.cluster, r.ranks, r.device, format_bytes(r.device_memory), format_bytes(r.usable_memory),
       r.device_memory > 0 ? 100 * (1 - r.usable_memory / r.device_memory) : 0.0);
-  out += fmt::format("workload     {}, global batch {} x seq {}, {}, {}\n", r.mode, r.global_batch,
-                     r.seq, r.dtype, r.optimizer);
+  out += fmt::format("workload     {}, global batch {}{}, {}, {}\n", r.mode, r.global_batch,
+                     r.sequence ? fmt::format(" x seq {}", r.seq) : " (no sequence axis)", r.dtype,
+                     r.optimizer);
   out += fmt::format(
       "search       {} configurations in {}, level 2 on {}; pruned {} by memory, {} by time bound "
       "({:.0f} configurations/s)\n\n",
@@ -179,7 +182,8 @@ std::string format_plan_text(const PlanReport& r) {
       "{:>2} {:>5} {:>3} {:>3} {:>3} {:>5} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} "
       "{:>6} {:>10} {}\n",
       "#", "dp", "tp", "pp", "ep", "zero", "mbs x n", "schedule", "v", "sp", "placement",
-      "iteration", "tokens/s", "MFU", "HFU", "TF/s/dev", "peak mem / limit");
+      "iteration", r.sequence ? "tokens/s" : "samples/s", "MFU", "HFU", "TF/s/dev",
+      "peak mem / limit");
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
     const Config& c = p.config;
@@ -193,7 +197,8 @@ std::string format_plan_text(const PlanReport& r) {
             : fmt::format("{}", c.optimizer_shard),
         fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
         recipe::schedule_name(c.schedule), c.virtual_stages, c.sequence_parallel ? "yes" : "no",
-        placement(c), format_seconds(q.iteration), format_count(q.tokens_per_second), 100 * q.mfu,
+        placement(c), format_seconds(q.iteration),
+        format_count(r.sequence ? q.tokens_per_second : q.samples_per_second), 100 * q.mfu,
         100 * q.hfu, q.tflops_model, format_bytes(q.peak_memory), format_bytes(r.usable_memory));
   }
   out += "\ntime breakdown per iteration (exposed communication per pattern)\n";

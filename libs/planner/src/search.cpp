@@ -241,6 +241,9 @@ class Level1 {
   // sequence parallelism. Times do not depend on the ZeRO level, so one cost table serves all four.
   void micro_batchings(const Config& base, const AxisLinks& links, const Hsdp& hsdp) {
     for (std::int64_t mbs : divisors(batch_ / base.dp)) {
+      // Pipeline stages run one micro-batch at a time with static shapes; hp shard binds a
+      // symbolic batch dim to the micro-batch, which a static-batch export does not have.
+      if (in_.model.static_batch > 0 && base.pp > 1 && batch_ / base.dp / mbs > 1) continue;
       for (int sp = 0; sp <= (base.tp > 1 ? 1 : 0); ++sp) {
         Config c = base;
         c.micro_batch_size = mbs;

@@ -289,6 +289,7 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
   const double devices = static_cast<double>(c.dp * c.tp * c.pp);
   const double seqs = static_cast<double>(w.global_batch);
   p.tokens_per_second = seqs * static_cast<double>(m.seq) / p.iteration;
+  p.samples_per_second = seqs / p.iteration;
   p.model_flops = (w.train ? 3.0 : 1.0) * m.total_fwd_flops() * seqs;
   p.hardware_flops = p.model_flops + rc_flops * mbs * static_cast<double>(c.tp * c.dp);
   p.tflops_model = p.model_flops / p.iteration / devices / 1e12;

@@ -179,6 +179,16 @@ void read_offload(TomlReader& rd, const toml::table& t, Offload& o) {
   if (auto v = rd.get_bytes(t, "device_budget", "offload", false)) o.device_budget = *v;
 }
 
+void read_workload(TomlReader& rd, const toml::table& t, Workload& w) {
+  rd.check_keys(t, "workload", {"mode", "dtype", "optimizer", "global_batch", "seq", "command"});
+  if (auto v = rd.get_string(t, "mode", "workload", false)) w.mode = *v;
+  if (auto v = rd.get_string(t, "dtype", "workload", false)) w.dtype = *v;
+  if (auto v = rd.get_string(t, "optimizer", "workload", false)) w.optimizer = *v;
+  if (auto v = rd.get_int(t, "global_batch", "workload", false)) w.global_batch = *v;
+  if (auto v = rd.get_int(t, "seq", "workload", false)) w.seq = *v;
+  if (auto v = rd.get_string(t, "command", "workload", false)) w.command = *v;
+}
+
 template <class T, class F>
 void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key,
                       std::vector<T>& out, F each) {
@@ -207,8 +217,9 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
   TomlReader rd(doc.where, doc.problems);
   Recipe& r = doc.recipe;
 
-  rd.check_keys(*root, "",
-                {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload"});
+  rd.check_keys(
+      *root, "",
+      {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload", "workload"});
   const toml::table* head = rd.get_table(*root, "recipe", "", true);
   if (head) {
     // The version decides how the rest reads, so an unsupported one stops here.
@@ -243,6 +254,8 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
       [&](const toml::table& t, const std::string& path, Group& g) { read_group(rd, t, path, g); });
   if (const toml::table* t = rd.get_table(*root, "offload", "", false))
     read_offload(rd, *t, r.offload.emplace());
+  if (const toml::table* t = rd.get_table(*root, "workload", "", false))
+    read_workload(rd, *t, r.workload.emplace());
 
   detail::append_new(doc.problems, validate_recipe(r, doc.where));
   detail::sort_by_location(doc.problems);

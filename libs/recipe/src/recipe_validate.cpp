@@ -11,6 +11,8 @@
 
 #include <fmt/core.h>
 
+#include "hp/core/dtype.h"
+#include "hp/core/optimizer.h"
 #include "hp/recipe/recipe.h"
 #include "hp/recipe/toml_writer.h"
 #include "toml_reader.h"
@@ -255,6 +257,32 @@ void check_offload(Checker& ck, const Offload& o) {
   }
 }
 
+// The workload's names are checked with the parsers every tool uses, and its batch against the
+// degrees: a recipe edited to a new dp but the old global batch would be priced for one step and
+// run another.
+void check_workload(Checker& ck, const Recipe& r) {
+  const Workload& w = *r.workload;
+  if (w.mode != "train" && w.mode != "infer")
+    ck.fail("workload.mode",
+            fmt::format("'workload.mode' must be train or infer, got '{}'", w.mode));
+  if (auto d = parse_dtype(w.dtype); !d)
+    ck.fail("workload.dtype", d.error().message(), d.error().what.hint);
+  if (auto o = parse_optimizer(w.optimizer); !o)
+    ck.fail("workload.optimizer", o.error().message(), o.error().what.hint);
+  if (w.seq < 0) ck.fail("workload.seq", fmt::format("'workload.seq' must be >= 0, got {}", w.seq));
+  if (w.global_batch < 0)
+    ck.fail("workload.global_batch",
+            fmt::format("'workload.global_batch' must be >= 0, got {}", w.global_batch));
+  const Parallel& p = r.parallel;
+  const std::int64_t step = p.dp * p.micro_batch_size * p.micro_batches;
+  if (w.global_batch > 0 && step > 0 && w.global_batch != step)
+    ck.fail("workload.global_batch",
+            fmt::format("'workload.global_batch' is {} but dp x micro_batch_size x micro_batches "
+                        "= {} x {} x {} = {}",
+                        w.global_batch, p.dp, p.micro_batch_size, p.micro_batches, step),
+            "re-plan, or make the two agree");
+}
+
 }  // namespace
 
 std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where) {
@@ -275,6 +303,7 @@ std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where)
   for (const auto& [name, layout] : r.layouts) check_layout(ck, name, layout);
   check_groups(ck, r);
   if (r.offload) check_offload(ck, *r.offload);
+  if (r.workload) check_workload(ck, r);
   return std::move(ck.out);
 }
 

@@ -122,6 +122,16 @@ std::string format_recipe(const Recipe& r) {
   for (const auto& [name, l] : r.layouts) format_layout(w, name, l);
   for (const auto& g : r.groups) format_group(w, g);
   if (r.offload) format_offload(w, *r.offload);
+  if (r.workload) {
+    const Workload& wl = *r.workload;
+    w.table("workload")
+        .string("mode", wl.mode)
+        .string("dtype", wl.dtype)
+        .string("optimizer", wl.optimizer)
+        .integer("global_batch", wl.global_batch)
+        .integer("seq", wl.seq);
+    if (!wl.command.empty()) w.string("command", wl.command);
+  }
   return std::move(w).str();
 }
 

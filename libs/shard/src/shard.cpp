@@ -277,6 +277,17 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe,
         p->where.at("model.dims"), "add them to [model] dims = { ... }");
   }
   p->layering = model::discover_layers(p->graph);
+  if (p->layering.blocks.empty()) {
+    // No repeated blocks: the whole model is block 0, as hp plan prices and writes it (its
+    // [[stages]] list layer 0), so one stage holds everything and pp > 1 is refused below.
+    auto& L = p->layering;
+    model::Block whole = std::move(L.prologue);
+    whole.name = "block.0";
+    whole.nodes.insert(whole.nodes.end(), L.epilogue.nodes.begin(), L.epilogue.nodes.end());
+    L.blocks.push_back(std::move(whole));
+    L.prologue = model::Block{"prologue"};
+    L.epilogue = model::Block{"epilogue"};
+  }
 
   PropagateOptions o;
   HP_ASSIGN_OR_RETURN(o.mesh, stage_mesh(*p));

@@ -251,3 +251,47 @@ TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy
   CHECK(last.source().rfind("measured:cpu-copy ", 0) == 0);
   CHECK(last.sizes.size() == 3);
 }
+
+TEST_CASE("the recipe's [workload] sets dtype, mode and optimizer; flags override it",
+          "[offload][recipe]") {
+  const fs::path dir = temp_dir("workload");
+  const std::string head = R"([recipe]
+version = 1
+name = "gpt"
+model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/tiny-gpt2.onnx").string() +
+                           R"("
+cluster = "local-cpu"
+nodes = 1
+
+[model]
+dims = { batch = 2, seq = 16 }
+
+[parallel]
+dp = 1
+tp = 1
+pp = 1
+micro_batch_size = 2
+micro_batches = 1
+)";
+  write(dir / "plain.toml", head);
+  write(dir / "fp32.toml", head +
+                               "\n[workload]\nmode = \"train\"\ndtype = \"fp32\"\n"
+                               "optimizer = \"sgd\"\nglobal_batch = 2\nseq = 16\n");
+  auto plain = run(base_options(dir / "plain.toml"));
+  REQUIRE(plain.ok());
+  CHECK(plain->dtype == "bf16");
+  CHECK(plain->optimizer == "adam");
+  auto planned = run(base_options(dir / "fp32.toml"));
+  REQUIRE(planned.ok());
+  CHECK(planned->dtype == "fp32");
+  CHECK(planned->optimizer == "sgd");
+  OffloadOptions o = base_options(dir / "fp32.toml");
+  o.dtype = "bf16";
+  auto flagged = run(o);
+  REQUIRE(flagged.ok());
+  CHECK(flagged->dtype == "bf16");
+  CHECK(flagged->optimizer == "sgd");
+  // Same optimizer, fp32 against bf16: the recipe's dtype reached the memory timeline.
+  CHECK(planned->stages[0].peak_before() > flagged->stages[0].peak_before());
+  fs::remove_all(dir);
+}

@@ -294,3 +294,49 @@ TEST_CASE("planner: Korthikanti 2022 configurations predict their published iter
     CHECK(own.plans.front().predicted.iteration <= p.iteration * (1 + 1e-9));
   }
 }
+
+TEST_CASE("planner: a model without a sequence axis plans per sample; the recipe says so",
+          "[planner]") {
+  auto c = recipe::load_cluster_ref("local-cpu", {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
+  REQUIRE(c);
+  PlanOptions opts;
+  opts.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-vit.onnx";  // images
+  opts.dtype = "fp32";
+  opts.command = "hp plan tiny-vit.onnx";
+  auto rep = run(opts, *c);
+  if (!rep) FAIL(rep.error().str());
+  CHECK(!rep->sequence);
+  CHECK(rep->seq == 1);
+  const auto& q = rep->plans.front().predicted;
+  CHECK(q.samples_per_second == Approx(q.tokens_per_second));
+  CHECK(format_plan_text(*rep).find("samples/s") != std::string::npos);
+  CHECK(format_plan_text(*rep).find("tokens/s") == std::string::npos);
+  const recipe::Recipe r = plan_to_recipe(*rep, "plan.toml");
+  CHECK(r.dims == std::map<std::string, std::int64_t>{{"batch", rep->global_batch}});
+  REQUIRE(r.workload);
+  CHECK(*r.workload ==
+        recipe::Workload{"train", "fp32", "adam", rep->global_batch, 0, "hp plan tiny-vit.onnx"});
+  // --seq on a model without a sequence is not an error: there is nothing for it to bind.
+  opts.seq = 64;
+  auto with_seq = run(opts, *c);
+  REQUIRE(with_seq);
+  CHECK(with_seq->seq == 1);
+}
+
+TEST_CASE("planner: a sequence model needs --seq unless its length is static", "[planner]") {
+  auto c = recipe::load_cluster_ref("local-cpu", {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
+  REQUIRE(c);
+  PlanOptions opts;
+  opts.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-gpt2.onnx";
+  auto rep = run(opts, *c);
+  REQUIRE(!rep);
+  CHECK(rep.error().code == Errc::usage);
+  CHECK_THAT(rep.error().message(), Catch::Contains("axis 1 of input"));
+  CHECK_THAT(rep.error().message(), Catch::Contains("is symbolic"));
+  opts.dim_args = {"seq=32"};  // binding the model's own dim is as good as --seq
+  rep = run(opts, *c);
+  if (!rep) FAIL(rep.error().str());
+  CHECK(rep->seq == 32);
+  CHECK(rep->sequence);
+  CHECK(plan_to_recipe(*rep, "plan.toml").dims.at("seq") == 32);
+}

@@ -49,6 +49,9 @@ inline Recipe full_recipe() {
   o.margin = 0.15;
   o.prefetch_lookahead = 2;
   r.offload = o;
+  r.workload = Workload{
+      "train", "bf16", "adamw",
+      64,      2048,   "hp plan '../models/my gpt.onnx' --cluster dgx-h100 --global-batch 64"};
   return r;
 }
 

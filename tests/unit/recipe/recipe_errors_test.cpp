@@ -242,3 +242,35 @@ recompute_layers = { full = "2-4", none = [2], sometimes = [1] }
   CHECK(has(doc.problems, "recipe.toml:14:20",
             "layer 2 of stage 0 is both 'none' and 'full' in 'recompute_layers'"));
 }
+
+TEST_CASE("recipe: [workload] mistakes are located and the batch checked against the degrees",
+          "[recipe]") {
+  const std::string par = "[parallel]\ndp = 2\ntp = 1\npp = 1\nmicro_batch_size = 2\n";
+  SECTION("a consistent workload reads back") {
+    RecipeDocument doc = parse_with(par +
+                                    "[workload]\nmode = \"infer\"\ndtype = \"fp32\"\n"
+                                    "optimizer = \"sgd\"\nglobal_batch = 4\nseq = 16\n"
+                                    "command = \"hp plan m.onnx\"\n");
+    INFO(dump(doc.problems));
+    REQUIRE(doc.problems.empty());
+    REQUIRE(doc.recipe.workload);
+    CHECK(*doc.recipe.workload == Workload{"infer", "fp32", "sgd", 4, 16, "hp plan m.onnx"});
+  }
+  SECTION("bad names, a negative seq and a batch the degrees do not make") {
+    RecipeDocument doc = parse_with(par +
+                                    "[workload]\nmode = \"training\"\ndtype = \"bf17\"\n"
+                                    "optimizer = \"lamb\"\nglobal_batch = 6\nseq = -1\n");
+    INFO(dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:12:", "must be train or infer, got 'training'"));
+    CHECK(has(doc.problems, "recipe.toml:13:", "bf17"));
+    CHECK(has(doc.problems, "recipe.toml:14:", "lamb"));
+    CHECK(has(doc.problems, "recipe.toml:15:", "'workload.global_batch' is 6 but dp x"));
+    CHECK(has(doc.problems, "recipe.toml:16:", "'workload.seq' must be >= 0"));
+  }
+  SECTION("wrong types and unknown keys") {
+    RecipeDocument doc = parse_with(par + "[workload]\nglobal_batch = \"four\"\ndtyp = \"bf16\"\n");
+    INFO(dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:12:", "'workload.global_batch' must be an integer"));
+    CHECK(has(doc.problems, "recipe.toml:13:", "unknown key 'dtyp' in [workload]"));
+  }
+}

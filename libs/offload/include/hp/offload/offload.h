@@ -29,10 +29,11 @@ struct OffloadOptions {
   std::string hbm;       ///< device-memory budget ("64GiB"); empty: device memory x (1 - margin)
   bool measure = false;  ///< run the backend's bandwidth probes
   bool json = false;
-  std::string mode = "train";        ///< train | infer
+  // mode, dtype and optimizer: empty = the recipe's [workload], else train / bf16 / adam.
+  std::string mode;                  ///< train | infer
   std::vector<std::string> targets;  ///< state kinds that may move; empty: every kind the mode has
-  std::string dtype = "bf16";        ///< a name or alias parse_dtype knows (hp/core/dtype.h)
-  std::string optimizer = "adam";    ///< adam | adamw | sgd | none (parse_optimizer)
+  std::string dtype;                 ///< a name or alias parse_dtype knows (hp/core/dtype.h)
+  std::string optimizer;             ///< adam | adamw | sgd | none (parse_optimizer)
   std::int64_t lookahead = -2;       ///< slots ahead a fetch is issued; -1 auto; -2: the recipe's
   double optimizer_ratio = -1;       ///< host share of the optimizer step; -1 = choose
   std::int64_t heads = 0, kv_heads = 0;  ///< attention heads and KV heads (GQA); 0 = multi-head

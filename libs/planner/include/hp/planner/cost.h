@@ -44,6 +44,12 @@ struct ModelProfile {
   double dtype_bytes = 2;   ///< bytes per element of the planned dtype
   double hidden_bytes = 0;  ///< b=1 boundary activation (s x h x dtype): TP/PP message size unit
   std::int64_t heads = 0;   ///< attention heads (from the seq x seq score tensors); 0 = unknown
+  bool sequence = true;     ///< the model has a sequence axis; false: seq = 1, planned per sample
+  /// The batch the model was exported with when it is static (every input's axis 0 a number): the
+  /// only batch it runs, split by dp and micro-batches. 0 = a symbolic batch.
+  std::int64_t static_batch = 0;
+  std::string batch_dim;  ///< the model's symbolic batch dim (any name); empty when static
+  std::string seq_dim;    ///< the model's symbolic sequence dim (any name); empty when static/none
 
   double total_parameters() const;
   double total_fwd_flops() const;  ///< one forward, one sequence
@@ -175,6 +181,7 @@ struct Prediction {
   double tp_exposed = 0, ep_exposed = 0, pp_exposed = 0, dp_exposed = 0, opt_exposed = 0,
          optimizer_step = 0;
   double tokens_per_second = 0;
+  double samples_per_second = 0;                 ///< sequences (or images, rows) per second
   double model_flops = 0;                        ///< per step, no recomputation (MFU convention)
   double hardware_flops = 0;                     ///< per step, with recomputation (HFU)
   double tflops_model = 0, tflops_hardware = 0;  ///< per device

@@ -29,6 +29,7 @@ struct PlanOptions {
   bool compare = false;               ///< also run the DP x TP-only and greedy "expert" baselines
   std::string sweep;         ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
   std::string schedule_svg;  ///< file to draw the best plan's pipeline schedule into
+  std::string command;       ///< the command line, recorded in the recipe's [workload]
   // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then
   // the source tree of a build):
   std::vector<std::filesystem::path>

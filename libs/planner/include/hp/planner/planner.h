@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -145,7 +146,12 @@ struct PlanReport {
   double device_memory = 0;
   double usable_memory = 0;  ///< what a plan may use: device memory less the transient margin
   std::int64_t global_batch = 0, seq = 0;
+  bool sequence = true;  ///< false: the model has no sequence axis (seq 1; samples/s, not tokens/s)
+  /// The recipe's [model] dims: --dim bindings, then the model's own batch dim (whatever its name)
+  /// at the global batch and its sequence dim at the planned length.
+  std::map<std::string, std::int64_t> dims;
   std::string dtype, mode, optimizer;
+  std::string command;  ///< the command line that asked for the plan (PlanOptions::command)
   double parameters = 0;
   std::int64_t blocks = 0;
   std::vector<Plan> plans;  ///< top-k, best first (never empty in a returned report)

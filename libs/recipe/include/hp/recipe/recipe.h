@@ -122,6 +122,19 @@ struct Offload {
   friend bool operator==(const Offload&, const Offload&) = default;
 };
 
+/// [workload]: what the plan was made for, written by hp plan so every later tool prices and runs
+/// the same step (offload-profile's dtype, mode and optimizer; verify's batch check) and a reader
+/// sees how the recipe was made.
+struct Workload {
+  std::string mode = "train";      ///< train | infer
+  std::string dtype = "bf16";      ///< compute dtype, a name parse_dtype knows (hp/core/dtype.h)
+  std::string optimizer = "adam";  ///< adam | adamw | sgd | none (hp/core/optimizer.h)
+  std::int64_t global_batch = 0;   ///< sequences (samples) per step; 0 = not recorded
+  std::int64_t seq = 0;            ///< planned sequence length; 0 = the model has no sequence axis
+  std::string command;             ///< the command line that wrote the recipe
+  friend bool operator==(const Workload&, const Workload&) = default;
+};
+
 struct Recipe {
   int version = kRecipeVersion;
   std::string name;
@@ -134,6 +147,7 @@ struct Recipe {
   std::map<std::string, Layout> layouts;  ///< tensor name or glob -> layout
   std::vector<Group> groups;
   std::optional<Offload> offload;
+  std::optional<Workload> workload;
 
   /// dp * tp * pp.
   std::int64_t ranks() const { return parallel.dp * parallel.tp * parallel.pp; }
