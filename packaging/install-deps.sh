@@ -12,6 +12,7 @@ packages=(
   catch2
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   clang-format python3        # the source checks (style/clang-format, layers, comment citations)
+  python3-torch python3-onnx  # the property test exports users' model families (tests/property)
   go-md2man man-db dpkg-dev   # man pages (Markdown -> roff) and their render test; cpack's dpkg-shlibdeps
 )
 

@@ -12,6 +12,7 @@
 #include "hp/core/fs.h"
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
+#include "hp/shard/shard.h"
 
 namespace hp::cli {
 namespace {
@@ -72,6 +73,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
   sub->callback([opts, &ctx] {
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->command = ctx.command_line;
+    opts->check_plan = shard::check_shardable;
     opts->model_dirs = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / "recipes" / "models",
                         std::filesystem::path(HP_SOURCE_DIR) / "recipes" / "models"};
     ctx.exit_code = run_plan(*opts);

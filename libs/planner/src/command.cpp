@@ -12,6 +12,7 @@
 #include "hp/model/plan_options.h"
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
+#include "pricing.h"
 
 namespace hp::planner {
 namespace {
@@ -72,6 +73,33 @@ Expected<PlanOutput> summary_output(const PlanOptions& opts, const model::DimBin
   return out;
 }
 
+// The recipe -o writes: the best plan that passes opts.check_plan (hp shard's own check, passed in
+// by the app), so that hp never writes a recipe its next command refuses. Passing over a better
+// plan is a warning; none passing is an error with each plan's reason.
+Expected<recipe::Recipe> checked_recipe(const PlanOptions& opts, const PlanReport& report,
+                                        std::vector<std::string>& warnings) {
+  if (!opts.check_plan) return plan_to_recipe(report, opts.output);
+  std::vector<Diagnostic> refused;
+  for (std::size_t i = 0; i < report.plans.size(); ++i) {
+    recipe::Recipe r = plan_to_recipe(report, opts.output, i);
+    const Status ok = opts.check_plan(r, opts.output);
+    if (ok) {
+      for (const auto& d : refused) warnings.push_back(d.message + "; " + d.hint);
+      if (i > 0)
+        warnings.push_back(fmt::format("wrote plan {} ({}) to {}", i + 1,
+                                       short_config(report.plans[i].config), opts.output));
+      return r;
+    }
+    refused.push_back({ok.error().where(),
+                       fmt::format("plan {} ({}) cannot be sharded: {}", i + 1,
+                                   short_config(report.plans[i].config), ok.error().message()),
+                       "it is not written"});
+  }
+  Error e = collect_errors(Errc::infeasible, std::move(refused));
+  e.what.hint = "plan with other --fix values, or raise --top-k to consider more plans";
+  return e;
+}
+
 // The plan (or one per --sweep value) on `cluster`, with the files --schedule-svg and -o write.
 Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster& cluster) {
   PlanOutput out;
@@ -88,8 +116,10 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
   out.warnings = report.warnings;
   out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
   if (!opts.schedule_svg.empty()) out.files.push_back({opts.schedule_svg, schedule_svg(report)});
-  if (!opts.output.empty())
-    out.files.push_back({opts.output, recipe::format_recipe(plan_to_recipe(report, opts.output))});
+  if (!opts.output.empty()) {
+    HP_ASSIGN_OR_RETURN(const recipe::Recipe written, checked_recipe(opts, report, out.warnings));
+    out.files.push_back({opts.output, recipe::format_recipe(written)});
+  }
   return out;
 }
 

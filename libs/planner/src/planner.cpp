@@ -39,18 +39,6 @@ double optimizer_bytes(const std::string& optimizer, const std::string& dtype) {
   return o ? optimizer_state_bytes(*o, dtype_or_bf16(dtype)) : 0;
 }
 
-std::string short_config(const Config& c) {
-  std::string s = fmt::format("dp{} tp{} pp{}", c.dp, c.tp, c.pp);
-  if (c.optimizer_shard > 0) s += fmt::format(" zero{}", c.optimizer_shard);
-  if (dense_shard(c) > 1 && dense_shard(c) < c.dp) s += fmt::format(" hsdp{}", dense_shard(c));
-  s += fmt::format(" mbs{}x{}", c.micro_batch_size, c.micro_batches);
-  if (c.pp > 1) s += fmt::format(" {}", recipe::schedule_name(c.schedule));
-  if (c.virtual_stages > 1) s += fmt::format(" v{}", c.virtual_stages);
-  if (c.sequence_parallel) s += " sp";
-  if (c.ep > 1) s += fmt::format(" ep{}", c.ep);
-  return s;
-}
-
 // The breakdown component in which two plans differ most, as "name a vs b".
 std::string biggest_difference(const Prediction& a, const Prediction& b) {
   const std::pair<const char*, double> parts[] = {
@@ -95,6 +83,18 @@ Error infeasible(const Shortfall& s, double memory, double usable) {
 }
 
 }  // namespace
+
+std::string short_config(const Config& c) {
+  std::string s = fmt::format("dp{} tp{} pp{}", c.dp, c.tp, c.pp);
+  if (c.optimizer_shard > 0) s += fmt::format(" zero{}", c.optimizer_shard);
+  if (dense_shard(c) > 1 && dense_shard(c) < c.dp) s += fmt::format(" hsdp{}", dense_shard(c));
+  s += fmt::format(" mbs{}x{}", c.micro_batch_size, c.micro_batches);
+  if (c.pp > 1) s += fmt::format(" {}", recipe::schedule_name(c.schedule));
+  if (c.virtual_stages > 1) s += fmt::format(" v{}", c.virtual_stages);
+  if (c.sequence_parallel) s += " sp";
+  if (c.ep > 1) s += fmt::format(" ep{}", c.ep);
+  return s;
+}
 
 double dtype_bytes(const std::string& dtype) { return dtype_size(dtype); }
 

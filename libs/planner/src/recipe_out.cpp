@@ -61,8 +61,8 @@ std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index) {
   return ranks;
 }
 
-recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path) {
-  const Plan& best = r.plans.front();
+recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path, std::size_t plan) {
+  const Plan& best = r.plans.at(plan);
   const Config& c = best.config;
   recipe::Recipe out;
   out.name = fs::path(r.model).stem().string() + "-plan";

@@ -303,6 +303,11 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe,
   return p;
 }
 
+Status check_shardable(const recipe::Recipe& recipe, const std::filesystem::path& recipe_path) {
+  HP_TRY(prepare(recipe, recipe::SourceMap(recipe_path.string()), recipe_path));
+  return {};
+}
+
 Expected<ShardReport> run(const ShardOptions& options) {
   if (options.out_dir.empty() && options.explain.empty())
     return Error(Errc::usage, "hp shard needs -o DIR (write partitions) or --explain TENSOR");

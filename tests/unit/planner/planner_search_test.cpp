@@ -340,3 +340,45 @@ TEST_CASE("planner: a sequence model needs --seq unless its length is static", "
   CHECK(rep->sequence);
   CHECK(plan_to_recipe(*rep, "plan.toml").dims.at("seq") == 32);
 }
+
+TEST_CASE("planner: -o writes the best plan the check accepts, or refuses with every reason",
+          "[planner]") {
+  PlanOptions opts;
+  opts.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/tiny-gpt2.onnx";
+  opts.cluster = "local-cpu";
+  opts.nodes = 4;
+  opts.global_batch = 4;
+  opts.seq = 16;
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  opts.output = "plan.toml";
+  std::vector<recipe::Parallel> asked;
+  // Refuses the first plan it sees, accepts the rest.
+  opts.check_plan = [&](const recipe::Recipe& r, const std::filesystem::path& path) -> Status {
+    CHECK(path == "plan.toml");
+    asked.push_back(r.parallel);
+    if (asked.size() == 1) return Error(Errc::bad_input, "layouts disagree at node X", "n");
+    return {};
+  };
+  auto out = run_command(opts);
+  if (!out) FAIL(out.error().str());
+  REQUIRE(asked.size() == 2);
+  REQUIRE(out->files.size() == 1);
+  auto doc = recipe::parse_recipe(out->files[0].contents, "plan.toml");
+  REQUIRE(doc.problems.empty());
+  CHECK(doc.recipe.parallel == asked[1]);
+  CHECK(!(doc.recipe.parallel == asked[0]));
+  std::string warnings;
+  for (const auto& w : out->warnings) warnings += w + "\n";
+  CHECK_THAT(warnings, Catch::Contains("plan 1 ("));
+  CHECK_THAT(warnings, Catch::Contains("cannot be sharded: layouts disagree at node X"));
+  CHECK_THAT(warnings, Catch::Contains("wrote plan 2"));
+
+  opts.check_plan = [](const recipe::Recipe&, const std::filesystem::path&) -> Status {
+    return Error(Errc::bad_input, "no", "n");
+  };
+  auto none = run_command(opts);
+  REQUIRE(!none);
+  CHECK(none.error().code == Errc::infeasible);
+  CHECK(none.error().all().size() == 3);  // --top-k 3: each ranked plan's reason
+  CHECK_THAT(none.error().message(), Catch::Contains("plan 1"));
+}

@@ -202,6 +202,14 @@ host_memory_source = "user"
 margin = 0.15
 prefetch_lookahead = 2
 device_budget = 0.0
+
+[workload]
+mode = "train"
+dtype = "bf16"
+optimizer = "adamw"
+global_batch = 64
+seq = 2048
+command = "hp plan '../models/my gpt.onnx' --cluster dgx-h100 --global-batch 64"
 )TOML";
   CHECK(format_recipe(test::full_recipe()) == want);
 }

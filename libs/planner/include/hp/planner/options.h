@@ -5,8 +5,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/recipe/recipe.h"
 
 namespace hp::planner {
 
@@ -30,6 +34,10 @@ struct PlanOptions {
   std::string sweep;         ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
   std::string schedule_svg;  ///< file to draw the best plan's pipeline schedule into
   std::string command;       ///< the command line, recorded in the recipe's [workload]
+  /// Checks a recipe about to be written with -o (the app passes hp shard's check: the planner sits
+  /// below the sharder). A plan that fails it is not written; the next-ranked plan that passes is,
+  /// with a warning, and none passing is an error naming each plan's reason. Empty: no check.
+  std::function<Status(const recipe::Recipe&, const std::filesystem::path&)> check_plan;
   // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then
   // the source tree of a build):
   std::vector<std::filesystem::path>

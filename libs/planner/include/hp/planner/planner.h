@@ -185,7 +185,8 @@ Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& 
 std::string schedule_svg(const PlanReport& r);
 
 /// The best plan as a complete recipe whose model and cluster paths are relative to `recipe_path`.
-recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path);
+recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path,
+                              std::size_t plan = 0);
 
 /// What `hp plan --summary` reports: the model's summary and the cluster it would be planned on.
 struct SummaryReport {

@@ -70,6 +70,11 @@ Expected<std::unique_ptr<Prepared>> prepare(const recipe::Recipe& recipe,
                                             const recipe::SourceMap& where,
                                             const std::filesystem::path& recipe_path);
 
+/// Whether hp shard can partition `recipe` (to be written at `recipe_path`): prepare() and nothing
+/// written. hp plan checks each plan it is about to write with it
+/// (planner::PlanOptions::check_plan), so a recipe hp writes is one hp shards.
+Status check_shardable(const recipe::Recipe& recipe, const std::filesystem::path& recipe_path);
+
 /// The manifest of `p` (file names rank<R>.onnx).
 Manifest make_manifest(const Prepared& p);
 
