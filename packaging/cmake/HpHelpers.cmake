@@ -9,6 +9,12 @@ if(HP_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+# ThreadSanitizer (a separate build: it cannot be combined with AddressSanitizer). CI builds hp and
+# the plugins with it and repeats simulated runs, whose ranks are threads of one process.
+if(HP_TSAN)
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
 
 # hp_add_library(name SOURCES... DEPS...): libs/<name> with include/ public and src/ private.
 function(hp_add_library name)

@@ -196,6 +196,11 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.global_batch = w.global_batch;
   rep.seq = profile.seq;
   rep.sequence = profile.sequence;
+  if (opts.global_batch <= 0)
+    rep.batch_note =
+        profile.static_batch > 0 ? "the model's static batch" : "default: one per rank";
+  if (profile.sequence && opts.seq <= 0 && profile.seq_dim.empty())
+    rep.seq_note = "the model's static length";
   rep.dims = {dims.begin(), dims.end()};
   if (!profile.batch_dim.empty()) rep.dims[profile.batch_dim] = w.global_batch;
   if (!profile.seq_dim.empty()) rep.dims[profile.seq_dim] = profile.seq;

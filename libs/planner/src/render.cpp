@@ -169,9 +169,11 @@ std::string format_plan_text(const PlanReport& r) {
       "free)\n",
       r.cluster, r.ranks, r.device, format_bytes(r.device_memory), format_bytes(r.usable_memory),
       r.device_memory > 0 ? 100 * (1 - r.usable_memory / r.device_memory) : 0.0);
-  out += fmt::format("workload     {}, global batch {}{}, {}, {}\n", r.mode, r.global_batch,
-                     r.sequence ? fmt::format(" x seq {}", r.seq) : " (no sequence axis)", r.dtype,
-                     r.optimizer);
+  auto note = [](const std::string& n) { return n.empty() ? n : " (" + n + ")"; };
+  out += fmt::format(
+      "workload     {}, global batch {}{}{}, {}, {}\n", r.mode, r.global_batch, note(r.batch_note),
+      r.sequence ? fmt::format(" x seq {}{}", r.seq, note(r.seq_note)) : " (no sequence axis)",
+      r.dtype, r.optimizer);
   out += fmt::format(
       "search       {} configurations in {}, level 2 on {}; pruned {} by memory, {} by time bound "
       "({:.0f} configurations/s)\n\n",

@@ -147,6 +147,10 @@ struct PlanReport {
   double usable_memory = 0;  ///< what a plan may use: device memory less the transient margin
   std::int64_t global_batch = 0, seq = 0;
   bool sequence = true;  ///< false: the model has no sequence axis (seq 1; samples/s, not tokens/s)
+  /// Where the global batch and sequence length came from when the command line did not give them
+  /// ("default: one per rank", "the model's static batch", "the model's static length"); empty =
+  /// given.
+  std::string batch_note, seq_note;
   /// The recipe's [model] dims: --dim bindings, then the model's own batch dim (whatever its name)
   /// at the global batch and its sequence dim at the planned length.
   std::map<std::string, std::int64_t> dims;
