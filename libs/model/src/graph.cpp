@@ -93,6 +93,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
 
   Graph g;
   g.unknown_dims = std::move(inferred.unknown_dims);
+  g.unresolved = std::move(inferred.unresolved);
   g.warnings = std::move(inferred.warnings);
   for (const auto& t : pg.initializer()) add_tensor(g, t.name(), TensorKind::initializer, shapes);
   for (const auto& v : pg.input()) {
@@ -124,6 +125,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
       }
       int o = add_tensor(g, out, kind, shapes);
       g.tensors[static_cast<std::size_t>(o)].producer = self;
+      g.tensors[static_cast<std::size_t>(o)].sequence = inferred.sequences.count(out) > 0;
       n.outputs.push_back(o);
     }
     g.nodes.push_back(std::move(n));
