@@ -67,22 +67,24 @@ std::vector<UnresolvedShape> find_unresolved(const onnx::GraphProto& g, const In
   for (const auto& n : g.node())
     if (n.op_type() == "Constant")
       for (const auto& o : n.output()) values_known.insert(o);
-  std::set<std::string> produced_unknown;
+  // Tensors unknown for a reason upstream (an unbound input dim, an earlier node listed here),
+  // shapes or values alike: Shape of a tensor without a concrete shape has a concrete shape itself,
+  // but its value is unknown.
+  std::set<std::string> unknown;
   std::vector<UnresolvedShape> out;
   for (const auto& n : g.node()) {
-    std::string missing;
-    for (const auto& o : n.output())
-      if (!o.empty() && !r.sequences.count(o) && !concrete(r.shapes, o)) {
-        missing = o;
-        break;
-      }
-    if (missing.empty()) continue;
     bool inputs_known = true;
     for (const auto& in : n.input())
-      inputs_known = inputs_known && (in.empty() || r.sequences.count(in) > 0 ||
-                                      (concrete(r.shapes, in) && !produced_unknown.count(in)));
-    for (const auto& o : n.output()) produced_unknown.insert(o);
-    if (!inputs_known) continue;
+      inputs_known =
+          inputs_known &&
+          (in.empty() || (!unknown.count(in) && (r.sequences.count(in) || concrete(r.shapes, in))));
+    std::string missing;
+    for (const auto& o : n.output())
+      if (missing.empty() && !o.empty() && !r.sequences.count(o) && !concrete(r.shapes, o))
+        missing = o;
+    if (!inputs_known || !missing.empty())
+      for (const auto& o : n.output()) unknown.insert(o);
+    if (!inputs_known || missing.empty()) continue;
     std::string op = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type()
                                                                    : n.domain() + "." + n.op_type();
     out.push_back({n.name(), op, missing, reason_for(n, r, values_known)});

@@ -271,8 +271,8 @@ struct Lowering {
     return true;
   }
 
-  // The body's condition output is its condition input, or a Cast/Identity of a constant true
-  // (what the exporter writes for a for-loop).
+  // The body's condition output is its condition input, or a Cast/Identity of it or of a constant
+  // true (what the exporter writes for a for-loop).
   bool condition_stays_true(const onnx::GraphProto& body) const {
     const std::string& cond = body.output(0).name();
     if (cond == body.input(1).name()) return true;
@@ -280,6 +280,7 @@ struct Lowering {
       if (bn.output_size() == 0 || bn.output(0) != cond) continue;
       if ((bn.op_type() != "Cast" && bn.op_type() != "Identity") || bn.input_size() != 1)
         return false;
+      if (bn.input(0) == body.input(1).name()) return true;
       auto v = scalar(bn.input(0));
       return v && *v != 0;
     }

@@ -16,6 +16,11 @@ carry what real exports carry:
                 in forward (torch.triu / masked_fill), GQA by repeat_interleave or by
                 expand+reshape of the k/v heads. Variants with dynamic batch and seq axes (whose
                 intermediate shapes the exporter names unk__N) and one with static axes.
+                With dynamic axes torch 1.13 writes repeat_interleave as a Loop over sequences
+                whose body reshapes each head with [0, -1, 0, 0] on a 5-D tensor: the result is
+                [b, 16, 2, 12] per head instead of [b, 2, 12, 16], so user-llama-ri is an export
+                that no runtime can run (its q @ k^T MatMul gets incompatible shapes); hp must say
+                so, by node, instead of listing unk__N dims.
   user-moe      a 2-layer mixture of experts: LayerNorms left at init (the exporter dedups the
                 second layer's onto the first's through Identity nodes), top-k routing with
                 torch.topk and a softmax gate, experts as an nn.ModuleList of MLPs combined by
@@ -25,8 +30,9 @@ carry what real exports carry:
                 shapes after the einsum, leaves layer 1's as Shape -> ConstantOfShape, so the two
                 layers differ in more than their weights' names.
 
-Next to every <name>.onnx goes <name>.json (config, dims, parameters, blocks, and for the MoE the
-Identity-aliased weights the export has) and <name>.io/test_data_set_0 with input_K.pb and
+Next to every <name>.onnx goes <name>.json (config, dims, blocks, parameters of the torch module,
+matmul_flops written out from the config at dims, and the Identity-aliased initializers of the
+export) and <name>.io/test_data_set_0 with input_K.pb and
 output_0.pb: PyTorch's output for fixed random inputs, which `hp launch` must match within 1e-4.
 The generated files are committed test data; rerun this script only when changing a model.
 """
@@ -255,7 +261,7 @@ def identity_aliases(path):
             if n.op_type == "Identity" and n.input[0] in inits}
 
 
-def export(name, module, ids, dynamic, config, dims):
+def export(name, module, ids, dynamic, config, dims, matmul_flops):
     module.eval()
     path = os.path.join(OUT, name + ".onnx")
     axes = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}} if dynamic else None
@@ -271,6 +277,7 @@ def export(name, module, ids, dynamic, config, dims):
     aliases = identity_aliases(path)
     sidecar = {"config": config, "dims": dims, "parameters": n_params(module),
                "blocks": config["layers"], "opset": 17, "dynamic_axes": dynamic,
+               "matmul_flops": matmul_flops,
                "identity_aliases": dict(sorted(aliases.items()))}
     with open(os.path.join(OUT, name + ".json"), "w") as f:
         json.dump(sidecar, f, indent=2, sort_keys=True)
@@ -285,8 +292,16 @@ def gen_llama(name, gqa, mask_style, dynamic, layers=2):
     m = LlamaForCausalLM(cfg["vocab"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"],
                          layers, gqa, mask_style)
     b, s = 2, 12
+    h, hd, kvh, ffn = cfg["hidden"], cfg["hidden"] // cfg["heads"], cfg["kv_heads"], cfg["ffn"]
+    per_layer = (2 * b * s * h * h                   # q
+                 + 2 * 2 * b * s * h * kvh * hd      # k, v
+                 + 2 * 2 * b * cfg["heads"] * s * s * hd  # q @ k^T, probs @ v
+                 + 2 * b * s * h * h                 # o
+                 + 3 * 2 * b * s * h * ffn)          # gate, up, down
+    rope = 2 * s * (hd // 2)                         # torch.outer, exported as an Einsum
+    flops = layers * per_layer + rope + 2 * b * s * h * cfg["vocab"]
     ids = torch.randint(0, cfg["vocab"], (b, s), generator=torch.Generator().manual_seed(1))
-    export(name, m, ids, dynamic, cfg, {"batch": b, "seq": s})
+    export(name, m, ids, dynamic, cfg, {"batch": b, "seq": s}, flops)
 
 
 def gen_moe(name="user-moe", layers=2):
@@ -296,8 +311,15 @@ def gen_moe(name="user-moe", layers=2):
     m = MoEModel(cfg["vocab"], cfg["hidden"], cfg["heads"], cfg["ffn"], cfg["experts"],
                  cfg["top_k"], layers)
     b, s = 2, 10
+    h, hd, e, ffn = cfg["hidden"], cfg["hidden"] // cfg["heads"], cfg["experts"], cfg["ffn"]
+    per_layer = (2 * b * s * h * 3 * h                  # qkv
+                 + 2 * 2 * b * cfg["heads"] * s * s * hd  # einsum q k, probs @ v
+                 + 2 * b * s * h * h                    # proj
+                 + 2 * b * s * h * e                    # router
+                 + e * 2 * 2 * b * s * h * ffn)         # every expert on every token (dense)
+    flops = layers * per_layer + 2 * b * s * h * cfg["vocab"]
     ids = torch.randint(0, cfg["vocab"], (b, s), generator=torch.Generator().manual_seed(1))
-    export(name, m, ids, False, cfg, {"batch": b, "seq": s})
+    export(name, m, ids, False, cfg, {"batch": b, "seq": s}, flops)
 
 
 def main():
