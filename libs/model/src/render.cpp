@@ -141,7 +141,10 @@ std::string format_summary_text(const ModelSummary& s) {
   line("missing data", list_text(s.missing_external_data));
   // Where shapes stop being known (the first few; the JSON has them all).
   const auto& unresolved = s.graph.unresolved;
-  if (unresolved.empty()) line("unresolved", "none (every tensor has a concrete shape)");
+  if (unresolved.empty())
+    line("unresolved", s.unknown_dims.empty() && s.nodes_cost_unknown == 0
+                           ? "none (every tensor has a concrete shape)"
+                           : "none (what is unknown follows from the unknown dims)");
   for (std::size_t i = 0; i < unresolved.size() && i < 3; ++i)
     line(i == 0 ? "unresolved" : "", fmt::format("node '{}' ({}): {}", unresolved[i].node,
                                                  unresolved[i].op, unresolved[i].reason));

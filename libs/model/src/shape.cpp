@@ -275,6 +275,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     if (lower_sequences(g, result.shapes, values, opset, serial, result.sequences) > 0) continue;
     int progress = pin_known_values(g, result.shapes, values, serial);
     progress += fix_einsum_shapes(g, result.shapes, fixed);
+    progress += fix_onehot_shapes(g, result.shapes, values, fixed);
     progress += fix_hp_domain_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }

@@ -71,6 +71,8 @@ std::vector<UnresolvedShape> find_unresolved(const onnx::GraphProto& g, const In
   // shapes or values alike: Shape of a tensor without a concrete shape has a concrete shape itself,
   // but its value is unknown.
   std::set<std::string> unknown;
+  std::set<std::string> data;  // tensors computed from the graph inputs' data
+  for (const auto& in : g.input()) data.insert(in.name());
   std::vector<UnresolvedShape> out;
   for (const auto& n : g.node()) {
     bool inputs_known = true;
@@ -82,8 +84,17 @@ std::vector<UnresolvedShape> find_unresolved(const onnx::GraphProto& g, const In
     for (const auto& o : n.output())
       if (missing.empty() && !o.empty() && !r.sequences.count(o) && !concrete(r.shapes, o))
         missing = o;
-    if (!inputs_known || !missing.empty())
-      for (const auto& o : n.output()) unknown.insert(o);
+    // Below an unknown, an output computed from input data whose shape is concrete anyway (a
+    // ScatterElements into a known buffer) is known: its value never decides a shape. Outputs of
+    // shape arithmetic (not from data) are unknown whenever an input is, as their values are.
+    bool from_data = false;
+    if (n.op_type() != "Shape" && n.op_type() != "Size")
+      for (const auto& in : n.input()) from_data = from_data || data.count(in) > 0;
+    for (const auto& o : n.output()) {
+      if (from_data) data.insert(o);
+      if (!missing.empty() || (!inputs_known && !(from_data && concrete(r.shapes, o))))
+        unknown.insert(o);
+    }
     if (!inputs_known || missing.empty()) continue;
     std::string op = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type()
                                                                    : n.domain() + "." + n.op_type();

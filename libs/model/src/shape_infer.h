@@ -57,6 +57,11 @@ int lower_sequences(onnx::GraphProto& g, const ShapeMap& shapes, const ValueMap&
 /// each with the reason; nodes downstream of an unbound input dim are not listed.
 std::vector<UnresolvedShape> find_unresolved(const onnx::GraphProto& g, const InferResult& r);
 
+/// Output shapes of OneHot nodes whose depth value is known and whose outputs ONNX left incomplete,
+/// added to `fixed` (shape_gaps.cpp); returns how many.
+int fix_onehot_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, const ValueMap& values,
+                      ShapeMap& fixed);
+
 /// Whether a shape-deciding input position of `op` (Reshape's shape, Range's bounds, ...).
 const std::vector<int>* shape_inputs(const std::string& op);
 

@@ -29,6 +29,9 @@ carry what real exports carry:
                 the exporter then folds layer 0's mask into a Constant but, having lost track of
                 shapes after the einsum, leaves layer 1's as Shape -> ConstantOfShape, so the two
                 layers differ in more than their weights' names.
+  user-moe-scatter  the same with Mixtral-style routing (torch.where, index_select, index_add_)
+                and dynamic axes: the experts' token counts come from NonZero, decided by the
+                data, which hp must name as such.
 
 Next to every <name>.onnx goes <name>.json (config, dims, blocks, parameters of the torch module,
 matmul_flops written out from the config at dims, and the Identity-aliased initializers of the
@@ -199,6 +202,31 @@ class SparseMoE(nn.Module):
         return out
 
 
+class ScatterMoE(nn.Module):
+    """Mixtral-style routing: each expert runs on the tokens routed to it (torch.where, then
+    index_select), and its weighted outputs are added back in place (index_add_)."""
+
+    def __init__(self, dim, hidden, n_experts, top_k):
+        super().__init__()
+        self.top_k, self.n_experts = top_k, n_experts
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList([Expert(dim, hidden) for _ in range(n_experts)])
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = x.view(-1, d)
+        probs = F.softmax(self.gate(h), dim=-1)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros((b * s, d), dtype=x.dtype)
+        mask = F.one_hot(chosen, num_classes=self.n_experts).permute(2, 1, 0)
+        for i, expert in enumerate(self.experts):
+            slot, token = torch.where(mask[i])
+            y = expert(h.index_select(0, token)) * weights[token, slot, None]
+            out.index_add_(0, token, y)
+        return out.view(b, s, d)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim, heads):
         super().__init__()
@@ -220,12 +248,13 @@ class SelfAttention(nn.Module):
 
 
 class MoELayer(nn.Module):
-    def __init__(self, dim, heads, hidden, n_experts, top_k):
+    def __init__(self, dim, heads, hidden, n_experts, top_k, routing):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
         self.attn = SelfAttention(dim, heads)
         self.ln2 = nn.LayerNorm(dim)
-        self.moe = SparseMoE(dim, hidden, n_experts, top_k)
+        moe = SparseMoE if routing == "mask" else ScatterMoE
+        self.moe = moe(dim, hidden, n_experts, top_k)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -233,11 +262,11 @@ class MoELayer(nn.Module):
 
 
 class MoEModel(nn.Module):
-    def __init__(self, vocab, dim, heads, hidden, n_experts, top_k, n_layers):
+    def __init__(self, vocab, dim, heads, hidden, n_experts, top_k, n_layers, routing):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(
-            [MoELayer(dim, heads, hidden, n_experts, top_k) for _ in range(n_layers)])
+            [MoELayer(dim, heads, hidden, n_experts, top_k, routing) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 
@@ -304,12 +333,12 @@ def gen_llama(name, gqa, mask_style, dynamic, layers=2):
     export(name, m, ids, dynamic, cfg, {"batch": b, "seq": s}, flops)
 
 
-def gen_moe(name="user-moe", layers=2):
+def gen_moe(name="user-moe", routing="mask", dynamic=False, layers=2):
     torch.manual_seed(0)
     cfg = {"vocab": 96, "hidden": 32, "heads": 4, "ffn": 64, "experts": 4, "top_k": 2,
-           "layers": layers}
+           "layers": layers, "routing": routing}
     m = MoEModel(cfg["vocab"], cfg["hidden"], cfg["heads"], cfg["ffn"], cfg["experts"],
-                 cfg["top_k"], layers)
+                 cfg["top_k"], layers, routing)
     b, s = 2, 10
     h, hd, e, ffn = cfg["hidden"], cfg["hidden"] // cfg["heads"], cfg["experts"], cfg["ffn"]
     per_layer = (2 * b * s * h * 3 * h                  # qkv
@@ -318,8 +347,10 @@ def gen_moe(name="user-moe", layers=2):
                  + 2 * b * s * h * e                    # router
                  + e * 2 * 2 * b * s * h * ffn)         # every expert on every token (dense)
     flops = layers * per_layer + 2 * b * s * h * cfg["vocab"]
+    if routing != "mask":
+        flops = None  # the experts' share depends on the routing, decided by the data
     ids = torch.randint(0, cfg["vocab"], (b, s), generator=torch.Generator().manual_seed(1))
-    export(name, m, ids, False, cfg, {"batch": b, "seq": s}, flops)
+    export(name, m, ids, dynamic, cfg, {"batch": b, "seq": s}, flops)
 
 
 def main():
@@ -327,6 +358,7 @@ def main():
     gen_llama("user-llama-expand", "expand", "triu", dynamic=True)
     gen_llama("user-llama-static", "expand", "masked_fill", dynamic=False)
     gen_moe()
+    gen_moe("user-moe-scatter", routing="scatter", dynamic=True)
 
 
 if __name__ == "__main__":

@@ -72,12 +72,15 @@ TEST_CASE("user exports: the repeat_interleave Loop is unrolled and the export's
   ModelSummary s = summarize_named("user-llama-ri");
   CHECK(s.unknown_dims.empty());
   for (const auto& d : s.unknown_dims) CHECK_FALSE(contains(d, "unk__"));
-  // Only where it starts: layer 1's MatMul follows from layer 0's.
-  REQUIRE(s.graph.unresolved.size() == 1);
-  const UnresolvedShape& u = s.graph.unresolved[0];
-  CHECK(u.op == "MatMul");
-  CHECK(u.node == "/layers.0/self_attn/MatMul");
-  CHECK(contains(u.reason, "2x4x12x16, 2x32x12x2"));
+  // Each layer's MatMul, where shapes stop (layer 1's inputs are concrete again: the residual
+  // stream's shape does not depend on the broken attention's).
+  REQUIRE(s.graph.unresolved.size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    const UnresolvedShape& u = s.graph.unresolved[static_cast<std::size_t>(i)];
+    CHECK(u.op == "MatMul");
+    CHECK(u.node == "/layers." + std::to_string(i) + "/self_attn/MatMul");
+    CHECK(contains(u.reason, "2x4x12x16, 2x32x12x2"));
+  }
   // The Loop's sequence is marked as such, and what ConcatFromSequence makes of it is concrete.
   int sequences = 0;
   for (const auto& n : s.graph.nodes) {
@@ -121,10 +124,31 @@ TEST_CASE("user exports: the MoE's blocks are found by structure and its aliases
   CHECK(contains(format_summary_text(s), "aliased       8 weights"));
 }
 
+TEST_CASE("user exports: a MoE routing by NonZero is named as data-dependent, blocks found",
+          "[model]") {
+  ModelSummary s = summarize_named("user-moe-scatter");
+  CHECK(s.unknown_dims.empty());
+  // One NonZero per expert per layer (torch.where), nothing else.
+  auto j = sidecar("user-moe-scatter");
+  const auto experts = j["config"]["experts"].get<std::size_t>();
+  CHECK(s.graph.unresolved.size() == 2 * experts);
+  for (const auto& u : s.graph.unresolved) {
+    CHECK(u.op == "NonZero");
+    CHECK(contains(u.reason, "depends on the input data"));
+  }
+  CHECK(s.layering.method == "structure");
+  CHECK(s.layering.blocks.size() == 2);
+  CHECK(s.aliased_weights.size() == j["identity_aliases"].size());
+  // OneHot (F.one_hot with a Constant depth) has its shape: hp computes what ONNX leaves open.
+  for (const auto& n : s.graph.nodes)
+    if (n.op_type == "OneHot") CHECK(s.graph.tensor(n.outputs[0]).numel());
+}
+
 TEST_CASE("user exports: blocks are found without names too", "[model]") {
   // Node names carry "layers.N" tokens, which the fallback by names could use; with every node
   // name removed, only structure is left.
-  for (const char* name : {"user-moe", "user-llama-static", "user-llama-expand"}) {
+  for (const char* name :
+       {"user-moe", "user-moe-scatter", "user-llama-static", "user-llama-expand"}) {
     onnx::ModelProto m;
     std::ifstream in(model_path(name), std::ios::binary);
     REQUIRE(m.ParseFromIstream(&in));
