@@ -156,7 +156,13 @@ struct Evaluator {
     const Value* b = get(n, 1);
     if (!b) return std::nullopt;
     if (op == "Where") return eval_where(n, *a, *b);
-    return eval_binary(op, *a, *b);
+    // Max, Min and Sum are variadic: fold the inputs left to right.
+    std::optional<Value> r = eval_binary(op == "Sum" ? "Add" : op, *a, *b);
+    for (int i = 2; r && i < n.input_size() && (op == "Max" || op == "Min" || op == "Sum"); ++i) {
+      const Value* c = get(n, i);
+      r = c ? eval_binary(op == "Sum" ? "Add" : op, *r, *c) : std::nullopt;
+    }
+    return r;
   }
 
   // Constant nodes carry their value in an attribute: a small tensor or a scalar/list form.
@@ -466,6 +472,14 @@ struct Evaluator {
       return binary(a, b, T::BOOL, [](double x, double y) { return x < y ? 1.0 : 0.0; });
     if (op == "Greater")
       return binary(a, b, T::BOOL, [](double x, double y) { return x > y ? 1.0 : 0.0; });
+    if (op == "LessOrEqual")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x <= y ? 1.0 : 0.0; });
+    if (op == "GreaterOrEqual")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x >= y ? 1.0 : 0.0; });
+    if (op == "And")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x != 0 && y != 0 ? 1.0 : 0.0; });
+    if (op == "Or")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x != 0 || y != 0 ? 1.0 : 0.0; });
     return std::nullopt;
   }
 

@@ -380,6 +380,36 @@ TEST_CASE("values: Expand, Split and ReduceProd feed Reshape targets", "[model]"
   CHECK(dims_of(g, "z") == std::vector<std::int64_t>{15, 8});
 }
 
+TEST_CASE("values: variadic Max/Min/Sum and comparisons fold all their inputs", "[model]") {
+  // w = Reshape(x, [Max(d0, 1, 2) , Sum(d1, d1, -d1)... ]): Max(3, 1, 2) = 3 and
+  // Sum(4, 4, -4) = 4, then Where(And(d0 >= 3, d1 <= 4), target, [-1]) keeps the target.
+  G b;
+  b.input("x", {"batch", "seq"});
+  b.ints("zero", {0});
+  b.ints("one_i", {1});
+  b.ints("c1", {1});
+  b.ints("c2", {2});
+  b.ints("c3", {3});
+  b.ints("c4", {4});
+  b.ints("m4", {-4});
+  b.ints("m1", {-1, -1});
+  b.node("Shape", {"x"}, {"s"});
+  b.node("Gather", {"s", "zero"}, {"d0"});
+  b.node("Gather", {"s", "one_i"}, {"d1"});
+  b.node("Max", {"d0", "c1", "c2"}, {"mx"});
+  b.node("Sum", {"d1", "d1", "m4"}, {"sm"});
+  set_int(b.node("Concat", {"mx", "sm"}, {"target"}), "axis", 0);
+  b.node("GreaterOrEqual", {"d0", "c3"}, {"ge"});
+  b.node("LessOrEqual", {"d1", "c4"}, {"le"});
+  b.node("And", {"ge", "le"}, {"both"});
+  b.node("Where", {"both", "target", "m1"}, {"chosen"});
+  b.node("Reshape", {"x", "chosen"}, {"w"});
+  b.output("w");
+  Graph g = b.build({{"batch", 3}, {"seq", 4}}, "variadic");
+  CHECK(dims_of(g, "w") == std::vector<std::int64_t>{3, 4});
+  CHECK(g.unresolved.empty());
+}
+
 TEST_CASE("unresolved: a data-dependent size is named at its node", "[model]") {
   G b;
   b.input("x", {"batch", "4"});
