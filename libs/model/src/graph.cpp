@@ -125,12 +125,12 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
       }
       int o = add_tensor(g, out, kind, shapes);
       g.tensors[static_cast<std::size_t>(o)].producer = self;
-      g.tensors[static_cast<std::size_t>(o)].sequence = inferred.sequences.count(out) > 0;
       n.outputs.push_back(o);
     }
     g.nodes.push_back(std::move(n));
   }
   for (const auto& v : pg.output()) g.outputs.push_back(g.find_tensor(v.name()));
+  for (auto& t : g.tensors) t.sequence = inferred.sequences.count(t.name) > 0;
   mark_tied_initializers(pg, g);
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
     g.nodes[i].cost = compute_cost(pg.node(static_cast<int>(i)), g, g.nodes[i]);

@@ -144,7 +144,9 @@ std::string format_summary_text(const ModelSummary& s) {
   if (unresolved.empty())
     line("unresolved", s.unknown_dims.empty() && s.nodes_cost_unknown == 0
                            ? "none (every tensor has a concrete shape)"
-                           : "none (what is unknown follows from the unknown dims)");
+                       : !s.unknown_dims.empty()
+                           ? "none (what is unknown follows from the unknown dims)"
+                           : "none found (some nodes' costs are unknown; see the warnings)");
   for (std::size_t i = 0; i < unresolved.size() && i < 3; ++i)
     line(i == 0 ? "unresolved" : "", fmt::format("node '{}' ({}): {}", unresolved[i].node,
                                                  unresolved[i].op, unresolved[i].reason));

@@ -281,7 +281,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   }
 
   // Sequence-typed tensors left as they are (a Loop whose trip count stays unknown): no shapes.
-  for (const auto* list : {&g.value_info(), &g.output()})
+  for (const auto* list : {&g.input(), &g.value_info(), &g.output()})
     for (const auto& v : *list)
       if (v.type().has_sequence_type()) result.sequences.insert(v.name());
   for (const auto& name : result.sequences) {
