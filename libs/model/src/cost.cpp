@@ -120,14 +120,14 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
     if (i < 0 || !seen.insert(i).second) continue;
     const Tensor& t = g.tensor(i);
     if (t.is_parameter()) c.parameters += t.numel().value_or(0);
-    if (metadata_only) continue;
+    if (metadata_only || t.sequence) continue;  // a sequence's elements are counted by their ops
     if (auto b = t.bytes())
       c.bytes_read += *b;
     else
       c.known = false;
   }
   for (int o : n.outputs) {
-    if (o < 0) continue;
+    if (o < 0 || g.tensor(o).sequence) continue;
     if (auto b = g.tensor(o).bytes())
       c.bytes_written += *b;
     else

@@ -93,6 +93,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
 
   Graph g;
   g.unknown_dims = std::move(inferred.unknown_dims);
+  g.unresolved = std::move(inferred.unresolved);
   g.warnings = std::move(inferred.warnings);
   for (const auto& t : pg.initializer()) add_tensor(g, t.name(), TensorKind::initializer, shapes);
   for (const auto& v : pg.input()) {
@@ -129,6 +130,7 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
     g.nodes.push_back(std::move(n));
   }
   for (const auto& v : pg.output()) g.outputs.push_back(g.find_tensor(v.name()));
+  for (auto& t : g.tensors) t.sequence = inferred.sequences.count(t.name) > 0;
   mark_tied_initializers(pg, g);
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
     g.nodes[i].cost = compute_cost(pg.node(static_cast<int>(i)), g, g.nodes[i]);

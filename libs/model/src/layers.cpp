@@ -16,10 +16,11 @@
 //     token ids by the embedding), and those read all over the graph (a rotary table from
 //     position ids, read by every layer).
 //  2. Fingerprints. Between consecutive cuts lie segments. A segment's fingerprint is the sequence
-//  of
-//     its activation nodes' op types with the shapes of their weight inputs — independent of names,
-//     so an anonymised graph fingerprints the same. A pre-norm transformer layer gives two segments
-//     (attention + residual add, MLP + residual add), an MLP layer two (Gemm, Relu).
+//     of its activation nodes' op types with the shapes of the parameters they read (through the
+//     Identity nodes by which exporters share equal initializers) — independent of names, so an
+//     anonymised graph fingerprints the same, and blind to other constants, which exporters fold
+//     in one layer and compute from shapes in the next. A pre-norm transformer layer gives two
+//     segments (attention + residual add, MLP + residual add), an MLP layer two (Gemm, Relu).
 //  3. Repetition. The blocks are the longest run of a repeated fingerprint pattern: for every
 //  period
 //     p we look for maximal stretches where segment i equals segment i+p; the run covering the most
@@ -61,16 +62,24 @@ struct Spine {
 
 // A side tensor: read by many nodes spread over much of the graph (an attention mask built once
 // from an input and read by every layer). `pos` is a provisional order of all activation nodes.
+// Its readers must also form at least three clusters (readers closer than spread / (2 x readers)
+// are one): the residual stream is read by a norm (two readers a few nodes apart) and by the
+// residual add a sublayer later, two clusters, which in a two-layer model also spread over much of
+// the graph.
 bool is_side_tensor(const Graph& g, const Tensor& t, const std::vector<int>& pos, int n) {
-  int first = n, last = -1, readers = 0;
+  std::vector<int> at;
   for (int c : t.consumers) {
     int cp = pos[static_cast<std::size_t>(c)];
     if (cp < 0 || !reads_data(g.node(c))) continue;
-    ++readers;
-    first = std::min(first, cp);
-    last = std::max(last, cp);
+    at.push_back(cp);
   }
-  return readers >= 3 && (last - first) * 10 > n * 3;
+  if (at.size() < 3) return false;
+  std::sort(at.begin(), at.end());
+  const int spread = at.back() - at.front();
+  const int gap = spread / (2 * static_cast<int>(at.size()));
+  int clusters = 1;
+  for (std::size_t i = 1; i < at.size(); ++i) clusters += at[i] - at[i - 1] > gap;
+  return clusters >= 3 && spread * 10 > n * 3;
 }
 
 bool has_weight_input(const Graph& g, const Node& n) {
@@ -180,12 +189,28 @@ Spine find_spine(const Graph& g) {
   return s;
 }
 
+// The parameter an input reads, following the Identity nodes through which exporters share equal
+// initializers between layers; -1 when the input is not a float initializer (shape constants, masks
+// and zeros the exporter folded into Constants in one layer and computes in another).
+int parameter_of(const Graph& g, int t) {
+  for (int hops = 0; t >= 0 && hops < 8; ++hops) {
+    const Tensor& tensor = g.tensor(t);
+    if (tensor.kind == TensorKind::initializer) return tensor.is_float() ? t : -1;
+    if (tensor.producer < 0 || g.node(tensor.producer).op_type != "Identity") return -1;
+    t = g.node(tensor.producer).inputs.empty() ? -1 : g.node(tensor.producer).inputs[0];
+  }
+  return -1;
+}
+
+// A segment's weight-bearing structure: its activation ops with the shapes of the parameters they
+// read. Other constant inputs are left out, as they differ between layers of one export.
 std::string fingerprint(const Graph& g, const std::vector<int>& nodes) {
   std::string f;
   for (int i : nodes) {
     const Node& n = g.node(i);
     f += n.domain + ":" + n.op_type + "(";
-    for (const auto& w : n.weight_shapes) f += w + ",";
+    for (std::size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] >= 0 && parameter_of(g, n.inputs[k]) >= 0) f += n.weight_shapes[k] + ",";
     f += ");";
   }
   return f;

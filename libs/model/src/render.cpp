@@ -106,6 +106,14 @@ std::string format_summary_json(const ModelSummary& s) {
   j["unknown_dims"] = s.unknown_dims;
   j["missing_external_data"] = s.missing_external_data;
   j["tied_copies"] = s.tied_copies;
+  j["aliased_weights"] = json::array();
+  for (const auto& a : s.aliased_weights)
+    j["aliased_weights"].push_back(
+        {{"alias", a.alias}, {"source", a.source}, {"blocks", a.blocks}});
+  j["unresolved_shapes"] = json::array();
+  for (const auto& u : s.graph.unresolved)
+    j["unresolved_shapes"].push_back(
+        {{"node", u.node}, {"op", u.op}, {"tensor", u.tensor}, {"reason", u.reason}});
   j["warnings"] = s.warnings;
   // Names come from the file: invalid UTF-8 is replaced rather than failing the whole summary.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -131,6 +139,28 @@ std::string format_summary_text(const ModelSummary& s) {
   line("unsupported", list_text(s.unsupported_ops));
   line("unknown dims", list_text(s.unknown_dims));
   line("missing data", list_text(s.missing_external_data));
+  // Where shapes stop being known (the first few; the JSON has them all).
+  const auto& unresolved = s.graph.unresolved;
+  if (unresolved.empty())
+    line("unresolved", s.unknown_dims.empty() && s.nodes_cost_unknown == 0
+                           ? "none (every tensor has a concrete shape)"
+                       : !s.unknown_dims.empty()
+                           ? "none (what is unknown follows from the unknown dims)"
+                           : "none found (some nodes' costs are unknown; see the warnings)");
+  for (std::size_t i = 0; i < unresolved.size() && i < 3; ++i)
+    line(i == 0 ? "unresolved" : "", fmt::format("node '{}' ({}): {}", unresolved[i].node,
+                                                 unresolved[i].op, unresolved[i].reason));
+  if (unresolved.size() > 3) line("", fmt::format("... {} more nodes", unresolved.size() - 3));
+  std::string aliases;
+  for (const auto& a : s.aliased_weights) {
+    std::string blocks;
+    for (const auto& b : a.blocks) blocks += (blocks.empty() ? "" : ", ") + b;
+    aliases +=
+        fmt::format("{}{} = {} ({})", aliases.empty() ? "" : "; ", a.alias, a.source, blocks);
+  }
+  line("aliased", aliases.empty() ? "none"
+                                  : fmt::format("{} weights (Identity of another initializer): {}",
+                                                s.aliased_weights.size(), aliases));
 
   const auto& l = s.layering;
   out += fmt::format("\nlayers: {} repeated blocks (found by {}, {} single-tensor cut points)\n",

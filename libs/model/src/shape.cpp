@@ -7,8 +7,12 @@
 // rounds: after each, values.cpp evaluates the shape arithmetic with the shapes known so far, and
 // every shape-determining input (Reshape's shape, Range's bounds, Expand's shape, ...) whose value
 // is now known is replaced by a constant initializer; ONNX inference uses constant inputs, so the
-// next round resolves further. Rounds stop when nothing new is pinned (a handful for exported
-// models).
+// next round resolves further. Sequence ops whose lengths are now known (the Loop PyTorch writes
+// for repeat_interleave) are lowered to tensor ops the same way (shape_seq.cpp). Rounds stop when
+// nothing new is pinned or lowered (a handful for exported models).
+//
+// What is left unknown is reported by where it starts (shape_diag.cpp): the node and the reason,
+// never the unk__N symbols ONNX invents downstream, which no user could bind.
 //
 // All of this happens on a weight-less copy of the model: float initializers keep their dims and
 // lose their data (only small integer tensors, which may be shape constants, keep theirs). The copy
@@ -28,7 +32,7 @@
 namespace hp::model {
 namespace {
 
-constexpr int kMaxRounds = 8;
+constexpr int kMaxRounds = 16;
 constexpr std::int64_t kKeepDataElems = 4096;
 
 onnx::ModelProto weightless_copy(const onnx::ModelProto& m) {
@@ -63,6 +67,8 @@ onnx::ModelProto weightless_copy(const onnx::ModelProto& m) {
   return c;
 }
 
+}  // namespace
+
 // The inputs whose *values* decide an op's output shape (what pinning helps with).
 const std::vector<int>* shape_inputs(const std::string& op) {
   static const std::map<std::string, std::vector<int>> table = {
@@ -73,6 +79,8 @@ const std::vector<int>* shape_inputs(const std::string& op) {
   auto it = table.find(op);
   return it == table.end() ? nullptr : &it->second;
 }
+
+namespace {
 
 onnx::TensorProto make_constant(const std::string& name, const Value& v) {
   onnx::TensorProto t;
@@ -138,8 +146,8 @@ bool fully_known(const ShapeMap& map, const std::string& name) {
 }
 
 // Replaces shape-deciding inputs with known values by constant initializers; returns how many.
-int pin_known_values(onnx::GraphProto& g, const ShapeMap& shapes, int opset, int& serial) {
-  ValueMap values = evaluate_shape_values(g, shapes, opset);
+int pin_known_values(onnx::GraphProto& g, const ShapeMap& shapes, const ValueMap& values,
+                     int& serial) {
   std::unordered_set<std::string> inits;
   for (const auto& t : g.initializer()) inits.insert(t.name());
   int pinned = 0;
@@ -262,30 +270,44 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
                    model.path.string());
     }
     result.shapes = collect_shapes(g);
-    int progress = pin_known_values(g, result.shapes, opset, serial);
+    ValueMap values = evaluate_shape_values(g, result.shapes, opset);
+    for (const auto& [name, v] : values) result.valued.insert(name);
+    if (lower_sequences(g, result.shapes, values, opset, serial, result.sequences) > 0) continue;
+    int progress = pin_known_values(g, result.shapes, values, serial);
     progress += fix_einsum_shapes(g, result.shapes, fixed);
+    progress += fix_onehot_shapes(g, result.shapes, values, fixed);
     progress += fix_hp_domain_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }
 
-  // Symbols inference invented (unk__N) or carried through: report each once.
-  std::set<std::string> seen(result.unknown_dims.begin(), result.unknown_dims.end());
-  std::int64_t shapeless = 0;
-  for (const auto& n : model.proto->graph().node()) {
-    for (const auto& o : n.output()) {
-      if (o.empty()) continue;
-      auto it = result.shapes.find(o);
-      if (it == result.shapes.end() || !it->second.has_shape) {
-        ++shapeless;
-        continue;
-      }
-      for (const auto& d : it->second.dims)
-        if (!d.known() && !d.symbol.empty() && seen.insert(d.symbol).second)
-          result.unknown_dims.push_back(d.symbol);
-    }
+  // Sequence-typed tensors left as they are (a Loop whose trip count stays unknown): no shapes.
+  for (const auto* list : {&g.input(), &g.value_info(), &g.output()})
+    for (const auto& v : *list)
+      if (v.type().has_sequence_type()) result.sequences.insert(v.name());
+  for (const auto& name : result.sequences) {
+    ShapeInfo& info = result.shapes[name];
+    info.has_shape = false;
+    info.dims.clear();
   }
+  result.unresolved = find_unresolved(model.proto->graph(), result);
+  std::int64_t shapeless = 0;
+  for (const auto& n : model.proto->graph().node())
+    for (const auto& o : n.output()) {
+      if (o.empty() || result.sequences.count(o)) continue;
+      auto it = result.shapes.find(o);
+      shapeless += it == result.shapes.end() || !it->second.has_shape;
+    }
   if (shapeless > 0)
     result.warnings.push_back(fmt::format("{} tensors have no inferred shape", shapeless));
+  constexpr std::size_t kListed = 5;
+  for (std::size_t i = 0; i < result.unresolved.size() && i < kListed; ++i) {
+    const UnresolvedShape& u = result.unresolved[i];
+    result.warnings.push_back(fmt::format("node '{}' ({}): output '{}' has no concrete shape: {}",
+                                          u.node, u.op, u.tensor, u.reason));
+  }
+  if (result.unresolved.size() > kListed)
+    result.warnings.push_back(
+        fmt::format("{} more nodes leave shapes unknown", result.unresolved.size() - kListed));
   return result;
 }
 

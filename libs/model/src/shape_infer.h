@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,7 +24,10 @@ using ShapeMap = std::unordered_map<std::string, ShapeInfo>;
 
 struct InferResult {
   ShapeMap shapes;
-  std::vector<std::string> unknown_dims;
+  std::vector<std::string> unknown_dims;  ///< symbolic dims of graph inputs left unbound
+  std::vector<UnresolvedShape> unresolved;
+  std::set<std::string> sequences;  ///< tensors that are sequences (no shape of their own)
+  std::set<std::string> valued;     ///< tensors whose values shape arithmetic computed
   std::vector<std::string> warnings;
 };
 
@@ -42,6 +46,24 @@ struct Value {
   std::int32_t elem_type = onnx::TensorProto::INT64;
 };
 using ValueMap = std::unordered_map<std::string, Value>;
+
+/// Rewrites the sequence ops of `g` whose lengths are known (and Loops building sequences, when
+/// their trip count is known) into plain tensor ops, all or nothing (shape_seq.cpp); adds the
+/// names of the lowered sequences to `sequences` and returns how many ops it rewrote.
+int lower_sequences(onnx::GraphProto& g, const ShapeMap& shapes, const ValueMap& values, int opset,
+                    int& serial, std::set<std::string>& sequences);
+
+/// The nodes where shapes stop being known although their inputs' shapes are (shape_diag.cpp),
+/// each with the reason; nodes downstream of an unbound input dim are not listed.
+std::vector<UnresolvedShape> find_unresolved(const onnx::GraphProto& g, const InferResult& r);
+
+/// Output shapes of OneHot nodes whose depth value is known and whose outputs ONNX left incomplete,
+/// added to `fixed` (shape_gaps.cpp); returns how many.
+int fix_onehot_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, const ValueMap& values,
+                      ShapeMap& fixed);
+
+/// Whether a shape-deciding input position of `op` (Reshape's shape, Range's bounds, ...).
+const std::vector<int>* shape_inputs(const std::string& op);
 
 /// Evaluates every node of `graph` whose inputs have known values (seeded from small inline
 /// initializers) and whose op is shape arithmetic; Shape/Size read `shapes`.

@@ -10,6 +10,40 @@
 #include "hp/model/plan_options.h"
 
 namespace hp::model {
+namespace {
+
+// Identity nodes reading a float initializer, with the units that read the alias or its source.
+std::vector<WeightAlias> find_aliases(const Graph& g, const Layering& l) {
+  std::vector<const Block*> unit_of(g.nodes.size(), nullptr);
+  auto mark = [&](const Block& b) {
+    for (int n : b.nodes) unit_of[static_cast<std::size_t>(n)] = &b;
+  };
+  mark(l.prologue);
+  for (const auto& b : l.blocks) mark(b);
+  mark(l.epilogue);
+  auto readers = [&](const Tensor& t, std::set<std::string>& names) {
+    for (int c : t.consumers)
+      if (const Block* b = unit_of[static_cast<std::size_t>(c)];
+          b && g.node(c).op_type != "Identity")
+        names.insert(b->name);
+  };
+  std::vector<WeightAlias> out;
+  for (const auto& n : g.nodes) {
+    if (n.op_type != "Identity" || n.inputs.empty() || n.inputs[0] < 0 || n.outputs.empty() ||
+        n.outputs[0] < 0)
+      continue;
+    const Tensor& src = g.tensor(n.inputs[0]);
+    if (src.kind != TensorKind::initializer || !src.is_float()) continue;
+    const Tensor& alias = g.tensor(n.outputs[0]);
+    std::set<std::string> names;
+    readers(alias, names);
+    readers(src, names);
+    out.push_back({alias.name, src.name, {names.begin(), names.end()}});
+  }
+  return out;
+}
+
+}  // namespace
 
 ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings& dims) {
   ModelSummary s;
@@ -56,6 +90,14 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
   s.layering = discover_layers(graph);
   if (s.layering.blocks.empty())
     s.warnings.push_back("no repeated blocks found; the whole model is reported as the prologue");
+  s.aliased_weights = find_aliases(graph, s.layering);
+  std::size_t across = 0;
+  for (const auto& a : s.aliased_weights) across += a.blocks.size() > 1;
+  if (across > 0)
+    s.warnings.push_back(fmt::format(
+        "{} initializers are shared across blocks through Identity nodes (the exporter stored "
+        "equal weights once): trained as in the graph, their gradients add up",
+        across));
   s.graph = std::move(graph);
   return s;
 }

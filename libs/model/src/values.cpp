@@ -150,10 +150,19 @@ struct Evaluator {
     if (op == "Range") return eval_range(n, *a);
     if (op == "ConstantOfShape") return eval_constant_of_shape(n, *a);
     if (op == "Reshape") return eval_reshape(n, *a);
+    if (op == "Expand") return eval_expand(n, *a);
+    if (op == "ReduceProd" || op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin")
+      return eval_reduce(n, *a);
     const Value* b = get(n, 1);
     if (!b) return std::nullopt;
     if (op == "Where") return eval_where(n, *a, *b);
-    return eval_binary(op, *a, *b);
+    // Max, Min and Sum are variadic: fold the inputs left to right.
+    std::optional<Value> r = eval_binary(op == "Sum" ? "Add" : op, *a, *b);
+    for (int i = 2; r && i < n.input_size() && (op == "Max" || op == "Min" || op == "Sum"); ++i) {
+      const Value* c = get(n, i);
+      r = c ? eval_binary(op == "Sum" ? "Add" : op, *r, *c) : std::nullopt;
+    }
+    return r;
   }
 
   // Constant nodes carry their value in an attribute: a small tensor or a scalar/list form.
@@ -346,6 +355,96 @@ struct Evaluator {
     return r;
   }
 
+  // Expand: numpy broadcasting of the value to the shape input (repeat counts, masks of ones).
+  std::optional<Value> eval_expand(const onnx::NodeProto& n, const Value& a) const {
+    const Value* b = get(n, 1);
+    if (!b) return std::nullopt;
+    std::vector<std::int64_t> target = ints(*b);
+    for (auto d : target)
+      if (d < 0 || d > kMaxElems) return std::nullopt;
+    Value shape_only{target, std::vector<double>(static_cast<std::size_t>(numel_of(target)), 0),
+                     a.elem_type};
+    if (!small_shape(target)) return std::nullopt;
+    return binary(a, shape_only, a.elem_type, [](double x, double) { return x; });
+  }
+
+  // Reductions over a whole small value or some of its axes (ReduceProd of a shape slice is how
+  // exporters compute a flattened dim); axes are an input from opset 18 (13 for ReduceSum).
+  std::optional<Value> eval_reduce(const onnx::NodeProto& n, const Value& a) const {
+    const std::string& op = n.op_type();
+    bool axes_input = opset >= 18 || (op == "ReduceSum" && opset >= 13);
+    std::vector<std::int64_t> axes = attr_ints(n, "axes");
+    if (axes_input && n.input_size() > 1 && !n.input(1).empty()) {
+      const Value* b = get(n, 1);
+      if (!b) return std::nullopt;
+      axes = ints(*b);
+    }
+    bool keep = attr_int(n, "keepdims", 1) != 0;
+    auto rank = static_cast<std::int64_t>(a.shape.size());
+    std::vector<bool> reduced(a.shape.size(), axes.empty());
+    if (axes.empty() && axes_input && attr_int(n, "noop_with_empty_axes", 0) != 0) return a;
+    for (auto ax : axes) {
+      std::int64_t i = wrap(ax, rank);
+      if (i < 0 || i >= rank) return std::nullopt;
+      reduced[static_cast<std::size_t>(i)] = true;
+    }
+    Value r{{}, {}, a.elem_type};
+    std::vector<std::int64_t> kept;  // the output shape with reduced dims as 1
+    for (std::size_t i = 0; i < a.shape.size(); ++i) {
+      kept.push_back(reduced[i] ? 1 : a.shape[i]);
+      if (!reduced[i] || keep) r.shape.push_back(reduced[i] ? 1 : a.shape[i]);
+    }
+    double init = op == "ReduceProd"  ? 1
+                  : op == "ReduceMax" ? -HUGE_VAL
+                  : op == "ReduceMin" ? HUGE_VAL
+                                      : 0;
+    r.data.assign(static_cast<std::size_t>(numel_of(kept)), init);
+    for (std::int64_t i = 0; i < numel_of(a.shape); ++i) {
+      // Output index of input element i: its coordinates with the reduced ones set to 0.
+      std::int64_t rest = i, out = 0, stride = 1;
+      for (std::size_t k = a.shape.size(); k-- > 0;) {
+        std::int64_t c = rest % a.shape[k];
+        rest /= a.shape[k];
+        if (!reduced[k]) out += c * stride;
+        stride *= kept[k];
+      }
+      double& acc = r.data[static_cast<std::size_t>(out)];
+      double x = a.data[static_cast<std::size_t>(i)];
+      acc = op == "ReduceProd"  ? acc * x
+            : op == "ReduceMax" ? std::max(acc, x)
+            : op == "ReduceMin" ? std::min(acc, x)
+                                : acc + x;
+    }
+    return r;
+  }
+
+  // Split of a 1-D value into its outputs (all of them, unlike the other ops here); sizes are an
+  // input from opset 13, an attribute before, else equal parts.
+  void eval_split(const onnx::NodeProto& n) {
+    const Value* a = get(n, 0);
+    if (!a || a->shape.size() != 1 || wrap(attr_int(n, "axis", 0), 1) != 0) return;
+    std::vector<std::int64_t> sizes = attr_ints(n, "split");
+    if (opset >= 13 && n.input_size() > 1 && !n.input(1).empty()) {
+      const Value* b = get(n, 1);
+      if (!b) return;
+      sizes = ints(*b);
+    }
+    const auto outs = static_cast<std::int64_t>(n.output_size());
+    if (sizes.empty()) {
+      if (outs == 0 || a->shape[0] % outs != 0) return;
+      sizes.assign(static_cast<std::size_t>(outs), a->shape[0] / outs);
+    }
+    if (static_cast<std::int64_t>(sizes.size()) != outs) return;
+    std::int64_t at = 0;
+    for (int o = 0; o < n.output_size(); ++o) {
+      std::int64_t len = sizes[static_cast<std::size_t>(o)];
+      if (len < 0 || at + len > a->shape[0]) return;
+      Value v{{len}, {a->data.begin() + at, a->data.begin() + at + len}, a->elem_type};
+      at += len;
+      if (!n.output(o).empty()) values[n.output(o)] = std::move(v);
+    }
+  }
+
   // Broadcasting binary arithmetic and comparisons; integer division truncates like the
   // exporters' `//`, and division or modulo by zero gives 0 rather than a trap.
   static std::optional<Value> eval_binary(const std::string& op, const Value& a, const Value& b) {
@@ -373,6 +472,14 @@ struct Evaluator {
       return binary(a, b, T::BOOL, [](double x, double y) { return x < y ? 1.0 : 0.0; });
     if (op == "Greater")
       return binary(a, b, T::BOOL, [](double x, double y) { return x > y ? 1.0 : 0.0; });
+    if (op == "LessOrEqual")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x <= y ? 1.0 : 0.0; });
+    if (op == "GreaterOrEqual")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x >= y ? 1.0 : 0.0; });
+    if (op == "And")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x != 0 && y != 0 ? 1.0 : 0.0; });
+    if (op == "Or")
+      return binary(a, b, T::BOOL, [](double x, double y) { return x != 0 || y != 0 ? 1.0 : 0.0; });
     return std::nullopt;
   }
 
@@ -406,6 +513,10 @@ ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& sh
   }
   for (const auto& n : graph.node()) {
     if (n.output_size() == 0 || n.output(0).empty()) continue;
+    if (n.op_type() == "Split") {
+      ev.eval_split(n);
+      continue;
+    }
     auto v = ev.eval(n);
     if (v && numel_of(v->shape) == static_cast<std::int64_t>(v->data.size()))
       ev.values[n.output(0)] = std::move(*v);

@@ -23,6 +23,15 @@ struct Dim {
   bool known() const { return value >= 0; }
 };
 
+/// A node where shapes stop being known although its inputs' shapes are known: what `hp plan
+/// --summary` reports instead of the symbols (unk__N) ONNX invents downstream of it.
+struct UnresolvedShape {
+  std::string node;    ///< node name (may be empty in anonymous graphs)
+  std::string op;      ///< op type, "domain.Op" outside ai.onnx
+  std::string tensor;  ///< the output without a concrete shape
+  std::string reason;  ///< lower-case sentence: "its output size depends on the input data", ...
+};
+
 /// Where a tensor's value comes from; layer discovery and costs treat each class differently.
 enum class TensorKind {
   input,        ///< graph input (not an initializer)
@@ -43,6 +52,9 @@ struct Tensor {
   /// For an initializer that is a transposed copy of another (the exporter's constant folding of a
   /// tied embedding's transpose): that other initializer's index. Copies are not parameters.
   int copy_of = -1;
+  /// A sequence of tensors (SplitToSequence, a Loop building a list): it has no shape of its own,
+  /// and its elements' shapes are those of the ops that read it.
+  bool sequence = false;
 
   /// Element count when every dim is known.
   std::optional<std::int64_t> numel() const;
@@ -81,8 +93,11 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<int> inputs;  ///< graph inputs that are not initializers
   std::vector<int> outputs;
-  /// Symbolic dims of graph inputs that were not bound, plus symbols inference could not resolve.
+  /// Symbolic dims of graph inputs that were not bound (only those: a symbol inference invents
+  /// inside the graph is never one the user could bind; see `unresolved`).
   std::vector<std::string> unknown_dims;
+  /// Nodes whose outputs have no concrete shape although their inputs do, with the reason.
+  std::vector<UnresolvedShape> unresolved;
   /// Initializers found to be transposed copies of others (Tensor::copy_of), in file order.
   std::vector<int> copies;
   /// Bindings that matched no input dim, tensors left without shapes, ... (lower-case sentences).

@@ -20,6 +20,16 @@ struct SummaryOptions {
   bool require_data = false;  ///< fail when external weight files are absent
 };
 
+/// An initializer the exporter shares through an Identity node: equal initial weights (LayerNorm
+/// weights left at their init of ones) are stored once and every other user reads an Identity of
+/// it. In the file they are one tensor; in training they were separate parameters, and if trained
+/// as one, as the graph says, their gradients add up.
+struct WeightAlias {
+  std::string alias;                ///< the Identity's output, named like the shared parameter
+  std::string source;               ///< the initializer it reads
+  std::vector<std::string> blocks;  ///< the units (prologue, blocks, epilogue) reading either
+};
+
 struct ModelSummary {
   std::string model;  ///< path as given
   std::int64_t ir_version = 0;
@@ -38,6 +48,8 @@ struct ModelSummary {
   std::vector<std::string> missing_external_data;
   /// Initializers not counted because they are transposed copies of others (tied weights).
   std::vector<std::string> tied_copies;
+  /// Identity-aliased initializers (WeightAlias), in node order.
+  std::vector<WeightAlias> aliased_weights;
   std::vector<std::string> warnings;
   Layering layering;
   Graph graph;  ///< for callers that want per-node detail
