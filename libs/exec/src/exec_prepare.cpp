@@ -128,6 +128,14 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
         r.kind = HP_ATTR_STRING;
         r.s = n.store_strings.emplace_back(a.s()).c_str();
         break;
+      case onnx::AttributeProto::STRINGS: {
+        r.kind = HP_ATTR_STRINGS;
+        std::string packed;
+        for (const auto& v : a.strings()) packed.append(v).push_back('\0');
+        r.s = n.store_strings.emplace_back(std::move(packed)).c_str();
+        r.n = a.strings_size();
+        break;
+      }
       case onnx::AttributeProto::INTS: {
         r.kind = HP_ATTR_INTS;
         auto& v = n.store_ints.emplace_back(a.ints().begin(), a.ints().end());
