@@ -258,10 +258,10 @@ namespace {
 
 /// The scan itself, on host tensors: `steps` iterations over `xs` (sliced along in_axes, backwards
 /// where in_dirs says), `states` updated in place, every iteration's scan outputs appended to `ys`.
-Status scan_steps(Executor::Impl& im, const PreparedNode& n, Body& b,
-                  std::vector<HostTensor>& states, const std::vector<HostTensor>& xs,
-                  const std::vector<int>& in_axes, const std::vector<std::int64_t>& in_dirs,
-                  std::int64_t steps, std::vector<std::vector<HostTensor>>& ys) {
+Status scan_steps(Executor::Impl& im, Body& b, std::vector<HostTensor>& states,
+                  const std::vector<HostTensor>& xs, const std::vector<int>& in_axes,
+                  const std::vector<std::int64_t>& in_dirs, std::int64_t steps,
+                  std::vector<std::vector<HostTensor>>& ys) {
   const std::size_t ns = states.size();
   for (std::int64_t t = 0; t < steps; ++t) {
     for (std::size_t j = 0; j < ns; ++j) HP_TRY(im.load_tensor(b.inputs[j], states[j]));
@@ -279,7 +279,6 @@ Status scan_steps(Executor::Impl& im, const PreparedNode& n, Body& b,
     }
     im.clear_body(b);
   }
-  (void)n;
   return {};
 }
 
@@ -357,7 +356,7 @@ Status Executor::Impl::run_scan(PreparedNode& n) {
   };
   if (!v8) {
     std::vector<std::vector<HostTensor>> ys(ks);
-    HP_TRY(scan_steps(*this, n, b, states, xs, in_axes, in_dirs, steps, ys));
+    HP_TRY(scan_steps(*this, b, states, xs, in_axes, in_dirs, steps, ys));
     HP_TRY(finish_outputs(ys, states));
   } else {
     // Scan-8: the batch is a loop around the scan; sequence_lens shortens a batch entry's scan,
@@ -383,7 +382,7 @@ Status Executor::Impl::run_scan(PreparedNode& n) {
                                  len, bi, steps),
                      where_of(n));
       std::vector<std::vector<HostTensor>> ys(ks);
-      HP_TRY(scan_steps(*this, n, b, st, xb, in_axes, in_dirs, len, ys));
+      HP_TRY(scan_steps(*this, b, st, xb, in_axes, in_dirs, len, ys));
       for (std::size_t k = 0; k < ks; ++k) {
         if (ys[k].empty() && steps > 0)
           return Error(Errc::not_implemented, "Scan: an empty sequence in a Scan-8 batch",

@@ -18,8 +18,8 @@
 // are reported as unsupported before the run.
 //
 // Control flow (If, Loop, Scan, SequenceMap) and the sequence ops run in the executor itself: a
-// subgraph is prepared with the main graph into a body whose nodes go through the same dispatch, and
-// a slot may hold a sequence of tensors besides a tensor (docs/executor.md).
+// subgraph is prepared with the main graph into a body whose nodes go through the same dispatch,
+// and a slot may hold a sequence of tensors besides a tensor (docs/executor.md).
 //
 // With ExecOptions::offload (offload_run.h) the weights, and optionally activations, live in a host
 // pool and are copied onto the device ahead of the nodes that read them, on a schedule planned for
