@@ -275,6 +275,10 @@ HostTensor narrow_axis(const HostTensor& t, int axis, std::int64_t start, std::i
 Expected<HostTensor> join_axis(const std::vector<const HostTensor*>& items, int axis, bool stack,
                                const std::string& where);
 
+/// An empty scan output of Loop or Scan: no iteration ran, so its shape comes from the body's
+/// declaration, [0] plus the element dims when they are static (exec_values.cpp).
+HostTensor empty_scan_output(const GraphIO& io);
+
 /// Converts a graph value's declared type into a GraphIO.
 GraphIO graph_io_of(const onnx::ValueInfoProto& v);
 

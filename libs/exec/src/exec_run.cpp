@@ -323,20 +323,6 @@ Executor::Impl::~Impl() {
     if (stream[w]) (void)be[w]->stream_destroy(stream[w]);
   }
 }
-
-Status Executor::Impl::load_tensor(int id, const HostTensor& h) {
-  if (slots[static_cast<std::size_t>(id)].live) free_slot(id);
-  Slot& s = slots[static_cast<std::size_t>(id)];
-  s.dtype = h.dtype;
-  s.dims = h.dims;
-  s.bytes = h.data.size();
-  HP_ASSIGN_OR_RETURN(auto p, alloc(0, s.bytes, id));
-  s.ptr[0] = p;
-  s.live = true;
-  if (s.bytes) std::memcpy(p, h.data.data(), s.bytes);
-  return {};
-}
-
 Error Executor::Impl::fail_run(Error e) {
   drain();
   for (PreparedNode& n : nodes) n.memo_valid = false;
@@ -410,56 +396,4 @@ void Executor::Impl::end_run() {
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count();
 }
-
-Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& inputs) {
-  Impl& im = *impl_;
-  for (std::size_t k = 0; k < im.inputs.size() && k < inputs.size(); ++k)
-    if (im.inputs[k].sequence)
-      return Error(
-          Errc::bad_input,
-          fmt::format("graph input '{}' is a sequence; run it with run_values", im.inputs[k].name));
-  HP_TRY(im.run_graph(inputs.size(),
-                      [&](std::size_t k, int id) { return im.load_tensor(id, inputs[k]); }));
-  std::vector<HostTensor> out;
-  for (int id : im.output_ids) {
-    auto h = im.to_host(id);
-    if (!h) return im.fail_run(std::move(h).error());
-    out.push_back(std::move(*h));
-  }
-  im.end_run();
-  return out;
-}
-
-Expected<std::vector<HostValue>> Executor::run_values(const std::vector<HostValue>& inputs) {
-  Impl& im = *impl_;
-  auto load = [&](std::size_t k, int id) -> Status {
-    const HostValue& v = inputs[k];
-    if (!v.is_sequence) return im.load_tensor(id, v.tensor);
-    auto seq = std::make_shared<SeqValue>();
-    seq->elem_dtype = v.elem_dtype;
-    for (const HostTensor& t : v.items) seq->items.push_back(std::make_shared<const HostTensor>(t));
-    im.set_seq(id, std::move(seq));
-    return {};
-  };
-  HP_TRY(im.run_graph(inputs.size(), load));
-  std::vector<HostValue> out;
-  for (int id : im.output_ids) {
-    HostValue v;
-    const Slot& s = im.slots[static_cast<std::size_t>(id)];
-    if (s.live && s.seq) {
-      v.is_sequence = true;
-      v.elem_dtype = s.seq->elem_dtype;
-      for (const auto& t : s.seq->items) v.items.push_back(*t);
-      for (HostTensor& t : v.items) t.name.clear();
-    } else {
-      auto h = im.to_host(id);
-      if (!h) return im.fail_run(std::move(h).error());
-      v.tensor = std::move(*h);
-    }
-    out.push_back(std::move(v));
-  }
-  im.end_run();
-  return out;
-}
-
 }  // namespace hp::exec
