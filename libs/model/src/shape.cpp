@@ -211,6 +211,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   InferResult result;
   onnx::ModelProto copy = weightless_copy(*model.proto);
   onnx::GraphProto& g = *copy.mutable_graph();
+  strip_subgraph_output_shapes(g);
 
   std::unordered_set<std::string> inits;
   for (const auto& t : g.initializer()) inits.insert(t.name());
@@ -265,6 +266,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     int progress = pin_known_values(g, result.shapes, opset, serial);
     progress += fix_einsum_shapes(g, result.shapes, fixed);
     progress += fix_hp_domain_shapes(g, result.shapes, fixed);
+    progress += fix_loop_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }
 

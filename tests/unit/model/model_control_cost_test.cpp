@@ -176,3 +176,24 @@ TEST_CASE("model cost: If takes its dearer branch, Scan its body times the scan 
   CHECK(node_of(graph, "Scan").cost.matmul_flops == Approx(5 * 2.0 * 1 * 4 * 4));
   CHECK(node_of(graph, "Scan").cost.known);
 }
+
+TEST_CASE("model shapes: a Loop-carried value that keeps its shape keeps it past the Loop",
+          "[model]") {
+  // tiny-loop (gen_control_models.py): PyTorch declares the body's output as [Ify_dim_0,
+  // Ify_dim_1] and ONNX drops carried shapes; the body keeps x's [2, 4], and the If after the Loop
+  // then infers from its branches.
+  auto m = load_model(model_path("tiny-loop"));
+  REQUIRE(m.ok());
+  auto g = build_graph(*m, {});
+  REQUIRE(g.ok());
+  const Node& loop = node_of(*g, "Loop");
+  const Tensor& carried = g->tensor(loop.outputs[0]);
+  REQUIRE(carried.has_shape);
+  REQUIRE(carried.dims.size() == 2);
+  CHECK(carried.dims[0].value == 2);
+  CHECK(carried.dims[1].value == 4);
+  const Tensor& y = g->tensor(node_of(*g, "If").outputs[0]);
+  REQUIRE(y.has_shape);
+  CHECK(y.numel() == 8);
+  CHECK(g->unknown_dims.empty());
+}
