@@ -142,6 +142,18 @@ std::vector<double> OpCall::floats(const char* name) const {
   return {a->floats, a->floats + a->n};
 }
 
+std::vector<std::string> OpCall::strings(const char* name) const {
+  const hp_op_attr* a = find(name);
+  std::vector<std::string> r;
+  if (!a || a->kind != HP_ATTR_STRINGS || !a->s) return r;
+  const char* p = a->s;
+  for (int64_t k = 0; k < a->n; ++k) {
+    r.emplace_back(p);
+    p += r.back().size() + 1;
+  }
+  return r;
+}
+
 const hp_tensor_desc* OpCall::tensor(const char* name) const {
   const hp_op_attr* a = find(name);
   return a ? a->tensor : nullptr;
@@ -195,6 +207,7 @@ const OpTable& op_table() {
     register_pool_ops(t);
     register_resample_ops(t);
     register_scatter_ops(t);
+    register_rnn_ops(t);
     return t;
   }();
   return table;

@@ -81,6 +81,8 @@ class OpCall {
   std::string s(const char* name, const std::string& dflt) const;
   std::vector<int64_t> ints(const char* name) const;
   std::vector<double> floats(const char* name) const;
+  /// A string-list attribute (HP_ATTR_STRINGS); empty when absent.
+  std::vector<std::string> strings(const char* name) const;
   /// A tensor attribute (host memory), or null.
   const hp_tensor_desc* tensor(const char* name) const;
 
@@ -118,6 +120,7 @@ void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);
 void register_scatter_ops(OpTable& t);
+void register_rnn_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();

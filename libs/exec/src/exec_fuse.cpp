@@ -29,8 +29,9 @@ struct Graph {
       const PreparedNode& n = im.nodes[k];
       for (int t : n.outputs)
         if (t >= 0) producer[static_cast<std::size_t>(t)] = static_cast<int>(k);
-      for (int t : n.inputs)
-        if (t >= 0) ++readers[static_cast<std::size_t>(t)];
+      for (const auto* list : {&n.inputs, &n.captured})
+        for (int t : *list)
+          if (t >= 0) ++readers[static_cast<std::size_t>(t)];
     }
     for (int t : im.output_ids) ++readers[static_cast<std::size_t>(t)];
   }

@@ -5,9 +5,12 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -17,6 +20,30 @@
 #include "hp/plugin/hp_plugin.h"
 
 namespace hp::exec {
+
+struct Body;
+
+/// Ops the executor runs itself rather than a backend (exec_control.cpp, exec_sequence.cpp): the
+/// control-flow ops, whose subgraphs reuse the executor's node dispatch, and the sequence ops,
+/// whose values (SeqValue) no backend kernel sees. docs/executor.md describes both.
+enum class Builtin {
+  none,
+  If,
+  Loop,
+  Scan,
+  SequenceEmpty,
+  SequenceConstruct,
+  SequenceInsert,
+  SequenceAt,
+  SequenceErase,
+  SequenceLength,
+  SplitToSequence,
+  ConcatFromSequence,
+  SequenceMap,
+};
+
+/// The Builtin of an ai.onnx op type ("" or "ai.onnx" domain), Builtin::none for the others.
+Builtin builtin_of(const std::string& domain, const std::string& op_type);
 
 /// A node ready to run: ABI attribute records whose strings and arrays live in `store_*`.
 struct PreparedNode {
@@ -43,6 +70,35 @@ struct PreparedNode {
   bool cached = false;
   bool memo_valid = false;
   std::vector<std::int64_t> memo;
+  Builtin builtin = Builtin::none;
+  /// The node's subgraphs: If: then_branch, else_branch; Loop, Scan, SequenceMap: body.
+  std::vector<std::shared_ptr<Body>> bodies;
+  /// Tensor ids of the enclosing scopes that the subgraphs read: they count as inputs of this node
+  /// for ordering and lifetimes, so they are alive until it has run.
+  std::vector<int> captured;
+};
+
+/// A prepared subgraph (exec_subgraph.cpp). Its tensors have ids in the executor's one tensor table
+/// (names are resolved in the subgraph first, then outwards), so its nodes run through the same
+/// run_node as the main graph's and read outer values directly.
+struct Body {
+  std::string name;
+  std::deque<PreparedNode> nodes;  ///< in a valid order; release_after covers only its own tensors
+  std::vector<int> inputs, outputs;  ///< the subgraph's formal inputs and outputs
+  std::vector<GraphIO> input_io, output_io;
+  std::vector<int> locals;     ///< ids defined here (inputs, node outputs): cleared after a run
+  std::vector<char> is_local;  ///< by tensor id (sized when the subgraph was prepared)
+  bool local(int id) const {
+    return id >= 0 && static_cast<std::size_t>(id) < is_local.size() &&
+           is_local[static_cast<std::size_t>(id)];
+  }
+};
+
+/// A sequence value (ONNX seq(tensor)): immutable once built, so copying one between slots shares
+/// it. The elements live in host memory; a SequenceAt copies one into a pool buffer.
+struct SeqValue {
+  int elem_dtype = -1;  ///< hp_dtype of the elements (-1: unknown, e.g. an empty sequence)
+  std::vector<std::shared_ptr<const HostTensor>> items;
 };
 
 /// One tensor's buffers: at most one replica per backend slot (0 = cpu, 1 = primary).
@@ -52,6 +108,7 @@ struct Slot {
   std::size_t bytes = 0;
   void* ptr[2] = {nullptr, nullptr};
   bool live = false;
+  std::shared_ptr<const SeqValue> seq;  ///< set when the value is a sequence (no buffers then)
   bool persistent = false;    ///< a weight or a cached node's output: kept alive across runs
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
 };
@@ -116,6 +173,40 @@ struct Executor::Impl {
   Expected<void*> comm_output(PreparedNode& n, std::size_t k, int dtype,
                               std::span<const std::int64_t> dims, int reuse);
   Expected<HostTensor> to_host(int id);
+  /// Puts a host tensor into slot `id` on the cpu backend.
+  Status load_tensor(int id, const HostTensor& h);
+
+  // exec_control.cpp, exec_sequence.cpp: the builtins.
+  Status run_builtin(PreparedNode& n);
+  /// Runs a subgraph's nodes once; its outputs stay alive until clear_body.
+  Status run_body(Body& b);
+  /// Frees whatever the subgraph still holds of its own tensors.
+  void clear_body(Body& b);
+  /// The contents of slot `id` detached from it: its buffers themselves when `steal` (the slot is
+  /// then empty), else a fresh cpu copy (a sequence is shared either way).
+  Expected<Slot> take(int id, bool steal);
+  /// Installs detached contents into slot `id` (freeing what it held); -1 drops them.
+  void put(int id, Slot&& s);
+  void drop(Slot& s);
+  /// Value of a scalar (bool, i32 or i64) tensor.
+  Expected<std::int64_t> read_int(int id, const char* what, const PreparedNode& n);
+  Status run_if(PreparedNode& n);
+  Status run_loop(PreparedNode& n);
+  Status run_scan(PreparedNode& n);
+  Status run_sequence(PreparedNode& n);
+  Status run_sequence_map(PreparedNode& n);
+  Expected<const SeqValue*> seq_of(int id, const PreparedNode& n);
+  /// Makes slot `id` hold the sequence `v` (-1: nothing).
+  void set_seq(int id, std::shared_ptr<const SeqValue> v);
+
+  /// One run of the main graph up to its outputs: weights, inputs (`load_input(k, id)`), nodes.
+  /// On failure the run's state is dropped (fail_run) and the error returned.
+  Status run_graph(std::size_t n_inputs, const std::function<Status(std::size_t, int)>& load_input);
+  /// After the outputs were read: frees the run's tensors, records its figures.
+  void end_run();
+  /// Drops a failed run's state (every memo too) and returns `e`.
+  Error fail_run(Error e);
+  std::chrono::steady_clock::time_point run_started;
   /// Frees every live tensor except the persistent ones (all of them when `all`).
   void drain(bool all = false);
   ~Impl();
@@ -139,6 +230,54 @@ void read_device_peak(Executor::Impl& im, bool reset);
 
 /// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
 int fuse_nodes(Executor::Impl& im);
+
+/// Prepares the subgraphs of `np` (graph attributes) into `n.bodies` and `n.captured`; unsupported
+/// nodes inside them are appended to `unsupported` (exec_subgraph.cpp).
+struct Scope;
+Status prepare_bodies(Executor::Impl& im, const onnx::NodeProto& np, PreparedNode& n,
+                      const Scope& scope, const model::Model& model,
+                      std::vector<Diagnostic>& unsupported);
+/// Names `g` reads from enclosing scopes (its nodes' inputs and its outputs, nested subgraphs
+/// included, minus what it defines itself).
+std::set<std::string> free_names(const onnx::GraphProto& g);
+/// Names the node reads: its inputs and the free names of its subgraphs.
+std::vector<std::string> node_reads(const onnx::NodeProto& np);
+
+/// Name resolution while preparing: the main graph resolves through Impl::tensor_ids, a subgraph
+/// through its own names first and then its parent's.
+struct Scope {
+  const Scope* parent = nullptr;
+  bool main = false;                 ///< the main graph: names are Impl::tensor_ids
+  std::map<std::string, int> names;  ///< unused for the main graph
+  /// The tensor id of `name` visible here, or -1.
+  int lookup(const Executor::Impl& im, const std::string& name) const;
+};
+
+/// Shared by the main graph and subgraphs: the ordered, prepared nodes of `g` (exec_prepare.cpp).
+/// `resolve(name)` gives the id of a tensor that is read; `define(name)` the id of one written.
+Status prepare_nodes(Executor::Impl& im, const onnx::GraphProto& g, const model::Model& model,
+                     const Scope& scope, std::deque<PreparedNode>& out,
+                     std::vector<Diagnostic>& unsupported,
+                     const std::function<int(const std::string&)>& resolve,
+                     const std::function<int(const std::string&)>& define);
+
+/// A node attribute for the builtins: an int (or `dflt`), an int list (empty when absent).
+std::int64_t attr_int(const PreparedNode& n, const char* name, std::int64_t dflt);
+std::vector<std::int64_t> attr_ints(const PreparedNode& n, const char* name);
+
+// Host-tensor data movement shared by Scan, Loop and the sequence ops (exec_sequence.cpp).
+/// `t` at `index` of `axis`, that axis removed.
+HostTensor slice_axis(const HostTensor& t, int axis, std::int64_t index);
+/// `t`'s indices [start, start + len) of `axis`, the axis kept.
+HostTensor narrow_axis(const HostTensor& t, int axis, std::int64_t start, std::int64_t len);
+/// `items` joined along `axis` (an existing axis, or a new one inserted there when `stack`). They
+/// must agree in dtype and in every other dim; Errc::runtime naming `where` otherwise.
+Expected<HostTensor> join_axis(const std::vector<const HostTensor*>& items, int axis, bool stack,
+                               const std::string& where);
+
+/// An empty scan output of Loop or Scan: no iteration ran, so its shape comes from the body's
+/// declaration, [0] plus the element dims when they are static (exec_values.cpp).
+HostTensor empty_scan_output(const GraphIO& io);
 
 /// Converts a graph value's declared type into a GraphIO.
 GraphIO graph_io_of(const onnx::ValueInfoProto& v);

@@ -36,8 +36,13 @@ int Executor::Impl::id_of(const std::string& name) {
 GraphIO graph_io_of(const onnx::ValueInfoProto& v) {
   GraphIO io;
   io.name = v.name();
-  if (v.type().has_tensor_type()) {
-    const auto& tt = v.type().tensor_type();
+  const onnx::TypeProto* type = &v.type();
+  if (type->has_sequence_type() && type->sequence_type().elem_type().has_tensor_type()) {
+    io.sequence = true;
+    type = &type->sequence_type().elem_type();
+  }
+  if (type->has_tensor_type()) {
+    const auto& tt = type->tensor_type();
     io.onnx_type = tt.elem_type();
     io.dtype = dtype_from_onnx(tt.elem_type());
     if (tt.has_shape()) {
@@ -64,7 +69,7 @@ namespace {
 
 /// Kahn's algorithm; returns node indices in a valid order.
 Expected<std::vector<int>> topo_order(const onnx::GraphProto& g,
-                                      const std::set<std::string>& available) {
+                                      const std::function<bool(const std::string&)>& available) {
   const int n = g.node_size();
   std::map<std::string, int> producer;
   for (int i = 0; i < n; ++i)
@@ -75,8 +80,8 @@ Expected<std::vector<int>> topo_order(const onnx::GraphProto& g,
   std::vector<Diagnostic> missing;
   for (int i = 0; i < n; ++i) {
     std::set<int> deps;
-    for (const auto& in : g.node(i).input()) {
-      if (in.empty() || available.count(in)) continue;
+    for (const auto& in : node_reads(g.node(i))) {
+      if (in.empty() || (!producer.count(in) && available(in))) continue;
       auto it = producer.find(in);
       if (it == producer.end()) {
         missing.push_back(
@@ -123,6 +128,14 @@ Status convert_attrs(const onnx::NodeProto& np, PreparedNode& n, const std::file
         r.kind = HP_ATTR_STRING;
         r.s = n.store_strings.emplace_back(a.s()).c_str();
         break;
+      case onnx::AttributeProto::STRINGS: {
+        r.kind = HP_ATTR_STRINGS;
+        std::string packed;
+        for (const auto& v : a.strings()) packed.append(v).push_back('\0');
+        r.s = n.store_strings.emplace_back(std::move(packed)).c_str();
+        r.n = a.strings_size();
+        break;
+      }
       case onnx::AttributeProto::INTS: {
         r.kind = HP_ATTR_INTS;
         auto& v = n.store_ints.emplace_back(a.ints().begin(), a.ints().end());
@@ -173,49 +186,39 @@ bool runnable(const ExecOptions& o, const PreparedNode& n) {
 
 }  // namespace
 
-Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
-                                                     const ExecOptions& options) {
-  if (!options.cpu) return Error(Errc::internal, "the executor needs the cpu backend");
-  auto impl = std::make_unique<Impl>();
-  impl->opts = options;
-  impl->be[0] = options.cpu.get();
-  if (options.backend && options.backend.get() != options.cpu.get())
-    impl->be[1] = options.backend.get();
-  const onnx::GraphProto& g = model.proto->graph();
+int Scope::lookup(const Executor::Impl& im, const std::string& name) const {
+  if (main) {
+    auto it = im.tensor_ids.find(name);
+    return it == im.tensor_ids.end() ? -1 : it->second;
+  }
+  if (auto it = names.find(name); it != names.end()) return it->second;
+  return parent ? parent->lookup(im, name) : -1;
+}
+
+Status prepare_nodes(Executor::Impl& im, const onnx::GraphProto& g, const model::Model& model,
+                     const Scope& scope, std::deque<PreparedNode>& out,
+                     std::vector<Diagnostic>& unsupported,
+                     const std::function<int(const std::string&)>& resolve,
+                     const std::function<int(const std::string&)>& define) {
   const std::filesystem::path dir = model.path.parent_path();
-  const std::string where = model.path.string();
+  auto order = topo_order(g, [&](const std::string& name) { return scope.lookup(im, name) >= 0; });
+  if (!order) return std::move(order).error();
 
-  std::set<std::string> available, init_names;
-  for (const auto& t : g.initializer()) {
-    available.insert(t.name());
-    init_names.insert(t.name());
-  }
-  for (const auto& v : g.input()) {
-    available.insert(v.name());
-    if (init_names.count(v.name())) continue;
-    impl->inputs.push_back(graph_io_of(v));
-    impl->input_ids.push_back(impl->id_of(v.name()));
-  }
-  for (const auto& v : g.output()) {
-    impl->outputs.push_back(graph_io_of(v));
-    impl->output_ids.push_back(impl->id_of(v.name()));
-  }
-  auto order = topo_order(g, available);
-  if (!order) return Error(std::move(order).error());
-
-  std::vector<Diagnostic> unsupported;
   for (int i : *order) {
     const onnx::NodeProto& np = g.node(i);
-    PreparedNode& n = impl->nodes.emplace_back();
+    PreparedNode& n = out.emplace_back();
     n.name = np.name();
     n.op_type = np.op_type();
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
     auto os = model.opsets.find(n.domain);
     n.opset = os == model.opsets.end() ? 0 : os->second;
-    for (const auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : impl->id_of(in));
-    for (const auto& out : np.output()) n.outputs.push_back(out.empty() ? -1 : impl->id_of(out));
+    for (const auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : resolve(in));
+    for (const auto& o : np.output()) n.outputs.push_back(o.empty() ? -1 : define(o));
     n.comm = n.domain == "hp";
-    if (!runnable(options, n)) {
+    n.builtin = builtin_of(n.domain, n.op_type);
+    if (n.builtin != Builtin::none) {
+      HP_TRY(prepare_bodies(im, np, n, scope, model, unsupported));
+    } else if (!runnable(im.opts, n)) {
       std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
       unsupported.push_back(
           {n.name.empty() ? fmt::format("node #{}", i) : fmt::format("node '{}'", n.name),
@@ -244,6 +247,40 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
     }
     HP_TRY(convert_attrs(np, n, dir));
   }
+  return {};
+}
+
+Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
+                                                     const ExecOptions& options) {
+  if (!options.cpu) return Error(Errc::internal, "the executor needs the cpu backend");
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  impl->be[0] = options.cpu.get();
+  if (options.backend && options.backend.get() != options.cpu.get())
+    impl->be[1] = options.backend.get();
+  const onnx::GraphProto& g = model.proto->graph();
+  const std::filesystem::path dir = model.path.parent_path();
+  const std::string where = model.path.string();
+
+  std::set<std::string> init_names;
+  for (const auto& t : g.initializer()) {
+    init_names.insert(t.name());
+    impl->id_of(t.name());
+  }
+  for (const auto& v : g.input()) {
+    if (init_names.count(v.name())) continue;
+    impl->inputs.push_back(graph_io_of(v));
+    impl->input_ids.push_back(impl->id_of(v.name()));
+  }
+  for (const auto& v : g.output()) {
+    impl->outputs.push_back(graph_io_of(v));
+    impl->output_ids.push_back(impl->id_of(v.name()));
+  }
+  Scope scope;
+  scope.main = true;
+  auto id = [&](const std::string& name) { return impl->id_of(name); };
+  std::vector<Diagnostic> unsupported;
+  HP_TRY(prepare_nodes(*impl, g, model, scope, impl->nodes, unsupported, id, id));
   if (!unsupported.empty()) {
     Error e = collect_errors(Errc::bad_input, std::move(unsupported));
     e.what.message = fmt::format("{} ({} unsupported node{} in {})", e.what.message,
@@ -270,7 +307,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
     auto [it, added] = op_slots.emplace(label, static_cast<int>(impl->op_types.size()));
     if (added) impl->op_types.push_back(label);
     n.op_slot = it->second;
-    if (n.dead || n.comm || !deterministic(n.op_type)) continue;
+    if (n.dead || n.comm || n.builtin != Builtin::none || !deterministic(n.op_type)) continue;
     bool all_const = true;
     if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
       all_const = true;  // depends on its input's dims only
@@ -289,8 +326,9 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
   std::vector<int> last(impl->tensor_names.size(), -1);
   for (std::size_t k = 0; k < impl->nodes.size(); ++k)
     if (!impl->nodes[k].dead)
-      for (int t : impl->nodes[k].inputs)
-        if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
+      for (const auto* list : {&impl->nodes[k].inputs, &impl->nodes[k].captured})
+        for (int t : *list)
+          if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
   std::set<int> keep(impl->output_ids.begin(), impl->output_ids.end());
   for (std::size_t t = 0; t < last.size(); ++t)
     if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !impl->slots[t].persistent)
@@ -309,7 +347,15 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
     HP_ASSIGN_OR_RETURN(auto st, impl->be[s]->stream_create(0));
     impl->stream[s] = st;
   }
-  if (options.offload.enabled) HP_TRY(offload_prepare(*impl, model));
+  if (options.offload.enabled) {
+    for (const PreparedNode& n : impl->nodes)
+      if (n.builtin != Builtin::none)
+        return Error(Errc::not_implemented,
+                     fmt::format("offload does not plan through op {} yet", n.op_type),
+                     n.name.empty() ? n.op_type : n.name,
+                     "run this model without [offload] (docs/executor.md, \"Control flow\")");
+    HP_TRY(offload_prepare(*impl, model));
+  }
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 

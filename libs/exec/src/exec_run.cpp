@@ -95,6 +95,7 @@ void Executor::Impl::free_slot(int id) {
     release(w, s.ptr[w], s.bytes);
     s.ptr[w] = nullptr;
   }
+  s.seq.reset();
   s.live = false;
 }
 
@@ -103,6 +104,9 @@ Status Executor::Impl::place(int id, int where) {
   if (!s.live)
     return Error(Errc::internal, fmt::format("tensor '{}' read before it was written",
                                              tensor_names[static_cast<std::size_t>(id)]));
+  if (s.seq)
+    return Error(Errc::runtime, fmt::format("'{}' is a sequence where a tensor is expected",
+                                            tensor_names[static_cast<std::size_t>(id)]));
   if (s.ptr[where] || s.bytes == 0) return {};
   HP_ASSIGN_OR_RETURN(auto p, alloc(where, s.bytes, id));
   s.ptr[where] = p;
@@ -162,6 +166,14 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
 
 Status Executor::Impl::run_node(PreparedNode& n) {
   if (n.comm) return run_comm(n);
+  if (n.builtin != Builtin::none) return run_builtin(n);
+  // Identity passes a sequence on as it is (shared: sequences are immutable).
+  if (n.op_type == "Identity" && n.domain.empty() && n.inputs.size() == 1 && n.inputs[0] >= 0 &&
+      slots[static_cast<std::size_t>(n.inputs[0])].seq) {
+    set_seq(n.outputs[0], slots[static_cast<std::size_t>(n.inputs[0])].seq);
+    ++stats.nodes;
+    return {};
+  }
   std::vector<int32_t>& dts = scratch_dtypes;
   dts.clear();
   for (int t : n.inputs) dts.push_back(t < 0 ? -1 : slots[static_cast<std::size_t>(t)].dtype);
@@ -311,88 +323,77 @@ Executor::Impl::~Impl() {
     if (stream[w]) (void)be[w]->stream_destroy(stream[w]);
   }
 }
-
-/// Puts a host tensor into slot `id` on the cpu backend.
-static Status load_host(Executor::Impl& im, int id, const HostTensor& h) {
-  Slot& s = im.slots[static_cast<std::size_t>(id)];
-  if (s.live) im.free_slot(id);
-  s.dtype = h.dtype;
-  s.dims = h.dims;
-  s.bytes = h.data.size();
-  HP_ASSIGN_OR_RETURN(auto p, im.alloc(0, s.bytes, id));
-  s.ptr[0] = p;
-  s.live = true;
-  if (s.bytes) std::memcpy(p, h.data.data(), s.bytes);
-  return {};
+Error Executor::Impl::fail_run(Error e) {
+  drain();
+  for (PreparedNode& n : nodes) n.memo_valid = false;
+  return e;
 }
 
-Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& inputs) {
-  Impl& im = *impl_;
-  const auto t0 = std::chrono::steady_clock::now();
-  im.stats.nodes = im.stats.nodes_on_fallback = im.stats.copies = im.stats.nodes_cached = 0;
-  im.stats.by_op.clear();
-  if (inputs.size() != im.input_ids.size())
-    return Error(Errc::bad_input, fmt::format("the graph has {} inputs, {} were given",
-                                              im.input_ids.size(), inputs.size()));
-  auto fail = [&](Error e) {
-    im.drain();
-    for (PreparedNode& n : im.nodes) n.memo_valid = false;
-    return e;
-  };
-  if (!im.weights_loaded) {
-    for (auto& [id, h] : im.weights)
-      if (offload_keeps_on_host(im, id))
+Status Executor::Impl::run_graph(std::size_t n_inputs,
+                                 const std::function<Status(std::size_t, int)>& load_input) {
+  run_started = std::chrono::steady_clock::now();
+  stats.nodes = stats.nodes_on_fallback = stats.copies = stats.nodes_cached = 0;
+  stats.by_op.clear();
+  if (n_inputs != input_ids.size())
+    return Error(Errc::bad_input,
+                 fmt::format("the graph has {} inputs, {} were given", input_ids.size(), n_inputs));
+  if (!weights_loaded) {
+    for (auto& [id, h] : weights)
+      if (offload_keeps_on_host(*this, id))
         continue;  // copied in before its readers (exec_offload.cpp)
-      else if (Status st = load_host(im, id, h); !st)
-        return fail(std::move(st).error());
-    im.weights_loaded = true;
+      else if (Status st = load_tensor(id, h); !st)
+        return fail_run(std::move(st).error());
+    weights_loaded = true;
     // The slots hold the weights from now on; the decoded copies would only double the memory.
-    for (auto& w : im.weights)
-      if (!offload_keeps_on_host(im, w.first)) std::vector<unsigned char>().swap(w.second.data);
+    for (auto& w : weights)
+      if (!offload_keeps_on_host(*this, w.first)) std::vector<unsigned char>().swap(w.second.data);
   }
   // Persistent tensors from earlier runs count towards this run's peak from the start.
-  im.live_bytes = 0;
-  for (const Slot& s : im.slots)
+  live_bytes = 0;
+  for (const Slot& s : slots)
     if (s.live)
       for (void* p : s.ptr)
-        if (p) im.live_bytes += static_cast<std::int64_t>(rounded(s.bytes));
-  im.stats.peak_bytes = im.live_bytes;
-  read_device_peak(im, true);
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (Status st = load_host(im, im.input_ids[k], inputs[k]); !st)
-      return fail(std::move(st).error());
-  if (Status st = offload_begin_run(im, inputs); !st) return fail(std::move(st).error());
-  im.op_time.assign(im.op_types.size(), OpTime{});
-  for (std::size_t k = 0; k < im.nodes.size(); ++k) {
-    PreparedNode& n = im.nodes[k];
+        if (p) live_bytes += static_cast<std::int64_t>(rounded(s.bytes));
+  stats.peak_bytes = live_bytes;
+  read_device_peak(*this, true);
+  for (std::size_t k = 0; k < n_inputs; ++k)
+    if (Status st = load_input(k, input_ids[k]); !st) return fail_run(std::move(st).error());
+  if (off) {  // offload plans for the inputs' dims (data not needed)
+    std::vector<HostTensor> shapes(n_inputs);
+    for (std::size_t k = 0; k < n_inputs; ++k)
+      shapes[k].dims = slots[static_cast<std::size_t>(input_ids[k])].dims;
+    if (Status st = offload_begin_run(*this, shapes); !st) return fail_run(std::move(st).error());
+  } else {
+    stats.offload_fetches = stats.offload_evictions = stats.offload_bytes = 0;
+  }
+  op_time.assign(op_types.size(), OpTime{});
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    PreparedNode& n = nodes[k];
     if (n.dead) continue;
-    if (Status st = offload_before_node(im, k); !st) return fail(std::move(st).error());
+    if (Status st = offload_before_node(*this, k); !st) return fail_run(std::move(st).error());
     const auto s0 = std::chrono::steady_clock::now();
     bool ran = false;
-    if (Status st = im.run_or_reuse(n, &ran); !st) return fail(std::move(st).error());
+    if (Status st = run_or_reuse(n, &ran); !st) return fail_run(std::move(st).error());
     if (ran) {
-      OpTime& ot = im.op_time[static_cast<std::size_t>(n.op_slot)];
+      OpTime& ot = op_time[static_cast<std::size_t>(n.op_slot)];
       ++ot.nodes;
       ot.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     } else {
-      ++im.stats.nodes_cached;
+      ++stats.nodes_cached;
     }
-    for (int t : n.release_after) im.free_slot(t);
-    offload_after_node(im, k);
+    for (int t : n.release_after) free_slot(t);
+    offload_after_node(*this, k);
   }
-  for (std::size_t k = 0; k < im.op_types.size(); ++k)
-    if (im.op_time[k].nodes) im.stats.by_op[im.op_types[k]] = im.op_time[k];
-  std::vector<HostTensor> out;
-  for (std::size_t k = 0; k < im.output_ids.size(); ++k) {
-    auto h = im.to_host(im.output_ids[k]);
-    if (!h) return fail(std::move(h).error());
-    out.push_back(std::move(*h));
-  }
-  im.drain();
-  offload_end_run(im);
-  read_device_peak(im, false);
-  im.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return out;
+  for (std::size_t k = 0; k < op_types.size(); ++k)
+    if (op_time[k].nodes) stats.by_op[op_types[k]] = op_time[k];
+  return {};
 }
 
+void Executor::Impl::end_run() {
+  drain();
+  offload_end_run(*this);
+  read_device_peak(*this, false);
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count();
+}
 }  // namespace hp::exec

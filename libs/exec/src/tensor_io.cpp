@@ -5,6 +5,7 @@
 // int8, uint8 values), and external data (a file next to the model, with offset and length). Each
 // path checks that the byte count matches the dims, so a truncated or inconsistent file is a
 // bad_input error that names it, never a read past the end. Encoding always writes raw_data.
+#include <onnx/onnx-data_pb.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -197,6 +198,34 @@ Expected<HostTensor> read_tensor_file(const std::filesystem::path& path) {
     return Error(Errc::bad_input, "not a serialized onnx TensorProto (truncated or corrupt)",
                  path.string());
   return tensor_from_proto(p, path.parent_path(), path.string());
+}
+
+Expected<HostValue> read_value_file(const std::filesystem::path& path, bool sequence) {
+  HostValue v;
+  if (!sequence) {
+    HP_ASSIGN_OR_RETURN(v.tensor, read_tensor_file(path));
+    return v;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    return Error(Errc::bad_input, "input file is missing", path.string(),
+                 "each graph input needs an input_K.pb file, K in graph input order");
+  HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
+  onnx::SequenceProto p;
+  if (!p.ParseFromString(bytes))
+    return Error(Errc::bad_input, "not a serialized onnx SequenceProto (truncated or corrupt)",
+                 path.string());
+  if (p.elem_type() != onnx::SequenceProto::TENSOR && p.tensor_values_size() == 0 &&
+      (p.sequence_values_size() || p.map_values_size() || p.optional_values_size()))
+    return Error(Errc::bad_input, "a sequence of non-tensors (hp holds sequences of tensors only)",
+                 path.string());
+  v.is_sequence = true;
+  for (const auto& t : p.tensor_values()) {
+    HP_ASSIGN_OR_RETURN(auto h, tensor_from_proto(t, path.parent_path(), path.string()));
+    v.elem_dtype = h.dtype;
+    v.items.push_back(std::move(h));
+  }
+  return v;
 }
 
 Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t) {

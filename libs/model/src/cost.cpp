@@ -9,7 +9,8 @@
 //   - LayerNormalization and other normalisations: 8 per element,
 //   - reductions, TopK, CumSum: 1 per *input* element,
 //   - bias terms of Gemm/Conv: 1 per output element (in the "other" FLOPs),
-//   - data movement (Reshape, Transpose, Gather, Concat, Slice, Cast, ...): 0.
+//   - data movement (Reshape, Transpose, Gather, Concat, Slice, Cast, ...): 0,
+//   - recurrent layers and the bodies of control flow: cost_control.cpp.
 // These other FLOPs are a rounding error next to the matmuls of any large model; they are counted
 // so that small or unusual models (pure elementwise graphs) do not look free.
 //
@@ -134,6 +135,7 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
       c.known = false;
   }
   const double out_numel = output_numel(g, n);
+  if (add_recurrent_cost(p, g, n, c)) return c;
   if (op == "MatMul" || op == "Gemm" || op == "Conv" || op == "Einsum") {
     auto macs = matmul_macs(p, g, n);
     if (!macs)

@@ -132,8 +132,11 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
   for (const auto& v : pg.output()) g.outputs.push_back(g.find_tensor(v.name()));
   for (auto& t : g.tensors) t.sequence = inferred.sequences.count(t.name) > 0;
   mark_tied_initializers(pg, g);
-  for (std::size_t i = 0; i < g.nodes.size(); ++i)
-    g.nodes[i].cost = compute_cost(pg.node(static_cast<int>(i)), g, g.nodes[i]);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const onnx::NodeProto& pn = pg.node(static_cast<int>(i));
+    g.nodes[i].cost = compute_cost(pn, g, g.nodes[i]);
+    add_subgraph_cost(model, pn, g, g.nodes[i], g.nodes[i].cost);
+  }
   return g;
 }
 

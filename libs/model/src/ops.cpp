@@ -126,6 +126,23 @@ constexpr std::string_view kSupported[] = {
     "GlobalMaxPool",
     "MaxPool",
     "Resize",
+    // recurrent layers
+    "GRU",
+    "LSTM",
+    "RNN",
+    // control flow and sequences (run by the executor itself, docs/executor.md)
+    "ConcatFromSequence",
+    "If",
+    "Loop",
+    "Scan",
+    "SequenceAt",
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceErase",
+    "SequenceInsert",
+    "SequenceLength",
+    "SequenceMap",
+    "SplitToSequence",
     // no-ops at inference
     "Dropout",
     "Identity",

@@ -219,6 +219,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   InferResult result;
   onnx::ModelProto copy = weightless_copy(*model.proto);
   onnx::GraphProto& g = *copy.mutable_graph();
+  strip_subgraph_output_shapes(g);
 
   std::unordered_set<std::string> inits;
   for (const auto& t : g.initializer()) inits.insert(t.name());
@@ -277,6 +278,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     progress += fix_einsum_shapes(g, result.shapes, fixed);
     progress += fix_onehot_shapes(g, result.shapes, values, fixed);
     progress += fix_hp_domain_shapes(g, result.shapes, fixed);
+    progress += fix_loop_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }
 

@@ -38,6 +38,13 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims);
 /// whose outputs ONNX left unknown, added to `fixed`; returns how many.
 int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed);
 
+/// Drops the declared shapes of every subgraph output (element types stay), so inference writes the
+/// inferred ones (shape_control.cpp).
+void strip_subgraph_output_shapes(onnx::GraphProto& g);
+/// Shapes of Loop-carried outputs whose body keeps the carried input's static shape, added to
+/// `fixed`; returns how many (shape_control.cpp).
+int fix_loop_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed);
+
 /// A small tensor value computed from shapes and constants (what the exporter's
 /// Shape/Gather/Concat arithmetic produces). Values are doubles: exact for any realistic dim.
 struct Value {

@@ -1,5 +1,6 @@
 // Conformance of the executor + cpu plugin with the ONNX backend test suite (Debian
-// libonnx-testdata: node/, pytorch-operator/, pytorch-converted/). Every test whose ops the cpu
+// libonnx-testdata: node/, pytorch-operator/, pytorch-converted/, simple/; models with sequence
+// inputs or outputs run through Executor::run_values). Every test whose ops the cpu
 // plugin implements runs on each of its test_data_set_N folders and is compared with the stored
 // outputs (ONNX's own default tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is
 // skipped, with the reason printed, when an op is not implemented, a tensor has a dtype hp does not
@@ -32,6 +33,50 @@ struct Tally {
 
 enum class Outcome { passed, failed, skipped };
 
+/// One test_data_set folder of a model with sequence inputs or outputs (Executor::run_values).
+Outcome run_values_set(const fs::path& set, Executor& ex, std::string& why) {
+  std::vector<HostValue> in;
+  for (std::size_t k = 0; k < ex.inputs().size(); ++k) {
+    auto v = read_value_file(set / ("input_" + std::to_string(k) + ".pb"), ex.inputs()[k].sequence);
+    if (!v) {
+      why = "data: " + v.error().str();
+      return Outcome::skipped;
+    }
+    in.push_back(std::move(*v));
+  }
+  auto got = ex.run_values(in);
+  if (!got) {
+    why = got.error().str();
+    return got.error().code == Errc::not_implemented ? Outcome::skipped : Outcome::failed;
+  }
+  for (std::size_t o = 0; o < got->size(); ++o) {
+    auto want =
+        read_value_file(set / ("output_" + std::to_string(o) + ".pb"), ex.outputs()[o].sequence);
+    if (!want) {
+      why = "data: " + want.error().str();
+      return Outcome::skipped;
+    }
+    const HostValue& g = (*got)[o];
+    std::vector<std::pair<const HostTensor*, const HostTensor*>> pairs;
+    if (g.is_sequence != want->is_sequence || g.items.size() != want->items.size()) {
+      why = "output " + std::to_string(o) + ": sequence kind or length differs";
+      return Outcome::failed;
+    }
+    if (!g.is_sequence) pairs.emplace_back(&g.tensor, &want->tensor);
+    for (std::size_t i = 0; i < g.items.size(); ++i)
+      pairs.emplace_back(&g.items[i], &want->items[i]);
+    for (const auto& [a, b] : pairs) {
+      OutputCheck c = compare_tensors(*a, *b, 1e-3, 1e-5);
+      if (!c.ok()) {
+        why = "output " + std::to_string(o) + ": " +
+              (c.problem.empty() ? "max abs error " + std::to_string(c.max_abs) : c.problem);
+        return Outcome::failed;
+      }
+    }
+  }
+  return Outcome::passed;
+}
+
 Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
@@ -56,9 +101,17 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
       why = "output dtype (onnx " + std::to_string(io.onnx_type) + ")";
       return Outcome::skipped;
     }
+  bool values = false;  // a sequence among the inputs or outputs
+  for (const auto* list : {&(*ex)->inputs(), &(*ex)->outputs()})
+    for (const auto& io : *list) values = values || io.sequence;
   int sets = 0;
   for (int k = 0; fs::is_directory(dir / ("test_data_set_" + std::to_string(k))); ++k) {
     const fs::path set = dir / ("test_data_set_" + std::to_string(k));
+    if (values) {
+      if (Outcome r = run_values_set(set, **ex, why); r != Outcome::passed) return r;
+      ++sets;
+      continue;
+    }
     auto in = read_tensor_dir(set, "input");
     auto want = read_tensor_dir(set, "output");
     if (!in || !want) {
@@ -110,7 +163,7 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
   std::map<std::string, int> skip_reasons;
   std::vector<std::string> failures;
   Tally total;
-  for (const char* suite : {"node", "pytorch-operator", "pytorch-converted"}) {
+  for (const char* suite : {"node", "pytorch-operator", "pytorch-converted", "simple"}) {
     std::vector<fs::path> dirs;
     for (const auto& e : fs::directory_iterator(root / suite))
       if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());

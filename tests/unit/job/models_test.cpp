@@ -40,6 +40,33 @@ TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[job][models]") 
   }
 }
 
+// Recurrent layers and control flow (gen_control_models.py): nn.LSTM and nn.GRU export to ONNX LSTM
+// and GRU; the scripted modules to Loop and If with bodies reading the outer weights, and to the
+// list pattern SplitToSequence / Loop over SequenceAt and SequenceInsert / ConcatFromSequence.
+TEST_CASE("pytorch-exported recurrent and control-flow models match pytorch within 1e-4",
+          "[job][models]") {
+  const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
+  auto name = GENERATE(as<std::string>{}, "tiny-lstm", "tiny-gru", "tiny-loop", "tiny-seq");
+  SECTION(name) {
+    ModelVerifyOptions o;
+    o.model = dir + name + ".onnx";
+    o.inputs = o.expected = dir + name + ".io/test_data_set_0";
+    o.rtol = 0;
+    o.atol = 1e-4;
+    o.backend = "cpu";
+    o.threads = 2;
+    auto r = verify_model(o);
+    REQUIRE(r.ok());
+    INFO(r->format());
+    REQUIRE(!r->outputs.empty());
+    for (const auto& out : r->outputs) {
+      CHECK(out.ok());
+      CHECK(out.max_abs < 1e-4);
+    }
+    CHECK(r->stats.nodes > 0);
+  }
+}
+
 TEST_CASE(
     "on the ascend plugin (fake CANN) supported nodes run there, the rest on the cpu fallback",
     "[job][models][ascend]") {

@@ -17,6 +17,10 @@
 // it hands those nodes to a CommOps implementation given in ExecOptions. Without one, such nodes
 // are reported as unsupported before the run.
 //
+// Control flow (If, Loop, Scan, SequenceMap) and the sequence ops run in the executor itself: a
+// subgraph is prepared with the main graph into a body whose nodes go through the same dispatch,
+// and a slot may hold a sequence of tensors besides a tensor (docs/executor.md).
+//
 // With ExecOptions::offload (offload_run.h) the weights, and optionally activations, live in a host
 // pool and are copied onto the device ahead of the nodes that read them, on a schedule planned for
 // the device budget (exec_offload.cpp).
@@ -28,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hp/core/expected.h"
@@ -100,6 +105,8 @@ struct GraphIO {
   std::int32_t onnx_type = 0;
   std::vector<std::int64_t> dims;  ///< -1 for a symbolic or unknown dim
   bool has_shape = false;
+  /// A sequence of tensors (seq(tensor)): dtype, onnx_type and dims are then its elements'.
+  bool sequence = false;
 };
 
 /// Time spent in one op type during the last run.
@@ -142,7 +149,10 @@ class Executor {
 
   /// Runs the graph on `inputs` (graph input order, already checked by bind_inputs or the caller).
   /// Returns the outputs in graph output order, named after the graph outputs.
+  /// Errc::bad_input when a graph input is a sequence; Errc::runtime when an output is one.
   Expected<std::vector<HostTensor>> run(const std::vector<HostTensor>& inputs);
+  /// As run(), for graphs whose inputs or outputs may be sequences.
+  Expected<std::vector<HostValue>> run_values(const std::vector<HostValue>& inputs);
   const ExecStats& stats() const;
 
   struct Impl;
@@ -151,6 +161,10 @@ class Executor {
   explicit Executor(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// True for the ops the executor runs itself rather than a backend plugin: If, Loop, Scan and the
+/// sequence ops (docs/executor.md).
+bool is_executor_op(std::string_view domain, std::string_view op_type);
 
 /// A model's declared graph inputs (initializers left out: older exporters list them as inputs) and
 /// outputs, as the executor would bind them, without preparing it.

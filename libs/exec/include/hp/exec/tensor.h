@@ -37,6 +37,15 @@ struct HostTensor {
   }
 };
 
+/// A graph value: a tensor, or a sequence of tensors (ONNX seq(tensor); the sequence ops and
+/// control flow produce them, docs/executor.md "Sequences").
+struct HostValue {
+  bool is_sequence = false;
+  HostTensor tensor;              ///< the value when !is_sequence
+  int elem_dtype = -1;            ///< a sequence's element hp_dtype (-1 when unknown)
+  std::vector<HostTensor> items;  ///< a sequence's elements
+};
+
 /// Bytes per element of an hp_dtype the executor handles; 0 otherwise.
 int dtype_size(int dtype);
 /// hp_dtype of an ONNX TensorProto::DataType; -1 when the executor cannot hold it (string, f16,
@@ -54,6 +63,10 @@ std::string dims_label(const std::vector<std::int64_t>& dims);
 Expected<HostTensor> read_tensor_file(const std::filesystem::path& path);
 /// Serializes `t` as a TensorProto (raw_data) into `path`, atomically.
 Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t);
+
+/// Reads one file holding a serialized TensorProto, or a SequenceProto of tensors when `sequence`.
+/// Errc::bad_input naming the file as read_tensor_file does (also for a sequence of non-tensors).
+Expected<HostValue> read_value_file(const std::filesystem::path& path, bool sequence);
 
 /// Reads `<dir>/<prefix>_0.pb`, `<prefix>_1.pb`, ... while they exist (prefix "input" or "output").
 /// Errc::bad_input when `dir` is not a directory.

@@ -209,7 +209,11 @@ typedef enum hp_attr_kind {
   HP_ATTR_STRING = 2, /**< s (NUL-terminated) */
   HP_ATTR_INTS = 3,   /**< ints[0..n) */
   HP_ATTR_FLOATS = 4, /**< floats[0..n) */
-  HP_ATTR_TENSOR = 5  /**< tensor (a host-memory hp_tensor_desc, e.g. Constant's value) */
+  HP_ATTR_TENSOR = 5, /**< tensor (a host-memory hp_tensor_desc, e.g. Constant's value) */
+  /** n strings stored back to back in s, each NUL-terminated (an RNN's activations). Sent by hosts
+   * since 1.3 without a layout change; a plugin that does not know the kind ignores the attribute.
+   */
+  HP_ATTR_STRINGS = 6
 } hp_attr_kind;
 
 /** Maximum rank of an hp_tensor_desc. */
