@@ -86,6 +86,10 @@ LiveCounts reduce(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64
   for (std::int64_t c = 0; c < out.chunks; ++c)
     for (auto& w : undominated(std::move(bwd[static_cast<std::size_t>(c)])))
       out.before_backward.push_back({std::move(w), c});
+  for (const auto& n : out.after_forward)
+    for (auto x : n) out.forward_rows.push_back(static_cast<double>(x));
+  for (const auto& b : out.before_backward)
+    for (auto x : b.live) out.backward_rows.push_back(static_cast<double>(x));
   return out;
 }
 
@@ -114,15 +118,75 @@ double activation_peak(const LiveCounts& live, const std::vector<UnitActivations
     worst[c] = std::max(worst[c], u->transient - freed[c]);
     freed[c] += u->kept;
   }
-  auto dot = [&](const std::vector<std::int64_t>& n) {
+  return activation_peak(live, kept.data(), worst.data());
+}
+
+double activation_peak(const LiveCounts& live, const double* kept, const double* worst) {
+  const auto chunks = static_cast<std::size_t>(live.chunks);
+  auto dot = [&](const double* n) {
     double s = 0;
-    for (std::size_t c = 0; c < chunks; ++c) s += static_cast<double>(n[c]) * kept[c];
+    for (std::size_t c = 0; c < chunks; ++c) s += n[c] * kept[c];
     return s;
   };
   double peak = 0;
-  for (const auto& n : live.after_forward) peak = std::max(peak, dot(n));
-  for (const auto& b : live.before_backward)
-    peak = std::max(peak, dot(b.live) + worst[static_cast<std::size_t>(b.chunk)]);
+  for (std::size_t i = 0; i < live.after_forward.size(); ++i)
+    peak = std::max(peak, dot(live.forward_rows.data() + i * chunks));
+  for (std::size_t i = 0; i < live.before_backward.size(); ++i)
+    peak = std::max(peak, dot(live.backward_rows.data() + i * chunks) +
+                              worst[static_cast<std::size_t>(live.before_backward[i].chunk)]);
+  return peak;
+}
+
+PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> units)
+    : live_(live),
+      units_(std::move(units)),
+      members_(static_cast<std::size_t>(live.chunks)),
+      forward_sums_(live.after_forward.size(), 0.0),
+      backward_sums_(live.before_backward.size(), 0.0),
+      worst_(static_cast<std::size_t>(live.chunks), 0.0) {
+  const auto chunks = members_.size();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    auto& c = units_[u].chunk;
+    c = std::min<std::int64_t>(c, static_cast<std::int64_t>(chunks) - 1);
+    members_[static_cast<std::size_t>(c)].push_back(u);
+    const double k = units_[u].kept;
+    units_[u].kept = 0;
+    set(u, k, units_[u].transient);
+  }
+  for (std::size_t c = 0; c < chunks; ++c) rescan(c);
+}
+
+void PeakTracker::set(std::size_t u, double kept, double transient) {
+  UnitActivations& x = units_[u];
+  const auto c = static_cast<std::size_t>(x.chunk), chunks = members_.size();
+  const double delta = kept - x.kept;
+  if (delta != 0) {
+    for (std::size_t i = 0; i < forward_sums_.size(); ++i)
+      forward_sums_[i] += live_.forward_rows[i * chunks + c] * delta;
+    for (std::size_t i = 0; i < backward_sums_.size(); ++i)
+      backward_sums_[i] += live_.backward_rows[i * chunks + c] * delta;
+  }
+  x.kept = kept;
+  x.transient = transient;
+  rescan(c);
+}
+
+void PeakTracker::rescan(std::size_t chunk) {
+  double worst = 0, freed = 0;
+  const auto& m = members_[chunk];
+  for (auto u = m.rbegin(); u != m.rend(); ++u) {
+    worst = std::max(worst, units_[*u].transient - freed);
+    freed += units_[*u].kept;
+  }
+  worst_[chunk] = worst;
+}
+
+double PeakTracker::peak() const {
+  double peak = 0;
+  for (double s : forward_sums_) peak = std::max(peak, s);
+  for (std::size_t i = 0; i < backward_sums_.size(); ++i)
+    peak = std::max(
+        peak, backward_sums_[i] + worst_[static_cast<std::size_t>(live_.before_backward[i].chunk)]);
   return peak;
 }
 

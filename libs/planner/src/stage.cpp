@@ -183,17 +183,23 @@ std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t s
   const std::int64_t v = c.schedule == recipe::Schedule::interleaved ? c.virtual_stages : 1;
   const auto chunk = chunks_of(blocks, v);
   const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, v);
+  // The choice is changed block by block and the peak tracked incrementally (PeakTracker).
+  const bool first = stage == 0, last = stage == c.pp - 1;
   std::vector<UnitActivations> units;
-  units.reserve(n + 2);
+  if (first) units.push_back({0, ctx.costs.prologue.act[0], 0});
+  const std::size_t off = units.size();
+  for (std::size_t i = 0; i < n; ++i) units.push_back({chunk[i], bc.act[0], 0});
+  if (last) units.push_back({v - 1, ctx.costs.epilogue.act[0], 0});
+  PeakTracker tracker(live, std::move(units));
+  std::vector<int> current(n, 0);
   auto fits = [&](std::size_t nf, std::size_t ns) {
-    units.clear();
-    if (stage == 0) units.push_back({0, ctx.costs.prologue.act[0], 0});
     for (std::size_t i = 0; i < n; ++i) {
       const int lv = i < nf ? 2 : i < nf + ns ? 1 : 0;
-      units.push_back({chunk[i], bc.act[lv], bc.act[0] - bc.act[lv]});
+      if (lv == current[i]) continue;
+      current[i] = lv;
+      tracker.set(off + i, bc.act[lv], bc.act[0] - bc.act[lv]);
     }
-    if (stage == c.pp - 1) units.push_back({v - 1, ctx.costs.epilogue.act[0], 0});
-    return fixed + activation_peak(live, units) <= limit;
+    return fixed + tracker.peak() <= limit;
   };
   // For every count of full blocks, the fewest selective ones that fit. More full blocks never
   // need more selective ones, so the count only walks down: about 2n checks in all.

@@ -42,6 +42,9 @@ struct LiveCounts {
     std::int64_t chunk = 0;
   };
   std::vector<Backward> before_backward;
+  /// The same counts as doubles, one row of `chunks` per vector (after_forward, then
+  /// before_backward), for activation_peak's inner loop.
+  std::vector<double> forward_rows, backward_rows;
 };
 
 /// live_counts of rank k's training schedule, computed from schedule_ops once per argument tuple
@@ -63,5 +66,26 @@ struct UnitActivations {
 /// run backward and freed, no longer hold). Equals the maximum over every slot of the timeline
 /// libs/offload simulates from schedule_ops.
 double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units);
+/// The same from per-chunk figures (live.chunks entries each): `kept[c]` the bytes one micro-batch
+/// keeps in chunk c, `worst[c]` the most its backward adds above what is alive at its start.
+double activation_peak(const LiveCounts& live, const double* kept, const double* worst);
+
+/// activation_peak of a rank whose units change one at a time (the recompute search tries many
+/// choices of the same blocks): a change updates each live-count vector's sum for the changed
+/// chunk only, instead of recomputing every sum over every chunk.
+class PeakTracker {
+ public:
+  PeakTracker(const LiveCounts& live, std::vector<UnitActivations> units);
+  /// Unit `u` (an index into the units given) now keeps `kept` and rebuilds `transient`.
+  void set(std::size_t u, double kept, double transient);
+  double peak() const;
+
+ private:
+  void rescan(std::size_t chunk);  // the chunk's worst backward moment
+  const LiveCounts& live_;
+  std::vector<UnitActivations> units_;
+  std::vector<std::vector<std::size_t>> members_;  ///< unit indices per chunk, in model order
+  std::vector<double> forward_sums_, backward_sums_, worst_;
+};
 
 }  // namespace hp::planner
