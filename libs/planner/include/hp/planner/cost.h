@@ -191,11 +191,11 @@ double unit_workspace(const BlockProfile& b, const Config& c);
 struct StagePlan {
   std::vector<std::int64_t> blocks;
   std::vector<recipe::Recompute> recompute;  ///< parallel to blocks
-  bool feasible = true;                      ///< memory <= device memory
+  bool feasible = true;                      ///< memory <= usable_memory (margin kept free)
   double recompute_flops = 0;                ///< extra forward FLOPs per micro-batch on one device
   double time = 0;  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
   double compute = 0, recompute_time = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0;
-  double memory = 0;  ///< peak bytes (states + activations + buffers + margin)
+  double memory = 0;  ///< peak bytes: states + activations (peak) + buffers + workspace
   double states = 0, activations = 0;
 };
 
