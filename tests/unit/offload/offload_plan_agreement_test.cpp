@@ -107,3 +107,41 @@ TEST_CASE("offload: every shipped recipe's timeline peak is the planner's stage 
   }
   CHECK(checked >= 9);  // the shipped planned recipes, each in two dtypes where priced
 }
+
+TEST_CASE("offload: inference timelines agree with the planner apart from the KV cache",
+          "[offload]") {
+  // The planner prices inference without a KV cache (one block's activations at a time); the
+  // timeline adds the cache of every micro-batch served. Everything else is the same model.
+  const fs::path dir = fs::path(HP_SOURCE_DIR) / "recipes";
+  const auto presets = recipe::preset_dirs(fs::path(HP_BINARY_DIR) / "bin", HP_SOURCE_DIR);
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    auto rec = recipe::load_recipe(entry.path());
+    REQUIRE(rec);
+    if (rec->stages.empty()) continue;
+    INFO(entry.path().filename().string());
+    auto cluster = recipe::cluster_for(*rec, dir, presets);
+    REQUIRE(cluster);
+    planner::PredictOptions po;
+    po.train = false;
+    auto plan = planner::predict_recipe(*rec, dir, *cluster, po);
+    REQUIRE(plan);
+    offload::StageBuildOptions so;
+    so.model = dir / rec->model;
+    so.train = false;
+    auto built = offload::build_stages(*rec, *cluster, so);
+    REQUIRE(built);
+    REQUIRE(built->stages.size() == plan->stages.size());
+    for (std::size_t k = 0; k < plan->stages.size(); ++k) {
+      INFO("stage " << k);
+      double peak = 0;
+      for (const auto& s : offload::simulate(built->stages[k]).slots)
+        peak = std::max(
+            peak, offload::sum(s.memory) - s.memory[static_cast<int>(offload::Kind::kv_cache)]);
+      CHECK(peak == Approx(plan->stages[k].memory).epsilon(0.02));
+    }
+    ++checked;
+  }
+  CHECK(checked >= 5);
+}
