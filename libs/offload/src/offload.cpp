@@ -18,6 +18,7 @@
 #include "hp/core/fs.h"
 #include "hp/core/units.h"
 #include "hp/offload/stage_input.h"
+#include "hp/planner/cost.h"
 #include "hp/recipe/presets.h"
 
 namespace hp::offload {
@@ -149,7 +150,9 @@ Expected<OffloadReport> run(const OffloadOptions& given) {
   r.micro_batches = p.micro_batches, r.micro_batch_size = p.micro_batch_size, r.seq = built.seq;
   r.schedule = recipe::schedule_name(p.schedule);
   r.device_memory = built.device.memory;
-  r.margin = rec.offload ? rec.offload->margin : 0.1;
+  // One margin for hp plan and offload-profile (planner cost.h kTransientMargin, docs/planner.md,
+  // "Memory"); a recipe's [offload] margin overrides it.
+  r.margin = rec.offload ? rec.offload->margin : planner::kTransientMargin;
   if (checked.hbm) {
     r.budget = *checked.hbm;
     r.budget_source = "--hbm";

@@ -17,9 +17,6 @@
 namespace hp::offload {
 namespace {
 
-// PyTorch DDP's default gradient bucket (bucket_cap_mb = 25): the all-reduce staging buffer.
-constexpr double kGradBucket = 25.0 * 1024 * 1024;
-
 struct Placed {
   std::int64_t chunk = 0;
   std::int64_t block = -1;  ///< -1 prologue, -2 epilogue
@@ -107,22 +104,21 @@ Unit Pricing::unit_of(const Placed& pl, const planner::BlockProfile& b,
                                               : "block")
                           : b.name;
   u.chunk = pl.chunk;
-  u.param_count = b.parameters / t;
+  u.param_count = bc.dense_params + bc.expert_params;
   const int lv = static_cast<int>(pl.rc);
   rc_time = 0;
+  // Model states exactly as the planner counts them (expert parallelism and ZeRO applied).
+  const planner::StateBytes st = planner::block_states(bc, prof, c, w);
+  u.parameters = st.parameters;
   if (!o.train) {
-    u.parameters = u.param_count * db;
-    u.act = bt.act[0];
+    u.act = bc.act_infer;
     u.fwd = bc.fwd + bc.tp_comm;
     if (b.quadratic_flops > 0)  // attention: K and V of every token of the micro-batch
       u.kv = 2.0 * hidden * kv_ratio * static_cast<double>(seq) * mbs * db / t;
     return u;
   }
-  const ModelStates ms = zero_states(u.param_count, p.optimizer_shard, shard, db, w.grad_bytes,
-                                     w.optimizer_state_bytes);
-  u.parameters = ms.parameters;
-  u.gradients = ms.gradients;
-  u.optimizer = ms.optimizer;
+  u.gradients = st.gradients;
+  u.optimizer = st.optimizer;
   u.act = bc.act[lv];
   u.act_transient = bc.act[0] - bc.act[lv];
   rc_time = pl.rc == recipe::Recompute::full        ? bc.rc_full
@@ -138,7 +134,6 @@ Unit Pricing::unit_of(const Placed& pl, const planner::BlockProfile& b,
     u.opt = mc.memory_bandwidth > 0 ? u.opt_bytes / mc.memory_bandwidth : 0;
     u.update_bytes = u.param_count / static_cast<double>(shard) * db;
   }
-  if (p.optimizer_shard == 3) u.gather = u.param_count * db - u.parameters;
   return u;
 }
 
@@ -161,7 +156,7 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
   in.train = o.train;
   planner::StagePlan sp;
   CapacityStage cs;
-  double grads = 0;
+  double grads = 0, a2a = 0, biggest = 0;
   for (const auto& pl : placed) {
     const planner::BlockProfile& b = pl.block == -1 ? prof.prologue
                                      : pl.block == -2
@@ -171,7 +166,9 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
     const planner::BlockCost bt = planner::block_cost(b, prof, c, wt, mc, links);
     double rc_time = 0;
     Unit u = unit_of(pl, b, bc, bt, rc_time);
-    grads += u.gradients;
+    grads += bc.grad_bytes;
+    a2a = std::max(a2a, bc.a2a_buffer);
+    biggest = std::max(biggest, bc.weight_bytes);
     sp.compute += bc.fwd + bc.bwd;
     sp.recompute_time += rc_time;
     sp.tp_comm += bc.tp_comm;
@@ -179,22 +176,21 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
       sp.blocks.push_back(pl.block);
       sp.recompute.push_back(pl.rc);
     }
-    in.workspace = std::max(in.workspace, 4.0 * mbs * b.boundary_bytes / t);
+    in.workspace = std::max(in.workspace, planner::unit_workspace(b, c));
     cs.weights.push_back(u.parameters);
     cs.kv_per_token.push_back(u.kv / (static_cast<double>(seq) * mbs));
     cs.act_per_token = std::max(cs.act_per_token, bt.act[0] / (static_cast<double>(seq) * mbs));
     in.units.push_back(std::move(u));
   }
+  // The planner's buffers (cost.h stage_buffers), so the peak here is the stage memory it reports.
+  in.buffers = planner::stage_buffers(prof, c, w, grads, a2a, biggest);
   if (p.pp > 1) {
     const double msg = mbs * prof.hidden_bytes / (p.sequence_parallel ? t : 1.0);
-    in.buffers +=
-        2.0 * msg * (o.train ? 2.0 : 1.0);  // send and receive, activations and their grads
     const bool edge = k == 0 || k == p.pp - 1;
     const double sends =
         (edge ? 1.0 : 2.0) * (o.train ? 2.0 : 1.0) * static_cast<double>(c.virtual_stages);
     sp.pp_comm = sends * topology::send_recv_time(links.pp, msg) * (1.0 - mc.cal.overlap_pp);
   }
-  if (o.train && p.dp > 1) in.buffers += std::min(grads, kGradBucket);
   sp.time = sp.compute + sp.recompute_time + sp.tp_comm + sp.pp_comm;
   cs.fixed = in.buffers + in.workspace;
   plans.push_back(std::move(sp));
@@ -234,6 +230,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   c.schedule = p.schedule;
   c.virtual_stages = p.schedule == recipe::Schedule::interleaved ? p.virtual_stages : 1;
   c.sequence_parallel = p.sequence_parallel;
+  c.ep = p.expert_parallel;
   HP_ASSIGN_OR_RETURN(pr.links, planner::axis_links(topo, c));
   BuiltStages out;
   out.device = topo.device();

@@ -29,39 +29,6 @@ double sum(const Breakdown& b) {
   return s;
 }
 
-std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
-                             std::int64_t v, bool train) {
-  std::vector<Op> ops;
-  const std::int64_t chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
-  if (!train) {
-    for (std::int64_t j = 0; j < m; ++j)
-      for (std::int64_t c = 0; c < chunks; ++c) ops.push_back({true, j, c});
-    return ops;
-  }
-  if (s == recipe::Schedule::gpipe) {
-    for (std::int64_t j = 0; j < m; ++j) ops.push_back({true, j, 0});
-    for (std::int64_t j = m - 1; j >= 0; --j) ops.push_back({false, j, 0});
-    return ops;
-  }
-  // Virtual micro-batch i of the interleaved order (Megatron-LM schedules.py): groups of p
-  // micro-batches run through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
-  const std::int64_t group = p * chunks;
-  auto fwd = [&](std::int64_t i) { return Op{true, (i / group) * p + i % p, (i % group) / p}; };
-  auto bwd = [&](std::int64_t i) {
-    return Op{false, (i / group) * p + i % p, chunks - 1 - (i % group) / p};
-  };
-  const std::int64_t total = m * chunks;
-  const std::int64_t warmup =
-      chunks == 1 ? std::min(p - k - 1, m) : std::min((p - k - 1) * 2 + (chunks - 1) * p, total);
-  for (std::int64_t i = 0; i < warmup; ++i) ops.push_back(fwd(i));
-  for (std::int64_t i = 0; i < total - warmup; ++i) {
-    ops.push_back(fwd(warmup + i));
-    ops.push_back(bwd(i));
-  }
-  for (std::int64_t i = total - warmup; i < total; ++i) ops.push_back(bwd(i));
-  return ops;
-}
-
 Timeline simulate(const StageInput& in) {
   Timeline t;
   Breakdown fixed{};
@@ -73,8 +40,8 @@ Timeline simulate(const StageInput& in) {
   fixed[static_cast<int>(Kind::buffers)] = in.buffers;
   fixed[static_cast<int>(Kind::workspace)] = in.workspace;
   double acts = 0, kv = 0, clock = 0;
-  auto push = [&](Slot::Type type, std::int64_t u, std::int64_t j, double dur, double transient_act,
-                  double transient_buf) {
+  auto push = [&](Slot::Type type, std::int64_t u, std::int64_t j, double dur,
+                  double transient_act) {
     Slot s;
     s.type = type;
     s.unit = u;
@@ -84,7 +51,6 @@ Timeline simulate(const StageInput& in) {
     s.memory = fixed;
     s.memory[static_cast<int>(Kind::activations)] = acts + transient_act;
     s.memory[static_cast<int>(Kind::kv_cache)] = kv;
-    s.memory[static_cast<int>(Kind::buffers)] += transient_buf;
     clock += dur;
     t.slots.push_back(s);
   };
@@ -99,20 +65,20 @@ Timeline simulate(const StageInput& in) {
         acts += in.train ? x.act : 0.0;
         kv += x.kv;
         // Inference keeps nothing for backward, but the layer's activations exist while it runs.
-        push(Slot::forward, u, op.micro, x.fwd, in.train ? 0.0 : x.act, x.gather);
+        push(Slot::forward, u, op.micro, x.fwd, in.train ? 0.0 : x.act);
       }
     } else {
       for (std::int64_t u = n - 1; u >= 0; --u) {
         const Unit& x = in.units[static_cast<std::size_t>(u)];
         if (x.chunk != op.chunk) continue;
-        push(Slot::backward, u, op.micro, x.bwd, x.act_transient, x.gather);
+        push(Slot::backward, u, op.micro, x.bwd, x.act_transient);
         acts -= x.act;  // freed once its backward has run
       }
     }
   }
   if (in.train)
     for (std::int64_t u = n - 1; u >= 0; --u)
-      push(Slot::optimizer, u, 0, in.units[static_cast<std::size_t>(u)].opt, 0, 0);
+      push(Slot::optimizer, u, 0, in.units[static_cast<std::size_t>(u)].opt, 0);
   t.step = clock;
   for (std::size_t i = 0; i < t.slots.size(); ++i)
     if (sum(t.slots[i].memory) > sum(t.slots[t.peak].memory)) t.peak = i;

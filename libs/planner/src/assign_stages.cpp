@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <unordered_map>
 
@@ -55,10 +56,28 @@ class RangeCosts {
   std::unordered_map<std::uint64_t, std::pair<bool, double>> memo_;
 };
 
+// The same for the interleaved packing, keyed by rank and block list: the threshold search lays out
+// the same ranks again and again.
+class LayoutCosts {
+ public:
+  explicit LayoutCosts(const StageContext& ctx) : ctx_(ctx) {}
+  std::pair<bool, double> operator()(std::int64_t k, std::vector<std::int64_t> blocks) {
+    auto key = std::make_pair(k, std::move(blocks));
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const StagePlan s = evaluate_stage(ctx_, k, key.second);
+    return memo_[std::move(key)] = {s.feasible, s.time};
+  }
+
+ private:
+  const StageContext& ctx_;
+  std::map<std::pair<std::int64_t, std::vector<std::int64_t>>, std::pair<bool, double>> memo_;
+};
+
 // Greedy maximal packing under threshold t: each rank takes the longest run of blocks that fits
 // and meets t (found by bisection: a rank's cost grows with its blocks); nullopt when some rank
 // cannot. With costs monotone in the block set this succeeds iff some contiguous assignment does.
-std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, double t) {
+std::optional<Packing> pack(const StageContext& ctx, RangeCosts& cost, LayoutCosts&, double t) {
   const std::int64_t L = static_cast<std::int64_t>(ctx.model.blocks.size());
   const std::int64_t p = ctx.config.pp;
   auto ok = [&](std::int64_t k, std::int64_t i, std::int64_t j) {
@@ -110,7 +129,8 @@ std::vector<std::int64_t> interleaved_rank(const std::vector<std::int64_t>& coun
 // Interleaved level 2: blocks per rank chosen like pack() (greedy maximal counts under threshold t,
 // at least v per rank so no chunk is empty); the ranks still to come are assumed even while a rank
 // is sized, and the final layout is evaluated as laid out.
-std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, double t) {
+std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, LayoutCosts& cost,
+                                        double t) {
   const std::int64_t L = static_cast<std::int64_t>(ctx.model.blocks.size());
   const std::int64_t p = ctx.config.pp, v = ctx.config.virtual_stages;
   std::vector<std::int64_t> counts(static_cast<std::size_t>(p), v);
@@ -121,8 +141,8 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
     const std::int64_t rest = p - k - 1, left = L - used - a;
     for (std::int64_t r = k + 1; r < p; ++r)
       cs[static_cast<std::size_t>(r)] = left / rest + (r - k - 1 < left % rest ? 1 : 0);
-    const StagePlan s = evaluate_stage(ctx, k, interleaved_rank(cs, v, k));
-    return s.feasible && s.time <= t;
+    const auto [feasible, time] = cost(k, interleaved_rank(cs, v, k));
+    return feasible && time <= t;
   };
   for (std::int64_t k = 0; k < p - 1; ++k) {
     if (!ok(k, v)) return std::nullopt;
@@ -140,9 +160,9 @@ std::optional<Packing> pack_interleaved(const StageContext& ctx, RangeCosts&, do
   counts[static_cast<std::size_t>(p - 1)] = L - used;
   Packing out{interleaved_layout(counts, v), 0};
   for (std::int64_t k = 0; k < p; ++k) {
-    const StagePlan s = evaluate_stage(ctx, k, out.blocks[static_cast<std::size_t>(k)]);
-    if (!s.feasible || s.time > t) return std::nullopt;
-    out.tmax = std::max(out.tmax, s.time);
+    const auto [feasible, time] = cost(k, out.blocks[static_cast<std::size_t>(k)]);
+    if (!feasible || time > t) return std::nullopt;
+    out.tmax = std::max(out.tmax, time);
   }
   return out;
 }
@@ -174,21 +194,22 @@ std::vector<StagePlan> assign_stages(const ModelProfile& m, const Config& c, con
     return {s};
   }
   RangeCosts cost(ctx);
+  LayoutCosts layouts(ctx);
   const auto packer = c.virtual_stages > 1 ? pack_interleaved : pack;
-  auto best = packer(ctx, cost, std::numeric_limits<double>::infinity());
+  auto best = packer(ctx, cost, layouts, std::numeric_limits<double>::infinity());
   if (!best) return {};
   // Minimise the slowest rank: bisect the threshold, then finish exactly (stage times take finitely
   // many values, so step just below the best maximum until no packing meets it).
   double lo = best->tmax / static_cast<double>(c.pp) / 4;
   for (int it = 0; it < 24 && best->tmax - lo > 1e-4 * best->tmax; ++it) {
     const double mid = 0.5 * (lo + best->tmax);
-    if (auto got = packer(ctx, cost, mid))
+    if (auto got = packer(ctx, cost, layouts, mid))
       best = std::move(got);
     else
       lo = mid;
   }
   for (int it = 0; it < 64; ++it) {
-    auto got = packer(ctx, cost, best->tmax * (1 - 1e-12));
+    auto got = packer(ctx, cost, layouts, best->tmax * (1 - 1e-12));
     if (!got) break;
     best = std::move(got);
   }

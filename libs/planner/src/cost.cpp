@@ -40,6 +40,7 @@
 
 #include <algorithm>
 
+#include "hp/planner/schedule.h"
 #include "hp/topology/collectives.h"
 
 namespace hp::planner {
@@ -182,17 +183,49 @@ double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_lev
 }
 
 double in_flight(const Config& c, std::int64_t stage) {
-  const double m = static_cast<double>(c.micro_batches);
-  const double p = static_cast<double>(c.pp);
-  switch (c.schedule) {
-    case recipe::Schedule::gpipe: return m;
-    case recipe::Schedule::one_f_one_b: return std::min(m, p - static_cast<double>(stage));
-    case recipe::Schedule::interleaved: {
-      const double v = static_cast<double>(c.virtual_stages);
-      return std::min(m, p - static_cast<double>(stage)) * (1.0 + (p - 1.0) / (p * v));
-    }
+  const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, c.virtual_stages);
+  double most = 0;
+  for (const auto& n : live.after_forward) {
+    double total = 0;
+    for (auto x : n) total += static_cast<double>(x);
+    most = std::max(most, total);
   }
-  return m;
+  return most / static_cast<double>(live.chunks);
+}
+
+StateBytes block_states(const BlockCost& b, const ModelProfile& m, const Config& c,
+                        const Workload& w) {
+  StateBytes s;
+  auto add = [&](double params, std::int64_t shard) {
+    const double o = static_cast<double>(std::max<std::int64_t>(1, shard));
+    const int z = w.train ? c.optimizer_shard : 0;
+    s.parameters += params * m.dtype_bytes / (z >= 3 ? o : 1.0);
+    if (!w.train) return;
+    s.gradients += params * w.grad_bytes / (z >= 2 ? o : 1.0);
+    s.optimizer += params * w.optimizer_state_bytes / (z >= 1 ? o : 1.0);
+  };
+  add(b.dense_params, dense_shard(c));
+  add(b.expert_params, expert_shard(c));
+  return s;
+}
+
+double stage_buffers(const ModelProfile& m, const Config& c, const Workload& w, double grads,
+                     double a2a, double biggest_weights) {
+  const double mbs = static_cast<double>(c.micro_batch_size);
+  const double t = static_cast<double>(c.tp);
+  double bytes = 0;
+  if (c.pp > 1)
+    bytes += 2.0 * mbs * m.hidden_bytes / (c.sequence_parallel ? t : 1.0) * (w.train ? 2.0 : 1.0);
+  if (c.tp > 1) bytes += mbs * m.hidden_bytes;
+  if (w.train && c.dp > 1) bytes += std::min(kGradBucket, grads);
+  bytes += a2a;
+  if (c.optimizer_shard == 3) bytes += 2.0 * biggest_weights;
+  return bytes;
+}
+
+double unit_workspace(const BlockProfile& b, const Config& c) {
+  return 4.0 * static_cast<double>(c.micro_batch_size) * b.boundary_bytes /
+         static_cast<double>(c.tp);
 }
 
 BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config& c,

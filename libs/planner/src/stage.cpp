@@ -1,13 +1,14 @@
 // One pipeline rank's cost, and the step time of a whole plan.
 //
-// A rank's peak memory is its model states, plus the activations of its blocks times the number of
-// micro-batches the schedule keeps in flight there (in_flight(): 1F1B stage k holds p-k, GPipe all
-// m, interleaving adds (p-1)/(p v)), plus communication buffers (a send and a receive buffer for
-// the pipeline, a TP collective buffer, a DP gradient bucket, expert all-to-all buffers, the
-// prefetched gathered block under ZeRO-3), plus the activations a fully recomputed block rebuilds
-// during its backward. It must fit the device memory less the transient margin (fragmentation,
-// workspaces), which is kept free rather than added to the prediction. Recompute choices are per
-// block (none / selective / full): exact (every count of full and selective blocks) when a rank's
+// A rank's peak memory is its model states, plus its activations at the schedule's busiest moment,
+// plus communication buffers and kernel workspace (stage_buffers, unit_workspace in cost.h). The
+// activations are priced per model chunk against the schedule's live micro-batch counts
+// (schedule.h: live_counts, activation_peak), which include what a recomputed block rebuilds during
+// its backward, so this is the peak hp offload-profile's timeline simulates from the same op order
+// (docs/planner.md, "Memory"). It must fit the device memory less the transient margin (the
+// context, library buffers and fragmentation no model sees), which is kept free rather than added
+// to the prediction. Recompute choices are per block (none / selective / full): exact (every count
+// of full and selective blocks) when a rank's
 // blocks are identical, greedy by bytes saved per second added otherwise.
 //
 // The step time (predict) is the Metis form of the pipeline time generalised to interleaving:
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hp/planner/schedule.h"
 #include "hp/topology/collectives.h"
 
 namespace hp::planner {
@@ -65,27 +67,23 @@ struct Upgrade {
   double saves = 0, costs = 0;
 };
 
-// Communication buffers, scaled to what the plan actually moves: the pipeline's send and receive
-// buffers, one TP collective buffer, a DP gradient bucket (DDP's default bucket, 25M fp32 elements
-// = 100 MB, never more than the rank's gradients), the expert all-to-all dispatch and combine
-// buffers, and under ZeRO-3 the gathered block plus its prefetch.
-double buffers(const StageContext& ctx, const std::vector<std::int64_t>& blocks,
-               double grad_bytes) {
-  const Config& c = ctx.config;
-  const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes;
-  double bytes = 0;
-  if (c.pp > 1) bytes += 2.0 * msg;
-  if (c.tp > 1) bytes += msg;
-  if (ctx.work.train && c.dp > 1) bytes += std::min(100e6, grad_bytes);
-  double a2a = 0, biggest = 0;
-  for (auto b : blocks) {
-    a2a = std::max(a2a, ctx.costs.blocks[static_cast<std::size_t>(b)].a2a_buffer);
-    biggest = std::max(biggest, ctx.costs.blocks[static_cast<std::size_t>(b)].weight_bytes);
+// The model chunk (virtual stage) of each of a rank's blocks: runs of consecutive block indices
+// (rank k holds chunks k, k + pp, ..., never adjacent when pp > 1); when the runs are not v of them
+// (pp = 1), the interleaved layout's even split.
+std::vector<std::int64_t> chunks_of(const std::vector<std::int64_t>& blocks, std::int64_t v) {
+  std::vector<std::int64_t> out(blocks.size(), 0);
+  if (v <= 1) return out;
+  std::int64_t runs = blocks.empty() ? 0 : 1;
+  for (std::size_t i = 1; i < blocks.size(); ++i) {
+    if (blocks[i] != blocks[i - 1] + 1) ++runs;
+    out[i] = runs - 1;
   }
-  bytes += a2a;
-  if (c.optimizer_shard == 3)
-    bytes += 2.0 * biggest;  // the gathered block and the prefetched next one
-  return bytes;
+  if (runs == v) return out;
+  const auto n = static_cast<std::int64_t>(blocks.size());
+  std::size_t i = 0;
+  for (std::int64_t c = 0; c < v; ++c)
+    for (std::int64_t j = 0; j < n / v + (c < n % v ? 1 : 0); ++j) out[i++] = c;
+  return out;
 }
 
 // Whether every block of a stage has the same cost entry (the usual case: repeated layers).
@@ -112,32 +110,39 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
   s.blocks = std::move(blocks);
   s.recompute = std::move(recompute);
   s.recompute.resize(s.blocks.size(), Recompute::none);
-  const double flight = train ? in_flight(c, stage) : 1.0;
-  double states = 0, acts = 0, transient = 0, grads = 0, a2a = 0;
-  auto add = [&](const BlockCost& b, const BlockProfile& p, Recompute r) {
+  const std::int64_t v = c.schedule == recipe::Schedule::interleaved ? c.virtual_stages : 1;
+  double states = 0, infer_peak = 0, grads = 0, a2a = 0, a2a_buffer = 0, biggest = 0, workspace = 0;
+  std::vector<UnitActivations> units;
+  units.reserve(s.blocks.size() + 2);
+  auto add = [&](const BlockCost& b, const BlockProfile& p, Recompute r, std::int64_t chunk) {
     states += b.state_bytes;
     grads += b.grad_bytes;
-    acts += b.act[level(r)] * flight;
     s.compute += b.fwd + b.bwd;
     s.tp_comm += b.tp_comm;
     a2a += b.ep_comm;
+    a2a_buffer = std::max(a2a_buffer, b.a2a_buffer);
+    biggest = std::max(biggest, b.weight_bytes);
+    workspace = std::max(workspace, unit_workspace(p, c));
     s.recompute_time += rc_time(b, r);
     const double rc_flops = r == Recompute::none        ? 0.0
                             : r == Recompute::selective ? p.quadratic_flops
                                                         : p.fwd_flops;
     s.recompute_flops +=
         static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
-    // Inference keeps one block's activations at a time; a fully recomputed block rebuilds its
-    // whole activations once during its backward.
-    if (!train) transient = std::max(transient, b.act_infer);
-    if (r == Recompute::full) transient = std::max(transient, b.act[0]);
+    // Training keeps act[level] per micro-batch in flight and rebuilds the rest during the
+    // backward; inference holds one unit's activations at a time.
+    const double kept = b.act[level(r)];
+    if (train) units.push_back({chunk, kept, b.act[0] - kept});
+    infer_peak = std::max(infer_peak, b.act_infer);
   };
-  if (first) add(costs.prologue, ctx.model.prologue, Recompute::none);
-  if (last) add(costs.epilogue, ctx.model.epilogue, Recompute::none);
+  // Model order (prologue first, epilogue last): the peak's backward transients depend on it.
+  if (first) add(costs.prologue, ctx.model.prologue, Recompute::none, 0);
+  const auto chunk = chunks_of(s.blocks, v);
   for (std::size_t i = 0; i < s.blocks.size(); ++i) {
     const auto b = static_cast<std::size_t>(s.blocks[i]);
-    add(costs.blocks[b], ctx.model.blocks[b], train ? s.recompute[i] : Recompute::none);
+    add(costs.blocks[b], ctx.model.blocks[b], train ? s.recompute[i] : Recompute::none, chunk[i]);
   }
+  if (last) add(costs.epilogue, ctx.model.epilogue, Recompute::none, v - 1);
   s.ep_comm = a2a;
   if (c.pp > 1) {
     const double msg = static_cast<double>(c.micro_batch_size) * ctx.model.hidden_bytes /
@@ -148,8 +153,11 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
         sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
   }
   s.states = states;
-  s.activations = acts;
-  s.memory = states + acts + transient + buffers(ctx, s.blocks, grads);
+  s.activations =
+      train ? activation_peak(live_counts(c.schedule, c.pp, stage, c.micro_batches, v), units)
+            : infer_peak;
+  s.memory = states + s.activations + workspace +
+             stage_buffers(ctx.model, c, ctx.work, grads, a2a_buffer, biggest);
   s.feasible = s.memory <= usable_memory(ctx.machine);
   s.time = s.compute + s.recompute_time + s.tp_comm + s.ep_comm + s.pp_comm;
   return s;
@@ -166,27 +174,45 @@ std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t s
   const StagePlan base = cost_stage(ctx, stage, blocks, none);
   const double limit = usable_memory(ctx.machine);
   if (base.memory <= limit || n == 0) return none;
+  const Config& c = ctx.config;
   const BlockCost& bc = ctx.costs.blocks[static_cast<std::size_t>(blocks[0])];
-  const double flight = in_flight(ctx.config, stage);
-  const double save_sel = (bc.act[0] - bc.act[1]) * flight,
-               save_full = (bc.act[0] - bc.act[2]) * flight;
-  double best = -1;
-  std::size_t best_full = 0, best_sel = 0;
-  for (std::size_t nf = 0; nf <= n; ++nf) {
-    // In training the only transient is the one fully recomputed block rebuilding its activations.
-    const double mem =
-        base.memory - static_cast<double>(nf) * save_full + (nf > 0 ? bc.act[0] : 0.0);
-    const double over = mem - limit;
-    std::size_t ns = 0;
-    if (over > 0) {
-      if (save_sel <= 0) continue;
-      ns = static_cast<std::size_t>(std::ceil(over / save_sel * (1 - 1e-12)));
-      if (nf + ns > n) continue;
+  // Only the activation peak changes with the choice (states, buffers and workspace do not), so a
+  // choice is checked against the exact peak without re-costing the stage. Full blocks come
+  // first, then selective ones, as the result lays them out.
+  const double fixed = base.memory - base.activations;
+  const std::int64_t v = c.schedule == recipe::Schedule::interleaved ? c.virtual_stages : 1;
+  const auto chunk = chunks_of(blocks, v);
+  const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, v);
+  // The choice is changed block by block and the peak tracked incrementally (PeakTracker).
+  const bool first = stage == 0, last = stage == c.pp - 1;
+  std::vector<UnitActivations> units;
+  if (first) units.push_back({0, ctx.costs.prologue.act[0], 0});
+  const std::size_t off = units.size();
+  for (std::size_t i = 0; i < n; ++i) units.push_back({chunk[i], bc.act[0], 0});
+  if (last) units.push_back({v - 1, ctx.costs.epilogue.act[0], 0});
+  PeakTracker tracker(live, std::move(units));
+  std::vector<int> current(n, 0);
+  auto fits = [&](std::size_t nf, std::size_t ns) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const int lv = i < nf ? 2 : i < nf + ns ? 1 : 0;
+      if (lv == current[i]) continue;
+      current[i] = lv;
+      tracker.set(off + i, bc.act[lv], bc.act[0] - bc.act[lv]);
     }
+    return fixed + tracker.peak() <= limit;
+  };
+  // For every count of full blocks, the fewest selective ones that fit. More full blocks never
+  // need more selective ones, so the count only walks down: about 2n checks in all.
+  double best = -1;
+  std::size_t best_full = 0, best_sel = 0, ns = n;
+  for (std::size_t nf = 0; nf <= n; ++nf) {
+    if (best >= 0 && static_cast<double>(nf) * bc.rc_full >= best) break;
+    ns = std::min(ns, n - nf);
+    if (!fits(nf, ns)) continue;
+    while (ns > 0 && fits(nf, ns - 1)) --ns;
     const double t =
         static_cast<double>(nf) * bc.rc_full + static_cast<double>(ns) * bc.rc_selective;
     if (best < 0 || t < best) best = t, best_full = nf, best_sel = ns;
-    if (save_full <= 0) break;
   }
   std::vector<Recompute> r(n, Recompute::none);
   if (best < 0) {

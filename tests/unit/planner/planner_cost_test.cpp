@@ -4,11 +4,13 @@
 // "Per block and micro-batch").
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "hp/model/summary.h"
 #include "hp/planner/cost.h"
 #include "hp/planner/planner.h"
+#include "hp/planner/schedule.h"
 #include "hp/topology/collectives.h"
 
 using namespace hp;
@@ -37,6 +39,20 @@ TEST_CASE("planner: in-flight micro-batches per schedule", "[planner]") {
   c.schedule = recipe::Schedule::interleaved;
   c.virtual_stages = 3;
   CHECK(in_flight(c, 0) == Approx(8.0 * (1.0 + 7.0 / 24.0)));
+  // Megatron's warm-up on the last stage is (v-1)p = 16 chunk forwards: it too holds about p
+  // micro-batches of its earlier chunks, not min(m, p-k) = 1.
+  CHECK(in_flight(c, 7) == Approx(17.0 / 3.0));
+  const LiveCounts& last = live_counts(c.schedule, 8, 7, 64, 3);
+  REQUIRE(last.after_forward.size() >= 1);
+  std::int64_t most = 0, most_total = 0;
+  for (const auto& n : last.after_forward) {
+    most = std::max(most, n[0]);
+    most_total = std::max(most_total, n[0] + n[1] + n[2]);
+  }
+  // Chunk 0 peaks at 2p: the second group's p forwards of chunk 0 run while chunk 1's backwards
+  // free the first group's chunk 1, before any backward of chunk 0.
+  CHECK(most == 16);
+  CHECK(most_total == 17);
   c.schedule = recipe::Schedule::one_f_one_b;
   c.micro_batches = 2;
   CHECK(in_flight(c, 0) == 2.0);  // m < p: only m micro-batches exist

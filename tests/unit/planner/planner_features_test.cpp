@@ -3,6 +3,7 @@
 // de-duplication of the top-k list.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <set>
 
 #include "hp/planner/planner.h"
@@ -94,7 +95,13 @@ TEST_CASE("planner: --compare on the DeepSeek-style MoE on 128 Ascend 910B", "[p
   if (!rep) FAIL(rep.error().str());
   REQUIRE(rep->baselines.size() == 2);
   const Plan& best = rep->plans.front();
-  CHECK(best.config.ep > 1);  // expert parallelism pays on a 141B MoE
+  // Expert parallelism is competitive on a 141B MoE: a top plan uses it, within 1% of the best.
+  // (Once interleaved stages were priced with the p micro-batches of every chunk they really hold,
+  // the best became dp8 tp2 pp8 1F1B without ep, 0.2% ahead of dp16 tp2 pp4 ep4.)
+  const auto with_ep = std::find_if(rep->plans.begin(), rep->plans.end(),
+                                    [](const Plan& p) { return p.config.ep > 1; });
+  REQUIRE(with_ep != rep->plans.end());
+  CHECK(with_ep->predicted.iteration <= 1.01 * best.predicted.iteration);
   for (const auto& b : rep->baselines) {
     INFO(b.name);
     REQUIRE(b.plan);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "hp/planner/planner.h"
+#include "hp/planner/schedule.h"
 #include "hp/recipe/presets.h"
 #include "hp/recipe/verify.h"
 #include "planner_test_util.h"
@@ -89,31 +90,38 @@ TEST_CASE("planner: level 2 equals brute force over partitions and recompute set
           std::vector<int> lv(n, 0);
           std::function<void(std::size_t)> rec = [&](std::size_t i) {
             if (i == n) {
-              double states = 0, acts = 0, time = 0, transient = 0;
-              const double flight = in_flight(c, k);
+              // The stage memory of docs/planner.md, "Memory", from its public pieces: the
+              // schedule's activation peak, buffers and workspace (1F1B: one chunk).
+              double states = 0, time = 0, grads = 0, workspace = 0;
+              std::vector<UnitActivations> units;
               auto edge = [&](const BlockProfile& bp) {
                 BlockCost bc = block_cost(bp, m, c, w, mc, table_links);
                 states += bc.state_bytes;
-                acts += bc.act[0] * flight;
+                grads += bc.grad_bytes;
+                workspace = std::max(workspace, unit_workspace(bp, c));
+                units.push_back({0, bc.act[0], 0});
                 time += bc.fwd + bc.bwd + bc.tp_comm;
               };
               if (k == 0) edge(m.prologue);
-              if (k == 2) edge(m.epilogue);
               for (std::size_t j = 0; j < n; ++j) {
-                BlockCost bc = block_cost(
-                    m.blocks[static_cast<std::size_t>(split[static_cast<std::size_t>(k)][j])], m, c,
-                    w, mc, table_links);
+                const BlockProfile& bp =
+                    m.blocks[static_cast<std::size_t>(split[static_cast<std::size_t>(k)][j])];
+                BlockCost bc = block_cost(bp, m, c, w, mc, table_links);
                 states += bc.state_bytes;
-                acts += bc.act[lv[j]] * flight;
+                grads += bc.grad_bytes;
+                workspace = std::max(workspace, unit_workspace(bp, c));
+                units.push_back({0, bc.act[lv[j]], bc.act[0] - bc.act[lv[j]]});
                 time += bc.fwd + bc.bwd + bc.tp_comm +
                         (lv[j] == 1   ? bc.rc_selective
                          : lv[j] == 2 ? bc.rc_full
                                       : 0);
-                if (lv[j] == 2) transient = std::max(transient, bc.act[0]);
               }
-              const double buffers = 2 * c.micro_batch_size * m.hidden_bytes;
-              const double mem_need =
-                  states + acts + transient + buffers + mc.cal.transient_margin * mc.memory;
+              if (k == 2) edge(m.epilogue);
+              const double acts =
+                  activation_peak(live_counts(c.schedule, c.pp, k, c.micro_batches, 1), units);
+              const double mem_need = states + acts + workspace +
+                                      stage_buffers(m, c, w, grads, 0, 0) +
+                                      mc.cal.transient_margin * mc.memory;
               if (mem_need <= mc.memory) stage_best = std::min(stage_best, time);
               return;
             }

@@ -3,8 +3,9 @@
 // the prologue/epilogue) running forward or backward for one micro-batch, or the optimizer step of
 // one unit, in the order the schedule runs them (schedule_ops). Memory at a slot is what is
 // allocated while it runs: model states, the activations of every micro-batch in flight, the KV
-// cache, the transients of that slot (recompute rebuild, a ZeRO-3 gathered layer), buffers and
-// workspace.
+// cache, the transient of that slot (a recompute rebuild), buffers and workspace. Its peak without
+// offload is, by construction, the stage memory `hp plan` reports (planner::activation_peak over
+// the same op order, the same buffers and workspace; docs/planner.md, "Memory").
 #pragma once
 
 #include <array>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/planner/schedule.h"
 #include "hp/recipe/recipe.h"
 
 namespace hp::offload {
@@ -32,7 +34,6 @@ struct Unit {
   double act = 0;            ///< bytes kept per micro-batch for backward, after recompute
   double act_transient = 0;  ///< extra bytes live during its backward (recompute rebuilds)
   double kv = 0;             ///< KV-cache bytes per micro-batch (inference)
-  double gather = 0;         ///< ZeRO-3: the gathered full layer while it runs
   double fwd = 0, bwd = 0;   ///< seconds per micro-batch; bwd includes recomputation
   double opt = 0;            ///< seconds of its optimizer step on the device
   double opt_bytes = 0;      ///< bytes its optimizer step reads and writes (memory-bound)
@@ -46,20 +47,14 @@ struct StageInput {
   recipe::Schedule schedule = recipe::Schedule::one_f_one_b;
   bool train = true;
   std::vector<Unit> units;  ///< in model order; chunk ascending
-  double buffers = 0;       ///< communication buffers (p2p, gradient buckets)
-  double workspace = 0;     ///< kernel workspace (largest transient of one op)
+  double buffers = 0;    ///< communication buffers (p2p, TP, gradient bucket, all-to-all, ZeRO-3)
+  double workspace = 0;  ///< kernel workspace (largest transient of one op)
 };
 
-/// One forward or backward of a model chunk for one micro-batch.
-struct Op {
-  bool forward = true;
-  std::int64_t micro = 0, chunk = 0;
-};
-/// The order stage k runs its chunks: GPipe (all forwards, then all backwards), 1F1B (p-k-1 warm-up
-/// forwards, then one forward / one backward), interleaved 1F1B (Megatron's order: warm-up
-/// 2(p-k-1) + (v-1)p chunk forwards). Inference is forwards only.
-std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t stages, std::int64_t stage,
-                             std::int64_t micro_batches, std::int64_t virtual_stages, bool train);
+/// The schedule's op order is the planner's (hp/planner/schedule.h), so the timeline and `hp plan`
+/// count the same micro-batches alive.
+using planner::Op;
+using planner::schedule_ops;
 
 struct Slot {
   enum Type { forward, backward, optimizer } type = forward;

@@ -55,6 +55,15 @@ struct ModelProfile {
   double total_fwd_flops() const;  ///< one forward, one sequence
 };
 
+/// The fraction of device memory no plan may use, in `hp plan` and `hp offload-profile` alike
+/// (docs/planner.md, "Memory"): buffers and kernel workspace are counted explicitly, so the margin
+/// is what no cost model sees (the CUDA/CANN context, NCCL/HCCL internal buffers, allocator
+/// fragmentation). It is also the recipe's default [offload] margin.
+inline constexpr double kTransientMargin = 0.1;
+/// PyTorch DDP's default gradient bucket (bucket_cap_mb = 25): the staging buffer of the gradient
+/// all-reduce (or reduce-scatter), never more than the rank's gradients.
+inline constexpr double kGradBucket = 25.0 * 1024 * 1024;
+
 /// Achievable fractions and overlap ratios. See src/cost.cpp for where each number comes from.
 struct Calibration {
   /// Achieved / peak FLOP/s of dense kernels as a function of the per-device GEMM width
@@ -71,7 +80,7 @@ struct Calibration {
   double overlap_opt = 0.5;       ///< share of optimizer-shard gathers hidden (ZeRO-3 prefetch)
   double overlap_pp = 0.0;        ///< share of pipeline send/recv hidden
   double overlap_ep = 0.0;  ///< share of expert all-to-alls hidden (dispatch waits on routing)
-  double transient_margin = 0.08;  ///< fraction of device memory kept for fragmentation/workspace
+  double transient_margin = kTransientMargin;  ///< fraction of device memory kept free
 };
 
 /// The calibration hp uses for a device kind (gpu / npu / cpu).
@@ -158,19 +167,41 @@ double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_lev
 double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
                           const AxisLinks& links, double dense, double expert);
 
-/// Micro-batches whose activations stage k (0-based) keeps alive at the peak, per schedule.
+/// Micro-batches per model chunk whose activations stage k (0-based) keeps alive at its busiest
+/// moment (schedule.h live_counts: the most chunk activations alive after a forward, over the
+/// chunks): 1F1B p-k, GPipe m, interleaved about p on every stage (Megatron's warm-up runs
+/// 2(p-k-1) + (v-1)p chunk forwards). The stage memory itself prices each chunk's own count; this
+/// average ranks recomputation candidates.
 double in_flight(const Config& c, std::int64_t stage);
+
+/// Model states of one block on one device, by kind (the ZeRO split of BlockCost::state_bytes).
+struct StateBytes {
+  double parameters = 0, gradients = 0, optimizer = 0;
+  double total() const { return parameters + gradients + optimizer; }
+};
+StateBytes block_states(const BlockCost& b, const ModelProfile& m, const Config& c,
+                        const Workload& w);
+
+/// Communication buffers of a pipeline rank holding `grads` bytes of gradients: a send and a
+/// receive buffer for the pipeline's activations (and, training, their gradients), one TP
+/// collective buffer, a DP gradient bucket, the largest expert all-to-all `a2a`, and under ZeRO-3
+/// the gathered block `biggest_weights` plus its prefetched successor.
+double stage_buffers(const ModelProfile& m, const Config& c, const Workload& w, double grads,
+                     double a2a, double biggest_weights);
+/// Kernel workspace while a unit runs: the largest transient of one op, four boundary tensors of
+/// one micro-batch (TP split). A rank holds the largest of its units'.
+double unit_workspace(const BlockProfile& b, const Config& c);
 
 /// A pipeline rank's share after level 2: its blocks (indices into ModelProfile::blocks;
 /// contiguous, or v contiguous chunks when interleaved) and the recompute choice per block.
 struct StagePlan {
   std::vector<std::int64_t> blocks;
   std::vector<recipe::Recompute> recompute;  ///< parallel to blocks
-  bool feasible = true;                      ///< memory <= device memory
+  bool feasible = true;                      ///< memory <= usable_memory (margin kept free)
   double recompute_flops = 0;                ///< extra forward FLOPs per micro-batch on one device
   double time = 0;  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
   double compute = 0, recompute_time = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0;
-  double memory = 0;  ///< peak bytes (states + activations + buffers + margin)
+  double memory = 0;  ///< peak bytes: states + activations (peak) + buffers + workspace
   double states = 0, activations = 0;
 };
 

@@ -1,0 +1,193 @@
+// schedule_ops and the live-count reduction the planner prices activations with (schedule.h).
+#include "hp/planner/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <tuple>
+
+namespace hp::planner {
+
+std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
+                             std::int64_t v, bool train) {
+  std::vector<Op> ops;
+  const std::int64_t chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
+  if (!train) {
+    for (std::int64_t j = 0; j < m; ++j)
+      for (std::int64_t c = 0; c < chunks; ++c) ops.push_back({true, j, c});
+    return ops;
+  }
+  if (s == recipe::Schedule::gpipe) {
+    for (std::int64_t j = 0; j < m; ++j) ops.push_back({true, j, 0});
+    for (std::int64_t j = m - 1; j >= 0; --j) ops.push_back({false, j, 0});
+    return ops;
+  }
+  // Virtual micro-batch i of the interleaved order (Megatron-LM schedules.py): groups of p
+  // micro-batches run through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
+  const std::int64_t group = p * chunks;
+  auto fwd = [&](std::int64_t i) { return Op{true, (i / group) * p + i % p, (i % group) / p}; };
+  auto bwd = [&](std::int64_t i) {
+    return Op{false, (i / group) * p + i % p, chunks - 1 - (i % group) / p};
+  };
+  const std::int64_t total = m * chunks;
+  const std::int64_t warmup =
+      chunks == 1 ? std::min(p - k - 1, m) : std::min((p - k - 1) * 2 + (chunks - 1) * p, total);
+  for (std::int64_t i = 0; i < warmup; ++i) ops.push_back(fwd(i));
+  for (std::int64_t i = 0; i < total - warmup; ++i) {
+    ops.push_back(fwd(warmup + i));
+    ops.push_back(bwd(i));
+  }
+  for (std::int64_t i = total - warmup; i < total; ++i) ops.push_back(bwd(i));
+  return ops;
+}
+
+namespace {
+
+bool dominated(const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] > b[i]) return false;
+  return true;
+}
+
+// The distinct vectors of `in` that no other kept vector dominates. Larger sums first, so a vector
+// is only compared with those that could dominate it.
+std::vector<std::vector<std::int64_t>> undominated(std::set<std::vector<std::int64_t>> in) {
+  std::vector<std::vector<std::int64_t>> all(in.begin(), in.end()), kept;
+  auto total = [](const std::vector<std::int64_t>& x) {
+    return std::accumulate(x.begin(), x.end(), std::int64_t{0});
+  };
+  std::stable_sort(all.begin(), all.end(),
+                   [&](const auto& a, const auto& b) { return total(a) > total(b); });
+  for (auto& x : all)
+    if (std::none_of(kept.begin(), kept.end(), [&](const auto& y) { return dominated(x, y); }))
+      kept.push_back(std::move(x));
+  return kept;
+}
+
+LiveCounts reduce(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
+                  std::int64_t v) {
+  LiveCounts out;
+  out.chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
+  std::vector<std::int64_t> live(static_cast<std::size_t>(out.chunks), 0);
+  std::set<std::vector<std::int64_t>> fwd;
+  std::vector<std::set<std::vector<std::int64_t>>> bwd(static_cast<std::size_t>(out.chunks));
+  for (const Op& op : schedule_ops(s, p, k, m, v, true)) {
+    auto& n = live[static_cast<std::size_t>(op.chunk)];
+    if (op.forward) {
+      ++n;
+      fwd.insert(live);
+    } else {
+      bwd[static_cast<std::size_t>(op.chunk)].insert(live);
+      --n;
+    }
+  }
+  out.after_forward = undominated(std::move(fwd));
+  for (std::int64_t c = 0; c < out.chunks; ++c)
+    for (auto& w : undominated(std::move(bwd[static_cast<std::size_t>(c)])))
+      out.before_backward.push_back({std::move(w), c});
+  for (const auto& n : out.after_forward)
+    for (auto x : n) out.forward_rows.push_back(static_cast<double>(x));
+  for (const auto& b : out.before_backward)
+    for (auto x : b.live) out.backward_rows.push_back(static_cast<double>(x));
+  return out;
+}
+
+}  // namespace
+
+const LiveCounts& live_counts(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
+                              std::int64_t v) {
+  using Key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+  thread_local std::map<Key, LiveCounts> cache;
+  if (s != recipe::Schedule::interleaved) v = 1;
+  const Key key{static_cast<int>(s), p, k, m, v};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, reduce(s, p, k, m, v)).first;
+  return it->second;
+}
+
+double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units) {
+  const auto chunks = static_cast<std::size_t>(live.chunks);
+  // Per chunk: the bytes one micro-batch keeps, and the worst moment of its backward above them
+  // (units run backward last to first; each frees its kept bytes after its own backward).
+  std::vector<double> kept(chunks, 0), worst(chunks, 0), freed(chunks, 0);
+  for (const auto& u : units)
+    kept[std::min(static_cast<std::size_t>(u.chunk), chunks - 1)] += u.kept;
+  for (auto u = units.rbegin(); u != units.rend(); ++u) {
+    const auto c = std::min(static_cast<std::size_t>(u->chunk), chunks - 1);
+    worst[c] = std::max(worst[c], u->transient - freed[c]);
+    freed[c] += u->kept;
+  }
+  return activation_peak(live, kept.data(), worst.data());
+}
+
+double activation_peak(const LiveCounts& live, const double* kept, const double* worst) {
+  const auto chunks = static_cast<std::size_t>(live.chunks);
+  auto dot = [&](const double* n) {
+    double s = 0;
+    for (std::size_t c = 0; c < chunks; ++c) s += n[c] * kept[c];
+    return s;
+  };
+  double peak = 0;
+  for (std::size_t i = 0; i < live.after_forward.size(); ++i)
+    peak = std::max(peak, dot(live.forward_rows.data() + i * chunks));
+  for (std::size_t i = 0; i < live.before_backward.size(); ++i)
+    peak = std::max(peak, dot(live.backward_rows.data() + i * chunks) +
+                              worst[static_cast<std::size_t>(live.before_backward[i].chunk)]);
+  return peak;
+}
+
+PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> units)
+    : live_(live),
+      units_(std::move(units)),
+      members_(static_cast<std::size_t>(live.chunks)),
+      forward_sums_(live.after_forward.size(), 0.0),
+      backward_sums_(live.before_backward.size(), 0.0),
+      worst_(static_cast<std::size_t>(live.chunks), 0.0) {
+  const auto chunks = members_.size();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    auto& c = units_[u].chunk;
+    c = std::min<std::int64_t>(c, static_cast<std::int64_t>(chunks) - 1);
+    members_[static_cast<std::size_t>(c)].push_back(u);
+    const double k = units_[u].kept;
+    units_[u].kept = 0;
+    set(u, k, units_[u].transient);
+  }
+  for (std::size_t c = 0; c < chunks; ++c) rescan(c);
+}
+
+void PeakTracker::set(std::size_t u, double kept, double transient) {
+  UnitActivations& x = units_[u];
+  const auto c = static_cast<std::size_t>(x.chunk), chunks = members_.size();
+  const double delta = kept - x.kept;
+  if (delta != 0) {
+    for (std::size_t i = 0; i < forward_sums_.size(); ++i)
+      forward_sums_[i] += live_.forward_rows[i * chunks + c] * delta;
+    for (std::size_t i = 0; i < backward_sums_.size(); ++i)
+      backward_sums_[i] += live_.backward_rows[i * chunks + c] * delta;
+  }
+  x.kept = kept;
+  x.transient = transient;
+  rescan(c);
+}
+
+void PeakTracker::rescan(std::size_t chunk) {
+  double worst = 0, freed = 0;
+  const auto& m = members_[chunk];
+  for (auto u = m.rbegin(); u != m.rend(); ++u) {
+    worst = std::max(worst, units_[*u].transient - freed);
+    freed += units_[*u].kept;
+  }
+  worst_[chunk] = worst;
+}
+
+double PeakTracker::peak() const {
+  double peak = 0;
+  for (double s : forward_sums_) peak = std::max(peak, s);
+  for (std::size_t i = 0; i < backward_sums_.size(); ++i)
+    peak = std::max(
+        peak, backward_sums_[i] + worst_[static_cast<std::size_t>(live_.before_backward[i].chunk)]);
+  return peak;
+}
+
+}  // namespace hp::planner
