@@ -112,6 +112,14 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def repeat_kv(x, n_rep):
+    """Hugging Face Llama's GQA expansion (modeling_llama.repeat_kv). torch 1.13 exports
+    repeat_interleave on the head dim to a Reshape that interleaves the wrong axes, wrong in every
+    runtime, so a Llama written with it cannot be checked against torch."""
+    b, kv, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
 def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -139,8 +147,7 @@ class LlamaBlock(nn.Module):
         k = self.k(h).view(b, t, self.KV, self.hd).transpose(1, 2)
         v = self.v(h).view(b, t, self.KV, self.hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k = k.repeat_interleave(HEADS // self.KV, dim=1)
-        v = v.repeat_interleave(HEADS // self.KV, dim=1)
+        k, v = repeat_kv(k, HEADS // self.KV), repeat_kv(v, HEADS // self.KV)
         att = (q @ k.transpose(2, 3)) / math.sqrt(self.hd)
         att = att + torch.full((t, t), float("-inf")).triu(1)
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, HIDDEN)
@@ -150,7 +157,7 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Llama: RMSNorm, RoPE from arange in the forward, GQA through repeat_interleave, SwiGLU."""
+    """Llama: RMSNorm, RoPE from arange in the forward, GQA through repeat_kv, SwiGLU."""
 
     def __init__(self):
         super().__init__()
