@@ -195,6 +195,7 @@ const OpTable& op_table() {
     register_pool_ops(t);
     register_resample_ops(t);
     register_scatter_ops(t);
+    register_loss_ops(t);
     return t;
   }();
   return table;

@@ -118,6 +118,7 @@ void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);
 void register_scatter_ops(OpTable& t);
+void register_loss_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();

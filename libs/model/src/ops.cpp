@@ -135,6 +135,9 @@ constexpr std::string_view kSupported[] = {
     "IsInf",
     "IsNaN",
     "Pad",
+    // training losses
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
 };
 
 }  // namespace
