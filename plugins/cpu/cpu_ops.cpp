@@ -12,11 +12,15 @@ namespace hp_cpu {
 int dtype_size(int dtype) {
   switch (dtype) {
     case HP_F32:
-    case HP_I32: return 4;
+    case HP_I32:
+    case HP_U32: return 4;
     case HP_F64:
-    case HP_I64: return 8;
+    case HP_I64:
+    case HP_U64: return 8;
     case HP_F16:
-    case HP_BF16: return 2;
+    case HP_BF16:
+    case HP_I16:
+    case HP_U16: return 2;
     case HP_I8:
     case HP_BOOL:
     case HP_U8:
@@ -49,8 +53,13 @@ std::vector<int64_t> View::ints() const {
     switch (dtype) {
       case HP_I64: r[k] = as<int64_t>()[k]; break;
       case HP_I32: r[k] = as<int32_t>()[k]; break;
+      case HP_I16: r[k] = as<int16_t>()[k]; break;
+      case HP_I8: r[k] = as<int8_t>()[k]; break;
       case HP_BOOL:
       case HP_U8: r[k] = as<uint8_t>()[k]; break;
+      case HP_U16: r[k] = as<uint16_t>()[k]; break;
+      case HP_U32: r[k] = as<uint32_t>()[k]; break;
+      case HP_U64: r[k] = static_cast<int64_t>(as<uint64_t>()[k]); break;
       default: throw OpError("expected an integer tensor");
     }
   }
@@ -182,7 +191,23 @@ bool all_f32(const std::vector<int32_t>& d) {
   return !d.empty();
 }
 
-bool is_num(int32_t t) { return t == HP_F32 || t == HP_F64 || t == HP_I32 || t == HP_I64; }
+bool is_float(int32_t t) { return t == HP_F32 || t == HP_F64; }
+
+bool is_int(int32_t t) {
+  switch (t) {
+    case HP_I8:
+    case HP_I16:
+    case HP_I32:
+    case HP_I64:
+    case HP_U8:
+    case HP_U16:
+    case HP_U32:
+    case HP_U64: return true;
+    default: return false;
+  }
+}
+
+bool is_num(int32_t t) { return is_float(t) || is_int(t); }
 
 const OpTable& op_table() {
   static const OpTable table = [] {
@@ -196,6 +221,9 @@ const OpTable& op_table() {
     register_resample_ops(t);
     register_scatter_ops(t);
     register_loss_ops(t);
+    register_misc_ops(t);
+    register_norm_ops(t);
+    register_convt_ops(t);
     return t;
   }();
   return table;

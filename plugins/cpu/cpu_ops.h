@@ -17,6 +17,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_internal.h"
@@ -119,6 +120,9 @@ void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);
 void register_scatter_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
+void register_misc_ops(OpTable& t);
+void register_norm_ops(OpTable& t);
+void register_convt_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();
@@ -134,32 +138,35 @@ Dims broadcast_strides(const Dims& in, const Dims& out);
 
 /// Common dtype predicates.
 bool all_f32(const std::vector<int32_t>& d);
-bool is_num(int32_t t);  ///< f32, f64, i32, i64
+bool is_num(int32_t t);    ///< f32, f64 and the integers i8..i64, u8..u64 (not bool)
+bool is_float(int32_t t);  ///< f32, f64
+bool is_int(int32_t t);    ///< i8..i64, u8..u64
 
-/// Calls f(T{}) with T the C++ type of dtype (f32, f64, i32, i64, bool/u8 as uint8_t).
+/// Calls f(T{}) with T the C++ type of dtype (f32, f64, the signed and unsigned integers, bool
+/// as uint8_t). f16/bf16 are not among them: kernels that take them convert (cpu_half.h).
 template <class F>
 void dispatch(int dtype, F&& f) {
   switch (dtype) {
     case HP_F32: f(float{}); break;
     case HP_F64: f(double{}); break;
+    case HP_I8: f(int8_t{}); break;
+    case HP_I16: f(int16_t{}); break;
     case HP_I32: f(int32_t{}); break;
     case HP_I64: f(int64_t{}); break;
     case HP_BOOL:
     case HP_U8: f(uint8_t{}); break;
+    case HP_U16: f(uint16_t{}); break;
+    case HP_U32: f(uint32_t{}); break;
+    case HP_U64: f(uint64_t{}); break;
     default: throw OpError("unsupported dtype " + std::to_string(dtype), HP_UNSUPPORTED);
   }
 }
 
-/// dispatch() restricted to the numeric types (f32, f64, i32, i64).
+/// dispatch() restricted to the numeric types (is_num: no bool).
 template <class F>
 void dispatch_num(int dtype, F&& f) {
-  switch (dtype) {
-    case HP_F32: f(float{}); break;
-    case HP_F64: f(double{}); break;
-    case HP_I32: f(int32_t{}); break;
-    case HP_I64: f(int64_t{}); break;
-    default: throw OpError("unsupported dtype " + std::to_string(dtype), HP_UNSUPPORTED);
-  }
+  if (dtype == HP_BOOL) throw OpError("unsupported dtype bool", HP_UNSUPPORTED);
+  dispatch(dtype, std::forward<F>(f));
 }
 
 }  // namespace hp_cpu

@@ -72,6 +72,9 @@ constexpr std::string_view kSupported[] = {
     "Xor",
     // normalisation, softmax, reductions
     "BatchNormalization",
+    "InstanceNormalization",
+    "LRN",
+    "MeanVarianceNormalization",
     "LayerNormalization",
     "LogSoftmax",
     "ReduceL1",
@@ -87,6 +90,7 @@ constexpr std::string_view kSupported[] = {
     "Softmax",
     // matrix products
     "Conv",
+    "ConvTranspose",
     "Einsum",
     "Gemm",
     "MatMul",
@@ -108,6 +112,7 @@ constexpr std::string_view kSupported[] = {
     "OneHot",
     "ScatterElements",
     "ScatterND",
+    "Scatter",
     "TopK",
     "Trilu",
     "Where",
@@ -138,6 +143,17 @@ constexpr std::string_view kSupported[] = {
     // training losses
     "NegativeLogLikelihoodLoss",
     "SoftmaxCrossEntropyLoss",
+    // selection and data movement
+    "BitShift",
+    "Compress",
+    "DepthToSpace",
+    "EyeLike",
+    "Hardmax",
+    "NonZero",
+    "ReverseSequence",
+    "Shrink",
+    "SpaceToDepth",
+    "Unique",
 };
 
 }  // namespace

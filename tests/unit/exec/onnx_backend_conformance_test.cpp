@@ -32,6 +32,13 @@ struct Tally {
 
 enum class Outcome { passed, failed, skipped };
 
+// The test data of onnx 1.12 stores bfloat16 tensors as uint16 TensorProtos holding the same bits
+// (its numpy had no bfloat16), so a file is read as the bf16 the model declares.
+void relabel_bf16(const std::vector<GraphIO>& decl, std::vector<HostTensor>& ts) {
+  for (std::size_t k = 0; k < ts.size() && k < decl.size(); ++k)
+    if (decl[k].dtype == HP_BF16 && ts[k].dtype == HP_U16) ts[k].dtype = HP_BF16;
+}
+
 Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
@@ -65,6 +72,8 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
       why = "data: " + (in ? want.error().str() : in.error().str());
       return Outcome::skipped;
     }
+    relabel_bf16((*ex)->inputs(), *in);
+    relabel_bf16((*ex)->outputs(), *want);
     auto bound = bind_inputs((*ex)->inputs(), std::move(*in), set.string());
     if (!bound) {
       why = "inputs: " + bound.error().str();
@@ -96,6 +105,21 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   return Outcome::passed;
 }
 
+// Tests whose stored data cannot pass on a correct implementation, each with the reason.
+const std::map<std::string, std::string> kBadData = {
+    {"node/test_cast_FLOAT_to_BFLOAT16",
+     "the onnx 1.12 reference truncates float to bfloat16; hp rounds to nearest even, as ONNX "
+     "does since 1.13 (and PyTorch)"},
+    {"node/test_castlike_FLOAT_to_BFLOAT16",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_FLOAT_to_BFLOAT16_expanded",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_BFLOAT16_to_FLOAT",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_BFLOAT16_to_FLOAT_expanded",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+};
+
 }  // namespace
 
 TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
@@ -116,12 +140,17 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
       if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());
     std::sort(dirs.begin(), dirs.end());
     for (const auto& dir : dirs) {
+      const std::string name = std::string(suite) + "/" + dir.filename().string();
       std::string why;
-      Outcome r = run_case(dir, *b, why);
+      const auto bad = kBadData.find(name);
+      Outcome r = Outcome::skipped;
+      if (bad != kBadData.end())
+        why = "test data: " + bad->second;
+      else
+        r = run_case(dir, *b, why);
       std::set<std::string> ops;
       if (auto m = model::load_model(dir / "model.onnx"); m)
         for (const auto& n : m->proto->graph().node()) ops.insert(n.op_type());
-      const std::string name = std::string(suite) + "/" + dir.filename().string();
       for (const auto& op : ops) {
         Tally& t = by_op[op];
         (r == Outcome::passed ? t.passed : r == Outcome::failed ? t.failed : t.skipped)++;
