@@ -224,6 +224,8 @@ const OpTable& op_table() {
     register_misc_ops(t);
     register_norm_ops(t);
     register_convt_ops(t);
+    register_quant_ops(t);
+    register_signal_ops(t);
     return t;
   }();
   return table;

@@ -123,6 +123,8 @@ void register_loss_ops(OpTable& t);
 void register_misc_ops(OpTable& t);
 void register_norm_ops(OpTable& t);
 void register_convt_ops(OpTable& t);
+void register_quant_ops(OpTable& t);
+void register_signal_ops(OpTable& t);
 
 /// The table, built once.
 const OpTable& op_table();

@@ -154,6 +154,16 @@ constexpr std::string_view kSupported[] = {
     "Shrink",
     "SpaceToDepth",
     "Unique",
+    // quantisation
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "QLinearMatMul",
+    "QuantizeLinear",
+    // signal windows
+    "BlackmanWindow",
+    "HammingWindow",
+    "HannWindow",
 };
 
 }  // namespace
