@@ -106,9 +106,11 @@ using DtypeCheck = std::function<bool(const std::vector<int32_t>&)>;
 struct OpEntry {
   Kernel run;
   DtypeCheck accepts;
+  /// f16/bf16 inputs run through the f32 kernel (cpu_ops_half.cpp); set by op_table().
+  bool halves = false;
 };
 
-/// Op type (ai.onnx domain) -> kernel.
+/// Op type -> kernel; ops of other domains than ai.onnx are keyed "domain.type".
 using OpTable = std::map<std::string, OpEntry>;
 
 void register_elementwise_ops(OpTable& t);
@@ -125,6 +127,17 @@ void register_norm_ops(OpTable& t);
 void register_convt_ops(OpTable& t);
 void register_quant_ops(OpTable& t);
 void register_signal_ops(OpTable& t);
+void register_vision_ops(OpTable& t);
+void register_linalg_ops(OpTable& t);
+void register_qconv_ops(OpTable& t);
+void register_optim_ops(OpTable& t);
+
+/// The 16-bit float type among the input dtypes, or -1.
+int half_input_type(const int32_t* dtypes, int64_t n);
+/// Runs `e` on f32 copies of the f16/bf16 inputs of `d`, converting its f32 outputs back.
+void run_widened(const OpEntry& e, const hp_op_desc& d, int half, hp_ctx* ctx, hp_stream* s);
+/// Whether `e` accepts these dtypes with f16/bf16 read as f32.
+bool accepts_widened(const OpEntry& e, std::vector<int32_t> dtypes);
 
 /// The table, built once.
 const OpTable& op_table();

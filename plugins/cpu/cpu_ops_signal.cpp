@@ -1,9 +1,14 @@
-// Window functions of the ONNX signal ops on the cpu backend: HannWindow, HammingWindow and
-// BlackmanWindow (what STFT front ends multiply frames by).
+// The ONNX signal ops on the cpu backend (f32): DFT, STFT and the window functions HannWindow,
+// HammingWindow and BlackmanWindow (what STFT front ends multiply frames by).
+//
+// DFT and STFT are direct O(n^2) transforms in double: X[k] = sum_n x[n] e^(-2 pi i k n / N)
+// (e^(+...) / N for the inverse). Signals carry a trailing dim of 1 (real) or 2 (real, imaginary),
+// outputs always 2; onesided keeps the N / 2 + 1 bins a real signal's spectrum is determined by.
 //
 // Each is a cosine sum w[n] = a0 - a1 cos(2 pi n / N) + a2 cos(4 pi n / N) for n in [0, size), with
 // N = size for a periodic window (the default, for spectral analysis) and size - 1 for a symmetric
 // one (filter design). Hamming's coefficients are ONNX's 25/46 and 21/46.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -38,6 +43,89 @@ void window(OpCall& c, double a0, double a1, double a2) {
   }
 }
 
+/// The DFT of n complex values (re, im) read with stride `in_st`, written as `bins` (re, im)
+/// pairs with stride `out_st`; len > n zero-pads.
+void dft_1d(const float* in, int64_t in_st, int64_t n, bool complex_in, int64_t len, bool inverse,
+            int64_t bins, float* out, int64_t out_st) {
+  const double sign = inverse ? 1.0 : -1.0;
+  for (int64_t k = 0; k < bins; ++k) {
+    double re = 0, im = 0;
+    for (int64_t t = 0; t < std::min(n, len); ++t) {
+      const double xr = in[t * in_st], xi = complex_in ? in[t * in_st + 1] : 0.0;
+      const double a = sign * 2 * M_PI * double((k * t) % len) / double(len);
+      re += xr * std::cos(a) - xi * std::sin(a);
+      im += xr * std::sin(a) + xi * std::cos(a);
+    }
+    if (inverse) re /= double(len), im /= double(len);
+    out[k * out_st] = static_cast<float>(re);
+    out[k * out_st + 1] = static_cast<float>(im);
+  }
+}
+
+void dft(OpCall& c) {
+  const View& x = c.need(0);
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  if (r < 3 || (x.dims.back() != 1 && x.dims.back() != 2))
+    c.fail("input must be [batch, ..., 1 or 2], got " + dims_str(x.dims));
+  const int64_t ax = c.axis(c.i("axis", 1), r - 1);
+  if (ax == 0) c.fail("axis 0 is the batch dim");
+  const bool inverse = c.i("inverse", 0) != 0, onesided = c.i("onesided", 0) != 0;
+  const bool cplx = x.dims.back() == 2;
+  const int64_t n = x.dims[ax];
+  const int64_t len = c.in(1).present() && c.in(1).numel() > 0 ? c.in(1).ints()[0] : n;
+  if (len <= 0) c.fail("dft_length must be positive");
+  const int64_t bins = onesided ? len / 2 + 1 : len;
+  Dims od = x.dims;
+  od[ax] = bins;
+  od.back() = 2;
+  View y = c.out(0, HP_F32, od);
+  const Dims xs = strides_of(x.dims), ys = strides_of(od);
+  // Every index of the other dims (the last one excluded) starts one transform.
+  Dims outer(x.dims.begin(), x.dims.end() - 1);
+  outer[ax] = 1;
+  const Dims ost = strides_of(outer);
+  for (int64_t q = 0, nq = numel(outer); q < nq; ++q) {
+    int64_t xo = 0, yo = 0;
+    for (size_t d = 0; d < outer.size(); ++d) {
+      const int64_t i = q / ost[d] % outer[d];
+      xo += i * xs[d];
+      yo += i * ys[d];
+    }
+    dft_1d(x.as<float>() + xo, xs[ax], n, cplx, len, inverse, bins, y.as<float>() + yo, ys[ax]);
+  }
+}
+
+void stft(OpCall& c) {
+  const View &x = c.need(0), &window = c.in(2);
+  if (x.dims.size() != 3 || (x.dims[2] != 1 && x.dims[2] != 2))
+    c.fail("signal must be [batch, length, 1 or 2], got " + dims_str(x.dims));
+  const int64_t step = c.need(1).ints().at(0);
+  int64_t flen = c.in(3).present() && c.in(3).numel() > 0 ? c.in(3).ints()[0] : -1;
+  if (window.present()) {
+    if (window.dims.size() != 1) c.fail("window must be 1-D");
+    if (flen < 0) flen = window.dims[0];
+    if (flen != window.dims[0]) c.fail("frame_length differs from the window's length");
+  }
+  if (flen <= 0 || step <= 0) c.fail("frame_length and frame_step must be positive");
+  const int64_t B = x.dims[0], L = x.dims[1], ch = x.dims[2];
+  if (L < flen) c.fail("the signal is shorter than one frame");
+  const int64_t frames = 1 + (L - flen) / step;
+  const bool onesided = c.i("onesided", 1) != 0;
+  const int64_t bins = onesided ? flen / 2 + 1 : flen;
+  View y = c.out(0, HP_F32, {B, frames, bins, 2});
+  std::vector<float> frame(static_cast<size_t>(flen * ch));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t f = 0; f < frames; ++f) {
+      for (int64_t t = 0; t < flen; ++t)
+        for (int64_t k = 0; k < ch; ++k) {
+          const float w = window.present() ? window.as<float>()[t] : 1.f;
+          frame[t * ch + k] = x.as<float>()[(b * L + f * step + t) * ch + k] * w;
+        }
+      dft_1d(frame.data(), ch, flen, ch == 2, flen, false, bins,
+             y.as<float>() + (b * frames + f) * bins * 2, 2);
+    }
+}
+
 bool int_scalar(const std::vector<int32_t>& d) {
   return d.size() == 1 && (d[0] == HP_I32 || d[0] == HP_I64);
 }
@@ -45,6 +133,10 @@ bool int_scalar(const std::vector<int32_t>& d) {
 }  // namespace
 
 void register_signal_ops(OpTable& t) {
+  t["DFT"] = {dft, [](const std::vector<int32_t>& d) { return !d.empty() && d[0] == HP_F32; }};
+  t["STFT"] = {stft, [](const std::vector<int32_t>& d) {
+                 return d.size() >= 2 && d[0] == HP_F32 && (d[1] == HP_I64 || d[1] == HP_I32);
+               }};
   t["HannWindow"] = {[](OpCall& c) { window(c, 0.5, 0.5, 0); }, int_scalar};
   t["HammingWindow"] = {[](OpCall& c) { window(c, 25.0 / 46, 21.0 / 46, 0); }, int_scalar};
   t["BlackmanWindow"] = {[](OpCall& c) { window(c, 0.42, 0.5, 0.08); }, int_scalar};

@@ -130,7 +130,9 @@ constexpr std::string_view kSupported[] = {
     "GlobalAveragePool",
     "GlobalMaxPool",
     "MaxPool",
+    "MaxUnpool",
     "Resize",
+    "Upsample",
     // no-ops at inference
     "Dropout",
     "Identity",
@@ -155,15 +157,24 @@ constexpr std::string_view kSupported[] = {
     "SpaceToDepth",
     "Unique",
     // quantisation
+    "ConvInteger",
+    "QLinearConv",
     "DequantizeLinear",
     "DynamicQuantizeLinear",
     "MatMulInteger",
     "QLinearMatMul",
     "QuantizeLinear",
-    // signal windows
+    // signal processing
+    "DFT",
+    "STFT",
     "BlackmanWindow",
     "HammingWindow",
     "HannWindow",
+    // detection and sampling
+    "GridSample",
+    "NonMaxSuppression",
+    // linear algebra
+    "Det",
 };
 
 }  // namespace

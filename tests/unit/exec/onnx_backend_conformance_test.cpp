@@ -4,8 +4,9 @@
 // outputs (ONNX's own default tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is
 // skipped, with the reason printed, when an op is not implemented, a tensor has a dtype hp does not
 // run (f16, strings, ...), or a kernel reports an op form it does not implement (e.g. Einsum with
-// an ellipsis). The report lists passed / failed / skipped per op type; any failure among the
-// runnable tests fails the test.
+// an ellipsis); every skip is printed with its reason. The report lists passed / failed / skipped
+// per op type and the pass rate over all tests; any failure among the runnable tests, or a pass
+// rate below kMinPassPercent, fails the test.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -105,11 +106,20 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   return Outcome::passed;
 }
 
+// The share of all tests (skipped ones included) that must pass, so a kernel that starts refusing
+// a form, or a dtype the executor stops carrying, fails this test instead of joining the skips.
+// The target is 95%; what stands between: the control-flow and recurrent ops (If, Loop, Scan,
+// Sequence*, LSTM/GRU/RNN), string ops, random-output ops and the tests of kBadData.
+constexpr double kMinPassPercent = 90.0;
+
 // Tests whose stored data cannot pass on a correct implementation, each with the reason.
 const std::map<std::string, std::string> kBadData = {
     {"node/test_cast_FLOAT_to_BFLOAT16",
      "the onnx 1.12 reference truncates float to bfloat16; hp rounds to nearest even, as ONNX "
      "does since 1.13 (and PyTorch)"},
+    {"node/test_adam_multiple",
+     "its outputs were computed with epsilon 1e-2, which the model does not set (the default is "
+     "1e-6)"},
     {"node/test_castlike_FLOAT_to_BFLOAT16",
      "input 'like' is stored with shape [1], the model declares [3,4]"},
     {"node/test_castlike_FLOAT_to_BFLOAT16_expanded",
@@ -173,9 +183,12 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
     std::printf("%-28s %6d %6d %7d\n", op.c_str(), t.passed, t.failed, t.skipped);
   std::printf("\nskip reasons:\n");
   for (const auto& [r, n] : skip_reasons) std::printf("  %4d  %s\n", n, r.c_str());
-  std::printf("\ntests: %d passed, %d failed, %d skipped\n", total.passed, total.failed,
-              total.skipped);
+  const int all = total.passed + total.failed + total.skipped;
+  const double rate = all ? 100.0 * total.passed / all : 0.0;
+  std::printf("\ntests: %d passed, %d failed, %d skipped of %d: %.1f%% pass (floor %.1f%%)\n",
+              total.passed, total.failed, total.skipped, all, rate, kMinPassPercent);
   for (const auto& f : failures) std::printf("FAILED %s\n", f.c_str());
   CHECK(failures.empty());
-  CHECK(total.passed > 400);
+  CHECK(all > 1000);
+  CHECK(rate >= kMinPassPercent);
 }
