@@ -236,6 +236,7 @@ const OpTable& op_table() {
     register_linalg_ops(t);
     register_qconv_ops(t);
     register_optim_ops(t);
+    register_text_ops(t);
     return t;
   }();
   return table;

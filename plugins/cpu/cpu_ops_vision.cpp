@@ -6,6 +6,11 @@
 // an already kept box exceeds iou_threshold, up to max_output_boxes_per_class. Corner boxes may
 // come with their corners in either order.
 //
+// RoiAlign (Mask R-CNN) averages, or takes the largest of, sampling_ratio^2 bilinear samples per
+// output bin of each region (ceil(region size / bins) per dim when sampling_ratio is 0), as ONNX
+// Runtime and Detectron do; "half_pixel" shifts the region by half a pixel, "output_half_pixel"
+// (the only behaviour before opset 16) instead grows it to at least 1x1.
+//
 // GridSample follows PyTorch's grid_sample, which the ONNX op was defined after and whose outputs
 // the ONNX tests store: a grid coordinate in [-1, 1] maps to a pixel position (the corner pixels'
 // centres with align_corners, else their outer edges), "border" clamps that position into the
@@ -75,6 +80,68 @@ void nms(OpCall& c) {
     }
   View y = c.out(0, HP_I64, {static_cast<int64_t>(sel.size() / 3), 3});
   std::copy(sel.begin(), sel.end(), y.as<int64_t>());
+}
+
+/// The bilinear value of img (H x W) at (y, x), 0 outside [-1, H] x [-1, W]; `max_mode` takes the
+/// largest weighted corner instead of the sum.
+double roi_sample(const float* img, int64_t H, int64_t W, double y, double x, bool max_mode) {
+  if (y < -1.0 || y > double(H) || x < -1.0 || x > double(W)) return 0;
+  y = std::max(y, 0.0);
+  x = std::max(x, 0.0);
+  int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x), y1 = y0 + 1, x1 = x0 + 1;
+  if (y0 >= H - 1) y0 = y1 = H - 1, y = double(y0);
+  if (x0 >= W - 1) x0 = x1 = W - 1, x = double(x0);
+  const double ly = y - double(y0), lx = x - double(x0), hy = 1 - ly, hx = 1 - lx;
+  const double a = hy * hx * img[y0 * W + x0], b = hy * lx * img[y0 * W + x1],
+               c = ly * hx * img[y1 * W + x0], d = ly * lx * img[y1 * W + x1];
+  return max_mode ? std::max(std::max(a, b), std::max(c, d)) : a + b + c + d;
+}
+
+void roi_align(OpCall& c) {
+  const View &x = c.need(0), &rois = c.need(1), &bidx = c.need(2);
+  if (x.dims.size() != 4) c.fail("X must be [N, C, H, W]");
+  if (rois.dims.size() != 2 || rois.dims[1] != 4) c.fail("rois must be [num_rois, 4]");
+  const std::vector<int64_t> batch = bidx.ints();
+  const int64_t R = rois.dims[0], N = x.dims[0], C = x.dims[1], H = x.dims[2], W = x.dims[3];
+  if (static_cast<int64_t>(batch.size()) != R) c.fail("batch_indices must have one per roi");
+  const int64_t oh = c.i("output_height", 1), ow = c.i("output_width", 1),
+                ratio = c.i("sampling_ratio", 0);
+  const double scale = c.f("spatial_scale", 1.0);
+  const std::string mode = c.s("mode", "avg");
+  const bool half = c.s("coordinate_transformation_mode",
+                        c.opset() >= 16 ? "half_pixel" : "output_half_pixel") == "half_pixel";
+  const bool max_mode = mode == "max";
+  View y = c.out(0, HP_F32, {R, C, oh, ow});
+  for (int64_t r = 0; r < R; ++r) {
+    if (batch[r] < 0 || batch[r] >= N) c.fail("batch index out of range");
+    const float* box = rois.as<float>() + r * 4;
+    const double off = half ? 0.5 : 0.0;
+    const double sx = box[0] * scale - off, sy = box[1] * scale - off;
+    double rw = box[2] * scale - off - sx, rh = box[3] * scale - off - sy;
+    if (!half) rw = std::max(rw, 1.0), rh = std::max(rh, 1.0);
+    const double bh = rh / double(oh), bw = rw / double(ow);
+    const int64_t gh = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rh / double(oh)));
+    const int64_t gw = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rw / double(ow)));
+    const double count = double(std::max<int64_t>(gh * gw, 1));
+    for (int64_t ch = 0; ch < C; ++ch) {
+      const float* img = x.as<float>() + (batch[r] * C + ch) * H * W;
+      for (int64_t ph = 0; ph < oh; ++ph)
+        for (int64_t pw = 0; pw < ow; ++pw) {
+          double acc = 0;
+          bool first = true;
+          for (int64_t iy = 0; iy < gh; ++iy)
+            for (int64_t ix = 0; ix < gw; ++ix) {
+              const double yy = sy + double(ph) * bh + (double(iy) + 0.5) * bh / double(gh);
+              const double xx = sx + double(pw) * bw + (double(ix) + 0.5) * bw / double(gw);
+              const double v = roi_sample(img, H, W, yy, xx, max_mode);
+              acc = max_mode ? (first ? v : std::max(acc, v)) : acc + v;
+              first = false;
+            }
+          y.as<float>()[((r * C + ch) * oh + ph) * ow + pw] =
+              static_cast<float>(max_mode ? acc : acc / count);
+        }
+    }
+  }
 }
 
 struct Sampler {
@@ -174,6 +241,10 @@ void register_vision_ops(OpTable& t) {
                               return d.size() >= 2 && d[0] == HP_F32 && d[1] == HP_F32;
                             }};
   t["GridSample"] = {grid_sample, all_f32};
+  t["RoiAlign"] = {roi_align, [](const std::vector<int32_t>& d) {
+                     return d.size() == 3 && d[0] == HP_F32 && d[1] == HP_F32 &&
+                            (d[2] == HP_I64 || d[2] == HP_I32);
+                   }};
 }
 
 }  // namespace hp_cpu

@@ -173,6 +173,9 @@ constexpr std::string_view kSupported[] = {
     // detection and sampling
     "GridSample",
     "NonMaxSuppression",
+    "RoiAlign",
+    // text features
+    "TfIdfVectorizer",
     // linear algebra
     "Det",
 };
