@@ -237,6 +237,7 @@ const OpTable& op_table() {
     register_qconv_ops(t);
     register_optim_ops(t);
     register_text_ops(t);
+    register_random_ops(t);
     return t;
   }();
   return table;

@@ -132,6 +132,7 @@ void register_linalg_ops(OpTable& t);
 void register_qconv_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
 void register_text_ops(OpTable& t);
+void register_random_ops(OpTable& t);
 
 /// The 16-bit float type among the input dtypes, or -1.
 int half_input_type(const int32_t* dtypes, int64_t n);

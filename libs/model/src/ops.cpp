@@ -174,6 +174,9 @@ constexpr std::string_view kSupported[] = {
     "GridSample",
     "NonMaxSuppression",
     "RoiAlign",
+    // random draws
+    "Bernoulli",
+    "RandomUniformLike",
     // text features
     "TfIdfVectorizer",
     // linear algebra
