@@ -141,6 +141,10 @@ void run_widened(const OpEntry& e, const hp_op_desc& d, int half, hp_ctx* ctx, h
 /// Whether `e` accepts these dtypes with f16/bf16 read as f32.
 bool accepts_widened(const OpEntry& e, std::vector<int32_t> dtypes);
 
+/// Dropout in training mode (cpu_ops_random.cpp): each element kept with probability 1 - ratio and
+/// scaled by 1 / (1 - ratio), the optional mask output saying which were kept.
+void dropout_training(OpCall& c, double ratio);
+
 /// The table, built once.
 const OpTable& op_table();
 

@@ -1,5 +1,5 @@
 // Random ops on the cpu backend: Bernoulli and RandomUniformLike (f32, f64 outputs; Bernoulli may
-// also produce integers or bool).
+// also produce integers or bool), and the training mode of Dropout.
 //
 // Draws come from a 64-bit Mersenne Twister, seeded by the node's `seed` attribute when it has one
 // (so a seeded node repeats its draws from run to run) and from std::random_device otherwise. The
@@ -7,6 +7,7 @@
 // check shapes, dtypes and the range of the values (onnx_backend_conformance_test.cpp).
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -15,7 +16,10 @@ namespace hp_cpu {
 namespace {
 
 std::mt19937_64 generator(const OpCall& c) {
-  if (c.has("seed")) return std::mt19937_64(static_cast<uint64_t>(c.f("seed", 0.0)));
+  // A float attribute for the random ops, an int one for Dropout.
+  if (c.has("seed"))
+    return std::mt19937_64(static_cast<uint64_t>(c.f("seed", 0.0)) ^
+                           static_cast<uint64_t>(c.i("seed", 0)));
   std::random_device rd;
   return std::mt19937_64((uint64_t{rd()} << 32) ^ rd());
 }
@@ -68,6 +72,28 @@ void random_uniform_like(OpCall& c) {
 }
 
 }  // namespace
+
+void dropout_training(OpCall& c, double ratio) {
+  const View& x = c.need(0);
+  if (!(ratio >= 0 && ratio < 1)) c.fail("ratio must be in [0, 1)");
+  View y = c.out(0, x.dtype, x.dims);
+  uint8_t* mask = c.n_outputs() > 1 ? c.out(1, HP_BOOL, x.dims).as<uint8_t>() : nullptr;
+  auto gen = generator(c);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const double scale = 1.0 / (1.0 - ratio);
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+        const bool keep = u(gen) >= ratio;
+        y.as<T>()[i] = keep ? static_cast<T>(x.as<T>()[i] * scale) : T(0);
+        if (mask) mask[i] = keep ? 1 : 0;
+      }
+    } else {
+      throw OpError("dropout in training mode needs a float input", HP_UNSUPPORTED);
+    }
+  });
+}
 
 void register_random_ops(OpTable& t) {
   t["Bernoulli"] = {bernoulli, [](const std::vector<int32_t>& d) {
