@@ -1,5 +1,5 @@
-// The ONNX signal ops on the cpu backend (f32): DFT, STFT and the window functions HannWindow,
-// HammingWindow and BlackmanWindow (what STFT front ends multiply frames by).
+// The ONNX signal ops on the cpu backend (f32): DFT, STFT, MelWeightMatrix and the window functions
+// HannWindow, HammingWindow and BlackmanWindow (what STFT front ends multiply frames by).
 //
 // DFT and STFT are direct O(n^2) transforms in double: X[k] = sum_n x[n] e^(-2 pi i k n / N)
 // (e^(+...) / N for the inverse). Signals carry a trailing dim of 1 (real) or 2 (real, imaginary),
@@ -126,6 +126,45 @@ void stft(OpCall& c) {
     }
 }
 
+/// MelWeightMatrix: [dft_length / 2 + 1, num_mel_bins] triangular filters, computed as the ONNX
+/// definition's reference does: num_mel_bins + 2 edges evenly spaced in mel (2595 log10(1 + f /
+/// 700)) from the lower edge, in steps of the mel range / (num_mel_bins + 2), mapped back to hertz
+/// and to spectrogram bins floor((dft_length + 1) f / sample_rate); filter i rises from edge i to
+/// edge i + 1 and falls to edge i + 2.
+void mel_weight_matrix(OpCall& c) {
+  const int64_t mels = c.need(0).ints().at(0), dft_len = c.need(1).ints().at(0),
+                rate = c.need(2).ints().at(0);
+  const double lo = c.need(3).scalar(), hi = c.need(4).scalar();
+  if (mels <= 0 || dft_len <= 0 || rate <= 0)
+    c.fail("bins, dft_length and sample_rate must be > 0");
+  const int64_t spec_bins = dft_len / 2 + 1;
+  const double lo_mel = 2595 * std::log10(1 + lo / 700), hi_mel = 2595 * std::log10(1 + hi / 700);
+  const double step = (hi_mel - lo_mel) / double(mels + 2);
+  std::vector<int64_t> edge(static_cast<size_t>(mels + 2));
+  for (int64_t i = 0; i < mels + 2; ++i) {
+    const double hz = 700 * (std::pow(10.0, (double(i) * step + lo_mel) / 2595) - 1);
+    edge[i] = static_cast<int64_t>(std::floor(double(dft_len + 1) * hz / double(rate)));
+    if (edge[i] < 0 || edge[i] >= spec_bins) c.fail("a mel edge falls outside the spectrogram");
+  }
+  const int dt = onnx_float_type(c);
+  std::vector<double> w(static_cast<size_t>(spec_bins * mels), 0.0);
+  for (int64_t i = 0; i < mels; ++i) {
+    const int64_t l = edge[i], m = edge[i + 1], h = edge[i + 2];
+    if (m == l)
+      w[m * mels + i] = 1;
+    else
+      for (int64_t j = l; j <= m; ++j) w[j * mels + i] = double(j - l) / double(m - l);
+    for (int64_t j = m; j < h; ++j) w[j * mels + i] = double(h - j) / double(h - m);
+  }
+  View y = c.out(0, dt, {spec_bins, mels});
+  for (size_t k = 0; k < w.size(); ++k) {
+    if (dt == HP_F32)
+      y.as<float>()[k] = static_cast<float>(w[k]);
+    else
+      y.as<double>()[k] = w[k];
+  }
+}
+
 bool int_scalar(const std::vector<int32_t>& d) {
   return d.size() == 1 && (d[0] == HP_I32 || d[0] == HP_I64);
 }
@@ -137,6 +176,10 @@ void register_signal_ops(OpTable& t) {
   t["STFT"] = {stft, [](const std::vector<int32_t>& d) {
                  return d.size() >= 2 && d[0] == HP_F32 && (d[1] == HP_I64 || d[1] == HP_I32);
                }};
+  t["MelWeightMatrix"] = {mel_weight_matrix, [](const std::vector<int32_t>& d) {
+                            return d.size() == 5 && is_int(d[0]) && is_int(d[1]) && is_int(d[2]) &&
+                                   is_num(d[3]) && is_num(d[4]);
+                          }};
   t["HannWindow"] = {[](OpCall& c) { window(c, 0.5, 0.5, 0); }, int_scalar};
   t["HammingWindow"] = {[](OpCall& c) { window(c, 25.0 / 46, 21.0 / 46, 0); }, int_scalar};
   t["BlackmanWindow"] = {[](OpCall& c) { window(c, 0.42, 0.5, 0.08); }, int_scalar};

@@ -166,6 +166,7 @@ constexpr std::string_view kSupported[] = {
     "QuantizeLinear",
     // signal processing
     "DFT",
+    "MelWeightMatrix",
     "STFT",
     "BlackmanWindow",
     "HammingWindow",
