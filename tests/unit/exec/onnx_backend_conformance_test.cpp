@@ -2,11 +2,11 @@
 // libonnx-testdata: node/, pytorch-operator/, pytorch-converted/). Every test whose ops the cpu
 // plugin implements runs on each of its test_data_set_N folders and is compared with the stored
 // outputs (ONNX's own default tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is
-// skipped, with the reason printed, when an op is not implemented, a tensor has a dtype hp does not
-// run (f16, strings, ...), or a kernel reports an op form it does not implement (e.g. Einsum with
-// an ellipsis); every skip is printed with its reason. The report lists passed / failed / skipped
-// per op type and the pass rate over all tests; any failure among the runnable tests, or a pass
-// rate below kMinPassPercent, fails the test.
+// skipped when an op is not implemented, a tensor has a type hp does not run (strings, sequences,
+// optionals), a kernel reports an op form it does not implement, or the stored data is known to be
+// wrong (kBadData); every skip is printed with its reason. The report lists passed / failed /
+// skipped per op type and the pass rate over all tests; any failure among the runnable tests, or a
+// pass rate below kMinPassPercent, fails the test.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
