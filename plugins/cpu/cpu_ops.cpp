@@ -12,11 +12,15 @@ namespace hp_cpu {
 int dtype_size(int dtype) {
   switch (dtype) {
     case HP_F32:
-    case HP_I32: return 4;
+    case HP_I32:
+    case HP_U32: return 4;
     case HP_F64:
-    case HP_I64: return 8;
+    case HP_I64:
+    case HP_U64: return 8;
     case HP_F16:
-    case HP_BF16: return 2;
+    case HP_BF16:
+    case HP_I16:
+    case HP_U16: return 2;
     case HP_I8:
     case HP_BOOL:
     case HP_U8:
@@ -49,8 +53,13 @@ std::vector<int64_t> View::ints() const {
     switch (dtype) {
       case HP_I64: r[k] = as<int64_t>()[k]; break;
       case HP_I32: r[k] = as<int32_t>()[k]; break;
+      case HP_I16: r[k] = as<int16_t>()[k]; break;
+      case HP_I8: r[k] = as<int8_t>()[k]; break;
       case HP_BOOL:
       case HP_U8: r[k] = as<uint8_t>()[k]; break;
+      case HP_U16: r[k] = as<uint16_t>()[k]; break;
+      case HP_U32: r[k] = as<uint32_t>()[k]; break;
+      case HP_U64: r[k] = static_cast<int64_t>(as<uint64_t>()[k]); break;
       default: throw OpError("expected an integer tensor");
     }
   }
@@ -194,34 +203,82 @@ bool all_f32(const std::vector<int32_t>& d) {
   return !d.empty();
 }
 
-bool is_num(int32_t t) { return t == HP_F32 || t == HP_F64 || t == HP_I32 || t == HP_I64; }
+bool is_float(int32_t t) { return t == HP_F32 || t == HP_F64; }
+
+bool is_int(int32_t t) {
+  switch (t) {
+    case HP_I8:
+    case HP_I16:
+    case HP_I32:
+    case HP_I64:
+    case HP_U8:
+    case HP_U16:
+    case HP_U32:
+    case HP_U64: return true;
+    default: return false;
+  }
+}
+
+bool is_num(int32_t t) { return is_float(t) || is_int(t); }
 
 const OpTable& op_table() {
   static const OpTable table = [] {
     OpTable t;
-    register_elementwise_ops(t);
+    // The float math families also take f16/bf16 through their f32 kernels; Cast and CastLike
+    // convert 16-bit floats themselves.
+    for (auto reg : {register_elementwise_ops, register_nn_ops, register_reduce_ops,
+                     register_pool_ops, register_norm_ops}) {
+      OpTable part;
+      reg(part);
+      for (auto& [name, e] : part) {
+        e.halves = name != "Cast" && name != "CastLike";
+        t[name] = e;
+      }
+    }
     register_shape_ops(t);
     register_index_ops(t);
-    register_nn_ops(t);
-    register_reduce_ops(t);
-    register_pool_ops(t);
     register_resample_ops(t);
     register_scatter_ops(t);
     register_rnn_ops(t);
+    register_loss_ops(t);
+    register_misc_ops(t);
+    register_convt_ops(t);
+    register_quant_ops(t);
+    register_signal_ops(t);
+    register_vision_ops(t);
+    register_linalg_ops(t);
+    register_qconv_ops(t);
+    register_optim_ops(t);
+    register_text_ops(t);
+    register_random_ops(t);
     return t;
   }();
   return table;
 }
 
+namespace {
+
+/// The table key of an op: its type for ai.onnx (domain "" or "ai.onnx"), else "domain.type".
+std::string op_key(const char* op_type, const char* domain) {
+  if (!domain || !*domain || std::strcmp(domain, "ai.onnx") == 0) return op_type;
+  return std::string(domain) + "." + op_type;
+}
+
+}  // namespace
+
 int32_t supports_op(hp_ctx*, int32_t dev, const char* op_type, const char* domain, int64_t,
                     const int32_t* input_dtypes, int64_t n_inputs) {
-  if (dev != 0 || !op_type || (domain && *domain && std::strcmp(domain, "ai.onnx") != 0)) return 0;
+  if (dev != 0 || !op_type) return 0;
   try {
-    auto it = op_table().find(op_type);
+    auto it = op_table().find(op_key(op_type, domain));
     if (it == op_table().end()) return 0;
     if (!input_dtypes) return 1;  // "is the op type implemented at all"
     std::vector<int32_t> dt(input_dtypes, input_dtypes + n_inputs);
-    return it->second.accepts(dt) ? 1 : 0;
+    if (it->second.accepts(dt)) return 1;
+    return it->second.halves && half_input_type(input_dtypes, n_inputs) >= 0 &&
+                   accepts_widened(it->second, dt)
+               ? 1
+               : 0;
   } catch (...) {
     return 0;
   }
@@ -233,9 +290,17 @@ hp_status* run_op(hp_ctx* ctx, hp_stream* s, const hp_op_desc* in) {
   hp_op_desc d = hp_common::copy_in(in);
   const char* node = d.node_name && *d.node_name ? d.node_name : "?";
   try {
-    auto it = op_table().find(d.op_type);
+    auto it = op_table().find(op_key(d.op_type, d.domain));
     if (it == op_table().end())
       return make_status(HP_UNSUPPORTED, "cpu: %s (node %s): op not supported", d.op_type, node);
+    std::vector<int32_t> dt;
+    for (int64_t k = 0; k < d.n_inputs; ++k)
+      dt.push_back(d.inputs[k].data || d.inputs[k].dtype >= 0 ? d.inputs[k].dtype : -1);
+    const int half = half_input_type(dt.data(), d.n_inputs);
+    if (it->second.halves && half >= 0 && !it->second.accepts(dt)) {
+      run_widened(it->second, d, half, ctx, s);
+      return nullptr;
+    }
     OpCall call(d, ctx, s);
     it->second.run(call);
     return nullptr;

@@ -17,6 +17,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_internal.h"
@@ -107,9 +108,11 @@ using DtypeCheck = std::function<bool(const std::vector<int32_t>&)>;
 struct OpEntry {
   Kernel run;
   DtypeCheck accepts;
+  /// f16/bf16 inputs run through the f32 kernel (cpu_ops_half.cpp); set by op_table().
+  bool halves = false;
 };
 
-/// Op type (ai.onnx domain) -> kernel.
+/// Op type -> kernel; ops of other domains than ai.onnx are keyed "domain.type".
 using OpTable = std::map<std::string, OpEntry>;
 
 void register_elementwise_ops(OpTable& t);
@@ -121,6 +124,29 @@ void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);
 void register_scatter_ops(OpTable& t);
 void register_rnn_ops(OpTable& t);
+void register_loss_ops(OpTable& t);
+void register_misc_ops(OpTable& t);
+void register_norm_ops(OpTable& t);
+void register_convt_ops(OpTable& t);
+void register_quant_ops(OpTable& t);
+void register_signal_ops(OpTable& t);
+void register_vision_ops(OpTable& t);
+void register_linalg_ops(OpTable& t);
+void register_qconv_ops(OpTable& t);
+void register_optim_ops(OpTable& t);
+void register_text_ops(OpTable& t);
+void register_random_ops(OpTable& t);
+
+/// The 16-bit float type among the input dtypes, or -1.
+int half_input_type(const int32_t* dtypes, int64_t n);
+/// Runs `e` on f32 copies of the f16/bf16 inputs of `d`, converting its f32 outputs back.
+void run_widened(const OpEntry& e, const hp_op_desc& d, int half, hp_ctx* ctx, hp_stream* s);
+/// Whether `e` accepts these dtypes with f16/bf16 read as f32.
+bool accepts_widened(const OpEntry& e, std::vector<int32_t> dtypes);
+
+/// Dropout in training mode (cpu_ops_random.cpp): each element kept with probability 1 - ratio and
+/// scaled by 1 / (1 - ratio), the optional mask output saying which were kept.
+void dropout_training(OpCall& c, double ratio);
 
 /// The table, built once.
 const OpTable& op_table();
@@ -136,32 +162,35 @@ Dims broadcast_strides(const Dims& in, const Dims& out);
 
 /// Common dtype predicates.
 bool all_f32(const std::vector<int32_t>& d);
-bool is_num(int32_t t);  ///< f32, f64, i32, i64
+bool is_num(int32_t t);    ///< f32, f64 and the integers i8..i64, u8..u64 (not bool)
+bool is_float(int32_t t);  ///< f32, f64
+bool is_int(int32_t t);    ///< i8..i64, u8..u64
 
-/// Calls f(T{}) with T the C++ type of dtype (f32, f64, i32, i64, bool/u8 as uint8_t).
+/// Calls f(T{}) with T the C++ type of dtype (f32, f64, the signed and unsigned integers, bool
+/// as uint8_t). f16/bf16 are not among them: kernels that take them convert (cpu_half.h).
 template <class F>
 void dispatch(int dtype, F&& f) {
   switch (dtype) {
     case HP_F32: f(float{}); break;
     case HP_F64: f(double{}); break;
+    case HP_I8: f(int8_t{}); break;
+    case HP_I16: f(int16_t{}); break;
     case HP_I32: f(int32_t{}); break;
     case HP_I64: f(int64_t{}); break;
     case HP_BOOL:
     case HP_U8: f(uint8_t{}); break;
+    case HP_U16: f(uint16_t{}); break;
+    case HP_U32: f(uint32_t{}); break;
+    case HP_U64: f(uint64_t{}); break;
     default: throw OpError("unsupported dtype " + std::to_string(dtype), HP_UNSUPPORTED);
   }
 }
 
-/// dispatch() restricted to the numeric types (f32, f64, i32, i64).
+/// dispatch() restricted to the numeric types (is_num: no bool).
 template <class F>
 void dispatch_num(int dtype, F&& f) {
-  switch (dtype) {
-    case HP_F32: f(float{}); break;
-    case HP_F64: f(double{}); break;
-    case HP_I32: f(int32_t{}); break;
-    case HP_I64: f(int64_t{}); break;
-    default: throw OpError("unsupported dtype " + std::to_string(dtype), HP_UNSUPPORTED);
-  }
+  if (dtype == HP_BOOL) throw OpError("unsupported dtype bool", HP_UNSUPPORTED);
+  dispatch(dtype, std::forward<F>(f));
 }
 
 }  // namespace hp_cpu

@@ -13,8 +13,11 @@
 // running mean and var outputs) are implemented too.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cpu_ops.h"
 
@@ -278,6 +281,51 @@ void batch_norm(OpCall& c) {
   });
 }
 
+/// MaxUnpool: zeros with each input value written at its index, a flat index into the whole
+/// unpooled tensor as MaxPool's second output gives it. That tensor's shape is (in - 1) * stride -
+/// pad_begin - pad_end + kernel per spatial dim; an output_shape input (which may add the rows and
+/// columns pooling dropped) keeps each value at the same coordinates, as the ONNX reference does.
+void max_unpool(OpCall& c) {
+  const View &x = c.need(0), &ix = c.need(1), &shape = c.in(2);
+  if (x.dims.size() < 3 || ix.dims != x.dims) c.fail("X and I must have the same rank >= 3 dims");
+  const size_t sp = x.dims.size() - 2;
+  const std::vector<int64_t> k = c.ints("kernel_shape");
+  std::vector<int64_t> st = c.ints("strides"), pads = c.ints("pads");
+  if (k.size() != sp) c.fail("kernel_shape must have one entry per spatial dim");
+  if (st.empty()) st.assign(sp, 1);
+  if (pads.empty()) pads.assign(2 * sp, 0);
+  if (st.size() != sp || pads.size() != 2 * sp) c.fail("strides or pads have the wrong length");
+  Dims inferred = {x.dims[0], x.dims[1]};
+  for (size_t d = 0; d < sp; ++d)
+    inferred.push_back((x.dims[2 + d] - 1) * st[d] - pads[d] - pads[sp + d] + k[d]);
+  Dims od = inferred;
+  if (shape.present() && shape.numel() > 0) {
+    od = shape.ints();
+    if (od.size() != x.dims.size()) c.fail("output_shape must have one entry per dim");
+  }
+  View y = c.out(0, x.dtype, od);
+  const int64_t es = dtype_size(x.dtype), total = numel(inferred);
+  std::memset(y.data, 0, static_cast<size_t>(numel(od) * es));
+  const Dims ist = strides_of(inferred), ost = strides_of(od);
+  const std::vector<int64_t> idx = ix.ints();
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (idx[i] < 0 || idx[i] >= total)
+      c.fail("index " + std::to_string(idx[i]) + " is outside the unpooled tensor's " +
+             std::to_string(total) + " elements");
+    int64_t at = 0;
+    bool inside = true;
+    for (size_t d = 0; d < od.size(); ++d) {
+      const int64_t coord = idx[i] / ist[d] % inferred[d];
+      inside = inside && coord < od[d];
+      at += coord * ost[d];
+    }
+    if (!inside) continue;
+    std::memcpy(static_cast<unsigned char*>(y.data) + at * es,
+                static_cast<const unsigned char*>(x.data) + static_cast<int64_t>(i) * es,
+                static_cast<size_t>(es));
+  }
+}
+
 bool pool_types(const std::vector<int32_t>& d) {
   return d.size() == 1 && (d[0] == HP_F32 || d[0] == HP_F64 || d[0] == HP_U8 || d[0] == HP_I8);
 }
@@ -291,6 +339,9 @@ bool float_first(const std::vector<int32_t>& d) {
 void register_pool_ops(OpTable& t) {
   t["MaxPool"] = {[](OpCall& c) { pool(c, true); }, pool_types};
   t["AveragePool"] = {[](OpCall& c) { pool(c, false); }, pool_types};
+  t["MaxUnpool"] = {max_unpool, [](const std::vector<int32_t>& d) {
+                      return d.size() >= 2 && is_num(d[0]) && d[1] == HP_I64;
+                    }};
   t["GlobalMaxPool"] = {[](OpCall& c) { global_pool(c, true); }, float_first};
   t["GlobalAveragePool"] = {[](OpCall& c) { global_pool(c, false); }, float_first};
   t["BatchNormalization"] = {batch_norm, [](const std::vector<int32_t>& d) {

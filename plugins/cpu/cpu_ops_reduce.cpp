@@ -7,8 +7,8 @@
 // Accumulation is in double.
 //
 // Einsum is a direct loop over the product of all index letters: exact and general (any explicit or
-// implicit equation without an ellipsis), and fast enough for the small contractions exporters
-// emit.
+// implicit equation; an ellipsis is first rewritten into fresh letters), and fast enough for the
+// small contractions exporters emit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -145,11 +145,63 @@ void arg(OpCall& c, bool is_max) {
   });
 }
 
+/// Rewrites an equation with "..." into one without: the ellipsis of each operand becomes fresh
+/// letters for its leading dims, right-aligned across operands as numpy broadcasts them, and the
+/// output (explicit, or implicit: the ellipsis dims then the letters used once, sorted) gets all of
+/// them.
+std::string expand_ellipsis(const OpCall& c, const std::string& eq) {
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  for (size_t p = 0;;) {
+    const size_t q = lhs.find(',', p);
+    terms.push_back(lhs.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  if (terms.size() != c.n_inputs())
+    c.fail("equation names " + std::to_string(terms.size()) + " operands");
+  std::string fresh;
+  for (char ch = 'A'; ch <= 'Z'; ++ch)
+    if (eq.find(ch) == std::string::npos) fresh += ch;
+  std::vector<int64_t> dots(terms.size(), 0);
+  int64_t most = 0;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    if (terms[t].find("...") == std::string::npos) continue;
+    dots[t] =
+        static_cast<int64_t>(c.need(t).dims.size()) - static_cast<int64_t>(terms[t].size() - 3);
+    if (dots[t] < 0) c.fail("term '" + terms[t] + "' has more letters than its operand has dims");
+    most = std::max(most, dots[t]);
+  }
+  if (most > static_cast<int64_t>(fresh.size())) c.fail("too many dims under the ellipsis");
+  std::string out;
+  std::map<char, int> uses;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    const size_t at = terms[t].find("...");
+    if (at != std::string::npos)
+      terms[t].replace(
+          at, 3, fresh.substr(static_cast<size_t>(most - dots[t]), static_cast<size_t>(dots[t])));
+    for (char ch : terms[t])
+      if (fresh.find(ch) == std::string::npos) ++uses[ch];
+    out += (t ? "," : "") + terms[t];
+  }
+  std::string rhs;
+  if (arrow != std::string::npos) {
+    rhs = eq.substr(arrow + 2);
+    const size_t at = rhs.find("...");
+    if (at != std::string::npos) rhs.replace(at, 3, fresh.substr(0, static_cast<size_t>(most)));
+  } else {
+    rhs = fresh.substr(0, static_cast<size_t>(most));
+    for (auto& [ch, n] : uses)
+      if (n == 1) rhs += ch;
+  }
+  return out + "->" + rhs;
+}
+
 void einsum(OpCall& c) {
   std::string eq = c.s("equation", "");
   eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
-  if (eq.find("...") != std::string::npos)
-    throw OpError("einsum with an ellipsis is not supported", HP_UNSUPPORTED);
+  if (eq.find("...") != std::string::npos) eq = expand_ellipsis(c, eq);
   const size_t arrow = eq.find("->");
   std::string lhs = eq.substr(0, arrow), rhs;
   std::vector<std::string> terms;

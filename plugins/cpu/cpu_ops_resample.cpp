@@ -347,6 +347,14 @@ void register_resample_ops(OpTable& t) {
   t["Resize"] = {resize, [](const std::vector<int32_t>& d) {
                    return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0;
                  }};
+  // Upsample (opset 9, deprecated) is Resize of opset 10: (X, scales), asymmetric coordinates,
+  // nearest rounding down. Before opset 9 its scales were an attribute, which resize does not read.
+  t["Upsample"] = {[](OpCall& c) {
+                     if (c.opset() < 9 || c.opset() > 10)
+                       throw OpError("Upsample is implemented for opsets 9 and 10", HP_UNSUPPORTED);
+                     resize(c);
+                   },
+                   t["Resize"].accepts};
 }
 
 }  // namespace hp_cpu

@@ -213,6 +213,7 @@ bool floats1(const std::vector<int32_t>& d) {
 void register_scatter_ops(OpTable& t) {
   t["ScatterND"] = {scatter_nd, data_idx_upd};
   t["ScatterElements"] = {scatter_elements, data_idx_upd};
+  t["Scatter"] = t["ScatterElements"];  // its deprecated name (opsets 9 and 10)
   t["GatherND"] = {gather_nd, [](const std::vector<int32_t>& d) {
                      return d.size() == 2 && d[0] >= 0 && dtype_size(d[0]) > 0 && d[1] == HP_I64;
                    }};

@@ -350,8 +350,7 @@ void register_shape_ops(OpTable& t) {
         const bool training = c.in(2).present() && c.in(2).numel() > 0 && c.in(2).scalar() != 0;
         const double ratio =
             c.in(1).present() && c.in(1).numel() > 0 ? c.in(1).scalar() : c.f("ratio", 0.5);
-        if (training && ratio > 0)
-          throw OpError("dropout in training mode is not supported", HP_UNSUPPORTED);
+        if (training && ratio > 0) return dropout_training(c, ratio);
         same_data(c, c.need(0).dims);
         if (c.n_outputs() > 1) {
           View m = c.out(1, HP_BOOL, c.need(0).dims);

@@ -6,10 +6,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "hp/plugin/hp_plugin.h"
 
 namespace hp::exec {
+namespace {
+
+// The 16-bit floats are compared as the values they encode (IEEE half: 1 sign, 5 exponent and 10
+// mantissa bits; bfloat16: the top half of a float's bits).
+double half_bits_to_double(std::uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exp == 0x1f) return man ? NAN : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(man, -24);
+  return sign * std::ldexp(1024 + man, exp - 25);
+}
+
+double bf16_bits_to_double(std::uint16_t b) {
+  const std::uint32_t bits = std::uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+}  // namespace
 
 OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol,
                             double atol) {
@@ -30,12 +52,20 @@ OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, doubl
     switch (t.dtype) {
       case HP_F32: return t.as<float>()[i];
       case HP_F64: return t.as<double>()[i];
+      case HP_F16: return half_bits_to_double(t.as<std::uint16_t>()[i]);
+      case HP_BF16: return bf16_bits_to_double(t.as<std::uint16_t>()[i]);
+      case HP_I8: return t.as<std::int8_t>()[i];
+      case HP_I16: return t.as<std::int16_t>()[i];
       case HP_I32: return t.as<std::int32_t>()[i];
       case HP_I64: return static_cast<double>(t.as<std::int64_t>()[i]);
+      case HP_U16: return t.as<std::uint16_t>()[i];
+      case HP_U32: return t.as<std::uint32_t>()[i];
+      case HP_U64: return static_cast<double>(t.as<std::uint64_t>()[i]);
       default: return t.as<std::uint8_t>()[i];
     }
   };
-  const bool exact = got.dtype != HP_F32 && got.dtype != HP_F64;
+  const bool exact =
+      got.dtype != HP_F32 && got.dtype != HP_F64 && got.dtype != HP_F16 && got.dtype != HP_BF16;
   for (std::int64_t i = 0; i < n; ++i) {
     const double g = value(got, i), w = value(want, i);
     if (std::isnan(g) && std::isnan(w)) continue;

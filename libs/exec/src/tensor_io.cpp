@@ -1,8 +1,9 @@
 // TensorProto decoding and encoding, and the input_K.pb / output_K.pb directory layout.
 //
 // Decoding accepts every way ONNX stores tensor data: raw_data (little-endian bytes), the typed
-// repeated fields (float_data, double_data, int64_data, and int32_data which also carries bool,
-// int8, uint8 values), and external data (a file next to the model, with offset and length). Each
+// repeated fields (float_data, double_data, int64_data, uint64_data for uint32/uint64, and
+// int32_data which also carries bool, int8, uint8, int16, uint16 values and the bits of
+// float16/bfloat16), and external data (a file next to the model, with offset and length). Each
 // path checks that the byte count matches the dims, so a truncated or inconsistent file is a
 // bad_input error that names it, never a read past the end. Encoding always writes raw_data.
 #include <onnx/onnx-data_pb.h>
@@ -26,19 +27,27 @@ std::int64_t HostTensor::numel() const {
   return n;
 }
 
-// The executor holds f32, f64, i32, i64, bool and u8 tensors; names, sizes and ONNX codes come from
-// the one dtype table (hp/core/dtype.h), this file only decides which of its types the executor
-// runs.
+// The executor holds every type of the plugin ABI but f8 (which ONNX splits into four formats):
+// f32, f16, bf16, f64, the signed and unsigned integers and bool; names, sizes and ONNX codes come
+// from the one dtype table (hp/core/dtype.h), this file only decides which of its types the
+// executor runs.
 namespace {
 using hp::DType;
 bool runnable(DType t) {
   switch (t) {
     case DType::f32:
+    case DType::f16:
+    case DType::bf16:
     case DType::f64:
+    case DType::i8:
+    case DType::i16:
     case DType::i32:
     case DType::i64:
     case DType::boolean:
-    case DType::u8: return true;
+    case DType::u8:
+    case DType::u16:
+    case DType::u32:
+    case DType::u64: return true;
     default: return false;
   }
 }
@@ -173,7 +182,29 @@ Expected<HostTensor> tensor_from_proto(const onnx::TensorProto& p,
       if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
       copy_field<decltype(p.int32_data()), std::int32_t>(p.int32_data(), t);
       break;
-    default:
+    case HP_U32:
+      if (p.uint64_data_size() != n) return mismatch(p.uint64_data_size());
+      copy_field<decltype(p.uint64_data()), std::uint32_t>(p.uint64_data(), t);
+      break;
+    case HP_U64:
+      if (p.uint64_data_size() != n) return mismatch(p.uint64_data_size());
+      copy_field<decltype(p.uint64_data()), std::uint64_t>(p.uint64_data(), t);
+      break;
+    case HP_I16:
+      if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
+      copy_field<decltype(p.int32_data()), std::int16_t>(p.int32_data(), t);
+      break;
+    case HP_F16:  // int32_data holds the 16-bit patterns
+    case HP_BF16:
+    case HP_U16:
+      if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
+      copy_field<decltype(p.int32_data()), std::uint16_t>(p.int32_data(), t);
+      break;
+    case HP_I8:
+      if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
+      copy_field<decltype(p.int32_data()), std::int8_t>(p.int32_data(), t);
+      break;
+    default:  // bool, u8
       if (p.int32_data_size() != n) return mismatch(p.int32_data_size());
       copy_field<decltype(p.int32_data()), std::uint8_t>(p.int32_data(), t);
   }

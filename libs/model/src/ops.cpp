@@ -72,6 +72,9 @@ constexpr std::string_view kSupported[] = {
     "Xor",
     // normalisation, softmax, reductions
     "BatchNormalization",
+    "InstanceNormalization",
+    "LRN",
+    "MeanVarianceNormalization",
     "LayerNormalization",
     "LogSoftmax",
     "ReduceL1",
@@ -87,6 +90,7 @@ constexpr std::string_view kSupported[] = {
     "Softmax",
     // matrix products
     "Conv",
+    "ConvTranspose",
     "Einsum",
     "Gemm",
     "MatMul",
@@ -108,6 +112,7 @@ constexpr std::string_view kSupported[] = {
     "OneHot",
     "ScatterElements",
     "ScatterND",
+    "Scatter",
     "TopK",
     "Trilu",
     "Where",
@@ -125,6 +130,7 @@ constexpr std::string_view kSupported[] = {
     "GlobalAveragePool",
     "GlobalMaxPool",
     "MaxPool",
+    "MaxUnpool",
     "Resize",
     // recurrent layers
     "GRU",
@@ -143,6 +149,7 @@ constexpr std::string_view kSupported[] = {
     "SequenceLength",
     "SequenceMap",
     "SplitToSequence",
+    "Upsample",
     // no-ops at inference
     "Dropout",
     "Identity",
@@ -152,6 +159,46 @@ constexpr std::string_view kSupported[] = {
     "IsInf",
     "IsNaN",
     "Pad",
+    // training losses
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
+    // selection and data movement
+    "BitShift",
+    "Compress",
+    "DepthToSpace",
+    "EyeLike",
+    "Hardmax",
+    "NonZero",
+    "ReverseSequence",
+    "Shrink",
+    "SpaceToDepth",
+    "Unique",
+    // quantisation
+    "ConvInteger",
+    "QLinearConv",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "QLinearMatMul",
+    "QuantizeLinear",
+    // signal processing
+    "DFT",
+    "MelWeightMatrix",
+    "STFT",
+    "BlackmanWindow",
+    "HammingWindow",
+    "HannWindow",
+    // detection and sampling
+    "GridSample",
+    "NonMaxSuppression",
+    "RoiAlign",
+    // random draws
+    "Bernoulli",
+    "RandomUniformLike",
+    // text features
+    "TfIdfVectorizer",
+    // linear algebra
+    "Det",
 };
 
 }  // namespace

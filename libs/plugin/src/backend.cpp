@@ -17,17 +17,19 @@ static_assert(static_cast<int>(DType::f32) == HP_F32 && static_cast<int>(DType::
                   static_cast<int>(DType::i32) == HP_I32 &&
                   static_cast<int>(DType::i64) == HP_I64 && static_cast<int>(DType::f8) == HP_F8 &&
                   static_cast<int>(DType::boolean) == HP_BOOL &&
-                  static_cast<int>(DType::u8) == HP_U8,
+                  static_cast<int>(DType::u8) == HP_U8 && static_cast<int>(DType::i16) == HP_I16 &&
+                  static_cast<int>(DType::u16) == HP_U16 &&
+                  static_cast<int>(DType::u32) == HP_U32 && static_cast<int>(DType::u64) == HP_U64,
               "hp_dtype and hp::DType must number the ABI's types alike");
 
 std::optional<DType> to_dtype(int hp_dtype) {
-  if (hp_dtype < HP_F32 || hp_dtype > HP_U8) return std::nullopt;
+  if (hp_dtype < HP_F32 || hp_dtype > HP_U64) return std::nullopt;
   return static_cast<DType>(hp_dtype);
 }
 
 int to_hp_dtype(DType t) {
   const int v = static_cast<int>(t);
-  return v >= HP_F32 && v <= HP_U8 ? v : -1;
+  return v >= HP_F32 && v <= HP_U64 ? v : -1;
 }
 
 const char* dtype_name(int dtype) {

@@ -152,6 +152,53 @@ TEST_CASE("tensor files round-trip and malformed ones are named", "[exec]") {
   fs::remove_all(d);
 }
 
+TEST_CASE("typed fields of the narrow and unsigned types decode, and short ones are named",
+          "[exec]") {
+  fs::path d = temp_dir("typed");
+  auto write = [&](const onnx::TensorProto& p) {
+    std::ofstream(d / "t.pb", std::ios::binary) << p.SerializeAsString();
+    return read_tensor_file(d / "t.pb");
+  };
+  onnx::TensorProto p;
+  p.add_dims(2);
+  p.set_data_type(onnx::TensorProto::UINT64);
+  p.add_uint64_data(7);
+  p.add_uint64_data(std::uint64_t{1} << 40);
+  auto u = write(p);
+  REQUIRE(u.ok());
+  CHECK(u->dtype == HP_U64);
+  CHECK(u->as<std::uint64_t>()[1] == (std::uint64_t{1} << 40));
+  p.clear_uint64_data();
+  p.add_uint64_data(7);  // one value for dims [2]
+  auto short_u = write(p);
+  REQUIRE(!short_u.ok());
+  CHECK(short_u.error().code == Errc::bad_input);
+  CHECK(short_u.error().message().find("holds 1 values") != std::string::npos);
+
+  onnx::TensorProto h;  // float16 bits travel in int32_data: 0x3C00 is 1.0, 0xC000 is -2.0
+  h.add_dims(2);
+  h.set_data_type(onnx::TensorProto::FLOAT16);
+  h.add_int32_data(0x3C00);
+  h.add_int32_data(0xC000);
+  auto half = write(h);
+  REQUIRE(half.ok());
+  CHECK(half->dtype == HP_F16);
+  CHECK(half->as<std::uint16_t>()[1] == 0xC000);
+  HostTensor want = *half;
+  want.as<std::uint16_t>()[1] = 0xC001;  // -2.002: inside rtol 1e-3 of -2, outside 1e-4
+  CHECK(compare_tensors(*half, want, 1e-3, 0).ok());
+  CHECK_FALSE(compare_tensors(*half, want, 1e-4, 0).ok());
+
+  onnx::TensorProto i8;
+  i8.add_dims(1);
+  i8.set_data_type(onnx::TensorProto::INT8);
+  i8.add_int32_data(-5);
+  auto small = write(i8);
+  REQUIRE(small.ok());
+  CHECK(small->as<std::int8_t>()[0] == -5);
+  fs::remove_all(d);
+}
+
 TEST_CASE("input binding reports wrong dtype, shape, names and missing files", "[exec]") {
   std::vector<GraphIO> ins(1);
   ins[0].name = "x";

@@ -3,14 +3,16 @@
 // inputs or outputs run through Executor::run_values). Every test whose ops the cpu
 // plugin implements runs on each of its test_data_set_N folders and is compared with the stored
 // outputs (ONNX's own default tolerance, rtol 1e-3, plus atol 1e-5 for values near zero). A test is
-// skipped, with the reason printed, when an op is not implemented, a tensor has a dtype hp does not
-// run (f16, strings, ...), or a kernel reports an op form it does not implement (e.g. Einsum with
-// an ellipsis). The report lists passed / failed / skipped per op type; any failure among the
-// runnable tests fails the test.
+// skipped when an op is not implemented, a tensor has a type hp does not run (strings, sequences,
+// optionals), a kernel reports an op form it does not implement, or the stored data is known to be
+// wrong (kBadData); every skip is printed with its reason. The report lists passed / failed /
+// skipped per op type and the pass rate over all tests; any failure among the runnable tests, or a
+// pass rate below kMinPassPercent, fails the test.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -77,7 +79,68 @@ Outcome run_values_set(const fs::path& set, Executor& ex, std::string& why) {
   return Outcome::passed;
 }
 
-Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
+// The test data of onnx 1.12 stores bfloat16 tensors as uint16 TensorProtos holding the same bits
+// (its numpy had no bfloat16), so a file is read as the bf16 the model declares.
+void relabel_bf16(const std::vector<GraphIO>& decl, std::vector<HostTensor>& ts) {
+  for (std::size_t k = 0; k < ts.size() && k < decl.size(); ++k)
+    if (decl[k].dtype == HP_BF16 && ts[k].dtype == HP_U16) ts[k].dtype = HP_BF16;
+}
+
+// Bernoulli draws from a generator no two implementations share, so its stored outputs cannot be
+// matched value for value; these tests check each output's dtype and shape and that every value
+// is 0 or 1.
+const std::set<std::string> kBernoulli = {
+    "node/test_bernoulli",          "node/test_bernoulli_double",
+    "node/test_bernoulli_expanded", "node/test_bernoulli_double_expanded",
+    "node/test_bernoulli_seed",     "node/test_bernoulli_seed_expanded"};
+
+// Dropout in training mode draws its mask the same way; these tests check that each output element
+// is either dropped (0, mask false) or kept and scaled (x / (1 - ratio), mask true).
+const std::set<std::string> kDropout = {
+    "node/test_training_dropout", "node/test_training_dropout_default",
+    "node/test_training_dropout_default_mask", "node/test_training_dropout_mask"};
+
+/// Training-mode Dropout outputs (y and the optional mask) against its inputs x and ratio.
+std::string check_dropout(const std::vector<HostTensor>& in, const std::vector<HostTensor>& got) {
+  if (in.size() < 2 || in[0].dtype != HP_F32 || got.empty() || got[0].dims != in[0].dims)
+    return "unexpected inputs or output shape";
+  const double ratio = in[1].dtype == HP_F32 ? in[1].as<float>()[0] : in[1].as<double>()[0];
+  const double scale = 1.0 / (1.0 - ratio);
+  int kept = 0;
+  for (std::int64_t i = 0; i < in[0].numel(); ++i) {
+    const double x = in[0].as<float>()[i], y = got[0].as<float>()[i];
+    const bool keep = std::fabs(y - x * scale) <= 1e-5 * (1 + std::fabs(x * scale));
+    if (!keep && y != 0)
+      return "element " + std::to_string(i) + " is neither 0 nor x / (1 - ratio)";
+    if (got.size() > 1 &&
+        (got[1].dtype != HP_BOOL || got[1].as<std::uint8_t>()[i] != (y != 0 ? 1 : 0)) && x != 0)
+      return "the mask disagrees with the output at element " + std::to_string(i);
+    kept += keep;
+  }
+  // With ratio r about (1 - r) n of n elements survive; far fewer or more means no dropout at all.
+  const double n = static_cast<double>(in[0].numel()), want = (1 - ratio) * n;
+  if (std::fabs(kept - want) > 4 * std::sqrt(n * ratio * (1 - ratio)) + 1)
+    return std::to_string(kept) + " of " + std::to_string(in[0].numel()) + " elements kept";
+  return {};
+}
+
+/// A Bernoulli output against the stored one: same dtype and shape, every value 0 or 1.
+OutputCheck check_bernoulli(const HostTensor& got, const HostTensor& want) {
+  if (got.dtype != want.dtype || got.dims != want.dims ||
+      (got.dtype != HP_F32 && got.dtype != HP_F64))
+    return compare_tensors(got, want, 0, 0);  // reports the dtype or shape difference
+  OutputCheck c;
+  c.name = want.name;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double v = got.dtype == HP_F32 ? got.as<float>()[i] : got.as<double>()[i];
+    if (v != 0 && v != 1) ++c.bad;
+  }
+  if (c.bad) c.problem = std::to_string(c.bad) + " values are neither 0 nor 1";
+  return c;
+}
+
+Outcome run_case(const fs::path& dir, const Backends& b, std::string& why, bool bernoulli,
+                 bool dropout) {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   auto m = model::load_model(dir / "model.onnx", lo);
@@ -118,6 +181,9 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
       why = "data: " + (in ? want.error().str() : in.error().str());
       return Outcome::skipped;
     }
+    relabel_bf16((*ex)->inputs(), *in);
+    relabel_bf16((*ex)->outputs(), *want);
+    const std::vector<HostTensor> inputs = dropout ? *in : std::vector<HostTensor>{};
     auto bound = bind_inputs((*ex)->inputs(), std::move(*in), set.string());
     if (!bound) {
       why = "inputs: " + bound.error().str();
@@ -132,8 +198,15 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
       why = "output count differs";
       return Outcome::failed;
     }
+    if (dropout) {
+      why = check_dropout(inputs, *got);
+      if (!why.empty()) return Outcome::failed;
+      ++sets;
+      continue;
+    }
     for (std::size_t o = 0; o < got->size(); ++o) {
-      OutputCheck c = compare_tensors((*got)[o], (*want)[o], 1e-3, 1e-5);
+      OutputCheck c = bernoulli ? check_bernoulli((*got)[o], (*want)[o])
+                                : compare_tensors((*got)[o], (*want)[o], 1e-3, 1e-5);
       if (!c.ok()) {
         why = "set " + std::to_string(k) + " output " + std::to_string(o) + ": " +
               (c.problem.empty() ? "max abs error " + std::to_string(c.max_abs) : c.problem);
@@ -148,6 +221,29 @@ Outcome run_case(const fs::path& dir, const Backends& b, std::string& why) {
   }
   return Outcome::passed;
 }
+
+// The share of all tests (skipped ones included) that must pass, so a kernel that starts refusing
+// a form, or a dtype the executor stops carrying, fails this test instead of joining the skips.
+// What stays skipped: string tensors, optional types, and the tests of kBadData.
+constexpr double kMinPassPercent = 95.0;
+
+// Tests whose stored data cannot pass on a correct implementation, each with the reason.
+const std::map<std::string, std::string> kBadData = {
+    {"node/test_cast_FLOAT_to_BFLOAT16",
+     "the onnx 1.12 reference truncates float to bfloat16; hp rounds to nearest even, as ONNX "
+     "does since 1.13 (and PyTorch)"},
+    {"node/test_adam_multiple",
+     "its outputs were computed with epsilon 1e-2, which the model does not set (the default is "
+     "1e-6)"},
+    {"node/test_castlike_FLOAT_to_BFLOAT16",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_FLOAT_to_BFLOAT16_expanded",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_BFLOAT16_to_FLOAT",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+    {"node/test_castlike_BFLOAT16_to_FLOAT_expanded",
+     "input 'like' is stored with shape [1], the model declares [3,4]"},
+};
 
 }  // namespace
 
@@ -169,12 +265,17 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
       if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());
     std::sort(dirs.begin(), dirs.end());
     for (const auto& dir : dirs) {
+      const std::string name = std::string(suite) + "/" + dir.filename().string();
       std::string why;
-      Outcome r = run_case(dir, *b, why);
+      const auto bad = kBadData.find(name);
+      Outcome r = Outcome::skipped;
+      if (bad != kBadData.end())
+        why = "test data: " + bad->second;
+      else
+        r = run_case(dir, *b, why, kBernoulli.count(name) > 0, kDropout.count(name) > 0);
       std::set<std::string> ops;
       if (auto m = model::load_model(dir / "model.onnx"); m)
         for (const auto& n : m->proto->graph().node()) ops.insert(n.op_type());
-      const std::string name = std::string(suite) + "/" + dir.filename().string();
       for (const auto& op : ops) {
         Tally& t = by_op[op];
         (r == Outcome::passed ? t.passed : r == Outcome::failed ? t.failed : t.skipped)++;
@@ -197,9 +298,12 @@ TEST_CASE("onnx backend node tests pass on the cpu plugin", "[conformance]") {
     std::printf("%-28s %6d %6d %7d\n", op.c_str(), t.passed, t.failed, t.skipped);
   std::printf("\nskip reasons:\n");
   for (const auto& [r, n] : skip_reasons) std::printf("  %4d  %s\n", n, r.c_str());
-  std::printf("\ntests: %d passed, %d failed, %d skipped\n", total.passed, total.failed,
-              total.skipped);
+  const int all = total.passed + total.failed + total.skipped;
+  const double rate = all ? 100.0 * total.passed / all : 0.0;
+  std::printf("\ntests: %d passed, %d failed, %d skipped of %d: %.1f%% pass (floor %.1f%%)\n",
+              total.passed, total.failed, total.skipped, all, rate, kMinPassPercent);
   for (const auto& f : failures) std::printf("FAILED %s\n", f.c_str());
   CHECK(failures.empty());
-  CHECK(total.passed > 400);
+  CHECK(all > 1000);
+  CHECK(rate >= kMinPassPercent);
 }

@@ -11,7 +11,7 @@ using namespace hp::plugin;
 using hp_test::load_only;
 
 TEST_CASE("abi: hp_dtype is core's DType numbering, names come from the core table", "[plugin]") {
-  for (int d = HP_F32; d <= HP_U8; ++d) {
+  for (int d = HP_F32; d <= HP_U64; ++d) {
     auto t = hp::plugin::to_dtype(d);
     REQUIRE(t.has_value());
     CHECK(hp::plugin::to_hp_dtype(*t) == d);
@@ -21,11 +21,13 @@ TEST_CASE("abi: hp_dtype is core's DType numbering, names come from the core tab
   CHECK(std::string(hp::plugin::dtype_name(HP_BOOL)) == "bool");
   CHECK(std::string(hp::plugin::dtype_name(HP_U8)) == "u8");
   CHECK(std::string(hp::plugin::dtype_name(HP_F8)) == "f8");
-  for (int bad : {-1, HP_U8 + 1, 100}) {
+  CHECK(std::string(hp::plugin::dtype_name(HP_I16)) == "i16");
+  CHECK(std::string(hp::plugin::dtype_name(HP_U64)) == "u64");
+  for (int bad : {-1, HP_U64 + 1, 100}) {
     CHECK_FALSE(hp::plugin::to_dtype(bad).has_value());
     CHECK(std::string(hp::plugin::dtype_name(bad)) == "?");
   }
-  for (hp::DType t : {hp::DType::i16, hp::DType::u64, hp::DType::c64, hp::DType::tf32})
+  for (hp::DType t : {hp::DType::c64, hp::DType::c128, hp::DType::tf32})
     CHECK(hp::plugin::to_hp_dtype(t) == -1);
 }
 

@@ -1,8 +1,8 @@
 // Element types: the one list of the data types hp deals with, their names, byte sizes and ONNX
 // codes. Every layer speaks it: recipes and --dtype options are parsed with parse_dtype, the
 // planner and offload-profile cost with dtype_size, the plugin ABI's hp_dtype is the same numbering
-// for its first ten values, and the model and executor translate ONNX TensorProto::DataType with
-// dtype_from_onnx / dtype_to_onnx (plain integers: core does not include the ONNX headers).
+// for its first fourteen values, and the model and executor translate ONNX TensorProto::DataType
+// with dtype_from_onnx / dtype_to_onnx (plain integers: core does not include the ONNX headers).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 namespace hp {
 
-/// The values 0..9 are the plugin ABI's hp_dtype (hp/plugin/hp_plugin.h: HP_F32 .. HP_U8), so an
+/// The values 0..13 are the plugin ABI's hp_dtype (hp/plugin/hp_plugin.h: HP_F32 .. HP_U64), so an
 /// hp_dtype converts with a static_cast (libs/plugin static_asserts the correspondence). The rest
 /// are types the model library reads from ONNX files, and tf32, a compute format that is only a
 /// peak-FLOP/s key (stored as f32).
@@ -30,11 +30,11 @@ enum class DType : std::int8_t {
   f8 = 7,  ///< any 8-bit float (ONNX has four: E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ)
   boolean = 8,
   u8 = 9,
-  // beyond the plugin ABI
   i16 = 10,
   u16 = 11,
   u32 = 12,
   u64 = 13,
+  // beyond the plugin ABI
   c64 = 14,   ///< complex of two f32
   c128 = 15,  ///< complex of two f64
   tf32 = 16,  ///< TensorFloat-32: a compute format, 4 bytes in memory; no ONNX type

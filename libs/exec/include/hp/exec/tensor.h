@@ -2,8 +2,9 @@
 //
 // A HostTensor is what crosses hp's edges: inputs read from `input_K.pb`, outputs written to
 // `output_K.pb`, expected outputs compared by `hp verify`, initializers before they are placed on a
-// device. Element types are the plugin ABI's hp_dtype values (f32, f64, i32, i64, bool, u8 are the
-// ones the executor runs); conversion from and to ONNX TensorProto types lives here too.
+// device. Element types are the plugin ABI's hp_dtype values (the executor runs all of them but f8:
+// the floats, the signed and unsigned integers and bool); conversion from and to ONNX TensorProto
+// types lives here too.
 //
 // Directory layout: a folder holds input_0.pb, input_1.pb, ... (or output_K.pb), each one
 // serialized onnx.TensorProto, K following the graph's input (output) order, as in the ONNX backend
@@ -48,8 +49,8 @@ struct HostValue {
 
 /// Bytes per element of an hp_dtype the executor handles; 0 otherwise.
 int dtype_size(int dtype);
-/// hp_dtype of an ONNX TensorProto::DataType; -1 when the executor cannot hold it (string, f16,
-/// ...).
+/// hp_dtype of an ONNX TensorProto::DataType; -1 when the executor cannot hold it (string, the
+/// float8 formats, complex).
 int dtype_from_onnx(std::int32_t onnx_type);
 /// ONNX TensorProto::DataType of an hp_dtype.
 std::int32_t dtype_to_onnx(int dtype);

@@ -44,7 +44,7 @@ struct MemStats {
   std::uint64_t allocs = 0, refused = 0;
 };
 
-/// The core DType of an hp_dtype (the same numbering, HP_F32 .. HP_U8); nullopt outside it.
+/// The core DType of an hp_dtype (the same numbering, HP_F32 .. HP_U64); nullopt outside it.
 std::optional<DType> to_dtype(int hp_dtype);
 /// The hp_dtype of a DType; -1 for the types the plugin ABI has no code for (i16, u16, u32, u64,
 /// c64, c128, tf32).

@@ -18,7 +18,9 @@
  *   1.1  appended event_query and mem_info
  *   1.2  appended supports_op and run_op: generic execution of one ONNX node (hp_op_desc), with
  *        tensor dtypes HP_BOOL and HP_U8 beyond the FLOP-rated set
- *   1.3  appended mem_stats: device bytes in use, their peak and an enforced budget (hp_mem_stats)
+ *   1.3  appended mem_stats: device bytes in use, their peak and an enforced budget (hp_mem_stats);
+ *        later the tensor dtypes HP_I16, HP_U16, HP_U32 and HP_U64 (enum values only, no member, so
+ *        no minor bump: a plugin that predates them declines them in supports_op)
  *
  * Errors. Fallible functions return `hp_status*`: NULL means success; otherwise an object allocated
  * by the plugin that the host reads with status_code/status_message and releases with status_free.
@@ -78,7 +80,12 @@ typedef enum hp_dtype {
   HP_DTYPE_COUNT = 8, /**< size of the FLOP-rated set (hp_device_info::peak_flops) */
   /* 1.2: tensor element types that carry no FLOP figure */
   HP_BOOL = 8, /**< one byte per element, 0 or 1 */
-  HP_U8 = 9
+  HP_U8 = 9,
+  /* tensor element types of ONNX models beyond those above (same numbering as hp::DType) */
+  HP_I16 = 10,
+  HP_U16 = 11,
+  HP_U32 = 12,
+  HP_U64 = 13
 } hp_dtype;
 
 /** Where a device figure comes from. */
