@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command 2: install what is missing, build, and run the whole test suite twice: a normal
 # build, then an AddressSanitizer + UndefinedBehaviorSanitizer build. Tests that need hardware carry
-# the CTest labels cuda / ascend-hw and skip themselves when the device is absent.
+# the CTest labels cuda / ascend-hw and skip themselves when the device is absent. A third build,
+# with ThreadSanitizer (hp and the plugins only), repeats simulated runs, whose ranks are threads of
+# one process (tests/stress/simulate_repeat.py): a race report fails the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -20,4 +22,15 @@ if [[ ${HP_SKIP_SANITIZE:-0} != 1 ]]; then
   # design (plugins are never unloaded); use-after-free, overflows and UB are still fatal.
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
+fi
+
+if [[ ${HP_SKIP_TSAN:-0} != 1 ]]; then
+  echo "== build (ThreadSanitizer: hp and plugins)"
+  "$root/packaging/build.sh" build-tsan -DHP_TSAN=ON -DHP_BUILD_TESTS=OFF -DHP_WITH_CUDA=OFF
+  echo "== simulated runs under ThreadSanitizer"
+  shard="$root/tests/data/recipes/shard"
+  HP_PLUGIN_PATH= TSAN_OPTIONS="suppressions=$root/tests/stress/tsan.supp" \
+    python3 "$root/tests/stress/simulate_repeat.py" "$root/build-tsan/bin/hp" 20 \
+      "$root/recipes/cpu-dp2-tp2.toml" "$root/recipes/cpu-tp2.toml" "$shard/gpt2-dp2-tp2-pp2.toml" \
+      "$shard/llama-tp4.toml" "$shard/moe-dp2-tp2-pp2.toml" "$shard/vit-dp2-tp2.toml"
 fi

@@ -61,6 +61,12 @@ CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
   }
+  // oneDNN's global primitive cache is shared by every context of the process (the ranks of a
+  // simulated run are threads); building primitives one at a time keeps its insertions and lookups
+  // apart. ThreadSanitizer reported them racing inside libdnnl (tests/stress, packaging/
+  // run-tests.sh), and a primitive is built once per shape, so the lock costs nothing at run time.
+  static std::mutex build_mu;
+  std::lock_guard<std::mutex> build(build_mu);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (d.alpha != 1.0) attr.set_output_scales(0, {float(d.alpha)});
