@@ -11,6 +11,7 @@
 #include "hp/model/summary.h"
 #include "hp/offload/formulas.h"
 #include "hp/planner/planner.h"
+#include "hp/planner/predict.h"
 #include "hp/topology/collectives.h"
 #include "hp/topology/topology.h"
 
@@ -202,16 +203,19 @@ void Pricing::build_stage(std::int64_t k, std::vector<Placed>& placed, BuiltStag
 
 Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluster& cluster,
                                    const StageBuildOptions& o) {
-  auto seq_it = r.dims.find("seq");
-  if (seq_it == r.dims.end())
-    return Error(Errc::bad_input, "the recipe binds no sequence length", r.name,
-                 "add seq to [model] dims, e.g. dims = { batch = 1, seq = 2048 }");
-  const std::int64_t seq = seq_it->second;
+  // The planner's own profile of the model: the same batch and sequence axes (whatever the export
+  // named them; a static sequence or none), the same per-sequence figures, so the two tools price
+  // one model.
+  planner::ProfileRequest request;
+  request.model = o.model;
+  request.dims = {r.dims.begin(), r.dims.end()};
+  request.seq = r.workload ? r.workload->seq : 0;
+  request.dtype = dtype_name(o.dtype);
+  HP_ASSIGN_OR_RETURN(const planner::LoadedProfile loaded, planner::load_profile(request));
+  const model::ModelSummary& summary = loaded.summary;
+  const planner::ModelProfile& prof = loaded.profile;
+  const std::int64_t seq = prof.seq;
   const double db = dtype_size(o.dtype);
-  model::DimBindings dims(r.dims.begin(), r.dims.end());
-  dims["batch"] = 1;  // the planner's profile is per sequence
-  HP_ASSIGN_OR_RETURN(auto summary, model::summarize_model({o.model, dims, false}));
-  HP_ASSIGN_OR_RETURN(auto prof, planner::profile_model(summary, seq, db));
   HP_ASSIGN_OR_RETURN(auto topo, topology::Topology::from_cluster(cluster));
   const auto& p = r.parallel;
   if (r.ranks() != topo.ranks())

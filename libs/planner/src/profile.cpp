@@ -278,14 +278,13 @@ Expected<std::int64_t> bind_profile_dims(const ProfileRequest& request,
 void per_sequence(ModelProfile& m, std::int64_t batch) {
   if (batch <= 1) return;
   const double b = static_cast<double>(batch);
-  for (BlockProfile* p : {&m.prologue, &m.epilogue}) {
-    p->fwd_flops /= b, p->quadratic_flops /= b, p->act_bytes /= b;
-    p->quadratic_act_bytes /= b, p->boundary_bytes /= b;
-  }
-  for (auto& p : m.blocks) {
+  auto scale = [b](BlockProfile& p) {
     p.fwd_flops /= b, p.quadratic_flops /= b, p.act_bytes /= b;
     p.quadratic_act_bytes /= b, p.boundary_bytes /= b;
-  }
+  };
+  scale(m.prologue);
+  scale(m.epilogue);
+  for (auto& p : m.blocks) scale(p);
   m.hidden_bytes /= b;
 }
 
@@ -299,7 +298,7 @@ Expected<LoadedProfile> load_profile(const ProfileRequest& request) {
   model::DimBindings dims = request.dims;
   HP_ASSIGN_OR_RETURN(const std::int64_t seq, bind_profile_dims(request, axes, dims));
   HP_ASSIGN_OR_RETURN(model::Graph graph, model::build_graph(loaded, dims));
-  const model::ModelSummary summary = model::summarize_graph(loaded, std::move(graph), dims);
+  model::ModelSummary summary = model::summarize_graph(loaded, std::move(graph), dims);
   HP_ASSIGN_OR_RETURN(ModelProfile profile,
                       profile_model(summary, seq, dtype_bytes(request.dtype)));
   profile.sequence = axes.sequence;
@@ -307,7 +306,8 @@ Expected<LoadedProfile> load_profile(const ProfileRequest& request) {
   profile.batch_dim = axes.batch_dim;
   profile.seq_dim = axes.sequence ? axes.seq_dim : std::string();
   per_sequence(profile, axes.static_batch);
-  return LoadedProfile{std::move(profile), summary.warnings};
+  std::vector<std::string> warnings = summary.warnings;
+  return LoadedProfile{std::move(profile), std::move(summary), std::move(warnings)};
 }
 
 }  // namespace hp::planner

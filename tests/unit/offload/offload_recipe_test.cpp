@@ -3,6 +3,8 @@
 // -o round-trips through the recipe reader; bad inputs give the documented error codes.
 #include <catch2/catch.hpp>
 
+#include <fmt/core.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -66,6 +68,29 @@ OffloadOptions base_options(const fs::path& recipe) {
   o.recipe = recipe;
   o.preset_dirs = hp::recipe::preset_dirs(fs::path(HP_BINARY_DIR) / "bin", HP_SOURCE_DIR);
   return o;
+}
+
+// A one-rank local-cpu recipe for a test model, at `batch` x `seq`, micro-batch size 2.
+std::string one_rank_recipe(const std::string& name, const std::string& model, int batch, int seq) {
+  return fmt::format(R"([recipe]
+version = 1
+name = "{}"
+model = "{}"
+cluster = "local-cpu"
+nodes = 1
+
+[model]
+dims = {{ batch = {}, seq = {} }}
+
+[parallel]
+dp = 1
+tp = 1
+pp = 1
+micro_batch_size = 2
+micro_batches = 1
+)",
+                     name, (fs::path(HP_SOURCE_DIR) / "tests/data/models" / model).string(), batch,
+                     seq);
 }
 
 }  // namespace
@@ -177,24 +202,7 @@ TEST_CASE("bad inputs: no plan, malformed budget, unknown state kind", "[offload
 TEST_CASE("inference: the KV cache follows the GQA formula and capacity grows with KV offload",
           "[offload][recipe]") {
   const fs::path dir = temp_dir("infer");
-  write(dir / "r.toml", R"([recipe]
-version = 1
-name = "llama"
-model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/tiny-llama.onnx").string() +
-                            R"("
-cluster = "local-cpu"
-nodes = 1
-
-[model]
-dims = { batch = 1, seq = 32 }
-
-[parallel]
-dp = 1
-tp = 1
-pp = 1
-micro_batch_size = 2
-micro_batches = 1
-)");
+  write(dir / "r.toml", one_rank_recipe("llama", "tiny-llama.onnx", 1, 32));
   OffloadOptions o = base_options(dir / "r.toml");
   o.mode = "infer";
   o.heads = 4;
@@ -255,24 +263,7 @@ TEST_CASE("--measure: the CPU plugin's copies run at the speed of a plain memcpy
 TEST_CASE("the recipe's [workload] sets dtype, mode and optimizer; flags override it",
           "[offload][recipe]") {
   const fs::path dir = temp_dir("workload");
-  const std::string head = R"([recipe]
-version = 1
-name = "gpt"
-model = ")" + (fs::path(HP_SOURCE_DIR) / "tests/data/models/tiny-gpt2.onnx").string() +
-                           R"("
-cluster = "local-cpu"
-nodes = 1
-
-[model]
-dims = { batch = 2, seq = 16 }
-
-[parallel]
-dp = 1
-tp = 1
-pp = 1
-micro_batch_size = 2
-micro_batches = 1
-)";
+  const std::string head = one_rank_recipe("gpt", "tiny-gpt2.onnx", 2, 16);
   write(dir / "plain.toml", head);
   write(dir / "fp32.toml", head +
                                "\n[workload]\nmode = \"train\"\ndtype = \"fp32\"\n"

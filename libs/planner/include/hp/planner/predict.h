@@ -13,6 +13,7 @@
 
 #include "hp/core/expected.h"
 #include "hp/model/graph.h"
+#include "hp/model/summary.h"
 #include "hp/planner/cost.h"
 #include "hp/planner/planner.h"
 #include "hp/recipe/cluster.h"
@@ -33,6 +34,7 @@ struct ProfileRequest {
 /// A model profiled for planning, with what libs/model had to say about it.
 struct LoadedProfile {
   ModelProfile profile;
+  model::ModelSummary summary;        ///< what the profile was made from (graph, layering, cuts)
   std::vector<std::string> warnings;  ///< unbound dims, absent weight files, tied copies, ...
 };
 
