@@ -13,6 +13,7 @@
 
 #include "hp/model/graph.h"
 #include "hp/shard/layout.h"
+#include "hp/shard/propagate.h"
 
 namespace hp::shard::detail {
 
@@ -59,6 +60,10 @@ struct RuleResult {
 
 /// Applies the rule of the node's op (or the replicate-everything default).
 RuleResult apply_rule(const RuleContext& c);
+
+/// Every node of `g` reads each input as `p` lays it out or through one of its redistributions;
+/// otherwise an internal error naming the node (propagate_check.cpp).
+Status check_consistent(const model::Graph& g, const Propagation& p);
 
 /// Int64 values of a constant tensor (initializer or Constant node output), empty when unknown.
 std::vector<std::int64_t> const_ints(const onnx::GraphProto& g, const std::string& name);
