@@ -135,6 +135,28 @@ struct Workload {
   friend bool operator==(const Workload&, const Workload&) = default;
 };
 
+/// [train]: what `hp launch` trains when the recipe has this table (docs/training.md). Written with
+/// its defaults by `hp plan --mode train -o`.
+struct Train {
+  std::string loss = "cross_entropy";  ///< cross_entropy | mse
+  std::string logits = "output";       ///< the graph output the loss reads
+  std::string labels = "labels";       ///< the data tensor holding labels (targets for mse)
+  std::string optimizer = "adamw";     ///< adamw | sgd
+  double lr = 1e-3;
+  std::vector<double> betas = {0.9, 0.999};  ///< adamw
+  double eps = 1e-8;                          ///< adamw
+  double weight_decay = 0.01;
+  double momentum = 0.0;      ///< sgd
+  double clip_norm = 0.0;     ///< global gradient-norm clipping; 0 = off
+  std::string lr_schedule = "constant";  ///< constant | cosine (linear warm-up, cosine decay)
+  std::int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  std::int64_t steps = 100;
+  std::int64_t seed = 0;              ///< data order
+  std::vector<std::string> frozen;    ///< initializers not trained (globs)
+  friend bool operator==(const Train&, const Train&) = default;
+};
+
 struct Recipe {
   int version = kRecipeVersion;
   std::string name;
@@ -148,6 +170,7 @@ struct Recipe {
   std::vector<Group> groups;
   std::optional<Offload> offload;
   std::optional<Workload> workload;
+  std::optional<Train> train;
 
   /// dp * tp * pp.
   std::int64_t ranks() const { return parallel.dp * parallel.tp * parallel.pp; }

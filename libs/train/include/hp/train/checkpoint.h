@@ -1,0 +1,44 @@
+// Training checkpoints and the trained model file.
+//
+// A checkpoint directory holds everything a resumed run needs to continue bit for bit: the weights
+// (as a loadable model.onnx), the optimizer state, the step and the data position (docs/training.md,
+// "Checkpoints"). It is written into a temporary sibling and renamed over the old one, so a crash
+// while writing leaves the previous checkpoint intact.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/exec/tensor.h"
+#include "hp/model/model.h"
+#include "hp/train/optimizer.h"
+
+namespace hp::train {
+
+/// Writes `forward` with the initializers named like `params` replaced by their values, atomically
+/// (temporary file, then rename). Models whose weights exceed `external_threshold` bytes keep them
+/// in `<path>.data` beside it (ONNX external data), as protobuf cannot hold 2 GiB.
+Status save_model(const model::Model& forward, const std::vector<exec::HostTensor>& params,
+                  const std::filesystem::path& path,
+                  std::uint64_t external_threshold = std::uint64_t{1} << 30);
+
+struct Checkpoint {
+  std::int64_t step = 0;           ///< updates done
+  std::int64_t data_position = 0;  ///< batches drawn from the data so far
+  std::uint64_t seed = 0;
+  std::string optimizer;                   ///< "adamw" | "sgd": a resume must use the same
+  std::vector<exec::HostTensor> params;    ///< named after the initializers
+  OptimizerState state;                    ///< its tensors in params' order
+};
+
+/// Writes `c` into `dir` (replacing a previous checkpoint there atomically); `forward` gives the
+/// graph model.onnx is written with.
+Status save_checkpoint(const model::Model& forward, const Checkpoint& c,
+                       const std::filesystem::path& dir);
+/// Reads a checkpoint. Errc::bad_input naming the file when it is missing, truncated or malformed.
+Expected<Checkpoint> load_checkpoint(const std::filesystem::path& dir);
+
+}  // namespace hp::train

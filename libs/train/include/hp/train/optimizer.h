@@ -1,0 +1,65 @@
+// Optimizer steps on host tensors, as torch.optim computes them (docs/training.md, "Optimizers"):
+// AdamW with decoupled weight decay and bias correction, SGD with momentum, global gradient-norm
+// clipping and the learning-rate schedules. Parameters, gradients and states are f32 host tensors;
+// the arithmetic follows torch's order of operations so results agree to float rounding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/exec/tensor.h"
+
+namespace hp::train {
+
+enum class OptimizerKind { adamw, sgd };
+/// "adamw" | "sgd"; Errc::bad_input otherwise.
+Expected<OptimizerKind> parse_optimizer_kind(const std::string& name);
+
+enum class LrSchedule { constant, cosine };
+/// "constant" | "cosine" (linear warm-up then cosine decay); Errc::bad_input otherwise.
+Expected<LrSchedule> parse_lr_schedule(const std::string& name);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;  ///< AdamW
+  double eps = 1e-8;                  ///< AdamW
+  double weight_decay = 0.01;         ///< AdamW: decoupled; SGD: added to the gradient
+  double momentum = 0.0;              ///< SGD (0 = plain SGD)
+  double clip_norm = 0.0;             ///< global gradient-norm clipping; 0 = off
+  LrSchedule schedule = LrSchedule::constant;
+  std::int64_t warmup_steps = 0;  ///< cosine: linear from lr/warmup to lr over these steps
+  std::int64_t total_steps = 0;   ///< cosine: lr reaches min_lr at this step
+  double min_lr = 0.0;            ///< cosine floor
+};
+
+/// Learning rate of 1-based step `step` under the schedule.
+double learning_rate(const OptimizerConfig& c, std::int64_t step);
+
+/// sqrt(sum of squares) over every gradient, accumulated in double.
+double global_norm(const std::vector<exec::HostTensor>& grads);
+
+/// Per-parameter state, beside the weights and saved with them (checkpoint.h).
+struct OptimizerState {
+  std::int64_t step = 0;  ///< updates done so far
+  /// AdamW: exp_avg and exp_avg_sq per parameter; SGD with momentum: momentum_buffer (first only).
+  std::vector<exec::HostTensor> exp_avg, exp_avg_sq;
+};
+
+/// What one update did.
+struct StepInfo {
+  double grad_norm = 0;   ///< before clipping
+  double clip_scale = 1;  ///< factor the gradients were multiplied by (1 = not clipped)
+  double lr = 0;
+};
+
+/// One update of every parameter from its gradient (same order, same shapes, f32): clips the
+/// gradients in place when configured, then applies the optimizer with the scheduled learning rate
+/// of step state.step + 1. Errc::bad_input on mismatched shapes or dtypes, Errc::runtime when the
+/// gradient norm is not finite (nothing updated then).
+Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
+                                  std::vector<exec::HostTensor>& grads, OptimizerState& state);
+
+}  // namespace hp::train

@@ -1,0 +1,66 @@
+// Training on one rank: the loop `hp launch RECIPE` runs when the recipe has a [train] table.
+//
+// Each step runs the gradient model (autodiff.h) on one batch, giving the loss and every gradient,
+// then the optimizer updates the host copy of the weights (optimizer.h) and hands them back to the
+// executor (Executor::set_weight). The loss reported for a step is the loss of that step's forward,
+// before its update, as a PyTorch loop prints it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/core/expected.h"
+#include "hp/train/autodiff.h"
+#include "hp/train/optimizer.h"
+
+namespace hp::train {
+
+struct TrainOptions {
+  std::filesystem::path model;  ///< forward ONNX model
+  GradSpec grad;
+  OptimizerConfig optimizer;
+  std::int64_t steps = 1;
+  // Data: exactly one of inputs_dir and data_file.
+  std::filesystem::path inputs_dir;  ///< one batch (.pb tensors named after inputs + labels)
+  std::filesystem::path data_file;   ///< token stream (data.h)
+  int token_bytes = 2;               ///< 2 (uint16) or 4 (uint32)
+  std::int64_t batch = 0, seq = 0;   ///< windows per batch and their length (data_file)
+  std::uint64_t seed = 0;
+  // Outputs.
+  std::filesystem::path metrics;     ///< JSON lines, one per step; empty = none
+  std::filesystem::path save_model;  ///< trained model; empty = none
+  std::filesystem::path checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  ///< 0 = only at the end (when checkpoint_dir is set)
+  std::filesystem::path resume_dir;
+  // Runtime.
+  std::string backend;  ///< plugin name; empty = cpu
+  int threads = 0;      ///< 0 = the cores available
+  std::vector<std::string> plugin_paths;
+  int log_every = 1;  ///< progress line every k steps (and the last)
+  /// Receives progress lines (stdout) and warnings (stderr when `err`).
+  std::function<void(bool err, const std::string&)> sink;
+};
+
+struct StepMetrics {
+  std::int64_t step = 0;  ///< 1-based
+  double loss = 0, grad_norm = 0, lr = 0, seconds = 0, tokens_per_second = 0;
+};
+
+struct TrainReport {
+  std::vector<StepMetrics> steps;  ///< the steps this run did (after a resume: from there)
+  std::int64_t first_step = 1;
+  std::int64_t peak_bytes = 0;     ///< executor's measured peak of live tensor bytes
+  std::int64_t params = 0;         ///< trainable elements
+  double median_step_seconds = 0;
+  std::string summary;  ///< the closing lines for the console
+};
+
+/// Runs the loop; see the file comment. Errors: Errc::bad_input for the model, data or options
+/// (before the first step), Errc::runtime for a non-finite loss or gradient (naming the step; the
+/// last checkpoint written is kept) or a failing kernel.
+Expected<TrainReport> train(const TrainOptions& options);
+
+}  // namespace hp::train
