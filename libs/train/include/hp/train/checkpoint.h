@@ -1,9 +1,9 @@
 // Training checkpoints and the trained model file.
 //
 // A checkpoint directory holds everything a resumed run needs to continue bit for bit: the weights
-// (as a loadable model.onnx), the optimizer state, the step and the data position (docs/training.md,
-// "Checkpoints"). It is written into a temporary sibling and renamed over the old one, so a crash
-// while writing leaves the previous checkpoint intact.
+// (as a loadable model.onnx), the optimizer state, the step and the data position
+// (docs/training.md, "Checkpoints"). It is written into a temporary sibling and renamed over the
+// old one, so a crash while writing leaves the previous checkpoint intact.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +29,9 @@ struct Checkpoint {
   std::int64_t step = 0;           ///< updates done
   std::int64_t data_position = 0;  ///< batches drawn from the data so far
   std::uint64_t seed = 0;
-  std::string optimizer;                   ///< "adamw" | "sgd": a resume must use the same
-  std::vector<exec::HostTensor> params;    ///< named after the initializers
-  OptimizerState state;                    ///< its tensors in params' order
+  std::string optimizer;                 ///< "adamw" | "sgd": a resume must use the same
+  std::vector<exec::HostTensor> params;  ///< named after the initializers
+  OptimizerState state;                  ///< its tensors in params' order
 };
 
 /// Writes `c` into `dir` (replacing a previous checkpoint there atomically); `forward` gives the
