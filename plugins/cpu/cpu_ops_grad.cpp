@@ -126,7 +126,7 @@ void sum_rec(const SumPlan& p, size_t lvl, const T* x, T* y, int64_t lo, int64_t
     return;
   }
   for (int64_t i = b; i < e; ++i)
-    sum_rec(p, lvl + 1, x + i * p.dy_st[lvl], y + i * p.y_st[lvl], 0, 0);
+    sum_rec(p, lvl + 1, x + i * p.dy_st[lvl], y + i * p.y_st[lvl], lo, hi);
 }
 
 void sum_to(OpCall& c) {

@@ -104,7 +104,7 @@ class OneNode {
  public:
   OneNode(const std::string& op, const std::string& domain, const std::vector<std::string>& ins,
           const std::vector<HostTensor>& example, const std::vector<std::string>& outs,
-          const std::vector<Attr>& attrs, int out_dtype) {
+          const std::vector<Attr>& attrs, int out_dtype, int threads = 4) {
     onnx::ModelProto m;
     m.set_ir_version(8);
     m.add_opset_import()->set_version(17);
@@ -160,7 +160,9 @@ class OneNode {
     auto loaded = model::load_model(dir / "m.onnx", lo);
     fs::remove_all(dir);
     REQUIRE(loaded.ok());
-    auto b = open_backends("cpu", 1, {});
+    // Several threads by default, so the large cases take the kernels' threaded paths. The count
+    // is the process's OpenMP setting, set when a backend opens.
+    auto b = open_backends("cpu", threads, {});
     REQUIRE(b.ok());
     backends_ = *b;
     auto ex = Executor::create(*loaded, {backends_.primary, backends_.cpu, nullptr});
@@ -250,7 +252,8 @@ TEST_CASE("SumTo sums the broadcast dims for each pattern", "[exec][train]") {
        {Case{{2, 3, 4}, {3, 1}}, Case{{2, 3, 4}, {1}}, Case{{2, 3, 4}, {2, 1, 4}},
         Case{{2, 3, 4}, {2, 3, 4}}, Case{{2, 3, 4}, {4}}, Case{{2, 3, 4}, {}},
         Case{{2, 1, 4}, {1, 4}}, Case{{600, 130}, {130}}, Case{{600, 130}, {600, 1}},
-        Case{{64, 33, 40}, {33, 1}}, Case{{300, 300}, {}}, Case{{40, 8, 300}, {40, 1, 300}}}) {
+        Case{{64, 33, 40}, {33, 1}}, Case{{300, 300}, {}}, Case{{40, 8, 300}, {40, 1, 300}},
+        Case{{3, 8, 3000, 5}, {3, 1, 3000, 1}}, Case{{2, 40000}, {40000}}}) {
     INFO(k.dy.size() << "-d dY to rank " << k.target.size());
     const Vec v = random(count(k.dy), 7);
     const Vec want = sum_to_reference(k.dy, v, k.target);
@@ -759,5 +762,51 @@ TEST_CASE("MaxPoolGrad and AveragePoolGrad match central differences of the forw
     CHECK(g.error_of(in).find("differ from the pool") != std::string::npos);
     in[1] = f64({2, 5}, random(10, 2));
     CHECK(!g.run(in).ok());
+  }
+}
+
+TEST_CASE("threaded runs of the large kernels equal single-threaded ones", "[exec][train]") {
+  struct Case {
+    std::string op;
+    std::vector<HostTensor> in;
+    std::vector<std::string> outs;
+    std::vector<Attr> attrs;
+  };
+  const Dims cx{2, 8, 20, 20}, cw{8, 4, 3, 3}, cy{2, 8, 20, 20}, px{2, 16, 33, 32},
+      py{2, 16, 17, 16}, sd{40, 50, 40};
+  const std::vector<Attr> pool{al("kernel_shape", {3, 2}), al("strides", {2, 2}),
+                               al("pads", {1, 0, 1, 0}), ai("count_include_pad", 1)};
+  const Case cases[] = {
+      {"ConvGrad",
+       {f64(cy, random(count(cy), 1)), f64(cx, random(count(cx), 2)),
+        f64(cw, random(count(cw), 3))},
+       {"dx", "dw", "db"},
+       {ai("group", 2), al("pads", {1, 1, 1, 1})}},
+      {"MaxPoolGrad", {f64(py, random(count(py), 4)), f64(px, random(count(px), 5))}, {"dx"}, pool},
+      {"AveragePoolGrad",
+       {f64(py, random(count(py), 6)), f64(px, random(count(px), 7))},
+       {"dx"},
+       pool},
+      {"SoftmaxGrad",
+       {f64(sd, random(count(sd), 8)), f64(sd, random(count(sd), 9, 0, 1))},
+       {"dx"},
+       {ai("axis", 1)}},
+      {"LogSoftmaxGrad",
+       {f64(sd, random(count(sd), 8)), f64(sd, random(count(sd), 9, -3, 0))},
+       {"dx"},
+       {ai("axis", 1)}},
+  };
+  for (const Case& k : cases) {
+    INFO(k.op);
+    std::vector<std::string> names{"a", "b", "c"};
+    names.resize(k.in.size());
+    std::vector<Vec> serial;
+    {
+      OneNode one(k.op, "hp.train", names, k.in, k.outs, k.attrs, HP_F64, 1);
+      for (std::size_t o = 0; o < k.outs.size(); ++o) serial.push_back(one.values_of(k.in, o));
+    }
+    OneNode many(k.op, "hp.train", names, k.in, k.outs, k.attrs, HP_F64, 4);
+    for (std::size_t o = 0; o < k.outs.size(); ++o)
+      check_close(many.values_of(k.in, o), serial[o], 1e-12);
   }
 }
