@@ -2,8 +2,10 @@
 // backend, f32 and f64.
 //
 // ConvGrad takes the forward Conv's attributes and recomputes its geometry (as cpu_ops_nn.cpp's
-// Conv does), checking that dY has the forward's output shape. It runs 1-, 2- and 3-D convolutions
-// as 3-D ones with unit leading dims, as direct loops: dX split across threads by (n, input
+// Conv does), checking that dY has the forward's output shape. f32 runs on oneDNN's backward
+// convolution primitives (created per call: a cache like cpu_gemm.cpp's would save their JIT time).
+// f64, which oneDNN lacks, and any geometry oneDNN rejects run direct loops that treat 1-, 2- and
+// 3-D convolutions as 3-D ones with unit leading dims: dX split across threads by (n, input
 // channel), dW and dB by output channel, so no two threads write one element. For each kernel tap
 // the range of output positions that read inside the input is computed up front, so the innermost
 // loop has no bounds test. The ABI gives a kernel no way to tell an output the node names with ""
@@ -15,7 +17,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -38,7 +42,8 @@ int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 
 /// Convolution geometry as 3 spatial dims (leading ones of size 1 for 1-D and 2-D).
 struct ConvGeom {
   int64_t N = 0, C = 0, M = 0, group = 1, cg = 0, mg = 0;
-  int64_t in[3], k[3], out[3], s[3], p[3], d[3];
+  int64_t in[3], k[3], out[3], s[3], p[3], pe[3], d[3];
+  size_t sp = 0;  // the real spatial rank: dims [3 - sp, 3) of the arrays
   Dims out_dims;
 };
 
@@ -68,9 +73,10 @@ ConvGeom conv_geom(const OpCall& c, const View& x, const View& w) {
   const std::string ap = c.s("auto_pad", "NOTSET");
   g.out_dims = {g.N, g.M};
   const size_t lead = 3 - sp;
+  g.sp = sp;
   for (size_t q = 0; q < 3; ++q) {
     g.in[q] = g.k[q] = g.out[q] = g.s[q] = g.d[q] = 1;
-    g.p[q] = 0;
+    g.p[q] = g.pe[q] = 0;
   }
   for (size_t a = 0; a < sp; ++a) {
     const size_t q = lead + a;
@@ -94,6 +100,7 @@ ConvGeom conv_geom(const OpCall& c, const View& x, const View& w) {
     const int64_t room = g.in[q] + pb + pe - span;
     if (room < 0) c.fail("the kernel is larger than the padded input");
     g.p[q] = pb;
+    g.pe[q] = pe;
     g.out[q] = room / g.s[q] + 1;
     g.out_dims.push_back(g.out[q]);
   }
@@ -200,6 +207,91 @@ void conv_grad_typed(OpCall& c, const ConvGeom& g, const View& dy, const View& x
   }
 }
 
+/// The f32 gradients by oneDNN's backward convolution primitives (plain layouts, so no reorders):
+/// dX by backward data, dW and dB by backward weights. Returns false when oneDNN rejects the
+/// geometry, and the direct loops run instead.
+bool conv_grad_dnnl(OpCall& c, const ConvGeom& g, const View& dy, const View& x, const View& w) {
+  using dnnl::memory;
+  using tag = memory::format_tag;
+  const size_t lead = 3 - g.sp;
+  memory::dims strides, dil, pl, pr, src{g.N, g.C}, dst{g.N, g.M}, wei;
+  if (g.group > 1)
+    wei = {g.group, g.mg, g.cg};
+  else
+    wei = {g.M, g.cg};
+  for (size_t q = lead; q < 3; ++q) {
+    strides.push_back(g.s[q]);
+    dil.push_back(g.d[q] - 1);  // oneDNN counts the gaps
+    pl.push_back(g.p[q]);
+    pr.push_back(g.pe[q]);
+    src.push_back(g.in[q]);
+    dst.push_back(g.out[q]);
+    wei.push_back(g.k[q]);
+  }
+  const tag act = g.sp == 1 ? tag::ncw : g.sp == 2 ? tag::nchw : tag::ncdhw;
+  const tag wt = g.group > 1 ? (g.sp == 1   ? tag::goiw
+                                : g.sp == 2 ? tag::goihw
+                                            : tag::goidhw)
+                             : (g.sp == 1   ? tag::oiw
+                                : g.sp == 2 ? tag::oihw
+                                            : tag::oidhw);
+  const auto f32 = memory::data_type::f32;
+  const memory::desc src_md(src, f32, act), dst_md(dst, f32, act), wei_md(wei, f32, wt),
+      bia_md({g.M}, f32, tag::x);
+  const dnnl::engine& eng = c.ctx()->engine;
+  dnnl::stream& st = c.stream()->dnnl_stream;
+  const bool want_x = c.n_outputs() > 0, want_w = c.n_outputs() > 1, want_b = c.n_outputs() > 2;
+  try {
+    const dnnl::convolution_forward::primitive_desc fwd(
+        {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_md, wei_md,
+         bia_md, dst_md, strides, dil, pl, pr},
+        eng);
+    std::optional<dnnl::convolution_backward_data::primitive_desc> bd;
+    std::optional<dnnl::convolution_backward_weights::primitive_desc> bw;
+    if (want_x)
+      bd.emplace(dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md,
+                                                       wei_md, dst_md, strides, dil, pl, pr),
+                 eng, fwd);
+    if (want_w) {
+      if (want_b)
+        bw.emplace(
+            dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
+                                                     wei_md, bia_md, dst_md, strides, dil, pl, pr),
+            eng, fwd);
+      else
+        bw.emplace(
+            dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md,
+                                                     wei_md, dst_md, strides, dil, pl, pr),
+            eng, fwd);
+    }
+    memory dy_m(dst_md, eng, dy.data), x_m(src_md, eng, x.data), w_m(wei_md, eng, w.data);
+    if (bd) {
+      View dx = c.out(0, x.dtype, x.dims);
+      dnnl::convolution_backward_data(*bd).execute(
+          st, {{DNNL_ARG_DIFF_DST, dy_m},
+               {DNNL_ARG_WEIGHTS, w_m},
+               {DNNL_ARG_DIFF_SRC, memory(src_md, eng, dx.data)}});
+    }
+    if (bw) {
+      View dw = c.out(1, w.dtype, w.dims);
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x_m},
+                                           {DNNL_ARG_DIFF_DST, dy_m},
+                                           {DNNL_ARG_DIFF_WEIGHTS, memory(wei_md, eng, dw.data)}};
+      if (want_b) {
+        View db = c.out(2, dy.dtype, {g.M});
+        args.emplace(DNNL_ARG_DIFF_BIAS, memory(bia_md, eng, db.data));
+      }
+      dnnl::convolution_backward_weights(*bw).execute(st, args);
+    } else if (want_b) {
+      return false;  // dB without dW: not a primitive; the loops do it
+    }
+    st.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 void conv_grad(OpCall& c) {
   const View &dy = c.need(0), &x = c.need(1), &w = c.need(2);
   if (dy.dtype != x.dtype || w.dtype != x.dtype) c.fail("dY, X and W differ in dtype");
@@ -207,6 +299,7 @@ void conv_grad(OpCall& c) {
   if (dy.dims != g.out_dims)
     c.fail("dY dims " + dims_str(dy.dims) + " differ from the convolution's output " +
            dims_str(g.out_dims));
+  if (x.dtype == HP_F32 && conv_grad_dnnl(c, g, dy, x, w)) return;
   dispatch_float(x.dtype, [&](auto tag) { conv_grad_typed<decltype(tag)>(c, g, dy, x, w); });
 }
 

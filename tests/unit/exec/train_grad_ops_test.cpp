@@ -684,6 +684,14 @@ TEST_CASE("ConvGrad's dX, dW, dB match central differences", "[exec][train]") {
     check_close(only_w.values_of(in), values((*r)[1]), 0);
     OneNode only_x("ConvGrad", "hp.train", {"dy", "x", "w"}, in, {"dx"}, s.attrs(), HP_F64);
     check_close(only_x.values_of(in), values((*r)[0]), 0);
+    // float32 (oneDNN's primitives in the plugin) agrees, with all outputs and with dW alone.
+    std::vector<HostTensor> in32{tensor(HP_F32, od, dyv), tensor(HP_F32, s.x, x),
+                                 tensor(HP_F32, s.w, w)};
+    OneNode g32("ConvGrad", "hp.train", {"dy", "x", "w"}, in32, {"dx", "dw", "db"}, s.attrs(),
+                HP_F32);
+    for (std::size_t k = 0; k < 3; ++k) check_close(g32.values_of(in32, k), values((*r)[k]), 1e-5);
+    OneNode w32("ConvGrad", "hp.train", {"dy", "x", "w"}, in32, {"", "dw"}, s.attrs(), HP_F32);
+    check_close(w32.values_of(in32), values((*r)[1]), 1e-5);
   }
   SECTION("auto_pad SAME_UPPER and float32 agree with the explicit-pad float64 result") {
     // in 7, k 3, s 2: out 4, total pad 2 -> 1 before, 1 after.
