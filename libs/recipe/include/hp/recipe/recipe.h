@@ -22,6 +22,9 @@
 //   [offload]           enabled, targets = [...], h2d_bandwidth + h2d_bandwidth_source,
 //                       d2h_bandwidth + d2h_bandwidth_source, host_memory + host_memory_source,
 //                       margin, prefetch_lookahead, device_budget
+//   [workload]          mode, dtype, optimizer, global_batch, seq, command (what hp plan planned)
+//   [train]             loss, logits, labels, optimizer, lr, betas, eps, weight_decay, momentum,
+//                       clip_norm, lr_schedule, warmup_steps, min_lr, steps, seed, frozen
 //
 // Sources are "table", "user", "unknown" or "measured:<probe> <date>". Sizes and bandwidths may be
 // numbers (bytes, bytes/s) or strings with units ("64 GiB", "25 GB/s"). Unknown keys are errors.
@@ -144,16 +147,16 @@ struct Train {
   std::string optimizer = "adamw";     ///< adamw | sgd
   double lr = 1e-3;
   std::vector<double> betas = {0.9, 0.999};  ///< adamw
-  double eps = 1e-8;                          ///< adamw
+  double eps = 1e-8;                         ///< adamw
   double weight_decay = 0.01;
-  double momentum = 0.0;      ///< sgd
-  double clip_norm = 0.0;     ///< global gradient-norm clipping; 0 = off
+  double momentum = 0.0;                 ///< sgd
+  double clip_norm = 0.0;                ///< global gradient-norm clipping; 0 = off
   std::string lr_schedule = "constant";  ///< constant | cosine (linear warm-up, cosine decay)
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;
   std::int64_t steps = 100;
-  std::int64_t seed = 0;              ///< data order
-  std::vector<std::string> frozen;    ///< initializers not trained (globs)
+  std::int64_t seed = 0;            ///< data order
+  std::vector<std::string> frozen;  ///< initializers not trained (globs)
   friend bool operator==(const Train&, const Train&) = default;
 };
 
