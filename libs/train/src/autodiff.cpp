@@ -171,6 +171,7 @@ void Engine::emit_clones(int block) {
       if (n.output(j).empty()) continue;
       std::string r = n.output(j) + "/recompute";
       rename[n.output(j)] = r;
+      w.origin[r] = n.output(j);
       c->set_output(j, r);
     }
     ++clones;
@@ -285,7 +286,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
     return Error(Errc::bad_input,
                  fmt::format("training needs ai.onnx opset 13 or newer, the model has {}", opset),
                  model.path.string(), "export with torch.onnx.export(..., opset_version=14)");
-  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, {}));
+  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, spec.dims));
   Engine e(model, spec, std::move(fg));
   e.w.graph = e.proto->mutable_graph();
   e.w.fwd = &e.fg;
