@@ -159,6 +159,41 @@ std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::stri
   return std::nullopt;
 }
 
+std::optional<double> GraphWriter::const_scalar(const std::string& t) const {
+  auto value_of = [](const onnx::TensorProto& p) -> std::optional<double> {
+    std::int64_t n = 1;
+    for (auto d : p.dims()) n *= d;
+    if (n != 1 || p.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
+    if (p.data_type() == onnx::TensorProto::FLOAT) {
+      if (p.has_raw_data() && p.raw_data().size() == 4) {
+        float f;
+        std::memcpy(&f, p.raw_data().data(), 4);
+        return f;
+      }
+      if (p.float_data_size() == 1) return p.float_data(0);
+    }
+    if (p.data_type() == onnx::TensorProto::DOUBLE) {
+      if (p.has_raw_data() && p.raw_data().size() == 8) {
+        double d;
+        std::memcpy(&d, p.raw_data().data(), 8);
+        return d;
+      }
+      if (p.double_data_size() == 1) return p.double_data(0);
+    }
+    return std::nullopt;
+  };
+  const std::string& o = original(t);
+  for (const auto& init : fwd_proto->initializer())
+    if (init.name() == o) return value_of(init);
+  for (const auto& n : fwd_proto->node())
+    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == o)
+      for (const auto& a : n.attribute()) {
+        if (a.name() == "value" && a.has_t()) return value_of(a.t());
+        if (a.name() == "value_float") return a.f();
+      }
+  return std::nullopt;
+}
+
 const std::string& GradCtx::in(int i) const {
   static const std::string none;
   return i >= 0 && i < n_in() ? ins_[static_cast<std::size_t>(i)] : none;

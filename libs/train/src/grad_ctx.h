@@ -69,6 +69,9 @@ struct GraphWriter {
   /// Values of an integer tensor that is an initializer or a Constant node's output of the forward
   /// (reduction axes, split sizes), else nullopt.
   std::optional<std::vector<std::int64_t>> const_ints(const std::string& t) const;
+  /// The value of a one-element float tensor that is an initializer or a Constant node's output
+  /// (a Pow's exponent), else nullopt.
+  std::optional<double> const_scalar(const std::string& t) const;
 };
 
 class GradCtx {
@@ -116,6 +119,7 @@ class GradCtx {
   const onnx::NodeProto* emitted_producer(const std::string& t) const {
     return w_.emitted_producer(t);
   }
+  std::optional<double> const_scalar(const std::string& t) const { return w_.const_scalar(t); }
   std::string hp(const std::string& type, const std::vector<std::string>& inputs,
                  const std::vector<Attr>& attrs = {}) {
     return op(type, inputs, attrs, kTrainDomain);

@@ -49,8 +49,20 @@ Status pow(GradCtx& c) {
   if (c.elem_type(b) != c.elem_type(c.in(0)))
     b = c.op("Cast", {b}, {{"to", static_cast<std::int64_t>(c.elem_type(c.in(0)))}});
   if (c.wants(0)) {
-    std::string local =
-        c.op("Mul", {b, c.op("Pow", {c.in(0), c.op("Sub", {b, c.scalar(1.0, c.in(0))})})});
+    // A constant exponent (RMSNorm's and the decomposed LayerNorm's x^2) needs no Sub and, for 2,
+    // no Pow: e x^(e-1) with e-1 folded.
+    std::string local;
+    if (auto e = c.const_scalar(c.in(1)); e && c.elem_type(c.in(1)) == c.elem_type(c.in(0))) {
+      if (*e == 2.0)
+        local = c.op("Mul", {c.in(0), c.scalar(2.0, c.in(0))});
+      else if (*e == 1.0)
+        local = c.op("Expand", {c.scalar(1.0, c.in(0)), c.shape_of(c.in(0))});
+      else
+        local = c.op("Mul",
+                     {c.op("Pow", {c.in(0), c.scalar(*e - 1.0, c.in(0))}), c.scalar(*e, c.in(0))});
+    } else {
+      local = c.op("Mul", {b, c.op("Pow", {c.in(0), c.op("Sub", {b, c.scalar(1.0, c.in(0))})})});
+    }
     c.grad(0, c.sum_to(c.op("Mul", {c.dout(0), local}), c.in(0), c.out(0)));
   }
   if (c.wants(1)) {

@@ -239,7 +239,17 @@ TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
   attr_i(ln, "axis", -1);
   b.node("Tanh", {"h2"}, {"h3"});
   b.node("Softmax", {"h3"}, {"h4"});
-  b.node("Mul", {"h4", "h3"}, {"h5"});
+  for (auto [name, e] : {std::pair<const char*, float>{"two", 2.f}, {"three", 3.f}}) {
+    auto* k = b.node("Constant", {}, {name});  // exponents as exporters write them
+    auto* a = k->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    a->mutable_t()->add_float_data(e);
+  }
+  b.node("Pow", {"h3", "two"}, {"h3sq"});
+  b.node("Pow", {"h3sq", "three"}, {"h3p"});
+  b.node("Mul", {"h4", "h3p"}, {"h5"});
   b.node("MatMul", {"h5", "w2"}, {"logits"});
   b.output("logits", {4, 5, 7});
   train::GradSpec spec;
