@@ -318,7 +318,14 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     for (const auto& d : fg.tensor(idx).dims) sh->add_dim()->set_dim_value(d.value);
     kept.push_back(p);
     out.grads.push_back(name);
-    if (int r = readers(model.proto->graph(), p); r > 1) out.tied[p] = r;
+    if (int r = readers(model.proto->graph(), p); r > 1) {
+      out.tied[p] = r;
+      for (const auto& n : model.proto->graph().node())
+        if (n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == p) {
+          out.aliased.push_back(p);
+          break;
+        }
+    }
   }
   out.params = kept;
   w.made.clear();  // the pointers do not survive the removal

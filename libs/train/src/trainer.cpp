@@ -92,6 +92,13 @@ Status Run::prepare() {
   HP_ASSIGN_OR_RETURN(auto dims, detail::data_dims(o, forward));
   for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
+  if (!gg.aliased.empty())
+    say(true,
+        fmt::format("hp: warning: {} initializer(s) are shared through Identity nodes (first: "
+                    "'{}'): an eval-mode export merges initializers with equal values, "
+                    "which ties tensors PyTorch trains apart; export with "
+                    "training=torch.onnx.TrainingMode.TRAINING to keep them separate",
+                    gg.aliased.size(), gg.aliased.front()));
   for (const auto& [name, readers] : gg.tied)
     say(true, fmt::format("hp: note: '{}' is read by {} nodes (tied or aliased): their gradients "
                           "add up and it is trained as one tensor",

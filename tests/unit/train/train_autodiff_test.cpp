@@ -218,6 +218,7 @@ TEST_CASE("tied weights accumulate and are reported; unreachable ones are not tr
   REQUIRE(r);
   CHECK(r->params == std::vector<std::string>{"w"});
   CHECK(r->tied.at("w") == 2);
+  CHECK(r->aliased == std::vector<std::string>{"w"});
   CHECK(r->untrained.count("unused") == 1);
   CHECK(r->inputs == std::vector<std::string>{"x", "labels"});
   std::mt19937 rng(3);

@@ -67,6 +67,9 @@ struct GradGraph {
   /// Trainable tensors read by several nodes (tied weights, Identity aliases): their gradient is
   /// the sum of each reader's; name -> number of readers.
   std::map<std::string, int> tied;
+  /// Of those, the ones read through an Identity: eval-mode exports merge initializers that happen
+  /// to hold equal values (fresh LayerNorm weights) this way, tying what PyTorch trains apart.
+  std::vector<std::string> aliased;
   /// Forward nodes cloned for recomputation.
   int recomputed_nodes = 0;
 };
