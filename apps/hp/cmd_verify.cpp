@@ -64,6 +64,8 @@ void add_verify_command(CLI::App& app, Context& ctx) {
                   "--grad: initializers not trained (glob with * and ?; repeatable)");
   sub->add_option("--directions", f->g.directions, "--grad: random directions to compare along")
       ->capture_default_str();
+  sub->add_option("--eps", f->g.eps, "--grad: the step, relative to max(1, |weights|)")
+      ->capture_default_str();
   sub->add_option("--shard-dir", f->opts.run.shard_dir,
                   "RECIPE: verify these hp shard partitions instead of fresh ones");
   sub->add_option("--timeout", f->opts.run.timeout_s,

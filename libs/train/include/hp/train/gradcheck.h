@@ -71,8 +71,10 @@ struct GradCheckReport {
   double loss = 0;  ///< at theta, in float64
   double step = 0;  ///< h
   double tolerance = 0;
-  std::int64_t parameters = 0;                   ///< scalar parameters checked
-  double grad_norm = 0;                          ///< |g|
+  std::int64_t parameters = 0;  ///< scalar parameters checked
+  double grad_norm = 0;         ///< |g|
+  /// |g| / sqrt(parameters) / 10: the least denominator of a relative error (GradCheckOptions).
+  double floor = 0;
   std::vector<std::string> params;               ///< trainable tensors, in file order
   std::map<std::string, std::string> untrained;  ///< name -> why (GradGraph::untrained)
   std::map<std::string, int> tied;               ///< name -> readers (GradGraph::tied)
@@ -87,8 +89,9 @@ struct GradCheckReport {
   Error mismatch() const;
 };
 
-/// Loads the model (weights required), builds its gradient model (build_grad_graph with
-/// options.grad), converts it with to_float64 and compares as the file comment says.
+/// Loads the model (weights required), converts it with to_float64, builds its gradient model
+/// (build_grad_graph with options.grad: the constants its rules emit are then double as well) and
+/// compares as the file comment says.
 ///
 /// Without options.inputs the inputs are generated from options.seed: float inputs normal(0, 1);
 /// int64/int32 inputs read directly as the indices of a Gather from an initializer table uniform in
