@@ -128,7 +128,8 @@ void check_against_differences(Builder& b, const train::GradSpec& spec,
     REQUIRE(g.numel() == w->numel());
     exec::HostTensor d = tensor(w->dims, HP_F32, rng);
     double analytic = 0, norm = 0;
-    for (std::int64_t k = 0; k < d.numel(); ++k) norm += double(d.as<float>()[k]) * d.as<float>()[k];
+    for (std::int64_t k = 0; k < d.numel(); ++k)
+      norm += double(d.as<float>()[k]) * d.as<float>()[k];
     for (std::int64_t k = 0; k < d.numel(); ++k) {
       d.as<float>()[k] = static_cast<float>(d.as<float>()[k] / std::sqrt(norm));
       analytic += double(g.as<float>()[k]) * d.as<float>()[k];
@@ -199,8 +200,7 @@ TEST_CASE("an op without a gradient rule on a trainable path is named before any
   CHECK(ok->untrained.at("w") == "frozen by [train].frozen");
 }
 
-TEST_CASE("tied weights accumulate and are reported; unreachable ones are not trained",
-          "[train]") {
+TEST_CASE("tied weights accumulate and are reported; unreachable ones are not trained", "[train]") {
   Builder b;
   b.input("x", {2, 3});
   b.weight("w", {3, 3});
