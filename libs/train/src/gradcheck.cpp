@@ -66,6 +66,36 @@ struct Checker {
       HP_TRY(ex->set_weight(gg.params[k], s == 0 ? theta[k] : moved(theta[k], d[k], s)));
     return {};
   }
+
+  /// Direction `k` (1-based in messages): d drawn from `rng`, <g, d> against the central
+  /// difference with step `h`, relative to max(|a|, |n|, floor).
+  Expected<DirectionCheck> direction(int k, const std::vector<const exec::HostTensor*>& g,
+                                     detail::Normal& rng, double h, double floor) {
+    std::vector<std::vector<double>> d(theta.size());
+    double n2 = 0;
+    for (std::size_t p = 0; p < theta.size(); ++p) {
+      d[p].resize(static_cast<std::size_t>(theta[p].numel()));
+      for (double& v : d[p]) {
+        v = rng();
+        n2 += v * v;
+      }
+    }
+    const double inv = 1 / std::sqrt(n2);
+    DirectionCheck dc;
+    for (std::size_t p = 0; p < d.size(); ++p) {
+      for (double& v : d[p]) v *= inv;
+      dc.analytic += dot(*g[p], d[p]);
+    }
+    HP_TRY(set_all(d, h));
+    HP_ASSIGN_OR_RETURN(const double lp, loss_at(fmt::format("theta + h d{}", k)));
+    HP_TRY(set_all(d, -h));
+    HP_ASSIGN_OR_RETURN(const double lm, loss_at(fmt::format("theta - h d{}", k)));
+    dc.numeric = (lp - lm) / (2 * h);
+    const double scale = std::max({std::abs(dc.analytic), std::abs(dc.numeric), floor});
+    dc.rel_error = scale > 0 ? std::abs(dc.analytic - dc.numeric) / scale : 0;
+    dc.ok = dc.rel_error <= o.tolerance;
+    return dc;
+  }
 };
 
 std::string fmt_g(double v) { return fmt::format("{:.12e}", v); }
@@ -209,30 +239,8 @@ Expected<GradCheckReport> check_grad_graph(const model::Model& forward, const Gr
   r.step = o.eps * std::max(1.0, std::sqrt(theta_norm2));
   // 4. Directions.
   detail::Normal rng(o.seed ^ 0x6772616463686b00ull);  // "gradchk": apart from the inputs' stream
-  for (int k = 0; k < o.directions; ++k) {
-    std::vector<std::vector<double>> d(c.theta.size());
-    double n2 = 0;
-    for (std::size_t p = 0; p < c.theta.size(); ++p) {
-      d[p].resize(static_cast<std::size_t>(c.theta[p].numel()));
-      for (double& v : d[p]) {
-        v = rng();
-        n2 += v * v;
-      }
-    }
-    const double inv = 1 / std::sqrt(n2);
-    DirectionCheck dc;
-    for (std::size_t p = 0; p < d.size(); ++p) {
-      for (double& v : d[p]) v *= inv;
-      dc.analytic += dot(*g[p], d[p]);
-    }
-    HP_TRY(c.set_all(d, r.step));
-    HP_ASSIGN_OR_RETURN(const double lp, c.loss_at(fmt::format("theta + h d{}", k + 1)));
-    HP_TRY(c.set_all(d, -r.step));
-    HP_ASSIGN_OR_RETURN(const double lm, c.loss_at(fmt::format("theta - h d{}", k + 1)));
-    dc.numeric = (lp - lm) / (2 * r.step);
-    const double scale = std::max({std::abs(dc.analytic), std::abs(dc.numeric), r.floor});
-    dc.rel_error = scale > 0 ? std::abs(dc.analytic - dc.numeric) / scale : 0;
-    dc.ok = dc.rel_error <= o.tolerance;
+  for (int k = 1; k <= o.directions; ++k) {
+    HP_ASSIGN_OR_RETURN(auto dc, c.direction(k, g, rng, r.step, r.floor));
     r.directions.push_back(dc);
   }
   // 5. The weights as they were.
