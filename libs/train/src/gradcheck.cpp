@@ -170,7 +170,7 @@ Error GradCheckReport::mismatch() const {
                            k + 1, fmt_g(d.analytic), fmt_g(d.numeric), d.rel_error, tolerance),
                model,
                "a gradient rule or an hp.train kernel is wrong for an op of this model (or --eps "
-               "is far from 1e-6); hp verify --grad on a smaller model with the same ops narrows "
+               "is far from 3e-6); hp verify --grad on a smaller model with the same ops narrows "
                "it down");
 }
 
@@ -262,6 +262,10 @@ Expected<GradCheckReport> check_gradients(const GradCheckOptions& o) {
   // from the float32 forward they would be float32 numbers, off by up to 6e-8 relative, which the
   // comparison would report as gradient error.
   HP_ASSIGN_OR_RETURN(auto fwd64, to_float64(forward));
+  // Shape inference at the dims the check runs at tells the rules the ranks behind dynamic
+  // reshapes, as training binds its data's dims.
+  HP_ASSIGN_OR_RETURN(auto dims, detail::gradcheck_dims(fwd64, opts.inputs));
+  for (const auto& [k, v] : dims) opts.grad.dims.emplace(k, v);
   HP_ASSIGN_OR_RETURN(auto gg, build_grad_graph(fwd64, opts.grad));
   return check_grad_graph(fwd64, gg, opts);
 }

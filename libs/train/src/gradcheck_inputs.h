@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hp/exec/executor.h"
+#include "hp/model/graph.h"
 #include "hp/model/model.h"
 #include "hp/train/autodiff.h"
 
@@ -51,6 +52,11 @@ struct CheckInputs {
   std::vector<exec::HostTensor> tensors;  ///< the gradient model's inputs, labels last
   bool generated = false;                 ///< some were generated (the data inputs or the labels)
 };
+
+/// The symbolic dims of the forward model's inputs as the check will run them (GradSpec::dims):
+/// those of the tensors in `dir`, or the generated shapes' (see gradcheck_inputs.cpp).
+Expected<model::DimBindings> gradcheck_dims(const model::Model& fwd64,
+                                            const std::filesystem::path& dir);
 
 /// The gradient model's inputs (`graph_inputs`, as exec::model_io lists them: the data inputs, then
 /// the labels): from `dir` (float32 widened to float64; the labels may be left out and are then

@@ -573,6 +573,9 @@ TEST_CASE("SoftmaxCrossEntropyGrad matches central differences of SoftmaxCrossEn
     CHECK(g.error_of(in).find("outside") != std::string::npos);
     in[2] = i64({3}, {0, 1, 2});
     CHECK(g.error_of(in).find("labels") != std::string::npos);
+    in[2] = i64({4}, {0, 1, 2, 3});
+    in[0] = f64({2}, {1.0, 2.0});  // "mean" takes a scalar dLoss
+    CHECK(g.error_of(in).find("does not fit") != std::string::npos);
   }
   SECTION("the threaded float32 path agrees with float64") {
     const Dims big{512, 1000};

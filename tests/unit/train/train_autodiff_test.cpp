@@ -289,8 +289,22 @@ TEST_CASE("recomputed blocks clone their forward and give the same gradients", "
     b.weight(p + "b", {4});
     b.node("MatMul", {h, p + "w"}, {p + "mm"}, p + "mm");
     b.node("Add", {p + "mm", p + "b"}, {p + "add"}, p + "add");
-    b.node("Tanh", {p + "add"}, {p + "out"}, p + "tanh");
+    b.node("Tanh", {p + "add"}, {p + "act"}, p + "tanh");
+    // A seeded training-mode Dropout draws the same mask every run, so differences stay valid;
+    // its recomputed clone must apply the forward's mask.
+    auto* d = b.node("Dropout", {p + "act", "ratio", "training"}, {p + "out"}, p + "drop");
+    attr_i(d, "seed", 5 + k);
     h = p + "out";
+  }
+  {
+    auto* r = b.g().add_initializer();
+    r->set_name("ratio");
+    r->set_data_type(onnx::TensorProto::FLOAT);
+    r->add_float_data(0.25f);
+    auto* t = b.g().add_initializer();
+    t->set_name("training");
+    t->set_data_type(onnx::TensorProto::BOOL);
+    t->add_int32_data(1);
   }
   b.node("Identity", {h}, {"y"});
   b.output("y", {3, 4});
@@ -301,6 +315,12 @@ TEST_CASE("recomputed blocks clone their forward and give the same gradients", "
   auto r = train::build_grad_graph(b.model(), spec);
   REQUIRE(r);
   CHECK(r->recomputed_nodes > 0);
+  int replays = 0;  // the clones' Dropouts became Where(forward mask, x * scale, 0)
+  for (const auto& n : r->model.proto->graph().node())
+    replays += n.op_type() == "Dropout"
+                   ? 0
+                   : n.output_size() == 1 && n.output(0).find("out/recompute") != std::string::npos;
+  CHECK(replays == 2);
   std::mt19937 rng(4);
   check_against_differences(b, spec, {tensor({3, 4}, HP_F32, rng), tensor({3, 4}, HP_F32, rng)});
 }
