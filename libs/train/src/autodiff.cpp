@@ -19,6 +19,7 @@
 #include "grad_ctx.h"
 #include "hp/model/layers.h"
 #include "loss_graph.h"
+#include "rewrite.h"
 
 namespace hp::train {
 
@@ -254,6 +255,26 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
   return {};
 }
 
+/// Removes the nodes whose outputs nothing reads: forward outputs the loss does not need, and
+/// gradient nodes a later rule superseded (a Gemm folded into its transpose's).
+void remove_dead(onnx::GraphProto& g) {
+  std::set<std::string> live;
+  for (const auto& o : g.output()) live.insert(o.name());
+  std::vector<char> keep(static_cast<std::size_t>(g.node_size()), 0);
+  for (int k = g.node_size() - 1; k >= 0; --k) {
+    const auto& n = g.node(k);
+    bool used = false;
+    for (const auto& o : n.output()) used = used || (!o.empty() && live.count(o));
+    if (!used) continue;
+    keep[static_cast<std::size_t>(k)] = 1;
+    collect_reads(n, live);
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int k = 0; k < g.node_size(); ++k)
+    if (keep[static_cast<std::size_t>(k)]) kept.Add()->Swap(g.mutable_node(k));
+  g.mutable_node()->Swap(&kept);
+}
+
 /// Readers of a tensor through Identity aliases (what "tied" counts).
 int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
   int r = 0;
@@ -300,6 +321,8 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     if (int r = readers(model.proto->graph(), p); r > 1) out.tied[p] = r;
   }
   out.params = kept;
+  w.made.clear();  // the pointers do not survive the removal
+  remove_dead(g);
   return {};
 }
 
@@ -312,13 +335,17 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
     return Error(Errc::bad_input,
                  fmt::format("training needs ai.onnx opset 13 or newer, the model has {}", opset),
                  model.path.string(), "export with torch.onnx.export(..., opset_version=14)");
-  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, spec.dims));
-  Engine e(model, spec, std::move(fg));
+  model::Model fwd = model;
+  auto rewritten = std::make_shared<onnx::ModelProto>(*model.proto);
+  detail::fold_weight_transposes(*rewritten->mutable_graph());
+  fwd.proto = rewritten;
+  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(fwd, spec.dims));
+  Engine e(fwd, spec, std::move(fg));
   e.w.graph = e.proto->mutable_graph();
   e.w.fwd = &e.fg;
-  e.w.fwd_proto = &model.proto->graph();
+  e.w.fwd_proto = &fwd.proto->graph();
   e.w.opset = opset;
-  e.forward_nodes = model.proto->graph().node_size();
+  e.forward_nodes = fwd.proto->graph().node_size();
   // A training-mode Dropout's gradient needs its mask: give it one where the export left it out.
   for (auto& n : *e.w.graph->mutable_node())
     if (n.op_type() == "Dropout" && n.input_size() >= 3 && !n.input(2).empty() &&
@@ -344,7 +371,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   for (int i : e.fg.inputs) out.inputs.push_back(e.fg.tensor(i).name);
   out.inputs.push_back(spec.labels);
   out.recomputed_nodes = e.clones;
-  out.model = model;
+  out.model = fwd;
   out.model.proto = e.proto;
   out.model.opsets[detail::kTrainDomain] = 1;
   return out;

@@ -143,6 +143,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const std::int64_t k = state.step + 1;
   HP_ASSIGN_OR_RETURN(auto batch, data.batch(data_position));
   HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
+  const auto t1 = std::chrono::steady_clock::now();
   report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
   const double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
   if (!std::isfinite(loss))
@@ -153,6 +154,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
                                       std::make_move_iterator(outs.end()));
   auto info = optimizer_step(o.optimizer, params, grads, state);
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
+  const auto t2 = std::chrono::steady_clock::now();
   for (const auto& p : params) HP_TRY(ex->set_weight(p.name, p));
   ++data_position;
   StepMetrics m;
@@ -163,6 +165,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_second = m.seconds > 0 ? static_cast<double>(data.tokens()) / m.seconds : 0;
   m.peak_bytes = ex->stats().peak_bytes;
+  m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
+  m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
   return m;
 }
 
@@ -221,10 +225,29 @@ Expected<TrainReport> train(const TrainOptions& o) {
   for (const auto& m : r.report.steps) secs.push_back(m.seconds);
   std::sort(secs.begin(), secs.end());
   r.report.median_step_seconds = secs.empty() ? 0 : secs[secs.size() / 2];
+  const StepMetrics& lastm = r.report.steps.back();
   r.report.summary = fmt::format(
       "trained {} steps: loss {:.6f} -> {:.6f}; median step {:.3f} s; peak tensor memory {}\n",
       r.report.steps.size(), r.report.steps.front().loss, r.report.steps.back().loss,
       r.report.median_step_seconds, mib(r.report.peak_bytes));
+  {  // Where the last step's time went: the op types that took most of it.
+    std::vector<std::pair<double, std::string>> ops;
+    double total = 0;
+    for (const auto& [op, t] : r.ex->stats().by_op) {
+      ops.emplace_back(t.seconds, op);
+      total += t.seconds;
+    }
+    std::sort(ops.rbegin(), ops.rend());
+    std::string line;
+    for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
+      line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
+                          total > 0 ? 100 * ops[k].first / total : 0.0);
+    if (!line.empty())
+      r.report.summary += fmt::format(
+          "last step: {:.3f} s forward+backward, {:.3f} s optimizer, {:.3f} s other; by op: {}\n",
+          lastm.run_seconds, lastm.update_seconds,
+          lastm.seconds - lastm.run_seconds - lastm.update_seconds, line);
+  }
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }
