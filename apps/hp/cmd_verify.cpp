@@ -1,8 +1,10 @@
 // hp verify RECIPE.toml: static checks of a recipe (its keys, its cluster, its model file, the
 // tensor flows between its groups), then the sharded job against the unsharded model (--simulate
 // runs the ranks in-process, --static skips it). hp verify MODEL.onnx --inputs DIR --expected DIR:
-// runs the model and compares its outputs. Exit 6 on a mismatch. The file's extension picks the
-// mode. Thin: flags -> hp::job::VerifyOptions -> hp::job::verify -> the report or the error. See
+// runs the model and compares its outputs. hp verify MODEL.onnx --grad: hp's gradient model
+// against finite differences in float64 (hp::train::check_gradients). Exit 6 on a mismatch. The
+// file's extension picks the mode. Thin: flags -> hp::job::VerifyOptions -> hp::job::verify (or
+// hp::train::GradCheckOptions -> hp::train::check_gradients) -> the report or the error. See
 // hp-verify(1).
 #include <memory>
 
@@ -12,6 +14,7 @@
 #include "hp/core/fs.h"
 #include "hp/job/verify.h"
 #include "hp/recipe/presets.h"
+#include "hp/train/gradcheck.h"
 
 namespace hp::cli {
 
@@ -21,6 +24,9 @@ void add_verify_command(CLI::App& app, Context& ctx) {
     std::string target, inputs, expected;
     std::string backend = "cpu";
     bool json = false;
+    bool grad = false;
+    train::GradCheckOptions g;
+    std::string loss = "cross_entropy";
   };
   auto f = std::make_shared<Flags>();
   CLI::App* sub = app.add_subcommand("verify", "check a recipe (and, with --inputs, its outputs)");
@@ -44,7 +50,21 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   sub->add_flag("--simulate", f->opts.run.simulate,
                 "RECIPE: run all ranks in this process (no MPI)");
   sub->add_option("--seed", f->opts.run.seed,
-                  "RECIPE: seed of the generated inputs (without --inputs)")
+                  "seed of the generated inputs (without --inputs) and of --grad's directions")
+      ->capture_default_str();
+  sub->add_flag("--grad", f->grad,
+                "MODEL: check hp's gradients against central finite differences in float64");
+  sub->add_option("--loss", f->loss, "--grad: the loss on the logits (cross_entropy or mse)")
+      ->capture_default_str();
+  sub->add_option("--logits", f->g.grad.logits,
+                  "--grad: the graph output the loss reads (default: the first output)");
+  sub->add_option("--labels", f->g.grad.labels, "--grad: the name of the labels input")
+      ->capture_default_str();
+  sub->add_option("--frozen", f->g.grad.frozen,
+                  "--grad: initializers not trained (glob with * and ?; repeatable)");
+  sub->add_option("--directions", f->g.directions, "--grad: random directions to compare along")
+      ->capture_default_str();
+  sub->add_option("--eps", f->g.eps, "--grad: the step, relative to max(1, |weights|)")
       ->capture_default_str();
   sub->add_option("--shard-dir", f->opts.run.shard_dir,
                   "RECIPE: verify these hp shard partitions instead of fresh ones");
@@ -52,7 +72,36 @@ void add_verify_command(CLI::App& app, Context& ctx) {
                   "RECIPE: stop the MPI job after this many seconds");
   sub->add_flag("--allow-run-as-root", f->opts.run.allow_run_as_root,
                 "RECIPE: let Open MPI start ranks as root");
+  f->g.grad.logits.clear();  // the library's default: the model's first output
   sub->callback([f, &ctx, sub] {
+    if (f->grad) {
+      train::GradCheckOptions& g = f->g;
+      g.model = f->target;
+      g.inputs = f->inputs;
+      g.seed = f->opts.run.seed;
+      g.threads = f->opts.threads;
+      if (sub->count("--backend")) g.backend = f->backend;
+      auto loss = train::parse_loss(f->loss);
+      if (!loss) {
+        ctx.exit_code = report_error(loss.error());
+        return;
+      }
+      g.grad.loss = *loss;
+      if (!f->expected.empty() || f->target.ends_with(".toml")) {
+        ctx.exit_code = report_error(Error(Errc::usage,
+                                           "--grad checks a model (.onnx) on its "
+                                           "inputs; it takes no recipe or --expected"));
+        return;
+      }
+      auto report = train::check_gradients(g);
+      if (!report) {
+        ctx.exit_code = report_error(report.error());
+        return;
+      }
+      fmt::print("{}", f->json ? report->json() + "\n" : report->text());
+      ctx.exit_code = report->ok() ? 0 : report_error(report->mismatch());
+      return;
+    }
     job::VerifyOptions& o = f->opts;
     o.target = f->target;
     o.inputs = f->inputs;

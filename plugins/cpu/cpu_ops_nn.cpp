@@ -1,6 +1,9 @@
-// Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32, through the same oneDNN
-// matmul path as the ABI's gemm entry, so primitives are cached by shape), Softmax/LogSoftmax,
-// LayerNormalization and Conv.
+// Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32 through the same oneDNN
+// matmul path as the ABI's gemm entry, so primitives are cached by shape; float64 through a plain
+// loop over the same descriptor), Softmax/LogSoftmax, LayerNormalization and Conv.
+//
+// Float64 is there for `hp verify --grad` (docs/training.md), which runs whole models in double to
+// compare gradients with finite differences: correct and simple loops rather than fast ones.
 //
 // MatMul follows numpy: 1-D operands get a dim inserted and removed again, batch dims broadcast.
 // When B has no batch (the weight of a linear layer) A's batch is folded into M and one GEMM runs;
@@ -23,8 +26,8 @@
 namespace hp_cpu {
 namespace {
 
-hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const float* a,
-                       const float* b, float* c, double alpha = 1.0) {
+hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const void* a,
+                       const void* b, void* c, double alpha = 1.0, int dtype = HP_F32) {
   hp_gemm_desc d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
@@ -39,19 +42,43 @@ hp_gemm_desc gemm_desc(int64_t m, int64_t n, int64_t k, bool ta, bool tb, const 
   d.batch = 1;
   d.alpha = alpha;
   d.beta = 0;
-  d.type_a = d.type_b = d.type_c = d.type_compute = HP_F32;
+  d.type_a = d.type_b = d.type_c = d.type_compute = dtype;
   d.a = a;
   d.b = b;
   d.c = c;
   return d;
 }
 
+/// C = alpha * op(A) op(B) in double, rows spread across threads (beta is 0 here).
+void gemm_f64(const hp_gemm_desc& d) {
+  const auto* A = static_cast<const double*>(d.a);
+  const auto* B = static_cast<const double*>(d.b);
+  auto* C = static_cast<double*>(d.c);
+#pragma omp parallel for schedule(static) collapse(2) if (d.batch * d.m * d.n * d.k >= (1 << 16))
+  for (int64_t q = 0; q < d.batch; ++q)
+    for (int64_t i = 0; i < d.m; ++i) {
+      const double* a = A + q * d.stride_a;
+      const double* b = B + q * d.stride_b;
+      double* row = C + q * d.stride_c + i * d.ldc;
+      for (int64_t j = 0; j < d.n; ++j) row[j] = 0;
+      for (int64_t p = 0; p < d.k; ++p) {
+        const double av = d.alpha * (d.trans_a ? a[p * d.lda + i] : a[i * d.lda + p]);
+        if (d.trans_b)
+          for (int64_t j = 0; j < d.n; ++j) row[j] += av * b[j * d.ldb + p];
+        else
+          for (int64_t j = 0; j < d.n; ++j) row[j] += av * b[p * d.ldb + j];
+      }
+    }
+}
+
 void run_gemm(OpCall& c, const hp_gemm_desc& d) {
   if (d.m == 0 || d.n == 0) return;
+  const size_t elem = d.type_c == HP_F64 ? sizeof(double) : sizeof(float);
   if (d.k == 0) {
-    std::memset(d.c, 0, static_cast<size_t>(d.m * d.n * d.batch) * sizeof(float));
+    std::memset(d.c, 0, static_cast<size_t>(d.m * d.n * d.batch) * elem);
     return;
   }
+  if (d.type_c == HP_F64) return gemm_f64(d);
   if (hp_status* st = gemm(c.ctx(), c.stream(), &d)) {
     std::string m = st->message;
     delete st;
@@ -73,14 +100,18 @@ void matmul(OpCall& c) {
   Dims out = batch;
   if (!a1) out.push_back(m);
   if (!b1) out.push_back(n);
-  View y = c.out(0, HP_F32, out);
-  const float *pa = a.as<float>(), *pb = b.as<float>();
-  float* py = y.as<float>();
+  if (a.dtype != b.dtype) c.fail("matmul operands have different element types");
+  const int dt = a.dtype;
+  View y = c.out(0, dt, out);
+  const size_t es = dt == HP_F64 ? sizeof(double) : sizeof(float);
+  const auto* pa = static_cast<const unsigned char*>(a.data);
+  const auto* pb = static_cast<const unsigned char*>(b.data);
+  auto* py = static_cast<unsigned char*>(y.data);
   const int64_t nb = numel(batch);
   if (numel(bb) == 1 && numel(ab) == nb) {
-    run_gemm(c, gemm_desc(nb * m, n, k, false, false, pa, pb, py));
+    run_gemm(c, gemm_desc(nb * m, n, k, false, false, pa, pb, py, 1.0, dt));
   } else if (ab == bb) {
-    hp_gemm_desc d = gemm_desc(m, n, k, false, false, pa, pb, py);
+    hp_gemm_desc d = gemm_desc(m, n, k, false, false, pa, pb, py, 1.0, dt);
     d.batch = nb;
     d.stride_a = m * k;
     d.stride_b = k * n;
@@ -95,8 +126,9 @@ void matmul(OpCall& c) {
         oa += idx[d] * sa[d];
         ob += idx[d] * sb[d];
       }
-      run_gemm(c,
-               gemm_desc(m, n, k, false, false, pa + oa * m * k, pb + ob * k * n, py + q * m * n));
+      run_gemm(c, gemm_desc(m, n, k, false, false, pa + es * static_cast<size_t>(oa * m * k),
+                            pb + es * static_cast<size_t>(ob * k * n),
+                            py + es * static_cast<size_t>(q * m * n), 1.0, dt));
       for (size_t d = batch.size(); d-- > 0;) {
         if (++idx[d] < batch[d]) break;
         idx[d] = 0;
@@ -112,16 +144,21 @@ void gemm_op(OpCall& c) {
   const int64_t m = ta ? a.dims[1] : a.dims[0], k = ta ? a.dims[0] : a.dims[1];
   const int64_t n = tb ? b.dims[0] : b.dims[1];
   if ((tb ? b.dims[1] : b.dims[0]) != k) c.fail("inner dims differ");
-  View y = c.out(0, HP_F32, {m, n});
-  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.as<float>(), b.as<float>(), y.as<float>(),
-                        c.f("alpha", 1.0)));
-  if (bias.present() && bias.numel() > 0) {
-    const float beta = static_cast<float>(c.f("beta", 1.0));
-    Dims st = broadcast_strides(bias.dims, {m, n});
+  View y = c.out(0, a.dtype, {m, n});
+  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.data, b.data, y.data, c.f("alpha", 1.0), a.dtype));
+  if (!bias.present() || bias.numel() == 0) return;
+  Dims st = broadcast_strides(bias.dims, {m, n});
+  auto add_bias = [&](auto tag) {
+    using T = decltype(tag);
+    const T beta = static_cast<T>(c.f("beta", 1.0));
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j)
-        y.as<float>()[i * n + j] += beta * bias.as<float>()[i * st[0] + j * st[1]];
-  }
+        y.as<T>()[i * n + j] += beta * bias.as<T>()[i * st[0] + j * st[1]];
+  };
+  if (a.dtype == HP_F64)
+    add_bias(double{});
+  else
+    add_bias(float{});
 }
 
 /// The common case: float32 along the innermost axis, contiguous rows (cpu_kernels.cpp).
@@ -180,6 +217,32 @@ void softmax(OpCall& c, bool log) {
   });
 }
 
+/// LayerNormalization in double: the statistics (also outputs 1 and 2, which then hold double
+/// rather than the float32 of stash_type) and the epsilon as the attribute holds it.
+void layer_norm_f64(OpCall& c, const View& x, const View& scale, const View& bias, View& y,
+                    int64_t outer, int64_t len, const Dims& stat_dims) {
+  const double eps = c.f("epsilon", 1e-5);
+  double* mean_out = c.n_outputs() > 1 ? c.out(1, HP_F64, stat_dims).as<double>() : nullptr;
+  double* rstd_out = c.n_outputs() > 2 ? c.out(2, HP_F64, stat_dims).as<double>() : nullptr;
+  const double* ps = scale.as<double>();
+  const double* pb = bias.present() && bias.numel() > 0 ? bias.as<double>() : nullptr;
+  const int64_t ss = scale.numel() == 1 ? 0 : 1, bs = pb && bias.numel() == len ? 1 : 0;
+#pragma omp parallel for schedule(static) if (outer * len >= (1 << 15))
+  for (int64_t o = 0; o < outer; ++o) {
+    const double* px = x.as<double>() + o * len;
+    double* py = y.as<double>() + o * len;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < len; ++i) mean += px[i];
+    mean /= static_cast<double>(len);
+    for (int64_t i = 0; i < len; ++i) var += (px[i] - mean) * (px[i] - mean);
+    const double rstd = 1 / std::sqrt(var / static_cast<double>(len) + eps);
+    for (int64_t i = 0; i < len; ++i)
+      py[i] = (px[i] - mean) * rstd * ps[i * ss] + (pb ? pb[i * bs] : 0.0);
+    if (mean_out) mean_out[o] = mean;
+    if (rstd_out) rstd_out[o] = rstd;
+  }
+}
+
 void layer_norm(OpCall& c) {
   const View &x = c.need(0), &scale = c.need(1), &bias = c.in(2);
   const int64_t r = static_cast<int64_t>(x.dims.size());
@@ -192,6 +255,7 @@ void layer_norm(OpCall& c) {
   View y = c.out(0, x.dtype, x.dims);
   Dims stat_dims = x.dims;
   for (int64_t d = a; d < r; ++d) stat_dims[static_cast<size_t>(d)] = 1;
+  if (x.dtype == HP_F64) return layer_norm_f64(c, x, scale, bias, y, outer, len, stat_dims);
   float* mean_out = c.n_outputs() > 1 ? c.out(1, HP_F32, stat_dims).as<float>() : nullptr;
   float* rstd_out = c.n_outputs() > 2 ? c.out(2, HP_F32, stat_dims).as<float>() : nullptr;
   const float* px = x.as<float>();
@@ -203,6 +267,51 @@ void layer_norm(OpCall& c) {
   for (int64_t o = 0; o < outer; ++o)
     layer_norm_row(px + o * len, py + o * len, len, ps, ss, pb, bs, eps,
                    mean_out ? mean_out + o : nullptr, rstd_out ? rstd_out + o : nullptr);
+}
+
+/// The direct convolution of conv() once the output's dims and the pads are known; accumulates in
+/// double.
+template <class T>
+void conv_loop(const View& x, const View& w, const View& bias, View& y, const Dims& out,
+               const Dims& strides, const Dims& dil, const Dims& pads, int64_t group) {
+  const size_t sp = x.dims.size() - 2;
+  const int64_t N = x.dims[0], C = x.dims[1], M = w.dims[0];
+  const Dims xs = strides_of(x.dims), ws = strides_of(w.dims), ys = strides_of(out);
+  const int64_t cg = C / group, mg = M / group;
+  Dims ksz(w.dims.begin() + 2, w.dims.end()), osz(out.begin() + 2, out.end());
+  const int64_t kn = numel(ksz), on = numel(osz);
+  Dims oo(sp);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t g = m / mg;
+      for (int64_t op = 0; op < on; ++op) {
+        int64_t rest = op;
+        for (size_t d = sp; d-- > 0;) {
+          oo[d] = rest % osz[d];
+          rest /= osz[d];
+        }
+        double acc = bias.present() ? bias.as<T>()[m] : 0.0;
+        for (int64_t ci = 0; ci < cg; ++ci)
+          for (int64_t kp = 0; kp < kn; ++kp) {
+            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1],
+                    woff = m * ws[0] + ci * ws[1];
+            bool inside = true;
+            for (size_t d = sp; d-- > 0;) {
+              const int64_t kd = rem % ksz[d];
+              rem /= ksz[d];
+              const int64_t pos = oo[d] * strides[d] - pads[d] + kd * dil[d];
+              if (pos < 0 || pos >= x.dims[2 + d]) {
+                inside = false;
+                break;
+              }
+              xoff += pos * xs[2 + d];
+              woff += kd * ws[2 + d];
+            }
+            if (inside) acc += static_cast<double>(x.as<T>()[xoff]) * w.as<T>()[woff];
+          }
+        y.as<T>()[n * ys[0] + m * ys[1] + op] = static_cast<T>(acc);
+      }
+    }
 }
 
 void conv(OpCall& c) {
@@ -233,43 +342,11 @@ void conv(OpCall& c) {
     }
     out.push_back((in + pads[d] + pads[d + sp] - kk) / strides[d] + 1);
   }
-  View y = c.out(0, HP_F32, out);
-  const Dims xs = strides_of(x.dims), ws = strides_of(w.dims), ys = strides_of(out);
-  const int64_t cg = C / group, mg = M / group;
-  Dims ksz(w.dims.begin() + 2, w.dims.end()), osz(out.begin() + 2, out.end());
-  const int64_t kn = numel(ksz), on = numel(osz);
-  Dims oo(sp);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t g = m / mg;
-      for (int64_t op = 0; op < on; ++op) {
-        int64_t rest = op;
-        for (size_t d = sp; d-- > 0;) {
-          oo[d] = rest % osz[d];
-          rest /= osz[d];
-        }
-        double acc = bias.present() ? bias.as<float>()[m] : 0.0;
-        for (int64_t ci = 0; ci < cg; ++ci)
-          for (int64_t kp = 0; kp < kn; ++kp) {
-            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1],
-                    woff = m * ws[0] + ci * ws[1];
-            bool inside = true;
-            for (size_t d = sp; d-- > 0;) {
-              const int64_t kd = rem % ksz[d];
-              rem /= ksz[d];
-              const int64_t pos = oo[d] * strides[d] - pads[d] + kd * dil[d];
-              if (pos < 0 || pos >= x.dims[2 + d]) {
-                inside = false;
-                break;
-              }
-              xoff += pos * xs[2 + d];
-              woff += kd * ws[2 + d];
-            }
-            if (inside) acc += static_cast<double>(x.as<float>()[xoff]) * w.as<float>()[woff];
-          }
-        y.as<float>()[n * ys[0] + m * ys[1] + op] = static_cast<float>(acc);
-      }
-    }
+  View y = c.out(0, x.dtype, out);
+  if (x.dtype == HP_F64)
+    conv_loop<double>(x, w, bias, y, out, strides, dil, pads, group);
+  else
+    conv_loop<float>(x, w, bias, y, out, strides, dil, pads, group);
 }
 
 bool floats(const std::vector<int32_t>& d) {
@@ -278,15 +355,23 @@ bool floats(const std::vector<int32_t>& d) {
   return !d.empty() && d[0] != -1;
 }
 
+/// Every present input float32, or every one float64.
+bool same_float(const std::vector<int32_t>& d) {
+  if (d.empty() || (d[0] != HP_F32 && d[0] != HP_F64)) return false;
+  for (int32_t t : d)
+    if (t != -1 && t != d[0]) return false;
+  return true;
+}
+
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
-  t["MatMul"] = {matmul, all_f32};
-  t["Gemm"] = {gemm_op, all_f32};
+  t["MatMul"] = {matmul, same_float};
+  t["Gemm"] = {gemm_op, same_float};
   t["Softmax"] = {[](OpCall& c) { softmax(c, false); }, floats};
   t["LogSoftmax"] = {[](OpCall& c) { softmax(c, true); }, floats};
-  t["LayerNormalization"] = {layer_norm, all_f32};
-  t["Conv"] = {conv, all_f32};
+  t["LayerNormalization"] = {layer_norm, same_float};
+  t["Conv"] = {conv, same_float};
 }
 
 }  // namespace hp_cpu
