@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""PyTorch's training run that hp's must reproduce: autograd + torch.optim on one fixed batch.
+
+`make(name, variant, out_dir)` builds models.MODELS[name] (seed 0), exports it for training, draws one
+batch (seed 1) and runs STEPS steps of the variant's optimizer, recording each step's loss (the
+forward before the update, as a PyTorch loop prints it) and gradient norm (before clipping). It
+writes into out_dir:
+
+    model.onnx               the export (initial weights)
+    inputs/input_K.pb        the batch, one TensorProto per graph input, named after it, and `labels`
+    expected.npz             losses, grad_norms, and init/<onnx name>, final/<onnx name> per parameter
+
+and returns a Reference holding the same plus the [train] settings the recipe must carry.
+
+Usage (by hand): reference.py OUT_DIR [--models a,b] [--variants v,w] prints each run's losses.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+STEPS = 5
+
+
+@dataclasses.dataclass
+class Variant:
+    optimizer: str       # adamw | sgd
+    lr: float
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    clip: float = 0.0    # > 0: max_norm = clip x the first step's gradient norm (so clipping happens)
+
+
+# Non-default betas / decay so a trainer that ignores the recipe's values does not match by luck.
+VARIANTS = {
+    "adamw": Variant("adamw", 2e-3, betas=(0.9, 0.95), weight_decay=0.05),
+    "sgd": Variant("sgd", 0.05, momentum=0.9, weight_decay=0.01),
+    "adamw-clip": Variant("adamw", 2e-3, betas=(0.9, 0.95), weight_decay=0.05, clip=0.1),
+    "sgd-clip": Variant("sgd", 0.05, momentum=0.9, weight_decay=0.01, clip=0.1),
+}
+
+
+@dataclasses.dataclass
+class Reference:
+    model: str
+    inputs: str
+    exported: models.Exported
+    train: dict              # the recipe's [train] table
+    losses: list
+    grad_norms: list
+    init: dict               # onnx initializer name -> array
+    final: dict
+
+
+def optimizer(v, params):
+    if v.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=v.lr, momentum=v.momentum, weight_decay=v.weight_decay)
+    return torch.optim.AdamW(params, lr=v.lr, betas=v.betas, eps=v.eps,
+                             weight_decay=v.weight_decay)
+
+
+def first_grad_norm(name, x, y):
+    model = models.build(name)
+    models.loss_fn(models.MODELS[name], model(x), y).backward()
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+
+
+def train(name, model, v, x, y, steps, max_norm):
+    spec = models.MODELS[name]
+    opt = optimizer(v, model.parameters())
+    losses, norms = [], []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = models.loss_fn(spec, model(x), y)
+        loss.backward()
+        # clip_grad_norm_ returns the norm before clipping (inf max_norm: just the norm).
+        norms.append(float(torch.nn.utils.clip_grad_norm_(
+            model.parameters(), max_norm if max_norm > 0 else float("inf"))))
+        losses.append(float(loss))
+        opt.step()
+    return losses, norms
+
+
+def save_inputs(spec, x, y, d):
+    os.makedirs(d, exist_ok=True)
+    onnx.save_tensor(numpy_helper.from_array(x.numpy(), spec.input_name),
+                     os.path.join(d, "input_0.pb"))
+    onnx.save_tensor(numpy_helper.from_array(y.numpy(), "labels"), os.path.join(d, "input_1.pb"))
+
+
+def train_table(name, v, max_norm, frozen, steps=STEPS):
+    t = {"loss": models.MODELS[name].loss, "logits": models.OUTPUT, "labels": "labels",
+         "optimizer": v.optimizer, "lr": v.lr, "weight_decay": v.weight_decay,
+         "clip_norm": max_norm, "steps": steps, "frozen": frozen}
+    if v.optimizer == "adamw":
+        t.update(betas=list(v.betas), eps=v.eps)
+    else:
+        t.update(momentum=v.momentum)
+    return t
+
+
+def make(name, variant, out_dir, steps=STEPS):
+    spec, v = models.MODELS[name], VARIANTS[variant]
+    os.makedirs(out_dir, exist_ok=True)
+    model = models.build(name)
+    path = os.path.join(out_dir, "model.onnx")
+    exported = models.export(name, model, path)
+    # The export ran a forward; in TRAINING mode nothing it does changes state (no dropout, no
+    # batch-norm statistics), but read the initial weights back from the file to be sure both sides
+    # start from the same bits.
+    init = {i.name: numpy_helper.to_array(i).copy() for i in onnx.load(path).graph.initializer
+            if i.name in exported.params}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not np.array_equal(p.numpy(), init[n]):
+                raise RuntimeError(f"{name}: {n} in the export differs from the module's")
+    g = torch.Generator().manual_seed(1)
+    x, y = models.example(spec, models.BATCH, g)
+    save_inputs(spec, x, y, os.path.join(out_dir, "inputs"))
+    max_norm = 0.0
+    if v.clip:
+        max_norm = float(f"{v.clip * first_grad_norm(name, x, y):.3g}")
+    losses, norms = train(name, model, v, x, y, steps, max_norm)
+    if max_norm and norms[0] <= max_norm:
+        raise RuntimeError(f"{name}/{variant}: max_norm {max_norm} does not clip (norms {norms})")
+    final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    np.savez(os.path.join(out_dir, "expected.npz"), losses=np.array(losses),
+             grad_norms=np.array(norms), **{f"init/{k}": a for k, a in init.items()},
+             **{f"final/{k}": a for k, a in final.items()})
+    return Reference(path, os.path.join(out_dir, "inputs"), exported,
+                     train_table(name, v, max_norm, exported.frozen, steps), losses, norms, init,
+                     final)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--models", default=",".join(models.MODELS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    a = ap.parse_args()
+    for name in a.models.split(","):
+        for variant in a.variants.split(","):
+            r = make(name, variant, os.path.join(a.out, f"{name}-{variant}"))
+            print(f"{name:12} {variant:11} clip={r.train['clip_norm']:<8g} losses "
+                  + " ".join(f"{l:.5f}" for l in r.losses))
+
+
+if __name__ == "__main__":
+    main()
