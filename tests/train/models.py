@@ -259,6 +259,8 @@ MODELS = {
     "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
 }
+# The token-stream test's model: GPT-2 over bytes (vocab 256), 16-token windows.
+STREAM = Spec(lambda: Gpt2(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16)
 OUTPUT = "logits"
 
 
@@ -294,10 +296,9 @@ def build(name, seed=0):
     return MODELS[name].make().train()
 
 
-def export(name, model, path, batch=BATCH):
-    """Exports `model` (the MODELS[name] module, at its current weights) for training; returns the
+def export(spec, model, path, batch=BATCH):
+    """Exports `model` (made by spec.make, at its current weights) for training; returns the
     initializer <-> parameter mapping. Traced at batch + 1 so no batch size is baked in."""
-    spec = MODELS[name]
     g = torch.Generator().manual_seed(123)
     x, _ = example(spec, batch + 1, g)
     torch.onnx.export(model, (x,), path, input_names=[spec.input_name], output_names=[OUTPUT],
@@ -311,7 +312,7 @@ def export(name, model, path, batch=BATCH):
     params = {n: n for n, _ in model.named_parameters()}
     missing = [n for n in params if n not in inits]
     if missing:
-        raise RuntimeError(f"{name}: parameters not exported as initializers of their name: "
+        raise RuntimeError(f"{path}: parameters not exported as initializers of their name: "
                            f"{missing} (initializers: {sorted(inits)})")
     frozen = sorted(n for n, _ in model.named_buffers() if n in inits)
     return Exported(path, params, frozen)

@@ -114,7 +114,7 @@ def make(name, variant, out_dir, steps=STEPS):
     os.makedirs(out_dir, exist_ok=True)
     model = models.build(name)
     path = os.path.join(out_dir, "model.onnx")
-    exported = models.export(name, model, path)
+    exported = models.export(spec, model, path)
     # The export ran a forward; in TRAINING mode nothing it does changes state (no dropout, no
     # batch-norm statistics), but read the initial weights back from the file to be sure both sides
     # start from the same bits.
