@@ -109,7 +109,7 @@ def train_table(name, v, max_norm, frozen, steps=STEPS):
     return t
 
 
-def make(name, variant, out_dir, steps=STEPS):
+def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH):
     spec, v = models.MODELS[name], VARIANTS[variant]
     os.makedirs(out_dir, exist_ok=True)
     model = models.build(name)
@@ -125,7 +125,7 @@ def make(name, variant, out_dir, steps=STEPS):
             if not np.array_equal(p.numpy(), init[n]):
                 raise RuntimeError(f"{name}: {n} in the export differs from the module's")
     g = torch.Generator().manual_seed(1)
-    x, y = models.example(spec, models.BATCH, g)
+    x, y = models.example(spec, batch, g)
     save_inputs(spec, x, y, os.path.join(out_dir, "inputs"))
     max_norm = 0.0
     if v.clip:

@@ -14,10 +14,12 @@ and the ratios hp_step / torch_step and hp_step / torch_forward.
 
 ONNX Runtime is not the reference here: onnxruntime-training is not installable on this machine (no
 Debian package, PyPI unreachable), and the onnxruntime-node package tests/bench/executor drives runs
-inference only. PyTorch eager (Debian's python3-torch, oneDNN/MKL GEMMs) is the baseline a user would
-compare against.
+inference only. PyTorch eager (Debian's python3-torch 1.13) is the baseline. Its GEMMs go through
+the system libblas.so.3 (BLAS_INFO=generic): the netlib reference BLAS unless libopenblas0 is
+installed, which makes torch several times slower than a pip wheel with MKL. The script prints which
+library that is, so a ratio is read against the right baseline.
 
-    tests/bench/train/bench_train.py [BUILD_DIR] [--steps 12] [--warmup 2] [--threads 1,2]
+    tests/bench/train/bench_train.py [BUILD_DIR] [--steps 8] [--warmup 2] [--threads 1,2]
 
 Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train). The exported
 model (about 100 MB) is generated there, never committed.
@@ -26,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -125,7 +128,7 @@ def torch_times(threads, steps, warmup):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", default="1,2")
     a = ap.parse_args()
@@ -135,6 +138,10 @@ def main():
     cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hp-bench", "train")
     d = prepare(cache)
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    info = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    print(f"torch {torch.__version__}, BLAS_INFO={info.group(1) if info else '?'}, libblas.so.3 -> "
+          f"{blas}")
     print(f"GPT hidden {HIDDEN}, {HEADS} heads, {LAYERS} layers, vocab {VOCAB}, batch {BATCH} x seq "
           f"{SEQ}, AdamW; medians of {a.steps - a.warmup} steps after {a.warmup} warm-up")
     print(f"{'threads':>7} {'hp_step_s':>10} {'torch_fwd_s':>12} {'torch_step_s':>13} "
