@@ -155,6 +155,14 @@ class Executor {
   Expected<std::vector<HostValue>> run_values(const std::vector<HostValue>& inputs);
   const ExecStats& stats() const;
 
+  /// Replaces the value of initializer `name` (training writes the updated weights back after each
+  /// step). Same dtype and dims as the initializer; nodes computed from it (transposes of the
+  /// weight the executor caches across runs) rerun in the next run. Errc::bad_input for an unknown
+  /// name or a mismatched value.
+  Status set_weight(const std::string& name, const HostTensor& value);
+  /// The current value of initializer `name` (a host copy). Errc::bad_input for an unknown name.
+  Expected<HostTensor> weight(const std::string& name);
+
   struct Impl;
 
  private:

@@ -144,16 +144,16 @@ struct Train {
   std::string optimizer = "adamw";     ///< adamw | sgd
   double lr = 1e-3;
   std::vector<double> betas = {0.9, 0.999};  ///< adamw
-  double eps = 1e-8;                          ///< adamw
+  double eps = 1e-8;                         ///< adamw
   double weight_decay = 0.01;
-  double momentum = 0.0;      ///< sgd
-  double clip_norm = 0.0;     ///< global gradient-norm clipping; 0 = off
+  double momentum = 0.0;                 ///< sgd
+  double clip_norm = 0.0;                ///< global gradient-norm clipping; 0 = off
   std::string lr_schedule = "constant";  ///< constant | cosine (linear warm-up, cosine decay)
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;
   std::int64_t steps = 100;
-  std::int64_t seed = 0;              ///< data order
-  std::vector<std::string> frozen;    ///< initializers not trained (globs)
+  std::int64_t seed = 0;            ///< data order
+  std::vector<std::string> frozen;  ///< initializers not trained (globs)
   friend bool operator==(const Train&, const Train&) = default;
 };
 

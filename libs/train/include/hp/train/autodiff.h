@@ -25,7 +25,8 @@ namespace hp::train {
 
 /// The loss put on the model's output.
 enum class LossKind {
-  cross_entropy,  ///< logits [..., C] (class axis last), int64 labels [...], mean over labels != -100
+  cross_entropy,  ///< logits [..., C] (class axis last), int64 labels [...], mean over labels !=
+                  ///< -100
   mse,            ///< mean((output - target)^2), target of the output's shape and dtype
 };
 

@@ -34,8 +34,10 @@ class TokenStream {
 
 /// Batch number `position` (0-based over the run) of `batch` x `seq` windows: inputs [batch, seq]
 /// and labels [batch, seq] (the inputs shifted by one token), both int64, named `input_name` and
-/// `labels_name`. Window starts are drawn uniformly from a generator seeded by (seed, position).
-/// Errc::bad_input when a token id is not below `vocab` (vocab 0: not checked).
+/// `labels_name`. Window starts are drawn uniformly from a splitmix64 generator seeded by (seed,
+/// position) (data.cpp), so the batch depends on nothing else: the same on every platform and in a
+/// resumed run. Errc::bad_input when a token id is not below `vocab` (vocab 0: not checked), for a
+/// non-positive batch or seq, a negative position, or a stream shorter than seq + 1.
 Expected<std::vector<exec::HostTensor>> token_batch(const TokenStream& s, std::int64_t batch,
                                                     std::int64_t seq, std::uint64_t seed,
                                                     std::int64_t position, std::int64_t vocab,

@@ -35,7 +35,10 @@ struct OptimizerConfig {
   double min_lr = 0.0;            ///< cosine floor
 };
 
-/// Learning rate of 1-based step `step` under the schedule.
+/// Learning rate of 1-based step `step` under the schedule. constant: lr. cosine (W =
+/// warmup_steps, T = total_steps): lr * step / W for step <= W; then, when T > W,
+/// min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2 with p = min(1, (step - W) / (T - W)), so min_lr
+/// from step T on; when T <= W (or T is 0) lr after the warm-up.
 double learning_rate(const OptimizerConfig& c, std::int64_t step);
 
 /// sqrt(sum of squares) over every gradient, accumulated in double.
@@ -56,9 +59,12 @@ struct StepInfo {
 };
 
 /// One update of every parameter from its gradient (same order, same shapes, f32): clips the
-/// gradients in place when configured, then applies the optimizer with the scheduled learning rate
-/// of step state.step + 1. Errc::bad_input on mismatched shapes or dtypes, Errc::runtime when the
-/// gradient norm is not finite (nothing updated then).
+/// gradients in place when configured (torch.nn.utils.clip_grad_norm_: scaled by
+/// clip_norm / (norm + 1e-6) when that is below 1), then applies the optimizer with the scheduled
+/// learning rate of step state.step + 1. Empty state lists are created on the first step (zeros;
+/// SGD's momentum buffer from the first gradient, as torch); non-empty ones must match the params.
+/// Errc::bad_input on mismatched shapes or dtypes, Errc::runtime when the gradient norm is not
+/// finite (nothing updated then).
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                                   std::vector<exec::HostTensor>& grads, OptimizerState& state);
 

@@ -52,8 +52,8 @@ struct StepMetrics {
 struct TrainReport {
   std::vector<StepMetrics> steps;  ///< the steps this run did (after a resume: from there)
   std::int64_t first_step = 1;
-  std::int64_t peak_bytes = 0;     ///< executor's measured peak of live tensor bytes
-  std::int64_t params = 0;         ///< trainable elements
+  std::int64_t peak_bytes = 0;  ///< executor's measured peak of live tensor bytes
+  std::int64_t params = 0;      ///< trainable elements
   double median_step_seconds = 0;
   std::string summary;  ///< the closing lines for the console
 };

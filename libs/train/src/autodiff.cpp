@@ -1,0 +1,326 @@
+// build_grad_graph (autodiff.h): the forward model plus loss and backward nodes, as one ONNX model.
+//
+// Which nodes get a backward: a tensor "requires grad" when it is a trainable initializer or a
+// floating-point output of a node reading one (forward pass over the node list); it "reaches the
+// loss" when the logits depend on it (backward pass). Nodes with an output in both sets are
+// differentiated, in reverse order, each by its op's rule (rules_*.cpp); the gradient arriving at a
+// tensor read by several nodes is the Sum of their contributions. Integer tensors carry no
+// gradient, which cuts Shape arithmetic, masks and indices without rules.
+//
+// Recomputation: the first time the backward reaches a node of a recomputed block, the block's
+// forward nodes are cloned there with renamed outputs, and the block's rules read the clones. The
+// forward's own activations of the block then die at their last forward reader (the executor frees
+// a tensor after its last reader in node order, and keeps an already sorted graph's order).
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <set>
+
+#include "grad_ctx.h"
+#include "hp/model/layers.h"
+#include "loss_graph.h"
+
+namespace hp::train {
+
+namespace {
+
+using detail::GraphWriter;
+
+bool glob_match(const char* p, const char* s) {
+  if (!*p) return !*s;
+  if (*p == '*') return glob_match(p + 1, s) || (*s && glob_match(p, s + 1));
+  return *s && (*p == '?' || *p == *s) && glob_match(p + 1, s + 1);
+}
+
+bool is_float_type(std::int32_t t) {
+  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
+         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
+}
+
+/// Names a node reads, its subgraphs' reads of outer-scope tensors included.
+void collect_reads(const onnx::NodeProto& n, std::set<std::string>& out) {
+  for (const auto& i : n.input())
+    if (!i.empty()) out.insert(i);
+  for (const auto& a : n.attribute()) {
+    std::vector<const onnx::GraphProto*> subs;
+    if (a.has_g()) subs.push_back(&a.g());
+    for (const auto& g : a.graphs()) subs.push_back(&g);
+    for (const auto* g : subs)
+      for (const auto& sn : g->node()) collect_reads(sn, out);
+  }
+}
+
+struct Engine {
+  Engine(const model::Model& m, const GradSpec& s, model::Graph g)
+      : model(m), spec(s), fg(std::move(g)), proto(std::make_shared<onnx::ModelProto>(*m.proto)) {}
+  const model::Model& model;
+  const GradSpec& spec;
+  model::Graph fg;
+  std::shared_ptr<onnx::ModelProto> proto;
+  GraphWriter w;
+  std::vector<std::set<std::string>> reads;  ///< per forward node
+  std::set<std::string> requires_grad, reaches_loss;
+  std::map<std::string, std::vector<std::string>> contrib;
+  std::map<std::string, std::string> rename;  ///< forward tensor -> recomputed clone
+  std::map<int, int> block_of;                ///< forward node -> recomputed block
+  std::map<int, std::vector<int>> block_nodes;
+  std::set<int> recomputed;
+  int forward_nodes = 0;
+  int clones = 0;
+
+  const std::string& renamed(const std::string& t) const {
+    auto it = rename.find(t);
+    return it == rename.end() ? t : it->second;
+  }
+
+  /// The gradient of `t` (Sum of its contributions), "" when none.
+  std::string accumulated(const std::string& t) {
+    auto it = contrib.find(t);
+    if (it == contrib.end() || it->second.empty()) return "";
+    if (it->second.size() == 1) return it->second.front();
+    std::string s = w.emit("Sum", it->second, 1)[0];
+    it->second = {s};
+    return s;
+  }
+
+  Status check_and_mark(GradGraph& out);
+  Status recompute_setup();
+  void emit_clones(int block);
+  Status backward(std::vector<Diagnostic>& errors);
+  Status finish(GradGraph& out, const std::string& loss);
+};
+
+Status Engine::check_and_mark(GradGraph& out) {
+  const auto& pg = model.proto->graph();
+  bool found = false;
+  for (const auto& o : pg.output()) found = found || o.name() == spec.logits;
+  if (!found) {
+    std::string names;
+    for (const auto& o : pg.output()) names += (names.empty() ? "" : ", ") + o.name();
+    return Error(Errc::bad_input,
+                 fmt::format("[train] logits '{}' names no graph output (the outputs: {})",
+                             spec.logits, names),
+                 model.path.string());
+  }
+  if (fg.find_tensor(spec.labels) >= 0)
+    return Error(
+        Errc::bad_input,
+        fmt::format("[train] labels '{}' is already a tensor of the model; name the labels "
+                    "input differently",
+                    spec.labels),
+        model.path.string());
+  for (const auto& t : pg.initializer()) {
+    const std::string& name = t.name();
+    if (!is_float_type(t.data_type())) continue;
+    bool frozen = false;
+    for (const auto& g : spec.frozen) frozen = frozen || glob_match(g.c_str(), name.c_str());
+    if (frozen) {
+      out.untrained[name] = "frozen by [train].frozen";
+      continue;
+    }
+    if (requires_grad.insert(name).second) out.params.push_back(name);
+  }
+  reads.resize(static_cast<std::size_t>(pg.node_size()));
+  for (int k = 0; k < pg.node_size(); ++k) {
+    const auto& n = pg.node(k);
+    collect_reads(n, reads[static_cast<std::size_t>(k)]);
+    if (detail::cuts_gradient(n.op_type())) continue;
+    bool any = false;
+    for (const auto& i : reads[static_cast<std::size_t>(k)]) any = any || requires_grad.count(i);
+    if (!any) continue;
+    for (const auto& o : n.output())
+      if (!o.empty() && is_float_type(w.elem_type(o))) requires_grad.insert(o);
+  }
+  reaches_loss.insert(spec.logits);
+  for (int k = pg.node_size() - 1; k >= 0; --k) {
+    const auto& n = pg.node(k);
+    bool any = false;
+    for (const auto& o : n.output()) any = any || reaches_loss.count(o);
+    if (any)
+      for (const auto& i : reads[static_cast<std::size_t>(k)]) reaches_loss.insert(i);
+  }
+  return {};
+}
+
+Status Engine::recompute_setup() {
+  if (spec.recompute_blocks.empty()) return {};
+  model::Layering layers = model::discover_layers(fg);
+  for (std::int64_t b : spec.recompute_blocks) {
+    if (b < 0 || b >= static_cast<std::int64_t>(layers.blocks.size()))
+      return Error(
+          Errc::bad_input,
+          fmt::format("recompute names block {}, the model has {} blocks", b, layers.blocks.size()),
+          model.path.string());
+    for (int n : layers.blocks[static_cast<std::size_t>(b)].nodes) {
+      block_of[n] = static_cast<int>(b);
+      block_nodes[static_cast<int>(b)].push_back(n);
+    }
+  }
+  return {};
+}
+
+void Engine::emit_clones(int block) {
+  const auto& pg = *w.graph;
+  for (int k : block_nodes[block]) {
+    const auto& n = pg.node(k);
+    onnx::NodeProto* c = w.graph->add_node();
+    *c = n;
+    c->set_name(w.fresh("recompute"));
+    for (int i = 0; i < c->input_size(); ++i) c->set_input(i, renamed(n.input(i)));
+    for (int j = 0; j < c->output_size(); ++j) {
+      if (n.output(j).empty()) continue;
+      std::string r = n.output(j) + "/recompute";
+      rename[n.output(j)] = r;
+      c->set_output(j, r);
+    }
+    ++clones;
+  }
+}
+
+Status Engine::backward(std::vector<Diagnostic>& errors) {
+  // The copy's forward nodes (indices below forward_nodes): Dropout may have gained its mask.
+  const auto& pg = *w.graph;
+  const auto& table = detail::rules();
+  for (int k = forward_nodes - 1; k >= 0; --k) {
+    const auto& n = pg.node(k);
+    bool active = false;
+    for (const auto& o : n.output())
+      active = active || (requires_grad.count(o) && reaches_loss.count(o));
+    if (!active) continue;
+    std::vector<std::string> douts;
+    bool any = false;
+    for (const auto& o : n.output()) {
+      douts.push_back(o.empty() ? "" : accumulated(o));
+      any = any || !douts.back().empty();
+    }
+    if (!any) continue;
+    const std::string key = n.domain().empty() || n.domain() == "ai.onnx"
+                                ? n.op_type()
+                                : n.domain() + "." + n.op_type();
+    auto rule = table.find(key);
+    const std::string where =
+        fmt::format("node '{}' ({})", n.name().empty() ? n.output(0) : n.name(), key);
+    if (rule == table.end()) {
+      errors.push_back({where, "no gradient rule for this op, and it lies on a trainable path",
+                        "freeze the initializers it depends on with [train].frozen, or export "
+                        "the model without it"});
+      continue;
+    }
+    auto b = block_of.find(k);
+    if (b != block_of.end() && recomputed.insert(b->second).second) emit_clones(b->second);
+    std::vector<std::string> ins, outs;
+    std::vector<bool> wants;
+    for (const auto& i : n.input()) {
+      ins.push_back(i.empty() ? i : renamed(i));
+      wants.push_back(!i.empty() && requires_grad.count(i) > 0);
+    }
+    for (const auto& o : n.output()) outs.push_back(o.empty() ? o : renamed(o));
+    detail::GradCtx ctx(w, n, ins, outs, douts, wants);
+    if (Status st = rule->second(ctx); !st) {
+      errors.push_back(st.error().what);
+      continue;
+    }
+    for (int i = 0; i < n.input_size(); ++i)
+      if (!ctx.grads()[static_cast<std::size_t>(i)].empty())
+        contrib[n.input(i)].push_back(ctx.grads()[static_cast<std::size_t>(i)]);
+  }
+  return {};
+}
+
+/// Readers of a tensor through Identity aliases (what "tied" counts).
+int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
+  int r = 0;
+  for (const auto& n : g.node())
+    for (const auto& i : n.input())
+      if (i == t) {
+        r += n.op_type() == "Identity" && depth < 16 ? readers(g, n.output(0), depth + 1) : 1;
+        break;
+      }
+  return r;
+}
+
+Status Engine::finish(GradGraph& out, const std::string& loss) {
+  onnx::GraphProto& g = *w.graph;
+  g.clear_output();
+  auto* lo = g.add_output();
+  lo->set_name(loss);
+  lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
+  lo->mutable_type()->mutable_tensor_type()->mutable_shape();
+  std::vector<std::string> kept;
+  std::set<std::string> taken;
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) taken.insert(o);
+  for (const auto& t : g.initializer()) taken.insert(t.name());
+  for (const auto& p : out.params) {
+    std::string gsum = accumulated(p);
+    if (gsum.empty()) {
+      out.untrained[p] = "no path to the loss (its gradient is zero)";
+      continue;
+    }
+    std::string name = p + "_grad";
+    while (taken.count(name)) name += "_";
+    taken.insert(name);
+    w.emit("Identity", {gsum}, 1, {}, "", {name});
+    auto* vo = g.add_output();
+    vo->set_name(name);
+    auto* tt = vo->mutable_type()->mutable_tensor_type();
+    int idx = fg.find_tensor(p);
+    tt->set_elem_type(fg.tensor(idx).elem_type);
+    auto* sh = tt->mutable_shape();
+    for (const auto& d : fg.tensor(idx).dims) sh->add_dim()->set_dim_value(d.value);
+    kept.push_back(p);
+    out.grads.push_back(name);
+    if (int r = readers(model.proto->graph(), p); r > 1) out.tied[p] = r;
+  }
+  out.params = kept;
+  return {};
+}
+
+}  // namespace
+
+Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& spec) {
+  auto opset_it = model.opsets.find("");
+  const std::int64_t opset = opset_it == model.opsets.end() ? 0 : opset_it->second;
+  if (opset < 13)
+    return Error(Errc::bad_input,
+                 fmt::format("training needs ai.onnx opset 13 or newer, the model has {}", opset),
+                 model.path.string(), "export with torch.onnx.export(..., opset_version=14)");
+  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, {}));
+  Engine e(model, spec, std::move(fg));
+  e.w.graph = e.proto->mutable_graph();
+  e.w.fwd = &e.fg;
+  e.w.fwd_proto = &model.proto->graph();
+  e.w.opset = opset;
+  e.forward_nodes = model.proto->graph().node_size();
+  // A training-mode Dropout's gradient needs its mask: give it one where the export left it out.
+  for (auto& n : *e.w.graph->mutable_node())
+    if (n.op_type() == "Dropout" && n.input_size() >= 3 && !n.input(2).empty() &&
+        n.output_size() < 2)
+      n.add_output(n.output(0) + "/mask");
+  GradGraph out;
+  HP_TRY(e.check_and_mark(out));
+  HP_TRY(e.recompute_setup());
+  HP_ASSIGN_OR_RETURN(auto loss, detail::emit_loss(e.w, spec));
+  e.contrib[spec.logits].push_back(loss.dlogits);
+  std::vector<Diagnostic> errors;
+  HP_TRY(e.backward(errors));
+  if (!errors.empty()) return collect_errors(Errc::bad_input, std::move(errors));
+  HP_TRY(e.finish(out, loss.loss));
+  bool has_domain = false;
+  for (const auto& o : e.proto->opset_import()) has_domain = has_domain || o.domain() == "hp.train";
+  if (!has_domain) {
+    auto* o = e.proto->add_opset_import();
+    o->set_domain(detail::kTrainDomain);
+    o->set_version(1);
+  }
+  out.loss = loss.loss;
+  for (int i : e.fg.inputs) out.inputs.push_back(e.fg.tensor(i).name);
+  out.inputs.push_back(spec.labels);
+  out.recomputed_nodes = e.clones;
+  out.model = model;
+  out.model.proto = e.proto;
+  out.model.opsets[detail::kTrainDomain] = 1;
+  return out;
+}
+
+}  // namespace hp::train

@@ -1,0 +1,103 @@
+// Gradient rules of the neural-network ops: softmax and log-softmax, layer normalization, the mean
+// and sum reductions, convolution and pooling (hp.train kernels, docs/training.md) and TopK's
+// values.
+#include <fmt/core.h>
+
+#include "grad_ctx.h"
+
+namespace hp::train::detail {
+
+namespace {
+
+Status softmax(GradCtx& c) {
+  c.grad(0, c.hp(c.op_type() == "Softmax" ? "SoftmaxGrad" : "LogSoftmaxGrad", {c.dout(0), c.out(0)},
+                 {{"axis", c.attr_i("axis", -1)}}));
+  return {};
+}
+
+Status layer_norm(GradCtx& c) {
+  std::vector<bool> want = {c.wants(0), c.wants(1), c.n_in() > 2 && c.wants(2)};
+  auto g = c.op_opt("LayerNormGrad", {c.dout(0), c.in(0), c.in(1)}, want,
+                    {{"axis", c.attr_i("axis", -1)}, {"epsilon", c.attr_f("epsilon", 1e-5)}},
+                    kTrainDomain);
+  for (int i = 0; i < 3; ++i) c.grad(i, g[static_cast<std::size_t>(i)]);
+  return {};
+}
+
+/// ReduceSum / ReduceMean: dY brought back to the reduced axes and broadcast over them.
+Status reduce(GradCtx& c) {
+  const bool axes_input = c.op_type() == "ReduceSum" || c.opset() >= 18;
+  std::optional<std::vector<std::int64_t>> axes;
+  if (axes_input) {
+    if (!c.in(1).empty()) {
+      axes = c.const_ints(c.in(1));
+      if (!axes) return c.fail("the reduction axes must be constant for the gradient");
+    }
+  } else if (c.has("axes")) {
+    axes = c.attr_ints("axes");
+  }
+  if (axes && axes->empty()) axes.reset();
+  if (!axes && c.attr_i("noop_with_empty_axes", 0)) {
+    c.grad(0, c.dout(0));
+    return {};
+  }
+  std::string g = c.dout(0);
+  if (axes && c.attr_i("keepdims", 1) == 0) {
+    const int r = c.rank(c.in(0));
+    if (r < 0) return c.fail("the reduction's gradient needs its input's rank, unknown here");
+    std::vector<std::int64_t> norm;
+    for (auto a : *axes) norm.push_back(a < 0 ? a + r : a);
+    std::sort(norm.begin(), norm.end());
+    g = c.op("Unsqueeze", {g, c.i64s(norm)});
+  }
+  g = c.op("Expand", {g, c.shape_of(c.in(0))});
+  if (c.op_type() == "ReduceMean") {
+    std::string count = c.op("Div", {c.op("Size", {c.in(0)}), c.op("Size", {c.out(0)})});
+    count = c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(c.in(0)))}});
+    g = c.op("Div", {g, count});
+  }
+  c.grad(0, g);
+  return {};
+}
+
+Status conv(GradCtx& c) {
+  std::vector<bool> want = {c.wants(0), c.wants(1), c.n_in() > 2 && c.wants(2)};
+  auto g = c.op_opt("ConvGrad", {c.dout(0), c.in(0), c.in(1)}, want, c.all_attrs(), kTrainDomain);
+  for (int i = 0; i < 3; ++i) c.grad(i, g[static_cast<std::size_t>(i)]);
+  return {};
+}
+
+Status pool(GradCtx& c) {
+  c.grad(0, c.hp(c.op_type() + "Grad", {c.dout(0), c.in(0)}, c.all_attrs()));
+  return {};
+}
+
+Status global_average_pool(GradCtx& c) {
+  std::string count = c.op("Div", {c.op("Size", {c.in(0)}), c.op("Size", {c.out(0)})});
+  count = c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(c.in(0)))}});
+  c.grad(0, c.op("Expand", {c.op("Div", {c.dout(0), count}), c.shape_of(c.in(0))}));
+  return {};
+}
+
+Status topk(GradCtx& c) {
+  c.grad(0, c.hp("GatherElementsGrad", {c.dout(0), c.shape_of(c.in(0)), c.out(1)},
+                 {{"axis", c.attr_i("axis", -1)}}));
+  return {};
+}
+
+}  // namespace
+
+void register_nn_rules(RuleTable& t) {
+  t["Softmax"] = softmax;
+  t["LogSoftmax"] = softmax;
+  t["LayerNormalization"] = layer_norm;
+  t["ReduceSum"] = reduce;
+  t["ReduceMean"] = reduce;
+  t["Conv"] = conv;
+  t["MaxPool"] = pool;
+  t["AveragePool"] = pool;
+  t["GlobalAveragePool"] = global_average_pool;
+  t["TopK"] = topk;
+}
+
+}  // namespace hp::train::detail

@@ -1,0 +1,142 @@
+// Gradient rules of the data-movement ops: reshapes go back to the input's shape, transposes
+// invert, slices and gathers scatter back (hp.train.SliceGrad / GatherGrad / GatherElementsGrad),
+// concat splits, split concatenates (zeros for outputs nothing differentiated), expand sums back.
+#include <fmt/core.h>
+
+#include <numeric>
+
+#include "grad_ctx.h"
+
+namespace hp::train::detail {
+
+namespace {
+
+Status reshape_back(GradCtx& c) {
+  c.grad(0, c.op("Reshape", {c.dout(0), c.shape_of(c.in(0))}));
+  return {};
+}
+
+Status transpose(GradCtx& c) {
+  std::vector<std::int64_t> perm = c.attr_ints("perm");
+  if (perm.empty()) {
+    const int r = c.rank(c.in(0));
+    if (r < 0) return c.fail("Transpose without perm needs its input's rank, which is unknown");
+    for (int k = r - 1; k >= 0; --k) perm.push_back(k);
+  }
+  std::vector<std::int64_t> inv(perm.size());
+  for (std::size_t k = 0; k < perm.size(); ++k) inv[static_cast<std::size_t>(perm[k])] = k;
+  c.grad(0, c.op("Transpose", {c.dout(0)}, {{"perm", inv}}));
+  return {};
+}
+
+Status slice(GradCtx& c) {
+  std::vector<std::string> ins = {c.dout(0), c.shape_of(c.in(0))};
+  for (int i = 1; i < c.n_in(); ++i) ins.push_back(c.in(i));
+  c.grad(0, c.hp("SliceGrad", ins));
+  return {};
+}
+
+Status gather(GradCtx& c) {
+  c.grad(0, c.hp("GatherGrad", {c.dout(0), c.shape_of(c.in(0)), c.in(1)},
+                 {{"axis", c.attr_i("axis", 0)}}));
+  return {};
+}
+
+Status gather_elements(GradCtx& c) {
+  c.grad(0, c.hp("GatherElementsGrad", {c.dout(0), c.shape_of(c.in(0)), c.in(1)},
+                 {{"axis", c.attr_i("axis", 0)}}));
+  return {};
+}
+
+Status expand(GradCtx& c) {
+  c.grad(0, c.hp("SumTo", {c.dout(0), c.shape_of(c.in(0))}));
+  return {};
+}
+
+/// The length of `t` along `axis` as a 1-D int64 tensor of one element.
+std::string dim_of(GradCtx& c, const std::string& t, std::int64_t axis) {
+  if (auto s = c.static_shape(t)) {
+    const auto r = static_cast<std::int64_t>(s->size());
+    return c.i64s({(*s)[static_cast<std::size_t>(axis < 0 ? axis + r : axis)]});
+  }
+  return c.op("Slice",
+              {c.shape_of(t), c.i64s({axis}), c.i64s({axis == -1 ? INT64_MAX : axis + 1})});
+}
+
+Status concat(GradCtx& c) {
+  const std::int64_t axis = c.attr_i("axis", 0);
+  std::vector<std::string> sizes;
+  for (int i = 0; i < c.n_in(); ++i) sizes.push_back(dim_of(c, c.in(i), axis));
+  std::string split = c.op("Concat", sizes, {{"axis", std::int64_t{0}}});
+  auto parts = c.op_n("Split", {c.dout(0), split}, c.n_in(), {{"axis", axis}});
+  for (int i = 0; i < c.n_in(); ++i) c.grad(i, parts[static_cast<std::size_t>(i)]);
+  return {};
+}
+
+Status split(GradCtx& c) {
+  std::vector<std::string> parts;
+  for (int j = 0; j < c.n_out(); ++j) {
+    if (!c.dout(j).empty()) {
+      parts.push_back(c.dout(j));
+      continue;
+    }
+    parts.push_back(c.op("Expand", {c.scalar(0.0, c.out(j)), c.shape_of(c.out(j))}));
+  }
+  c.grad(0, c.op("Concat", parts, {{"axis", c.attr_i("axis", 0)}}));
+  return {};
+}
+
+Status tile(GradCtx& c) {
+  // y = tile(x, r): view dY as [r0, d0, r1, d1, ...] and sum the repeat axes.
+  const int r = c.rank(c.in(0));
+  auto xs = c.static_shape(c.in(0));
+  auto reps = c.const_ints(c.in(1));
+  if (r < 0 || !xs || !reps) return c.fail("Tile's gradient needs static input shape and repeats");
+  std::vector<std::int64_t> split, axes;
+  for (int k = 0; k < r; ++k) {
+    split.push_back((*reps)[static_cast<std::size_t>(k)]);
+    split.push_back((*xs)[static_cast<std::size_t>(k)]);
+    axes.push_back(2 * k);
+  }
+  std::string v = c.op("Reshape", {c.dout(0), c.i64s(split)});
+  c.grad(0, c.op("ReduceSum", {v, c.i64s(axes)}, {{"keepdims", std::int64_t{0}}}));
+  return {};
+}
+
+Status pad(GradCtx& c) {
+  // Constant-mode Pad with non-negative pads: the gradient is the slice of dY the input occupies.
+  if (c.attr_s("mode", "constant") != "constant")
+    return c.fail("only constant-mode Pad has a gradient rule");
+  auto pads = c.const_ints(c.in(1));
+  const int r = c.rank(c.in(0));
+  if (!pads || r < 0 || static_cast<int>(pads->size()) != 2 * r)
+    return c.fail("Pad's gradient needs constant pads and the input's rank");
+  std::vector<std::int64_t> starts, ends, axes;
+  for (int k = 0; k < r; ++k) {
+    const auto b = (*pads)[static_cast<std::size_t>(k)];
+    const auto e = (*pads)[static_cast<std::size_t>(k + r)];
+    if (b < 0 || e < 0) return c.fail("Pad with negative pads has no gradient rule");
+    starts.push_back(b);
+    ends.push_back(e == 0 ? INT64_MAX : -e);
+    axes.push_back(k);
+  }
+  c.grad(0, c.op("Slice", {c.dout(0), c.i64s(starts), c.i64s(ends), c.i64s(axes)}));
+  return {};
+}
+
+}  // namespace
+
+void register_shape_rules(RuleTable& t) {
+  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = reshape_back;
+  t["Transpose"] = transpose;
+  t["Slice"] = slice;
+  t["Gather"] = gather;
+  t["GatherElements"] = gather_elements;
+  t["Expand"] = expand;
+  t["Concat"] = concat;
+  t["Split"] = split;
+  t["Tile"] = tile;
+  t["Pad"] = pad;
+}
+
+}  // namespace hp::train::detail

@@ -1,0 +1,228 @@
+// The training loop (trainer.h).
+//
+// Order of one step, as a PyTorch loop does it: forward + backward on the batch (one run of the
+// gradient model), the loss of that forward recorded, then clipping and the optimizer update on the
+// host copies of the weights, which go back into the executor for the next step. A non-finite loss
+// stops the run before the update, naming the step; checkpoints already written stay.
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "batches.h"
+#include "hp/core/fs.h"
+#include "hp/exec/backends.h"
+#include "hp/exec/executor.h"
+#include "hp/plugin/hp_plugin.h"
+#include "hp/train/checkpoint.h"
+#include "hp/train/trainer.h"
+
+namespace hp::train {
+
+namespace {
+
+/// Metrics lines go to a temporary sibling that is renamed over the file when the run ends, either
+/// way: a reader never sees a file cut in the middle of a line.
+class MetricsFile {
+ public:
+  Status open(const std::filesystem::path& path) {
+    if (path.empty()) return {};
+    path_ = path;
+    tmp_ = path;
+    tmp_ += ".tmp";
+    out_.open(tmp_, std::ios::trunc);
+    if (!out_) return Error(Errc::runtime, "cannot write the metrics file", tmp_.string());
+    return {};
+  }
+  void add(const StepMetrics& m) {
+    if (!out_.is_open()) return;
+    nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                        {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                        {"seconds", m.seconds},     {"tokens_per_second", m.tokens_per_second}};
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+  Status close() {
+    if (!out_.is_open()) return {};
+    out_.close();
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec)
+      return Error(Errc::runtime, "cannot rename the metrics file: " + ec.message(),
+                   path_.string());
+    return {};
+  }
+
+ private:
+  std::filesystem::path path_, tmp_;
+  std::ofstream out_;
+};
+
+std::string mib(std::int64_t b) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+}
+
+struct Run {
+  const TrainOptions& o;
+  model::Model forward;
+  GradGraph gg;
+  std::unique_ptr<exec::Executor> ex;
+  std::vector<exec::HostTensor> params;
+  OptimizerState state;
+  std::int64_t data_position = 0;
+  TrainReport report;
+
+  void say(bool err, const std::string& line) const {
+    if (o.sink) o.sink(err, line);
+  }
+  Status prepare();
+  Status resume();
+  Expected<StepMetrics> step(const detail::BatchSource& data);
+  Status checkpoint() const;
+};
+
+Status Run::prepare() {
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
+  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, o.grad));
+  for (const auto& [name, readers] : gg.tied)
+    say(true, fmt::format("hp: note: '{}' is read by {} nodes (tied or aliased): their gradients "
+                          "add up and it is trained as one tensor",
+                          name, readers));
+  std::vector<std::filesystem::path> paths(o.plugin_paths.begin(), o.plugin_paths.end());
+  HP_ASSIGN_OR_RETURN(auto b,
+                      exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
+  HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, {b.primary, b.cpu, nullptr}));
+  for (const auto& p : gg.params) {
+    HP_ASSIGN_OR_RETURN(auto h, ex->weight(p));
+    if (h.dtype != HP_F32)
+      return Error(Errc::bad_input, "only float32 parameters are trained for now", p);
+    report.params += h.numel();
+    params.push_back(std::move(h));
+  }
+  return {};
+}
+
+Status Run::resume() {
+  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir));
+  if (c.optimizer != (o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw"))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             c.optimizer),
+                 o.resume_dir.string());
+  if (c.params.size() != params.size())
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint holds {} parameters, the model trains {}",
+                             c.params.size(), params.size()),
+                 o.resume_dir.string());
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (c.params[k].name != params[k].name || c.params[k].dims != params[k].dims)
+      return Error(Errc::bad_input,
+                   fmt::format("checkpoint parameter '{}' does not match the model's '{}'",
+                               c.params[k].name, params[k].name),
+                   o.resume_dir.string());
+    HP_TRY(ex->set_weight(params[k].name, c.params[k]));
+    params[k] = std::move(c.params[k]);
+  }
+  state = std::move(c.state);
+  data_position = c.data_position;
+  report.first_step = c.step + 1;
+  return {};
+}
+
+Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t k = state.step + 1;
+  HP_ASSIGN_OR_RETURN(auto batch, data.batch(data_position));
+  HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
+  report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
+  const double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
+  if (!std::isfinite(loss))
+    return Error(Errc::runtime,
+                 fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
+                             o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
+  std::vector<exec::HostTensor> grads(std::make_move_iterator(outs.begin() + 1),
+                                      std::make_move_iterator(outs.end()));
+  auto info = optimizer_step(o.optimizer, params, grads, state);
+  if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
+  for (const auto& p : params) HP_TRY(ex->set_weight(p.name, p));
+  ++data_position;
+  StepMetrics m;
+  m.step = k;
+  m.loss = loss;
+  m.grad_norm = info->grad_norm;
+  m.lr = info->lr;
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_second = m.seconds > 0 ? static_cast<double>(data.tokens()) / m.seconds : 0;
+  return m;
+}
+
+Status Run::checkpoint() const {
+  Checkpoint c;
+  c.step = state.step;
+  c.data_position = data_position;
+  c.seed = o.seed;
+  c.optimizer = o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw";
+  c.params = params;
+  c.state = state;
+  return save_checkpoint(forward, c, o.checkpoint_dir);
+}
+
+}  // namespace
+
+Expected<TrainReport> train(const TrainOptions& o) {
+  if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
+  Run r{o, {}, {}, {}, {}, {}, 0, {}};
+  HP_TRY(r.prepare());
+  HP_ASSIGN_OR_RETURN(auto data, detail::BatchSource::open(o, *r.ex, o.grad.labels));
+  if (!o.resume_dir.empty()) HP_TRY(r.resume());
+  MetricsFile metrics;
+  HP_TRY(metrics.open(o.metrics));
+  r.say(false, fmt::format("training {} parameters ({} tensors) for {} steps from step {}",
+                           r.report.params, r.params.size(), o.steps, r.report.first_step));
+  const std::int64_t last = r.report.first_step + o.steps - 1;
+  Status failed;
+  while (r.state.step < last) {
+    auto m = r.step(data);
+    if (!m) {
+      failed = std::move(m).error();
+      break;
+    }
+    metrics.add(*m);
+    r.report.steps.push_back(*m);
+    const int every = std::max(1, o.log_every);
+    if (m->step % every == 0 || m->step == last)
+      r.say(false, fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.4f}  lr {:.3g}  {:.3f} s  "
+                               "{:.0f} tokens/s",
+                               m->step, last, m->loss, m->grad_norm, m->lr, m->seconds,
+                               m->tokens_per_second));
+    if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 && m->step % o.checkpoint_every == 0)
+      if (Status st = r.checkpoint(); !st) {
+        failed = std::move(st);
+        break;
+      }
+  }
+  HP_TRY(metrics.close());
+  if (!failed) return std::move(failed).error();
+  if (!o.checkpoint_dir.empty() &&
+      (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))
+    HP_TRY(r.checkpoint());
+  if (!o.save_model.empty()) HP_TRY(save_model(r.forward, r.params, o.save_model));
+  std::vector<double> secs;
+  for (const auto& m : r.report.steps) secs.push_back(m.seconds);
+  std::sort(secs.begin(), secs.end());
+  r.report.median_step_seconds = secs.empty() ? 0 : secs[secs.size() / 2];
+  r.report.summary = fmt::format(
+      "trained {} steps: loss {:.6f} -> {:.6f}; median step {:.3f} s; peak tensor memory {}\n",
+      r.report.steps.size(), r.report.steps.front().loss, r.report.steps.back().loss,
+      r.report.median_step_seconds, mib(r.report.peak_bytes));
+  if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
+  return r.report;
+}
+
+}  // namespace hp::train
