@@ -19,7 +19,8 @@ come back unchanged. Then:
   drops about 1.4 on the same setup), and 100 steps + --resume for 100 more must reproduce the
   200-step run's losses for steps 101..200 exactly and save byte-identical weights;
 - bad inputs: a logits name that is no graph output, labels of the wrong dtype or shape, missing
-  labels exit 3 (bad input) with a message naming the culprit.
+  labels exit 3 (bad input) with a message naming the culprit, while the same recipe with good
+  labels trains.
 
 Usage: run_training.py HP_BINARY WORK_DIR [--models a,b] [--variants v,w] [--no-stream] [--no-bad]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) when this Python
@@ -342,24 +343,32 @@ def stream(hp, work, log):
 
 # --- bad input -----------------------------------------------------------------------------------
 def bad_inputs(hp, work, log):
-    """Each case: (name, recipe edits, input edits, text the message must contain). Returns rows."""
+    """hp must refuse bad [train] inputs with exit 3 and a message naming the culprit, and run the
+    same recipe with good inputs (the control: an exit 3 for another reason proves nothing). The MLP,
+    the simplest model, trained with cross-entropy over its 8 outputs. Returns (rows, failures)."""
     d = os.path.join(work, "bad")
     shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make("gpt2", "adamw", os.path.join(d, "ref"))
-    spec = models.MODELS["gpt2"]
+    ref = reference.make("mlp", "adamw", os.path.join(d, "ref"))
+    spec = models.MODELS["mlp"]
     g = torch.Generator().manual_seed(1)
-    x, y = models.example(spec, models.BATCH, g)
-    cases = [
-        ("logits naming no output", {"logits": "no_such_output"}, (x, y), "no_such_output"),
-        ("labels of dtype float", {}, (x, y.float()), "labels"),
-        ("labels of dtype int32", {}, (x, y.int()), "labels"),
-        ("labels of the wrong shape", {}, (x, y[:, :-1].contiguous()), "labels"),
-        ("labels missing", {}, (x, None), "labels"),
-        ("mse target of the wrong shape", {"loss": "mse"}, (x, torch.zeros(models.BATCH, 3)),
+    x, _ = models.example(spec, models.BATCH, g)
+    y = torch.randint(0, 8, (models.BATCH,), generator=g)
+    ce = {"loss": "cross_entropy"}
+    cases = [  # (what, [train] edits, (input, labels or None), expected exit, text it must name)
+        ("good labels (control)", ce, (x, y), 0, ""),
+        ("logits naming no output", dict(ce, logits="no_such_output"), (x, y), 3,
+         "no_such_output"),
+        ("labels of dtype float", ce, (x, y.float()), 3, "labels"),
+        ("labels of dtype int32", ce, (x, y.int()), 3, "labels"),
+        ("labels of the wrong shape", ce, (x, y.reshape(2, -1)), 3, "labels"),
+        ("labels missing", ce, (x, None), 3, "labels"),
+        ("mse target of the wrong shape", {"loss": "mse"}, (x, torch.zeros(models.BATCH, 3)), 3,
          "labels"),
+        ("mse target of dtype int64", {"loss": "mse"}, (x, torch.zeros(models.BATCH, 8).long()),
+         3, "labels"),
     ]
     rows, fails = [], 0
-    for i, (what, edits, (xi, yi), needle) in enumerate(cases):
+    for i, (what, edits, (xi, yi), want, needle) in enumerate(cases):
         cd = os.path.join(d, f"case{i}")
         os.makedirs(cd)
         inputs = os.path.join(cd, "inputs")
@@ -373,9 +382,10 @@ def bad_inputs(hp, work, log):
         write_recipe(recipe, ref.model, dict(ref.train, **edits), {"batch": models.BATCH})
         rc, out = launch(hp, recipe, ["--inputs", inputs, "--metrics",
                                       os.path.join(cd, "m.jsonl")], log)
-        ok = rc == 3 and needle in out and "Traceback" not in out
+        ok = rc == want and needle in out and "Traceback" not in out
         fails += not ok
-        rows.append(f"{'ok' if ok else 'FAIL':8} bad input: {what:30} exit {rc}: {first_error(out)}")
+        rows.append(f"{'ok' if ok else 'FAIL':8} bad input: {what:30} exit {rc} (want {want}): "
+                    f"{first_error(out)}")
     return rows, fails
 
 
