@@ -228,11 +228,11 @@ class MoeLayer(nn.Module):
 
 
 class Moe(nn.Module):
-    def __init__(self, scatter=False):
+    def __init__(self, scatter=False, vocab=VOCAB):
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.tok = nn.Embedding(vocab, HIDDEN)
         self.layers = nn.ModuleList(MoeLayer(scatter) for _ in range(LAYERS))
-        self.head = nn.Linear(HIDDEN, VOCAB)
+        self.head = nn.Linear(HIDDEN, vocab)
 
     def forward(self, ids):
         x = self.tok(ids)
@@ -259,8 +259,11 @@ MODELS = {
     "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
 }
-# The token-stream test's model: GPT-2 over bytes (vocab 256), 16-token windows.
-STREAM = Spec(lambda: Gpt2(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16)
+# The token-stream test's models: GPT-2 (and the MoE) over bytes (vocab 256), 16-token windows.
+STREAM = {
+    "gpt2": Spec(lambda: Gpt2(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16),
+    "moe": Spec(lambda: Moe(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16),
+}
 OUTPUT = "logits"
 
 
