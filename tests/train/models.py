@@ -299,13 +299,15 @@ def build(name, seed=0):
     return MODELS[name].make().train()
 
 
-def export(spec, model, path, batch=BATCH):
+def export(spec, model, path, batch=BATCH, dynamic=True):
     """Exports `model` (made by spec.make, at its current weights) for training; returns the
-    initializer <-> parameter mapping. Traced at batch + 1 so no batch size is baked in."""
+    initializer <-> parameter mapping. A dynamic batch axis is traced at batch + 1 so no batch size
+    is baked in; dynamic=False exports at `batch` with every shape static."""
     g = torch.Generator().manual_seed(123)
-    x, _ = example(spec, batch + 1, g)
+    x, _ = example(spec, batch + 1 if dynamic else batch, g)
+    axes = {spec.input_name: {0: "batch"}, OUTPUT: {0: "batch"}} if dynamic else None
     torch.onnx.export(model, (x,), path, input_names=[spec.input_name], output_names=[OUTPUT],
-                      dynamic_axes={spec.input_name: {0: "batch"}, OUTPUT: {0: "batch"}},
+                      dynamic_axes=axes,
                       opset_version=OPSET, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False)
     m = onnx.load(path)

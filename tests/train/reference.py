@@ -109,12 +109,12 @@ def train_table(name, v, max_norm, frozen, steps=STEPS):
     return t
 
 
-def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH):
+def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH, dynamic=True):
     spec, v = models.MODELS[name], VARIANTS[variant]
     os.makedirs(out_dir, exist_ok=True)
     model = models.build(name)
     path = os.path.join(out_dir, "model.onnx")
-    exported = models.export(spec, model, path)
+    exported = models.export(spec, model, path, batch, dynamic)
     # The export ran a forward; in TRAINING mode nothing it does changes state (no dropout, no
     # batch-norm statistics), but read the initial weights back from the file to be sure both sides
     # start from the same bits.

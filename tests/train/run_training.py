@@ -6,7 +6,8 @@ training, torch runs 5 steps on one fixed batch (reference.py), and
 
     hp launch RECIPE --inputs BATCH_DIR --metrics m.jsonl --save-model out.onnx
 
-runs the same 5 steps from the same weights. Each step's loss must be torch's within 1e-4
+runs the same 5 steps from the same weights (exports with a dynamic batch axis, as users export;
+AdamW also on a fully static export). Each step's loss must be torch's within 1e-4
 (relative), the gradient norm within 1e-3, and every trained tensor w must satisfy
 ||w_hp - w_torch|| < 1% of ||w_torch_final - w_torch_initial||; buffers listed in [train].frozen must
 come back unchanged. Then:
@@ -221,13 +222,14 @@ def stage_layers(hp, model, dims, work, log):
     return m.group(1)
 
 
-def fixed_batch(hp, work, name, variant, log, recompute=None, batch=models.BATCH):
+def fixed_batch(hp, work, name, variant, log, recompute=None, batch=models.BATCH, dynamic=True):
     """One model x variant (recompute: None, "none" or "full", the [[stages]] entry's policy; None
     writes no [[stages]]): returns (row text, peak bytes or None when hp does not report it).
     Raises Skip for recompute on a model without repeated blocks."""
-    d = os.path.join(work, f"{name}-{variant}-b{batch}" + (f"-{recompute}" if recompute else ""))
+    d = os.path.join(work, f"{name}-{variant}-b{batch}" + (f"-{recompute}" if recompute else "")
+                     + ("" if dynamic else "-static"))
     shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make(name, variant, d, batch=batch)
+    ref = reference.make(name, variant, d, batch=batch, dynamic=dynamic)
     dims = {"batch": batch}
     layers = stage_layers(hp, ref.model, dims, d, log) if recompute else None
     if layers is not None and "-" not in layers:
@@ -443,6 +445,11 @@ def main():
                             print(f"{'':8} {'':28} diagnosis: {diagnose(a.hp, a.work, name, log)}")
                         except Exception as e:
                             print(f"{'':8} {'':28} diagnosis failed: {describe(e)}")
+            try:  # the same model exported with every shape static (no dynamic batch axis)
+                detail, _ = fixed_batch(a.hp, a.work, name, "adamw", log, dynamic=False)
+                report(True, f"{name} adamw static", detail)
+            except Exception as e:
+                report(False, f"{name} adamw static", describe(e))
             try:  # at a batch whose activations outweigh hp's 0.1 MiB resolution of the peak
                 _, base = fixed_batch(a.hp, a.work, name, "adamw", log, "none", RECOMPUTE_BATCH)
                 detail, peak = fixed_batch(a.hp, a.work, name, "adamw", log, "full",
