@@ -8,7 +8,8 @@ writes into out_dir:
 
     model.onnx               the export (initial weights)
     inputs/input_K.pb        the batch, one TensorProto per graph input, named after it, and `labels`
-    expected.npz             losses, grad_norms, and init/<onnx name>, final/<onnx name> per parameter
+    expected.npz             losses, grad_norms, and init/<onnx name>, final/<onnx name> per parameter,
+                             dead/<onnx name>: elements without a gradient (dead_elements)
 
 and returns a Reference holding the same plus the [train] settings the recipe must carry.
 
@@ -60,6 +61,7 @@ class Reference:
     grad_norms: list
     init: dict               # onnx initializer name -> array
     final: dict
+    dead: dict               # name -> bool mask of elements with no gradient (dead_elements)
 
 
 def optimizer(v, params):
@@ -79,16 +81,47 @@ def train(name, model, v, x, y, steps, max_norm):
     spec = models.MODELS[name]
     opt = optimizer(v, model.parameters())
     losses, norms = [], []
+    noise = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         loss = models.loss_fn(spec, model(x), y)
         loss.backward()
+        for n, p in model.named_parameters():
+            noise[n] = torch.maximum(noise[n], p.grad.abs())
         # clip_grad_norm_ returns the norm before clipping (inf max_norm: just the norm).
         norms.append(float(torch.nn.utils.clip_grad_norm_(
             model.parameters(), max_norm if max_norm > 0 else float("inf"))))
         losses.append(float(loss))
         opt.step()
-    return losses, norms
+    return losses, norms, {n: (g > 0).numpy() for n, g in noise.items()}
+
+
+def dead_elements(name, init, v, x, y, steps, max_norm):
+    """Elements whose gradient is zero in exact arithmetic at every step (the key bias of attention:
+    softmax ignores a shift shared by all keys). In float32 their gradient is rounding noise, which
+    AdamW's g / sqrt(v) turns into full-size steps of either sign, so no two correct trainers agree
+    on them. Found by repeating the run in float64, where that noise is 1e-9 times smaller: an
+    element is dead when its |gradient| stays below 1e-9 x its tensor's largest at every step (make()
+    keeps only those whose float32 gradient was not exactly zero: exact zeros are deterministic)."""
+    model = models.build(name).double()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(init[n]).double())
+    opt = optimizer(v, model.parameters())
+    peak = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    scale = {n: 0.0 for n in peak}
+    xd = x if not x.is_floating_point() else x.double()
+    yd = y if not y.is_floating_point() else y.double()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        models.loss_fn(models.MODELS[name], model(xd), yd).backward()
+        for n, p in model.named_parameters():
+            peak[n] = torch.maximum(peak[n], p.grad.abs())
+            scale[n] = max(scale[n], float(p.grad.abs().max()))
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+    return {n: (peak[n] <= 1e-9 * scale[n]).numpy() for n in peak if scale[n] > 0}
 
 
 def save_inputs(spec, x, y, d):
@@ -130,16 +163,19 @@ def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH, dynamic=True):
     max_norm = 0.0
     if v.clip:
         max_norm = float(f"{v.clip * first_grad_norm(name, x, y):.3g}")
-    losses, norms = train(name, model, v, x, y, steps, max_norm)
+    losses, norms, touched = train(name, model, v, x, y, steps, max_norm)
     if max_norm and norms[0] <= max_norm:
         raise RuntimeError(f"{name}/{variant}: max_norm {max_norm} does not clip (norms {norms})")
     final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    # Exact zeros (an embedding row no token reads) are deterministic and stay compared.
+    dead = {n: m & touched[n] for n, m in dead_elements(name, init, v, x, y, steps, max_norm).items()}
     np.savez(os.path.join(out_dir, "expected.npz"), losses=np.array(losses),
              grad_norms=np.array(norms), **{f"init/{k}": a for k, a in init.items()},
-             **{f"final/{k}": a for k, a in final.items()})
+             **{f"final/{k}": a for k, a in final.items()},
+             **{f"dead/{k}": a for k, a in dead.items()})
     return Reference(path, os.path.join(out_dir, "inputs"), exported,
                      train_table(name, v, max_norm, exported.frozen, steps), losses, norms, init,
-                     final)
+                     final, dead)
 
 
 def main():
