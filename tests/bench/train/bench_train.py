@@ -70,7 +70,8 @@ def prepare(cache):
     print(f"generating the benchmark model into {d} ...", file=sys.stderr)
     tmp = d + ".tmp"
     os.makedirs(os.path.join(tmp, "inputs"), exist_ok=True)
-    models.export(spec(), make_model(), os.path.join(tmp, "model.onnx"))
+    # Static shapes: the benchmark runs one batch size, and this times the step, not shape handling.
+    models.export(spec(), make_model(), os.path.join(tmp, "model.onnx"), BATCH, dynamic=False)
     x, y = batch()
     onnx.save_tensor(numpy_helper.from_array(x.numpy(), "input_ids"),
                      os.path.join(tmp, "inputs", "input_0.pb"))
