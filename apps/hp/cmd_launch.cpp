@@ -1,8 +1,10 @@
 // hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one
-// rank. hp launch RECIPE.toml [--dry-run] [--timeout S] [--hostfile F] [--launcher slurm]: one MPMD
-// job over Open MPI, an app context per [[groups]] entry, or the recipe's model sharded over
-// dp*tp*pp ranks when it has no groups (hp::job::launch). The ranks run the hidden `hp launch
-// RECIPE.toml --worker`, which must end with MPI_Abort on any error. See hp-launch(1).
+// rank. hp launch RECIPE.toml with [train] (--data F | --inputs D) [--steps N] [--checkpoint D]...:
+// trains on one rank (hp/job/train_run.h). hp launch RECIPE.toml [--dry-run] [--timeout S]
+// [--hostfile F] [--launcher slurm]: one MPMD job over Open MPI, an app context per [[groups]]
+// entry, or the recipe's model sharded over dp*tp*pp ranks when it has no groups (hp::job::launch).
+// The ranks run the hidden `hp launch RECIPE.toml --worker`, which must end with MPI_Abort on any
+// error. See hp-launch(1).
 #include <fmt/core.h>
 
 #include <cstdio>
@@ -23,7 +25,7 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--outputs", opts->outputs,
                   "directory to write output_K.pb tensors (replaced atomically)");
   sub->add_option("--backend", opts->backend,
-                  "cpu, cuda or ascend (default: best available; MODEL.onnx only)");
+                  "cpu, cuda or ascend (default: best available; MODEL.onnx, or training: cpu)");
   sub->add_option("--threads", opts->threads,
                   "CPU threads (per rank for a recipe; default: the cores available)");
   sub->add_option("--plugin-path", opts->plugin_paths,
@@ -33,7 +35,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--run-dir", opts->run_dir,
                   "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
   sub->add_option("--steps", opts->steps,
-                  "repeat a sharded recipe's schedule N times; report the median step")
+                  "repeat a sharded recipe's schedule N times and report the median step; with "
+                  "[train]: optimizer steps (default [train].steps)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--shard-dir", opts->shard_dir,
                   "run these hp shard partitions instead of sharding afresh");
@@ -41,6 +44,32 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_flag("--allow-run-as-root", opts->allow_run_as_root,
                 "let Open MPI start ranks as root (containers)");
   sub->add_flag("--dry-run", opts->dry_run, "print the mpirun command and app file; start nothing");
+  // Training (a recipe with [train]); launch() refuses these for anything else.
+  const std::string training = "Training (a recipe with [train])";
+  sub->add_option("--data", opts->data, "token stream to train on (flat uint16 or uint32 ids)")
+      ->group(training);
+  sub->add_option("--token-bytes", opts->token_bytes, "bytes per token id in --data: 2 or 4")
+      ->check(CLI::IsMember({2, 4}))
+      ->group(training);
+  sub->add_option("--seed", opts->seed, "order of the --data batches (default [train].seed)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(training);
+  sub->add_option("--metrics", opts->metrics, "write one JSON line per step to this file")
+      ->group(training);
+  sub->add_option("--save-model", opts->save_model, "write the trained model to this ONNX file")
+      ->group(training);
+  sub->add_option("--checkpoint", opts->checkpoint_dir,
+                  "keep a checkpoint in this directory (at the end, and every --checkpoint-every)")
+      ->group(training);
+  sub->add_option("--checkpoint-every", opts->checkpoint_every,
+                  "steps between checkpoints (default: only at the end)")
+      ->check(CLI::PositiveNumber)
+      ->group(training);
+  sub->add_option("--resume", opts->resume_dir, "continue from the checkpoint in this directory")
+      ->group(training);
+  sub->add_option("--log-every", opts->log_every, "print a progress line every K steps (default 1)")
+      ->check(CLI::PositiveNumber)
+      ->group(training);
   sub->add_flag("--worker", opts->worker, "run as one rank of the job (started by hp launch)")
       ->group("");
   sub->callback([opts, &ctx] {

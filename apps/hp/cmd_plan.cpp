@@ -52,7 +52,9 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}));
   sub->add_option("--optimizer", opts->optimizer, "optimizer whose states are planned for")
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "none"}));
-  sub->add_option("--mode", opts->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
+  CLI::Option* mode =
+      sub->add_option("--mode", opts->mode, "train or infer (train: -o also writes [train])")
+          ->check(CLI::IsMember({"train", "infer"}));
   sub->add_option("-o,--output", opts->output,
                   "file to write (the recipe; with --summary, the summary)");
   sub->add_option(
@@ -70,7 +72,8 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "draw the best plan's pipeline schedule into this SVG file");
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")
       ->check(CLI::PositiveNumber);
-  sub->callback([opts, &ctx] {
+  sub->callback([opts, mode, &ctx] {
+    opts->train_table = mode->count() > 0 && opts->mode == "train";
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->command = ctx.command_line;
     opts->check_plan = shard::check_shardable;

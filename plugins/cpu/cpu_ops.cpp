@@ -251,6 +251,7 @@ const OpTable& op_table() {
     register_optim_ops(t);
     register_text_ops(t);
     register_random_ops(t);
+    register_grad_ops(t);
     return t;
   }();
   return table;

@@ -136,6 +136,10 @@ void register_qconv_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
 void register_text_ops(OpTable& t);
 void register_random_ops(OpTable& t);
+/// The "hp.train" gradient ops (docs/training.md): cpu_ops_grad.cpp, which registers ConvGrad and
+/// the pool gradients of cpu_ops_grad_conv.cpp through register_grad_conv_ops.
+void register_grad_ops(OpTable& t);
+void register_grad_conv_ops(OpTable& t);
 
 /// The 16-bit float type among the input dtypes, or -1.
 int half_input_type(const int32_t* dtypes, int64_t n);

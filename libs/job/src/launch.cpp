@@ -19,6 +19,7 @@
 #include "hp/job/launcher.h"
 #include "hp/job/predict.h"
 #include "hp/job/sharded.h"
+#include "hp/job/train_run.h"
 #include "hp/job/worker.h"
 #include "hp/plugin/registry.h"
 #include "hp/recipe/recipe.h"
@@ -147,7 +148,7 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
 
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
-    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, o.steps};
+    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, std::max(o.steps, 1)};
     HP_ASSIGN_OR_RETURN(auto rep, run_worker(w));
     LaunchReport r;
     r.stats = rep.stats;
@@ -156,6 +157,11 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   }
   // The recipe is read here once; everything below takes the Job.
   HP_ASSIGN_OR_RETURN(Job job, load_job(o.target, o.preset_dirs));
+  // A [train] table makes the recipe a training run, decided before anything of the MPI job.
+  if (job.recipe.train) return launch_train(job, o);
+  if (auto flag = training_option_given(o); !flag.empty())
+    return Error(Errc::usage, flag + " applies to a recipe with a [train] table", o.target.string(),
+                 "add [train] to the recipe (hp plan --mode train -o writes one) to train it");
   return launch_job(job, o);
 }
 
@@ -178,8 +184,8 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   jo.threads = o.threads;
   jo.allow_run_as_root = o.allow_run_as_root;
   jo.plugin_paths = o.plugin_paths;
-  if (o.steps < 1) return Error(Errc::usage, "--steps must be at least 1");
-  jo.steps = o.steps;
+  if (o.steps < 0) return Error(Errc::usage, "--steps must be at least 1");
+  jo.steps = std::max(o.steps, 1);
   if (!o.backend.empty())
     return Error(Errc::usage,
                  "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
@@ -246,6 +252,9 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
     return Error(Errc::usage,
                  fmt::format("'{}' is neither a RECIPE.toml nor a MODEL.onnx", o.target.string()));
   if (o.worker) return Error(Errc::usage, "--worker applies to RECIPE.toml");
+  if (auto flag = training_option_given(o); !flag.empty())
+    return Error(Errc::usage, flag + " applies to a recipe with a [train] table", o.target.string(),
+                 "a model runs forward; its recipe's [train] table trains it");
   if (o.dry_run)
     return Error(Errc::usage,
                  "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");

@@ -208,6 +208,9 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.mode = w.train ? "train" : "infer";
   rep.optimizer = opts.optimizer;
   rep.command = opts.command;
+  for (int o : loaded.summary.graph.outputs)
+    rep.outputs.push_back(loaded.summary.graph.tensor(o).name);
+  rep.train_table = opts.train_table && w.train;
   rep.parameters = profile.total_parameters();
   rep.blocks = static_cast<std::int64_t>(profile.blocks.size());
   rep.stats = found.stats;

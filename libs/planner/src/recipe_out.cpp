@@ -121,6 +121,14 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path, 
     out.stages.push_back(std::move(st));
   }
 
+  if (r.train_table) {
+    recipe::Train& t = out.train.emplace();
+    if (!r.outputs.empty()) t.logits = r.outputs.front();
+    // The plan priced Adam's two states per parameter for adam and adamw alike; hp trains AdamW
+    // (Adam with weight decay 0 would be the same update, so nothing is lost by not offering it).
+    t.optimizer = r.optimizer == "sgd" ? "sgd" : "adamw";
+  }
+
   // No [layouts] table: the rank placement is in [[stages]] ranks, and hp shard derives the
   // Megatron-style layouts from the degrees (a recipe's [layouts] are for overriding them).
   return out;

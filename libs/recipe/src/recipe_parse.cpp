@@ -189,6 +189,50 @@ void read_workload(TomlReader& rd, const toml::table& t, Workload& w) {
   if (auto v = rd.get_string(t, "command", "workload", false)) w.command = *v;
 }
 
+// [train]: names are read as strings here and checked against their lists in recipe_validate.cpp,
+// beside the numeric ranges, so a wrong name and a wrong number read the same way.
+void read_train(TomlReader& rd, const toml::table& t, Train& tr) {
+  const std::string path = "train";
+  rd.check_keys(
+      t, path,
+      {"loss", "logits", "labels", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum",
+       "clip_norm", "lr_schedule", "warmup_steps", "min_lr", "steps", "seed", "frozen"});
+  if (auto v = rd.get_string(t, "loss", path, false)) tr.loss = *v;
+  if (auto v = rd.get_string(t, "logits", path, false)) tr.logits = *v;
+  if (auto v = rd.get_string(t, "labels", path, false)) tr.labels = *v;
+  if (auto v = rd.get_string(t, "optimizer", path, false)) tr.optimizer = *v;
+  if (auto v = rd.get_number(t, "lr", path, false)) tr.lr = *v;
+  if (const toml::array* a = rd.get_array(t, "betas", path, false)) {
+    std::vector<double> betas;
+    bool ok = true;
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = *a->get(i);
+      if (auto f = e.as_floating_point()) {
+        betas.push_back(f->get());
+      } else if (auto n = e.as_integer()) {
+        betas.push_back(static_cast<double>(n->get()));
+      } else {
+        ok = false;
+        rd.error(rd.loc(e.source()),
+                 fmt::format("'train.betas[{}]' must be a number, got {}", i,
+                             detail::type_phrase(e.type())),
+                 "write two numbers, e.g. betas = [0.9, 0.999]");
+      }
+    }
+    if (ok) tr.betas = std::move(betas);
+  }
+  if (auto v = rd.get_number(t, "eps", path, false)) tr.eps = *v;
+  if (auto v = rd.get_number(t, "weight_decay", path, false)) tr.weight_decay = *v;
+  if (auto v = rd.get_number(t, "momentum", path, false)) tr.momentum = *v;
+  if (auto v = rd.get_number(t, "clip_norm", path, false)) tr.clip_norm = *v;
+  if (auto v = rd.get_string(t, "lr_schedule", path, false)) tr.lr_schedule = *v;
+  if (auto v = rd.get_int(t, "warmup_steps", path, false)) tr.warmup_steps = *v;
+  if (auto v = rd.get_number(t, "min_lr", path, false)) tr.min_lr = *v;
+  if (auto v = rd.get_int(t, "steps", path, false)) tr.steps = *v;
+  if (auto v = rd.get_int(t, "seed", path, false)) tr.seed = *v;
+  if (auto v = rd.get_string_list(t, "frozen", path, false)) tr.frozen = *v;
+}
+
 template <class T, class F>
 void read_table_array(TomlReader& rd, const toml::table& root, std::string_view key,
                       std::vector<T>& out, F each) {
@@ -217,9 +261,9 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
   TomlReader rd(doc.where, doc.problems);
   Recipe& r = doc.recipe;
 
-  rd.check_keys(
-      *root, "",
-      {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload", "workload"});
+  rd.check_keys(*root, "",
+                {"recipe", "model", "parallel", "stages", "layouts", "groups", "offload",
+                 "workload", "train"});
   const toml::table* head = rd.get_table(*root, "recipe", "", true);
   if (head) {
     // The version decides how the rest reads, so an unsupported one stops here.
@@ -256,6 +300,8 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
     read_offload(rd, *t, r.offload.emplace());
   if (const toml::table* t = rd.get_table(*root, "workload", "", false))
     read_workload(rd, *t, r.workload.emplace());
+  if (const toml::table* t = rd.get_table(*root, "train", "", false))
+    read_train(rd, *t, r.train.emplace());
 
   detail::append_new(doc.problems, validate_recipe(r, doc.where));
   detail::sort_by_location(doc.problems);

@@ -6,6 +6,7 @@
 // they came from. Checks that need the cluster (rank counts) are in validate_recipe_on_cluster().
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -283,6 +284,67 @@ void check_workload(Checker& ck, const Recipe& r) {
             "re-plan, or make the two agree");
 }
 
+// [train]: names against the lists libs/train parses (hp/train/autodiff.h, optimizer.h; the recipe
+// library sits below it, so the lists are repeated here), numbers against torch.optim's own checks
+// (lr > 0, betas in [0, 1), eps > 0, ...). The comparisons are written so that NaN fails them.
+void check_train(Checker& ck, const Recipe& r) {
+  const Train& t = *r.train;
+  auto one_of = [&](std::string_view key, const std::string& v,
+                    std::initializer_list<std::string_view> names) {
+    for (auto n : names)
+      if (v == n) return;
+    std::string list;
+    for (auto n : names) list += (list.empty() ? "" : ", ") + std::string(n);
+    std::string hint = detail::did_you_mean(v, std::vector<std::string_view>(names));
+    ck.fail(key, fmt::format("'{}' must be one of {}, got '{}'", key, list, v),
+            hint.empty() ? "valid values: " + list : hint);
+  };
+  one_of("train.loss", t.loss, {"cross_entropy", "mse"});
+  one_of("train.optimizer", t.optimizer, {"adamw", "sgd"});
+  one_of("train.lr_schedule", t.lr_schedule, {"constant", "cosine"});
+  if (t.logits.empty()) ck.fail("train.logits", "'train.logits' must name a graph output");
+  if (t.labels.empty()) ck.fail("train.labels", "'train.labels' must name the labels tensor");
+  auto positive = [&](std::string_view key, double v) {
+    if (!(v > 0) || !std::isfinite(v))
+      ck.fail(key, fmt::format("'{}' must be a finite number > 0, got {}", key, v));
+  };
+  auto non_negative = [&](std::string_view key, double v) {
+    if (!(v >= 0) || !std::isfinite(v))
+      ck.fail(key, fmt::format("'{}' must be a finite number >= 0, got {}", key, v));
+  };
+  auto unit = [&](std::string_view key, double v) {
+    if (!(v >= 0 && v < 1)) ck.fail(key, fmt::format("'{}' must be in [0, 1), got {}", key, v));
+  };
+  positive("train.lr", t.lr);
+  if (t.betas.size() != 2) {
+    ck.fail("train.betas", fmt::format("'train.betas' must hold 2 numbers, got {}", t.betas.size()),
+            "write betas = [beta1, beta2], e.g. [0.9, 0.999]");
+  } else {
+    unit("train.betas", t.betas[0]);
+    unit("train.betas", t.betas[1]);
+  }
+  positive("train.eps", t.eps);
+  non_negative("train.weight_decay", t.weight_decay);
+  unit("train.momentum", t.momentum);
+  non_negative("train.clip_norm", t.clip_norm);
+  non_negative("train.min_lr", t.min_lr);
+  if (t.min_lr > t.lr && t.lr > 0)
+    ck.fail("train.min_lr",
+            fmt::format("'train.min_lr' is {} but 'train.lr' is only {}", t.min_lr, t.lr),
+            "the cosine schedule decays from lr down to min_lr");
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  ck.in_range("train.warmup_steps", t.warmup_steps, 0, kMax);
+  ck.in_range("train.steps", t.steps, 1, kMax);
+  ck.in_range("train.seed", t.seed, 0, kMax);
+  for (std::size_t i = 0; i < t.frozen.size(); ++i)
+    if (t.frozen[i].empty())
+      ck.fail("train.frozen", fmt::format("'train.frozen[{}]' is an empty pattern", i));
+  // An inference plan holds no gradients or optimizer states: training would not fit its memory.
+  if (r.workload && r.workload->mode == "infer")
+    ck.fail("train", "the recipe has a [train] table but was planned for inference",
+            "re-plan with hp plan --mode train, or remove [train]");
+}
+
 }  // namespace
 
 std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where) {
@@ -304,6 +366,7 @@ std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where)
   check_groups(ck, r);
   if (r.offload) check_offload(ck, *r.offload);
   if (r.workload) check_workload(ck, r);
+  if (r.train) check_train(ck, r);
   return std::move(ck.out);
 }
 

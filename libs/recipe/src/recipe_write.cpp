@@ -80,6 +80,28 @@ void format_offload(TomlWriter& w, const Offload& o) {
       .number("device_budget", o.device_budget);
 }
 
+void format_train(TomlWriter& w, const Train& t) {
+  std::vector<std::string> betas;
+  for (double b : t.betas) betas.push_back(toml_float(b));
+  w.table("train")
+      .string("loss", t.loss)
+      .string("logits", t.logits)
+      .string("labels", t.labels)
+      .string("optimizer", t.optimizer)
+      .number("lr", t.lr)
+      .value("betas", toml_array(betas))
+      .number("eps", t.eps)
+      .number("weight_decay", t.weight_decay)
+      .number("momentum", t.momentum)
+      .number("clip_norm", t.clip_norm)
+      .string("lr_schedule", t.lr_schedule)
+      .integer("warmup_steps", t.warmup_steps)
+      .number("min_lr", t.min_lr)
+      .integer("steps", t.steps)
+      .integer("seed", t.seed)
+      .value("frozen", toml_string_array(t.frozen));
+}
+
 }  // namespace
 
 std::string format_recipe(const Recipe& r) {
@@ -132,6 +154,7 @@ std::string format_recipe(const Recipe& r) {
         .integer("seq", wl.seq);
     if (!wl.command.empty()) w.string("command", wl.command);
   }
+  if (r.train) format_train(w, *r.train);
   return std::move(w).str();
 }
 

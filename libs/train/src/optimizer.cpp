@@ -129,10 +129,10 @@ void adamw_update(const OptimizerConfig& c, double lr, std::int64_t k, HostTenso
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(c.eps);
   const float neg_step = static_cast<float>(-(lr / bc1));
-  float* p = param.as<float>();
-  const float* g = grad.as<float>();
-  float* m = exp_avg.as<float>();
-  float* v = exp_avg_sq.as<float>();
+  float* __restrict p = param.as<float>();
+  const float* __restrict g = grad.as<float>();
+  float* __restrict m = exp_avg.as<float>();
+  float* __restrict v = exp_avg_sq.as<float>();
   const std::int64_t n = numel_f32(param);
   for (std::int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
@@ -154,14 +154,14 @@ void sgd_update(const OptimizerConfig& c, double lr, HostTensor& param, const Ho
   const float wd = static_cast<float>(c.weight_decay);
   const float mu = static_cast<float>(c.momentum);
   const float neg_lr = static_cast<float>(-lr);
-  float* p = param.as<float>();
-  const float* g = grad.as<float>();
+  float* __restrict p = param.as<float>();
+  const float* __restrict g = grad.as<float>();
   const std::int64_t n = numel_f32(param);
   if (!buffer) {
     for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] + neg_lr * (g[i] + wd * p[i]);
     return;
   }
-  float* b = buffer->as<float>();
+  float* __restrict b = buffer->as<float>();
   if (first) {
     for (std::int64_t i = 0; i < n; ++i) {
       const float d = g[i] + wd * p[i];

@@ -159,6 +159,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.lr = info->lr;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_second = m.seconds > 0 ? static_cast<double>(data.tokens()) / m.seconds : 0;
+  m.peak_bytes = ex->stats().peak_bytes;
   return m;
 }
 

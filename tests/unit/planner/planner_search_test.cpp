@@ -390,3 +390,48 @@ TEST_CASE("planner: -o writes the best plan the check accepts, or refuses with e
   CHECK(none.error().all().size() == 3);  // --top-k 3: each ranked plan's reason
   CHECK_THAT(none.error().message(), Catch::Contains("plan 1"));
 }
+
+TEST_CASE("planner: a plan asked for training writes [train] on the model's first output",
+          "[planner]") {
+  auto c = recipe::load_cluster_ref("local-cpu", {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
+  REQUIRE(c);
+  PlanOptions opts;
+  opts.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/user-llama-static.onnx";
+  opts.cluster = "local-cpu";
+  opts.dtype = "fp32";
+  SECTION("not asked: no [train], whatever the mode") {
+    auto rep = run(opts, *c);
+    if (!rep) FAIL(rep.error().str());
+    CHECK(rep->outputs == std::vector<std::string>{"logits"});
+    CHECK(!plan_to_recipe(*rep, "plan.toml").train);
+  }
+  SECTION("asked: defaults, the logits output and the optimizer the plan was priced for") {
+    opts.train_table = true;
+    auto rep = run(opts, *c);
+    if (!rep) FAIL(rep.error().str());
+    const recipe::Recipe r = plan_to_recipe(*rep, "plan.toml");
+    REQUIRE(r.train);
+    CHECK(r.train->logits == "logits");
+    CHECK(r.train->labels == "labels");
+    CHECK(r.train->optimizer == "adamw");  // --optimizer adam (the default) trains as AdamW
+    CHECK(r.train->steps == 100);
+    // It reads back as written, with no problem.
+    const auto doc = recipe::parse_recipe(recipe::format_recipe(r), "plan.toml");
+    std::string problems;
+    for (const auto& p : doc.problems) problems += p.where + ": " + p.message + "\n";
+    INFO(problems);
+    CHECK(doc.problems.empty());
+    CHECK(doc.recipe == r);
+    opts.optimizer = "sgd";
+    auto sgd = run(opts, *c);
+    REQUIRE(sgd);
+    CHECK(plan_to_recipe(*sgd, "plan.toml").train->optimizer == "sgd");
+  }
+  SECTION("an inference plan never has one") {
+    opts.train_table = true;
+    opts.mode = "infer";
+    auto rep = run(opts, *c);
+    if (!rep) FAIL(rep.error().str());
+    CHECK(!plan_to_recipe(*rep, "plan.toml").train);
+  }
+}

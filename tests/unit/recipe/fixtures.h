@@ -52,6 +52,24 @@ inline Recipe full_recipe() {
   r.workload = Workload{
       "train", "bf16", "adamw",
       64,      2048,   "hp plan '../models/my gpt.onnx' --cluster dgx-h100 --global-batch 64"};
+  Train t;
+  t.loss = "mse";
+  t.logits = "logits";
+  t.labels = "targets";
+  t.optimizer = "sgd";
+  t.lr = 0.05;
+  t.betas = {0.8, 0.95};
+  t.eps = 1e-6;
+  t.weight_decay = 0.0;
+  t.momentum = 0.9;
+  t.clip_norm = 1.0;
+  t.lr_schedule = "cosine";
+  t.warmup_steps = 10;
+  t.min_lr = 1e-4;
+  t.steps = 500;
+  t.seed = 7;
+  t.frozen = {"rope.*", "mask"};
+  r.train = t;
   return r;
 }
 

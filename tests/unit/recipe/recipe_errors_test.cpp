@@ -274,3 +274,110 @@ TEST_CASE("recipe: [workload] mistakes are located and the batch checked against
     CHECK(has(doc.problems, "recipe.toml:13:", "unknown key 'dtyp' in [workload]"));
   }
 }
+
+TEST_CASE("recipe: [train] reads back, and its mistakes are located", "[recipe]") {
+  const std::string par = "[parallel]\ndp = 1\ntp = 1\npp = 1\n";  // lines 6-9; [train] is 10
+  SECTION("an empty [train] table has the documented defaults") {
+    RecipeDocument doc = parse_with(par + "[train]\n");
+    INFO(dump(doc.problems));
+    REQUIRE(doc.problems.empty());
+    REQUIRE(doc.recipe.train);
+    CHECK(*doc.recipe.train == Train{});
+    CHECK(doc.recipe.train->steps == 100);
+    CHECK(doc.recipe.train->betas == std::vector<double>{0.9, 0.999});
+  }
+  SECTION("every key given reads back as written") {
+    RecipeDocument doc = parse_with(par +
+                                    "[train]\nloss = \"mse\"\nlogits = \"y\"\nlabels = \"t\"\n"
+                                    "optimizer = \"sgd\"\nlr = 0.5\nbetas = [0, 0.5]\n"
+                                    "eps = 1e-6\nweight_decay = 0\nmomentum = 0.9\n"
+                                    "clip_norm = 1\nlr_schedule = \"cosine\"\nwarmup_steps = 3\n"
+                                    "min_lr = 0.01\nsteps = 7\nseed = 42\n"
+                                    "frozen = [\"rope.*\", \"mask?\"]\n");
+    INFO(dump(doc.problems));
+    REQUIRE(doc.problems.empty());
+    REQUIRE(doc.recipe.train);
+    const Train& t = *doc.recipe.train;
+    CHECK(t.loss == "mse");
+    CHECK(t.logits == "y");
+    CHECK(t.labels == "t");
+    CHECK(t.optimizer == "sgd");
+    CHECK(t.lr == 0.5);
+    CHECK(t.betas == std::vector<double>{0.0, 0.5});  // integers are numbers too
+    CHECK(t.eps == 1e-6);
+    CHECK(t.weight_decay == 0.0);
+    CHECK(t.momentum == 0.9);
+    CHECK(t.clip_norm == 1.0);
+    CHECK(t.lr_schedule == "cosine");
+    CHECK(t.warmup_steps == 3);
+    CHECK(t.min_lr == 0.01);
+    CHECK(t.steps == 7);
+    CHECK(t.seed == 42);
+    CHECK(t.frozen == std::vector<std::string>{"rope.*", "mask?"});
+    // And it round-trips.
+    RecipeDocument back = parse_recipe(format_recipe(doc.recipe), "back.toml");
+    INFO(dump(back.problems));
+    REQUIRE(back.problems.empty());
+    CHECK(back.recipe == doc.recipe);
+  }
+  SECTION("unknown names and out-of-range numbers, each on its line") {
+    RecipeDocument doc = parse_with(par +
+                                    "[train]\nloss = \"crossentropy\"\noptimizer = \"adam\"\n"
+                                    "lr = 0\nbetas = [0.9, 1.0]\neps = -1e-8\nweight_decay = -0.1\n"
+                                    "momentum = 1\nclip_norm = -1\nlr_schedule = \"linear\"\n"
+                                    "warmup_steps = -2\nmin_lr = -1\nsteps = 0\nseed = -3\n"
+                                    "frozen = [\"\"]\n");
+    INFO(dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:11:",
+              "'train.loss' must be one of cross_entropy, mse, got 'crossentropy'"));
+    CHECK(has(doc.problems,
+              "recipe.toml:12:", "'train.optimizer' must be one of adamw, sgd, got 'adam'"));
+    CHECK(has(doc.problems, "recipe.toml:13:", "'train.lr' must be a finite number > 0, got 0"));
+    CHECK(has(doc.problems, "recipe.toml:14:", "'train.betas' must be in [0, 1), got 1"));
+    CHECK(has(doc.problems, "recipe.toml:15:", "'train.eps' must be a finite number > 0"));
+    CHECK(
+        has(doc.problems, "recipe.toml:16:", "'train.weight_decay' must be a finite number >= 0"));
+    CHECK(has(doc.problems, "recipe.toml:17:", "'train.momentum' must be in [0, 1), got 1"));
+    CHECK(has(doc.problems, "recipe.toml:18:", "'train.clip_norm' must be a finite number >= 0"));
+    CHECK(has(doc.problems, "recipe.toml:19:", "'train.lr_schedule' must be one of constant"));
+    CHECK(has(doc.problems, "recipe.toml:20:", "'train.warmup_steps' must be at least 0, got -2"));
+    CHECK(has(doc.problems, "recipe.toml:21:", "'train.min_lr' must be a finite number >= 0"));
+    CHECK(has(doc.problems, "recipe.toml:22:", "'train.steps' must be at least 1, got 0"));
+    CHECK(has(doc.problems, "recipe.toml:23:", "'train.seed' must be at least 0, got -3"));
+    CHECK(has(doc.problems, "recipe.toml:24:", "'train.frozen[0]' is an empty pattern"));
+    // The near miss gets a hint.
+    auto loss = std::find_if(doc.problems.begin(), doc.problems.end(), [](const auto& d) {
+      return d.where.find(":11:") != std::string::npos;
+    });
+    REQUIRE(loss != doc.problems.end());
+    CHECK(loss->hint == "did you mean 'cross_entropy'?");
+  }
+  SECTION("wrong types, unknown keys, a wrong number of betas") {
+    RecipeDocument doc = parse_with(par +
+                                    "[train]\nsteps = \"ten\"\nlr = \"fast\"\nlearning_rate = 1\n"
+                                    "betas = [0.9, \"x\"]\nfrozen = \"rope\"\nseed = 1.5\n");
+    INFO(dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:11:", "'train.steps' must be an integer, got a string"));
+    CHECK(has(doc.problems, "recipe.toml:12:", "'train.lr' must be a number, got a string"));
+    CHECK(has(doc.problems, "recipe.toml:13:", "unknown key 'learning_rate' in [train]"));
+    CHECK(has(doc.problems, "recipe.toml:14:", "'train.betas[1]' must be a number, got a string"));
+    CHECK(has(doc.problems, "recipe.toml:15:", "'train.frozen' must be an array, got a string"));
+    CHECK(has(doc.problems, "recipe.toml:16:", "'train.seed' must be an integer, got a float"));
+    RecipeDocument three = parse_with(par + "[train]\nbetas = [0.9, 0.99, 0.999]\n");
+    CHECK(has(three.problems, "recipe.toml:11:", "'train.betas' must hold 2 numbers, got 3"));
+    RecipeDocument nan = parse_with(par + "[train]\nlr = nan\nclip_norm = inf\n");
+    CHECK(has(nan.problems, "recipe.toml:11:", "'train.lr' must be a finite number > 0"));
+    CHECK(has(nan.problems, "recipe.toml:12:", "'train.clip_norm' must be a finite number >= 0"));
+    RecipeDocument table = parse_recipe("train = 3\n" + (kHead + par), "recipe.toml");
+    CHECK(has(table.problems, "recipe.toml:1:", "'train' must be a table, got an integer"));
+  }
+  SECTION("min_lr above lr, and [train] on an inference plan") {
+    RecipeDocument doc = parse_with(par +
+                                    "[workload]\nmode = \"infer\"\n"
+                                    "[train]\nlr = 0.001\nmin_lr = 0.01\n");
+    INFO(dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:14:", "'train.min_lr' is 0.01 but 'train.lr' is only"));
+    CHECK(has(doc.problems,
+              "recipe.toml:12:", "the recipe has a [train] table but was planned for inference"));
+  }
+}

@@ -210,6 +210,24 @@ optimizer = "adamw"
 global_batch = 64
 seq = 2048
 command = "hp plan '../models/my gpt.onnx' --cluster dgx-h100 --global-batch 64"
+
+[train]
+loss = "mse"
+logits = "logits"
+labels = "targets"
+optimizer = "sgd"
+lr = 0.05
+betas = [0.8, 0.95]
+eps = 1e-06
+weight_decay = 0.0
+momentum = 0.9
+clip_norm = 1.0
+lr_schedule = "cosine"
+warmup_steps = 10
+min_lr = 0.0001
+steps = 500
+seed = 7
+frozen = ["rope.*", "mask"]
 )TOML";
   CHECK(format_recipe(test::full_recipe()) == want);
 }

@@ -3,6 +3,7 @@
 // (launcher.h) whose ranks run `hp launch RECIPE.toml --worker` (worker.h).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -31,13 +32,26 @@ struct LaunchOptions {
   /// sharding the model afresh. Their manifest must be for the recipe's ranks.
   std::filesystem::path shard_dir;
   /// A recipe without [[groups]]: run the whole schedule this many times and report the median step
-  /// (benchmarks: the first step pays for first-run work).
-  int steps = 1;
+  /// (benchmarks: the first step pays for first-run work). A recipe with [train]: the optimizer
+  /// steps, instead of [train].steps. 0 = not given (one run; [train].steps).
+  int steps = 0;
   /// Where cluster presets are looked up for the plan's predicted step (hp/recipe/presets.h).
   std::vector<std::filesystem::path> preset_dirs;
   std::string launcher = "mpirun";  ///< mpirun or slurm
   bool allow_run_as_root = false;
   bool worker = false;  ///< this process is a rank (hidden: started by mpirun)
+  // A recipe with a [train] table (train_run.h): the data is exactly one of `inputs` (one batch,
+  // the inputs and the labels as .pb files) and `data`. The zero values mean "not given", so that
+  // these options are refused where nothing trains rather than silently ignored.
+  std::filesystem::path data;        ///< token stream (uint16 or uint32 ids)
+  int token_bytes = 0;               ///< 2 or 4; 0 = 2
+  std::int64_t seed = -1;            ///< data order; -1 = [train].seed
+  std::filesystem::path metrics;     ///< JSON lines, one per step
+  std::filesystem::path save_model;  ///< the trained model (.onnx)
+  std::filesystem::path checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = only at the end
+  std::filesystem::path resume_dir;   ///< a checkpoint directory to continue from
+  int log_every = 0;                  ///< a progress line every k steps; 0 = every step
   /// Console lines of the ranks ("[group:rank] ..."); err for their stderr. Unset: dropped.
   std::function<void(bool err, const std::string& line)> sink;
 };
@@ -50,6 +64,8 @@ struct LaunchReport {
 /// MODEL.onnx: reads --inputs, runs, writes --outputs atomically. Errors: usage (missing
 /// --inputs/--outputs), bad_input (model, inputs, unsupported ops), unavailable (the requested
 /// backend), runtime (a kernel failed).
+/// RECIPE.toml with a [train] table: trains on one rank (train_run.h); a recipe of several ranks is
+/// Errc::not_implemented, the training options anywhere else Errc::usage.
 /// RECIPE.toml: plans the MPMD job; --dry-run returns the command and app file as the summary; else
 /// runs it (launcher.h) and, with --outputs, gathers each group's outputs from the lowest rank of
 /// the group that wrote any (filtered by the group's `outputs` names when given, except for a

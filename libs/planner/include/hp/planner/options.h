@@ -27,6 +27,10 @@ struct PlanOptions {
   std::string dtype = "bf16";         ///< compute dtype (weights, activations, communication)
   std::string optimizer = "adam";     ///< adam | adamw | sgd | none
   std::string mode = "train";         ///< train | infer
+  /// -o also writes a [train] table, so that `hp launch` trains the recipe (the app sets it when
+  /// --mode train is given explicitly: the default mode prices a training step, but a recipe
+  /// planned without asking keeps running the model forward, as before [train] existed).
+  bool train_table = false;
   std::string output;                 ///< recipe to write
   std::int64_t top_k = 3;             ///< plans to rank
   std::vector<std::string> fix_args;  ///< raw --fix KEY=VALUE arguments (restrict the search)

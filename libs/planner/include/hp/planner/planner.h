@@ -156,6 +156,8 @@ struct PlanReport {
   std::map<std::string, std::int64_t> dims;
   std::string dtype, mode, optimizer;
   std::string command;  ///< the command line that asked for the plan (PlanOptions::command)
+  std::vector<std::string> outputs;  ///< the model's graph outputs, in order
+  bool train_table = false;          ///< plan_to_recipe writes [train] (PlanOptions::train_table)
   double parameters = 0;
   std::int64_t blocks = 0;
   std::vector<Plan> plans;  ///< top-k, best first (never empty in a returned report)
@@ -189,6 +191,8 @@ Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& 
 std::string schedule_svg(const PlanReport& r);
 
 /// The best plan as a complete recipe whose model and cluster paths are relative to `recipe_path`.
+/// With r.train_table it has a [train] table of defaults: the loss on the model's first output,
+/// SGD when the plan was priced for SGD and AdamW otherwise.
 recipe::Recipe plan_to_recipe(const PlanReport& r, const std::filesystem::path& recipe_path,
                               std::size_t plan = 0);
 

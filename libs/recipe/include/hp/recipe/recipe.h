@@ -22,6 +22,9 @@
 //   [offload]           enabled, targets = [...], h2d_bandwidth + h2d_bandwidth_source,
 //                       d2h_bandwidth + d2h_bandwidth_source, host_memory + host_memory_source,
 //                       margin, prefetch_lookahead, device_budget
+//   [workload]          mode, dtype, optimizer, global_batch, seq, command (what hp plan planned)
+//   [train]             loss, logits, labels, optimizer, lr, betas, eps, weight_decay, momentum,
+//                       clip_norm, lr_schedule, warmup_steps, min_lr, steps, seed, frozen
 //
 // Sources are "table", "user", "unknown" or "measured:<probe> <date>". Sizes and bandwidths may be
 // numbers (bytes, bytes/s) or strings with units ("64 GiB", "25 GB/s"). Unknown keys are errors.

@@ -23,7 +23,7 @@ class TokenStream {
   static Expected<TokenStream> open(const std::filesystem::path& path, int token_bytes,
                                     std::int64_t seq);
   std::int64_t tokens() const;
-  /// Token id at position i.
+  /// Token id at position i, 0 <= i < tokens() (not checked: batches read millions of tokens).
   std::int64_t at(std::int64_t i) const;
 
   struct Impl;

@@ -47,6 +47,7 @@ struct TrainOptions {
 struct StepMetrics {
   std::int64_t step = 0;  ///< 1-based
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, tokens_per_second = 0;
+  std::int64_t peak_bytes = 0;  ///< the executor's peak of live tensor bytes during the step
 };
 
 struct TrainReport {

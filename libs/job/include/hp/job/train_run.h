@@ -1,0 +1,41 @@
+// `hp launch RECIPE.toml` for a recipe with a [train] table: the recipe and the command line turned
+// into one hp::train::train() run on this process (docs/training.md). Training runs on one rank for
+// now: dp = tp = pp = 1 and no [[groups]]; anything else is Errc::not_implemented, so a recipe
+// planned for several ranks is refused rather than trained on one of them.
+#pragma once
+
+#include <string>
+
+#include "hp/core/expected.h"
+#include "hp/job/job.h"
+#include "hp/job/launch.h"
+#include "hp/train/trainer.h"
+
+namespace hp::job {
+
+/// The name of the first training-only option `o` sets (--data, --metrics, ...), or "" when none:
+/// launch() refuses them where nothing trains.
+std::string training_option_given(const LaunchOptions& o);
+
+/// The training run of `job` (whose recipe has [train]) under the command line `o`:
+///  - the model resolved against the recipe's directory;
+///  - the loss, logits, labels and frozen globs of [train]; the blocks recomputed in the backward
+///    are the stages' layers whose recompute_of() is not none;
+///  - the optimizer and its schedule from [train] (total steps = the steps run);
+///  - --steps and --seed over [train]'s steps and seed;
+///  - the batch and sequence length of --data windows from [workload] global_batch and seq, else
+///    [model] dims batch and seq.
+/// Errors: not_implemented for more than one rank or [[groups]]; usage for neither or both of
+/// --inputs and --data, and for options of distributed jobs (--outputs, --shard-dir, --hostfile,
+/// --launcher, --timeout, --run-dir); bad_input for a data or --resume path that does not exist,
+/// or --data without a batch and sequence length in the recipe.
+Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions& o);
+
+/// A one-paragraph description of `t` (what --dry-run prints for a training recipe).
+std::string format_train_options(const train::TrainOptions& t);
+
+/// Trains: train_options(), then train::train(); the summary is the run's closing lines. With
+/// --dry-run, the summary is format_train_options() and nothing runs.
+Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o);
+
+}  // namespace hp::job

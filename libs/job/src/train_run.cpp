@@ -1,0 +1,234 @@
+// hp launch of a recipe with [train] (hp/job/train_run.h): everything the command line and the
+// recipe say about a training run is checked here, before hp::train::train() loads anything, so a
+// mistyped path or a missing option fails in milliseconds with the option's name rather than after
+// the gradient model is built.
+#include "hp/job/train_run.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <system_error>
+
+#include "hp/recipe/toml_writer.h"
+
+namespace hp::job {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The batch and sequence length of --data windows: what the plan was made for ([workload]), else
+// the dims the recipe binds under their usual names.
+std::pair<std::int64_t, std::int64_t> batch_and_seq(const recipe::Recipe& r) {
+  std::int64_t batch = 0, seq = 0;
+  if (r.workload) batch = r.workload->global_batch, seq = r.workload->seq;
+  auto dim = [&](const char* name) {
+    auto it = r.dims.find(name);
+    return it == r.dims.end() ? std::int64_t{0} : it->second;
+  };
+  if (batch <= 0) batch = dim("batch");
+  if (seq <= 0) seq = dim("seq");
+  return {batch, seq};
+}
+
+// Every layer of every stage whose policy recomputes it, in order, once.
+std::vector<std::int64_t> recomputed_blocks(const recipe::Recipe& r) {
+  std::vector<std::int64_t> blocks;
+  for (const auto& st : r.stages)
+    for (auto layer : st.layers)
+      if (st.recompute_of(layer) != recipe::Recompute::none) blocks.push_back(layer);
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  return blocks;
+}
+
+Status must_exist(const fs::path& p, bool directory, const char* option) {
+  std::error_code ec;
+  const bool ok = directory ? fs::is_directory(p, ec) : fs::is_regular_file(p, ec);
+  if (ok) return {};
+  return Error(Errc::bad_input,
+               fmt::format("{} '{}' {}", option, p.string(),
+                           fs::exists(p, ec) ? (directory ? "is not a directory" : "is not a file")
+                                             : "does not exist"),
+               p.string());
+}
+
+}  // namespace
+
+std::string training_option_given(const LaunchOptions& o) {
+  if (!o.data.empty()) return "--data";
+  if (o.token_bytes != 0) return "--token-bytes";
+  if (o.seed >= 0) return "--seed";
+  if (!o.metrics.empty()) return "--metrics";
+  if (!o.save_model.empty()) return "--save-model";
+  if (!o.checkpoint_dir.empty()) return "--checkpoint";
+  if (o.checkpoint_every != 0) return "--checkpoint-every";
+  if (!o.resume_dir.empty()) return "--resume";
+  if (o.log_every != 0) return "--log-every";
+  return "";
+}
+
+Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions& o) {
+  const recipe::Recipe& r = job.recipe;
+  if (!r.train) return Error(Errc::internal, "train_options on a recipe without [train]");
+  const recipe::Train& t = *r.train;
+  const std::string where = job.where.at("train");
+  if (r.ranks() != 1 || !r.groups.empty())
+    return Error(
+        Errc::not_implemented,
+        fmt::format("distributed training is not implemented yet: the recipe has [train] "
+                    "and {}",
+                    r.groups.empty() ? fmt::format("dp*tp*pp = {}*{}*{} = {} ranks", r.parallel.dp,
+                                                   r.parallel.tp, r.parallel.pp, r.ranks())
+                                     : std::string("[[groups]]")),
+        where,
+        "train on one rank (dp = tp = pp = 1, no [[groups]]), or remove [train] to run "
+        "the model forward");
+
+  // Options of the MPI job that mean nothing for one training process (--allow-run-as-root is
+  // harmless and scripts pass it everywhere in containers, so it is accepted).
+  const std::pair<bool, const char*> distributed[] = {
+      {!o.outputs.empty(), "--outputs"},   {!o.shard_dir.empty(), "--shard-dir"},
+      {!o.hostfile.empty(), "--hostfile"}, {o.launcher != "mpirun", "--launcher"},
+      {o.timeout_s > 0, "--timeout"},      {!o.run_dir.empty(), "--run-dir"}};
+  for (const auto& [given, name] : distributed)
+    if (given)
+      return Error(
+          Errc::usage,
+          fmt::format("{} applies to a distributed job; this recipe trains on one rank", name),
+          job.recipe_path.string(),
+          "use --save-model, --checkpoint and --metrics for what training writes");
+
+  if (o.inputs.empty() == o.data.empty())
+    return Error(
+        Errc::usage,
+        o.inputs.empty() ? "training needs data: pass --data FILE (a token stream) or --inputs DIR "
+                           "(one batch)"
+                         : "pass one of --data FILE and --inputs DIR, not both",
+        job.recipe_path.string(),
+        fmt::format("--inputs DIR holds the model's inputs and '{}' as .pb tensors; --data "
+                    "FILE is a flat file of uint16 (--token-bytes 4: uint32) token ids",
+                    t.labels));
+  if (o.token_bytes != 0 && o.token_bytes != 2 && o.token_bytes != 4)
+    return Error(Errc::usage, fmt::format("--token-bytes must be 2 or 4, got {}", o.token_bytes));
+  if (o.token_bytes != 0 && o.data.empty())
+    return Error(Errc::usage, "--token-bytes applies to --data");
+  if (o.steps < 0) return Error(Errc::usage, "--steps must be at least 1");
+  if (o.checkpoint_every < 0)
+    return Error(Errc::usage, "--checkpoint-every must be at least 0 (0: only at the end)");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+    return Error(Errc::usage, "--checkpoint-every needs --checkpoint DIR");
+  if (o.log_every < 0) return Error(Errc::usage, "--log-every must be at least 1");
+
+  train::TrainOptions to;
+  to.model = job.model_path();
+  HP_TRY(must_exist(to.model, false, "the recipe's model"));
+  HP_ASSIGN_OR_RETURN(to.grad.loss, train::parse_loss(t.loss));
+  to.grad.logits = t.logits;
+  to.grad.labels = t.labels;
+  to.grad.frozen = t.frozen;
+  to.grad.recompute_blocks = recomputed_blocks(r);
+
+  to.steps = o.steps > 0 ? o.steps : t.steps;
+  train::OptimizerConfig& c = to.optimizer;
+  HP_ASSIGN_OR_RETURN(c.kind, train::parse_optimizer_kind(t.optimizer));
+  c.lr = t.lr;
+  if (t.betas.size() == 2) c.beta1 = t.betas[0], c.beta2 = t.betas[1];
+  c.eps = t.eps;
+  c.weight_decay = t.weight_decay;
+  c.momentum = t.momentum;
+  c.clip_norm = t.clip_norm;
+  HP_ASSIGN_OR_RETURN(c.schedule, train::parse_lr_schedule(t.lr_schedule));
+  c.warmup_steps = t.warmup_steps;
+  c.total_steps = to.steps;
+  c.min_lr = t.min_lr;
+
+  if (!o.inputs.empty()) {
+    HP_TRY(must_exist(o.inputs, true, "--inputs"));
+    to.inputs_dir = o.inputs;
+  } else {
+    HP_TRY(must_exist(o.data, false, "--data"));
+    to.data_file = o.data;
+  }
+  to.token_bytes = o.token_bytes != 0 ? o.token_bytes : 2;
+  std::tie(to.batch, to.seq) = batch_and_seq(r);
+  if (!to.data_file.empty() && (to.batch <= 0 || to.seq <= 0))
+    return Error(Errc::bad_input,
+                 "training on --data needs the batch and the sequence length, and the recipe "
+                 "gives no " +
+                     std::string(to.batch <= 0 ? "batch" : "sequence length"),
+                 job.recipe_path.string(),
+                 "set [workload] global_batch and seq (hp plan writes them), or [model] dims "
+                 "batch and seq");
+  to.seed = static_cast<std::uint64_t>(o.seed >= 0 ? o.seed : t.seed);
+
+  to.metrics = o.metrics;
+  to.save_model = o.save_model;
+  to.checkpoint_dir = o.checkpoint_dir;
+  to.checkpoint_every = o.checkpoint_every;
+  if (!o.resume_dir.empty()) HP_TRY(must_exist(o.resume_dir, true, "--resume"));
+  to.resume_dir = o.resume_dir;
+
+  to.backend = o.backend;
+  to.threads = o.threads;
+  for (const auto& p : o.plugin_paths) to.plugin_paths.push_back(p.string());
+  to.log_every = o.log_every > 0 ? o.log_every : 1;
+  to.sink = o.sink;
+  return to;
+}
+
+std::string format_train_options(const train::TrainOptions& t) {
+  const train::OptimizerConfig& c = t.optimizer;
+  std::string s = fmt::format("training {} on {} for {} step(s)\n", t.model.string(),
+                              t.backend.empty() ? "cpu" : t.backend, t.steps);
+  s += fmt::format("  loss {} on '{}' against '{}'", train::loss_name(t.grad.loss), t.grad.logits,
+                   t.grad.labels);
+  if (!t.grad.frozen.empty())
+    s += fmt::format("; frozen {}", recipe::toml_string_array(t.grad.frozen));
+  s +=
+      t.grad.recompute_blocks.empty()
+          ? "; no block recomputed\n"
+          : fmt::format("; blocks {} recomputed\n", recipe::format_ranges(t.grad.recompute_blocks));
+  if (c.kind == train::OptimizerKind::adamw)
+    s += fmt::format("  adamw lr {} betas ({}, {}) eps {} weight decay {}", c.lr, c.beta1, c.beta2,
+                     c.eps, c.weight_decay);
+  else
+    s += fmt::format("  sgd lr {} momentum {} weight decay {}", c.lr, c.momentum, c.weight_decay);
+  s += c.schedule == train::LrSchedule::cosine
+           ? fmt::format(", cosine to {} after {} warm-up step(s)", c.min_lr, c.warmup_steps)
+           : std::string(", constant");
+  s += c.clip_norm > 0 ? fmt::format(", gradient norm clipped at {}\n", c.clip_norm)
+                       : std::string(", no clipping\n");
+  if (!t.data_file.empty())
+    s += fmt::format("  data {} (uint{} tokens), batches of {} x {} drawn with seed {}\n",
+                     t.data_file.string(), t.token_bytes * 8, t.batch, t.seq, t.seed);
+  else
+    s += fmt::format("  data: the one batch in {}\n", t.inputs_dir.string());
+  if (!t.resume_dir.empty()) s += fmt::format("  resuming from {}\n", t.resume_dir.string());
+  if (!t.checkpoint_dir.empty())
+    s += t.checkpoint_every > 0
+             ? fmt::format("  checkpoint to {} every {} step(s)\n", t.checkpoint_dir.string(),
+                           t.checkpoint_every)
+             : fmt::format("  checkpoint to {} at the end\n", t.checkpoint_dir.string());
+  if (!t.metrics.empty()) s += fmt::format("  metrics to {}\n", t.metrics.string());
+  if (!t.save_model.empty()) s += fmt::format("  trained model to {}\n", t.save_model.string());
+  return s;
+}
+
+Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
+  HP_ASSIGN_OR_RETURN(train::TrainOptions to, train_options(job, o));
+  LaunchReport r;
+  if (o.dry_run) {
+    r.summary = format_train_options(to);
+    return r;
+  }
+  HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
+  r.summary = rep.summary;
+  if (r.summary.empty() && !rep.steps.empty())  // the trainer's own lines, else the essentials
+    r.summary = fmt::format("trained steps {}-{}: loss {:.6g} -> {:.6g}, median step {:.4f} s\n",
+                            rep.steps.front().step, rep.steps.back().step, rep.steps.front().loss,
+                            rep.steps.back().loss, rep.median_step_seconds);
+  if (!r.summary.empty() && r.summary.back() != '\n') r.summary += '\n';
+  return r;
+}
+
+}  // namespace hp::job

@@ -1,0 +1,306 @@
+// Autodiff as a graph transformation (libs/train/src/autodiff.cpp) on graphs built here: what the
+// transformation refuses (a logits name that is no output, an old opset, an op without a gradient
+// rule on a trainable path, named with its node), what it reports (tied weights, frozen and
+// unreachable initializers, recomputed clones), and gradients it computes against central finite
+// differences of the loss it computes, run through the executor and the cpu backend's hp.train ops.
+#include <onnx/onnx_pb.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "hp/exec/backends.h"
+#include "hp/exec/executor.h"
+#include "hp/plugin/hp_plugin.h"
+#include "hp/train/autodiff.h"
+
+using namespace hp;
+
+namespace {
+
+/// A small graph under construction: float32 tensors unless said otherwise.
+struct Builder {
+  onnx::ModelProto m;
+  std::mt19937 rng{7};
+  explicit Builder(int opset = 17) {
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(opset);
+  }
+  onnx::GraphProto& g() { return *m.mutable_graph(); }
+  void input(const std::string& name, std::vector<std::int64_t> dims,
+             int type = onnx::TensorProto::FLOAT) {
+    value(g().add_input(), name, dims, type);
+  }
+  void output(const std::string& name, std::vector<std::int64_t> dims,
+              int type = onnx::TensorProto::FLOAT) {
+    value(g().add_output(), name, dims, type);
+  }
+  static void value(onnx::ValueInfoProto* v, const std::string& name,
+                    const std::vector<std::int64_t>& dims, int type) {
+    v->set_name(name);
+    auto* tt = v->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(type);
+    for (auto d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  void weight(const std::string& name, std::vector<std::int64_t> dims, double scale = 0.5) {
+    auto* t = g().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    std::int64_t n = 1;
+    for (auto d : dims) {
+      t->add_dims(d);
+      n *= d;
+    }
+    std::normal_distribution<float> nd(0.f, static_cast<float>(scale));
+    for (std::int64_t k = 0; k < n; ++k) t->add_float_data(nd(rng));
+  }
+  void ints(const std::string& name, std::vector<std::int64_t> v) {
+    auto* t = g().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(v.size()));
+    for (auto x : v) t->add_int64_data(x);
+  }
+  onnx::NodeProto* node(const std::string& op, std::vector<std::string> ins,
+                        std::vector<std::string> outs, const std::string& name = "") {
+    auto* n = g().add_node();
+    n->set_op_type(op);
+    n->set_name(name.empty() ? outs[0] + "_node" : name);
+    for (auto& i : ins) n->add_input(i);
+    for (auto& o : outs) n->add_output(o);
+    return n;
+  }
+  model::Model model() {
+    model::Model mm;
+    mm.path = "test.onnx";
+    mm.proto = std::make_shared<onnx::ModelProto>(m);
+    for (const auto& o : m.opset_import()) mm.opsets[o.domain()] = o.version();
+    mm.ir_version = m.ir_version();
+    return mm;
+  }
+};
+
+void attr_i(onnx::NodeProto* n, const std::string& name, std::int64_t v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+exec::HostTensor tensor(std::vector<std::int64_t> dims, int dtype, std::mt19937& rng,
+                        std::int64_t classes = 0) {
+  exec::HostTensor t;
+  t.dtype = dtype;
+  t.dims = std::move(dims);
+  const auto n = t.numel();
+  t.data.resize(static_cast<std::size_t>(n) * exec::dtype_size(dtype));
+  if (dtype == HP_F32) {
+    std::normal_distribution<float> nd;
+    for (std::int64_t k = 0; k < n; ++k) t.as<float>()[k] = nd(rng);
+  } else {
+    std::uniform_int_distribution<std::int64_t> ud(0, classes - 1);
+    for (std::int64_t k = 0; k < n; ++k) t.as<std::int64_t>()[k] = ud(rng);
+  }
+  return t;
+}
+
+/// Checks the gradient model of `b` against central differences of its own loss along random
+/// directions, one trainable tensor at a time.
+void check_against_differences(Builder& b, const train::GradSpec& spec,
+                               std::vector<exec::HostTensor> inputs) {
+  auto gg = train::build_grad_graph(b.model(), spec);
+  INFO((gg ? std::string() : gg.error().str()));
+  REQUIRE(gg);
+  auto be = exec::open_backends("cpu", 1, {});
+  REQUIRE(be);
+  auto ex = exec::Executor::create(gg->model, {be->primary, be->cpu, nullptr});
+  INFO((ex ? std::string() : ex.error().str()));
+  REQUIRE(ex);
+  auto base = (*ex)->run(inputs);
+  INFO((base ? std::string() : base.error().str()));
+  REQUIRE(base);
+  std::mt19937 rng(11);
+  for (std::size_t p = 0; p < gg->params.size(); ++p) {
+    auto w = (*ex)->weight(gg->params[p]);
+    REQUIRE(w);
+    const exec::HostTensor& g = (*base)[p + 1];
+    REQUIRE(g.numel() == w->numel());
+    exec::HostTensor d = tensor(w->dims, HP_F32, rng);
+    double analytic = 0, norm = 0;
+    for (std::int64_t k = 0; k < d.numel(); ++k) norm += double(d.as<float>()[k]) * d.as<float>()[k];
+    for (std::int64_t k = 0; k < d.numel(); ++k) {
+      d.as<float>()[k] = static_cast<float>(d.as<float>()[k] / std::sqrt(norm));
+      analytic += double(g.as<float>()[k]) * d.as<float>()[k];
+    }
+    const double eps = 1e-2;
+    auto loss_at = [&](double s) {
+      exec::HostTensor moved = *w;
+      for (std::int64_t k = 0; k < d.numel(); ++k)
+        moved.as<float>()[k] = static_cast<float>(w->as<float>()[k] + s * d.as<float>()[k]);
+      REQUIRE((*ex)->set_weight(gg->params[p], moved));
+      auto r = (*ex)->run(inputs);
+      REQUIRE(r);
+      return double((*r)[0].as<float>()[0]);
+    };
+    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    REQUIRE((*ex)->set_weight(gg->params[p], *w));
+    INFO(gg->params[p] << ": analytic " << analytic << " numeric " << numeric);
+    CHECK(std::abs(analytic - numeric) <= 2e-3 + 2e-2 * std::abs(numeric));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("autodiff refuses a logits name that is no output, and old opsets", "[train]") {
+  Builder b;
+  b.input("x", {2, 3});
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.output("y", {2, 4});
+  train::GradSpec spec;
+  spec.logits = "logits";
+  auto r = train::build_grad_graph(b.model(), spec);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message().find("names no graph output (the outputs: y)") != std::string::npos);
+  Builder old(11);
+  old.input("x", {2, 3});
+  old.weight("w", {3, 4});
+  old.node("MatMul", {"x", "w"}, {"y"});
+  old.output("y", {2, 4});
+  spec.logits = "y";
+  auto o = train::build_grad_graph(old.model(), spec);
+  REQUIRE_FALSE(o);
+  CHECK(o.error().message().find("opset 13") != std::string::npos);
+}
+
+TEST_CASE("an op without a gradient rule on a trainable path is named before anything runs",
+          "[train]") {
+  Builder b;
+  b.input("x", {2, 3});
+  b.weight("w", {3, 4});
+  b.weight("v", {4});
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Hardmax", {"h"}, {"hm"}, "the_hardmax");
+  b.node("Add", {"hm", "v"}, {"y"});
+  b.output("y", {2, 4});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  auto r = train::build_grad_graph(b.model(), spec);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().where().find("the_hardmax") != std::string::npos);
+  CHECK(r.error().message().find("no gradient rule") != std::string::npos);
+  // Frozen, w no longer makes the Hardmax trainable: only v trains.
+  spec.frozen = {"w"};
+  auto ok = train::build_grad_graph(b.model(), spec);
+  REQUIRE(ok);
+  CHECK(ok->params == std::vector<std::string>{"v"});
+  CHECK(ok->untrained.at("w") == "frozen by [train].frozen");
+}
+
+TEST_CASE("tied weights accumulate and are reported; unreachable ones are not trained",
+          "[train]") {
+  Builder b;
+  b.input("x", {2, 3});
+  b.weight("w", {3, 3});
+  b.weight("unused", {3});
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Identity", {"w"}, {"w_alias"});
+  b.node("MatMul", {"h", "w_alias"}, {"y"});
+  b.node("Neg", {"unused"}, {"side"});
+  b.output("y", {2, 3});
+  b.output("side", {3});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  auto r = train::build_grad_graph(b.model(), spec);
+  REQUIRE(r);
+  CHECK(r->params == std::vector<std::string>{"w"});
+  CHECK(r->tied.at("w") == 2);
+  CHECK(r->untrained.count("unused") == 1);
+  CHECK(r->inputs == std::vector<std::string>{"x", "labels"});
+  std::mt19937 rng(3);
+  check_against_differences(b, spec, {tensor({2, 3}, HP_F32, rng), tensor({2, 3}, HP_F32, rng)});
+}
+
+TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
+  Builder b;
+  b.input("x", {4, 5, 6});
+  b.weight("w1", {8, 6});
+  b.weight("b1", {8});
+  b.weight("ln_s", {8}, 1.0);
+  b.weight("ln_b", {8});
+  b.weight("w2", {8, 7});
+  b.node("Transpose", {"w1"}, {"w1t"});
+  b.node("MatMul", {"x", "w1t"}, {"h0"});
+  b.node("Add", {"h0", "b1"}, {"h1"});
+  auto* ln = b.node("LayerNormalization", {"h1", "ln_s", "ln_b"}, {"h2"});
+  attr_i(ln, "axis", -1);
+  b.node("Tanh", {"h2"}, {"h3"});
+  b.node("Softmax", {"h3"}, {"h4"});
+  b.node("Mul", {"h4", "h3"}, {"h5"});
+  b.node("MatMul", {"h5", "w2"}, {"logits"});
+  b.output("logits", {4, 5, 7});
+  train::GradSpec spec;
+  spec.logits = "logits";
+  std::mt19937 rng(5);
+  auto labels = tensor({4, 5}, HP_I64, rng, 7);
+  labels.as<std::int64_t>()[3] = -100;  // ignored position
+  check_against_differences(b, spec, {tensor({4, 5, 6}, HP_F32, rng), labels});
+}
+
+TEST_CASE("embeddings, slices, concat and reductions have gradients", "[train]") {
+  Builder b;
+  b.input("ids", {2, 5}, onnx::TensorProto::INT64);
+  b.weight("emb", {11, 6});
+  b.weight("scale", {1, 1, 3});
+  b.ints("starts", {0});
+  b.ints("ends", {3});
+  b.ints("ax", {2});
+  b.ints("red", {1});
+  b.node("Gather", {"emb", "ids"}, {"e"});
+  b.node("Slice", {"e", "starts", "ends", "ax"}, {"s"});
+  b.node("Mul", {"s", "scale"}, {"sm"});
+  auto* cat = b.node("Concat", {"sm", "e"}, {"c"});
+  attr_i(cat, "axis", 2);
+  auto* mean = b.node("ReduceMean", {"c", "red"}, {"m"});  // opset 18 form
+  attr_i(mean, "keepdims", 0);
+  b.node("Sigmoid", {"m"}, {"y"});
+  b.output("y", {2, 9});
+  b.m.mutable_opset_import(0)->set_version(18);
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  std::mt19937 rng(9);
+  auto ids = tensor({2, 5}, HP_I64, rng, 11);
+  ids.as<std::int64_t>()[1] = ids.as<std::int64_t>()[0];  // a repeated id adds up
+  check_against_differences(b, spec, {ids, tensor({2, 9}, HP_F32, rng)});
+}
+
+TEST_CASE("recomputed blocks clone their forward and give the same gradients", "[train]") {
+  // Two identical blocks (found by layer discovery) between an input and the loss.
+  Builder b;
+  b.input("x", {3, 4});
+  std::string h = "x";
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = "layers." + std::to_string(k) + ".";
+    b.weight(p + "w", {4, 4});
+    b.weight(p + "b", {4});
+    b.node("MatMul", {h, p + "w"}, {p + "mm"}, p + "mm");
+    b.node("Add", {p + "mm", p + "b"}, {p + "add"}, p + "add");
+    b.node("Tanh", {p + "add"}, {p + "out"}, p + "tanh");
+    h = p + "out";
+  }
+  b.node("Identity", {h}, {"y"});
+  b.output("y", {3, 4});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  spec.recompute_blocks = {0, 1};
+  auto r = train::build_grad_graph(b.model(), spec);
+  REQUIRE(r);
+  CHECK(r->recomputed_nodes > 0);
+  std::mt19937 rng(4);
+  check_against_differences(b, spec, {tensor({3, 4}, HP_F32, rng), tensor({3, 4}, HP_F32, rng)});
+}
