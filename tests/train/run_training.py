@@ -7,27 +7,31 @@ training, torch runs 5 steps on one fixed batch (reference.py), and
     hp launch RECIPE --inputs BATCH_DIR --metrics m.jsonl --save-model out.onnx
 
 runs the same 5 steps from the same weights (exports with a dynamic batch axis, as users export;
-AdamW also on a fully static export). Each step's loss must be torch's within 1e-4
-(relative), the gradient norm within 1e-3, and every trained tensor w must satisfy
+AdamW also on a fully static export). Each step's loss must be torch's within 1e-4 (relative), the
+gradient norm within 1e-3, and every trained tensor w must satisfy
 ||w_hp - w_torch|| < 1% of ||w_torch_final - w_torch_initial|| over its elements that have a
 gradient (reference.dead_elements: attention's key bias has none, and AdamW turns its float32 noise
-into full steps of random sign); buffers listed in [train].frozen must
-come back unchanged. Then:
+into full steps of random sign); buffers listed in [train].frozen must come back unchanged. A model
+that fails is diagnosed: its forward alone against torch's, then each step-1 gradient (read back
+from one SGD step with lr 1). Then:
 
-- recompute: AdamW at batch 64 with the stage's recompute = "full" gives torch's losses too and, when
-  hp reports its peak memory (a metrics key or a "peak" figure on its console), a lower peak than
-  the same run with recompute = "none";
-- token stream: a byte-level GPT-2 (and the MoE) trained 200 steps on a uint16 token file made from the GPL-3 text
-  Debian ships must lower its loss (mean of the last 20 steps below the first 20's by 0.7 nats; torch
-  drops about 1.4 on the same setup), and 100 steps + --resume for 100 more must reproduce the
-  200-step run's losses for steps 101..200 exactly and save byte-identical weights;
+- recompute: AdamW at batch 64 (dynamic and static exports) with the stage's recompute = "full"
+  gives torch's losses too and, when hp reports its peak memory (a metrics key or a "peak" figure
+  on its console), a lower peak than the same run with recompute = "none";
+- token stream: a byte-level GPT-2 (and the MoE) trained 200 steps on a uint16 token file made from
+  the GPL-3 text Debian ships must lower its loss (mean of the last 20 steps below the first 20's by
+  0.7 nats; torch drops about 1.4 on the same setup), and 100 steps + --resume for 100 more must
+  reproduce the 200-step run's losses for steps 101..200 exactly and save byte-identical weights;
 - bad inputs: a logits name that is no graph output, labels of the wrong dtype or shape, missing
   labels exit 3 (bad input) with a message naming the culprit, while the same recipe with good
   labels trains.
 
 Usage: run_training.py HP_BINARY WORK_DIR [--models a,b] [--variants v,w] [--no-stream] [--no-bad]
+                       [--stream-models gpt2,moe]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) when this Python
-has no torch/onnx. The table lists each run's worst loss / weight error.
+has no torch/onnx or the hp given has no training (`hp launch --help` lacks --save-model). The
+table lists each run's worst loss / gradient-norm / weight error; train.log in WORK_DIR has every
+command with its output.
 """
 import argparse
 import json
@@ -434,7 +438,7 @@ def main():
     def report(ok, label, detail):
         nonlocal fails
         fails += not ok
-        print(f"{'ok' if ok else 'FAIL':8} {label:28} {detail}", flush=True)
+        print(f"{'ok' if ok else 'FAIL':8} {label:35} {detail}", flush=True)
 
     diagnosed = set()
     with open(log_path, "w") as log:
@@ -448,29 +452,33 @@ def main():
                     if name not in diagnosed:
                         diagnosed.add(name)
                         try:
-                            print(f"{'':8} {'':28} diagnosis: {diagnose(a.hp, a.work, name, log)}")
+                            print(f"{'':8} {'':35} diagnosis: {diagnose(a.hp, a.work, name, log)}")
                         except Exception as e:
-                            print(f"{'':8} {'':28} diagnosis failed: {describe(e)}")
+                            print(f"{'':8} {'':35} diagnosis failed: {describe(e)}")
             try:  # the same model exported with every shape static (no dynamic batch axis)
                 detail, _ = fixed_batch(a.hp, a.work, name, "adamw", log, dynamic=False)
                 report(True, f"{name} adamw static", detail)
             except Exception as e:
                 report(False, f"{name} adamw static", describe(e))
-            try:  # at a batch whose activations outweigh hp's 0.1 MiB resolution of the peak
-                _, base = fixed_batch(a.hp, a.work, name, "adamw", log, "none", RECOMPUTE_BATCH)
-                detail, peak = fixed_batch(a.hp, a.work, name, "adamw", log, "full",
-                                           RECOMPUTE_BATCH)
-                if peak is None or base is None:
-                    detail += "  (peak memory not reported: not compared)"
-                elif peak < base:
-                    detail += f"  peak {peak / 1024:.0f} KiB < {base / 1024:.0f} KiB"
-                else:
-                    raise Failure(f"recompute's peak {peak:.0f} B is not below {base:.0f} B")
-                report(True, f"{name} adamw recompute", detail)
-            except Skip as e:
-                print(f"{'skip':8} {name + ' adamw recompute':28} {e}", flush=True)
-            except Exception as e:
-                report(False, f"{name} adamw recompute", describe(e))
+            for dynamic in (True, False):  # at a batch whose activations outweigh hp's 0.1 MiB
+                label = f"{name} adamw recompute" + ("" if dynamic else " static")
+                try:
+                    _, base = fixed_batch(a.hp, a.work, name, "adamw", log, "none",
+                                          RECOMPUTE_BATCH, dynamic)
+                    detail, peak = fixed_batch(a.hp, a.work, name, "adamw", log, "full",
+                                               RECOMPUTE_BATCH, dynamic)
+                    if peak is None or base is None:
+                        detail += "  (peak memory not reported: not compared)"
+                    elif peak < base:
+                        detail += f"  peak {peak / 2**20:.1f} MiB < {base / 2**20:.1f} MiB"
+                    else:
+                        raise Failure(f"recompute's peak {peak:.0f} B is not below {base:.0f} B")
+                    report(True, label, detail)
+                except Skip as e:
+                    print(f"{'skip':8} {label:35} {e}", flush=True)
+                    break
+                except Exception as e:
+                    report(False, label, describe(e))
         for which in ([] if a.no_stream else a.stream_models.split(",")):
             try:
                 report(True, f"{which}-bytes token stream", stream(a.hp, a.work, log, which))
