@@ -65,6 +65,22 @@ STREAM_STEPS, STREAM_DROP = 200, 0.7
 RECOMPUTE_BATCH = 64
 
 
+# What hp cannot train yet, each with the error it must fail with: such a row reads "xfail" and
+# does not fail the test; failing any other way, or passing ("XPASS"), does, so this list shrinks
+# as hp learns and never hides a new failure. (label regex, error regex, why)
+KNOWN_FAILURES = [
+    (r"^(gpt2|llama|vit) (adamw|sgd|adamw-clip|sgd-clip|adamw recompute)$"
+     r"|^gpt2-bytes token stream$",
+     r"MatMul's gradient needs its operands' ranks",
+     "autodiff: the attention MatMul's operand ranks are lost behind a dynamic-batch Reshape"),
+    (r"^(gpt2|llama|vit) adamw recompute static$|^moe adamw recompute( static)?$",
+     r"gradient needs its (operands'|input's) ranks?",
+     "autodiff: recompute clones carry no rank information"),
+    (r"^moe-scatter ", r"'/layers\.\d+/ScatterElements' \(ScatterElements\): no gradient rule",
+     "autodiff: no gradient rule for ScatterElements"),
+]
+
+
 class Failure(Exception):
     pass
 
@@ -436,9 +452,18 @@ def main():
     log_path = os.path.join(a.work, "train.log")
 
     def report(ok, label, detail):
+        """Prints the row; returns whether it is an unexpected failure (worth a diagnosis)."""
         nonlocal fails
-        fails += not ok
-        print(f"{'ok' if ok else 'FAIL':8} {label:35} {detail}", flush=True)
+        status = "ok" if ok else "FAIL"
+        for pattern, error, why in KNOWN_FAILURES:
+            if re.search(pattern, label):
+                if ok:
+                    status, detail = "XPASS", f"{detail}  (listed as known: {why})"
+                elif re.search(error, detail):
+                    status, detail = "xfail", f"{why}: {detail}"
+        fails += status in ("FAIL", "XPASS")
+        print(f"{status:8} {label:35} {detail}", flush=True)
+        return status == "FAIL"
 
     diagnosed = set()
     with open(log_path, "w") as log:
@@ -448,8 +473,7 @@ def main():
                     detail, _ = fixed_batch(a.hp, a.work, name, variant, log)
                     report(True, f"{name} {variant}", detail)
                 except Exception as e:  # Failure, or hp wrote something unreadable
-                    report(False, f"{name} {variant}", describe(e))
-                    if name not in diagnosed:
+                    if report(False, f"{name} {variant}", describe(e)) and name not in diagnosed:
                         diagnosed.add(name)
                         try:
                             print(f"{'':8} {'':35} diagnosis: {diagnose(a.hp, a.work, name, log)}")
