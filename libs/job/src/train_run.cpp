@@ -139,7 +139,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   c.clip_norm = t.clip_norm;
   HP_ASSIGN_OR_RETURN(c.schedule, train::parse_lr_schedule(t.lr_schedule));
   c.warmup_steps = t.warmup_steps;
-  c.total_steps = to.steps;
+  c.total_steps = t.steps;  // the schedule belongs to the recipe: a resumed run keeps its length
   c.min_lr = t.min_lr;
 
   if (!o.inputs.empty()) {

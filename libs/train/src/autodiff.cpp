@@ -86,6 +86,7 @@ struct Engine {
   Status check_and_mark(GradGraph& out);
   Status recompute_setup();
   void emit_clones(int block);
+  void replay_dropout(const onnx::NodeProto& n);
   Status backward(std::vector<Diagnostic>& errors);
   Status finish(GradGraph& out, const std::string& loss);
 };
@@ -163,6 +164,10 @@ void Engine::emit_clones(int block) {
   const auto& pg = *w.graph;
   for (int k : block_nodes[block]) {
     const auto& n = pg.node(k);
+    if (n.op_type() == "Dropout" && n.output_size() >= 2 && !n.output(1).empty()) {
+      replay_dropout(n);
+      continue;
+    }
     onnx::NodeProto* c = w.graph->add_node();
     *c = n;
     c->set_name(w.fresh("recompute"));
@@ -171,10 +176,32 @@ void Engine::emit_clones(int block) {
       if (n.output(j).empty()) continue;
       std::string r = n.output(j) + "/recompute";
       rename[n.output(j)] = r;
+      w.origin[r] = n.output(j);
       c->set_output(j, r);
     }
     ++clones;
   }
+}
+
+/// A recomputed training-mode Dropout must drop what the forward dropped: its clone applies the
+/// forward's mask (kept alive, one byte per element) instead of drawing a new one.
+void Engine::replay_dropout(const onnx::NodeProto& n) {
+  const std::string x = renamed(n.input(0));
+  const std::int32_t et = w.elem_type(n.input(0));
+  std::string one = w.scalar(1.0, et);
+  std::string ratio =
+      n.input_size() > 1 && !n.input(1).empty() ? renamed(n.input(1)) : w.scalar(0.5, et);
+  if (w.elem_type(ratio) != et)
+    ratio = w.emit("Cast", {ratio}, 1, {{"to", static_cast<std::int64_t>(et)}})[0];
+  std::string scale = w.emit("Div", {one, w.emit("Sub", {one, ratio}, 1)[0]}, 1)[0];
+  if (n.input_size() > 2 && !n.input(2).empty())
+    scale = w.emit("Where", {renamed(n.input(2)), scale, one}, 1)[0];
+  std::string y = n.output(0) + "/recompute";
+  w.emit("Where", {n.output(1), w.emit("Mul", {x, scale}, 1)[0], w.scalar(0.0, et)}, 1, {}, "",
+         {y});
+  rename[n.output(0)] = y;
+  w.origin[y] = n.output(0);
+  ++clones;
 }
 
 Status Engine::backward(std::vector<Diagnostic>& errors) {
@@ -285,7 +312,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
     return Error(Errc::bad_input,
                  fmt::format("training needs ai.onnx opset 13 or newer, the model has {}", opset),
                  model.path.string(), "export with torch.onnx.export(..., opset_version=14)");
-  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, {}));
+  HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(model, spec.dims));
   Engine e(model, spec, std::move(fg));
   e.w.graph = e.proto->mutable_graph();
   e.w.fwd = &e.fg;

@@ -2,8 +2,49 @@
 #include "batches.h"
 
 #include <fmt/core.h>
+#include <onnx/onnx_pb.h>
+
+#include <set>
 
 namespace hp::train::detail {
+
+namespace {
+
+/// Binds the dim_params of graph input `v` to `dims` (what the data has).
+void bind_dims(const onnx::ValueInfoProto& v, const std::vector<std::int64_t>& dims,
+               model::DimBindings& out) {
+  if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return;
+  const auto& shape = v.type().tensor_type().shape();
+  for (int k = 0; k < shape.dim_size() && k < static_cast<int>(dims.size()); ++k)
+    if (shape.dim(k).has_dim_param() && !shape.dim(k).dim_param().empty())
+      out.emplace(shape.dim(k).dim_param(), dims[static_cast<std::size_t>(k)]);
+}
+
+}  // namespace
+
+Expected<model::DimBindings> data_dims(const TrainOptions& o, const model::Model& forward) {
+  const auto& g = forward.proto->graph();
+  std::set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  std::vector<const onnx::ValueInfoProto*> ins;
+  for (const auto& v : g.input())
+    if (!inits.count(v.name())) ins.push_back(&v);
+  model::DimBindings dims;
+  if (!o.data_file.empty()) {
+    if (!ins.empty()) bind_dims(*ins[0], {o.batch, o.seq}, dims);
+    return dims;
+  }
+  if (o.inputs_dir.empty()) return dims;
+  HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(o.inputs_dir, "input"));
+  for (std::size_t k = 0; k < given.size(); ++k) {
+    const onnx::ValueInfoProto* v = nullptr;
+    for (const auto* in : ins)
+      if (in->name() == given[k].name) v = in;
+    if (!v && given[k].name.empty() && k < ins.size()) v = ins[k];
+    if (v) bind_dims(*v, given[k].dims, dims);
+  }
+  return dims;
+}
 
 Expected<BatchSource> BatchSource::open(const TrainOptions& o, const exec::Executor& ex,
                                         const std::string& labels) {

@@ -8,10 +8,15 @@
 #include <vector>
 
 #include "hp/exec/executor.h"
+#include "hp/model/graph.h"
 #include "hp/train/data.h"
 #include "hp/train/trainer.h"
 
 namespace hp::train::detail {
+
+/// The symbolic dims of the forward model's inputs at the data's shapes: from the tensors of
+/// --inputs (matched by name, else by position), or batch x seq for a token stream's input.
+Expected<model::DimBindings> data_dims(const TrainOptions& o, const model::Model& forward);
 
 class BatchSource {
  public:

@@ -97,12 +97,12 @@ std::string GraphWriter::shape_of(const std::string& t) {
 std::int32_t GraphWriter::elem_type(const std::string& t) const {
   auto it = types.find(t);
   if (it != types.end()) return it->second;
-  int i = fwd->find_tensor(t);
+  int i = fwd->find_tensor(original(t));
   return i < 0 ? 0 : fwd->tensor(i).elem_type;
 }
 
 std::optional<std::vector<std::int64_t>> GraphWriter::static_shape(const std::string& t) const {
-  int i = fwd->find_tensor(t);
+  int i = fwd->find_tensor(original(t));
   if (i < 0 || !fwd->tensor(i).has_shape) return std::nullopt;
   std::vector<std::int64_t> d;
   for (const auto& dim : fwd->tensor(i).dims) {
@@ -113,7 +113,7 @@ std::optional<std::vector<std::int64_t>> GraphWriter::static_shape(const std::st
 }
 
 int GraphWriter::rank(const std::string& t) const {
-  int i = fwd->find_tensor(t);
+  int i = fwd->find_tensor(original(t));
   if (i < 0 || !fwd->tensor(i).has_shape) return -1;
   return static_cast<int>(fwd->tensor(i).dims.size());
 }
@@ -143,10 +143,11 @@ std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::stri
     }
     return std::nullopt;
   };
+  const std::string& o = original(t);
   for (const auto& init : fwd_proto->initializer())
-    if (init.name() == t) return ints_of(init);
+    if (init.name() == o) return ints_of(init);
   for (const auto& n : fwd_proto->node())
-    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == t)
+    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == o)
       for (const auto& a : n.attribute()) {
         if (a.name() == "value" && a.has_t()) return ints_of(a.t());
         if (a.name() == "value_ints")

@@ -40,6 +40,12 @@ struct GraphWriter {
   std::map<std::string, std::string> shapes;  ///< tensor -> its Shape node's output
   std::map<std::string, std::string> consts;  ///< constant key -> initializer name
   std::map<std::string, std::int32_t> types;  ///< elem types of tensors written by rules
+  /// A recomputed clone's forward original: it has the original's type and shape.
+  std::map<std::string, std::string> origin;
+  const std::string& original(const std::string& t) const {
+    auto it = origin.find(t);
+    return it == origin.end() ? t : it->second;
+  }
 
   std::string fresh(const std::string& hint);
   /// Appends a node; returns its outputs (n of them, fresh names unless `outs` is given).

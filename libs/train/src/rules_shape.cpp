@@ -124,9 +124,37 @@ Status pad(GradCtx& c) {
   return {};
 }
 
+/// ScatterElements / ScatterND: the data's gradient is dY where nothing was scattered over it
+/// (everywhere under reduction "add"), the updates' gradient is dY gathered at their positions.
+Status scatter(GradCtx& c) {
+  const bool nd = c.op_type() == "ScatterND";
+  const std::string reduction = c.attr_s("reduction", "none");
+  if (reduction != "none" && reduction != "add")
+    return c.fail("only scatters with reduction 'none' or 'add' have a gradient rule");
+  if (c.wants(0)) {
+    if (reduction == "add") {
+      c.grad(0, c.dout(0));
+    } else {
+      std::string zeros = c.op("Expand", {c.scalar(0.0, c.in(2)), c.shape_of(c.in(2))});
+      std::vector<Attr> attrs;
+      if (!nd) attrs.push_back({"axis", c.attr_i("axis", 0)});
+      c.grad(0, c.op(c.op_type(), {c.dout(0), c.in(1), zeros}, attrs));
+    }
+  }
+  if (c.wants(2)) {
+    if (nd)
+      c.grad(2, c.op("GatherND", {c.dout(0), c.in(1)}));
+    else
+      c.grad(2, c.op("GatherElements", {c.dout(0), c.in(1)}, {{"axis", c.attr_i("axis", 0)}}));
+  }
+  return {};
+}
+
 }  // namespace
 
 void register_shape_rules(RuleTable& t) {
+  t["ScatterElements"] = scatter;
+  t["ScatterND"] = scatter;
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = reshape_back;
   t["Transpose"] = transpose;
   t["Slice"] = slice;

@@ -88,7 +88,10 @@ Status Run::prepare() {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
-  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, o.grad));
+  GradSpec spec = o.grad;
+  HP_ASSIGN_OR_RETURN(auto dims, detail::data_dims(o, forward));
+  for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
+  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
   for (const auto& [name, readers] : gg.tied)
     say(true, fmt::format("hp: note: '{}' is read by {} nodes (tied or aliased): their gradients "
                           "add up and it is trained as one tensor",

@@ -128,7 +128,8 @@ void check_against_differences(Builder& b, const train::GradSpec& spec,
     REQUIRE(g.numel() == w->numel());
     exec::HostTensor d = tensor(w->dims, HP_F32, rng);
     double analytic = 0, norm = 0;
-    for (std::int64_t k = 0; k < d.numel(); ++k) norm += double(d.as<float>()[k]) * d.as<float>()[k];
+    for (std::int64_t k = 0; k < d.numel(); ++k)
+      norm += double(d.as<float>()[k]) * d.as<float>()[k];
     for (std::int64_t k = 0; k < d.numel(); ++k) {
       d.as<float>()[k] = static_cast<float>(d.as<float>()[k] / std::sqrt(norm));
       analytic += double(g.as<float>()[k]) * d.as<float>()[k];
@@ -199,8 +200,7 @@ TEST_CASE("an op without a gradient rule on a trainable path is named before any
   CHECK(ok->untrained.at("w") == "frozen by [train].frozen");
 }
 
-TEST_CASE("tied weights accumulate and are reported; unreachable ones are not trained",
-          "[train]") {
+TEST_CASE("tied weights accumulate and are reported; unreachable ones are not trained", "[train]") {
   Builder b;
   b.input("x", {2, 3});
   b.weight("w", {3, 3});
@@ -289,8 +289,22 @@ TEST_CASE("recomputed blocks clone their forward and give the same gradients", "
     b.weight(p + "b", {4});
     b.node("MatMul", {h, p + "w"}, {p + "mm"}, p + "mm");
     b.node("Add", {p + "mm", p + "b"}, {p + "add"}, p + "add");
-    b.node("Tanh", {p + "add"}, {p + "out"}, p + "tanh");
+    b.node("Tanh", {p + "add"}, {p + "act"}, p + "tanh");
+    // A seeded training-mode Dropout draws the same mask every run, so differences stay valid;
+    // its recomputed clone must apply the forward's mask.
+    auto* d = b.node("Dropout", {p + "act", "ratio", "training"}, {p + "out"}, p + "drop");
+    attr_i(d, "seed", 5 + k);
     h = p + "out";
+  }
+  {
+    auto* r = b.g().add_initializer();
+    r->set_name("ratio");
+    r->set_data_type(onnx::TensorProto::FLOAT);
+    r->add_float_data(0.25f);
+    auto* t = b.g().add_initializer();
+    t->set_name("training");
+    t->set_data_type(onnx::TensorProto::BOOL);
+    t->add_int32_data(1);
   }
   b.node("Identity", {h}, {"y"});
   b.output("y", {3, 4});
@@ -301,6 +315,12 @@ TEST_CASE("recomputed blocks clone their forward and give the same gradients", "
   auto r = train::build_grad_graph(b.model(), spec);
   REQUIRE(r);
   CHECK(r->recomputed_nodes > 0);
+  int replays = 0;  // the clones' Dropouts became Where(forward mask, x * scale, 0)
+  for (const auto& n : r->model.proto->graph().node())
+    replays += n.op_type() == "Dropout"
+                   ? 0
+                   : n.output_size() == 1 && n.output(0).find("out/recompute") != std::string::npos;
+  CHECK(replays == 2);
   std::mt19937 rng(4);
   check_against_differences(b, spec, {tensor({3, 4}, HP_F32, rng), tensor({3, 4}, HP_F32, rng)});
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "hp/core/expected.h"
+#include "hp/model/graph.h"
 #include "hp/model/model.h"
 
 namespace hp::train {
@@ -43,8 +44,12 @@ struct GradSpec {
   /// Initializers not trained (globs, '*' and '?'): buffers such as RoPE tables or masks that an
   /// export stores as initializers beside the parameters.
   std::vector<std::string> frozen;
-  /// Blocks (layer indices of model::find_layers) whose forward is recomputed in backward.
+  /// Blocks (layer indices of model::discover_layers) whose forward is recomputed in backward.
   std::vector<std::int64_t> recompute_blocks;
+  /// Symbolic input dims at which the gradient model will run (batch, seq). Shape inference at
+  /// these dims tells the rules ranks and which broadcasts need reducing; the gradient model is
+  /// specialised to them (a different batch needs a new transformation).
+  model::DimBindings dims;
 };
 
 /// The gradient model and how to read it.
