@@ -254,6 +254,26 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
   return {};
 }
 
+/// Removes the nodes whose outputs nothing reads: forward outputs the loss does not need, and
+/// gradient nodes a later rule superseded (a Gemm folded into its transpose's).
+void remove_dead(onnx::GraphProto& g) {
+  std::set<std::string> live;
+  for (const auto& o : g.output()) live.insert(o.name());
+  std::vector<char> keep(static_cast<std::size_t>(g.node_size()), 0);
+  for (int k = g.node_size() - 1; k >= 0; --k) {
+    const auto& n = g.node(k);
+    bool used = false;
+    for (const auto& o : n.output()) used = used || (!o.empty() && live.count(o));
+    if (!used) continue;
+    keep[static_cast<std::size_t>(k)] = 1;
+    collect_reads(n, live);
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int k = 0; k < g.node_size(); ++k)
+    if (keep[static_cast<std::size_t>(k)]) kept.Add()->Swap(g.mutable_node(k));
+  g.mutable_node()->Swap(&kept);
+}
+
 /// Readers of a tensor through Identity aliases (what "tied" counts).
 int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
   int r = 0;
@@ -300,6 +320,8 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     if (int r = readers(model.proto->graph(), p); r > 1) out.tied[p] = r;
   }
   out.params = kept;
+  w.made.clear();  // the pointers do not survive the removal
+  remove_dead(g);
   return {};
 }
 

@@ -46,6 +46,8 @@ std::vector<std::string> GraphWriter::emit(const std::string& op,
     for (int k = 0; k < n; ++k) outs.push_back(fresh(op + "_out"));
   for (const auto& o : outs) node->add_output(o);
   for (const auto& a : attrs) set_attr(*node->add_attribute(), a);
+  for (const auto& o : outs)
+    if (!o.empty()) made[o] = node;
   return outs;
 }
 

@@ -47,7 +47,14 @@ struct GraphWriter {
     return it == origin.end() ? t : it->second;
   }
 
+  std::map<std::string, const onnx::NodeProto*> made;  ///< output -> the emitted node making it
+
   std::string fresh(const std::string& hint);
+  /// The node this transformation emitted that writes `t`, or null (forward tensors, constants).
+  const onnx::NodeProto* emitted_producer(const std::string& t) const {
+    auto it = made.find(t);
+    return it == made.end() ? nullptr : it->second;
+  }
   /// Appends a node; returns its outputs (n of them, fresh names unless `outs` is given).
   std::vector<std::string> emit(const std::string& op, const std::vector<std::string>& inputs,
                                 int n, const std::vector<Attr>& attrs = {},
@@ -105,6 +112,9 @@ class GradCtx {
                                   const std::string& domain = "");
   std::optional<std::vector<std::int64_t>> const_ints(const std::string& t) const {
     return w_.const_ints(t);
+  }
+  const onnx::NodeProto* emitted_producer(const std::string& t) const {
+    return w_.emitted_producer(t);
   }
   std::string hp(const std::string& type, const std::vector<std::string>& inputs,
                  const std::vector<Attr>& attrs = {}) {

@@ -43,8 +43,12 @@ Status matmul(GradCtx& c) {
     return c.fail(ra < 0 || rb < 0 ? "MatMul's gradient needs its operands' ranks, unknown here"
                                    : "MatMul with a 1-D operand has no gradient rule yet");
   if (rb == 2) {
-    if (c.wants(0))
-      c.grad(0, c.op("MatMul", {dy, c.op("Transpose", {b}, {{"perm", swap_last(2)}})}));
+    // dA = dY B^T as one GEMM over the flattened rows: no transposed copy of the weight.
+    if (c.wants(0)) {
+      std::string d2 = ra == 2 ? dy : c.op("Reshape", {dy, rows_shape(c, dy)});
+      std::string g = c.op("Gemm", {d2, b}, {{"transB", std::int64_t{1}}});
+      c.grad(0, ra == 2 ? g : c.op("Reshape", {g, c.shape_of(a)}));
+    }
     if (c.wants(1)) {
       std::string a2 = ra == 2 ? a : c.op("Reshape", {a, rows_shape(c, a)});
       std::string d2 = ra == 2 ? dy : c.op("Reshape", {dy, rows_shape(c, dy)});

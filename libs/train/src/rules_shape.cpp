@@ -23,6 +23,23 @@ Status transpose(GradCtx& c) {
     if (r < 0) return c.fail("Transpose without perm needs its input's rank, which is unknown");
     for (int k = r - 1; k >= 0; --k) perm.push_back(k);
   }
+  // The gradient of an exported weight transpose (x @ W^T) arrives as Gemm(A, B) from MatMul's
+  // rule: (op(A) op(B))^T = op'(B) op'(A) is one Gemm with swapped operands and flipped
+  // transposes, and no transposed copy (the first Gemm is left without readers and removed).
+  if (perm == std::vector<std::int64_t>{1, 0})
+    if (const onnx::NodeProto* g = c.emitted_producer(c.dout(0));
+        g && g->op_type() == "Gemm" && g->input_size() == 2) {
+      std::int64_t ta = 0, tb = 0;
+      double alpha = 1.0;
+      for (const auto& a : g->attribute()) {
+        if (a.name() == "transA") ta = a.i();
+        if (a.name() == "transB") tb = a.i();
+        if (a.name() == "alpha") alpha = a.f();
+      }
+      c.grad(0, c.op("Gemm", {g->input(1), g->input(0)},
+                     {{"transA", 1 - tb}, {"transB", 1 - ta}, {"alpha", alpha}}));
+      return {};
+    }
   std::vector<std::int64_t> inv(perm.size());
   for (std::size_t k = 0; k < perm.size(); ++k) inv[static_cast<std::size_t>(perm[k])] = k;
   c.grad(0, c.op("Transpose", {c.dout(0)}, {{"perm", inv}}));

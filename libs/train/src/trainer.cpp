@@ -225,6 +225,20 @@ Expected<TrainReport> train(const TrainOptions& o) {
       "trained {} steps: loss {:.6f} -> {:.6f}; median step {:.3f} s; peak tensor memory {}\n",
       r.report.steps.size(), r.report.steps.front().loss, r.report.steps.back().loss,
       r.report.median_step_seconds, mib(r.report.peak_bytes));
+  {  // Where the last step's time went: the op types that took most of it.
+    std::vector<std::pair<double, std::string>> ops;
+    double total = 0;
+    for (const auto& [op, t] : r.ex->stats().by_op) {
+      ops.emplace_back(t.seconds, op);
+      total += t.seconds;
+    }
+    std::sort(ops.rbegin(), ops.rend());
+    std::string line;
+    for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
+      line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
+                          total > 0 ? 100 * ops[k].first / total : 0.0);
+    if (!line.empty()) r.report.summary += "time by op (last step): " + line + "\n";
+  }
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }
