@@ -1,0 +1,323 @@
+#!/usr/bin/python3
+"""Models users train, written the way they write them, exported for training the way hp reads them.
+
+Each model is a tiny PyTorch module in its users' idiom: a GPT-2 (nn.MultiheadAttention with an
+additive causal mask, GELU MLP, LayerNorm, lm head tied to the embedding), a Llama (RMSNorm written
+out, RoPE from cos/sin buffers, grouped-query attention through repeat_kv's expand + reshape,
+SwiGLU), an MLP regressor (mse), a ViT (Conv2d patches, class token, encoder blocks, a classifier)
+and a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices; the "scatter"
+variant scatters the routing weights into a dense gate instead).
+
+`export(name, path)` writes the model in TRAINING mode (torch.onnx.TrainingMode.TRAINING, no constant
+folding, opset 14, a dynamic batch axis): the parameters stay initializers named as in
+named_parameters(), which is how the trained weights hp saves are matched to torch's. Buffers the
+export stores as initializers (RoPE tables, masks) are listed in `Exported.frozen` for the recipe's
+[train].frozen: hp must not train them, as torch does not.
+"""
+import dataclasses
+import math
+
+import onnx
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OPSET = 14
+VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 64, 32, 4, 2, 8, 4
+IMAGE, PATCH, CLASSES = 8, 4, 10
+
+
+# --- GPT-2 -------------------------------------------------------------------------------------
+class GptBlock(nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, dropout=0.0, batch_first=True)
+        self.ln_2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(),
+                                 nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x, mask):
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt2(nn.Module):
+    """GPT-2: token + learned position embeddings, pre-LN blocks, lm head tied to wte."""
+
+    def __init__(self, vocab=VOCAB, hidden=HIDDEN, heads=HEADS, layers=LAYERS, max_seq=64):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, hidden)
+        self.wpe = nn.Embedding(max_seq, hidden)
+        self.h = nn.ModuleList(GptBlock(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m):  # GPT-2's: N(0, 0.02) weights, zero biases (logits start near uniform)
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        x = self.wte(ids) + self.wpe(torch.arange(t))
+        for b in self.h:
+            x = b(x, mask)
+        return self.lm_head(self.ln_f(x))
+
+
+# --- Llama -------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    """Hugging Face Llama's GQA expansion: expand a new axis, then fold it into the heads."""
+    b, kv, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+class LlamaBlock(nn.Module):
+    KV = 2
+
+    def __init__(self):
+        super().__init__()
+        self.hd = HIDDEN // HEADS
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(HIDDEN), RMSNorm(HIDDEN)
+        self.q_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.k_proj = nn.Linear(HIDDEN, self.KV * self.hd, bias=False)
+        self.v_proj = nn.Linear(HIDDEN, self.KV * self.hd, bias=False)
+        self.o_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.gate_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.up_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.down_proj = nn.Linear(2 * HIDDEN, HIDDEN, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(b, t, HEADS, self.hd).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, self.KV, self.hd).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, self.KV, self.hd).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, HEADS // self.KV), repeat_kv(v, HEADS // self.KV)
+        att = (q @ k.transpose(2, 3)) / math.sqrt(self.hd) + mask
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, HIDDEN)
+        x = x + self.o_proj(y)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    """Llama: RoPE tables and the causal mask precomputed as buffers for SEQ positions."""
+
+    def __init__(self):
+        super().__init__()
+        hd = HIDDEN // HEADS
+        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+        freqs = torch.outer(torch.arange(SEQ).float(), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("rope_cos", emb.cos()[None, None])
+        self.register_buffer("rope_sin", emb.sin()[None, None])
+        self.register_buffer("causal_mask", torch.full((SEQ, SEQ), float("-inf")).triu(1))
+        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(LlamaBlock() for _ in range(LAYERS))
+        self.norm = RMSNorm(HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, ids):
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x, self.rope_cos, self.rope_sin, self.causal_mask)
+        return self.lm_head(self.norm(x))
+
+
+# --- MLP regression ----------------------------------------------------------------------------
+class Mlp(nn.Module):
+    """A regressor: Linear-GELU-Linear-Tanh-Linear, trained with mse."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(F.gelu(self.fc1(x)))))
+
+
+# --- ViT ---------------------------------------------------------------------------------------
+class VitBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.proj = nn.Linear(HIDDEN, HIDDEN)
+        self.fc1, self.fc2 = nn.Linear(HIDDEN, 2 * HIDDEN), nn.Linear(2 * HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, HEADS, c // HEADS).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = (q @ k.transpose(-2, -1)) * (c // HEADS) ** -0.5
+        x = x + self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class Vit(nn.Module):
+    """timm-style ViT: Conv2d patch embedding, class token, learned positions, pre-LN blocks."""
+
+    def __init__(self):
+        super().__init__()
+        n = (IMAGE // PATCH) ** 2
+        self.patch_embed = nn.Conv2d(3, HIDDEN, PATCH, stride=PATCH)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, HIDDEN) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, n + 1, HIDDEN) * 0.02)
+        self.blocks = nn.ModuleList(VitBlock() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, img):
+        x = self.patch_embed(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+# --- top-k MoE ---------------------------------------------------------------------------------
+class MoeLayer(nn.Module):
+    E, K = 4, 2
+
+    def __init__(self, scatter):
+        super().__init__()
+        self.scatter = scatter
+        self.ln = nn.LayerNorm(HIDDEN)
+        self.router = nn.Linear(HIDDEN, self.E, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.GELU(), nn.Linear(2 * HIDDEN, HIDDEN))
+            for _ in range(self.E))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.ln(x).reshape(b * t, c)
+        probs = self.router(h).softmax(-1)
+        topw, topi = torch.topk(probs, self.K, dim=-1)
+        topw = topw / topw.sum(-1, keepdim=True)
+        outs = torch.stack([e(h) for e in self.experts], dim=1)  # [N, E, C]
+        if self.scatter:  # the routing weights scattered into a dense [N, E] gate
+            gate = torch.zeros_like(probs).scatter(1, topi, topw)
+            y = (gate.unsqueeze(-1) * outs).sum(1)
+        else:  # the chosen experts' outputs gathered: [N, K, C]
+            chosen = torch.gather(outs, 1, topi.unsqueeze(-1).expand(b * t, self.K, c))
+            y = (topw.unsqueeze(-1) * chosen).sum(1)
+        return x + y.reshape(b, t, c)
+
+
+class Moe(nn.Module):
+    def __init__(self, scatter=False, vocab=VOCAB):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, HIDDEN)
+        self.layers = nn.ModuleList(MoeLayer(scatter) for _ in range(LAYERS))
+        self.head = nn.Linear(HIDDEN, vocab)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+# --- registry and export -----------------------------------------------------------------------
+@dataclasses.dataclass
+class Spec:
+    make: object          # () -> nn.Module
+    kind: str             # "tokens" | "image" | "vector": what example() draws
+    loss: str             # "cross_entropy" | "mse"
+    input_name: str
+    seq: int = SEQ        # tokens: sequence length (static in the export)
+
+
+MODELS = {
+    "gpt2": Spec(Gpt2, "tokens", "cross_entropy", "input_ids"),
+    "llama": Spec(Llama, "tokens", "cross_entropy", "input_ids"),
+    "mlp": Spec(Mlp, "vector", "mse", "x"),
+    "vit": Spec(Vit, "image", "cross_entropy", "pixel_values"),
+    "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
+    "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
+}
+# The token-stream test's models: GPT-2 (and the MoE) over bytes (vocab 256), 16-token windows.
+STREAM = {
+    "gpt2": Spec(lambda: Gpt2(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16),
+    "moe": Spec(lambda: Moe(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16),
+}
+OUTPUT = "logits"
+
+
+def example(spec, batch, g, vocab=VOCAB):
+    """One batch (input, labels) drawn from generator g: labels of cross_entropy are int64 of the
+    logits' shape without the class axis, mse targets are shaped like the output."""
+    if spec.kind == "tokens":
+        ids = torch.randint(0, vocab, (batch, spec.seq + 1), generator=g)
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    if spec.kind == "image":
+        return (torch.randn(batch, 3, IMAGE, IMAGE, generator=g),
+                torch.randint(0, CLASSES, (batch,), generator=g))
+    x = torch.randn(batch, 16, generator=g)
+    return x, torch.sin(x[:, :8]) + 0.5 * x[:, 8:]
+
+
+def loss_fn(spec, out, labels):
+    """The loss hp's [train].loss names, as PyTorch computes it (docs/training.md, "Loss")."""
+    if spec.loss == "mse":
+        return F.mse_loss(out, labels)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1))
+
+
+@dataclasses.dataclass
+class Exported:
+    path: str
+    params: dict   # ONNX initializer name -> torch parameter name
+    frozen: list   # ONNX initializer names of buffers (for [train].frozen)
+
+
+def build(name, seed=0):
+    torch.manual_seed(seed)
+    return MODELS[name].make().train()
+
+
+def export(spec, model, path, batch=BATCH, dynamic=True):
+    """Exports `model` (made by spec.make, at its current weights) for training; returns the
+    initializer <-> parameter mapping. A dynamic batch axis is traced at batch + 1 so no batch size
+    is baked in; dynamic=False exports at `batch` with every shape static."""
+    g = torch.Generator().manual_seed(123)
+    x, _ = example(spec, batch + 1 if dynamic else batch, g)
+    axes = {spec.input_name: {0: "batch"}, OUTPUT: {0: "batch"}} if dynamic else None
+    torch.onnx.export(model, (x,), path, input_names=[spec.input_name], output_names=[OUTPUT],
+                      dynamic_axes=axes,
+                      opset_version=OPSET, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+    m = onnx.load(path)
+    onnx.checker.check_model(m)
+    inits = {i.name for i in m.graph.initializer}
+    # Tied parameters are one tensor: named_parameters() yields the first name only.
+    params = {n: n for n, _ in model.named_parameters()}
+    missing = [n for n in params if n not in inits]
+    if missing:
+        raise RuntimeError(f"{path}: parameters not exported as initializers of their name: "
+                           f"{missing} (initializers: {sorted(inits)})")
+    frozen = sorted(n for n, _ in model.named_buffers() if n in inits)
+    return Exported(path, params, frozen)
