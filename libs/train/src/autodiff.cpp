@@ -68,6 +68,7 @@ struct Engine {
   std::set<int> recomputed;
   int forward_nodes = 0;
   int clones = 0;
+  std::vector<std::string> notes;
 
   const std::string& renamed(const std::string& t) const {
     auto it = rename.find(t);
@@ -147,6 +148,12 @@ Status Engine::check_and_mark(GradGraph& out) {
 Status Engine::recompute_setup() {
   if (spec.recompute_blocks.empty()) return {};
   model::Layering layers = model::discover_layers(fg);
+  if (layers.blocks.empty() && spec.recompute_blocks == std::vector<std::int64_t>{0}) {
+    // The planner and hp shard see a model without repeated blocks as one block 0: recomputing
+    // all of it would keep as much alive as not recomputing, so nothing is cloned.
+    notes.push_back("the model has no repeated blocks: recompute of block 0 changes nothing");
+    return {};
+  }
   for (std::int64_t b : spec.recompute_blocks) {
     if (b < 0 || b >= static_cast<std::int64_t>(layers.blocks.size()))
       return Error(
@@ -378,6 +385,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   for (int i : e.fg.inputs) out.inputs.push_back(e.fg.tensor(i).name);
   out.inputs.push_back(spec.labels);
   out.recomputed_nodes = e.clones;
+  out.notes = e.notes;
   out.model = fwd;
   out.model.proto = e.proto;
   out.model.opsets[detail::kTrainDomain] = 1;

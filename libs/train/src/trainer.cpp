@@ -92,6 +92,7 @@ Status Run::prepare() {
   HP_ASSIGN_OR_RETURN(auto dims, detail::data_dims(o, forward));
   for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
+  for (const auto& n : gg.notes) say(true, "hp: note: " + n);
   if (!gg.aliased.empty())
     say(true,
         fmt::format("hp: warning: {} initializer(s) are shared through Identity nodes (first: "

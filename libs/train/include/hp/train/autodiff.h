@@ -72,6 +72,8 @@ struct GradGraph {
   std::vector<std::string> aliased;
   /// Forward nodes cloned for recomputation.
   int recomputed_nodes = 0;
+  /// Things the user should know that do not stop training (lower-case sentences).
+  std::vector<std::string> notes;
 };
 
 /// Builds the gradient model; see the file comment. `model` must be loaded (weights may be absent:
