@@ -238,7 +238,22 @@ TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
   b.node("Add", {"h0", "b1"}, {"h1"});
   auto* ln = b.node("LayerNormalization", {"h1", "ln_s", "ln_b"}, {"h2"});
   attr_i(ln, "axis", -1);
-  b.node("Tanh", {"h2"}, {"h3"});
+  // The exact GELU as PyTorch exports it (differentiated as one hp.train.GeluGrad).
+  for (auto [name, v] :
+       {std::pair<const char*, float>{"sqrt2", 1.41421356f}, {"one", 1.f}, {"half", 0.5f}}) {
+    auto* k = b.node("Constant", {}, {name});
+    auto* a = k->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    a->mutable_t()->add_float_data(v);
+  }
+  b.node("Div", {"h2", "sqrt2"}, {"g1"});
+  b.node("Erf", {"g1"}, {"g2"});
+  b.node("Add", {"g2", "one"}, {"g3"});
+  b.node("Mul", {"h2", "g3"}, {"g4"});
+  b.node("Mul", {"g4", "half"}, {"gelu"});
+  b.node("Tanh", {"gelu"}, {"h3"});
   b.node("Softmax", {"h3"}, {"h4"});
   for (auto [name, e] : {std::pair<const char*, float>{"two", 2.f}, {"three", 3.f}}) {
     auto* k = b.node("Constant", {}, {name});  // exponents as exporters write them
@@ -255,6 +270,15 @@ TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
   b.output("logits", {4, 5, 7});
   train::GradSpec spec;
   spec.logits = "logits";
+  auto gg = train::build_grad_graph(b.model(), spec);
+  REQUIRE(gg);
+  int gelu_grads = 0, erfs = 0;
+  for (const auto& n : gg->model.proto->graph().node()) {
+    gelu_grads += n.op_type() == "GeluGrad";
+    erfs += n.op_type() == "Erf";
+  }
+  CHECK(gelu_grads == 1);
+  CHECK(erfs == 1);  // the forward's only: the backward does not differentiate the chain
   std::mt19937 rng(5);
   auto labels = tensor({4, 5}, HP_I64, rng, 7);
   labels.as<std::int64_t>()[3] = -100;  // ignored position
