@@ -39,9 +39,13 @@ class MetricsFile {
   }
   void add(const StepMetrics& m) {
     if (!out_.is_open()) return;
-    nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
-                        {"grad_norm", m.grad_norm}, {"lr", m.lr},
-                        {"seconds", m.seconds},     {"tokens_per_second", m.tokens_per_second}};
+    nlohmann::json j = {{"step", m.step},
+                        {"loss", m.loss},
+                        {"grad_norm", m.grad_norm},
+                        {"lr", m.lr},
+                        {"seconds", m.seconds},
+                        {"tokens_per_second", m.tokens_per_second},
+                        {"peak_bytes", m.peak_bytes}};
     out_ << j.dump() << '\n';
     out_.flush();
   }

@@ -12,9 +12,11 @@ with AdamW. For --threads 1 and 2 it prints
 
 and the ratios hp_step / torch_step and hp_step / torch_forward.
 
-ONNX Runtime is not the reference here: onnxruntime-training is not installable on this machine (no
-Debian package, PyPI unreachable), and the onnxruntime-node package tests/bench/executor drives runs
-inference only. PyTorch eager (Debian's python3-torch 1.13) is the baseline. Its GEMMs go through
+The reference is ONNX Runtime's forward of the same exported model on the same batch (the
+onnxruntime-node package tests/bench/executor drives, installed with npm into the cache dir: a
+benchmark peer only), in the same run: a step costs about 3x the forward's FLOPs, so hp/ort_fwd near 3
+means hp's step runs its GEMMs as fast as ORT runs the forward. PyTorch eager (Debian's python3-torch
+1.13) is the second baseline (--no-torch skips it). Its GEMMs go through
 the system libblas.so.3 (BLAS_INFO=generic): the netlib reference BLAS unless libopenblas0 is
 installed, which makes torch several times slower than a pip wheel with MKL. The script prints which
 library that is, so a ratio is read against the right baseline.
@@ -101,7 +103,44 @@ def hp_step(hp, d, threads, steps, warmup, work):
     if p.returncode != 0:
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
-    return statistics.median(r["seconds"] for r in rows[warmup:]), rows[-1]["loss"]
+    peak = max(r.get("peak_bytes", 0) for r in rows)
+    return statistics.median(r["seconds"] for r in rows[warmup:]), rows[-1]["loss"], peak
+
+
+def ort_forward(d, threads, steps, warmup, cache):
+    """ONNX Runtime's median forward (ms -> s) of the same exported model on the same batch, through
+    tests/bench/executor/ort_bench.js and onnxruntime-node (installed into a cache dir with npm, a
+    benchmark peer only). None when node/npm are missing."""
+    ort_dir = os.environ.get("HP_BENCH_ORT_DIR") or os.path.join(cache, "ort")
+    if not os.path.isdir(os.path.join(ort_dir, "node_modules", "onnxruntime-node")):
+        os.makedirs(ort_dir, exist_ok=True)
+        r = subprocess.run(["npm", "install", "--ignore-scripts", "--no-audit", "--no-fund",
+                            "onnxruntime-node"], cwd=ort_dir, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"onnxruntime-node not installed: {r.stderr.strip()[:200]}", file=sys.stderr)
+            return None
+    ids = os.path.join(d, "input_ids.i64")
+    if not os.path.exists(ids):
+        x, _ = batch()
+        x.numpy().astype(np.int64).tofile(ids)
+    js = os.path.join(ROOT, "tests", "bench", "executor", "ort_bench.js")
+    r = subprocess.run(["node", js, os.path.join(d, "model.onnx"), ids, str(BATCH), str(SEQ),
+                        str(threads), str(warmup), str(max(steps - warmup, 3))],
+                       capture_output=True, text=True,
+                       env=dict(os.environ, NODE_PATH=os.path.join(ort_dir, "node_modules")))
+    m = re.search(r"median_ms=([0-9.]+)", r.stdout)
+    return float(m.group(1)) / 1000 if m else None
+
+
+def predicted_peak(hp, d):
+    """hp plan's predicted peak memory (bytes) for this model trained on one rank at this batch."""
+    r = subprocess.run([hp, "plan", os.path.join(d, "model.onnx"), "--cluster", "local-cpu",
+                        "--mode", "train", "--dtype", "fp32", "--optimizer", "adamw",
+                        "--global-batch", str(BATCH), "--fix", "dp=1", "--fix", "tp=1", "--fix",
+                        "pp=1", "--fix", "micro_batches=1", "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return json.loads(r.stdout)["best"]["predicted"]["peak_memory_bytes"]
 
 
 def torch_times(threads, steps, warmup):
@@ -132,6 +171,8 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="skip the PyTorch baselines (slow with Debian's reference BLAS)")
     a = ap.parse_args()
     hp = os.path.join(a.build, "bin", "hp")
     if not os.access(hp, os.X_OK):
@@ -145,14 +186,32 @@ def main():
           f"{blas}")
     print(f"GPT hidden {HIDDEN}, {HEADS} heads, {LAYERS} layers, vocab {VOCAB}, batch {BATCH} x seq "
           f"{SEQ}, AdamW; medians of {a.steps - a.warmup} steps after {a.warmup} warm-up")
-    print(f"{'threads':>7} {'hp_step_s':>10} {'torch_fwd_s':>12} {'torch_step_s':>13} "
-          f"{'hp/torch_step':>14} {'hp/torch_fwd':>13} {'hp_loss':>8} {'torch_loss':>10}")
+    print(f"{'threads':>7} {'hp_step_s':>10} {'ort_fwd_s':>10} {'hp/ort_fwd':>11} "
+          f"{'torch_fwd_s':>12} {'torch_step_s':>13} {'hp/torch_step':>14} {'hp_loss':>8} "
+          f"{'torch_loss':>10}")
+    peak = 0
     with tempfile.TemporaryDirectory() as work:
         for t in (int(s) for s in a.threads.split(",")):
-            hp_s, hp_loss = hp_step(hp, d, t, a.steps, a.warmup, work)
-            fwd_s, step_s, loss = torch_times(t, a.steps, a.warmup)
-            print(f"{t:>7} {hp_s:>10.4f} {fwd_s:>12.4f} {step_s:>13.4f} {hp_s / step_s:>14.2f} "
-                  f"{hp_s / fwd_s:>13.2f} {hp_loss:>8.4f} {loss:>10.4f}", flush=True)
+            hp_s, hp_loss, peak = hp_step(hp, d, t, a.steps, a.warmup, work)
+            ort_s = ort_forward(d, t, a.steps, a.warmup, cache)
+            ort_txt = (f"{ort_s:>10.4f} {hp_s / ort_s:>11.2f}" if ort_s else f"{'-':>10} {'-':>11}")
+            if a.no_torch:
+                torch_txt = f"{'-':>12} {'-':>13} {'-':>14} {hp_loss:>8.4f} {'-':>10}"
+            else:
+                fwd_s, step_s, loss = torch_times(t, a.steps, a.warmup)
+                torch_txt = (f"{fwd_s:>12.4f} {step_s:>13.4f} {hp_s / step_s:>14.2f} "
+                             f"{hp_loss:>8.4f} {loss:>10.4f}")
+            print(f"{t:>7} {hp_s:>10.4f} {ort_txt} {torch_txt}", flush=True)
+    # Memory: what the executor measured (weights, gradients, activations) plus AdamW's two moments
+    # (host tensors beside the weights), against hp plan's prediction for the same step.
+    params = sum(int(np.prod(t.dims)) for t in onnx.load(os.path.join(d, "model.onnx"),
+                                                            load_external_data=False).graph.initializer)
+    measured = peak + 8 * params
+    pred = predicted_peak(hp, d)
+    if pred:
+        print(f"peak memory: measured {measured / 2**20:.1f} MiB (executor {peak / 2**20:.1f} MiB + "
+              f"AdamW moments {8 * params / 2**20:.1f} MiB), hp plan predicts {pred / 2**20:.1f} MiB: "
+              f"measured/predicted {measured / pred:.3f}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ TEST_CASE("training writes a metrics line per step and lowers the loss", "[train
   REQUIRE(ls.size() == 6);
   CHECK(ls[0].find("\"step\":1") != std::string::npos);
   CHECK(ls[5].find("\"tokens_per_second\"") != std::string::npos);
+  CHECK(ls[5].find("\"peak_bytes\"") != std::string::npos);
   CHECK(fs::exists(o.save_model));
   CHECK_FALSE(fs::exists(d / "m.jsonl.tmp"));
 }
