@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 namespace hp_cpu {
@@ -88,6 +89,32 @@ void nll_loss(OpCall& c) {
   });
 }
 
+/// log_softmax of row (n, d) of `px` into `lp`: classes at stride s.d.
+template <class T>
+void log_softmax_row(const T* px, T* lp, const LossShape& s, int64_t n, int64_t d) {
+  const int64_t base = n * s.c * s.d + d;
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, px[base + k * s.d]);
+  double se = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.d == 1) {  // the usual [N, C] layout: exp_f vectorises, the sum stays in double
+      const float* row = px + base;
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= s.c; k += 8)
+        for (int j = 0; j < 8; ++j) part[j] += exp_f(row[k + j] - mx);
+      for (int j = 0; j < 8; ++j) se += part[j];
+      for (; k < s.c; ++k) se += exp_f(row[k] - mx);
+    } else {
+      for (int64_t k = 0; k < s.c; ++k) se += std::exp(double(px[base + k * s.d]) - mx);
+    }
+  } else {
+    for (int64_t k = 0; k < s.c; ++k) se += std::exp(double(px[base + k * s.d]) - mx);
+  }
+  const double lse = mx + std::log(se);
+  for (int64_t k = 0; k < s.c; ++k) lp[base + k * s.d] = static_cast<T>(px[base + k * s.d] - lse);
+}
+
 void softmax_cross_entropy(OpCall& c) {
   const View &x = c.need(0), &t = c.need(1), &w = c.in(2);
   const LossShape s = loss_shape(c, x, t);
@@ -95,23 +122,20 @@ void softmax_cross_entropy(OpCall& c) {
     using T = decltype(z);
     if constexpr (std::is_floating_point_v<T>) {
       const T* px = x.as<T>();
-      std::vector<T> lp(static_cast<size_t>(x.numel()));
-      for (int64_t n = 0; n < s.n; ++n)
-        for (int64_t d = 0; d < s.d; ++d) {
-          const int64_t base = n * s.c * s.d + d;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, px[base + k * s.d]);
-          double se = 0;
-          for (int64_t k = 0; k < s.c; ++k) se += std::exp(double(px[base + k * s.d]) - mx);
-          const double lse = mx + std::log(se);
-          for (int64_t k = 0; k < s.c; ++k)
-            lp[base + k * s.d] = static_cast<T>(px[base + k * s.d] - lse);
-        }
-      nll<T>(c, lp.data(), s, t, w);
+      // The log-probabilities go straight into output 1 when the node has it (training reads
+      // them for the gradient), else into a scratch buffer.
+      std::vector<T> scratch;
+      T* lp = nullptr;
       if (c.n_outputs() > 1) {
-        View y = c.out(1, x.dtype, x.dims);
-        std::copy(lp.begin(), lp.end(), y.as<T>());
+        lp = c.out(1, x.dtype, x.dims).template as<T>();
+      } else {
+        scratch.resize(static_cast<size_t>(x.numel()));
+        lp = scratch.data();
       }
+#pragma omp parallel for schedule(static) collapse(2) if (s.n * s.c * s.d >= (1 << 16))
+      for (int64_t n = 0; n < s.n; ++n)
+        for (int64_t d = 0; d < s.d; ++d) log_softmax_row(px, lp, s, n, d);
+      nll<T>(c, lp, s, t, w);
     }
   });
 }

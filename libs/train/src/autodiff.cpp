@@ -367,6 +367,7 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
   lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
   lo->mutable_type()->mutable_tensor_type()->mutable_shape();
   std::vector<std::string> kept;
+  std::vector<std::pair<std::string, std::string>> finals;  ///< gradient tensor, output name
   std::set<std::string> taken;
   for (const auto& n : g.node())
     for (const auto& o : n.output()) taken.insert(o);
@@ -380,7 +381,7 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     std::string name = p + "_grad";
     while (taken.count(name)) name += "_";
     taken.insert(name);
-    w.emit("Identity", {gsum}, 1, {}, "", {name});
+    finals.emplace_back(gsum, name);
     auto* vo = g.add_output();
     vo->set_name(name);
     auto* tt = vo->mutable_type()->mutable_tensor_type();
@@ -400,6 +401,31 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     }
   }
   out.params = kept;
+  // A gradient that an emitted node writes and nothing else reads becomes the output by renaming
+  // that node's output; otherwise (a forward tensor, or one shared with another gradient) an
+  // Identity copies it out.
+  std::map<std::string, int> reads_of;
+  for (const auto& n : g.node())
+    for (const auto& i : n.input()) ++reads_of[i];
+  std::map<std::string, std::string>
+      moved;  ///< renamed gradient tensors (two params may share one)
+  for (const auto& [gsum, name] : finals) {
+    if (auto m = moved.find(gsum); m != moved.end()) {
+      w.emit("Identity", {m->second}, 1, {}, "", {name});
+      continue;
+    }
+    onnx::NodeProto* maker = nullptr;
+    if (w.made.count(gsum) && reads_of[gsum] == 0)
+      for (int k = forward_nodes; k < g.node_size() && !maker; ++k)
+        for (int j = 0; j < g.node(k).output_size(); ++j)
+          if (g.node(k).output(j) == gsum) {
+            maker = g.mutable_node(k);
+            maker->set_output(j, name);
+            moved[gsum] = name;
+            break;
+          }
+    if (!maker) w.emit("Identity", {gsum}, 1, {}, "", {name});
+  }
   w.made.clear();  // the pointers do not survive the removal
   remove_dead(g);
   return {};

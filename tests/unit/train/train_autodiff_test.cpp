@@ -356,3 +356,18 @@ TEST_CASE("recomputed blocks clone their forward and give the same gradients", "
   std::mt19937 rng(4);
   check_against_differences(b, spec, {tensor({3, 4}, HP_F32, rng), tensor({3, 4}, HP_F32, rng)});
 }
+
+TEST_CASE("two parameters sharing one gradient tensor each get their own output", "[train]") {
+  Builder b;
+  b.input("x", {2, 3});
+  b.weight("p", {2, 3});
+  b.weight("q", {2, 3});
+  b.node("Add", {"p", "q"}, {"pq"});
+  b.node("Mul", {"x", "pq"}, {"y"});
+  b.output("y", {2, 3});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  std::mt19937 rng(8);
+  check_against_differences(b, spec, {tensor({2, 3}, HP_F32, rng), tensor({2, 3}, HP_F32, rng)});
+}
