@@ -127,7 +127,7 @@ std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::stri
     if (p.data_type() == onnx::TensorProto::INT64) {
       if (p.has_raw_data()) {
         v.resize(p.raw_data().size() / sizeof(std::int64_t));
-        std::memcpy(v.data(), p.raw_data().data(), v.size() * sizeof(std::int64_t));
+        if (!v.empty()) std::memcpy(v.data(), p.raw_data().data(), v.size() * sizeof(std::int64_t));
       } else {
         v.assign(p.int64_data().begin(), p.int64_data().end());
       }
@@ -136,7 +136,7 @@ std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::stri
     if (p.data_type() == onnx::TensorProto::INT32) {
       if (p.has_raw_data()) {
         std::vector<std::int32_t> w(p.raw_data().size() / sizeof(std::int32_t));
-        std::memcpy(w.data(), p.raw_data().data(), w.size() * sizeof(std::int32_t));
+        if (!w.empty()) std::memcpy(w.data(), p.raw_data().data(), w.size() * sizeof(std::int32_t));
         v.assign(w.begin(), w.end());
       } else {
         v.assign(p.int32_data().begin(), p.int32_data().end());

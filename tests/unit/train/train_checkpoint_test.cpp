@@ -44,7 +44,7 @@ HostTensor f32(std::vector<std::int64_t> dims, const std::vector<float>& v, std:
   t.dtype = HP_F32;
   t.dims = std::move(dims);
   t.data.resize(v.size() * 4);
-  std::memcpy(t.data.data(), v.data(), t.data.size());
+  if (!v.empty()) std::memcpy(t.data.data(), v.data(), t.data.size());
   return t;
 }
 

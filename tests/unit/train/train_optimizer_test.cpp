@@ -27,13 +27,13 @@ HostTensor f32(std::vector<std::int64_t> dims, const std::vector<float>& v, std:
   t.dtype = HP_F32;
   t.dims = std::move(dims);
   t.data.resize(v.size() * 4);
-  std::memcpy(t.data.data(), v.data(), t.data.size());
+  if (!v.empty()) std::memcpy(t.data.data(), v.data(), t.data.size());  // empty: data() may be null
   return t;
 }
 
 std::vector<float> values(const HostTensor& t) {
   std::vector<float> v(t.data.size() / 4);
-  std::memcpy(v.data(), t.data.data(), t.data.size());
+  if (!v.empty()) std::memcpy(v.data(), t.data.data(), t.data.size());
   return v;
 }
 
