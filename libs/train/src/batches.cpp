@@ -4,61 +4,55 @@
 #include <fmt/core.h>
 #include <onnx/onnx_pb.h>
 
-#include <set>
-
 namespace hp::train::detail {
 
-namespace {
-
-/// Binds the dim_params of graph input `v` to `dims` (what the data has).
-void bind_dims(const onnx::ValueInfoProto& v, const std::vector<std::int64_t>& dims,
-               model::DimBindings& out) {
-  if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return;
-  const auto& shape = v.type().tensor_type().shape();
-  for (int k = 0; k < shape.dim_size() && k < static_cast<int>(dims.size()); ++k)
-    if (shape.dim(k).has_dim_param() && !shape.dim(k).dim_param().empty())
-      out.emplace(shape.dim(k).dim_param(), dims[static_cast<std::size_t>(k)]);
+void bind_input_dims(const onnx::GraphProto& g, const std::string& name,
+                     const std::vector<std::int64_t>& dims, model::DimBindings& out) {
+  for (const auto& v : g.input()) {
+    if (v.name() != name || !v.type().tensor_type().has_shape()) continue;
+    const auto& shape = v.type().tensor_type().shape();
+    for (int k = 0; k < shape.dim_size() && k < static_cast<int>(dims.size()); ++k)
+      if (!shape.dim(k).dim_param().empty())
+        out.emplace(shape.dim(k).dim_param(), dims[static_cast<std::size_t>(k)]);
+  }
 }
 
-}  // namespace
-
-Expected<model::DimBindings> data_dims(const TrainOptions& o, const model::Model& forward) {
-  const auto& g = forward.proto->graph();
-  std::set<std::string> inits;
-  for (const auto& t : g.initializer()) inits.insert(t.name());
-  std::vector<const onnx::ValueInfoProto*> ins;
-  for (const auto& v : g.input())
-    if (!inits.count(v.name())) ins.push_back(&v);
-  model::DimBindings dims;
-  if (!o.data_file.empty()) {
-    if (!ins.empty()) bind_dims(*ins[0], {o.batch, o.seq}, dims);
-    return dims;
-  }
-  if (o.inputs_dir.empty()) return dims;
-  HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(o.inputs_dir, "input"));
+model::DimBindings dims_of_tensors(const model::Model& forward,
+                                   const std::vector<exec::HostTensor>& given) {
+  const auto ios = exec::model_io(forward).inputs;
+  model::DimBindings out;
   for (std::size_t k = 0; k < given.size(); ++k) {
-    const onnx::ValueInfoProto* v = nullptr;
-    for (const auto* in : ins)
-      if (in->name() == given[k].name) v = in;
-    if (!v && given[k].name.empty() && k < ins.size()) v = ins[k];
-    if (v) bind_dims(*v, given[k].dims, dims);
+    std::string name = given[k].name;
+    if (name.empty() && k < ios.size()) name = ios[k].name;
+    bind_input_dims(forward.proto->graph(), name, given[k].dims, out);
   }
+  return out;
+}
+
+Expected<std::vector<exec::HostTensor>> read_input_dir(const TrainOptions& o) {
+  if (o.inputs_dir.empty()) return std::vector<exec::HostTensor>{};
+  HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(o.inputs_dir, "input"));
+  if (given.empty())
+    return Error(Errc::bad_input, "no input_0.pb in the directory", o.inputs_dir.string());
+  return given;
+}
+
+model::DimBindings data_dims(const TrainOptions& o, const model::Model& forward,
+                             const std::vector<exec::HostTensor>& batch) {
+  if (o.data_file.empty()) return dims_of_tensors(forward, batch);
+  model::DimBindings dims;
+  const auto ios = exec::model_io(forward).inputs;
+  if (!ios.empty()) bind_input_dims(forward.proto->graph(), ios[0].name, {o.batch, o.seq}, dims);
   return dims;
 }
 
 Expected<BatchSource> BatchSource::open(const TrainOptions& o, const exec::Executor& ex,
-                                        const std::string& labels) {
+                                        const std::string& labels,
+                                        std::vector<exec::HostTensor> batch) {
   BatchSource s;
   const auto& ins = ex.inputs();
-  if (o.inputs_dir.empty() == o.data_file.empty())
-    return Error(Errc::usage,
-                 "give exactly one of --inputs DIR (one batch) and --data FILE (a "
-                 "token stream)");
   if (!o.inputs_dir.empty()) {
-    HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(o.inputs_dir, "input"));
-    if (given.empty())
-      return Error(Errc::bad_input, "no input_0.pb in the directory", o.inputs_dir.string());
-    HP_ASSIGN_OR_RETURN(s.fixed_, exec::bind_inputs(ins, std::move(given), o.inputs_dir.string()));
+    HP_ASSIGN_OR_RETURN(s.fixed_, exec::bind_inputs(ins, std::move(batch), o.inputs_dir.string()));
     s.tokens_ = s.fixed_.back().numel();
     return s;
   }

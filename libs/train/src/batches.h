@@ -2,6 +2,8 @@
 // test-data directory, or windows of a token stream (data.h).
 #pragma once
 
+#include <onnx/onnx_pb.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,15 +16,26 @@
 
 namespace hp::train::detail {
 
-/// The symbolic dims of the forward model's inputs at the data's shapes: from the tensors of
-/// --inputs (matched by name, else by position), or batch x seq for a token stream's input.
-Expected<model::DimBindings> data_dims(const TrainOptions& o, const model::Model& forward);
+/// The tensors of --inputs (empty without it). Errc::bad_input for an empty directory.
+Expected<std::vector<exec::HostTensor>> read_input_dir(const TrainOptions& o);
+/// Binds the dim_params of graph input `name` of `g` to `dims` (what the data has).
+void bind_input_dims(const onnx::GraphProto& g, const std::string& name,
+                     const std::vector<std::int64_t>& dims, model::DimBindings& out);
+/// The symbolic dims of `forward`'s inputs at the shapes of `given` (tensors of an input
+/// directory, matched to the graph inputs by name, else by position).
+model::DimBindings dims_of_tensors(const model::Model& forward,
+                                   const std::vector<exec::HostTensor>& given);
+/// The symbolic dims at the data's shapes: `batch` (the --inputs tensors, read once by the caller)
+/// or batch x seq for a token stream's input.
+model::DimBindings data_dims(const TrainOptions& o, const model::Model& forward,
+                             const std::vector<exec::HostTensor>& batch);
 
 class BatchSource {
  public:
   /// Checks the data options against the gradient model's inputs (the labels are its last).
+  /// `batch`: the --inputs tensors as read_input_dir returned them (empty for a token stream).
   static Expected<BatchSource> open(const TrainOptions& o, const exec::Executor& ex,
-                                    const std::string& labels);
+                                    const std::string& labels, std::vector<exec::HostTensor> batch);
   /// The batch of 0-based position `position` in the run, in graph input order.
   Expected<std::vector<exec::HostTensor>> batch(std::int64_t position) const;
   /// Label positions per batch (the tokens a step trains on).

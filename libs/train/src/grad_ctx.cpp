@@ -120,6 +120,29 @@ int GraphWriter::rank(const std::string& t) const {
   return static_cast<int>(fwd->tensor(i).dims.size());
 }
 
+namespace {
+
+/// Where a forward constant's value lives: an initializer, or a Constant node (its `value` tensor,
+/// or for value_int(s)/value_float only the node). Both null when `t` is neither.
+struct ConstSource {
+  const onnx::TensorProto* tensor = nullptr;
+  const onnx::NodeProto* node = nullptr;
+};
+
+ConstSource find_const(const onnx::GraphProto& g, const std::string& t) {
+  for (const auto& init : g.initializer())
+    if (init.name() == t) return {&init, nullptr};
+  for (const auto& n : g.node())
+    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == t) {
+      for (const auto& a : n.attribute())
+        if (a.name() == "value" && a.has_t()) return {&a.t(), &n};
+      return {nullptr, &n};
+    }
+  return {};
+}
+
+}  // namespace
+
 std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::string& t) const {
   auto ints_of = [](const onnx::TensorProto& p) -> std::optional<std::vector<std::int64_t>> {
     if (p.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
@@ -145,17 +168,14 @@ std::optional<std::vector<std::int64_t>> GraphWriter::const_ints(const std::stri
     }
     return std::nullopt;
   };
-  const std::string& o = original(t);
-  for (const auto& init : fwd_proto->initializer())
-    if (init.name() == o) return ints_of(init);
-  for (const auto& n : fwd_proto->node())
-    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == o)
-      for (const auto& a : n.attribute()) {
-        if (a.name() == "value" && a.has_t()) return ints_of(a.t());
-        if (a.name() == "value_ints")
-          return std::vector<std::int64_t>(a.ints().begin(), a.ints().end());
-        if (a.name() == "value_int") return std::vector<std::int64_t>{a.i()};
-      }
+  const ConstSource src = find_const(*fwd_proto, original(t));
+  if (src.tensor) return ints_of(*src.tensor);
+  if (src.node)
+    for (const auto& a : src.node->attribute()) {
+      if (a.name() == "value_ints")
+        return std::vector<std::int64_t>(a.ints().begin(), a.ints().end());
+      if (a.name() == "value_int") return std::vector<std::int64_t>{a.i()};
+    }
   return std::nullopt;
 }
 
@@ -182,15 +202,11 @@ std::optional<double> GraphWriter::const_scalar(const std::string& t) const {
     }
     return std::nullopt;
   };
-  const std::string& o = original(t);
-  for (const auto& init : fwd_proto->initializer())
-    if (init.name() == o) return value_of(init);
-  for (const auto& n : fwd_proto->node())
-    if (n.op_type() == "Constant" && n.output_size() == 1 && n.output(0) == o)
-      for (const auto& a : n.attribute()) {
-        if (a.name() == "value" && a.has_t()) return value_of(a.t());
-        if (a.name() == "value_float") return a.f();
-      }
+  const ConstSource src = find_const(*fwd_proto, original(t));
+  if (src.tensor) return value_of(*src.tensor);
+  if (src.node)
+    for (const auto& a : src.node->attribute())
+      if (a.name() == "value_float") return a.f();
   return std::nullopt;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 
+#include "batches.h"
 #include "gradcheck_inputs.h"
 #include "hp/plugin/hp_plugin.h"
 
@@ -134,18 +135,6 @@ Expected<exec::HostTensor> make_labels(const model::Model& fwd64, const exec::Ex
   return t;
 }
 
-/// Binds the dim_params of graph input `name` to `dims`.
-void bind_dims(const onnx::GraphProto& g, const std::string& name,
-               const std::vector<std::int64_t>& dims, model::DimBindings& out) {
-  for (const auto& v : g.input()) {
-    if (v.name() != name || !v.type().tensor_type().has_shape()) continue;
-    const auto& shape = v.type().tensor_type().shape();
-    for (int k = 0; k < shape.dim_size() && k < static_cast<int>(dims.size()); ++k)
-      if (!shape.dim(k).dim_param().empty())
-        out.emplace(shape.dim(k).dim_param(), dims[static_cast<std::size_t>(k)]);
-  }
-}
-
 }  // namespace
 
 Expected<model::DimBindings> gradcheck_dims(const model::Model& fwd64,
@@ -155,16 +144,11 @@ Expected<model::DimBindings> gradcheck_dims(const model::Model& fwd64,
   model::DimBindings out;
   if (dir.empty()) {
     std::map<std::string, std::int64_t> symbols;
-    for (const auto& io : ios) bind_dims(g, io.name, choose_dims(g, io, symbols), out);
+    for (const auto& io : ios) bind_input_dims(g, io.name, choose_dims(g, io, symbols), out);
     return out;
   }
   HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(dir, "input"));
-  for (std::size_t k = 0; k < given.size(); ++k) {
-    std::string name = given[k].name;
-    if (name.empty() && k < ios.size()) name = ios[k].name;
-    bind_dims(g, name, given[k].dims, out);
-  }
-  return out;
+  return dims_of_tensors(fwd64, given);
 }
 
 Expected<CheckInputs> gradcheck_inputs(const model::Model& fwd64,

@@ -9,6 +9,12 @@ namespace hp::train::detail {
 
 namespace {
 
+/// Input elements per output element of a reduction or pooling `x -> y`, in x's float type.
+std::string fan_in(GradCtx& c, const std::string& x, const std::string& y) {
+  std::string count = c.op("Div", {c.op("Size", {x}), c.op("Size", {y})});
+  return c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(x))}});
+}
+
 Status softmax(GradCtx& c) {
   c.grad(0, c.hp(c.op_type() == "Softmax" ? "SoftmaxGrad" : "LogSoftmaxGrad", {c.dout(0), c.out(0)},
                  {{"axis", c.attr_i("axis", -1)}}));
@@ -52,9 +58,7 @@ Status reduce(GradCtx& c) {
   }
   g = c.op("Expand", {g, c.shape_of(c.in(0))});
   if (c.op_type() == "ReduceMean") {
-    std::string count = c.op("Div", {c.op("Size", {c.in(0)}), c.op("Size", {c.out(0)})});
-    count = c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(c.in(0)))}});
-    g = c.op("Div", {g, count});
+    g = c.op("Div", {g, fan_in(c, c.in(0), c.out(0))});
   }
   c.grad(0, g);
   return {};
@@ -73,9 +77,8 @@ Status pool(GradCtx& c) {
 }
 
 Status global_average_pool(GradCtx& c) {
-  std::string count = c.op("Div", {c.op("Size", {c.in(0)}), c.op("Size", {c.out(0)})});
-  count = c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(c.in(0)))}});
-  c.grad(0, c.op("Expand", {c.op("Div", {c.dout(0), count}), c.shape_of(c.in(0))}));
+  std::string g = c.op("Div", {c.dout(0), fan_in(c, c.in(0), c.out(0))});
+  c.grad(0, c.op("Expand", {g, c.shape_of(c.in(0))}));
   return {};
 }
 

@@ -72,6 +72,7 @@ std::string mib(std::int64_t b) {
 struct Run {
   const TrainOptions& o;
   model::Model forward;
+  std::vector<exec::HostTensor> batch;  ///< the --inputs tensors, read once
   GradGraph gg;
   std::unique_ptr<exec::Executor> ex;
   std::vector<exec::HostTensor> params;
@@ -93,7 +94,11 @@ Status Run::prepare() {
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
   GradSpec spec = o.grad;
-  HP_ASSIGN_OR_RETURN(auto dims, detail::data_dims(o, forward));
+  if (o.inputs_dir.empty() == o.data_file.empty())
+    return Error(Errc::usage,
+                 "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
+  HP_ASSIGN_OR_RETURN(batch, detail::read_input_dir(o));
+  const auto dims = detail::data_dims(o, forward, batch);
   for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
   for (const auto& n : gg.notes) say(true, "hp: note: " + n);
@@ -197,9 +202,10 @@ Status Run::checkpoint() const {
 
 Expected<TrainReport> train(const TrainOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
-  Run r{o, {}, {}, {}, {}, {}, 0, {}};
+  Run r{o, {}, {}, {}, {}, {}, {}, 0, {}};
   HP_TRY(r.prepare());
-  HP_ASSIGN_OR_RETURN(auto data, detail::BatchSource::open(o, *r.ex, o.grad.labels));
+  HP_ASSIGN_OR_RETURN(auto data,
+                      detail::BatchSource::open(o, *r.ex, o.grad.labels, std::move(r.batch)));
   if (!o.resume_dir.empty()) HP_TRY(r.resume());
   MetricsFile metrics;
   HP_TRY(metrics.open(o.metrics));
