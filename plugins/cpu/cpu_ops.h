@@ -140,6 +140,8 @@ void register_random_ops(OpTable& t);
 /// the pool gradients of cpu_ops_grad_conv.cpp through register_grad_conv_ops.
 void register_grad_ops(OpTable& t);
 void register_grad_conv_ops(OpTable& t);
+/// SliceGrad, GatherGrad, GatherElementsGrad (cpu_ops_grad_index.cpp).
+void register_grad_index_ops(OpTable& t);
 
 /// The 16-bit float type among the input dtypes, or -1.
 int half_input_type(const int32_t* dtypes, int64_t n);

@@ -22,20 +22,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_grad.h"
 #include "cpu_ops.h"
 #include "cpu_pool_window.h"
 
 namespace hp_cpu {
 namespace {
 
-template <class F>
-void dispatch_float(int dtype, F&& f) {
-  switch (dtype) {
-    case HP_F32: f(float{}); break;
-    case HP_F64: f(double{}); break;
-    default: throw OpError("unsupported dtype " + std::to_string(dtype), HP_UNSUPPORTED);
-  }
-}
+using grad::dispatch_float;
 
 int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
