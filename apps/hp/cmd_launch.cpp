@@ -58,6 +58,9 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       ->group(training);
   sub->add_option("--save-model", opts->save_model, "write the trained model to this ONNX file")
       ->group(training);
+  sub->add_flag("--simulate", opts->simulate,
+                "dp > 1: run the data-parallel ranks as threads of this process, not mpirun")
+      ->group(training);
   sub->add_option("--checkpoint", opts->checkpoint_dir,
                   "keep a checkpoint in this directory (at the end, and every --checkpoint-every)")
       ->group(training);

@@ -39,8 +39,6 @@ using exec::open_backends;
 using exec::read_tensor_dir;
 using exec::write_tensor_dir;
 
-namespace {
-
 std::filesystem::path default_run_dir(const recipe::Recipe& r,
                                       const std::filesystem::path& recipe_path) {
   const std::time_t now = std::time(nullptr);
@@ -49,6 +47,8 @@ std::filesystem::path default_run_dir(const recipe::Recipe& r,
   const std::string name = r.name.empty() ? recipe_path.stem().string() : r.name;
   return std::filesystem::path("hp-runs") / fmt::format("{}-{}-{}", name, stamp, ::getpid());
 }
+
+namespace {
 
 // Each group's outputs from the lowest of its ranks that wrote any, in recipe group order; a name
 // already gathered from an earlier group is not taken again.
@@ -148,6 +148,9 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
 
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
+    // A rank of a training job trains (train_run.h); any other rank runs its forward schedule.
+    if (auto job = load_job(o.target, o.preset_dirs); job && job->recipe.train)
+      return launch_train(*job, o);
     WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, std::max(o.steps, 1)};
     HP_ASSIGN_OR_RETURN(auto rep, run_worker(w));
     LaunchReport r;

@@ -117,6 +117,7 @@ void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::pat
       c.argv.push_back("--steps");
       c.argv.push_back(std::to_string(o.steps));
     }
+    c.argv.insert(c.argv.end(), o.extra_args.begin(), o.extra_args.end());
   }
 }
 

@@ -72,29 +72,34 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   if (!r.train) return Error(Errc::internal, "train_options on a recipe without [train]");
   const recipe::Train& t = *r.train;
   const std::string where = job.where.at("train");
-  if (r.ranks() != 1 || !r.groups.empty())
+  if (r.parallel.tp != 1 || r.parallel.pp != 1 || r.parallel.expert_parallel != 1 ||
+      !r.groups.empty())
     return Error(
         Errc::not_implemented,
-        fmt::format("distributed training is not implemented yet: the recipe has [train] "
-                    "and {}",
-                    r.groups.empty() ? fmt::format("dp*tp*pp = {}*{}*{} = {} ranks", r.parallel.dp,
-                                                   r.parallel.tp, r.parallel.pp, r.ranks())
+        fmt::format("training is data-parallel only for now: the recipe has [train] and {}",
+                    r.groups.empty() ? fmt::format("tp = {}, pp = {}, expert_parallel = {}",
+                                                   r.parallel.tp, r.parallel.pp,
+                                                   r.parallel.expert_parallel)
                                      : std::string("[[groups]]")),
         where,
-        "train on one rank (dp = tp = pp = 1, no [[groups]]), or remove [train] to run "
-        "the model forward");
+        "train with dp ranks only (tp = pp = expert_parallel = 1, no [[groups]]), or remove "
+        "[train] to run the model forward");
 
-  // Options of the MPI job that mean nothing for one training process (--allow-run-as-root is
-  // harmless and scripts pass it everywhere in containers, so it is accepted).
+  // Options of a sharded forward job, and of the MPI job when one process trains
+  // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is
+  // accepted).
+  const bool one = r.ranks() == 1;
   const std::pair<bool, const char*> distributed[] = {
-      {!o.outputs.empty(), "--outputs"},   {!o.shard_dir.empty(), "--shard-dir"},
-      {!o.hostfile.empty(), "--hostfile"}, {o.launcher != "mpirun", "--launcher"},
-      {o.timeout_s > 0, "--timeout"},      {!o.run_dir.empty(), "--run-dir"}};
+      {!o.outputs.empty(), "--outputs"},          {!o.shard_dir.empty(), "--shard-dir"},
+      {one && !o.hostfile.empty(), "--hostfile"}, {one && o.launcher != "mpirun", "--launcher"},
+      {one && o.timeout_s > 0, "--timeout"},      {one && !o.run_dir.empty(), "--run-dir"},
+      {one && o.simulate, "--simulate"}};
   for (const auto& [given, name] : distributed)
     if (given)
       return Error(
           Errc::usage,
-          fmt::format("{} applies to a distributed job; this recipe trains on one rank", name),
+          fmt::format("{} does not apply to a training recipe{}", name,
+                      one ? " of one rank" : ""),
           job.recipe_path.string(),
           "use --save-model, --checkpoint and --metrics for what training writes");
 
@@ -217,10 +222,19 @@ std::string format_train_options(const train::TrainOptions& t) {
 Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
   HP_ASSIGN_OR_RETURN(train::TrainOptions to, train_options(job, o));
   LaunchReport r;
+  const recipe::Parallel& p = job.recipe.parallel;
   if (o.dry_run) {
     r.summary = format_train_options(to);
+    if (p.dp > 1)
+      r.summary += fmt::format("  {} data-parallel ranks ({}), optimizer_shard {}{}\n", p.dp,
+                               o.simulate ? "threads of this process" : "mpirun", p.optimizer_shard,
+                               p.shard_group > 0 && p.shard_group < p.dp
+                                   ? fmt::format(", HSDP shard groups of {}", p.shard_group)
+                                   : std::string());
     return r;
   }
+  if (o.worker) return train_as_rank(job, std::move(to));
+  if (p.dp > 1) return o.simulate ? train_in_process(job, std::move(to)) : train_over_mpi(job, o);
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   r.summary = rep.summary;
   if (r.summary.empty() && !rep.steps.empty())  // the trainer's own lines, else the essentials

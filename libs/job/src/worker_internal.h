@@ -24,6 +24,9 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
+/// hp-runs/<recipe name>-<time>-<pid>: where a job writes when --run-dir is not given.
+std::filesystem::path default_run_dir(const recipe::Recipe& r,
+                                      const std::filesystem::path& recipe_path);
 
 /// Runs this rank's partition (sharded.h run_rank), writes its outputs to rank_output_dir and its
 /// action times to RUN/timing/rank-N.json. `rep` comes in with rank, ranks and group set.

@@ -279,6 +279,7 @@ Expected<Candidate> candidate_of(const recipe::Recipe& r) {
   Config& c = k.config;
   c.dp = p.dp, c.tp = p.tp, c.pp = p.pp, c.ep = p.expert_parallel;
   c.optimizer_shard = p.optimizer_shard;
+  c.shard_group = p.shard_group;
   c.micro_batch_size = p.micro_batch_size, c.micro_batches = p.micro_batches;
   c.schedule = p.schedule, c.virtual_stages = p.virtual_stages;
   c.sequence_parallel = p.sequence_parallel;

@@ -81,6 +81,8 @@ recipe::Recipe plan_to_recipe(const PlanReport& r, const fs::path& recipe_path, 
   out.parallel.tp = c.tp;
   out.parallel.pp = c.pp;
   out.parallel.optimizer_shard = c.optimizer_shard;
+  // HSDP: the recipe records the shard group only when it is smaller than the DP group.
+  out.parallel.shard_group = c.shard_group > 0 && c.shard_group < c.dp ? c.shard_group : 0;
   out.parallel.micro_batch_size = c.micro_batch_size;
   out.parallel.micro_batches = c.micro_batches;
   out.parallel.schedule = c.schedule;

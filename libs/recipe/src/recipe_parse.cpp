@@ -67,7 +67,7 @@ void read_model(TomlReader& rd, const toml::table& t, Recipe& r) {
 void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   const std::string path = "parallel";
   rd.check_keys(t, path,
-                {"dp", "tp", "pp", "optimizer_shard", "micro_batch_size", "micro_batches",
+                {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size", "micro_batches",
                  "schedule", "virtual_stages", "sequence_parallel", "expert_parallel"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
@@ -84,6 +84,7 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
                     detail::type_phrase(n->type())),
         "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
   }
+  if (auto v = rd.get_int(t, "shard_group", path, false)) p.shard_group = *v;
   if (auto v = rd.get_int(t, "micro_batch_size", path, false)) p.micro_batch_size = *v;
   if (auto v = rd.get_int(t, "micro_batches", path, false)) p.micro_batches = *v;
   if (auto v = get_enum(rd, t, "schedule", path, kSchedules)) p.schedule = *v;

@@ -56,6 +56,21 @@ void check_parallel(Checker& ck, const Parallel& p) {
     ck.fail("parallel.optimizer_shard",
             fmt::format("'parallel.optimizer_shard' must be 0..3, got {}", p.optimizer_shard),
             "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
+  if (p.shard_group < 0)
+    ck.fail("parallel.shard_group",
+            fmt::format("'parallel.shard_group' must be 0 (the whole data-parallel group) or more, "
+                        "got {}",
+                        p.shard_group));
+  if (p.shard_group > 0 && p.dp >= 1 && p.dp % p.shard_group != 0)
+    ck.fail("parallel.shard_group",
+            fmt::format("'parallel.shard_group' ({}) must divide dp ({})", p.shard_group, p.dp),
+            "HSDP shards over groups of shard_group data-parallel ranks and replicates across them");
+  if (p.shard_group > 0 && p.shard_group != p.dp && p.optimizer_shard == 0)
+    ck.fail("parallel.shard_group",
+            fmt::format("'parallel.shard_group' is {} but nothing is sharded (optimizer_shard is "
+                        "none)",
+                        p.shard_group),
+            "HSDP needs optimizer_shard 1..3, or remove shard_group");
   if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved)
     ck.fail("parallel.virtual_stages",
             fmt::format("'parallel.virtual_stages' is {} but the schedule is '{}'",

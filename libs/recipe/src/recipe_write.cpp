@@ -121,8 +121,9 @@ std::string format_recipe(const Recipe& r) {
       .integer("dp", p.dp)
       .integer("tp", p.tp)
       .integer("pp", p.pp)
-      .string("optimizer_shard", optimizer_shard_name(p.optimizer_shard))
-      .integer("micro_batch_size", p.micro_batch_size)
+      .string("optimizer_shard", optimizer_shard_name(p.optimizer_shard));
+  if (p.shard_group > 0) w.integer("shard_group", p.shard_group);
+  w.integer("micro_batch_size", p.micro_batch_size)
       .integer("micro_batches", p.micro_batches)
       .string("schedule", schedule_name(p.schedule))
       .integer("virtual_stages", p.virtual_stages)

@@ -21,6 +21,9 @@ constexpr KeyDoc kRecipe[] = {
      "pipeline-parallel degree (stages); dp*tp*pp = cluster ranks"},
     {"[parallel]", "optimizer_shard", "0..3 or name", "no (none)",
      "ZeRO-style sharding in the dp group: none, optimizer, gradients, parameters"},
+    {"[parallel]", "shard_group", "integer >= 0", "no (0)",
+     "HSDP: shard over groups of this many consecutive dp ranks, replicate across groups; 0 = "
+     "the whole dp group"},
     {"[parallel]", "micro_batch_size", "integer >= 1", "no (1)", "samples per micro-batch"},
     {"[parallel]", "micro_batches", "integer >= 1", "no (1)",
      "micro-batches per step (a multiple of pp when interleaved)"},

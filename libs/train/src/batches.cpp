@@ -29,6 +29,39 @@ model::DimBindings dims_of_tensors(const model::Model& forward,
   return out;
 }
 
+Expected<std::vector<exec::HostTensor>> slice_rows(std::vector<exec::HostTensor> batch,
+                                                   std::int64_t rows, int part, int parts) {
+  if (parts <= 1) return batch;
+  if (rows <= 0 || rows % parts != 0)
+    return Error(Errc::bad_input,
+                 fmt::format("the global batch of {} rows does not split over {} data-parallel "
+                             "ranks",
+                             rows, parts),
+                 "", "make the batch a multiple of dp");
+  for (auto& t : batch) {
+    if (t.dims.empty() || t.dims[0] != rows) continue;
+    const std::size_t bytes = t.data.size() / static_cast<std::size_t>(parts);
+    std::vector<unsigned char> mine(t.data.begin() + static_cast<std::ptrdiff_t>(bytes * part),
+                                   t.data.begin() + static_cast<std::ptrdiff_t>(bytes * (part + 1)));
+    t.data = std::move(mine);
+    t.dims[0] = rows / parts;
+  }
+  return batch;
+}
+
+std::int64_t label_count(const exec::HostTensor& labels, LossKind loss) {
+  if (loss != LossKind::cross_entropy) return labels.numel();
+  std::int64_t n = 0;
+  if (labels.dtype == HP_I64) {
+    for (std::int64_t i = 0; i < labels.numel(); ++i) n += labels.as<std::int64_t>()[i] != -100;
+  } else if (labels.dtype == HP_I32) {
+    for (std::int64_t i = 0; i < labels.numel(); ++i) n += labels.as<std::int32_t>()[i] != -100;
+  } else {
+    n = labels.numel();
+  }
+  return n;
+}
+
 Expected<std::vector<exec::HostTensor>> read_input_dir(const TrainOptions& o) {
   if (o.inputs_dir.empty()) return std::vector<exec::HostTensor>{};
   HP_ASSIGN_OR_RETURN(auto given, exec::read_tensor_dir(o.inputs_dir, "input"));

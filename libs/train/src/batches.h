@@ -30,6 +30,14 @@ model::DimBindings dims_of_tensors(const model::Model& forward,
 model::DimBindings data_dims(const TrainOptions& o, const model::Model& forward,
                              const std::vector<exec::HostTensor>& batch);
 
+/// Rank `part` of `parts`'s rows of a global batch: every tensor whose first dim is `rows` (the
+/// labels' batch) is cut along it into `parts` equal blocks; the others (position tables, masks
+/// without a batch dim) are kept whole. Errc::bad_input when `rows` does not split evenly.
+Expected<std::vector<exec::HostTensor>> slice_rows(std::vector<exec::HostTensor> batch,
+                                                   std::int64_t rows, int part, int parts);
+/// Label positions the loss averages over: labels != -100 for cross_entropy, every element for mse.
+std::int64_t label_count(const exec::HostTensor& labels, LossKind loss);
+
 class BatchSource {
  public:
   /// Checks the data options against the gradient model's inputs (the labels are its last).

@@ -183,8 +183,15 @@ void sgd_update(const OptimizerConfig& c, double lr, HostTensor& param, const Ho
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTensor>& params,
                                   std::vector<HostTensor>& grads, OptimizerState& state) {
   HP_TRY(validate(c, params, grads, state));
+  return optimizer_step(c, params, grads, state, global_norm(grads));
+}
+
+Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTensor>& params,
+                                  std::vector<HostTensor>& grads, OptimizerState& state,
+                                  double grad_norm) {
+  HP_TRY(validate(c, params, grads, state));
   StepInfo info;
-  info.grad_norm = global_norm(grads);
+  info.grad_norm = grad_norm;
   if (!std::isfinite(info.grad_norm))
     return Error(Errc::runtime,
                  fmt::format("the gradient norm is {} at step {}: a gradient holds inf or NaN",

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 
 #include "batches.h"
 #include "hp/core/fs.h"
@@ -18,6 +19,7 @@
 #include "hp/exec/executor.h"
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/checkpoint.h"
+#include "hp/train/data_parallel.h"
 #include "hp/train/trainer.h"
 
 namespace hp::train {
@@ -76,18 +78,30 @@ struct Run {
   GradGraph gg;
   std::unique_ptr<exec::Executor> ex;
   std::vector<exec::HostTensor> params;
-  OptimizerState state;
+  OptimizerState state;  ///< with data parallelism: of this rank's pieces (data_parallel.h)
   std::int64_t data_position = 0;
   TrainReport report;
+  // Data parallelism: this rank's part of every global batch, and the gradient reduction.
+  int part = 0, parts = 1;
+  std::optional<DataParallelSync> sync;
 
+  /// The rank that prints and writes files (the first of the data-parallel group).
+  bool lead() const { return part == 0; }
   void say(bool err, const std::string& line) const {
-    if (o.sink) o.sink(err, line);
+    if (o.sink && lead()) o.sink(err, line);
   }
   Status prepare();
   Status resume();
   Expected<StepMetrics> step(const detail::BatchSource& data);
-  Status checkpoint() const;
+  Status checkpoint();
 };
+
+// The rows of a batch: those of its labels tensor (by name, else the last tensor).
+std::int64_t batch_rows(const std::vector<exec::HostTensor>& batch, const std::string& labels) {
+  for (const auto& t : batch)
+    if (t.name == labels && !t.dims.empty()) return t.dims[0];
+  return batch.empty() || batch.back().dims.empty() ? 0 : batch.back().dims[0];
+}
 
 Status Run::prepare() {
   model::LoadOptions lo;
@@ -98,7 +112,25 @@ Status Run::prepare() {
     return Error(Errc::usage,
                  "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
   HP_ASSIGN_OR_RETURN(batch, detail::read_input_dir(o));
-  const auto dims = detail::data_dims(o, forward, batch);
+  TrainOptions local = o;  // the shapes this rank runs at
+  if (o.dp.active()) {
+    part = o.dp.index();
+    parts = static_cast<int>(o.dp.group.size());
+    const std::int64_t rows = batch_rows(batch, o.grad.labels);
+    if (!batch.empty()) {
+      HP_ASSIGN_OR_RETURN(batch, detail::slice_rows(batch, rows, part, parts));
+    }
+    if (!o.data_file.empty()) {
+      if (o.batch % parts != 0)
+        return Error(Errc::bad_input,
+                     fmt::format("the global batch of {} windows does not split over {} "
+                                 "data-parallel ranks",
+                                 o.batch, parts),
+                     "", "make the batch a multiple of dp");
+      local.batch = o.batch / parts;
+    }
+  }
+  const auto dims = detail::data_dims(local, forward, batch);
   for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
   for (const auto& n : gg.notes) say(true, "hp: note: " + n);
@@ -123,6 +155,9 @@ Status Run::prepare() {
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p);
     report.params += h.numel();
     params.push_back(std::move(h));
+  }
+  if (o.dp.active()) {
+    HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(o.dp, params));
   }
   return {};
 }
@@ -149,7 +184,7 @@ Status Run::resume() {
     HP_TRY(ex->set_weight(params[k].name, c.params[k]));
     params[k] = std::move(c.params[k]);
   }
-  state = std::move(c.state);
+  state = sync ? sync->slice_state(c.state) : std::move(c.state);
   data_position = c.data_position;
   report.first_step = c.step + 1;
   return {};
@@ -159,17 +194,26 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t k = state.step + 1;
   HP_ASSIGN_OR_RETURN(auto batch, data.batch(data_position));
+  if (sync && !o.data_file.empty()) {  // a token stream's windows: this rank's rows of them
+    HP_ASSIGN_OR_RETURN(batch, detail::slice_rows(batch, o.batch, part, parts));
+  }
   HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
   const auto t1 = std::chrono::steady_clock::now();
   report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
-  const double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
+  double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
+  std::vector<exec::HostTensor> grads(std::make_move_iterator(outs.begin() + 1),
+                                      std::make_move_iterator(outs.end()));
+  // Data parallelism: the group's loss and gradients (the labels are the model's last input).
+  const std::int64_t count = sync ? detail::label_count(batch.back(), o.grad.loss) : 0;
+  if (sync) {
+    HP_ASSIGN_OR_RETURN(loss, sync->reduce(loss, count, grads));
+  }
   if (!std::isfinite(loss))
     return Error(Errc::runtime,
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
                              o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
-  std::vector<exec::HostTensor> grads(std::make_move_iterator(outs.begin() + 1),
-                                      std::make_move_iterator(outs.end()));
-  auto info = optimizer_step(o.optimizer, params, grads, state);
+  auto info = sync ? sync->update(o.optimizer, params, grads, state)
+                   : optimizer_step(o.optimizer, params, grads, state);
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   const auto t2 = std::chrono::steady_clock::now();
   for (const auto& p : params) HP_TRY(ex->set_weight(p.name, p));
@@ -180,21 +224,29 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.grad_norm = info->grad_norm;
   m.lr = info->lr;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.tokens_per_second = m.seconds > 0 ? static_cast<double>(data.tokens()) / m.seconds : 0;
+  // Tokens of the global batch: a fixed batch was cut to this rank's rows when it was read.
+  const double tokens =
+      static_cast<double>(data.tokens()) * (o.data_file.empty() ? parts : 1);
+  m.tokens_per_second = m.seconds > 0 ? tokens / m.seconds : 0;
   m.peak_bytes = ex->stats().peak_bytes;
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
   return m;
 }
 
-Status Run::checkpoint() const {
+Status Run::checkpoint() {
+  OptimizerState whole = state;
+  if (sync) {
+    HP_ASSIGN_OR_RETURN(whole, sync->gather_state(state, params));
+  }
+  if (!lead()) return {};
   Checkpoint c;
   c.step = state.step;
   c.data_position = data_position;
   c.seed = o.seed;
   c.optimizer = o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw";
   c.params = params;
-  c.state = state;
+  c.state = std::move(whole);
   return save_checkpoint(forward, c, o.checkpoint_dir);
 }
 
@@ -202,13 +254,13 @@ Status Run::checkpoint() const {
 
 Expected<TrainReport> train(const TrainOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
-  Run r{o, {}, {}, {}, {}, {}, {}, 0, {}};
+  Run r{o, {}, {}, {}, {}, {}, {}, 0, {}, 0, 1, {}};
   HP_TRY(r.prepare());
   HP_ASSIGN_OR_RETURN(auto data,
                       detail::BatchSource::open(o, *r.ex, o.grad.labels, std::move(r.batch)));
   if (!o.resume_dir.empty()) HP_TRY(r.resume());
   MetricsFile metrics;
-  HP_TRY(metrics.open(o.metrics));
+  if (r.lead()) HP_TRY(metrics.open(o.metrics));
   r.say(false, fmt::format("training {} parameters ({} tensors) for {} steps from step {}",
                            r.report.params, r.params.size(), o.steps, r.report.first_step));
   const std::int64_t last = r.report.first_step + o.steps - 1;
@@ -238,7 +290,7 @@ Expected<TrainReport> train(const TrainOptions& o) {
   if (!o.checkpoint_dir.empty() &&
       (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))
     HP_TRY(r.checkpoint());
-  if (!o.save_model.empty()) HP_TRY(save_model(r.forward, r.params, o.save_model));
+  if (!o.save_model.empty() && r.lead()) HP_TRY(save_model(r.forward, r.params, o.save_model));
   std::vector<double> secs;
   for (const auto& m : r.report.steps) secs.push_back(m.seconds);
   std::sort(secs.begin(), secs.end());

@@ -40,6 +40,9 @@ struct LaunchOptions {
   std::string launcher = "mpirun";  ///< mpirun or slurm
   bool allow_run_as_root = false;
   bool worker = false;  ///< this process is a rank (hidden: started by mpirun)
+  /// A training recipe of several ranks: run them as threads of this process (in-process
+  /// transport) instead of an mpirun job.
+  bool simulate = false;
   // A recipe with a [train] table (train_run.h): the data is exactly one of `inputs` (one batch,
   // the inputs and the labels as .pb files) and `data`. The zero values mean "not given", so that
   // these options are refused where nothing trains rather than silently ignored.

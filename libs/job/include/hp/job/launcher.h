@@ -52,6 +52,8 @@ struct JobOptions {
   bool allow_run_as_root = false;
   std::vector<std::filesystem::path> plugin_paths;
   int steps = 1;  ///< passed to the ranks as --steps when > 1
+  /// Appended to every rank's command line (a training job's data and output options).
+  std::vector<std::string> extra_args;
 };
 
 /// One mpirun app context (one [[groups]] entry).

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "hp/comm/comm.h"
 #include "hp/core/expected.h"
 #include "hp/job/job.h"
 #include "hp/job/launch.h"
@@ -35,7 +36,22 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
 std::string format_train_options(const train::TrainOptions& t);
 
 /// Trains: train_options(), then train::train(); the summary is the run's closing lines. With
-/// --dry-run, the summary is format_train_options() and nothing runs.
+/// --dry-run, the summary is format_train_options() and nothing runs. A recipe with dp > 1 trains
+/// on dp ranks (data_parallel.h): an mpirun job whose ranks run `hp launch RECIPE --worker` with
+/// the same training options (train_over_mpi), or threads of this process with --simulate
+/// (train_in_process); a --worker process is one such rank (train_as_rank).
 Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o);
+
+// The data-parallel runs behind launch_train (train_ranks.cpp).
+
+/// The data-parallel group of `recipe` for the ranks of `transport`: every rank, in order, with
+/// the recipe's optimizer_shard and shard_group.
+train::DataParallel data_parallel_of(const recipe::Recipe& recipe, comm::Transport& transport);
+/// This process as one rank of an mpirun training job (MPI is finalised on success).
+Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to);
+/// dp ranks on threads exchanging through shared memory; the report is rank 0's.
+Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to);
+/// The mpirun job: the ranks get this command line's training options (paths made absolute).
+Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o);
 
 }  // namespace hp::job

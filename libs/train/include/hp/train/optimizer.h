@@ -67,5 +67,12 @@ struct StepInfo {
 /// finite (nothing updated then).
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                                   std::vector<exec::HostTensor>& grads, OptimizerState& state);
+/// The same update with the global gradient norm given: what a rank that holds only a shard of the
+/// gradients does (ZeRO, data_parallel.h), the norm being the reduction of every shard's sum of
+/// squares. The parameters, gradients and state may then be pieces of tensors (any shapes, as
+/// long as each gradient and state tensor is shaped like its parameter).
+Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
+                                  std::vector<exec::HostTensor>& grads, OptimizerState& state,
+                                  double grad_norm);
 
 }  // namespace hp::train

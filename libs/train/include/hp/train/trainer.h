@@ -14,6 +14,7 @@
 
 #include "hp/core/expected.h"
 #include "hp/train/autodiff.h"
+#include "hp/train/data_parallel.h"
 #include "hp/train/optimizer.h"
 
 namespace hp::train {
@@ -40,6 +41,10 @@ struct TrainOptions {
   int threads = 0;      ///< 0 = the cores available
   std::vector<std::string> plugin_paths;
   int log_every = 1;  ///< progress line every k steps (and the last)
+  /// Several ranks training one model on parts of each batch (data_parallel.h): each takes its
+  /// rows of the global batch (--inputs tensors, or the windows of --data); only the group's first
+  /// rank prints, writes metrics, checkpoints and the saved model.
+  DataParallel dp;
   /// Receives progress lines (stdout) and warnings (stderr when `err`).
   std::function<void(bool err, const std::string&)> sink;
 };

@@ -1,0 +1,131 @@
+// Data-parallel training jobs (train_run.h): the ranks as threads of this process, as an mpirun
+// job, and one rank of that job. Every rank runs hp::train::train() with the same options and the
+// recipe's data-parallel group (hp/train/data_parallel.h); the group's first rank prints and
+// writes the metrics, checkpoints and saved model.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "hp/job/launcher.h"
+#include "hp/job/train_run.h"
+#include "worker_internal.h"
+
+namespace hp::job {
+namespace fs = std::filesystem;
+
+train::DataParallel data_parallel_of(const recipe::Recipe& r, comm::Transport& t) {
+  train::DataParallel dp;
+  dp.transport = &t;
+  for (int k = 0; k < t.size(); ++k) dp.group.push_back(k);
+  dp.zero = r.parallel.optimizer_shard;
+  dp.shard = static_cast<int>(r.parallel.shard_group);
+  return dp;
+}
+
+namespace {
+
+std::string closing_lines(const train::TrainReport& rep) {
+  if (!rep.summary.empty()) return rep.summary;
+  if (rep.steps.empty()) return "";
+  return fmt::format("trained steps {}-{}: loss {:.6g} -> {:.6g}, median step {:.4f} s\n",
+                     rep.steps.front().step, rep.steps.back().step, rep.steps.front().loss,
+                     rep.steps.back().loss, rep.median_step_seconds);
+}
+
+}  // namespace
+
+Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
+  HP_ASSIGN_OR_RETURN(comm::Transport * world, comm::mpi_world());
+  if (world->size() != job.recipe.ranks())
+    return Error(Errc::bad_input,
+                 fmt::format("the recipe trains on {} ranks, the job has {}", job.recipe.ranks(),
+                             world->size()),
+                 job.recipe_path.string());
+  to.dp = data_parallel_of(job.recipe, *world);
+  HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
+  comm::mpi_finalize();
+  LaunchReport r;
+  if (to.dp.index() == 0) r.summary = closing_lines(rep);  // once, from the lead rank
+  return r;
+}
+
+Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) {
+  const int ranks = static_cast<int>(job.recipe.ranks());
+  // Each rank's executor gets its share of the cores unless --threads says otherwise.
+  if (to.threads <= 0)
+    to.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+  train::TrainReport lead;
+  std::mutex mu;
+  const auto t0 = std::chrono::steady_clock::now();
+  HP_TRY(comm::run_in_process(
+      ranks,
+      [&](int rank, comm::Transport& t) -> Status {
+        train::TrainOptions mine = to;
+        mine.dp = data_parallel_of(job.recipe, t);
+        HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(mine));
+        if (rank == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          lead = std::move(rep);
+        }
+        return {};
+      },
+      // A step of a large model can take minutes; the in-process transport only bounds a wait.
+      3600));
+  LaunchReport r;
+  r.summary = closing_lines(lead);
+  r.summary += fmt::format(
+      "{} data-parallel ranks simulated as threads of this process ({} thread(s) each) in "
+      "{:.2f} s\n",
+      ranks, to.threads,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return r;
+}
+
+Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
+  JobOptions jo;
+  jo.recipe = job.recipe_path;
+  std::error_code ec;
+  jo.worker = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return Error(Errc::internal,
+                 "cannot find the hp executable (/proc/self/exe) to start the ranks with");
+  jo.run_dir = o.run_dir.empty() ? default_run_dir(job.recipe, job.recipe_path) : o.run_dir;
+  jo.inputs = o.inputs;
+  jo.hostfile = o.hostfile;
+  jo.launcher = o.launcher;
+  jo.timeout_s = o.timeout_s;
+  jo.threads = o.threads;
+  jo.allow_run_as_root = o.allow_run_as_root;
+  jo.plugin_paths = o.plugin_paths;
+  // The ranks get this command line's training options; paths absolute, since a rank's working
+  // directory is not guaranteed on a cluster.
+  auto& a = jo.extra_args;
+  auto path = [&](const char* flag, const fs::path& p) {
+    if (!p.empty()) a.insert(a.end(), {flag, fs::absolute(p).string()});
+  };
+  auto number = [&](const char* flag, auto v, bool given) {
+    if (given) a.insert(a.end(), {flag, std::to_string(v)});
+  };
+  path("--data", o.data);
+  number("--token-bytes", o.token_bytes, o.token_bytes != 0);
+  number("--seed", o.seed, o.seed >= 0);
+  path("--metrics", o.metrics);
+  path("--save-model", o.save_model);
+  path("--checkpoint", o.checkpoint_dir);
+  number("--checkpoint-every", o.checkpoint_every, o.checkpoint_every != 0);
+  path("--resume", o.resume_dir);
+  number("--log-every", o.log_every, o.log_every != 0);
+  number("--steps", o.steps, o.steps > 0);
+  HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
+  auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
+  HP_ASSIGN_OR_RETURN(auto ran, run_job(plan, jo, sink));
+  LaunchReport r;
+  r.summary = fmt::format("{} data-parallel ranks trained (mpirun) in {:.2f} s; logs in {}\n",
+                          ran.ranks, ran.seconds, ran.log_dir.string());
+  return r;
+}
+
+}  // namespace hp::job

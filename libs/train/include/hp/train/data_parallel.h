@@ -1,0 +1,99 @@
+// Data-parallel training with ZeRO and HSDP (docs/training.md, "Data parallelism").
+//
+// Every rank of the data-parallel group runs the whole gradient model on its rows of the global
+// batch. What one rank would compute on the whole batch is then rebuilt exactly: the loss is a mean
+// over label positions, so rank r's loss and gradients are weighted by n_r / N (its label count
+// over the group's) before they are summed, which gives the single-rank mean even when ranks hold
+// different numbers of ignored (-100) labels.
+//
+// The gradients and parameters are laid end to end in one flat f32 vector (parameter order, padded
+// to a multiple of the shard count). With `shard` ranks sharing the optimizer (ZeRO), member i of a
+// shard group owns the i-th 1/shard of that vector: it keeps the optimizer state of those elements
+// only, updates them, and the group all-gathers the updated parameters. The levels:
+//   0: gradients all-reduced over the group; every rank updates everything (plain DDP);
+//   1: gradients all-reduced; each rank updates its shard (optimizer states sharded);
+//   2, 3: gradients reduce-scattered within the shard group (each rank only ever holds its shard of
+//      the reduced gradients), then all-reduced across the replicas of that shard (HSDP).
+// Level 3 also shards parameters between steps in the planner's model; the executor here holds the
+// whole model while a step runs, so level 3 moves the same bytes as level 2 (docs/training.md).
+// HSDP: shard groups are `shard` consecutive members of the data-parallel group; the members with
+// the same position in every shard group are the replica group of that shard.
+//
+// The global gradient norm (for clipping) is the square root of the shard group's sum of every
+// member's sum of squares over its shard, so clipping is the single-rank clipping. Checkpoints are
+// written in the single-rank format (gather_state): any later run resumes them at any degree.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/comm/comm.h"
+#include "hp/core/expected.h"
+#include "hp/exec/tensor.h"
+#include "hp/train/optimizer.h"
+
+namespace hp::train {
+
+struct DataParallel {
+  comm::Transport* transport = nullptr;  ///< not owned; null = one rank
+  std::vector<int> group;                ///< global ranks of the data-parallel group, in order
+  int zero = 0;                          ///< optimizer_shard level 0..3
+  int shard = 0;  ///< HSDP shard group size (divides the group); 0 = the whole group
+  std::int64_t bucket_bytes = std::int64_t{16} << 20;  ///< all-reduce chunk
+  bool active() const { return transport != nullptr && group.size() > 1; }
+  /// Position of this rank in `group` (-1 when absent).
+  int index() const;
+};
+
+/// What a rank holds of the flat parameter vector: pieces of parameters, in order.
+struct FlatPiece {
+  std::size_t param = 0;     ///< index into the parameter list
+  std::int64_t offset = 0;   ///< first element inside the parameter
+  std::int64_t count = 0;    ///< elements
+};
+
+class DataParallelSync {
+ public:
+  /// Lays out `params` (f32, in the gradient model's order). Errc::bad_input when the group does not
+  /// contain this rank or `shard` does not divide it, or zero is outside 0..3.
+  static Expected<DataParallelSync> create(const DataParallel& dp,
+                                           const std::vector<exec::HostTensor>& params);
+
+  /// Collective over the group. `loss` and `grads` are this rank's (a mean over `count` label
+  /// positions); afterwards grads hold the reduction this rank updates (pieces(): its shard, or
+  /// everything at level 0) and the return value is the group's loss.
+  Expected<double> reduce(double loss, std::int64_t count, std::vector<exec::HostTensor>& grads);
+  /// Collective over the shard group: clips and updates this rank's pieces of `params` from
+  /// `grads` as reduce() left them (optimizer_step with the global norm), then all-gathers the
+  /// updated parameters into `params`. `state` holds the pieces' state.
+  Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
+                            std::vector<exec::HostTensor>& grads, OptimizerState& state);
+
+  /// Collective: `state` (this rank's pieces) gathered into one state per parameter, shaped like
+  /// `params` (the single-rank checkpoint format). Every rank receives it.
+  Expected<OptimizerState> gather_state(const OptimizerState& state,
+                                        const std::vector<exec::HostTensor>& params);
+  /// This rank's pieces of a whole-model state (a checkpoint read back), the inverse of
+  /// gather_state.
+  OptimizerState slice_state(const OptimizerState& whole) const;
+
+  const std::vector<FlatPiece>& pieces() const { return pieces_; }
+  bool sharded() const { return shard_ > 1; }
+
+ private:
+  Status allreduce_chunked(const std::vector<int>& group, float* data, std::int64_t count);
+  Status allgather_params(std::vector<exec::HostTensor>& params);
+
+  DataParallel dp_;
+  int shard_ = 1;                  ///< members sharing one copy of the optimizer (1 = none)
+  std::vector<int> shard_group_;   ///< global ranks of this rank's shard group
+  std::vector<int> replica_group_; ///< global ranks holding the same shard (HSDP)
+  int position_ = 0;               ///< in the shard group
+  std::int64_t total_ = 0;         ///< elements of all parameters
+  std::int64_t per_shard_ = 0;     ///< elements each shard member owns (padded)
+  std::vector<std::int64_t> offsets_;  ///< flat offset of each parameter
+  std::vector<FlatPiece> pieces_;
+  std::vector<float> flat_;  ///< gradients, then parameters, end to end (padded)
+};
+
+}  // namespace hp::train
