@@ -77,10 +77,10 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
     return Error(
         Errc::not_implemented,
         fmt::format("training is data-parallel only for now: the recipe has [train] and {}",
-                    r.groups.empty() ? fmt::format("tp = {}, pp = {}, expert_parallel = {}",
-                                                   r.parallel.tp, r.parallel.pp,
-                                                   r.parallel.expert_parallel)
-                                     : std::string("[[groups]]")),
+                    r.groups.empty()
+                        ? fmt::format("tp = {}, pp = {}, expert_parallel = {}", r.parallel.tp,
+                                      r.parallel.pp, r.parallel.expert_parallel)
+                        : std::string("[[groups]]")),
         where,
         "train with dp ranks only (tp = pp = expert_parallel = 1, no [[groups]]), or remove "
         "[train] to run the model forward");
@@ -98,8 +98,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
     if (given)
       return Error(
           Errc::usage,
-          fmt::format("{} does not apply to a training recipe{}", name,
-                      one ? " of one rank" : ""),
+          fmt::format("{} does not apply to a training recipe{}", name, one ? " of one rank" : ""),
           job.recipe_path.string(),
           "use --save-model, --checkpoint and --metrics for what training writes");
 

@@ -66,9 +66,10 @@ void read_model(TomlReader& rd, const toml::table& t, Recipe& r) {
 
 void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   const std::string path = "parallel";
-  rd.check_keys(t, path,
-                {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size", "micro_batches",
-                 "schedule", "virtual_stages", "sequence_parallel", "expert_parallel"});
+  rd.check_keys(
+      t, path,
+      {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size", "micro_batches",
+       "schedule", "virtual_stages", "sequence_parallel", "expert_parallel"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
   if (auto v = rd.get_int(t, "pp", path, true)) p.pp = *v;

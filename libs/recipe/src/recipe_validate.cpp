@@ -62,9 +62,10 @@ void check_parallel(Checker& ck, const Parallel& p) {
                         "got {}",
                         p.shard_group));
   if (p.shard_group > 0 && p.dp >= 1 && p.dp % p.shard_group != 0)
-    ck.fail("parallel.shard_group",
-            fmt::format("'parallel.shard_group' ({}) must divide dp ({})", p.shard_group, p.dp),
-            "HSDP shards over groups of shard_group data-parallel ranks and replicates across them");
+    ck.fail(
+        "parallel.shard_group",
+        fmt::format("'parallel.shard_group' ({}) must divide dp ({})", p.shard_group, p.dp),
+        "HSDP shards over groups of shard_group data-parallel ranks and replicates across them");
   if (p.shard_group > 0 && p.shard_group != p.dp && p.optimizer_shard == 0)
     ck.fail("parallel.shard_group",
             fmt::format("'parallel.shard_group' is {} but nothing is sharded (optimizer_shard is "

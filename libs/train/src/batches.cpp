@@ -41,8 +41,9 @@ Expected<std::vector<exec::HostTensor>> slice_rows(std::vector<exec::HostTensor>
   for (auto& t : batch) {
     if (t.dims.empty() || t.dims[0] != rows) continue;
     const std::size_t bytes = t.data.size() / static_cast<std::size_t>(parts);
-    std::vector<unsigned char> mine(t.data.begin() + static_cast<std::ptrdiff_t>(bytes * part),
-                                   t.data.begin() + static_cast<std::ptrdiff_t>(bytes * (part + 1)));
+    std::vector<unsigned char> mine(
+        t.data.begin() + static_cast<std::ptrdiff_t>(bytes * part),
+        t.data.begin() + static_cast<std::ptrdiff_t>(bytes * (part + 1)));
     t.data = std::move(mine);
     t.dims[0] = rows / parts;
   }

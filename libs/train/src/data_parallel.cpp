@@ -50,8 +50,8 @@ Expected<DataParallelSync> DataParallelSync::create(const DataParallel& dp,
   const int n = dp.active() ? static_cast<int>(dp.group.size()) : 1;
   const int idx = dp.active() ? dp.index() : 0;
   if (idx < 0)
-    return Error(Errc::internal, fmt::format("rank {} is not in its data-parallel group",
-                                             dp.transport->rank()));
+    return Error(Errc::internal,
+                 fmt::format("rank {} is not in its data-parallel group", dp.transport->rank()));
   s.shard_ = dp.zero == 0 ? 1 : (dp.shard > 0 ? dp.shard : n);
   if (s.shard_ > n || n % s.shard_ != 0)
     return Error(Errc::bad_input,
@@ -88,8 +88,8 @@ Status DataParallelSync::allreduce_chunked(const std::vector<int>& group, float*
 Expected<double> DataParallelSync::reduce(double loss, std::int64_t count,
                                           std::vector<HostTensor>& grads) {
   if (grads.size() != offsets_.size())
-    return Error(Errc::internal, fmt::format("{} gradients for {} parameters", grads.size(),
-                                             offsets_.size()));
+    return Error(Errc::internal,
+                 fmt::format("{} gradients for {} parameters", grads.size(), offsets_.size()));
   double sums[2] = {count > 0 ? loss * static_cast<double>(count) : 0.0,
                     static_cast<double>(count)};
   if (dp_.active())
@@ -137,8 +137,8 @@ Expected<double> DataParallelSync::reduce(double loss, std::int64_t count,
 
 Status DataParallelSync::allgather_params(std::vector<HostTensor>& params) {
   std::vector<float> block(static_cast<std::size_t>(per_shard_), 0.0f);
-  std::copy(flat_.begin() + position_ * per_shard_,
-            flat_.begin() + (position_ + 1) * per_shard_, block.begin());
+  std::copy(flat_.begin() + position_ * per_shard_, flat_.begin() + (position_ + 1) * per_shard_,
+            block.begin());
   HP_TRY(dp_.transport->allgather(shard_group_, block.data(), flat_.data(),
                                   per_shard_ * static_cast<std::int64_t>(sizeof(float))));
   for (std::size_t k = 0; k < params.size(); ++k)
@@ -149,8 +149,7 @@ Status DataParallelSync::allgather_params(std::vector<HostTensor>& params) {
 
 Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& params,
-                                            std::vector<HostTensor>& grads,
-                                            OptimizerState& state) {
+                                            std::vector<HostTensor>& grads, OptimizerState& state) {
   if (grads.size() != pieces_.size())
     return Error(Errc::internal, "DataParallelSync::update before reduce");
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
@@ -173,8 +172,8 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
     HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, std::sqrt(sq)));
   if (shard_ == 1) {
-    for (std::size_t k = 0; k < pieces_.size(); ++k) params[pieces_[k].param].data =
-        std::move(mine[k].data);
+    for (std::size_t k = 0; k < pieces_.size(); ++k)
+      params[pieces_[k].param].data = std::move(mine[k].data);
     return info;
   }
   for (std::size_t k = 0; k < pieces_.size(); ++k)
@@ -198,9 +197,9 @@ Expected<OptimizerState> DataParallelSync::gather_state(const OptimizerState& st
     const auto& src = l == 0 ? state.exp_avg : state.exp_avg_sq;
     std::fill(block.begin(), block.end(), 0.0f);
     for (std::size_t k = 0; k < pieces_.size() && k < src.size(); ++k)
-      std::memcpy(block.data() + offsets_[pieces_[k].param] + pieces_[k].offset -
-                      position_ * per_shard_,
-                  f32(src[k]), static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
+      std::memcpy(
+          block.data() + offsets_[pieces_[k].param] + pieces_[k].offset - position_ * per_shard_,
+          f32(src[k]), static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
     HP_TRY(dp_.transport->allgather(shard_group_, block.data(), flat_.data(),
                                     per_shard_ * static_cast<std::int64_t>(sizeof(float))));
     auto& dst = l == 0 ? whole.exp_avg : whole.exp_avg_sq;

@@ -225,8 +225,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.lr = info->lr;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Tokens of the global batch: a fixed batch was cut to this rank's rows when it was read.
-  const double tokens =
-      static_cast<double>(data.tokens()) * (o.data_file.empty() ? parts : 1);
+  const double tokens = static_cast<double>(data.tokens()) * (o.data_file.empty() ? parts : 1);
   m.tokens_per_second = m.seconds > 0 ? tokens / m.seconds : 0;
   m.peak_bytes = ex->stats().peak_bytes;
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();

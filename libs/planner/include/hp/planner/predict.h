@@ -86,8 +86,8 @@ Candidate candidate_of(const Plan& plan);
 /// first axis order that reproduces them, as hp plan -o writes them; tp<dp<pp when none does or no
 /// ranks are listed); and its [[stages]] layout (stage j on pipeline rank j mod pp) with each
 /// layer's recompute policy. When [model] dims bind "batch", the micro-batch size is what a run
-/// feeds: batch / (dp x micro_batches). HSDP: [parallel] shard_group (0 = the whole DP group). Errors
-/// are Errc::bad_input located at the recipe key.
+/// feeds: batch / (dp x micro_batches). HSDP: [parallel] shard_group (0 = the whole DP group).
+/// Errors are Errc::bad_input located at the recipe key.
 Expected<Candidate> candidate_of(const recipe::Recipe& recipe);
 
 /// predict() of a recipe: its model (a path relative to `base_dir`, the recipe's directory)

@@ -47,15 +47,15 @@ struct DataParallel {
 
 /// What a rank holds of the flat parameter vector: pieces of parameters, in order.
 struct FlatPiece {
-  std::size_t param = 0;     ///< index into the parameter list
-  std::int64_t offset = 0;   ///< first element inside the parameter
-  std::int64_t count = 0;    ///< elements
+  std::size_t param = 0;    ///< index into the parameter list
+  std::int64_t offset = 0;  ///< first element inside the parameter
+  std::int64_t count = 0;   ///< elements
 };
 
 class DataParallelSync {
  public:
-  /// Lays out `params` (f32, in the gradient model's order). Errc::bad_input when the group does not
-  /// contain this rank or `shard` does not divide it, or zero is outside 0..3.
+  /// Lays out `params` (f32, in the gradient model's order). Errc::bad_input when the group does
+  /// not contain this rank or `shard` does not divide it, or zero is outside 0..3.
   static Expected<DataParallelSync> create(const DataParallel& dp,
                                            const std::vector<exec::HostTensor>& params);
 
@@ -85,12 +85,12 @@ class DataParallelSync {
   Status allgather_params(std::vector<exec::HostTensor>& params);
 
   DataParallel dp_;
-  int shard_ = 1;                  ///< members sharing one copy of the optimizer (1 = none)
-  std::vector<int> shard_group_;   ///< global ranks of this rank's shard group
-  std::vector<int> replica_group_; ///< global ranks holding the same shard (HSDP)
-  int position_ = 0;               ///< in the shard group
-  std::int64_t total_ = 0;         ///< elements of all parameters
-  std::int64_t per_shard_ = 0;     ///< elements each shard member owns (padded)
+  int shard_ = 1;                      ///< members sharing one copy of the optimizer (1 = none)
+  std::vector<int> shard_group_;       ///< global ranks of this rank's shard group
+  std::vector<int> replica_group_;     ///< global ranks holding the same shard (HSDP)
+  int position_ = 0;                   ///< in the shard group
+  std::int64_t total_ = 0;             ///< elements of all parameters
+  std::int64_t per_shard_ = 0;         ///< elements each shard member owns (padded)
   std::vector<std::int64_t> offsets_;  ///< flat offset of each parameter
   std::vector<FlatPiece> pieces_;
   std::vector<float> flat_;  ///< gradients, then parameters, end to end (padded)

@@ -1,0 +1,201 @@
+// DataParallelSync (hp/train/data_parallel.h) on in-process ranks: whatever the ZeRO level and the
+// HSDP grouping, every rank ends a step with the parameters and the state one rank gets from the
+// label-weighted mean gradient.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "hp/plugin/hp_plugin.h"
+#include "hp/train/data_parallel.h"
+
+using hp::exec::HostTensor;
+using namespace hp::train;
+
+namespace {
+
+HostTensor tensor(const std::string& name, std::vector<std::int64_t> dims, std::uint32_t seed) {
+  HostTensor t;
+  t.name = name;
+  t.dtype = HP_F32;
+  t.dims = std::move(dims);
+  t.data.resize(static_cast<std::size_t>(t.numel()) * 4);
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = d(gen);
+  return t;
+}
+
+// Odd sizes, so shards cut through tensors and the flat vector needs padding.
+std::vector<HostTensor> model_params() {
+  return {tensor("w1", {7, 5}, 1), tensor("b1", {5}, 2), tensor("w2", {5, 3}, 3),
+          tensor("b2", {3}, 4)};
+}
+
+std::vector<HostTensor> rank_grads(int rank, std::uint32_t step) {
+  auto g = model_params();
+  for (std::size_t k = 0; k < g.size(); ++k)
+    g[k] = tensor(g[k].name, g[k].dims, 100 * step + 10 * rank + k);
+  return g;
+}
+
+double max_diff(const HostTensor& a, const HostTensor& b) {
+  double d = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    d = std::max(d, std::fabs(static_cast<double>(a.as<float>()[i]) - b.as<float>()[i]));
+  return d;
+}
+
+struct Case {
+  int ranks, zero, shard;
+};
+
+// `steps` updates with `ranks` ranks whose label counts differ (rank 1 has none at step 2), against
+// one rank updating from sum_r (n_r / N) g_r.
+void check_case(const Case& c, const OptimizerConfig& cfg) {
+  const int steps = 3;
+  auto counts = [](int rank, int step) -> std::int64_t {
+    return rank == 1 && step == 2 ? 0 : 3 + rank + step;
+  };
+  // The single-rank reference.
+  auto ref = model_params();
+  OptimizerState ref_state;
+  std::vector<double> ref_loss;
+  for (int s = 1; s <= steps; ++s) {
+    std::int64_t total = 0;
+    for (int r = 0; r < c.ranks; ++r) total += counts(r, s);
+    auto mean = model_params();
+    double loss = 0;
+    for (auto& m : mean) std::memset(m.data.data(), 0, m.data.size());
+    for (int r = 0; r < c.ranks; ++r) {
+      const double w = static_cast<double>(counts(r, s)) / total;
+      if (counts(r, s) == 0) continue;
+      auto g = rank_grads(r, s);
+      for (std::size_t k = 0; k < g.size(); ++k)
+        for (std::int64_t i = 0; i < g[k].numel(); ++i)
+          mean[k].as<float>()[i] += static_cast<float>(w) * g[k].as<float>()[i];
+      loss += w * (1.0 + r + s);
+    }
+    REQUIRE(optimizer_step(cfg, ref, mean, ref_state));
+    ref_loss.push_back(loss);
+  }
+  std::mutex mu;
+  std::vector<std::vector<HostTensor>> finals(static_cast<std::size_t>(c.ranks));
+  std::vector<OptimizerState> gathered(static_cast<std::size_t>(c.ranks));
+  auto st = hp::comm::run_in_process(c.ranks, [&](int rank, hp::comm::Transport& t) -> hp::Status {
+    DataParallel dp;
+    dp.transport = &t;
+    for (int r = 0; r < c.ranks; ++r) dp.group.push_back(r);
+    dp.zero = c.zero;
+    dp.shard = c.shard;
+    dp.bucket_bytes = 24;  // several chunks even on this small model
+    auto params = model_params();
+    HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+    OptimizerState state;
+    for (int s = 1; s <= steps; ++s) {
+      auto grads = rank_grads(rank, s);
+      if (counts(rank, s) == 0)  // a rank without labels has NaN where torch divides 0 by 0
+        for (auto& g : grads) g.as<float>()[0] = std::nanf("");
+      HP_ASSIGN_OR_RETURN(double loss, sync.reduce(1.0 + rank + s, counts(rank, s), grads));
+      if (std::fabs(loss - ref_loss[static_cast<std::size_t>(s - 1)]) > 1e-12)
+        return hp::Error(hp::Errc::runtime, "loss differs");
+      HP_ASSIGN_OR_RETURN(auto info, sync.update(cfg, params, grads, state));
+      (void)info;
+    }
+    HP_ASSIGN_OR_RETURN(auto whole, sync.gather_state(state, params));
+    // slice_state inverts gather_state.
+    auto again = sync.slice_state(whole);
+    for (std::size_t k = 0; k < again.exp_avg.size(); ++k)
+      if (again.exp_avg[k].data != state.exp_avg[k].data)
+        return hp::Error(hp::Errc::runtime, "slice_state(gather_state) differs");
+    std::lock_guard<std::mutex> lock(mu);
+    finals[static_cast<std::size_t>(rank)] = std::move(params);
+    gathered[static_cast<std::size_t>(rank)] = std::move(whole);
+    return {};
+  });
+  INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard);
+  REQUIRE(st);
+  for (int r = 0; r < c.ranks; ++r) {
+    for (std::size_t k = 0; k < ref.size(); ++k) {
+      INFO("rank " << r << " tensor " << ref[k].name);
+      CHECK(max_diff(finals[static_cast<std::size_t>(r)][k], ref[k]) < 1e-5);
+      REQUIRE(gathered[static_cast<std::size_t>(r)].exp_avg.size() == ref_state.exp_avg.size());
+      CHECK(max_diff(gathered[static_cast<std::size_t>(r)].exp_avg[k], ref_state.exp_avg[k]) <
+            1e-6);
+      if (!ref_state.exp_avg_sq.empty())
+        CHECK(max_diff(gathered[static_cast<std::size_t>(r)].exp_avg_sq[k],
+                       ref_state.exp_avg_sq[k]) < 1e-6);
+    }
+    CHECK(gathered[static_cast<std::size_t>(r)].step == steps);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("data parallelism equals one rank at every ZeRO level and with HSDP", "[train][dp]") {
+  OptimizerConfig adamw;
+  adamw.lr = 0.01;
+  adamw.clip_norm = 0.5;  // clipping reads the global norm of sharded gradients
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  for (const Case& c : {Case{2, 0, 0}, Case{2, 1, 0}, Case{2, 2, 0}, Case{2, 3, 0}, Case{3, 2, 0},
+                        Case{4, 1, 2}, Case{4, 2, 2}, Case{4, 3, 2}}) {
+    check_case(c, adamw);
+    check_case(c, sgd);
+  }
+}
+
+TEST_CASE("a model smaller than the shard count leaves ranks without pieces", "[train][dp]") {
+  // 2 elements over 4 shards: ranks 2 and 3 own nothing, yet take part in every collective.
+  auto st = hp::comm::run_in_process(4, [&](int rank, hp::comm::Transport& t) -> hp::Status {
+    DataParallel dp{&t, {0, 1, 2, 3}, 2, 0};
+    std::vector<HostTensor> params{tensor("p", {2}, 7)};
+    HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+    if (rank >= 2 && !sync.pieces().empty()) return hp::Error(hp::Errc::runtime, "pieces");
+    OptimizerState state;
+    OptimizerConfig cfg;
+    std::vector<HostTensor> grads{tensor("p", {2}, 8)};
+    HP_ASSIGN_OR_RETURN(double loss, sync.reduce(1.0, 1, grads));
+    (void)loss;
+    HP_ASSIGN_OR_RETURN(auto info, sync.update(cfg, params, grads, state));
+    (void)info;
+    HP_ASSIGN_OR_RETURN(auto whole, sync.gather_state(state, params));
+    if (whole.exp_avg.size() != 1 || whole.exp_avg[0].numel() != 2)
+      return hp::Error(hp::Errc::runtime, "gathered state");
+    return {};
+  });
+  REQUIRE(st);
+}
+
+TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
+  auto st = hp::comm::run_in_process(4, [&](int, hp::comm::Transport& t) -> hp::Status {
+    auto params = model_params();
+    auto bad_shard = DataParallelSync::create(DataParallel{&t, {0, 1, 2, 3}, 2, 3}, params);
+    if (bad_shard || bad_shard.error().code != hp::Errc::bad_input)
+      return hp::Error(hp::Errc::runtime, "shard 3 of 4 accepted");
+    auto bad_level = DataParallelSync::create(DataParallel{&t, {0, 1, 2, 3}, 4, 0}, params);
+    if (bad_level) return hp::Error(hp::Errc::runtime, "level 4 accepted");
+    auto f64 = params;
+    f64[0].dtype = HP_F64;
+    if (DataParallelSync::create(DataParallel{&t, {0, 1, 2, 3}, 1, 0}, f64))
+      return hp::Error(hp::Errc::runtime, "f64 parameter accepted");
+    return {};
+  });
+  REQUIRE(st);
+  // Every rank without a label: nothing to average.
+  auto none = hp::comm::run_in_process(2, [&](int, hp::comm::Transport& t) -> hp::Status {
+    auto params = model_params();
+    HP_ASSIGN_OR_RETURN(auto sync,
+                        DataParallelSync::create(DataParallel{&t, {0, 1}, 0, 0}, params));
+    auto grads = rank_grads(0, 1);
+    auto loss = sync.reduce(1.0, 0, grads);
+    if (loss || loss.error().code != hp::Errc::runtime)
+      return hp::Error(hp::Errc::internal, "an all-ignored batch was averaged");
+    return {};
+  });
+  REQUIRE(none);
+}
