@@ -115,20 +115,24 @@ def toml_value(v):
     raise TypeError(v)
 
 
-def write_recipe(path, model, train, dims, layers=None, recompute="none", workload=None):
+def write_recipe(path, model, train, dims, layers=None, recompute="none", workload=None,
+                 parallel=None):
     """A one-rank recipe on the local-cpu preset (dp = tp = pp = 1) with a [train] table; `layers`
     (a "0-N" range) adds the single [[stages]] entry that carries `recompute`; a [workload] sets
-    micro_batch_size to its global_batch (hp verify checks they agree)."""
+    micro_batch_size to its global_batch (hp verify checks they agree); `parallel` overrides
+    [parallel] keys (dp, optimizer_shard, shard_group: run_distributed.py)."""
     lines = ["[recipe]", "version = 1", f"name = {toml_value(os.path.basename(path)[:-5])}",
              f"model = {toml_value(os.path.relpath(model, os.path.dirname(path)))}",
              'cluster = "local-cpu"', "nodes = 1", "", "[model]", f"dims = {toml_value(dims)}", "",
-             "[parallel]", "dp = 1", "tp = 1", "pp = 1"]
+             "[parallel]"]
+    par = dict({"dp": 1, "tp": 1, "pp": 1}, **(parallel or {}))
+    lines += [f"{k} = {toml_value(v)}" for k, v in par.items()]
     if workload:
-        lines += [f"micro_batch_size = {workload['global_batch']}"]
+        lines += [f"micro_batch_size = {workload['global_batch'] // par['dp']}"]
     lines += [""]
     if layers is not None:
         lines += ["[[stages]]", "index = 0", f"layers = {toml_value(layers)}",
-                  f"recompute = {toml_value(recompute)}", 'ranks = "0"', ""]
+                  f"recompute = {toml_value(recompute)}", ""]
     if workload:
         lines += ["[workload]"] + [f"{k} = {toml_value(v)}" for k, v in workload.items()] + [""]
     lines += ["[train]"] + [f"{k} = {toml_value(v)}" for k, v in train.items()]

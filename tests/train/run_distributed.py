@@ -1,0 +1,223 @@
+#!/usr/bin/python3
+"""End-to-end data-parallel training test: several ranks train what one rank (and PyTorch) trains.
+
+For each model of models.py (exported for training with a dynamic batch axis, as users export), torch
+runs 5 AdamW steps with gradient clipping on one fixed batch of 4 (reference.py), and
+
+    hp launch RECIPE --inputs BATCH_DIR --metrics m.jsonl --save-model out.onnx
+
+trains the same 5 steps with the recipe's [parallel] set to each layout below, every rank taking its
+rows of the batch. Each step's loss must be torch's within 1e-4 (relative), the gradient norm
+within 1e-3, and the saved weights within 1% of torch's update (run_training.compare):
+
+    dp=2 (mpirun)                       plain data parallelism, gradients all-reduced
+    dp=2 optimizer_shard 1/2 (--simulate) and 3 (mpirun)
+    dp=4 optimizer_shard 2, shard_group 2 (--simulate): HSDP, one row per rank
+
+Then, on the GPT-2 export: 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
+more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
+and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
+job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
+trains).
+
+Usage: run_distributed.py HP_BINARY WORK_DIR [--models a,b] [--no-faults]
+Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+try:
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models  # noqa: E402
+    import reference  # noqa: E402
+    import run_training as rt  # noqa: E402
+except ImportError as e:
+    print(f"skipped: {e} (packaging/install-deps.sh installs python3-torch and python3-onnx)")
+    sys.exit(77)
+
+LAYOUTS = [
+    ("dp2", {"dp": 2}, "mpirun"),
+    ("dp2-zero1", {"dp": 2, "optimizer_shard": 1}, "simulate"),
+    ("dp2-zero2", {"dp": 2, "optimizer_shard": 2}, "simulate"),
+    ("dp2-zero3", {"dp": 2, "optimizer_shard": 3}, "mpirun"),
+    ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
+]
+VARIANT = "adamw-clip"
+
+
+def train(hp, recipe, how, args, log, timeout=300):
+    extra = ["--simulate"] if how == "simulate" else []
+    return rt.launch(hp, recipe, extra + args, log, timeout)
+
+
+def layout_run(hp, d, ref, tag, parallel, how, log):
+    recipe = os.path.join(d, f"{tag}.toml")
+    rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
+    metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+    rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--metrics", metrics,
+                                      "--save-model", saved, "--run-dir",
+                                      os.path.join(d, f"run-{tag}")], log)
+    if rc != 0:
+        raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
+    rows = rt.read_metrics(metrics, 1, reference.STEPS)
+    detail, (worst, name) = rt.compare(ref, rows, saved)
+    return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+
+
+def resharded(hp, work, log):
+    """3 steps at dp2 x ZeRO-2, resumed for 2 at one rank and at dp4 HSDP: the 5 steps torch ran."""
+    d = os.path.join(work, "reshard")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d)
+    first = os.path.join(d, "first.toml")
+    rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH},
+                    parallel={"dp": 2, "optimizer_shard": 2})
+    ckpt = os.path.join(d, "ckpt")
+    m1 = os.path.join(d, "first.jsonl")
+    rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
+                                          "--checkpoint", ckpt, "--run-dir",
+                                          os.path.join(d, "run")], log)
+    if rc != 0:
+        raise rt.Failure(f"dp2 zero2, 3 steps: exit {rc}: {rt.first_error(out)}")
+    head = rt.read_metrics(m1, 1, 3)
+    details = []
+    for tag, parallel, how in [("one-rank", {}, "one"),
+                               ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2},
+                                "simulate")]:
+        recipe = os.path.join(d, f"{tag}.toml")
+        rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
+        m, s = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+        rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume", ckpt,
+                                          "--metrics", m, "--save-model", s], log)
+        if rc != 0:
+            raise rt.Failure(f"resume at {tag}: exit {rc}: {rt.first_error(out)}")
+        detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), s)
+        details.append(f"{tag}: {detail.split('  ')[0]}")
+    return "dp2 zero2 x3 -> " + "; ".join(details)
+
+
+def killed_rank(hp, work, log):
+    """SIGKILL one rank of a long mpirun training: the job ends fast and the checkpoint resumes."""
+    d = os.path.join(work, "fault")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    data = np.frombuffer(open(rt.GPL, "rb").read(), dtype=np.uint8).astype("<u2")
+    tokens = os.path.join(d, "tokens.bin")
+    data.tofile(tokens)
+    spec = models.STREAM["gpt2"]
+    torch.manual_seed(0)
+    exported = models.export(spec, spec.make().train(), os.path.join(d, "model.onnx"))
+    table = reference.train_table("gpt2", reference.Variant("adamw", 3e-3), 0.0, exported.frozen,
+                                  100000)
+    recipe = os.path.join(d, "train.toml")
+    rt.write_recipe(recipe, exported.path, table, {"batch": models.BATCH},
+                    workload={"mode": "train", "dtype": "fp32", "optimizer": "adamw",
+                              "global_batch": models.BATCH, "seq": spec.seq},
+                    parallel={"dp": 2, "optimizer_shard": 1})
+    ckpt = os.path.join(d, "ckpt")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [hp, "launch", recipe, "--threads", "1", "--data", tokens, "--checkpoint", ckpt,
+           "--checkpoint-every", "20", "--log-every", "1000", "--run-dir",
+           os.path.join(d, "run")] + root
+    log.write("$ " + " ".join(cmd) + "\n")
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(ckpt, "state.json")) and time.time() < deadline:
+            if job.poll() is not None:
+                raise rt.Failure(f"the job ended before its first checkpoint: "
+                                 f"{rt.first_error(job.stdout.read())}")
+            time.sleep(0.2)
+        time.sleep(1.0)
+        ranks = subprocess.run(["pgrep", "-f", f"{recipe} --worker"], capture_output=True,
+                               text=True).stdout.split()
+        if not ranks:
+            raise rt.Failure("no rank process found to kill")
+        os.kill(int(ranks[-1]), signal.SIGKILL)
+        killed = time.time()
+        try:
+            out, _ = job.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            raise rt.Failure("the job still runs 20 s after a rank was killed")
+        took = time.time() - killed
+        log.write(out)
+        if job.returncode == 0:
+            raise rt.Failure("the job exited 0 although a rank was killed")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    # The checkpoint left behind is whole: one rank resumes from it for a step.
+    one = os.path.join(d, "one.toml")
+    rt.write_recipe(one, exported.path, table, {"batch": models.BATCH},
+                    workload={"mode": "train", "dtype": "fp32", "optimizer": "adamw",
+                              "global_batch": models.BATCH, "seq": spec.seq})
+    m = os.path.join(d, "resumed.jsonl")
+    rc, out2 = rt.launch(hp, one, ["--data", tokens, "--resume", ckpt, "--steps", "1",
+                                   "--metrics", m], log)
+    if rc != 0:
+        raise rt.Failure(f"resume from the checkpoint left behind: exit {rc}: "
+                         f"{rt.first_error(out2)}")
+    with open(m) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if len(rows) != 1 or rows[0]["step"] < 21 or not math.isfinite(rows[0]["loss"]):
+        raise rt.Failure(f"the resumed run's metrics are not one step after step 20: {rows}")
+    return (f"job ended {took:.1f} s after the kill (exit {job.returncode}); the checkpoint of "
+            f"step {rows[0]['step'] - 1} resumes")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("hp")
+    ap.add_argument("work")
+    ap.add_argument("--models", default="gpt2,llama,mlp,vit,moe")
+    ap.add_argument("--no-faults", action="store_true")
+    a = ap.parse_args()
+    help_text = subprocess.run([a.hp, "launch", "--help"], capture_output=True, text=True).stdout
+    if "--simulate" not in help_text:
+        print(f"skipped: {a.hp} launch has no --simulate (no data-parallel training in this hp)")
+        return 77
+    os.makedirs(a.work, exist_ok=True)
+    torch.set_num_threads(1)
+    fails = 0
+
+    def report(ok, label, detail):
+        nonlocal fails
+        fails += not ok
+        print(f"{'ok' if ok else 'FAIL':8} {label:30} {detail}", flush=True)
+
+    log_path = os.path.join(a.work, "distributed.log")
+    with open(log_path, "w") as log:
+        for name in a.models.split(","):
+            d = os.path.join(a.work, name)
+            shutil.rmtree(d, ignore_errors=True)
+            ref = reference.make(name, VARIANT, d)
+            for tag, parallel, how in LAYOUTS:
+                try:
+                    report(True, f"{name} {tag} ({how})",
+                           layout_run(a.hp, d, ref, tag, parallel, how, log))
+                except Exception as e:
+                    report(False, f"{name} {tag} ({how})", rt.describe(e))
+        for label, fn in [("resharded resume", resharded)] + (
+                [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
+            try:
+                report(True, label, fn(a.hp, a.work, log))
+            except Exception as e:
+                report(False, label, rt.describe(e))
+    print(f"\n{fails} failing (log: {log_path})")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
