@@ -47,7 +47,10 @@ class MetricsFile {
                         {"lr", m.lr},
                         {"seconds", m.seconds},
                         {"tokens_per_second", m.tokens_per_second},
-                        {"peak_bytes", m.peak_bytes}};
+                        {"peak_bytes", m.peak_bytes},
+                        {"run_seconds", m.run_seconds},
+                        {"reduce_seconds", m.reduce_seconds},
+                        {"update_seconds", m.update_seconds}};
     out_ << j.dump() << '\n';
     out_.flush();
   }
@@ -208,6 +211,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   if (sync) {
     HP_ASSIGN_OR_RETURN(loss, sync->reduce(loss, count, grads));
   }
+  const auto t_reduced = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
     return Error(Errc::runtime,
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
@@ -229,7 +233,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.tokens_per_second = m.seconds > 0 ? tokens / m.seconds : 0;
   m.peak_bytes = ex->stats().peak_bytes;
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
-  m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
+  m.reduce_seconds = std::chrono::duration<double>(t_reduced - t1).count();
+  m.update_seconds = std::chrono::duration<double>(t2 - t_reduced).count();
   return m;
 }
 
@@ -311,11 +316,16 @@ Expected<TrainReport> train(const TrainOptions& o) {
     for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
       line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
                           total > 0 ? 100 * ops[k].first / total : 0.0);
+    const std::string reduce =
+        r.sync ? fmt::format(", {:.3f} s gradient reduction (data parallel, after the backward)",
+                             lastm.reduce_seconds)
+               : std::string();
     if (!line.empty())
       r.report.summary += fmt::format(
-          "last step: {:.3f} s forward+backward, {:.3f} s optimizer, {:.3f} s other; by op: {}\n",
-          lastm.run_seconds, lastm.update_seconds,
-          lastm.seconds - lastm.run_seconds - lastm.update_seconds, line);
+          "last step: {:.3f} s forward+backward{}, {:.3f} s optimizer, {:.3f} s other; by op: "
+          "{}\n",
+          lastm.run_seconds, reduce, lastm.update_seconds,
+          lastm.seconds - lastm.run_seconds - lastm.reduce_seconds - lastm.update_seconds, line);
   }
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;

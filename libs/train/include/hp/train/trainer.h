@@ -54,7 +54,10 @@ struct StepMetrics {
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, tokens_per_second = 0;
   std::int64_t peak_bytes = 0;  ///< the executor's peak of live tensor bytes during the step
   double run_seconds = 0;       ///< of `seconds`: the gradient model's run (forward + backward)
-  double update_seconds = 0;    ///< of `seconds`: clipping and the optimizer
+  /// Of `seconds`: the data-parallel gradient reduction left after the backward (0 on one rank).
+  double reduce_seconds = 0;
+  /// Of `seconds`: clipping and the optimizer (with ZeRO: and the parameters' all-gather).
+  double update_seconds = 0;
 };
 
 struct TrainReport {

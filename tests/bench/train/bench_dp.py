@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""Data-parallel training benchmark (not a test): the speedup of dp ranks over one rank, same run.
+
+Model: bench_train.py's GPT-2-style decoder (hidden 512, 8 heads, 6 layers, vocab 8192, seq 128),
+exported with a dynamic batch axis, trained with AdamW on one global batch of --batch sequences.
+Every configuration runs `hp launch RECIPE --inputs BATCH --metrics m.jsonl --threads 1` for --steps
+steps; the figure is the median step of the metrics after the warm-up steps:
+
+    one rank, 1 thread                  the baseline
+    dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter)
+
+and prints speedup = baseline / configuration (ideal: dp), the share of a step spent in the
+gradient reduction that is left after the backward (reduce_seconds) and in the update
+(update_seconds, which with ZeRO includes the parameters' all-gather). Each rank gets one core: on a
+machine with fewer free cores than ranks the speedup measures the oversubscription, not hp.
+
+    tests/bench/train/bench_dp.py [BUILD_DIR] [--steps 6] [--warmup 2] [--batch 8] [--zero 0,1,2]
+
+Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train).
+"""
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import onnx
+import torch
+from onnx import numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_train as bt  # noqa: E402
+
+
+def prepare(cache, batch):
+    key = hashlib.sha256(open(__file__, "rb").read() + open(bt.__file__, "rb").read()
+                         + str(batch).encode()).hexdigest()[:16]
+    d = os.path.join(cache, f"gpt-dynamic-{key}")
+    if os.path.exists(os.path.join(d, "model.onnx")):
+        return d
+    print(f"generating the benchmark model into {d} ...", file=sys.stderr)
+    tmp = d + ".tmp"
+    os.makedirs(os.path.join(tmp, "inputs"), exist_ok=True)
+    bt.models.export(bt.spec(), bt.make_model(), os.path.join(tmp, "model.onnx"), 2, dynamic=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, bt.VOCAB, (batch, bt.SEQ + 1), generator=g)
+    onnx.save_tensor(numpy_helper.from_array(ids[:, :-1].contiguous().numpy(), "input_ids"),
+                     os.path.join(tmp, "inputs", "input_0.pb"))
+    onnx.save_tensor(numpy_helper.from_array(ids[:, 1:].contiguous().numpy(), "labels"),
+                     os.path.join(tmp, "inputs", "input_1.pb"))
+    os.rename(tmp, d)
+    return d
+
+
+def run(hp, d, work, batch, steps, warmup, parallel):
+    tag = "-".join(f"{k}{v}" for k, v in parallel.items()) or "one"
+    recipe = os.path.join(work, f"{tag}.toml")
+    train = {"loss": "cross_entropy", "logits": bt.models.OUTPUT, "labels": "labels",
+             "optimizer": "adamw", "lr": bt.LR, "betas": list(bt.BETAS), "eps": 1e-8,
+             "weight_decay": bt.WD, "clip_norm": 1.0, "steps": steps, "frozen": []}
+    bt.run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": batch},
+                                 parallel=parallel)
+    metrics = os.path.join(work, f"{tag}.jsonl")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    p = subprocess.run([hp, "launch", recipe, "--inputs",
+                        os.path.join(d, "inputs"), "--metrics", metrics, "--threads", "1",
+                        "--steps", str(steps), "--run-dir", os.path.join(work, f"run-{tag}")]
+                       + root, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
+    med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
+    return med("seconds"), med("reduce_seconds"), med("update_seconds"), rows[-1]["loss"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build", nargs="?", default=os.path.join(bt.ROOT, "build"))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--zero", default="0,1,2")
+    a = ap.parse_args()
+    hp = os.path.join(a.build, "bin", "hp")
+    cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hp-bench", "train")
+    d = prepare(cache, a.batch)
+    print(f"model {d}/model.onnx, global batch {a.batch} x {bt.SEQ}, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory() as work:
+        base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {})
+        print(f"{'one rank, 1 thread':34} {base:8.3f} s/step  (update {base_upd:.3f} s)  "
+              f"loss {base_loss:.5f}")
+        for z in [int(x) for x in a.zero.split(",")]:
+            t, red, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup,
+                                    {"dp": 2, "optimizer_shard": z})
+            print(f"{f'dp=2 zero {z} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
+                  f"{base / t:4.2f}x  reduction {red:.3f} s ({100 * red / t:.0f}%)  update "
+                  f"{upd:.3f} s  loss {loss:.5f}")
+
+
+if __name__ == "__main__":
+    main()
