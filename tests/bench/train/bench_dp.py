@@ -68,8 +68,9 @@ def run(hp, d, work, batch, steps, warmup, parallel):
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     p = subprocess.run([hp, "launch", recipe, "--inputs",
                         os.path.join(d, "inputs"), "--metrics", metrics, "--threads", "1",
-                        "--steps", str(steps), "--run-dir", os.path.join(work, f"run-{tag}")]
-                       + root, capture_output=True, text=True)
+                        "--steps", str(steps)] + root
+                       + (["--run-dir", os.path.join(work, f"run-{tag}")] if parallel else []),
+                       capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]

@@ -176,17 +176,32 @@ TEST_CASE("train_run: what is refused before training", "[job]") {
            [](LaunchOptions& x) { x.outputs = "out"; }, [](LaunchOptions& x) { x.shard_dir = "s"; },
            [](LaunchOptions& x) { x.hostfile = "h"; },
            [](LaunchOptions& x) { x.launcher = "slurm"; },
-           [](LaunchOptions& x) { x.timeout_s = 5; }, [](LaunchOptions& x) { x.run_dir = "r"; }}) {
+           [](LaunchOptions& x) { x.timeout_s = 5; }, [](LaunchOptions& x) { x.run_dir = "r"; },
+           [](LaunchOptions& x) { x.simulate = true; }}) {
     LaunchOptions x = o;
     set(x);
     CHECK(code(x) == "usage");
   }
-  // Several ranks, or groups: not yet.
-  Job two = job_of(d, "", "", "dp = 2\ntp = 1\npp = 1\n");
-  auto t = train_options(two, o);
+  // Data parallelism trains; the job's options then apply, a forward job's do not.
+  Job two = job_of(d, "", "[model]\ndims = { batch = 4, seq = 32 }\n", "dp = 2\ntp = 1\npp = 1\n");
+  CHECK(train_options(two, o));
+  for (auto set : std::vector<void (*)(LaunchOptions&)>{
+           [](LaunchOptions& x) { x.hostfile = "h"; }, [](LaunchOptions& x) { x.timeout_s = 5; },
+           [](LaunchOptions& x) { x.run_dir = "r"; },
+           [](LaunchOptions& x) { x.simulate = true; }}) {
+    LaunchOptions x = o;
+    set(x);
+    CHECK(train_options(two, x));
+  }
+  LaunchOptions outputs = o;
+  outputs.outputs = "out";
+  CHECK(!train_options(two, outputs));
+  // Tensor or pipeline parallelism, or groups: not yet.
+  Job tp = job_of(d, "", "", "dp = 1\ntp = 2\npp = 1\n");
+  auto t = train_options(tp, o);
   REQUIRE(!t);
   CHECK(t.error().code == hp::Errc::not_implemented);
-  CHECK_THAT(t.error().message(), Catch::Contains("distributed training is not implemented yet"));
+  CHECK_THAT(t.error().message(), Catch::Contains("data-parallel only"));
   CHECK_THAT(t.error().where(), Catch::Contains("r.toml:"));
 }
 
