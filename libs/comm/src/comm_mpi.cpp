@@ -62,6 +62,8 @@ Expected<int> count_of(std::int64_t n) {
 
 class MpiTransport : public Transport {
  public:
+  bool serialized = false;  ///< MPI granted MPI_THREAD_SERIALIZED
+  bool any_thread() const override { return serialized; }
   MpiTransport() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -204,10 +206,15 @@ Expected<Transport*> mpi_world() {
   MPI_Initialized(&inited);
   if (!inited) {
     int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    // SERIALIZED: a training rank reduces gradients on a second thread while the first runs the
+    // backward (hp/train/data_parallel.h), the two never calling MPI at once.
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
       return Error(Errc::runtime, "MPI_Init_thread failed");
   }
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
   g_world = new MpiTransport();
+  g_world->serialized = level >= MPI_THREAD_SERIALIZED;
   return static_cast<Transport*>(g_world);
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -135,6 +136,11 @@ struct Executor::Impl {
   std::map<std::string, int> tensor_ids;
   std::vector<GraphIO> inputs, outputs;
   std::vector<int> input_ids, output_ids;
+  Executor::OutputHook output_hook;
+  /// With output_hook: the output indices of each tensor id (most have none), and the copies made
+  /// for the hook during a run, which run() returns.
+  std::map<int, std::vector<std::size_t>> hooked_outputs;
+  std::vector<std::optional<HostTensor>> early_outputs;
   std::vector<std::pair<int, HostTensor>> weights;  ///< initializer id -> data
   std::deque<PreparedNode> nodes;  // deque: nodes never move (their attrs point into them)
   std::vector<Slot> slots;

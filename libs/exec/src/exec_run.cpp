@@ -381,6 +381,16 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
     } else {
       ++stats.nodes_cached;
     }
+    if (!early_outputs.empty())  // run() with an output hook: hand over what is final now
+      for (int t : n.outputs)
+        if (auto it = hooked_outputs.find(t); it != hooked_outputs.end()) {
+          auto h = to_host(t);
+          if (!h) return fail_run(std::move(h).error());
+          for (std::size_t idx : it->second) {
+            early_outputs[idx] = *h;
+            output_hook(idx, *early_outputs[idx]);
+          }
+        }
     for (int t : n.release_after) free_slot(t);
     offload_after_node(*this, k);
   }

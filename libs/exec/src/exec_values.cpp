@@ -128,16 +128,32 @@ Expected<std::vector<HostTensor>> Executor::run(const std::vector<HostTensor>& i
       return Error(
           Errc::bad_input,
           fmt::format("graph input '{}' is a sequence; run it with run_values", im.inputs[k].name));
+  im.early_outputs.clear();
+  if (im.output_hook) im.early_outputs.resize(im.output_ids.size());
   HP_TRY(im.run_graph(inputs.size(),
                       [&](std::size_t k, int id) { return im.load_tensor(id, inputs[k]); }));
   std::vector<HostTensor> out;
-  for (int id : im.output_ids) {
-    auto h = im.to_host(id);
+  for (std::size_t k = 0; k < im.output_ids.size(); ++k) {
+    if (!im.early_outputs.empty() && im.early_outputs[k]) {
+      out.push_back(std::move(*im.early_outputs[k]));
+      continue;
+    }
+    auto h = im.to_host(im.output_ids[k]);
     if (!h) return im.fail_run(std::move(h).error());
     out.push_back(std::move(*h));
   }
+  im.early_outputs.clear();
   im.end_run();
   return out;
+}
+
+void Executor::set_output_hook(OutputHook hook) {
+  Impl& im = *impl_;
+  im.output_hook = std::move(hook);
+  im.hooked_outputs.clear();
+  if (im.output_hook)
+    for (std::size_t k = 0; k < im.output_ids.size(); ++k)
+      im.hooked_outputs[im.output_ids[k]].push_back(k);
 }
 
 Expected<std::vector<HostValue>> Executor::run_values(const std::vector<HostValue>& inputs) {
@@ -151,6 +167,7 @@ Expected<std::vector<HostValue>> Executor::run_values(const std::vector<HostValu
     im.set_seq(id, std::move(seq));
     return {};
   };
+  im.early_outputs.clear();  // the hook serves run() only
   HP_TRY(im.run_graph(inputs.size(), load));
   std::vector<HostValue> out;
   for (int id : im.output_ids) {

@@ -4,8 +4,13 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "hp/plugin/hp_plugin.h"
 
@@ -35,123 +40,230 @@ float* f32(HostTensor& t) { return reinterpret_cast<float*>(t.data.data()); }
 
 }  // namespace
 
-Expected<DataParallelSync> DataParallelSync::create(const DataParallel& dp,
-                                                    const std::vector<HostTensor>& params) {
-  DataParallelSync s;
-  s.dp_ = dp;
+/// The communication thread: reduces the buckets in the order they complete. An error is kept and
+/// reported by finish_step; the buckets after it are still taken off the queue (not reduced), so
+/// finish_step never waits for work that will not come.
+struct DataParallelSync::Worker {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::size_t> queue;
+  std::size_t done = 0;  ///< buckets finished this step
+  bool stop = false;
+  Status failed;
+  std::thread thread;
+};
+
+void DataParallelSync::worker() {
+  Worker& w = *w_;
+  for (;;) {
+    std::size_t b = 0;
+    {
+      std::unique_lock<std::mutex> lock(w.mu);
+      w.cv.wait(lock, [&] { return w.stop || !w.queue.empty(); });
+      if (w.queue.empty()) return;
+      b = w.queue.front();
+      w.queue.pop_front();
+    }
+    Status st = w.failed ? reduce_bucket(buckets_[b]) : Status{};
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      if (!st && w.failed) w.failed = std::move(st);
+      ++w.done;
+    }
+    w.cv.notify_all();
+  }
+}
+
+Expected<std::unique_ptr<DataParallelSync>> DataParallelSync::create(
+    const DataParallel& dp, const std::vector<HostTensor>& params) {
+  std::unique_ptr<DataParallelSync> s(new DataParallelSync());
+  s->dp_ = dp;
   if (dp.zero < 0 || dp.zero > 3)
     return Error(Errc::bad_input, fmt::format("optimizer_shard level {} is not 0..3", dp.zero));
-  for (const HostTensor& p : params) {
+  for (const HostTensor& p : params)
     if (p.dtype != HP_F32)
       return Error(Errc::bad_input, "data parallelism reduces f32 parameters only", p.name);
-    s.offsets_.push_back(s.total_);
-    s.total_ += p.numel();
-  }
   const int n = dp.active() ? static_cast<int>(dp.group.size()) : 1;
   const int idx = dp.active() ? dp.index() : 0;
   if (idx < 0)
     return Error(Errc::internal,
                  fmt::format("rank {} is not in its data-parallel group", dp.transport->rank()));
-  s.shard_ = dp.zero == 0 ? 1 : (dp.shard > 0 ? dp.shard : n);
-  if (s.shard_ > n || n % s.shard_ != 0)
+  s->shard_ = dp.zero == 0 ? 1 : (dp.shard > 0 ? dp.shard : n);
+  if (s->shard_ > n || n % s->shard_ != 0)
     return Error(Errc::bad_input,
                  fmt::format("the shard group of {} ranks does not divide the data-parallel "
                              "group of {}",
-                             s.shard_, n));
-  s.position_ = idx % s.shard_;
-  const int first = idx - s.position_;
+                             s->shard_, n));
+  s->position_ = idx % s->shard_;
+  const int first = idx - s->position_;
   if (dp.active()) {
-    s.shard_group_.assign(dp.group.begin() + first, dp.group.begin() + first + s.shard_);
-    for (int j = s.position_; j < n; j += s.shard_) s.replica_group_.push_back(dp.group[j]);
+    s->shard_group_.assign(dp.group.begin() + first, dp.group.begin() + first + s->shard_);
+    for (int j = s->position_; j < n; j += s->shard_) s->replica_group_.push_back(dp.group[j]);
   }
-  s.per_shard_ = (s.total_ + s.shard_ - 1) / s.shard_;
-  s.flat_.assign(static_cast<std::size_t>(s.per_shard_ * s.shard_), 0.0f);
-  const std::int64_t lo = s.position_ * s.per_shard_;
-  const std::int64_t hi = std::min(s.total_, lo + s.per_shard_);
+  // Buckets of whole parameters in order, each padded to a multiple of the shard count.
+  const std::int64_t limit = std::max<std::int64_t>(1, dp.bucket_bytes / 4);
+  std::int64_t at = 0;
   for (std::size_t k = 0; k < params.size(); ++k) {
-    const std::int64_t a = std::max(lo, s.offsets_[k]);
-    const std::int64_t b = std::min(hi, s.offsets_[k] + params[k].numel());
-    if (a < b) s.pieces_.push_back({k, a - s.offsets_[k], b - a});
+    const std::int64_t numel = params[k].numel();
+    if (s->buckets_.empty() || s->buckets_.back().length + numel > limit) {
+      if (!s->buckets_.empty()) {
+        Bucket& b = s->buckets_.back();
+        b.length = (b.length + s->shard_ - 1) / s->shard_ * s->shard_;
+        at = b.start + b.length;
+      }
+      s->buckets_.push_back({at, 0, k, k});
+    }
+    Bucket& b = s->buckets_.back();
+    s->offsets_.push_back(b.start + b.length);
+    s->numel_.push_back(numel);
+    s->bucket_of_.push_back(s->buckets_.size() - 1);
+    b.length += numel;
+    b.end = k + 1;
+  }
+  if (!s->buckets_.empty()) {
+    Bucket& b = s->buckets_.back();
+    b.length = (b.length + s->shard_ - 1) / s->shard_ * s->shard_;
+    at = b.start + b.length;
+  }
+  s->flat_.assign(static_cast<std::size_t>(at), 0.0f);
+  for (const Bucket& b : s->buckets_) {
+    const std::int64_t lo = s->own_start(b), hi = lo + b.length / s->shard_;
+    for (std::size_t k = b.first; k < b.end; ++k) {
+      const std::int64_t a = std::max(lo, s->offsets_[k]);
+      const std::int64_t e = std::min(hi, s->offsets_[k] + s->numel_[k]);
+      if (a < e) s->pieces_.push_back({k, a - s->offsets_[k], e - a});
+    }
+  }
+  s->ready_.assign(params.size(), 0);
+  if (dp.active() && dp.transport->any_thread()) {
+    s->w_ = std::make_unique<Worker>();
+    s->w_->thread = std::thread([p = s.get()] { p->worker(); });
   }
   return s;
 }
 
-Status DataParallelSync::allreduce_chunked(const std::vector<int>& group, float* data,
-                                           std::int64_t count) {
-  const std::int64_t chunk = std::max<std::int64_t>(1, dp_.bucket_bytes / 4);
-  for (std::int64_t at = 0; at < count; at += chunk)
-    HP_TRY(dp_.transport->allreduce(group, data + at, data + at, std::min(chunk, count - at),
-                                    HP_F32, comm::ReduceOp::sum));
+DataParallelSync::~DataParallelSync() {
+  if (!w_) return;
+  {
+    std::lock_guard<std::mutex> lock(w_->mu);
+    w_->stop = true;
+  }
+  w_->cv.notify_all();
+  w_->thread.join();
+}
+
+Status DataParallelSync::reduce_bucket(const Bucket& b) {
+  float* data = flat_.data() + b.start;
+  if (dp_.zero <= 1) {
+    return dp_.transport->allreduce(dp_.group, data, data, b.length, HP_F32, comm::ReduceOp::sum);
+  }
+  // Reduce-scatter into scratch (the transport's in and out must not overlap), then the replicas
+  // of this shard agree.
+  const std::int64_t part = b.length / shard_;
+  std::vector<float> block(static_cast<std::size_t>(part));
+  HP_TRY(dp_.transport->reduce_scatter(shard_group_, data, block.data(), part, HP_F32,
+                                       comm::ReduceOp::sum));
+  if (replica_group_.size() > 1)
+    HP_TRY(dp_.transport->allreduce(replica_group_, block.data(), block.data(), part, HP_F32,
+                                    comm::ReduceOp::sum));
+  std::copy(block.begin(), block.end(), flat_.begin() + own_start(b));
   return {};
 }
 
-Expected<double> DataParallelSync::reduce(double loss, std::int64_t count,
-                                          std::vector<HostTensor>& grads) {
+Status DataParallelSync::begin_step(std::int64_t count) {
+  double n = static_cast<double>(count);
+  if (dp_.active())
+    HP_TRY(dp_.transport->allreduce(dp_.group, &n, &n, 1, HP_F64, comm::ReduceOp::sum));
+  if (n <= 0)
+    return Error(Errc::runtime, "the global batch has no label position to train on (all -100)");
+  count_ = count;
+  total_ = n;
+  // Each rank's share of the group's mean; a rank without labels contributes zeros, not NaN.
+  scale_ = static_cast<float>(static_cast<double>(count) / n);
+  std::fill(ready_.begin(), ready_.end(), 0);
+  pending_.clear();
+  for (const Bucket& b : buckets_) pending_.push_back(b.end - b.first);
+  if (w_) {
+    std::lock_guard<std::mutex> lock(w_->mu);
+    w_->done = 0;
+    w_->failed = {};
+  }
+  return {};
+}
+
+void DataParallelSync::gradient_ready(std::size_t k, const HostTensor& grad) {
+  if (k >= ready_.size() || ready_[k] || grad.numel() != numel_[k] || grad.dtype != HP_F32)
+    return;  // finish_step takes it from the returned outputs (and checks it there)
+  const float* g = f32(grad);
+  float* out = flat_.data() + offsets_[k];
+  if (count_ > 0)
+    for (std::int64_t i = 0; i < numel_[k]; ++i) out[i] = g[i] * scale_;
+  else
+    std::fill(out, out + numel_[k], 0.0f);
+  ready_[k] = 1;
+  const std::size_t b = bucket_of_[k];
+  if (--pending_[b] != 0 || !w_) return;
+  {
+    std::lock_guard<std::mutex> lock(w_->mu);
+    w_->queue.push_back(b);
+  }
+  w_->cv.notify_all();
+}
+
+Expected<double> DataParallelSync::finish_step(double loss, std::vector<HostTensor>& grads) {
   if (grads.size() != offsets_.size())
     return Error(Errc::internal,
                  fmt::format("{} gradients for {} parameters", grads.size(), offsets_.size()));
-  double sums[2] = {count > 0 ? loss * static_cast<double>(count) : 0.0,
-                    static_cast<double>(count)};
-  if (dp_.active())
-    HP_TRY(dp_.transport->allreduce(dp_.group, sums, sums, 2, HP_F64, comm::ReduceOp::sum));
-  if (sums[1] <= 0)
-    return Error(Errc::runtime, "the global batch has no label position to train on (all -100)");
-  // Each rank's share of the group's mean; a rank without labels contributes zeros, not NaN.
-  const float scale = static_cast<float>(static_cast<double>(count) / sums[1]);
   for (std::size_t k = 0; k < grads.size(); ++k) {
-    const float* g = f32(grads[k]);
-    float* out = flat_.data() + offsets_[k];
-    const std::int64_t n = grads[k].numel();
-    if (count > 0)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * scale;
-    else
-      std::fill(out, out + n, 0.0f);
+    if (grads[k].numel() != numel_[k] || grads[k].dtype != HP_F32)
+      return Error(Errc::internal, "a gradient is not shaped like its parameter", grads[k].name);
+    if (!ready_[k]) gradient_ready(k, grads[k]);
   }
-  float* mine = flat_.data() + position_ * per_shard_;
+  const auto t0 = std::chrono::steady_clock::now();
   if (dp_.active()) {
-    if (dp_.zero <= 1) {
-      HP_TRY(allreduce_chunked(dp_.group, flat_.data(), total_));
+    if (w_) {
+      std::unique_lock<std::mutex> lock(w_->mu);
+      w_->cv.wait(lock, [&] { return w_->done == buckets_.size(); });
+      if (!w_->failed) return std::move(w_->failed).error();
     } else {
-      // Reduce-scatter into a separate block (the transport's in and out must not overlap), then
-      // the replicas of this shard agree.
-      std::vector<float> block(static_cast<std::size_t>(per_shard_));
-      HP_TRY(dp_.transport->reduce_scatter(shard_group_, flat_.data(), block.data(), per_shard_,
-                                           HP_F32, comm::ReduceOp::sum));
-      if (replica_group_.size() > 1)
-        HP_TRY(allreduce_chunked(replica_group_, block.data(), per_shard_));
-      std::copy(block.begin(), block.end(), mine);
+      for (const Bucket& b : buckets_) HP_TRY(reduce_bucket(b));
     }
   }
+  exposed_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double sum = count_ > 0 ? loss * static_cast<double>(count_) : 0.0;
+  if (dp_.active())
+    HP_TRY(dp_.transport->allreduce(dp_.group, &sum, &sum, 1, HP_F64, comm::ReduceOp::sum));
   std::vector<HostTensor> out;
   out.reserve(pieces_.size());
   for (const FlatPiece& p : pieces_) {
     HostTensor t = piece_tensor(grads[p.param].name, p.count);
     std::memcpy(f32(t), flat_.data() + offsets_[p.param] + p.offset,
                 static_cast<std::size_t>(p.count) * sizeof(float));
-    if (p.offset == 0 && p.count == grads[p.param].numel()) t.dims = grads[p.param].dims;
+    if (p.offset == 0 && p.count == numel_[p.param]) t.dims = grads[p.param].dims;
     out.push_back(std::move(t));
   }
   grads = std::move(out);
-  return sums[0] / sums[1];
+  return sum / total_;
 }
 
-Status DataParallelSync::allgather_params(std::vector<HostTensor>& params) {
-  std::vector<float> block(static_cast<std::size_t>(per_shard_), 0.0f);
-  std::copy(flat_.begin() + position_ * per_shard_, flat_.begin() + (position_ + 1) * per_shard_,
-            block.begin());
-  HP_TRY(dp_.transport->allgather(shard_group_, block.data(), flat_.data(),
-                                  per_shard_ * static_cast<std::int64_t>(sizeof(float))));
-  for (std::size_t k = 0; k < params.size(); ++k)
-    std::memcpy(f32(params[k]), flat_.data() + offsets_[k],
-                static_cast<std::size_t>(params[k].numel()) * sizeof(float));
-  return {};
+Expected<double> DataParallelSync::reduce(double loss, std::int64_t count,
+                                          std::vector<HostTensor>& grads) {
+  HP_TRY(begin_step(count));
+  return finish_step(loss, grads);
+}
+
+Status DataParallelSync::allgather_bucket(const Bucket& b) {
+  const std::int64_t part = b.length / shard_;
+  std::vector<float> block(flat_.begin() + own_start(b), flat_.begin() + own_start(b) + part);
+  return dp_.transport->allgather(shard_group_, block.data(), flat_.data() + b.start,
+                                  part * static_cast<std::int64_t>(sizeof(float)));
 }
 
 Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& params,
                                             std::vector<HostTensor>& grads, OptimizerState& state) {
   if (grads.size() != pieces_.size())
-    return Error(Errc::internal, "DataParallelSync::update before reduce");
+    return Error(Errc::internal, "DataParallelSync::update before finish_step");
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
   std::vector<HostTensor> mine;
   mine.reserve(pieces_.size());
@@ -179,7 +291,10 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
   for (std::size_t k = 0; k < pieces_.size(); ++k)
     std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(mine[k]),
                 static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
-  HP_TRY(allgather_params(params));
+  for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b));
+  for (std::size_t k = 0; k < params.size(); ++k)
+    std::memcpy(f32(params[k]), flat_.data() + offsets_[k],
+                static_cast<std::size_t>(numel_[k]) * sizeof(float));
   return info;
 }
 
@@ -192,22 +307,19 @@ Expected<OptimizerState> DataParallelSync::gather_state(const OptimizerState& st
   // optimizer and the step, not of this rank's pieces (a rank may own none).
   double lists = static_cast<double>(!state.exp_avg.empty()) + !state.exp_avg_sq.empty();
   HP_TRY(dp_.transport->allreduce(shard_group_, &lists, &lists, 1, HP_F64, comm::ReduceOp::max));
-  std::vector<float> block(static_cast<std::size_t>(per_shard_));
   for (int l = 0; l < static_cast<int>(lists); ++l) {
     const auto& src = l == 0 ? state.exp_avg : state.exp_avg_sq;
-    std::fill(block.begin(), block.end(), 0.0f);
+    std::fill(flat_.begin(), flat_.end(), 0.0f);
     for (std::size_t k = 0; k < pieces_.size() && k < src.size(); ++k)
-      std::memcpy(
-          block.data() + offsets_[pieces_[k].param] + pieces_[k].offset - position_ * per_shard_,
-          f32(src[k]), static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
-    HP_TRY(dp_.transport->allgather(shard_group_, block.data(), flat_.data(),
-                                    per_shard_ * static_cast<std::int64_t>(sizeof(float))));
+      std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(src[k]),
+                  static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
+    for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b));
     auto& dst = l == 0 ? whole.exp_avg : whole.exp_avg_sq;
     for (std::size_t k = 0; k < params.size(); ++k) {
-      HostTensor t = piece_tensor(params[k].name, params[k].numel());
+      HostTensor t = piece_tensor(params[k].name, numel_[k]);
       t.dims = params[k].dims;
       std::memcpy(f32(t), flat_.data() + offsets_[k],
-                  static_cast<std::size_t>(params[k].numel()) * sizeof(float));
+                  static_cast<std::size_t>(numel_[k]) * sizeof(float));
       dst.push_back(std::move(t));
     }
   }

@@ -86,7 +86,7 @@ struct Run {
   TrainReport report;
   // Data parallelism: this rank's part of every global batch, and the gradient reduction.
   int part = 0, parts = 1;
-  std::optional<DataParallelSync> sync;
+  std::unique_ptr<DataParallelSync> sync;
 
   /// The rank that prints and writes files (the first of the data-parallel group).
   bool lead() const { return part == 0; }
@@ -161,6 +161,9 @@ Status Run::prepare() {
   }
   if (o.dp.active()) {
     HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(o.dp, params));
+    ex->set_output_hook([s = sync.get()](std::size_t k, const exec::HostTensor& t) {
+      if (k > 0) s->gradient_ready(k - 1, t);  // output 0 is the loss
+    });
   }
   return {};
 }
@@ -200,6 +203,10 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   if (sync && !o.data_file.empty()) {  // a token stream's windows: this rank's rows of them
     HP_ASSIGN_OR_RETURN(batch, detail::slice_rows(batch, o.batch, part, parts));
   }
+  // Data parallelism: the group's label count first, so each gradient can be weighted and its
+  // bucket reduced while the backward goes on (the executor's output hook).
+  const std::int64_t count = sync ? detail::label_count(batch.back(), o.grad.loss) : 0;
+  if (sync) HP_TRY(sync->begin_step(count));
   HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
   const auto t1 = std::chrono::steady_clock::now();
   report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
@@ -207,9 +214,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   std::vector<exec::HostTensor> grads(std::make_move_iterator(outs.begin() + 1),
                                       std::make_move_iterator(outs.end()));
   // Data parallelism: the group's loss and gradients (the labels are the model's last input).
-  const std::int64_t count = sync ? detail::label_count(batch.back(), o.grad.loss) : 0;
   if (sync) {
-    HP_ASSIGN_OR_RETURN(loss, sync->reduce(loss, count, grads));
+    HP_ASSIGN_OR_RETURN(loss, sync->finish_step(loss, grads));
   }
   const auto t_reduced = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))

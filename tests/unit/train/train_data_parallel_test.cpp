@@ -50,6 +50,7 @@ double max_diff(const HostTensor& a, const HostTensor& b) {
 
 struct Case {
   int ranks, zero, shard;
+  bool overlap = false;  ///< hand the gradients over one by one, last first, as a backward does
 };
 
 // `steps` updates with `ranks` ranks whose label counts differ (rank 1 has none at step 2), against
@@ -90,7 +91,7 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
     for (int r = 0; r < c.ranks; ++r) dp.group.push_back(r);
     dp.zero = c.zero;
     dp.shard = c.shard;
-    dp.bucket_bytes = 24;  // several chunks even on this small model
+    dp.bucket_bytes = 24;  // buckets of one or two parameters even on this small model
     auto params = model_params();
     HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
     OptimizerState state;
@@ -98,15 +99,22 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
       auto grads = rank_grads(rank, s);
       if (counts(rank, s) == 0)  // a rank without labels has NaN where torch divides 0 by 0
         for (auto& g : grads) g.as<float>()[0] = std::nanf("");
-      HP_ASSIGN_OR_RETURN(double loss, sync.reduce(1.0 + rank + s, counts(rank, s), grads));
+      double loss = 0;
+      if (c.overlap) {
+        HP_TRY(sync->begin_step(counts(rank, s)));
+        for (std::size_t k = grads.size(); k-- > 1;) sync->gradient_ready(k, grads[k]);
+        HP_ASSIGN_OR_RETURN(loss, sync->finish_step(1.0 + rank + s, grads));  // takes grads[0]
+      } else {
+        HP_ASSIGN_OR_RETURN(loss, sync->reduce(1.0 + rank + s, counts(rank, s), grads));
+      }
       if (std::fabs(loss - ref_loss[static_cast<std::size_t>(s - 1)]) > 1e-12)
         return hp::Error(hp::Errc::runtime, "loss differs");
-      HP_ASSIGN_OR_RETURN(auto info, sync.update(cfg, params, grads, state));
+      HP_ASSIGN_OR_RETURN(auto info, sync->update(cfg, params, grads, state));
       (void)info;
     }
-    HP_ASSIGN_OR_RETURN(auto whole, sync.gather_state(state, params));
+    HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
     // slice_state inverts gather_state.
-    auto again = sync.slice_state(whole);
+    auto again = sync->slice_state(whole);
     for (std::size_t k = 0; k < again.exp_avg.size(); ++k)
       if (again.exp_avg[k].data != state.exp_avg[k].data)
         return hp::Error(hp::Errc::runtime, "slice_state(gather_state) differs");
@@ -115,7 +123,8 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
     gathered[static_cast<std::size_t>(rank)] = std::move(whole);
     return {};
   });
-  INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard);
+  INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard << " overlap "
+                << c.overlap);
   REQUIRE(st);
   for (int r = 0; r < c.ranks; ++r) {
     for (std::size_t k = 0; k < ref.size(); ++k) {
@@ -143,7 +152,8 @@ TEST_CASE("data parallelism equals one rank at every ZeRO level and with HSDP", 
   sgd.lr = 0.1;
   sgd.momentum = 0.9;
   for (const Case& c : {Case{2, 0, 0}, Case{2, 1, 0}, Case{2, 2, 0}, Case{2, 3, 0}, Case{3, 2, 0},
-                        Case{4, 1, 2}, Case{4, 2, 2}, Case{4, 3, 2}}) {
+                        Case{4, 1, 2}, Case{4, 2, 2}, Case{4, 3, 2}, Case{2, 0, 0, true},
+                        Case{2, 2, 0, true}, Case{4, 2, 2, true}}) {
     check_case(c, adamw);
     check_case(c, sgd);
   }
@@ -155,15 +165,15 @@ TEST_CASE("a model smaller than the shard count leaves ranks without pieces", "[
     DataParallel dp{&t, {0, 1, 2, 3}, 2, 0};
     std::vector<HostTensor> params{tensor("p", {2}, 7)};
     HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
-    if (rank >= 2 && !sync.pieces().empty()) return hp::Error(hp::Errc::runtime, "pieces");
+    if (rank >= 2 && !sync->pieces().empty()) return hp::Error(hp::Errc::runtime, "pieces");
     OptimizerState state;
     OptimizerConfig cfg;
     std::vector<HostTensor> grads{tensor("p", {2}, 8)};
-    HP_ASSIGN_OR_RETURN(double loss, sync.reduce(1.0, 1, grads));
+    HP_ASSIGN_OR_RETURN(double loss, sync->reduce(1.0, 1, grads));
     (void)loss;
-    HP_ASSIGN_OR_RETURN(auto info, sync.update(cfg, params, grads, state));
+    HP_ASSIGN_OR_RETURN(auto info, sync->update(cfg, params, grads, state));
     (void)info;
-    HP_ASSIGN_OR_RETURN(auto whole, sync.gather_state(state, params));
+    HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
     if (whole.exp_avg.size() != 1 || whole.exp_avg[0].numel() != 2)
       return hp::Error(hp::Errc::runtime, "gathered state");
     return {};
@@ -192,7 +202,7 @@ TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
     HP_ASSIGN_OR_RETURN(auto sync,
                         DataParallelSync::create(DataParallel{&t, {0, 1}, 0, 0}, params));
     auto grads = rank_grads(0, 1);
-    auto loss = sync.reduce(1.0, 0, grads);
+    auto loss = sync->reduce(1.0, 0, grads);
     if (loss || loss.error().code != hp::Errc::runtime)
       return hp::Error(hp::Errc::internal, "an all-ignored batch was averaged");
     return {};

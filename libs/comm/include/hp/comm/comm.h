@@ -70,6 +70,9 @@ class Transport {
   /// Completes outstanding sends (their buffers were copied, so this only bounds memory and
   /// errors).
   virtual Status flush() { return {}; }
+  /// Whether calls may come from a thread other than the one that created the transport, one
+  /// thread at a time (a training rank's gradient-reduction thread; MPI_THREAD_SERIALIZED).
+  virtual bool any_thread() const { return true; }
 };
 
 struct CommPlan;
@@ -111,7 +114,8 @@ Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text,
 
 // ---- MPI ---------------------------------------------------------------------------------------
 
-/// Initialises MPI (MPI_THREAD_FUNNELED is enough: only the executor thread communicates) once per
+/// Initialises MPI (MPI_THREAD_SERIALIZED: a training rank's reduction thread takes turns with the
+/// executor thread; Transport::any_thread() says whether it was granted) once per
 /// process; later calls return the same world. Errc::runtime when MPI_Init fails.
 Expected<Transport*> mpi_world();
 /// MPI_APPNUM of this process (the mpirun app context index), -1 when unset.

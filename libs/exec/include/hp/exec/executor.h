@@ -147,6 +147,14 @@ class Executor {
   const std::vector<GraphIO>& inputs() const;
   const std::vector<GraphIO>& outputs() const;
 
+  /// Called by run() with each graph output (its index, a host copy) as soon as the node computing
+  /// it has finished, before the rest of the graph runs: a data-parallel trainer starts reducing a
+  /// gradient while the backward goes on (hp/train/data_parallel.h). The call is on the running
+  /// thread, so a hook that does more than hand the tensor over delays the run. run() then returns
+  /// those same copies. Empty = none.
+  using OutputHook = std::function<void(std::size_t output_index, const HostTensor& value)>;
+  void set_output_hook(OutputHook hook);
+
   /// Runs the graph on `inputs` (graph input order, already checked by bind_inputs or the caller).
   /// Returns the outputs in graph output order, named after the graph outputs.
   /// Errc::bad_input when a graph input is a sequence; Errc::runtime when an output is one.

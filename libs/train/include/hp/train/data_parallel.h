@@ -6,10 +6,11 @@
 // over the group's) before they are summed, which gives the single-rank mean even when ranks hold
 // different numbers of ignored (-100) labels.
 //
-// The gradients and parameters are laid end to end in one flat f32 vector (parameter order, padded
-// to a multiple of the shard count). With `shard` ranks sharing the optimizer (ZeRO), member i of a
-// shard group owns the i-th 1/shard of that vector: it keeps the optimizer state of those elements
-// only, updates them, and the group all-gathers the updated parameters. The levels:
+// The gradients and parameters are laid end to end in one flat f32 vector, cut into buckets of
+// whole parameters (bucket_bytes; a larger parameter is a bucket of its own), each padded to a
+// multiple of the shard count. With `shard` ranks sharing the optimizer (ZeRO), member i of a shard
+// group owns the i-th 1/shard of every bucket: it keeps the optimizer state of those elements only,
+// updates them, and the group all-gathers the updated parameters bucket by bucket. The levels:
 //   0: gradients all-reduced over the group; every rank updates everything (plain DDP);
 //   1: gradients all-reduced; each rank updates its shard (optimizer states sharded);
 //   2, 3: gradients reduce-scattered within the shard group (each rank only ever holds its shard of
@@ -19,12 +20,21 @@
 // HSDP: shard groups are `shard` consecutive members of the data-parallel group; the members with
 // the same position in every shard group are the replica group of that shard.
 //
+// Overlap: a step is begin_step (the label counts, so every rank knows its weight before the
+// backward), gradient_ready for each gradient as the executor finishes it (Executor's output
+// hook), finish_step. A bucket whose gradients are all in is reduced at once by this object's
+// communication thread while the backward goes on; every rank completes buckets in the same order
+// (the same graph runs everywhere), so the collectives match. The main thread calls the transport
+// only between steps, never while the thread may: the transport must allow calls from another
+// thread one at a time (Transport::any_thread(); otherwise the buckets are reduced in finish_step).
+//
 // The global gradient norm (for clipping) is the square root of the shard group's sum of every
 // member's sum of squares over its shard, so clipping is the single-rank clipping. Checkpoints are
 // written in the single-rank format (gather_state): any later run resumes them at any degree.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hp/comm/comm.h"
@@ -56,15 +66,24 @@ class DataParallelSync {
  public:
   /// Lays out `params` (f32, in the gradient model's order). Errc::bad_input when the group does
   /// not contain this rank or `shard` does not divide it, or zero is outside 0..3.
-  static Expected<DataParallelSync> create(const DataParallel& dp,
-                                           const std::vector<exec::HostTensor>& params);
+  static Expected<std::unique_ptr<DataParallelSync>> create(
+      const DataParallel& dp, const std::vector<exec::HostTensor>& params);
+  ~DataParallelSync();
 
-  /// Collective over the group. `loss` and `grads` are this rank's (a mean over `count` label
-  /// positions); afterwards grads hold the reduction this rank updates (pieces(): its shard, or
+  /// Collective: this rank's loss is a mean over `count` label positions; learns the group's.
+  Status begin_step(std::int64_t count);
+  /// Gradient `k` (parameter order) is final: weighted into the flat vector; a bucket complete with
+  /// it goes to the communication thread. Called on the executor's thread during its run.
+  void gradient_ready(std::size_t k, const exec::HostTensor& grad);
+  /// Collective: the gradients not handed over yet are taken from `grads`, every bucket reduced;
+  /// afterwards `grads` holds this rank's pieces of the reduced gradients (pieces(): its shard, or
   /// everything at level 0) and the return value is the group's loss.
+  Expected<double> finish_step(double loss, std::vector<exec::HostTensor>& grads);
+  /// begin_step + finish_step without overlap.
   Expected<double> reduce(double loss, std::int64_t count, std::vector<exec::HostTensor>& grads);
+
   /// Collective over the shard group: clips and updates this rank's pieces of `params` from
-  /// `grads` as reduce() left them (optimizer_step with the global norm), then all-gathers the
+  /// `grads` as finish_step left them (optimizer_step with the global norm), then all-gathers the
   /// updated parameters into `params`. `state` holds the pieces' state.
   Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                             std::vector<exec::HostTensor>& grads, OptimizerState& state);
@@ -79,21 +98,46 @@ class DataParallelSync {
 
   const std::vector<FlatPiece>& pieces() const { return pieces_; }
   bool sharded() const { return shard_ > 1; }
+  /// Seconds the last finish_step waited for reductions still running when the backward ended
+  /// (the communication the backward did not hide).
+  double exposed_seconds() const { return exposed_; }
+
+  struct Bucket {
+    std::int64_t start = 0, length = 0;  ///< in the flat vector; length a multiple of the shards
+    std::size_t first = 0, end = 0;      ///< parameters [first, end)
+  };
 
  private:
-  Status allreduce_chunked(const std::vector<int>& group, float* data, std::int64_t count);
-  Status allgather_params(std::vector<exec::HostTensor>& params);
+  DataParallelSync() = default;
+  Status reduce_bucket(const Bucket& b);
+  Status allgather_bucket(const Bucket& b);
+  /// This rank's part of bucket b in the flat vector.
+  std::int64_t own_start(const Bucket& b) const {
+    return b.start + position_ * (b.length / shard_);
+  }
+  void worker();
 
   DataParallel dp_;
-  int shard_ = 1;                      ///< members sharing one copy of the optimizer (1 = none)
-  std::vector<int> shard_group_;       ///< global ranks of this rank's shard group
-  std::vector<int> replica_group_;     ///< global ranks holding the same shard (HSDP)
-  int position_ = 0;                   ///< in the shard group
-  std::int64_t total_ = 0;             ///< elements of all parameters
-  std::int64_t per_shard_ = 0;         ///< elements each shard member owns (padded)
-  std::vector<std::int64_t> offsets_;  ///< flat offset of each parameter
+  int shard_ = 1;                   ///< members sharing one copy of the optimizer (1 = none)
+  std::vector<int> shard_group_;    ///< global ranks of this rank's shard group
+  std::vector<int> replica_group_;  ///< global ranks holding the same shard (HSDP)
+  int position_ = 0;                ///< in the shard group
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  ///< parameter -> bucket
+  std::vector<std::int64_t> offsets_;   ///< flat offset of each parameter
+  std::vector<std::int64_t> numel_;
   std::vector<FlatPiece> pieces_;
-  std::vector<float> flat_;  ///< gradients, then parameters, end to end (padded)
+  std::vector<float> flat_;  ///< gradients, then parameters, bucket by bucket (padded)
+  // One step's state.
+  std::int64_t count_ = 0;
+  double total_ = 0;  ///< label positions of the group
+  float scale_ = 0;
+  std::vector<char> ready_;           ///< per parameter
+  std::vector<std::size_t> pending_;  ///< per bucket: gradients still missing
+  double exposed_ = 0;
+  // The communication thread and its queue of complete buckets.
+  struct Worker;
+  std::unique_ptr<Worker> w_;
 };
 
 }  // namespace hp::train
