@@ -248,6 +248,32 @@ TEST_CASE("an mlp runs node by node and matches hand-computed values", "[exec]")
   fs::remove_all(d);
 }
 
+TEST_CASE("the output hook sees each output once, as run() returns it", "[exec]") {
+  fs::path d = temp_dir("hook");
+  auto m = load(write_mlp(d));
+  Backends b = cpu();
+  auto ex = Executor::create(m, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  std::vector<std::pair<std::size_t, HostTensor>> seen;
+  (*ex)->set_output_hook([&](std::size_t k, const HostTensor& t) { seen.emplace_back(k, t); });
+  auto out = (*ex)->run({f32({2, 2}, {1, 1, 2, 0})});
+  REQUIRE(out.ok());
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].first == 0);
+  CHECK(seen[0].second.dims == (*out)[0].dims);
+  CHECK(seen[0].second.data == (*out)[0].data);
+  CHECK(seen[0].second.name == (*out)[0].name);
+  // Every run hands them over again; without a hook nothing is called.
+  REQUIRE((*ex)->run({f32({2, 2}, {1, 1, 2, 0})}).ok());
+  CHECK(seen.size() == 2);
+  (*ex)->set_output_hook({});
+  auto again = (*ex)->run({f32({2, 2}, {1, 1, 2, 0})});
+  REQUIRE(again.ok());
+  CHECK(seen.size() == 2);
+  CHECK((*again)[0].data == (*out)[0].data);
+  fs::remove_all(d);
+}
+
 TEST_CASE("every unsupported op is listed with its node name before running", "[exec]") {
   fs::path d = temp_dir("unsupported");
   onnx::ModelProto m;
