@@ -49,6 +49,11 @@ void add_verify_command(CLI::App& app, Context& ctx) {
                 "RECIPE: the static checks only; do not run the sharded job");
   sub->add_flag("--simulate", f->opts.run.simulate,
                 "RECIPE: run all ranks in this process (no MPI)");
+  sub->add_option("--data", f->opts.run.data,
+                  "RECIPE with [train]: token stream to train on (else --inputs: one batch)");
+  sub->add_option("--steps", f->opts.run.steps,
+                  "RECIPE with [train]: steps trained by the job and by one rank (default 3)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--seed", f->opts.run.seed,
                   "seed of the generated inputs (without --inputs) and of --grad's directions")
       ->capture_default_str();

@@ -14,7 +14,8 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 optimizer_shard 1/2 (--simulate) and 3 (mpirun)
     dp=4 optimizer_shard 2, shard_group 2 (--simulate): HSDP, one row per rank
 
-Then, on the GPT-2 export: 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
+Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
+mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
 more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
 and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
@@ -72,6 +73,25 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+
+
+def verified(hp, work, log):
+    """`hp verify` of a dp=2 ZeRO-1 training recipe over mpirun: 3 steps against one rank."""
+    d = os.path.join(work, "verify")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d)
+    recipe = os.path.join(d, "verify.toml")
+    rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH},
+                    parallel={"dp": 2, "optimizer_shard": 1})
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3", "--threads",
+                      "1"] + root, log)
+    if rc != 0:
+        raise rt.Failure(f"hp verify exit {rc}: {rt.first_error(out)}")
+    checks = [line for line in out.splitlines() if ": max abs error" in line]
+    if len(checks) < 4 or any(not line.endswith(": ok") for line in checks):
+        raise rt.Failure(f"hp verify's report is not all ok: {checks[:5]}")
+    return f"{len(checks)} checks ok (3 losses, {len(checks) - 3} weights)"
 
 
 def resharded(hp, work, log):
@@ -209,7 +229,7 @@ def main():
                            layout_run(a.hp, d, ref, tag, parallel, how, log))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
-        for label, fn in [("resharded resume", resharded)] + (
+        for label, fn in [("hp verify (mpirun)", verified), ("resharded resume", resharded)] + (
                 [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
             try:
                 report(True, label, fn(a.hp, a.work, log))

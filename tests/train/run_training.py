@@ -123,9 +123,11 @@ def write_recipe(path, model, train, dims, layers=None, recompute="none", worklo
     [parallel] keys (dp, optimizer_shard, shard_group: run_distributed.py)."""
     lines = ["[recipe]", "version = 1", f"name = {toml_value(os.path.basename(path)[:-5])}",
              f"model = {toml_value(os.path.relpath(model, os.path.dirname(path)))}",
-             'cluster = "local-cpu"', "nodes = 1", "", "[model]", f"dims = {toml_value(dims)}", "",
-             "[parallel]"]
+             'cluster = "local-cpu"']
     par = dict({"dp": 1, "tp": 1, "pp": 1}, **(parallel or {}))
+    # local-cpu has one rank per node: as many nodes as ranks (hp verify checks they agree).
+    lines += [f"nodes = {par['dp'] * par['tp'] * par['pp']}", "", "[model]",
+              f"dims = {toml_value(dims)}", "", "[parallel]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in par.items()]
     if workload:
         lines += [f"micro_batch_size = {workload['global_batch'] // par['dp']}"]

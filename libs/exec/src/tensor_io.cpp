@@ -16,6 +16,7 @@
 
 #include "hp/core/dtype.h"
 #include "hp/core/fs.h"
+#include "hp/model/model.h"
 #include "hp/plugin/backend.h"
 #include "proto_tensor.h"
 
@@ -308,6 +309,18 @@ Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<Host
     return Error(Errc::runtime, "cannot move the outputs into place", dir.string());
   }
   return {};
+}
+
+Expected<std::vector<HostTensor>> read_initializers(const std::filesystem::path& model) {
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(auto m, model::load_model(model, lo));
+  std::vector<HostTensor> out;
+  for (const auto& init : m.proto->graph().initializer()) {
+    HP_ASSIGN_OR_RETURN(auto t, tensor_from_proto(init, model.parent_path(), model.string()));
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace hp::exec

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -46,6 +47,18 @@ std::filesystem::path default_run_dir(const recipe::Recipe& r,
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   const std::string name = r.name.empty() ? recipe_path.stem().string() : r.name;
   return std::filesystem::path("hp-runs") / fmt::format("{}-{}-{}", name, stamp, ::getpid());
+}
+
+TempDir::TempDir() {
+  path = std::filesystem::temp_directory_path() /
+         fmt::format("hp-verify-{}-{}", ::getpid(),
+                     std::chrono::steady_clock::now().time_since_epoch().count());
+  std::filesystem::create_directories(path);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
 }
 
 namespace {

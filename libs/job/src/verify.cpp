@@ -104,8 +104,22 @@ Error VerifyReport::mismatch() const {
   if (model_mode)
     return Error(Errc::mismatch, "outputs differ from the expected ones beyond the tolerance",
                  recipe.string(), "see the per-output errors above");
+  // The first check off names where to look: the first diverging step, else the first weight.
+  std::string first;
+  if (run)
+    for (const auto& c : run->outputs)
+      if (!c.ok()) {
+        first = c.name;
+        break;
+      }
+  if (run && run->training)
+    return Error(Errc::mismatch,
+                 fmt::format("the training job diverges from one rank (first: {})", first),
+                 recipe.string(), "see the per-step losses and per-weight errors above");
   return Error(Errc::mismatch,
-               "the sharded job's outputs differ from the unsharded model's beyond the tolerance",
+               fmt::format("the sharded job's outputs differ from the unsharded model's beyond the "
+                           "tolerance{}",
+                           first.empty() ? "" : fmt::format(" (first: {})", first)),
                recipe.string(), "see the per-output errors above");
 }
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -16,6 +17,7 @@
 #include "hp/model/model.h"
 #include "hp/recipe/recipe.h"
 #include "hp/shard/shard.h"
+#include "worker_internal.h"
 
 namespace hp::job {
 using exec::bind_inputs;
@@ -53,21 +55,6 @@ std::int64_t index_bound(const model::Graph& g, int t) {
   return bound;
 }
 
-// A temporary directory removed on scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           fmt::format("hp-verify-{}-{}", ::getpid(),
-                       std::chrono::steady_clock::now().time_since_epoch().count());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 }  // namespace
 
 std::vector<HostTensor> generate_inputs(const std::vector<GraphIO>& inputs,
@@ -101,6 +88,17 @@ bool RecipeRunReport::ok() const { return exec::all_ok(outputs); }
 
 std::string RecipeRunReport::format() const {
   if (!ran) return fmt::format("sharded run: not done ({})\n", skipped);
+  if (training) {
+    std::string s = fmt::format(
+        "training ({}, {}) against one rank, same weights and data; {} step(s):\n", layout, how,
+        std::count_if(outputs.begin(), outputs.end(), [](const exec::OutputCheck& c) {
+          return c.name.rfind("loss, step", 0) == 0;
+        }));
+    for (const auto& o : outputs) s += "  " + exec::format_check(o) + "\n";
+    s += fmt::format("one rank {:.3f} s, the job {:.3f} s ({} ranks)\n", unsharded_s, sharded_s,
+                     ranks);
+    return s;
+  }
   std::string s = fmt::format("pipeline schedule: {}\n", schedule);
   s += fmt::format("sharded run ({}) against the unsharded model on {} input{}:\n", how,
                    generated_inputs ? "generated" : "the given", generated_inputs ? "s" : "s");
@@ -185,6 +183,7 @@ Expected<std::vector<HostTensor>> run_mpi(Job& job, const RecipeRunOptions& o,
 Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o) {
   if (!(o.rtol >= 0) || !(o.atol >= 0))
     return Error(Errc::usage, "--rtol and --atol must be non-negative");
+  if (job.recipe.train) return verify_training_run(job, o);
   RecipeRunReport rep;
   if (job.kind != JobKind::sharded_model) {
     rep.skipped = "the recipe runs [[groups]] modules (MPMD); hp launch runs it";

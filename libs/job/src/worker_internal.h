@@ -24,6 +24,14 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
+/// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 /// hp-runs/<recipe name>-<time>-<pid>: where a job writes when --run-dir is not given.
 std::filesystem::path default_run_dir(const recipe::Recipe& r,
                                       const std::filesystem::path& recipe_path);

@@ -69,6 +69,11 @@ Status write_tensor_file(const std::filesystem::path& path, const HostTensor& t)
 /// Errc::bad_input naming the file as read_tensor_file does (also for a sequence of non-tensors).
 Expected<HostValue> read_value_file(const std::filesystem::path& path, bool sequence);
 
+/// Every initializer of the ONNX model file `model` with its data (external data resolved against
+/// the model's directory), in graph order. Errc::bad_input when the model does not load or an
+/// initializer's data is missing or malformed.
+Expected<std::vector<HostTensor>> read_initializers(const std::filesystem::path& model);
+
 /// Reads `<dir>/<prefix>_0.pb`, `<prefix>_1.pb`, ... while they exist (prefix "input" or "output").
 /// Errc::bad_input when `dir` is not a directory.
 Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir,

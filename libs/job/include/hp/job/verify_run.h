@@ -41,6 +41,9 @@ struct RecipeRunOptions {
   bool allow_run_as_root = false;
   std::filesystem::path run_dir;  ///< the MPI job's run directory (default: a temporary one)
   std::vector<std::filesystem::path> plugin_paths;
+  // A training recipe (verify_train.cpp): the data (one of them) and the steps compared.
+  std::filesystem::path data;  ///< token stream (hp launch --data)
+  int steps = 0;               ///< 0 = 3
 };
 
 struct RecipeRunReport {
@@ -53,13 +56,24 @@ struct RecipeRunReport {
   double unsharded_s = 0, sharded_s = 0;
   std::string timing;    ///< the sharded job's step line
   std::string schedule;  ///< "1f1b, p=2, m=4: no deadlock, bubble 0.20"
+  /// A training recipe: `outputs` are the per-step losses ("loss, step K") then the final weights,
+  /// and `layout` says how the ranks trained ("dp=2, optimizer_shard 2").
+  bool training = false;
+  std::string layout;
   bool ok() const;
   std::string format() const;
 };
 
 /// Steps 2-4 above for `job` (its schedule already checked by load_job). The manifest of the
-/// partitions run is attached to the job.
+/// partitions run is attached to the job. A recipe with [train]: verify_training_run.
 Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o);
+
+/// A training recipe: `steps` steps of its job (mpirun, or threads with `simulate`) against the
+/// same steps on one rank from the same weights and data (--inputs or --data). A step's loss agrees
+/// within rtol (relative); a trained weight agrees when ||w_job - w_one|| <= 1% of
+/// ||w_one - w_initial|| (the update it got), or within atol everywhere when it did not move.
+/// Errc::usage without data.
+Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOptions& o);
 
 /// `static_json` (hp::recipe::format_verify_json's object) with "run": {ran, skipped | how, ranks,
 /// outputs: [{name, max_abs, max_rel, bad, problem, ok}], unsharded_s, sharded_s, schedule} or
