@@ -58,6 +58,10 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       ->group(training);
   sub->add_option("--save-model", opts->save_model, "write the trained model to this ONNX file")
       ->group(training);
+  sub->add_option("--trace", opts->trace,
+                  "write every rank's steps (compute, gradient buckets, optimizer) as a Chrome "
+                  "trace (Perfetto)")
+      ->group(training);
   sub->add_flag("--simulate", opts->simulate,
                 "dp > 1: run the data-parallel ranks as threads of this process, not mpirun")
       ->group(training);

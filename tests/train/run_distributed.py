@@ -65,14 +65,33 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     recipe = os.path.join(d, f"{tag}.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
     metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+    trace = os.path.join(d, f"{tag}.trace.json")
     rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--metrics", metrics,
-                                      "--save-model", saved, "--run-dir",
+                                      "--save-model", saved, "--trace", trace, "--run-dir",
                                       os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
+    check_trace(trace, parallel["dp"])
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+
+
+def check_trace(path, ranks):
+    """--trace: one Chrome trace with every rank's steps and its gradient buckets, parts merged."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    for r in range(ranks):
+        steps = [e for e in events if e["pid"] == r and e["name"].startswith("forward+backward")]
+        buckets = [e for e in events if e["pid"] == r and e["tid"] == 1]
+        if len(steps) != reference.STEPS or not buckets:
+            raise rt.Failure(f"trace: rank {r} has {len(steps)} steps and {len(buckets)} bucket "
+                             "reductions")
+        if any(e["dur"] < 0 for e in events):
+            raise rt.Failure("trace: an event of negative duration")
+    parts = [p for p in os.listdir(os.path.dirname(path)) if ".trace.json.rank-" in p]
+    if parts:
+        raise rt.Failure(f"trace: part files left behind: {parts}")
 
 
 def verified(hp, work, log):

@@ -11,6 +11,7 @@
 
 #include "hp/job/launcher.h"
 #include "hp/job/train_run.h"
+#include "hp/train/trace.h"
 #include "worker_internal.h"
 
 namespace hp::job {
@@ -45,6 +46,7 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
                              world->size()),
                  job.recipe_path.string());
   to.dp = data_parallel_of(job.recipe, *world);
+  if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   comm::mpi_finalize();
   LaunchReport r;
@@ -65,6 +67,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       [&](int rank, comm::Transport& t) -> Status {
         train::TrainOptions mine = to;
         mine.dp = data_parallel_of(job.recipe, t);
+        if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
         HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(mine));
         if (rank == 0) {
           std::lock_guard<std::mutex> lock(mu);
@@ -74,6 +77,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       },
       // A step of a large model can take minutes; the in-process transport only bounds a wait.
       3600));
+  if (!to.trace.empty()) HP_TRY(train::merge_traces(to.trace, ranks));
   LaunchReport r;
   r.summary = closing_lines(lead);
   r.summary += fmt::format(
@@ -113,6 +117,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   number("--token-bytes", o.token_bytes, o.token_bytes != 0);
   number("--seed", o.seed, o.seed >= 0);
   path("--metrics", o.metrics);
+  path("--trace", o.trace);
   path("--save-model", o.save_model);
   path("--checkpoint", o.checkpoint_dir);
   number("--checkpoint-every", o.checkpoint_every, o.checkpoint_every != 0);
@@ -122,6 +127,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   HP_ASSIGN_OR_RETURN(auto ran, run_job(plan, jo, sink));
+  if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;
   r.summary = fmt::format("{} data-parallel ranks trained (mpirun) in {:.2f} s; logs in {}\n",
                           ran.ranks, ran.seconds, ran.log_dir.string());

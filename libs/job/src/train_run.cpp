@@ -59,6 +59,7 @@ std::string training_option_given(const LaunchOptions& o) {
   if (o.token_bytes != 0) return "--token-bytes";
   if (o.seed >= 0) return "--seed";
   if (!o.metrics.empty()) return "--metrics";
+  if (!o.trace.empty()) return "--trace";
   if (!o.save_model.empty()) return "--save-model";
   if (!o.checkpoint_dir.empty()) return "--checkpoint";
   if (o.checkpoint_every != 0) return "--checkpoint-every";
@@ -166,6 +167,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   to.seed = static_cast<std::uint64_t>(o.seed >= 0 ? o.seed : t.seed);
 
   to.metrics = o.metrics;
+  to.trace = o.trace;
   to.save_model = o.save_model;
   to.checkpoint_dir = o.checkpoint_dir;
   to.checkpoint_every = o.checkpoint_every;

@@ -64,7 +64,16 @@ void DataParallelSync::worker() {
       b = w.queue.front();
       w.queue.pop_front();
     }
+    const auto t0 = TraceLog::Clock::now();
     Status st = w.failed ? reduce_bucket(buckets_[b]) : Status{};
+    if (trace_) {
+      const Bucket& k = buckets_[b];
+      trace_->add(fmt::format("reduce bucket {} ({:.1f} MiB)", b, k.length * 4.0 / (1 << 20)),
+                  dp_.zero <= 1 ? "dp all-reduce" : "dp reduce-scatter", 1, t0,
+                  TraceLog::Clock::now(),
+                  fmt::format(R"({{"bucket": {}, "parameters": [{}, {}], "bytes": {}}})", b,
+                              k.first, k.end, k.length * 4));
+    }
     {
       std::lock_guard<std::mutex> lock(w.mu);
       if (!st && w.failed) w.failed = std::move(st);

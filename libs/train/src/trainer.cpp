@@ -87,6 +87,7 @@ struct Run {
   // Data parallelism: this rank's part of every global batch, and the gradient reduction.
   int part = 0, parts = 1;
   std::unique_ptr<DataParallelSync> sync;
+  TraceLog trace;
 
   /// The rank that prints and writes files (the first of the data-parallel group).
   bool lead() const { return part == 0; }
@@ -96,7 +97,8 @@ struct Run {
   Status prepare();
   Status resume();
   Expected<StepMetrics> step(const detail::BatchSource& data);
-  Status checkpoint();
+  Status checkpoint();  ///< write_checkpoint(), traced
+  Status write_checkpoint();
 };
 
 // The rows of a batch: those of its labels tensor (by name, else the last tensor).
@@ -164,6 +166,7 @@ Status Run::prepare() {
     ex->set_output_hook([s = sync.get()](std::size_t k, const exec::HostTensor& t) {
       if (k > 0) s->gradient_ready(k - 1, t);  // output 0 is the loss
     });
+    if (!o.trace.empty()) sync->set_trace(&trace);
   }
   return {};
 }
@@ -228,6 +231,15 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const auto t2 = std::chrono::steady_clock::now();
   for (const auto& p : params) HP_TRY(ex->set_weight(p.name, p));
   ++data_position;
+  if (!o.trace.empty()) {
+    const auto t3 = std::chrono::steady_clock::now();
+    trace.add(fmt::format("forward+backward {}", k), "compute", 0, t0, t1);
+    if (sync)
+      trace.add(fmt::format("reduction after the backward {}", k), "dp exposed", 0, t1, t_reduced);
+    trace.add(fmt::format("optimizer {}", k),
+              sync && sync->sharded() ? "optimizer+zero" : "optimizer", 0, t_reduced, t2);
+    trace.add(fmt::format("weights to the executor {}", k), "copy", 0, t2, t3);
+  }
   StepMetrics m;
   m.step = k;
   m.loss = loss;
@@ -245,6 +257,15 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
 }
 
 Status Run::checkpoint() {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = write_checkpoint();
+  if (!o.trace.empty())
+    trace.add(fmt::format("checkpoint {}", state.step), "checkpoint", 0, t0,
+              std::chrono::steady_clock::now());
+  return st;
+}
+
+Status Run::write_checkpoint() {
   OptimizerState whole = state;
   if (sync) {
     HP_ASSIGN_OR_RETURN(whole, sync->gather_state(state, params));
@@ -296,6 +317,7 @@ Expected<TrainReport> train(const TrainOptions& o) {
       }
   }
   HP_TRY(metrics.close());
+  if (!o.trace.empty()) HP_TRY(r.trace.write(o.trace, r.part));
   if (!failed) return std::move(failed).error();
   if (!o.checkpoint_dir.empty() &&
       (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))

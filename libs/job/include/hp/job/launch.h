@@ -50,6 +50,7 @@ struct LaunchOptions {
   int token_bytes = 0;               ///< 2 or 4; 0 = 2
   std::int64_t seed = -1;            ///< data order; -1 = [train].seed
   std::filesystem::path metrics;     ///< JSON lines, one per step
+  std::filesystem::path trace;       ///< Chrome trace of every rank's step (hp/train/trace.h)
   std::filesystem::path save_model;  ///< the trained model (.onnx)
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = only at the end

@@ -41,6 +41,7 @@
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
 #include "hp/train/optimizer.h"
+#include "hp/train/trace.h"
 
 namespace hp::train {
 
@@ -101,6 +102,8 @@ class DataParallelSync {
   /// Seconds the last finish_step waited for reductions still running when the backward ended
   /// (the communication the backward did not hide).
   double exposed_seconds() const { return exposed_; }
+  /// Records every bucket's reduction (tid 1) into `trace` (not owned; null = none).
+  void set_trace(TraceLog* trace) { trace_ = trace; }
 
   struct Bucket {
     std::int64_t start = 0, length = 0;  ///< in the flat vector; length a multiple of the shards
@@ -135,6 +138,7 @@ class DataParallelSync {
   std::vector<char> ready_;           ///< per parameter
   std::vector<std::size_t> pending_;  ///< per bucket: gradients still missing
   double exposed_ = 0;
+  TraceLog* trace_ = nullptr;
   // The communication thread and its queue of complete buckets.
   struct Worker;
   std::unique_ptr<Worker> w_;

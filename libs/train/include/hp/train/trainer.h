@@ -31,7 +31,10 @@ struct TrainOptions {
   std::int64_t batch = 0, seq = 0;   ///< windows per batch and their length (data_file)
   std::uint64_t seed = 0;
   // Outputs.
-  std::filesystem::path metrics;     ///< JSON lines, one per step; empty = none
+  std::filesystem::path metrics;  ///< JSON lines, one per step; empty = none
+  /// This rank's Chrome trace (trace.h): written when the run ends; empty = none. A data-parallel
+  /// job gives each rank its part file (trace_part) and merges them.
+  std::filesystem::path trace;
   std::filesystem::path save_model;  ///< trained model; empty = none
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< 0 = only at the end (when checkpoint_dir is set)
