@@ -96,6 +96,34 @@ sequence_parallel = true
   CHECK(has(doc.problems, "recipe.toml:14:21", "sequence parallelism needs tp > 1"));
 }
 
+TEST_CASE("recipe: an HSDP shard_group must divide dp and shard something", "[recipe]") {
+  RecipeDocument bad = parse_with(
+      "[parallel]\ndp = 4\ntp = 1\npp = 1\noptimizer_shard = 2\n"
+      "shard_group = 3\n");
+  INFO(dump(bad.problems));
+  CHECK(has(bad.problems, "recipe.toml:11:15", "'parallel.shard_group' (3) must divide dp (4)"));
+  RecipeDocument none = parse_with("[parallel]\ndp = 4\ntp = 1\npp = 1\nshard_group = 2\n");
+  INFO(dump(none.problems));
+  CHECK(has(none.problems, "recipe.toml:10:15", "nothing is sharded"));
+  RecipeDocument negative =
+      parse_with("[parallel]\ndp = 4\ntp = 1\npp = 1\noptimizer_shard = 1\nshard_group = -1\n");
+  CHECK(has(negative.problems, "recipe.toml:11:15", "'parallel.shard_group' must be 0"));
+  RecipeDocument text =
+      parse_with("[parallel]\ndp = 4\ntp = 1\npp = 1\noptimizer_shard = 1\nshard_group = \"2\"\n");
+  CHECK(!text.problems.empty());
+  RecipeDocument ok =
+      parse_with("[parallel]\ndp = 4\ntp = 1\npp = 1\noptimizer_shard = 3\nshard_group = 2\n");
+  INFO(dump(ok.problems));
+  CHECK(ok.problems.empty());
+  CHECK(ok.recipe.parallel.shard_group == 2);
+  // Written back only when set, and read back equal.
+  const std::string text_out = format_recipe(ok.recipe);
+  CHECK(text_out.find("shard_group = 2") != std::string::npos);
+  CHECK(parse_recipe(text_out, "again.toml").recipe.parallel == ok.recipe.parallel);
+  ok.recipe.parallel.shard_group = 0;
+  CHECK(format_recipe(ok.recipe).find("shard_group") == std::string::npos);
+}
+
 TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
   INFO(dump(doc.problems));

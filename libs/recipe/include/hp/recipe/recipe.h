@@ -57,15 +57,15 @@ const char* optimizer_shard_name(int level);
 struct Parallel {
   std::int64_t dp = 1, tp = 1, pp = 1;
   int optimizer_shard = 0;  ///< 0..3, see optimizer_shard_name()
-  /// HSDP: ZeRO shards over groups of this many consecutive data-parallel ranks and replicates
-  /// across the dp / shard_group groups; 0 = shard over the whole data-parallel group.
-  std::int64_t shard_group = 0;
   std::int64_t micro_batch_size = 1;
   std::int64_t micro_batches = 1;
   Schedule schedule = Schedule::one_f_one_b;
   std::int64_t virtual_stages = 1;  ///< model chunks per pipeline rank (interleaved only)
   bool sequence_parallel = false;
   std::int64_t expert_parallel = 1;  ///< expert-parallel degree (1 = none)
+  /// HSDP: ZeRO shards over groups of this many consecutive data-parallel ranks and replicates
+  /// across the dp / shard_group groups; 0 = shard over the whole data-parallel group.
+  std::int64_t shard_group = 0;
   friend bool operator==(const Parallel&, const Parallel&) = default;
 };
 
