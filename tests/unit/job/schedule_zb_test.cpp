@@ -45,6 +45,53 @@ int peak_live(const PipelineSchedule& s, int r) {
   return peak;
 }
 
+// The lists replayed with durations (f, b, w per stage; ZB-V chunks take half): each rank runs its
+// list in order, an action starting when the rank is free and its inputs are done. Returns the
+// makespan less one rank's compute, the idle time of every rank (all do the same work).
+double idle_seconds(const PipelineSchedule& s, double f, double b, double w) {
+  const double scale = s.kind == ScheduleKind::zbv ? 0.5 : 1.0;
+  std::map<std::tuple<ActionKind, int, int>, double> end;
+  std::vector<std::size_t> pc(static_cast<std::size_t>(s.ranks), 0);
+  std::vector<double> free(static_cast<std::size_t>(s.ranks), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& l = s.per_rank[static_cast<std::size_t>(r)];
+      for (auto& i = pc[static_cast<std::size_t>(r)]; i < l.size(); ++i) {
+        const Action& a = l[i];
+        std::vector<std::tuple<ActionKind, int, int>> deps;
+        if (a.kind == ActionKind::forward && a.stage > 0)
+          deps.push_back({ActionKind::forward, a.stage - 1, a.micro_batch});
+        if (a.kind == ActionKind::backward) {
+          deps.push_back({ActionKind::forward, a.stage, a.micro_batch});
+          if (a.stage + 1 < s.stages())
+            deps.push_back({ActionKind::backward, a.stage + 1, a.micro_batch});
+        }
+        if (a.kind == ActionKind::weight)
+          deps.push_back({ActionKind::backward, a.stage, a.micro_batch});
+        double start = free[static_cast<std::size_t>(r)];
+        bool ready = true;
+        for (const auto& d : deps) {
+          auto it = end.find(d);
+          if (it == end.end())
+            ready = false;
+          else
+            start = std::max(start, it->second);
+        }
+        if (!ready) break;
+        const double cost = scale * (a.kind == ActionKind::forward    ? f
+                                     : a.kind == ActionKind::backward ? b
+                                                                      : w);
+        end[{a.kind, a.stage, a.micro_batch}] = free[static_cast<std::size_t>(r)] = start + cost;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < s.ranks; ++r)
+    REQUIRE(pc[static_cast<std::size_t>(r)] == s.per_rank[static_cast<std::size_t>(r)].size());
+  return *std::max_element(free.begin(), free.end()) - s.micro_batches * (f + b + w);
+}
+
 std::vector<int> micro_batch_counts(int p) {
   return {1, 2, 3, p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p, 3 * p + 2};
 }
@@ -176,6 +223,29 @@ TEST_CASE("zb: simulated bubble equals the closed forms and is below 1F1B's", "[
     CHECK(c.bubble() == Approx(bubble_fraction(kind, 4, 8, 2, false)));
     CHECK(c.bubble() == Approx(3.0 / 11));
   }
+}
+
+TEST_CASE("zb: idle seconds with unequal costs follow docs/schedules.md", "[schedule][zb]") {
+  // ZB-H1: (p-1)(f + max(b-w, 0)) for every cost triple.
+  for (int p : {2, 4, 6})
+    for (auto [f, b, w] : std::vector<std::tuple<double, double, double>>{
+             {1, 1, 1}, {1, 1, 0.5}, {1, 2, 1}, {2, 1, 1}, {1, 1, 2}, {1, 0.5, 1.5}, {1, 1, 0.2}}) {
+      INFO("p=" << p << " f=" << f << " b=" << b << " w=" << w);
+      auto h1 = make(ScheduleKind::zb_h1, p, 4 * p, true);
+      CHECK(idle_seconds(h1, f, b, w) == Approx((p - 1) * (f + std::max(b - w, 0.0))));
+      for (int m = 1; m < p; ++m)  // fewer micro-batches than ranks: p - m Ws find no gap
+        CHECK(idle_seconds(make(ScheduleKind::zb_h1, p, m, true), f, b, w) ==
+              Approx((p - 1) * (f + std::max(b - w, 0.0)) + (p - m) * std::min(b, w)));
+      auto one = make(ScheduleKind::one_f_one_b, p, 4 * p, true);
+      // 1F1B's backward is b + w in one piece.
+      CHECK(idle_seconds(one, f, b + w, 0) == Approx((p - 1) * (f + b + w)));
+    }
+  // ZB-V: (p-1) f/2 at f = b = w; the documented sensitivity to b > w.
+  for (int p : {2, 4, 6})
+    CHECK(idle_seconds(make(ScheduleKind::zbv, p, 4 * p, true), 1, 1, 1) == Approx((p - 1) * 0.5));
+  auto v = make(ScheduleKind::zbv, 4, 16, true);
+  CHECK(idle_seconds(v, 1, 1.1, 0.9) == Approx(5.95));
+  CHECK(idle_seconds(v, 1, 0.9, 1.1) == Approx(1.55));
 }
 
 TEST_CASE("zb: activation memory stays at 1F1B's peak", "[schedule][zb]") {
