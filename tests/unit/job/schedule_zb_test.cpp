@@ -214,6 +214,8 @@ TEST_CASE("zb: simulated bubble equals the closed forms and is below 1F1B's", "[
       CHECK(v.bubble() == Approx(bubble_fraction(ScheduleKind::zbv, p, m, 2, true)));
       CHECK(v.bubble() < h1.bubble());
     }
+  // Below m = 2p ZB-V may idle more (docs/schedules.md: p = 4, m = 5 idles 5 steps).
+  CHECK(check_schedule(make(ScheduleKind::zbv, 4, 5, true)).makespan == 6 * 5 + 5);
   CHECK(bubble_fraction(ScheduleKind::zb_h1, 4, 8, 1, true) == Approx(3.0 / 27));
   CHECK(bubble_fraction(ScheduleKind::zbv, 4, 8, 2, true) == Approx(3.0 / 51));
   // Inference lists are forwards only: 1F1B's bubble.
