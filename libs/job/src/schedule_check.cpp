@@ -7,10 +7,13 @@
 // SEND/RECV are compute-only: a compute action then waits for its producer on the other rank
 // directly.
 //
-// Static checks first (each (stage, micro-batch) computed exactly once, on the rank that owns the
-// stage), then the simulation: no step makes progress while some rank is unfinished -> deadlock, or
-// a RECV without any matching SEND left anywhere; at the end, a sent message nobody received is an
-// error.
+// A W (weight gradient, split-backward schedules) is compute with one input, the B of its own
+// (stage, micro-batch) on the same rank; it sends and receives nothing.
+//
+// Static checks first (each (stage, micro-batch) computed exactly once per kind, on the rank that
+// owns the stage; W exactly when the schedule splits its backward and trains), then the simulation:
+// no step makes progress while some rank is unfinished -> deadlock, or a RECV without any matching
+// SEND left anywhere; at the end, a sent message nobody received is an error.
 #include <fmt/core.h>
 
 #include <map>
@@ -67,6 +70,14 @@ struct Sim {
   // Whether compute action `a` on rank r may run at step t; fills `why` when the reason is an
   // error.
   bool inputs_ready(int r, const Action& a, int t, std::string& why) const {
+    if (a.kind == ActionKind::weight) {
+      auto it = done.find({false, a.stage, a.micro_batch});
+      // The B is on this rank too: if it has not run, it comes later in this very list.
+      if (it == done.end())
+        why = fmt::format("rank {}: {} runs before {}B{}", r, format_action(a), a.stage,
+                          a.micro_batch);
+      return it != done.end() && it->second < t;
+    }
     const bool fwd = a.kind == ActionKind::forward;
     if (!fwd) {
       auto it = done.find({true, a.stage, a.micro_batch});
@@ -124,7 +135,9 @@ struct Sim {
 };
 
 std::string static_problems(const PipelineSchedule& s) {
-  std::map<std::tuple<bool, int, int>, int> count;
+  // (kind: 0 F, 1 B, 2 W; stage; micro-batch) -> times computed.
+  std::map<std::tuple<int, int, int>, int> count;
+  const bool split = s.training && splits_backward(s.kind);
   for (int r = 0; r < s.ranks; ++r)
     for (const auto& a : s.per_rank[static_cast<std::size_t>(r)]) {
       if (a.stage < 0 || a.stage >= s.stages() || a.micro_batch < 0 ||
@@ -140,15 +153,22 @@ std::string static_problems(const PipelineSchedule& s) {
       if (s.rank_of(a.stage) != r)
         return fmt::format("rank {}: {} belongs to rank {}", r, format_action(a),
                            s.rank_of(a.stage));
-      if (++count[{a.kind == ActionKind::forward, a.stage, a.micro_batch}] > 1)
+      if (a.kind == ActionKind::weight && !split)
+        return fmt::format(
+            "rank {}: {} is a weight-gradient action, but {} {} does not split the backward", r,
+            format_action(a), schedule_kind_name(s.kind), s.training ? "training" : "inference");
+      const int kind = a.kind == ActionKind::forward ? 0 : a.kind == ActionKind::backward ? 1 : 2;
+      if (++count[{kind, a.stage, a.micro_batch}] > 1)
         return fmt::format("rank {}: {} appears twice", r, format_action(a));
     }
   for (int st = 0; st < s.stages(); ++st)
     for (int k = 0; k < s.micro_batches; ++k) {
-      if (!count.count({true, st, k}))
+      if (!count.count({0, st, k}))
         return fmt::format("rank {}: {}F{} is missing", s.rank_of(st), st, k);
-      if (s.training && !count.count({false, st, k}))
+      if (s.training && !count.count({1, st, k}))
         return fmt::format("rank {}: {}B{} is missing", s.rank_of(st), st, k);
+      if (split && !count.count({2, st, k}))
+        return fmt::format("rank {}: {}W{} is missing", s.rank_of(st), st, k);
     }
   return {};
 }
@@ -186,7 +206,8 @@ ScheduleCheck check_schedule(const PipelineSchedule& s, SendMode mode) {
             }
             break;
           }
-          sim.done[{a->kind == ActionKind::forward, a->stage, a->micro_batch}] = t;
+          if (a->kind != ActionKind::weight)  // nothing waits on a W
+            sim.done[{a->kind == ActionKind::forward, a->stage, a->micro_batch}] = t;
           cell = format_action(*a);
           computed = true;
           ++sim.pc[static_cast<std::size_t>(r)];

@@ -80,10 +80,12 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       st = set(f.optimizer_shard, level, arg);
     } else if (key == "schedule") {
       std::optional<recipe::Schedule> s;
-      for (auto x :
-           {recipe::Schedule::gpipe, recipe::Schedule::one_f_one_b, recipe::Schedule::interleaved})
+      for (auto x : {recipe::Schedule::gpipe, recipe::Schedule::one_f_one_b,
+                     recipe::Schedule::interleaved, recipe::Schedule::zb_h1})
         if (val == recipe::schedule_name(x)) s = x;
-      if (!s) return bad(arg, "expected gpipe, 1f1b or interleaved");
+      if (val == "zbv")
+        return bad(arg, "the planner does not model zbv (its V-shaped chunk placement); use zb-h1");
+      if (!s) return bad(arg, "expected gpipe, 1f1b, interleaved or zb-h1");
       st = set(f.schedule, *s, arg);
     } else if (key == "sequence_parallel") {
       if (val != "true" && val != "false") return bad(arg, "expected true or false");

@@ -77,6 +77,11 @@ Status check_config(const Config& c, std::int64_t ranks, const ModelProfile& m) 
   if (c.pp > blocks)
     return bad("parallel.pp", fmt::format("pp = {} exceeds the model's {} blocks", c.pp, blocks),
                "every pipeline stage needs at least one block");
+  if (c.schedule == recipe::Schedule::zbv)
+    return bad("parallel.schedule",
+               "hp plan does not model the zbv schedule (its V places chunk 1 of rank r at stage "
+               "2pp-1-r, a layout the planner does not price)",
+               "predict the recipe with schedule = \"zb-h1\", which the planner models");
   if (c.virtual_stages > 1 && c.schedule != recipe::Schedule::interleaved)
     return bad("parallel.virtual_stages",
                fmt::format("virtual_stages = {} needs the interleaved schedule, not {}",

@@ -23,6 +23,23 @@ std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k,
     for (std::int64_t j = m - 1; j >= 0; --j) ops.push_back({false, j, 0});
     return ops;
   }
+  if (s == recipe::Schedule::zb_h1) {
+    // hp::job's ZB-H1 order (F, B, W) with only the Fs and the Ws kept, the W as the op that frees:
+    // W of micro-batch j runs after B of j + k, and the rest after the last B.
+    std::int64_t f = 0, b = 0, w = 0;
+    auto backward = [&] {
+      ++b;
+      if (b - w > k) ops.push_back({false, w++, 0});
+    };
+    for (const std::int64_t warm = std::min(p - k - 1, m); f < warm;) ops.push_back({true, f++, 0});
+    while (f < m) {
+      ops.push_back({true, f++, 0});
+      backward();
+    }
+    while (b < m) backward();
+    while (w < m) ops.push_back({false, w++, 0});
+    return ops;
+  }
   // Virtual micro-batch i of the interleaved order (Megatron-LM schedules.py): groups of p
   // micro-batches run through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
   const std::int64_t group = p * chunks;
@@ -40,6 +57,24 @@ std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k,
   }
   for (std::int64_t i = total - warmup; i < total; ++i) ops.push_back(bwd(i));
   return ops;
+}
+
+double bubble_seconds(recipe::Schedule s, std::int64_t p, std::int64_t m, std::int64_t v, double f,
+                      double b, double w) {
+  if (p <= 1 || m < 1) return 0;
+  const double gaps = static_cast<double>(p - 1);
+  switch (s) {
+    case recipe::Schedule::gpipe:
+    case recipe::Schedule::one_f_one_b: return gaps * (f + b + w);
+    case recipe::Schedule::interleaved:
+      return gaps * (f + b + w) / static_cast<double>(std::max<std::int64_t>(1, v));
+    case recipe::Schedule::zb_h1:
+      // With m < p the Ws deferred on the later ranks outnumber the gaps they can fill.
+      return gaps * (f + std::max(0.0, b - w)) +
+             static_cast<double>(std::max<std::int64_t>(0, p - m)) * std::min(b, w);
+    case recipe::Schedule::zbv: return gaps * f / 2;
+  }
+  return gaps * (f + b + w);
 }
 
 namespace {

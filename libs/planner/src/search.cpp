@@ -55,12 +55,15 @@ struct Bounded {
 // Per-rank average micro-batch time and parameters of a cost table: the inputs to the bounds.
 struct Totals {
   double time = 0, dense = 0, expert = 0, states = 0;
+  double fwd = 0, compute = 0;  // bubble_scale's inputs, the sums predict() sees over all stages
 };
 
 Totals totals(const ModelProfile& m, const CostTable& t) {
   Totals s;
   auto add = [&](const BlockCost& b) {
     s.time += b.fwd + b.bwd + b.tp_comm + b.ep_comm;
+    s.fwd += b.fwd;
+    s.compute += b.fwd + b.bwd;
     s.dense += b.dense_params;
     s.expert += b.expert_params;
     s.states += b.state_bytes;
@@ -86,7 +89,10 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
     hops = (2.0 * pp - 2.0) * (w.train ? 2.0 : 1.0) * v * topology::send_recv_time(links.pp, msg) *
            (1.0 - mc.cal.overlap_pp) / pp;
   }
-  double bound = mbs * (avg + hops) + (pp - 1.0) * (avg + hops) / v;
+  // predict()'s m max t + (sum t - max t) r >= m avg + (p - 1) avg r for any r <= 1 <= m: the same
+  // bubble scale r (1/v, or ZB-H1's forward share) keeps the bound below every assignment.
+  double bound =
+      mbs * (avg + hops) + (pp - 1.0) * (avg + hops) * bubble_scale(c, w.train, t.fwd, t.compute);
   if (!w.train) return bound;
   // The post-flush terms are affine in the bytes (gradient sync, gathers) or linear (optimizer
   // step), so the average rank's are at most the biggest rank's.
@@ -163,14 +169,16 @@ Hsdp hsdp_group(const topology::Topology& topo, const Config& base, const AxisLi
   return h;
 }
 
-// The schedules a configuration may run: 1F1B always; in training with pp > 1 also GPipe and, when
-// the micro-batch count is a multiple of pp (Megatron interleaves only then), interleaving with
-// every virtual-stage count that leaves each chunk at least one of the `blocks`.
+// The schedules a configuration may run: 1F1B always; in training with pp > 1 also GPipe, ZB-H1
+// and, when the micro-batch count is a multiple of pp (Megatron interleaves only then),
+// interleaving with every virtual-stage count that leaves each chunk at least one of the `blocks`.
+// ZB-V is not searched: its V places chunks unlike the layouts the planner prices.
 std::vector<std::pair<recipe::Schedule, std::int64_t>> schedules(const Config& c, bool train,
                                                                  std::int64_t blocks) {
   std::vector<std::pair<recipe::Schedule, std::int64_t>> out = {{recipe::Schedule::one_f_one_b, 1}};
   if (c.pp > 1 && train) {
     out.push_back({recipe::Schedule::gpipe, 1});
+    out.push_back({recipe::Schedule::zb_h1, 1});
     if (c.micro_batches % c.pp == 0)
       for (std::int64_t v = 2; c.pp * v <= blocks; ++v)
         out.push_back({recipe::Schedule::interleaved, v});

@@ -14,8 +14,11 @@
 // The step time (predict) is the Metis form of the pipeline time generalised to interleaving:
 //   T_pipe = m * max_k t_k + (sum_k t_k - max_k t_k) / v
 // which is (m - 1) max t + sum t for v = 1 and m t + (p - 1) t / v for equal stages (the
-// interleaved bubble of Narayanan et al. 2021). DP gradient reduction, ZeRO gathers and the
-// optimizer step follow the pipeline flush, minus their overlap ratios.
+// interleaved bubble of Narayanan et al. 2021). ZB-H1 scales the bubble term by f / (f + b + w),
+// its bubble_seconds over 1F1B's with the backward split evenly (b = w: the input and the weight
+// gradient of a matmul cost the same), i.e. the plan's forward share of compute. DP gradient
+// reduction, ZeRO gathers and the optimizer step follow the pipeline flush, minus their overlap
+// ratios.
 #include "stage.h"
 
 #include <algorithm>
@@ -100,6 +103,17 @@ bool uniform(const CostTable& t, const std::vector<std::int64_t>& blocks) {
 
 }  // namespace
 
+double bubble_scale(const Config& c, bool train, double fwd, double all) {
+  const recipe::Schedule s =
+      !train && c.schedule == recipe::Schedule::zb_h1 ? recipe::Schedule::one_f_one_b : c.schedule;
+  const double half = std::max(0.0, all - fwd) / 2;
+  const double base =
+      bubble_seconds(recipe::Schedule::one_f_one_b, c.pp, c.micro_batches, 1, fwd, half, half);
+  if (!(base > 0))
+    return s == recipe::Schedule::interleaved ? 1.0 / static_cast<double>(c.virtual_stages) : 1.0;
+  return bubble_seconds(s, c.pp, c.micro_batches, c.virtual_stages, fwd, half, half) / base;
+}
+
 StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
                      std::vector<Recompute> recompute) {
   const Config& c = ctx.config;
@@ -118,6 +132,7 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
     states += b.state_bytes;
     grads += b.grad_bytes;
     s.compute += b.fwd + b.bwd;
+    s.forward += b.fwd;
     s.tp_comm += b.tp_comm;
     a2a += b.ep_comm;
     a2a_buffer = std::max(a2a_buffer, b.a2a_buffer);
@@ -266,12 +281,13 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
                    const AxisLinks& links, const std::vector<StagePlan>& stages) {
   Prediction p;
   const double mbs = static_cast<double>(c.micro_batches);
-  const double v = static_cast<double>(c.virtual_stages);
   const double pp = static_cast<double>(c.pp);
-  double tmax = 0, tsum = 0, rc_flops = 0;
+  double tmax = 0, tsum = 0, rc_flops = 0, fwd = 0, all = 0;
   for (const auto& s : stages) {
     tmax = std::max(tmax, s.time);
     tsum += s.time;
+    fwd += s.forward;
+    all += s.compute;
     p.compute += mbs * s.compute / pp;
     p.recompute += mbs * s.recompute_time / pp;
     p.tp_exposed += mbs * s.tp_comm / pp;
@@ -280,7 +296,7 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
     rc_flops += s.recompute_flops;
     p.peak_memory = std::max(p.peak_memory, s.memory);
   }
-  const double pipeline = mbs * tmax + (tsum - tmax) / v;
+  const double pipeline = mbs * tmax + (tsum - tmax) * bubble_scale(c, w.train, fwd, all);
   p.bubble = std::max(
       0.0, pipeline - (p.compute + p.recompute + p.tp_exposed + p.ep_exposed + p.pp_exposed));
 

@@ -38,6 +38,12 @@ StagePlan evaluate_stage(const StageContext& ctx, std::int64_t stage,
 StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<std::int64_t> blocks,
                      std::vector<recipe::Recompute> recompute);
 
+/// The factor on the pipeline time's bubble term (sum t - max t, stage.cpp): bubble_seconds of the
+/// schedule over 1F1B's, for a step whose forwards take `fwd` of its `all` compute seconds and
+/// whose backward splits evenly into input and weight gradients. 1/v interleaved, fwd/all for ZB-H1
+/// in training with m >= p (more with fewer micro-batches), 1 otherwise.
+double bubble_scale(const Config& c, bool train, double fwd, double all);
+
 /// The blocks of every pipeline rank when rank k holds counts[k] blocks in v chunks (sizes as even
 /// as the count allows): chunk j = round * pp + rank, in model order; v = 1 is the contiguous
 /// split.

@@ -6,7 +6,11 @@
 // forward k-1 of the same micro-batch plus one send/recv, backward k after backward k+1. Durations
 // come from the rank's StagePlan: forward = compute/3 (training) plus half the TP time, backward =
 // the rest, recomputation just before the backward it serves. Interleaved plans are drawn as 1F1B
-// over m * v chunks of 1/v the work, which has the same (p-1)/v bubble. Gaps are bubbles.
+// over m * v chunks of 1/v the work, which has the same (p-1)/v bubble. ZB-H1 plans split each
+// backward into its input-gradient half (B, which the rank upstream waits for) and its
+// weight-gradient half (W, drawn in a third colour), half the backward time each, in hp::job's
+// ZB-H1 order: rank k runs the W of micro-batch j after the B of j + k, the rest after its last B
+// (docs/schedules.md, "Split backward"). Gaps are bubbles.
 #include <algorithm>
 
 #include <fmt/core.h>
@@ -20,6 +24,7 @@ namespace {
 struct Op {
   bool backward = false;
   std::int64_t micro = 0;
+  bool weight = false;  ///< the weight-gradient half of a split backward (ZB-H1)
 };
 
 std::vector<Op> order(const Config& c, std::int64_t k, std::int64_t m, bool train) {
@@ -33,14 +38,20 @@ std::vector<Op> order(const Config& c, std::int64_t k, std::int64_t m, bool trai
     for (std::int64_t i = 0; i < m; ++i) ops.push_back({true, i});
     return ops;
   }
+  const bool split = c.schedule == recipe::Schedule::zb_h1;
   const std::int64_t warm = std::min(c.pp - k - 1, m);
-  std::int64_t f = 0, b = 0;
+  std::int64_t f = 0, b = 0, w = 0;
+  auto backward = [&] {
+    ops.push_back({true, b++});
+    if (split && b - w > k) ops.push_back({true, w++, true});
+  };
   for (; f < warm; ++f) ops.push_back({false, f});
   while (f < m) {
     ops.push_back({false, f++});
-    ops.push_back({true, b++});
+    backward();
   }
-  while (b < m) ops.push_back({true, b++});
+  while (b < m) backward();
+  while (split && w < m) ops.push_back({true, w++, true});
   return ops;
 }
 
@@ -58,13 +69,17 @@ std::string schedule_svg(const PlanReport& r) {
   const bool train = r.mode != "infer";
   const std::int64_t p = c.pp, v = c.virtual_stages, m = c.micro_batches * v;
   const double vd = static_cast<double>(v);
-  std::vector<double> fwd(static_cast<std::size_t>(p)), bwd(fwd), rc(fwd), hop(fwd);
+  std::vector<double> fwd(static_cast<std::size_t>(p)), bwd(fwd), wgt(fwd), rc(fwd), hop(fwd);
+  auto row_weight = [](std::vector<Box>& row, double t, double d, std::int64_t micro) {
+    row.push_back({t, t + d, "weight", micro});
+  };
   for (std::int64_t k = 0; k < p; ++k) {
     const StagePlan& s = plan.stages[static_cast<std::size_t>(k)];
     const double f = (train ? s.compute / 3 : s.compute) + (train ? s.tp_comm / 2 : s.tp_comm) +
                      (train ? s.ep_comm / 2 : s.ep_comm);
     fwd[k] = f / vd;
     bwd[k] = train ? (s.compute + s.tp_comm + s.ep_comm - f) / vd : 0;
+    if (c.schedule == recipe::Schedule::zb_h1 && train) wgt[k] = bwd[k] /= 2;
     rc[k] = s.recompute_time / vd;
     const double sends = (k == 0 || k == p - 1 ? 1.0 : 2.0) * (train ? 2.0 : 1.0) * vd;
     hop[k] = p > 1 ? s.pp_comm / sends : 0;
@@ -86,6 +101,13 @@ std::string schedule_svg(const PlanReport& r) {
         const Op op = ops[static_cast<std::size_t>(k)][i];
         const auto mi = static_cast<std::size_t>(op.micro);
         double ready = 0;
+        if (op.weight) {  // needs only its own B, which ran earlier on this rank
+          row_weight(boxes[static_cast<std::size_t>(k)], free[k], wgt[k], op.micro);
+          free[k] += wgt[k];
+          ++i;
+          progress = true;
+          continue;
+        }
         if (!op.backward && k > 0) {
           if (fdone[k - 1][mi] < 0) break;
           ready = fdone[k - 1][mi] + hop[k];
@@ -132,6 +154,7 @@ std::string schedule_svg(const PlanReport& r) {
     return kind == "forward"     ? "#4c78a8"
            : kind == "backward"  ? "#59a14f"
            : kind == "recompute" ? "#f28e2b"
+           : kind == "weight"    ? "#b07aa1"
                                  : "#9d9d9d";
   };
   for (std::int64_t k = 0; k < p; ++k) {
@@ -153,11 +176,15 @@ std::string schedule_svg(const PlanReport& r) {
   }
   double x = left;
   const double ly = top + static_cast<double>(p) * row_h + 25;
-  for (const char* kind : {"forward", "backward", "recompute", "comm"}) {
+  const bool split = c.schedule == recipe::Schedule::zb_h1 && train;
+  for (const char* kind : {"forward", "backward", "weight", "recompute", "comm"}) {
+    if (std::string(kind) == "weight" && !split) continue;
     out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n",
                        x, ly, colour(kind));
     out += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", x + 16, ly + 10,
-                       std::string(kind) == "comm" ? "send/recv" : kind);
+                       std::string(kind) == "comm"     ? "send/recv"
+                       : std::string(kind) == "weight" ? "weight grad"
+                                                       : kind);
     x += 110;
   }
   out += fmt::format(

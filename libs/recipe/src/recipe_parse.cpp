@@ -42,7 +42,9 @@ std::optional<E> get_enum(TomlReader& rd, const toml::table& t, std::string_view
 constexpr std::pair<std::string_view, Schedule> kSchedules[] = {
     {"gpipe", Schedule::gpipe},
     {"1f1b", Schedule::one_f_one_b},
-    {"interleaved", Schedule::interleaved}};
+    {"interleaved", Schedule::interleaved},
+    {"zb-h1", Schedule::zb_h1},
+    {"zbv", Schedule::zbv}};
 constexpr std::pair<std::string_view, Recompute> kRecomputes[] = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 constexpr std::pair<std::string_view, int> kShardLevels[] = {
@@ -89,7 +91,10 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   if (auto v = rd.get_int(t, "micro_batch_size", path, false)) p.micro_batch_size = *v;
   if (auto v = rd.get_int(t, "micro_batches", path, false)) p.micro_batches = *v;
   if (auto v = get_enum(rd, t, "schedule", path, kSchedules)) p.schedule = *v;
-  if (auto v = rd.get_int(t, "virtual_stages", path, false)) p.virtual_stages = *v;
+  if (auto v = rd.get_int(t, "virtual_stages", path, false))
+    p.virtual_stages = *v;
+  else if (p.schedule == Schedule::zbv && !t.contains("virtual_stages"))
+    p.virtual_stages = 2;  // the V always has two chunks per rank
   if (auto v = rd.get_bool(t, "sequence_parallel", path, false)) p.sequence_parallel = *v;
   if (auto v = rd.get_int(t, "expert_parallel", path, false)) p.expert_parallel = *v;
 }

@@ -1,9 +1,10 @@
 // Semantic checks of a recipe. Parsing guarantees types; this file checks that the values make a
 // runnable plan: degrees are positive, the schedule's constraints hold (interleaving needs virtual
-// stages and micro-batches in multiples of pp), stages partition the layers and have dp*tp ranks
-// each, layouts are well-formed meshes (docs/shard.md, "Validation"), MPMD groups tile the world
-// ranks in order (mpirun app contexts are consecutive rank blocks), and [offload] figures say where
-// they came from. Checks that need the cluster (rank counts) are in validate_recipe_on_cluster().
+// stages and micro-batches in multiples of pp, zbv exactly 2 virtual stages), stages partition the
+// layers and have dp*tp ranks each, layouts are well-formed meshes (docs/shard.md, "Validation"),
+// MPMD groups tile the world ranks in order (mpirun app contexts are consecutive rank blocks), and
+// [offload] figures say where they came from. Checks that need the cluster (rank counts) are in
+// validate_recipe_on_cluster().
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -72,11 +73,17 @@ void check_parallel(Checker& ck, const Parallel& p) {
                         "none)",
                         p.shard_group),
             "HSDP needs optimizer_shard 1..3, or remove shard_group");
-  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved)
+  if (p.schedule == Schedule::zbv && p.virtual_stages != 2)
+    ck.fail("parallel.virtual_stages",
+            fmt::format("the zbv schedule runs 2 model chunks per rank, but "
+                        "'parallel.virtual_stages' is {}",
+                        p.virtual_stages),
+            "leave virtual_stages out or set it to 2 (stages pp*2: the V of docs/schedules.md)");
+  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved && p.schedule != Schedule::zbv)
     ck.fail("parallel.virtual_stages",
             fmt::format("'parallel.virtual_stages' is {} but the schedule is '{}'",
                         p.virtual_stages, schedule_name(p.schedule)),
-            "virtual stages need schedule = \"interleaved\"");
+            "virtual stages need schedule = \"interleaved\" (or \"zbv\", with 2)");
   if (p.schedule == Schedule::interleaved) {
     if (p.virtual_stages < 2)
       ck.fail("parallel.schedule",

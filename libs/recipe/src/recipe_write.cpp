@@ -17,6 +17,8 @@ const char* schedule_name(Schedule s) {
     case Schedule::gpipe: return "gpipe";
     case Schedule::one_f_one_b: return "1f1b";
     case Schedule::interleaved: return "interleaved";
+    case Schedule::zb_h1: return "zb-h1";
+    case Schedule::zbv: return "zbv";
   }
   return "1f1b";
 }

@@ -156,7 +156,7 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
               for (int zero = 0; zero <= (w.train && dp > 1 ? 3 : 0); ++zero)
                 for (std::int64_t group : divisors(dp))  // HSDP shard group (dp = plain ZeRO)
                   for (std::int64_t v = 1; pp * v <= L; ++v)
-                    for (int sched = 0; sched < 3; ++sched) {
+                    for (int sched = 0; sched < 4; ++sched) {
                       Config c;
                       c.tp = tp, c.pp = pp, c.dp = dp, c.ep = ep;
                       std::copy(order, order + 3, c.order);
@@ -167,7 +167,8 @@ Brute brute_force(const ModelProfile& m, const topology::Topology& topo, const W
                       c.virtual_stages = v;
                       c.schedule = sched == 0   ? recipe::Schedule::one_f_one_b
                                    : sched == 1 ? recipe::Schedule::gpipe
-                                                : recipe::Schedule::interleaved;
+                                   : sched == 2 ? recipe::Schedule::interleaved
+                                                : recipe::Schedule::zb_h1;
                       if ((v > 1) != (sched == 2)) continue;
                       if (pp == 1 && sched != 0) continue;   // one stage: no pipeline schedule
                       if (!w.train && sched != 0) continue;  // inference: forward only

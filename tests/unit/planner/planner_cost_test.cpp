@@ -58,6 +58,42 @@ TEST_CASE("planner: in-flight micro-batches per schedule", "[planner]") {
   CHECK(in_flight(c, 0) == 2.0);  // m < p: only m micro-batches exist
 }
 
+TEST_CASE("planner: ZB-H1 holds p micro-batches on every stage, and its bubble model",
+          "[planner]") {
+  Config c;
+  c.pp = 8;
+  c.micro_batches = 64;
+  c.schedule = recipe::Schedule::zb_h1;
+  // Weight gradients deferred by k backwards on stage k: (p - k) + k = p everywhere.
+  for (std::int64_t k = 0; k < 8; ++k) CHECK(in_flight(c, k) == 8.0);
+  c.micro_batches = 3;
+  for (std::int64_t k = 0; k < 8; ++k) CHECK(in_flight(c, k) == 3.0);
+  // The order keeps every micro-batch's forward before its (W-placed) backward, each once.
+  for (std::int64_t k = 0; k < 4; ++k) {
+    const auto ops = schedule_ops(recipe::Schedule::zb_h1, 4, k, 8, 1, true);
+    REQUIRE(ops.size() == 16);
+    std::vector<int> seen(8, 0);
+    for (const auto& op : ops) {
+      auto& s = seen[static_cast<std::size_t>(op.micro)];
+      CHECK(s == (op.forward ? 0 : 1));
+      ++s;
+    }
+  }
+  // bubble_seconds: 1F1B (p-1)(f+b+w), interleaved / v, ZB-H1 (p-1)(f + max(b-w, 0)), ZB-V
+  // (p-1) f/2; one stage has none.
+  using S = recipe::Schedule;
+  CHECK(bubble_seconds(S::one_f_one_b, 4, 8, 1, 1, 1, 1) == Approx(9));
+  CHECK(bubble_seconds(S::gpipe, 4, 8, 1, 1, 2, 0) == Approx(9));
+  CHECK(bubble_seconds(S::interleaved, 4, 8, 3, 1, 1, 1) == Approx(3));
+  CHECK(bubble_seconds(S::zb_h1, 4, 8, 1, 1, 1, 1) == Approx(3));
+  CHECK(bubble_seconds(S::zb_h1, 4, 8, 1, 1, 1.5, 0.5) == Approx(6));
+  CHECK(bubble_seconds(S::zb_h1, 4, 8, 1, 1, 0.5, 1.5) == Approx(3));  // clamped: the start-up
+  CHECK(bubble_seconds(S::zb_h1, 4, 2, 1, 1, 1, 1) == Approx(5));      // m < p: 2 Ws with no gap
+  CHECK(bubble_seconds(S::zb_h1, 4, 1, 1, 1, 2, 0.5) == Approx(3 * 2.5 + 3 * 0.5));
+  CHECK(bubble_seconds(S::zbv, 4, 8, 2, 1, 1, 1) == Approx(1.5));
+  CHECK(bubble_seconds(S::zb_h1, 1, 8, 1, 1, 1, 1) == 0);
+}
+
 namespace {
 
 // A GPT layer per Korthikanti Table 2: 34 s h bytes (16-bit) per sequence plus 5 a s^2 of attention

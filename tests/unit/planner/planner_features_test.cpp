@@ -176,6 +176,38 @@ TEST_CASE(
   CHECK(count(svg, "<title>backward ") == static_cast<std::size_t>(c.micro_batches * c.pp));
 }
 
+TEST_CASE("planner: ZB-H1 plans draw W boxes and predict a smaller bubble than 1F1B", "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 64;
+  opts.global_batch = 16;
+  opts.fix_args = {"pp=2", "dp=1", "tp=4", "micro_batch_size=2", "schedule=zb-h1"};
+  auto zb = run(opts, cluster("dgx-a100", 1));
+  REQUIRE(zb);
+  const Config& c = zb->plans.front().config;
+  REQUIRE(c.schedule == recipe::Schedule::zb_h1);
+  const std::string svg = schedule_svg(*zb);
+  const auto boxes = static_cast<std::size_t>(c.micro_batches * c.pp);
+  CHECK(count(svg, "<title>forward ") == boxes);
+  CHECK(count(svg, "<title>backward ") == boxes);
+  CHECK(count(svg, "<title>weight ") == boxes);
+  CHECK(svg.find("weight grad") != std::string::npos);
+  opts.fix_args.back() = "schedule=1f1b";
+  auto one = run(opts, cluster("dgx-a100", 1));
+  REQUIRE(one);
+  REQUIRE(one->plans.front().config.micro_batches == c.micro_batches);
+  const auto& pz = zb->plans.front().predicted;
+  const auto& po = one->plans.front().predicted;
+  CHECK(pz.bubble < po.bubble);
+  CHECK(pz.iteration < po.iteration);
+  CHECK(count(schedule_svg(*one), "<title>weight ") == 0);
+  // zbv is refused with a reason.
+  opts.fix_args.back() = "schedule=zbv";
+  auto v = run(opts, cluster("dgx-a100", 1));
+  REQUIRE_FALSE(v);
+  CHECK(v.error().message().find("does not model zbv") != std::string::npos);
+}
+
 TEST_CASE("planner: --fix is checked against the cluster and the model", "[planner]") {
   ModelProfile m;
   m.heads = 12;

@@ -129,8 +129,65 @@ TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   INFO(dump(doc.problems));
   REQUIRE(doc.problems.size() == 1);
   CHECK(doc.problems[0].message ==
-        "'parallel.schedule' must be one of gpipe, 1f1b, interleaved, got '1F1B'");
+        "'parallel.schedule' must be one of gpipe, 1f1b, interleaved, zb-h1, zbv, got '1F1B'");
   CHECK(doc.problems[0].hint == "did you mean '1f1b'?");
+  RecipeDocument zb = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"zb_h1\"\n");
+  REQUIRE(zb.problems.size() == 1);
+  CHECK(zb.problems[0].hint == "did you mean 'zb-h1'?");
+}
+
+TEST_CASE("recipe: zero-bubble schedules and their chunks per rank", "[recipe]") {
+  // zb-h1 is one chunk per rank, like 1f1b.
+  RecipeDocument h1 = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 2\nschedule = \"zb-h1\"\n");
+  INFO(dump(h1.problems));
+  CHECK(h1.problems.empty());
+  CHECK(h1.recipe.parallel.schedule == Schedule::zb_h1);
+  CHECK(h1.recipe.parallel.virtual_stages == 1);
+  // zbv without virtual_stages reads as 2 chunks per rank; 2 written out is the same recipe.
+  RecipeDocument v = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 2\nschedule = \"zbv\"\n");
+  INFO(dump(v.problems));
+  CHECK(v.problems.empty());
+  CHECK(v.recipe.parallel.schedule == Schedule::zbv);
+  CHECK(v.recipe.parallel.virtual_stages == 2);
+  RecipeDocument v2 =
+      parse_with("[parallel]\ndp = 1\ntp = 1\npp = 2\nschedule = \"zbv\"\nvirtual_stages = 2\n");
+  CHECK(v2.problems.empty());
+  CHECK(v2.recipe.parallel == v.recipe.parallel);
+  CHECK(std::string(schedule_name(Schedule::zbv)) == "zbv");
+  CHECK(std::string(schedule_name(Schedule::zb_h1)) == "zb-h1");
+  // Any other chunk count is refused at the key, with a hint.
+  for (const char* n : {"1", "3"}) {
+    RecipeDocument bad = parse_with(
+        std::string("[parallel]\ndp = 1\ntp = 1\npp = 2\nschedule = \"zbv\"\nvirtual_stages = ") +
+        n + "\n");
+    INFO(dump(bad.problems));
+    REQUIRE(bad.problems.size() == 1);
+    CHECK(bad.problems[0].where == "recipe.toml:11:18");
+    CHECK(bad.problems[0].message ==
+          std::string("the zbv schedule runs 2 model chunks per rank, but "
+                      "'parallel.virtual_stages' is ") +
+              n);
+    CHECK(bad.problems[0].hint.find("leave virtual_stages out or set it to 2") == 0);
+  }
+  // zb-h1 with chunks is the one-chunk rule's error.
+  RecipeDocument h2 =
+      parse_with("[parallel]\ndp = 1\ntp = 1\npp = 2\nschedule = \"zb-h1\"\nvirtual_stages = 2\n");
+  REQUIRE(h2.problems.size() == 1);
+  CHECK(h2.problems[0].message == "'parallel.virtual_stages' is 2 but the schedule is 'zb-h1'");
+  // A zbv recipe with stages needs 2*pp of them.
+  RecipeDocument st = parse_with(R"([parallel]
+dp = 1
+tp = 1
+pp = 2
+schedule = "zbv"
+[[stages]]
+index = 0
+layers = "0-1"
+[[stages]]
+index = 1
+layers = "2-3"
+)");
+  CHECK(has(st.problems, "recipe.toml", "the recipe has 2 stages but pp*virtual_stages is 4"));
 }
 
 TEST_CASE("recipe: stage, layout, group and offload mistakes", "[recipe]") {

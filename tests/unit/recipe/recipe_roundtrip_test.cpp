@@ -21,6 +21,24 @@ TEST_CASE("recipe: a full recipe round-trips through format and parse", "[recipe
   CHECK(format_recipe(doc.recipe) == text);
 }
 
+TEST_CASE("recipe: the zero-bubble schedules round-trip", "[recipe]") {
+  for (Schedule k : {Schedule::zb_h1, Schedule::zbv}) {
+    Recipe r = test::full_recipe();
+    r.parallel.schedule = k;
+    r.parallel.virtual_stages = k == Schedule::zbv ? 2 : 1;
+    if (k == Schedule::zb_h1) {  // one stage per rank: pp = 2 stages, no shared ranks
+      r.stages.resize(2);
+      r.stages[1].layers = {3, 4, 5, 6, 7, 8, 9, 10, 11};
+    }
+    std::string text = format_recipe(r);
+    RecipeDocument doc = parse_recipe(text, "zb.toml");
+    INFO(text);
+    INFO(test::dump(doc.problems));
+    REQUIRE(doc.problems.empty());
+    CHECK(doc.recipe == r);
+  }
+}
+
 TEST_CASE("recipe: write_recipe then load_recipe gives an equal struct", "[recipe]") {
   auto dir = std::filesystem::temp_directory_path() / "hp_recipe_roundtrip";
   std::filesystem::create_directories(dir);

@@ -63,9 +63,9 @@ struct Fixed {
 
 /// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), shard_group (HSDP),
 /// optimizer_shard (0..3 or none|optimizer|gradients| parameters), micro_batch_size, micro_batches,
-/// schedule (gpipe|1f1b|interleaved), virtual_stages, sequence_parallel (true|false), recompute
-/// (none|selective|full). Unknown keys, malformed values and a key given twice with different
-/// values are Errc::usage.
+/// schedule (gpipe|1f1b|interleaved|zb-h1; zbv is refused, not modelled), virtual_stages,
+/// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
+/// and a key given twice with different values are Errc::usage.
 Expected<Fixed> parse_fixes(const std::vector<std::string>& args);
 
 /// Checks pinned values against the cluster and the model before searching: the degrees' product

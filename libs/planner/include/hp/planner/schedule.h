@@ -25,9 +25,26 @@ struct Op {
 /// The order pipeline rank k of p runs its chunks over one step of m micro-batches: GPipe (all
 /// forwards, then all backwards), 1F1B (p-k-1 warm-up forwards, then one forward / one backward),
 /// interleaved 1F1B (Megatron-LM's order: 2(p-k-1) + (v-1)p warm-up chunk forwards, groups of p
-/// micro-batches per chunk). Inference (train false) is forwards only.
+/// micro-batches per chunk). Inference (train false) is forwards only. ZB-H1 splits the backward
+/// (docs/schedules.md, "Split backward"); a micro-batch's activations stay until its
+/// weight-gradient half W, so its backward op here stands where the W runs (rank k defers W by k
+/// backwards): p micro-batches alive on every rank, 1F1B's rank-0 peak. ZB-V is not listed (the
+/// planner does not model its V-shaped chunk placement); it is given 1F1B's order.
 std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
                              std::int64_t v, bool train);
+
+/// The pipeline bubble in seconds of one step: the idle time of the busiest rank for a schedule of
+/// p equal stages, m micro-batches, v chunks per rank, whose stage takes `f` seconds forward, `b`
+/// for the input-gradient half of the backward and `w` for the weight-gradient half (an unsplit
+/// backward is b + w). GPipe and 1F1B (p-1)(f+b+w); interleaved (p-1)(f+b+w)/v; ZB-H1 (p-1)(f +
+/// max(b-w, 0)) + max(p-m, 0) min(b, w) (Qi et al.'s (p-1)(f+b-w) while w <= b and m >= p; a larger
+/// w cannot hide the last rank's wait for its first input, (p-1)f, and with m < p the later ranks
+/// defer more Ws than there are gaps); ZB-V (p-1)f/2, that same wait with chunks of half a stage,
+/// which its lists reach when f = b = w and m >= 2p (docs/schedules.md, "Split backward"). Zero for
+/// p
+/// <= 1.
+double bubble_seconds(recipe::Schedule s, std::int64_t p, std::int64_t m, std::int64_t v, double f,
+                      double b, double w);
 
 /// The moments at which a rank's activation memory can peak, as micro-batches alive per chunk:
 /// after each forward (`after_forward`), and at the start of each backward together with the chunk

@@ -9,7 +9,8 @@
 //   [parallel]          dp, tp, pp (required); optimizer_shard =
 //   none|optimizer|gradients|parameters
 //                       (or 0..3); micro_batch_size; micro_batches; schedule =
-//                       gpipe|1f1b|interleaved; virtual_stages; sequence_parallel; expert_parallel
+//                       gpipe|1f1b|interleaved|zb-h1|zbv; virtual_stages; sequence_parallel;
+//                       expert_parallel
 //   [[stages]]          index, layers = "0-11" (or [0, 1, ...]), recompute = none|selective|full,
 //                       recompute_layers = { full = "4-5" } (per-layer overrides), ranks = "0-7"
 //   [layouts."<tensor or glob>"]
@@ -47,9 +48,11 @@ namespace hp::recipe {
 /// The newest recipe version this hp reads and writes.
 inline constexpr int kRecipeVersion = 1;
 
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+/// zb_h1 and zbv are the zero-bubble schedules (docs/schedules.md, "Split backward"); zbv always
+/// runs 2 model chunks per rank, so its recipes carry virtual_stages = 2 (read as 2 when absent).
+enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1, zbv };
 enum class Recompute { none, selective, full };
-const char* schedule_name(Schedule s);    ///< "gpipe", "1f1b", "interleaved"
+const char* schedule_name(Schedule s);    ///< "gpipe", "1f1b", "interleaved", "zb-h1", "zbv"
 const char* recompute_name(Recompute r);  ///< "none", "selective", "full"
 /// ZeRO-style optimizer sharding levels 0..3: "none", "optimizer", "gradients", "parameters".
 const char* optimizer_shard_name(int level);
@@ -60,7 +63,7 @@ struct Parallel {
   std::int64_t micro_batch_size = 1;
   std::int64_t micro_batches = 1;
   Schedule schedule = Schedule::one_f_one_b;
-  std::int64_t virtual_stages = 1;  ///< model chunks per pipeline rank (interleaved only)
+  std::int64_t virtual_stages = 1;  ///< model chunks per pipeline rank (interleaved; zbv: 2)
   bool sequence_parallel = false;
   std::int64_t expert_parallel = 1;  ///< expert-parallel degree (1 = none)
   /// HSDP: ZeRO shards over groups of this many consecutive data-parallel ranks and replicates
