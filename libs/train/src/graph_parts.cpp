@@ -57,9 +57,10 @@ TensorInfo::TensorInfo(const model::Model& m, const model::Graph* fg) {
 
 void TensorInfo::declare(onnx::ValueInfoProto& v, const std::string& name) const {
   v.set_name(name);
-  auto* tt = v.mutable_type()->mutable_tensor_type();
   auto t = types_.find(name);
-  tt->set_elem_type(t == types_.end() ? 0 : t->second);
+  if (t == types_.end()) return;
+  auto* tt = v.mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(t->second);
   auto d = dims_.find(name);
   if (d == dims_.end()) return;
   auto* sh = tt->mutable_shape();

@@ -24,11 +24,13 @@ void collect_reads(const onnx::NodeProto& n, std::set<std::string>& out);
 /// input, which is what every hp.train op returns.
 class TensorInfo {
  public:
-  /// `fg`: build_graph's view of `m`, or null where inference rejected the graph (types then come
-  /// from propagation alone).
+  /// Knows nothing: declare() gives names only.
+  TensorInfo() = default;
+  /// `m`'s initializer, input and output types, `fg`'s inferred types and dims (fg may be null, or
+  /// the view of a part of `m`: tensor names are shared), then propagation over `m`'s nodes.
   TensorInfo(const model::Model& m, const model::Graph* fg);
-  /// Sets v's type to `name`'s: its dtype, and its dims where inference knew the rank (named
-  /// symbols kept as dim_params).
+  /// Sets v's name and, where known, its type: its dtype, and its dims where inference knew the
+  /// rank (named symbols kept as dim_params).
   void declare(onnx::ValueInfoProto& v, const std::string& name) const;
 
  private:

@@ -202,13 +202,19 @@ Expected<GradParts> split_backward(const GradGraph& gg, BackwardSplit how) {
   for (const auto& t : out.stash)
     if (std::find(fw.outputs.begin(), fw.outputs.end(), t) == fw.outputs.end())
       fw.outputs.push_back(t);
-  auto fg = model::build_graph(gg.model, gg.dims);
+  // Types and shapes: inference runs on the forward part alone (ONNX's inference does not know
+  // the hp.train ops, and the stash is forward tensors); the backward's tensors are typed by
+  // propagation.
+  const detail::TensorInfo names_only;
+  auto fg = model::build_graph(detail::part_model(gg.model, fw, names_only, "forward"), gg.dims);
   const detail::TensorInfo info(gg.model, fg ? &*fg : nullptr);
   const std::string name = g.name().empty() ? "grad" : g.name();
   out.forward = finish_part(gg, fw, info, name + "/forward");
   out.backward =
       finish_part(gg, b, info, name + (how == BackwardSplit::whole ? "/backward" : "/B"));
-  if (how == BackwardSplit::input_weight) out.weight = finish_part(gg, w, info, name + "/W");
+  // With the whole split W is an empty model, so every part can be inspected alike.
+  out.weight = finish_part(gg, how == BackwardSplit::input_weight ? w : detail::PartSpec{}, info,
+                           name + "/W");
   return out;
 }
 

@@ -186,8 +186,10 @@ Tensors run(const model::Model& m, const Tensors& have, const Tensors& weights =
   return out;
 }
 
-void check_close(const exec::HostTensor& got, const exec::HostTensor& want,
-                 const std::string& what) {
+/// `zeros_ok`: `want` may be all zeros (elsewhere a gradient of zeros would compare equal to
+/// anything broken the same way).
+void check_close(const exec::HostTensor& got, const exec::HostTensor& want, const std::string& what,
+                 bool zeros_ok = false) {
   INFO(what);
   REQUIRE(got.dims == want.dims);
   REQUIRE(got.dtype == HP_F32);
@@ -197,7 +199,7 @@ void check_close(const exec::HostTensor& got, const exec::HostTensor& want,
     scale = std::max(scale, double(std::abs(want.as<float>()[k])));
   }
   INFO("max difference " << diff << " of max " << scale);
-  CHECK(scale > 0);  // a gradient of zeros would compare equal to anything broken the same way
+  CHECK((zeros_ok || scale > 0));
   CHECK(diff <= 1e-5 * scale + 1e-7);
 }
 
@@ -307,5 +309,348 @@ TEST_CASE("a transformer block cut into two and three stages gives the whole mod
     std::vector<std::string> shared;
     check_same(pipelined(b.model(), cuts, spec, transformer_data(), &shared), want);
     CHECK(shared == std::vector<std::string>{"emb"});  // embedding and head are tied
+  }
+}
+
+namespace {
+
+/// Runs the parts of a split in turn, each reading what the data and the parts before it give.
+Tensors run_parts(const train::GradParts& parts, const Tensors& data, const Tensors& weights = {}) {
+  Tensors have = data;
+  for (const train::GradPart* p : {&parts.forward, &parts.backward, &parts.weight})
+    if (!p->empty())
+      for (auto& [name, t] : run(p->model, have, weights)) have[name] = t;
+  return have;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+exec::HostTensor initializer_of(const model::Model& m, const std::string& name) {
+  for (const auto& t : m.proto->graph().initializer())
+    if (t.name() == name) {
+      exec::HostTensor h;
+      h.dtype = HP_F32;
+      h.dims.assign(t.dims().begin(), t.dims().end());
+      h.data.resize(static_cast<std::size_t>(t.float_data_size()) * sizeof(float));
+      for (int k = 0; k < t.float_data_size(); ++k) h.as<float>()[k] = t.float_data(k);
+      return h;
+    }
+  FAIL("no initializer " << name);
+  return {};
+}
+
+/// What each part of `parts` holds and passes on, as stages.h promises.
+void check_structure(const train::GradGraph& gg, const train::GradParts& parts,
+                     train::BackwardSplit how) {
+  const auto& fw = parts.forward;
+  for (const auto& n : fw.model.proto->graph().node()) {
+    CHECK(n.domain() != "hp.train");  // no gradient op in the forward
+    CHECK(n.op_type() != "SoftmaxCrossEntropyLoss");
+  }
+  REQUIRE(fw.outputs.size() >= gg.forward_outputs.size());
+  CHECK(std::equal(gg.forward_outputs.begin(), gg.forward_outputs.end(), fw.outputs.begin()));
+  for (const auto& t : parts.stash) {
+    CHECK(has(fw.outputs, t));
+    CHECK((has(parts.backward.inputs, t) || has(parts.weight.inputs, t)));
+  }
+  for (const train::GradPart* p : {&parts.backward, &parts.weight})
+    for (const auto& n : p->model.proto->graph().node())
+      if (n.op_type() == "Shape") CHECK_FALSE(has(parts.stash, n.input(0)));  // shapes moved
+  std::vector<std::string> grads = parts.backward.grads;
+  grads.insert(grads.end(), parts.weight.grads.begin(), parts.weight.grads.end());
+  std::sort(grads.begin(), grads.end());
+  std::vector<std::string> want = gg.grads;
+  std::sort(want.begin(), want.end());
+  CHECK(grads == want);
+  if (how == train::BackwardSplit::whole) {
+    CHECK(parts.weight.empty());
+    CHECK(parts.carried.empty());
+    std::vector<std::string> outs;
+    for (const auto& o : gg.model.proto->graph().output()) outs.push_back(o.name());
+    CHECK(parts.backward.outputs == outs);
+    return;
+  }
+  for (const auto& t : parts.carried) {
+    CHECK(has(parts.backward.outputs, t));
+    CHECK(has(parts.weight.inputs, t));
+  }
+  for (const auto& o : gg.input_grad_outputs) CHECK(has(parts.backward.outputs, o));
+  if (!gg.loss.empty()) CHECK(parts.backward.outputs.front() == gg.loss);
+}
+
+/// The parts of both splits, run in turn, give the whole gradient model's outputs, also after a
+/// weight is changed in every part holding it.
+void check_split(const train::GradGraph& gg, const Tensors& data, const std::string& weight) {
+  std::vector<std::string> outs;
+  for (const auto& o : gg.model.proto->graph().output()) outs.push_back(o.name());
+  exec::HostTensor w = initializer_of(gg.model, weight);
+  for (std::int64_t k = 0; k < w.numel(); ++k) w.as<float>()[k] = 1.5f * w.as<float>()[k] + 0.1f;
+  const Tensors moved{{weight, w}};
+  const Tensors want = run(gg.model, data), want_moved = run(gg.model, data, moved);
+  for (auto how : {train::BackwardSplit::whole, train::BackwardSplit::input_weight}) {
+    INFO((how == train::BackwardSplit::whole ? "forward | backward" : "forward | B | W"));
+    auto parts = train::split_backward(gg, how);
+    INFO((parts ? std::string() : parts.error().str()));
+    REQUIRE(parts);
+    check_structure(gg, *parts, how);
+    for (const train::GradPart* p : {&parts->forward, &parts->backward, &parts->weight}) {
+      bool holds = false;
+      for (const auto& t : p->model.proto->graph().initializer())
+        holds = holds || t.name() == weight;
+      CHECK(has(p->params, weight) == holds);
+    }
+    const Tensors got = run_parts(*parts, data), got_moved = run_parts(*parts, data, moved);
+    for (const auto& o : outs) {
+      check_close(got.at(o), want.at(o), o, true);
+      check_close(got_moved.at(o), want_moved.at(o), o + " after moving " + weight, true);
+    }
+    if (how == train::BackwardSplit::input_weight && !gg.input_grad_outputs.empty()) {
+      CHECK_FALSE(parts->weight.empty());  // weight gradients are left for W
+      CHECK_FALSE(parts->carried.empty());
+    }
+  }
+}
+
+train::GradGraph grad_graph(const model::Model& m, const train::GradSpec& spec) {
+  auto gg = train::build_grad_graph(m, spec);
+  INFO((gg ? std::string() : gg.error().str()));
+  REQUIRE(gg);
+  return std::move(*gg);
+}
+
+model::Model stage(const model::Model& m, const std::vector<std::vector<std::string>>& cuts,
+                   std::size_t index) {
+  model::Model rest = m;
+  std::vector<model::Model> stages;
+  for (const auto& cut : cuts) {
+    auto st = train::split_forward_at(rest, cut);
+    REQUIRE(st);
+    stages.push_back(st->first);
+    rest = st->second;
+  }
+  stages.push_back(rest);
+  return stages.at(index);
+}
+
+}  // namespace
+
+TEST_CASE("forward | backward and forward | B | W parts give the gradient model's outputs",
+          "[train]") {
+  std::mt19937 rng(12);
+  const auto spec = ce_spec({"mask"});
+  const model::Model tf = transformer().model();
+  SECTION("a whole transformer block with its loss") {
+    auto gg = grad_graph(tf, spec);
+    check_split(gg, transformer_data(), "wfc");
+    // Without input gradients, B is the loss alone and W the whole backward.
+    auto parts = train::split_backward(gg, train::BackwardSplit::input_weight);
+    REQUIRE(parts);
+    CHECK(parts->backward.outputs.front() == gg.loss);
+    CHECK(parts->weight.grads.size() + parts->backward.grads.size() == gg.grads.size());
+  }
+  SECTION("the last stage: loss and input gradients") {
+    train::GradSpec s = spec;
+    s.input_grads = {"r1"};
+    auto gg = grad_graph(stage(tf, {{"r1"}}, 1), s);
+    Tensors data = transformer_data();
+    data["r1"] = tensor({2, 5, 8}, HP_F32, rng);
+    check_split(gg, data, "wfc");
+    auto parts = train::split_backward(gg, train::BackwardSplit::input_weight);
+    REQUIRE(parts);
+    // The MLP's weight gradients wait in W; LayerNorm's come out of B with its input gradient.
+    auto grad_of = [&](const std::string& w) {
+      auto k = std::find(gg.params.begin(), gg.params.end(), w) - gg.params.begin();
+      REQUIRE(k < static_cast<long>(gg.params.size()));
+      return gg.grads[static_cast<std::size_t>(k)];
+    };
+    for (const char* w : {"wfc", "wpr", "bfc", "emb"}) CHECK(has(parts->weight.grads, grad_of(w)));
+    for (const char* w : {"h2.s", "h2.b"}) CHECK(has(parts->backward.grads, grad_of(w)));
+    CHECK(parts->weight.params.empty());  // weight gradients read activations, not weights
+  }
+  SECTION("the first stage: output gradients only, so B is empty") {
+    train::GradSpec s = spec;
+    s.logits.clear();
+    s.output_grads = {"r1"};
+    auto gg = grad_graph(stage(tf, {{"r1"}}, 0), s);
+    CHECK(gg.loss.empty());
+    CHECK(gg.inputs == std::vector<std::string>{"ids", "r1.grad"});
+    Tensors data = transformer_data();
+    data["r1.grad"] = tensor({2, 5, 8}, HP_F32, rng);
+    check_split(gg, data, "wq");
+    auto parts = train::split_backward(gg, train::BackwardSplit::input_weight);
+    REQUIRE(parts);
+    CHECK(parts->backward.empty());
+    CHECK(parts->backward.model.proto->graph().node_size() == 0);
+    CHECK(parts->weight.grads.size() == gg.grads.size());
+  }
+  SECTION("a middle stage: output gradients in, input gradients out") {
+    train::GradSpec s = spec;
+    s.logits.clear();
+    s.output_grads = {"r1", "f2"};
+    s.input_grads = {"x"};
+    auto gg = grad_graph(stage(tf, {{"x"}, {"r1", "f2"}}, 1), s);
+    CHECK(gg.input_grad_outputs == std::vector<std::string>{"x.grad"});
+    CHECK(gg.model.proto->graph().output().rbegin()->name() == "x.grad");
+    Tensors data;
+    data["x"] = tensor({2, 5, 8}, HP_F32, rng);
+    data["r1.grad"] = tensor({2, 5, 8}, HP_F32, rng);
+    data["f2.grad"] = tensor({2, 5, 16}, HP_F32, rng);
+    check_split(gg, data, "wv");
+  }
+  SECTION("an MLP") { check_split(grad_graph(mlp().model(), ce_spec()), mlp_data(), "w2"); }
+  SECTION("recomputed blocks: the Dropout masks are stashed, the blocks' inputs too") {
+    train::GradSpec s;
+    s.logits = "y";
+    s.loss = train::LossKind::mse;
+    s.recompute_blocks = {0, 1};
+    s.input_grads = {"x"};
+    auto gg = grad_graph(blocks().model(), s);
+    REQUIRE(gg.recomputed_nodes > 0);
+    Tensors data{{"x", tensor({3, 4}, HP_F32, rng)}, {"labels", tensor({3, 4}, HP_F32, rng)}};
+    check_split(gg, data, "layers.1.w");
+    auto parts = train::split_backward(gg, train::BackwardSplit::whole);
+    REQUIRE(parts);
+    CHECK(has(parts->stash, "layers.0.out/mask"));
+    CHECK(has(parts->stash, "layers.0.out"));        // block 1's input
+    CHECK_FALSE(has(parts->stash, "layers.0.act"));  // recomputed, not kept
+  }
+}
+
+TEST_CASE("an input without a path to the loss sends back zeros", "[train]") {
+  Builder b;
+  b.input("a", {2, 3});
+  b.input("c", {2, 3});
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"a", "w"}, {"y"});
+  b.node("Neg", {"c"}, {"z"});
+  b.output("y", {2, 4});
+  b.output("z", {2, 3});
+  train::GradSpec s;
+  s.logits = "y";
+  s.loss = train::LossKind::mse;
+  s.input_grads = {"c", "a"};
+  auto gg = grad_graph(b.model(), s);
+  CHECK(gg.input_grad_outputs == std::vector<std::string>{"c.grad", "a.grad"});
+  std::mt19937 rng(2);
+  Tensors data{{"a", tensor({2, 3}, HP_F32, rng)},
+               {"c", tensor({2, 3}, HP_F32, rng)},
+               {"labels", tensor({2, 4}, HP_F32, rng)}};
+  Tensors out = run(gg.model, data);
+  REQUIRE(out.at("c.grad").dims == std::vector<std::int64_t>{2, 3});
+  for (std::int64_t k = 0; k < 6; ++k) CHECK(out.at("c.grad").as<float>()[k] == 0.f);
+  // a's gradient is dL/dy w^T with dL/dy = 2 (y - t) / 8.
+  const exec::HostTensor y = run(b.model(), data).at("y");
+  const auto w = initializer_of(b.model(), "w");
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) {
+      double want = 0;
+      for (int k = 0; k < 4; ++k)
+        want += 2.0 * (y.as<float>()[i * 4 + k] - data.at("labels").as<float>()[i * 4 + k]) / 8 *
+                w.as<float>()[j * 4 + k];
+      CHECK(out.at("a.grad").as<float>()[i * 3 + j] == Approx(want).epsilon(1e-5));
+    }
+  check_split(gg, data, "w");
+}
+
+namespace {
+
+/// The error's diagnostics, one per line.
+std::string all_messages(const Error& e) {
+  std::string s;
+  for (const auto& d : e.all()) s += d.message + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("malformed stage names are refused, every one named, before anything runs", "[train]") {
+  const model::Model tf = transformer().model();
+  auto refused = [&](const model::Model& m, const train::GradSpec& s) {
+    auto r = train::build_grad_graph(m, s);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == Errc::bad_input);
+    return all_messages(r.error());
+  };
+  train::GradSpec s = ce_spec({"mask"});
+  s.output_grads = {"nope", "r1"};  // r1 is a tensor, not a graph output
+  s.input_grads = {"ids", "emb", "zz"};
+  const std::string m = refused(tf, s);
+  INFO(m);
+  CHECK(m.find("output_grads names 'nope', which is no graph output (the outputs: logits)") !=
+        std::string::npos);
+  CHECK(m.find("output_grads names 'r1', which is no graph output") != std::string::npos);
+  CHECK(m.find("input_grads names 'ids', a int64 input: only floating-point inputs") !=
+        std::string::npos);
+  CHECK(m.find("input_grads names 'emb', an initializer") != std::string::npos);
+  CHECK(m.find("input_grads names 'zz', which is no graph input (the inputs: ids)") !=
+        std::string::npos);
+
+  train::GradSpec none = ce_spec();
+  none.logits.clear();
+  CHECK(refused(tf, none).find("no loss and no output_grads") != std::string::npos);
+
+  train::GradSpec twice = ce_spec();
+  twice.output_grads = {"logits", "logits"};
+  CHECK(refused(tf, twice).find("output_grads names 'logits' twice") != std::string::npos);
+
+  Builder b;  // an integer output, and a tensor already called "<output>.grad"
+  b.input("x", {2, 3});
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.node("Relu", {"y"}, {"y.grad"});
+  b.node("Add", {"y", "y.grad"}, {"u"});
+  attr_i(b.node("ArgMax", {"u"}, {"idx"}), "axis", 1);
+  b.output("u", {2, 4});
+  b.output("idx", {2, 1}, onnx::TensorProto::INT64);
+  b.output("y", {2, 4});
+  train::GradSpec t;
+  t.logits.clear();
+  t.output_grads = {"idx", "y"};
+  const std::string mt = refused(b.model(), t);
+  INFO(mt);
+  CHECK(mt.find("output_grads names 'idx', a int64 output") != std::string::npos);
+  CHECK(mt.find("the name 'y.grad' for the gradient of 'y' is already a tensor") !=
+        std::string::npos);
+  t.output_grads = {"u"};  // fine: u.grad is free
+  CHECK(train::build_grad_graph(b.model(), t));
+}
+
+TEST_CASE("malformed cuts and gradient models are refused", "[train]") {
+  const model::Model tf = transformer().model();
+  auto refused = [&](const std::vector<std::string>& cut) {
+    auto r = train::split_forward_at(tf, cut);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == Errc::bad_input);
+    return all_messages(r.error());
+  };
+  CHECK(refused({}).find("the cut names no tensor") != std::string::npos);
+  CHECK(refused({"nope"}).find("'nope', which no node of the model writes") != std::string::npos);
+  CHECK(refused({"ids"}).find("'ids', which no node of the model writes") != std::string::npos);
+  CHECK(refused({"r1", "r1"}).find("names 'r1' twice") != std::string::npos);
+  // Cut at the attention output alone, the residual x crosses the cut: the embedding would run in
+  // both stages.
+  const std::string m = refused({"att"});
+  INFO(m);
+  CHECK(m.find("does not separate the stages: node 'e_node' (Gather) reading weight 'emb'") !=
+        std::string::npos);
+  CHECK(m.find("node 'x_node' (Add) reading weight 'pos'") != std::string::npos);
+  // The MLP's GELU reads the LayerNorm output twice: cutting at one reader's input is not a cut.
+  auto half = train::split_forward_at(mlp().model(), {"g.g3"});
+  REQUIRE_FALSE(half);
+  INFO(all_messages(half.error()));
+  CHECK(all_messages(half.error())
+            .find("node 'h2_node' (LayerNormalization) reading weight 'h2.s'") !=
+        std::string::npos);
+
+  auto gg = train::build_grad_graph(tf, ce_spec({"mask"}));
+  REQUIRE(gg);
+  for (int bad : {-1, gg->model.proto->graph().node_size() + 1}) {
+    train::GradGraph broken = *gg;
+    broken.forward_nodes = bad;
+    auto r = train::split_backward(broken, train::BackwardSplit::whole);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == Errc::bad_input);
   }
 }

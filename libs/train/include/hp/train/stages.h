@@ -81,9 +81,9 @@ struct GradParts {
   /// gradient), then `carried`. Empty (no nodes, no outputs) for a stage without loss or
   /// input_grads (the first stage), where W does all.
   GradPart backward;
-  /// input_weight only: W, the nodes left, which write the other parameter gradients. Inputs: the
+  /// input_weight: W, the nodes left, which write the other parameter gradients. Inputs: the
   /// graph inputs it reads, the stash it reads, then the carried tensors it reads. Outputs: its
-  /// parameter gradients in GradGraph::grads order. Empty when B wrote them all.
+  /// parameter gradients in GradGraph::grads order. Empty when B wrote them all, and with whole.
   GradPart weight;
   /// Forward tensors the backward parts read (activations, Dropout masks, shapes), in node order.
   /// Constant nodes are copied into the parts that read them instead of being stashed.
