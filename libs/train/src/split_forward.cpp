@@ -95,6 +95,14 @@ Expected<ForwardStages> split_forward_at(const model::Model& model,
   detail::PartSpec first, second;
   first.nodes = needed_nodes(g, cut, {});
   second.nodes = needed_nodes(g, outputs, std::set<std::string>(cut.begin(), cut.end()));
+  for (int k : second.nodes)  // a Split whose other output the second stage needs
+    for (const auto& o : g.node(k).output())
+      if (std::find(cut.begin(), cut.end(), o) != cut.end())
+        return Error(Errc::bad_input,
+                     fmt::format("[train] node '{}' ({}) writes the cut tensor '{}' and another "
+                                 "the second stage needs",
+                                 g.node(k).name(), g.node(k).op_type(), o),
+                     where, "cut at every output of the node that the second stage reads");
   HP_TRY(check_separated(g, fg, first.nodes, second.nodes, where));
   first.inputs = data_inputs_read(g, first.nodes);
   first.outputs = cut;

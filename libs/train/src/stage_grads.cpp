@@ -75,8 +75,8 @@ Status check_stage_spec(const GraphWriter& w, const GradSpec& spec, const std::s
     }
     if (const std::int32_t t = w.elem_type(o); !is_float(t)) {
       fail(
-          fmt::format("output_grads names '{}', a {} output: only floating-point outputs carry a "
-                      "gradient",
+          fmt::format("output_grads names '{}', an output of type {}: only floating-point outputs "
+                      "carry a gradient",
                       o, type_label(t)));
       continue;
     }
@@ -94,8 +94,8 @@ Status check_stage_spec(const GraphWriter& w, const GradSpec& spec, const std::s
     }
     if (const std::int32_t t = w.elem_type(i); !is_float(t)) {
       fail(
-          fmt::format("input_grads names '{}', a {} input: only floating-point inputs carry a "
-                      "gradient",
+          fmt::format("input_grads names '{}', an input of type {}: only floating-point inputs "
+                      "carry a gradient",
                       i, type_label(t)));
       continue;
     }

@@ -168,7 +168,7 @@ TEST_CASE("malformed stage names are refused, every one named, before anything r
   CHECK(m.find("output_grads names 'nope', which is no graph output (the outputs: logits)") !=
         std::string::npos);
   CHECK(m.find("output_grads names 'r1', which is no graph output") != std::string::npos);
-  CHECK(m.find("input_grads names 'ids', a int64 input: only floating-point inputs") !=
+  CHECK(m.find("input_grads names 'ids', an input of type int64: only floating-point inputs") !=
         std::string::npos);
   CHECK(m.find("input_grads names 'emb', an initializer") != std::string::npos);
   CHECK(m.find("input_grads names 'zz', which is no graph input (the inputs: ids)") !=
@@ -197,7 +197,7 @@ TEST_CASE("malformed stage names are refused, every one named, before anything r
   t.output_grads = {"idx", "y"};
   const std::string mt = refused(b.model(), t);
   INFO(mt);
-  CHECK(mt.find("output_grads names 'idx', a int64 output") != std::string::npos);
+  CHECK(mt.find("output_grads names 'idx', an output of type int64") != std::string::npos);
   CHECK(mt.find("the name 'y.grad' for the gradient of 'y' is already a tensor") !=
         std::string::npos);
   t.output_grads = {"u"};  // fine: u.grad is free
@@ -223,6 +223,21 @@ TEST_CASE("malformed cuts and gradient models are refused", "[train]") {
   CHECK(m.find("does not separate the stages: node 'e_node' (Gather) reading weight 'emb'") !=
         std::string::npos);
   CHECK(m.find("node 'x_node' (Add) reading weight 'pos'") != std::string::npos);
+  {
+    Builder b;  // a Split cut at one of its outputs
+    b.input("x", {2, 4});
+    b.weight("w", {4, 4});
+    b.node("MatMul", {"x", "w"}, {"h"});
+    auto* sp = b.node("Split", {"h"}, {"lo", "hi"}, "the_split");
+    attr_i(sp, "axis", 1);
+    b.node("Mul", {"lo", "hi"}, {"y"});
+    b.output("y", {2, 2});
+    auto r = train::split_forward_at(b.model(), {"lo"});
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message().find("node 'the_split' (Split) writes the cut tensor 'lo'") !=
+          std::string::npos);
+    CHECK(train::split_forward_at(b.model(), {"lo", "hi"}));
+  }
   // The MLP's GELU reads the LayerNorm output twice: cutting at one reader's input is not a cut.
   auto half = train::split_forward_at(mlp().model(), {"g.g3"});
   REQUIRE_FALSE(half);

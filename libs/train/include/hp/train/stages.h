@@ -41,7 +41,8 @@ struct ForwardStages {
 
 /// Cuts `model` at `cut` (tensors written by nodes): see ForwardStages. `dims` bind symbolic input
 /// dims for the cut tensors' declared shapes (unbound ones stay symbolic). Errc::bad_input for an
-/// empty cut, a name listed twice or written by no node, and for a cut that does not separate the
+/// empty cut, a name listed twice or written by no node, a node writing a cut tensor and another
+/// the second stage needs (a Split cut at one output), and a cut that does not separate the
 /// stages: a node reading a floating-point initializer that both stages would need (an activation
 /// crossing the cut, such as a residual, that the cut does not list), named with its weight.
 Expected<ForwardStages> split_forward_at(const model::Model& model,
