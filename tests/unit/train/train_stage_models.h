@@ -240,6 +240,11 @@ inline exec::HostTensor initializer_of(const model::Model& m, const std::string&
       exec::HostTensor h;
       h.dtype = HP_F32;
       h.dims.assign(t.dims().begin(), t.dims().end());
+      if (t.has_raw_data()) {  // as exporters write them
+        h.data.assign(t.raw_data().begin(), t.raw_data().end());
+        REQUIRE(h.data.size() == static_cast<std::size_t>(h.numel()) * sizeof(float));
+        return h;
+      }
       h.data.resize(static_cast<std::size_t>(t.float_data_size()) * sizeof(float));
       for (int k = 0; k < t.float_data_size(); ++k) h.as<float>()[k] = t.float_data(k);
       return h;

@@ -6,8 +6,13 @@
 #include <onnx/onnx_pb.h>
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "hp/train/autodiff.h"
@@ -246,3 +251,101 @@ TEST_CASE("malformed cuts and gradient models are refused", "[train]") {
             .find("node 'h2_node' (LayerNormalization) reading weight 'h2.s'") !=
         std::string::npos);
 }
+
+#ifdef HP_SYSTEM_PYTHON3
+namespace {
+
+// A two-block GPT as PyTorch users write it (token and position embeddings, causal attention, GELU
+// MLPs, a final LayerNorm and head), exported for training (no constant folding, so the position
+// ids and the causal mask are computed from the ids' shape); cut.txt names block 0's output.
+const char* kGpt = R"PY(
+import math, sys, os
+import torch, torch.nn as nn, torch.nn.functional as F
+import onnx
+out = sys.argv[1]
+class Block(nn.Module):
+    def __init__(self, d, h=2):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = [z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v)]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.h)
+        att = att.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf"))
+        x = x + self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+class GPT(nn.Module):
+    def __init__(self, v=23, d=16, t=8):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(v, d), nn.Embedding(t, d)
+        self.blocks = nn.ModuleList([Block(d), Block(d)])
+        self.lnf, self.head = nn.LayerNorm(d), nn.Linear(d, v, bias=False)
+    def forward(self, ids):
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.lnf(x))
+torch.manual_seed(0)
+m = GPT()
+ids = torch.randint(0, 23, (2, 8))
+torch.onnx.export(m, (ids,), os.path.join(out, "gpt.onnx"), input_names=["ids"],
+                  output_names=["logits"], opset_version=17,
+                  training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+g = onnx.load(os.path.join(out, "gpt.onnx")).graph
+cut = [n.output[0] for n in g.node if n.name.startswith("/blocks.0/")][-1]
+open(os.path.join(out, "cut.txt"), "w").write(cut)
+)PY";
+
+}  // namespace
+
+TEST_CASE("a PyTorch GPT export cut between its blocks gives the whole model's gradients",
+          "[train]") {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("hp_train_stages_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "export.py") << kGpt;
+  const std::string cmd = std::string(HP_SYSTEM_PYTHON3) + " " + (dir / "export.py").string() +
+                          " " + dir.string() + " > " + (dir / "py.log").string() + " 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    std::ifstream log(dir / "py.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    if (text.find("ModuleNotFoundError") != std::string::npos) {
+      WARN("torch or onnx missing, not checked: " + text);
+      return;
+    }
+    FAIL("export failed: " + text);
+  }
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  auto m = model::load_model(dir / "gpt.onnx", lo);
+  REQUIRE(m);
+  std::string cut;
+  std::ifstream(dir / "cut.txt") >> cut;
+  REQUIRE(cut == "/blocks.0/Add_2_output_0");
+  std::mt19937 rng(21);
+  const Tensors data{{"ids", tensor({2, 8}, HP_I64, rng, 23)},
+                     {"labels", tensor({2, 8}, HP_I64, rng, 23)}};
+  const LossAndGrads want = whole(*m, ce_spec(), data);
+  CHECK(want.grads.size() == 29);
+  check_same(pipelined(*m, {{cut}}, ce_spec(), data), want);
+
+  // Both stages' gradient models split into forward | B | W run as the unsplit ones.
+  train::GradSpec last = ce_spec();
+  last.input_grads = {cut};
+  Tensors data1 = data;
+  data1[cut] = tensor({2, 8, 16}, HP_F32, rng);
+  check_split(grad_graph(stage(*m, {{cut}}, 1), last), data1, "blocks.1.fc.weight");
+  train::GradSpec first = ce_spec();
+  first.logits.clear();
+  first.output_grads = {cut};
+  Tensors data0{{"ids", data.at("ids")}, {cut + ".grad", tensor({2, 8, 16}, HP_F32, rng)}};
+  check_split(grad_graph(stage(*m, {{cut}}, 0), first), data0, "blocks.0.qkv.weight");
+  fs::remove_all(dir);
+}
+#endif
