@@ -118,6 +118,31 @@ TEST_CASE("a transformer block cut into two and three stages gives the whole mod
 
 namespace {}  // namespace
 
+TEST_CASE("an output read by the loss and by the next stage gets the sum of both gradients",
+          "[train]") {
+  // Gradients are linear in what arrives: (loss and g) = (loss and 0) + (g alone).
+  const model::Model m = mlp().model();
+  std::mt19937 rng(14);
+  Tensors data = mlp_data();
+  train::GradSpec both = ce_spec(), alone = ce_spec();
+  both.output_grads = alone.output_grads = {"logits"};
+  alone.logits.clear();
+  auto gb = grad_graph(m, both), ga = grad_graph(m, alone);
+  REQUIRE(gb.inputs == std::vector<std::string>{"x", "labels", "logits.grad"});
+  REQUIRE(ga.inputs == std::vector<std::string>{"x", "logits.grad"});
+  REQUIRE(gb.params == ga.params);
+  const LossAndGrads loss_only = whole(m, ce_spec(), data);
+  data["logits.grad"] = tensor({4, 5, 7}, HP_F32, rng);
+  const Tensors with = run(gb.model, data), from_g = run(ga.model, data);
+  check_close(with.at(gb.loss), loss_only.loss, "loss");
+  for (std::size_t k = 0; k < gb.params.size(); ++k) {
+    exec::HostTensor sum = from_g.at(ga.grads[k]);
+    const auto& l = loss_only.grads.at(gb.params[k]);
+    for (std::int64_t e = 0; e < sum.numel(); ++e) sum.as<float>()[e] += l.as<float>()[e];
+    check_close(with.at(gb.grads[k]), sum, "gradient of " + gb.params[k]);
+  }
+}
+
 TEST_CASE("an input without a path to the loss sends back zeros", "[train]") {
   Builder b = side_input();
   train::GradSpec s;
