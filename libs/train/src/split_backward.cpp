@@ -28,14 +28,13 @@ namespace {
 enum Where : char { kForward, kB, kW };
 
 struct Cutter {
-  const GradGraph& gg;
   const onnx::GraphProto& g;
   std::vector<char> where;                ///< per node
   std::map<std::string, int> producer;    ///< tensor -> node
   std::vector<std::string> joint_inputs;  ///< graph inputs (not initializers), in order
   std::set<std::string> stash, carried;
 
-  Cutter(const GradGraph& gg_) : gg(gg_), g(gg_.model.proto->graph()) {}
+  explicit Cutter(const onnx::GraphProto& graph) : g(graph) {}
 
   bool is_constant_node(int k) const {
     const auto& n = g.node(k);
@@ -49,7 +48,7 @@ struct Cutter {
     detail::PartSpec p;
     for (int k = 0; k < g.node_size(); ++k)
       if (where[static_cast<std::size_t>(k)] == w) p.nodes.push_back(k);
-    std::set<std::string> graph_in, from_b;
+    std::set<std::string> graph_in, stashed, from_b;
     std::set<int> copied;
     for (const auto& r : detail::outside_reads(g, p.nodes)) {
       auto it = producer.find(r);
@@ -62,28 +61,19 @@ struct Cutter {
       if (is_constant_node(k))
         copied.insert(k);
       else if (where[static_cast<std::size_t>(k)] == kForward)
-        stash.insert(r);
+        stashed.insert(r);
       else
-        from_b.insert(r), carried.insert(r);
+        from_b.insert(r);
     }
+    stash.insert(stashed.begin(), stashed.end());
+    carried.insert(from_b.begin(), from_b.end());
     p.nodes.insert(p.nodes.end(), copied.begin(), copied.end());
     std::sort(p.nodes.begin(), p.nodes.end());
     for (const auto& i : joint_inputs)
       if (graph_in.count(i)) p.inputs.push_back(i);
-    for (const auto& t : in_node_order(stash))
-      if (std::find(p.nodes.begin(), p.nodes.end(), producer.at(t)) == p.nodes.end() && reads(p, t))
-        p.inputs.push_back(t);
-    for (const auto& t : in_node_order(from_b)) p.inputs.push_back(t);
+    for (const auto* s : {&stashed, &from_b})
+      for (const auto& t : in_node_order(*s)) p.inputs.push_back(t);
     return p;
-  }
-
-  bool reads(const detail::PartSpec& p, const std::string& t) const {
-    for (int k : p.nodes) {
-      std::set<std::string> r;
-      detail::collect_reads(g.node(k), r);
-      if (r.count(t)) return true;
-    }
-    return false;
   }
 
   std::vector<std::string> in_node_order(const std::set<std::string>& s) const {
@@ -119,7 +109,7 @@ GradPart finish_part(const GradGraph& gg, const detail::PartSpec& p, const detai
 }  // namespace
 
 Expected<GradParts> split_backward(const GradGraph& gg, BackwardSplit how) {
-  Cutter c(gg);
+  Cutter c(gg.model.proto->graph());
   const onnx::GraphProto& g = c.g;
   const int n = g.node_size(), f = gg.forward_nodes;
   if (f < 0 || f > n)
