@@ -7,6 +7,10 @@
 // tensor read by several nodes is the Sum of their contributions. Integer tensors carry no
 // gradient, which cuts Shape arithmetic, masks and indices without rules.
 //
+// A pipeline stage (stage_grads.h) differs only at the ends: the gradients arriving at its
+// output_grads outputs are graph inputs that seed the backward beside (or instead of) the loss's,
+// and its input_grads inputs require grad like parameters, their sums leaving as graph outputs.
+//
 // Recomputation: the first time the backward reaches a node of a recomputed block, the block's
 // forward nodes are cloned there with renamed outputs, and the block's rules read the clones. The
 // forward's own activations of the block then die at their last forward reader (the executor frees
