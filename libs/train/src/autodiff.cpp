@@ -7,6 +7,10 @@
 // tensor read by several nodes is the Sum of their contributions. Integer tensors carry no
 // gradient, which cuts Shape arithmetic, masks and indices without rules.
 //
+// A pipeline stage (stage_grads.h) differs only at the ends: the gradients arriving at its
+// output_grads outputs are graph inputs that seed the backward beside (or instead of) the loss's,
+// and its input_grads inputs require grad like parameters, their sums leaving as graph outputs.
+//
 // Recomputation: the first time the backward reaches a node of a recomputed block, the block's
 // forward nodes are cloned there with renamed outputs, and the block's rules read the clones. The
 // forward's own activations of the block then die at their last forward reader (the executor frees
@@ -18,9 +22,11 @@
 #include <set>
 
 #include "grad_ctx.h"
+#include "graph_parts.h"
 #include "hp/model/layers.h"
 #include "loss_graph.h"
 #include "rewrite.h"
+#include "stage_grads.h"
 
 namespace hp::train {
 
@@ -39,18 +45,7 @@ bool is_float_type(std::int32_t t) {
          t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
 }
 
-/// Names a node reads, its subgraphs' reads of outer-scope tensors included.
-void collect_reads(const onnx::NodeProto& n, std::set<std::string>& out) {
-  for (const auto& i : n.input())
-    if (!i.empty()) out.insert(i);
-  for (const auto& a : n.attribute()) {
-    std::vector<const onnx::GraphProto*> subs;
-    if (a.has_g()) subs.push_back(&a.g());
-    for (const auto& g : a.graphs()) subs.push_back(&g);
-    for (const auto* g : subs)
-      for (const auto& sn : g->node()) collect_reads(sn, out);
-  }
-}
+using detail::collect_reads;
 
 struct Engine {
   Engine(const model::Model& m, const GradSpec& s, model::Graph g)
@@ -88,8 +83,8 @@ struct Engine {
 
   std::map<int, std::string> gelu_tail;  ///< forward node ending an exact-GELU chain -> its x
 
+  Status check_loss_names() const;
   Status check_and_mark(GradGraph& out);
-  void find_gelu_chains();
   Status recompute_setup();
   void emit_clones(int block);
   void replay_dropout(const onnx::NodeProto& n);
@@ -97,7 +92,7 @@ struct Engine {
   Status finish(GradGraph& out, const std::string& loss);
 };
 
-Status Engine::check_and_mark(GradGraph& out) {
+Status Engine::check_loss_names() const {
   const auto& pg = model.proto->graph();
   bool found = false;
   for (const auto& o : pg.output()) found = found || o.name() == spec.logits;
@@ -116,6 +111,13 @@ Status Engine::check_and_mark(GradGraph& out) {
                     "input differently",
                     spec.labels),
         model.path.string());
+  return {};
+}
+
+Status Engine::check_and_mark(GradGraph& out) {
+  const auto& pg = model.proto->graph();
+  if (!spec.logits.empty()) HP_TRY(check_loss_names());
+  HP_TRY(detail::check_stage_spec(w, spec, model.path.string()));
   for (const auto& t : pg.initializer()) {
     const std::string& name = t.name();
     if (!is_float_type(t.data_type())) continue;
@@ -127,6 +129,8 @@ Status Engine::check_and_mark(GradGraph& out) {
     }
     if (requires_grad.insert(name).second) out.params.push_back(name);
   }
+  // The inputs whose gradient the previous stage wants carry one like a parameter.
+  requires_grad.insert(spec.input_grads.begin(), spec.input_grads.end());
   reads.resize(static_cast<std::size_t>(pg.node_size()));
   for (int k = 0; k < pg.node_size(); ++k) {
     const auto& n = pg.node(k);
@@ -138,7 +142,8 @@ Status Engine::check_and_mark(GradGraph& out) {
     for (const auto& o : n.output())
       if (!o.empty() && is_float_type(w.elem_type(o))) requires_grad.insert(o);
   }
-  reaches_loss.insert(spec.logits);
+  if (!spec.logits.empty()) reaches_loss.insert(spec.logits);
+  reaches_loss.insert(spec.output_grads.begin(), spec.output_grads.end());
   for (int k = pg.node_size() - 1; k >= 0; --k) {
     const auto& n = pg.node(k);
     bool any = false;
@@ -147,60 +152,6 @@ Status Engine::check_and_mark(GradGraph& out) {
       for (const auto& i : reads[static_cast<std::size_t>(k)]) reaches_loss.insert(i);
   }
   return {};
-}
-
-/// PyTorch exports the exact GELU as Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(.,
-/// 0.5). Differentiated node by node that is a dozen elementwise passes reading four saved
-/// intermediates; as one hp.train.GeluGrad(dY, x) it is one pass reading x, and the intermediates
-/// die in the forward (where the executor fuses the chain into one Gelu, exec_fuse.cpp).
-void Engine::find_gelu_chains() {
-  const auto& g = *w.graph;
-  std::map<std::string, int> producer, readers;
-  for (int k = 0; k < forward_nodes; ++k) {
-    for (const auto& o : g.node(k).output()) producer[o] = k;
-    for (const auto& i : reads[static_cast<std::size_t>(k)]) ++readers[i];
-  }
-  for (const auto& o : g.output()) ++readers[o.name()];
-  auto sole_reader = [&](const std::string& t) -> int {
-    if (readers[t] != 1) return -1;
-    for (int k = 0; k < forward_nodes; ++k)
-      if (reads[static_cast<std::size_t>(k)].count(t)) return k;
-    return -1;
-  };
-  auto near = [&](const std::string& t, double v) {
-    auto c = w.const_scalar(t);
-    return c && std::abs(*c - v) <= 1e-6 * std::abs(v);
-  };
-  /// For a binary `op` node with constant `v` on one side (either side when it commutes): the
-  /// other input.
-  auto other = [&](const onnx::NodeProto& n, const char* op, double v, bool commutes) {
-    if (n.op_type() != op || n.input_size() != 2) return std::string();
-    if (near(n.input(1), v)) return n.input(0);
-    if (commutes && near(n.input(0), v)) return n.input(1);
-    return std::string();
-  };
-  for (int k = 0; k < forward_nodes; ++k) {
-    const auto& erf = g.node(k);
-    if (erf.op_type() != "Erf" || erf.input_size() != 1) continue;
-    auto p = producer.find(erf.input(0));
-    if (p == producer.end() || readers[erf.input(0)] != 1) continue;
-    const auto& div = g.node(p->second);
-    std::string x = other(div, "Div", std::sqrt(2.0), false);
-    if (x.empty()) x = other(div, "Mul", std::sqrt(0.5), true);
-    if (x.empty()) continue;
-    int a = sole_reader(erf.output(0));
-    if (a < 0 || other(g.node(a), "Add", 1.0, true) != erf.output(0)) continue;
-    const std::string& sum = g.node(a).output(0);
-    int m = sole_reader(sum);
-    if (m < 0) continue;
-    const auto& mul = g.node(m);
-    if (mul.op_type() != "Mul" || mul.input_size() != 2 ||
-        !((mul.input(0) == x && mul.input(1) == sum) || (mul.input(1) == x && mul.input(0) == sum)))
-      continue;
-    int h = sole_reader(mul.output(0));
-    if (h < 0 || other(g.node(h), "Mul", 0.5, true) != mul.output(0)) continue;
-    gelu_tail[h] = x;
-  }
 }
 
 Status Engine::recompute_setup() {
@@ -328,23 +279,19 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
 }
 
 /// Removes the nodes whose outputs nothing reads: forward outputs the loss does not need, and
-/// gradient nodes a later rule superseded (a Gemm folded into its transpose's).
-void remove_dead(onnx::GraphProto& g) {
-  std::set<std::string> live;
-  for (const auto& o : g.output()) live.insert(o.name());
-  std::vector<char> keep(static_cast<std::size_t>(g.node_size()), 0);
-  for (int k = g.node_size() - 1; k >= 0; --k) {
-    const auto& n = g.node(k);
-    bool used = false;
-    for (const auto& o : n.output()) used = used || (!o.empty() && live.count(o));
-    if (!used) continue;
-    keep[static_cast<std::size_t>(k)] = 1;
-    collect_reads(n, live);
-  }
+/// gradient nodes a later rule superseded (a Gemm folded into its transpose's). `keep` names
+/// tensors kept although no output reads them (a stage's forward outputs, which its forward part
+/// sends on). Returns how many of the first `forward_nodes` nodes remain.
+int remove_dead(onnx::GraphProto& g, int forward_nodes, std::vector<std::string> keep) {
+  for (const auto& o : g.output()) keep.push_back(o.name());
   google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  for (int k = 0; k < g.node_size(); ++k)
-    if (keep[static_cast<std::size_t>(k)]) kept.Add()->Swap(g.mutable_node(k));
+  int kept_forward = 0;
+  for (int k : detail::needed_nodes(g, keep, {})) {
+    kept.Add()->Swap(g.mutable_node(k));
+    kept_forward += k < forward_nodes;
+  }
   g.mutable_node()->Swap(&kept);
+  return kept_forward;
 }
 
 /// Readers of a tensor through Identity aliases (what "tied" counts).
@@ -362,10 +309,12 @@ int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
 Status Engine::finish(GradGraph& out, const std::string& loss) {
   onnx::GraphProto& g = *w.graph;
   g.clear_output();
-  auto* lo = g.add_output();
-  lo->set_name(loss);
-  lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
-  lo->mutable_type()->mutable_tensor_type()->mutable_shape();
+  if (!loss.empty()) {
+    auto* lo = g.add_output();
+    lo->set_name(loss);
+    lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
+    lo->mutable_type()->mutable_tensor_type()->mutable_shape();
+  }
   std::vector<std::string> kept;
   std::vector<std::pair<std::string, std::string>> finals;  ///< gradient tensor, output name
   std::set<std::string> taken;
@@ -401,6 +350,18 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     }
   }
   out.params = kept;
+  for (const auto& in : spec.input_grads) {
+    // An input without a path to the loss still sends its (zero) gradient back, so the previous
+    // stage's backward runs as for any other.
+    std::string gsum = accumulated(in);
+    if (gsum.empty())
+      gsum = w.emit("Expand", {w.scalar(0.0, w.elem_type(in)), w.shape_of(in)}, 1)[0];
+    const std::string name = detail::stage_grad_name(in);
+    finals.emplace_back(gsum, name);
+    w.declare_like(*g.add_output(), w.elem_type(in), in);
+    g.mutable_output(g.output_size() - 1)->set_name(name);
+    out.input_grad_outputs.push_back(name);
+  }
   // A gradient that an emitted node writes and nothing else reads becomes the output by renaming
   // that node's output; otherwise (a forward tensor, or one shared with another gradient) an
   // Identity copies it out.
@@ -427,7 +388,12 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     if (!maker) w.emit("Identity", {gsum}, 1, {}, "", {name});
   }
   w.made.clear();  // the pointers do not survive the removal
-  remove_dead(g);
+  if (!spec.logits.empty()) out.forward_outputs.push_back(spec.logits);
+  for (const auto& o : spec.output_grads)
+    if (std::find(out.forward_outputs.begin(), out.forward_outputs.end(), o) ==
+        out.forward_outputs.end())
+      out.forward_outputs.push_back(o);
+  out.forward_nodes = remove_dead(g, forward_nodes, out.forward_outputs);
   return {};
 }
 
@@ -458,10 +424,16 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
       n.add_output(n.output(0) + "/mask");
   GradGraph out;
   HP_TRY(e.check_and_mark(out));
-  e.find_gelu_chains();
+  e.gelu_tail = detail::find_gelu_chains(e.w, e.forward_nodes, e.reads);
   HP_TRY(e.recompute_setup());
-  HP_ASSIGN_OR_RETURN(auto loss, detail::emit_loss(e.w, spec));
-  e.contrib[spec.logits].push_back(loss.dlogits);
+  detail::LossNodes loss;
+  if (!spec.logits.empty()) {
+    HP_ASSIGN_OR_RETURN(loss, detail::emit_loss(e.w, spec));
+    e.contrib[spec.logits].push_back(loss.dlogits);
+  }
+  out.output_grad_inputs = detail::declare_output_grads(e.w, spec);
+  for (std::size_t k = 0; k < spec.output_grads.size(); ++k)
+    e.contrib[spec.output_grads[k]].push_back(out.output_grad_inputs[k]);
   std::vector<Diagnostic> errors;
   HP_TRY(e.backward(errors));
   if (!errors.empty()) return collect_errors(Errc::bad_input, std::move(errors));
@@ -475,7 +447,12 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   }
   out.loss = loss.loss;
   for (int i : e.fg.inputs) out.inputs.push_back(e.fg.tensor(i).name);
-  out.inputs.push_back(spec.labels);
+  if (!spec.logits.empty()) {
+    out.inputs.push_back(spec.labels);
+    out.labels = spec.labels;
+  }
+  out.inputs.insert(out.inputs.end(), out.output_grad_inputs.begin(), out.output_grad_inputs.end());
+  out.dims = spec.dims;
   out.recomputed_nodes = e.clones;
   out.notes = e.notes;
   out.model = fwd;

@@ -96,6 +96,23 @@ std::string GraphWriter::shape_of(const std::string& t) {
   return s;
 }
 
+void GraphWriter::declare_like(onnx::ValueInfoProto& v, std::int32_t elem_type,
+                               const std::string& like, bool drop_last) const {
+  auto* tt = v.mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(elem_type);
+  int i = fwd->find_tensor(original(like));
+  if (i < 0 || !fwd->tensor(i).has_shape) return;
+  const auto& dims = fwd->tensor(i).dims;
+  auto* sh = tt->mutable_shape();
+  for (std::size_t k = 0; k + (drop_last ? 1 : 0) < dims.size(); ++k) {
+    auto* d = sh->add_dim();
+    if (dims[k].known())
+      d->set_dim_value(dims[k].value);
+    else if (!dims[k].symbol.empty() && dims[k].symbol.rfind("unk__", 0) != 0)
+      d->set_dim_param(dims[k].symbol);
+  }
+}
+
 std::int32_t GraphWriter::elem_type(const std::string& t) const {
   auto it = types.find(t);
   if (it != types.end()) return it->second;

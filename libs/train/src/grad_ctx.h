@@ -62,6 +62,11 @@ struct GraphWriter {
   std::string i64s(const std::vector<std::int64_t>& v);  ///< 1-D int64 initializer
   std::string scalar(double v, std::int32_t elem_type);  ///< rank-0 initializer
   std::string shape_of(const std::string& t);
+  /// Gives graph input or output `v` the type `elem_type` and the forward tensor `like`'s dims
+  /// (without the last when `drop_last`): known dims as values, named symbols as dim_params, so the
+  /// executor checks the new input against the data inputs.
+  void declare_like(onnx::ValueInfoProto& v, std::int32_t elem_type, const std::string& like,
+                    bool drop_last = false) const;
   std::int32_t elem_type(const std::string& t) const;  ///< 0 when unknown
   /// Dims when every one is known (the forward's static shapes), else nullopt.
   std::optional<std::vector<std::int64_t>> static_shape(const std::string& t) const;

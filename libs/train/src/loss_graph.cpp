@@ -13,25 +13,13 @@ namespace hp::train::detail {
 namespace {
 
 /// Declares graph input `name` of `elem_type` with the logits' dims (all of them, or without the
-/// last): symbolic dims keep their names, so the executor checks labels against the data inputs.
+/// last).
 void declare_input(GraphWriter& w, const std::string& name, std::int32_t elem_type,
                    const std::string& like, bool drop_last) {
   onnx::ValueInfoProto* v = w.graph->add_input();
   v->set_name(name);
-  auto* tt = v->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(elem_type);
+  w.declare_like(*v, elem_type, like, drop_last);
   w.types[name] = elem_type;
-  int i = w.fwd->find_tensor(like);
-  if (i < 0 || !w.fwd->tensor(i).has_shape) return;
-  const auto& dims = w.fwd->tensor(i).dims;
-  auto* sh = tt->mutable_shape();
-  for (std::size_t k = 0; k + (drop_last ? 1 : 0) < dims.size(); ++k) {
-    auto* d = sh->add_dim();
-    if (dims[k].known())
-      d->set_dim_value(dims[k].value);
-    else if (!dims[k].symbol.empty() && dims[k].symbol.rfind("unk__", 0) != 0)
-      d->set_dim_param(dims[k].symbol);
-  }
 }
 
 }  // namespace

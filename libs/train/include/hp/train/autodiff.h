@@ -11,6 +11,13 @@
 // Everything that can make the transformation fail is found before anything runs: an op without a
 // gradient rule on a path from a trainable tensor to the loss is an error naming the node (all such
 // nodes in one error), a loss output that does not exist, an opset older than 13.
+//
+// A pipeline stage (docs/training.md, "Stages and the split backward") is differentiated the same
+// way with the gradient of some of its outputs arriving from the next stage
+// (GradSpec::output_grads, each a new graph input "<output>.grad") instead of, or beside, a loss,
+// and with the gradient of some of its float inputs sent back to the previous stage
+// (GradSpec::input_grads, each a new graph output "<input>.grad"). hp/train/stages.h cuts a model
+// into stages and a gradient model into its forward and backward parts.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +46,20 @@ const char* loss_name(LossKind k);
 /// its backward instead of keeping their outputs alive from the forward.
 struct GradSpec {
   LossKind loss = LossKind::cross_entropy;
-  std::string logits = "output";  ///< the graph output the loss reads
+  /// The graph output the loss reads; empty: no loss (a pipeline stage before the last, whose
+  /// gradient arrives through output_grads).
+  std::string logits = "output";
   std::string labels = "labels";  ///< name of the new graph input holding labels / targets
+  /// Graph outputs whose gradient arrives from outside (the next pipeline stage): each becomes a
+  /// graph input named "<output>.grad" of the output's dtype and shape, added after the labels.
+  /// Its gradient adds to the loss's where the output also feeds the loss. Errc::bad_input for a
+  /// name that is no graph output or not floating point, or whose "<output>.grad" is taken.
+  std::vector<std::string> output_grads;
+  /// Graph inputs (float activations from the previous stage) whose gradient is wanted: each
+  /// becomes a graph output named "<input>.grad" of the input's dtype and shape (zeros where the
+  /// input does not reach the loss). Errc::bad_input for a name that is no graph input (an
+  /// initializer is not one), an input that is not floating point, or a taken "<input>.grad".
+  std::vector<std::string> input_grads;
   /// Initializers not trained (globs, '*' and '?'): buffers such as RoPE tables or masks that an
   /// export stores as initializers beside the parameters.
   std::vector<std::string> frozen;
@@ -52,15 +71,30 @@ struct GradSpec {
   model::DimBindings dims;
 };
 
-/// The gradient model and how to read it.
+/// The gradient model and how to read it. Its graph outputs, in order: `loss` (absent without a
+/// loss), `grads` (one per entry of `params`), then `input_grad_outputs`.
 struct GradGraph {
   model::Model model;  ///< forward + loss + backward; path = the forward model's (external data)
-  std::string loss;    ///< graph output: the scalar loss (f32)
+  std::string loss;    ///< graph output: the scalar loss (f32); empty when the spec has no loss
   /// Trainable initializers in file order, and the graph output holding each one's gradient.
   std::vector<std::string> params;
   std::vector<std::string> grads;
-  /// Graph inputs in order: the forward model's data inputs, then `labels`.
+  /// Graph inputs in order: the forward model's data inputs, then `labels` (only with a loss),
+  /// then `output_grad_inputs`.
   std::vector<std::string> inputs;
+  std::string labels;  ///< GradSpec::labels with a loss, else empty
+  /// "<output>.grad" for each GradSpec::output_grads entry, in its order (graph inputs).
+  std::vector<std::string> output_grad_inputs;
+  /// "<input>.grad" for each GradSpec::input_grads entry, in its order (the last graph outputs).
+  std::vector<std::string> input_grad_outputs;
+  /// The forward outputs the gradient model still computes: the logits (with a loss), then the
+  /// output_grads names not already listed. A forward output neither names is pruned with the
+  /// other nodes nothing reads.
+  std::vector<std::string> forward_outputs;
+  /// The first forward_nodes nodes of `model` are the forward's (in its order, Dropout masks
+  /// added); the rest are the loss and the backward. split_backward (stages.h) cuts there.
+  int forward_nodes = 0;
+  model::DimBindings dims;  ///< GradSpec::dims, at which the model was specialised
   /// Initializers left untrained: frozen by the spec, not floating point, or not on a path to the
   /// loss (their gradient is zero), each with the reason.
   std::map<std::string, std::string> untrained;
