@@ -15,6 +15,7 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <thread>
 
 #include "hp/comm/comm.h"
 
@@ -60,6 +61,24 @@ Expected<int> count_of(std::int64_t n) {
   return static_cast<int>(n);
 }
 
+// Collectives called from a thread that set this wait without spinning (set_patient_waits).
+thread_local bool t_patient = false;
+
+// Completes `req`: MPI_Wait, or, for a patient thread, MPI_Test polls that yield the core in
+// between, so that a rank's background reduction thread leaves the core to the compute thread
+// while its peers are still computing (MPI's blocking calls poll at full speed). Sleeping instead
+// of yielding starves the transfer itself: a large message moves in fragments, each progressed by
+// a poll (measured: 0.11 s instead of 0.05 s left after the backward for 108 MB).
+Status finish(MPI_Request& req, const char* what) {
+  if (!t_patient) return check(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    HP_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what));
+    if (done) return {};
+    if (spins > 64) std::this_thread::yield();
+  }
+}
+
 class MpiTransport : public Transport {
  public:
   bool serialized = false;  ///< MPI granted MPI_THREAD_SERIALIZED
@@ -79,6 +98,12 @@ class MpiTransport : public Transport {
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
+    if (t_patient) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      HP_TRY(check(MPI_Iallreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c, &req),
+                   "MPI_Iallreduce"));
+      return finish(req, "MPI_Iallreduce");
+    }
     return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c),
                  "MPI_Allreduce");
   }
@@ -96,6 +121,12 @@ class MpiTransport : public Transport {
     if (!t) return std::move(t).error();
     auto n = count_of(count);
     if (!n) return std::move(n).error();
+    if (t_patient) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      HP_TRY(check(MPI_Ireduce_scatter_block(in, out, *n, *t, mpi_op(op), c, &req),
+                   "MPI_Ireduce_scatter_block"));
+      return finish(req, "MPI_Ireduce_scatter_block");
+    }
     return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), c),
                  "MPI_Reduce_scatter_block");
   }
@@ -227,6 +258,8 @@ int mpi_appnum() {
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &v, &flag);
   return flag && v ? *v : -1;
 }
+
+void set_patient_waits(bool patient) { t_patient = patient; }
 
 void mpi_finalize() {
   int inited = 0, finalized = 0;

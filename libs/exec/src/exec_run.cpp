@@ -386,8 +386,12 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
         if (auto it = hooked_outputs.find(t); it != hooked_outputs.end()) {
           auto h = to_host(t);
           if (!h) return fail_run(std::move(h).error());
-          for (std::size_t idx : it->second) {
-            early_outputs[idx] = *h;
+          for (std::size_t j = 0; j < it->second.size(); ++j) {
+            const std::size_t idx = it->second[j];
+            if (j + 1 < it->second.size())
+              early_outputs[idx] = *h;  // one tensor named by several outputs: a copy each
+            else
+              early_outputs[idx] = std::move(*h);
             output_hook(idx, *early_outputs[idx]);
           }
         }

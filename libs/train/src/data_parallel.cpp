@@ -54,6 +54,7 @@ struct DataParallelSync::Worker {
 };
 
 void DataParallelSync::worker() {
+  comm::set_patient_waits(true);
   Worker& w = *w_;
   for (;;) {
     std::size_t b = 0;
@@ -245,10 +246,11 @@ Expected<double> DataParallelSync::finish_step(double loss, std::vector<HostTens
   std::vector<HostTensor> out;
   out.reserve(pieces_.size());
   for (const FlatPiece& p : pieces_) {
-    HostTensor t = piece_tensor(grads[p.param].name, p.count);
+    const bool whole = p.offset == 0 && p.count == numel_[p.param];
+    // A whole parameter's gradient buffer is reused (no allocation); a piece gets its own.
+    HostTensor t = whole ? std::move(grads[p.param]) : piece_tensor(grads[p.param].name, p.count);
     std::memcpy(f32(t), flat_.data() + offsets_[p.param] + p.offset,
                 static_cast<std::size_t>(p.count) * sizeof(float));
-    if (p.offset == 0 && p.count == numel_[p.param]) t.dims = grads[p.param].dims;
     out.push_back(std::move(t));
   }
   grads = std::move(out);
@@ -273,6 +275,11 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& grads, OptimizerState& state) {
   if (grads.size() != pieces_.size())
     return Error(Errc::internal, "DataParallelSync::update before finish_step");
+  if (shard_ == 1) {
+    // Every rank updates every parameter (its pieces are the whole tensors, in order): in place,
+    // without copies of the model.
+    return optimizer_step(c, params, grads, state, global_norm(grads));
+  }
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
   std::vector<HostTensor> mine;
   mine.reserve(pieces_.size());
@@ -284,19 +291,11 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                 static_cast<std::size_t>(p.count) * sizeof(float));
     mine.push_back(std::move(t));
   }
-  double sq = 0;
-  for (const HostTensor& g : grads) {
-    const double n = global_norm({g});
-    sq += n * n;
-  }
+  const double local = global_norm(grads);  // of this rank's shard
+  double sq = local * local;
   if (shard_ > 1)
     HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, std::sqrt(sq)));
-  if (shard_ == 1) {
-    for (std::size_t k = 0; k < pieces_.size(); ++k)
-      params[pieces_[k].param].data = std::move(mine[k].data);
-    return info;
-  }
   for (std::size_t k = 0; k < pieces_.size(); ++k)
     std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(mine[k]),
                 static_cast<std::size_t>(pieces_[k].count) * sizeof(float));

@@ -120,6 +120,12 @@ Expected<std::vector<std::int64_t>> parse_int_list(const std::string& text,
 Expected<Transport*> mpi_world();
 /// MPI_APPNUM of this process (the mpirun app context index), -1 when unset.
 int mpi_appnum();
+/// Collectives (all-reduce, reduce-scatter) that this thread calls on the MPI transport from now
+/// on wait without spinning: started nonblocking, then polled, yielding the core between polls.
+/// A rank's
+/// background gradient-reduction thread sets it, so that it does not take the core from the
+/// compute thread while its peers are still computing. Other threads keep MPI's blocking calls.
+void set_patient_waits(bool patient);
 /// Frees cached communicators and finalises MPI (success paths only; see mpi_abort).
 void mpi_finalize();
 /// MPI_Abort(MPI_COMM_WORLD, code): the whole job stops. Used on every worker error path, because a
