@@ -52,6 +52,7 @@ struct Engine {
       : model(m), spec(s), fg(std::move(g)), proto(std::make_shared<onnx::ModelProto>(*m.proto)) {}
   const model::Model& model;
   const GradSpec& spec;
+  const onnx::GraphProto* exported = nullptr;  ///< the forward before rewrites (rewrite.h)
   model::Graph fg;
   std::shared_ptr<onnx::ModelProto> proto;
   GraphWriter w;
@@ -340,9 +341,11 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     for (const auto& d : fg.tensor(idx).dims) sh->add_dim()->set_dim_value(d.value);
     kept.push_back(p);
     out.grads.push_back(name);
-    if (int r = readers(model.proto->graph(), p); r > 1) {
+    // Readers in the model as exported: the rewritten forward reads a folded weight twice (its
+    // Gemm and the Transpose the backward keeps), which is no tie.
+    if (int r = readers(*exported, p); r > 1) {
       out.tied[p] = r;
-      for (const auto& n : model.proto->graph().node())
+      for (const auto& n : exported->node())
         if (n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == p) {
           out.aliased.push_back(p);
           break;
@@ -412,6 +415,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   fwd.proto = rewritten;
   HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(fwd, spec.dims));
   Engine e(fwd, spec, std::move(fg));
+  e.exported = &model.proto->graph();
   e.w.graph = e.proto->mutable_graph();
   e.w.fwd = &e.fg;
   e.w.fwd_proto = &fwd.proto->graph();
