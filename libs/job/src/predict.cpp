@@ -9,11 +9,11 @@ namespace hp::job {
 
 Expected<double> predicted_step_seconds(const recipe::Recipe& r,
                                         const std::filesystem::path& base_dir,
-                                        const recipe::Cluster& cluster) {
+                                        const recipe::Cluster& cluster, bool train) {
   planner::PredictOptions po;
-  po.train = false;
+  po.train = train;
   po.dtype = "fp32";
-  po.optimizer = "none";
+  po.optimizer = train && r.train ? r.train->optimizer : "none";
   HP_ASSIGN_OR_RETURN(const planner::Plan plan, planner::predict_recipe(r, base_dir, cluster, po));
   return plan.predicted.iteration;
 }

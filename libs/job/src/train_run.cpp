@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <system_error>
 
+#include "hp/job/predict.h"
 #include "hp/recipe/toml_writer.h"
 
 namespace hp::job {
@@ -50,6 +51,17 @@ Status must_exist(const fs::path& p, bool directory, const char* option) {
                            fs::exists(p, ec) ? (directory ? "is not a directory" : "is not a file")
                                              : "does not exist"),
                p.string());
+}
+
+// What hp plan's cost model predicts for one training step of the recipe, to read beside the
+// measured median above it; the reason when it cannot price the recipe.
+std::string predicted_line(const Job& job) {
+  if (!job.cluster) return "";
+  auto s = predicted_step_seconds(job.recipe, job.base_dir, *job.cluster, true);
+  if (!s) return fmt::format("plan's prediction: none ({})\n", s.error().what.message);
+  return fmt::format(
+      "plan's prediction: {:.4f} s per training step (hp plan's cost model on '{}', fp32, {})\n",
+      *s, job.recipe.cluster, job.recipe.train->optimizer);
 }
 
 }  // namespace
@@ -235,7 +247,12 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
     return r;
   }
   if (o.worker) return train_as_rank(job, std::move(to));
-  if (p.dp > 1) return o.simulate ? train_in_process(job, std::move(to)) : train_over_mpi(job, o);
+  if (p.dp > 1) {
+    HP_ASSIGN_OR_RETURN(r,
+                        o.simulate ? train_in_process(job, std::move(to)) : train_over_mpi(job, o));
+    r.summary += predicted_line(job);
+    return r;
+  }
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   r.summary = rep.summary;
   if (r.summary.empty() && !rep.steps.empty())  // the trainer's own lines, else the essentials
@@ -243,6 +260,7 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
                             rep.steps.front().step, rep.steps.back().step, rep.steps.front().loss,
                             rep.steps.back().loss, rep.median_step_seconds);
   if (!r.summary.empty() && r.summary.back() != '\n') r.summary += '\n';
+  r.summary += predicted_line(job);
   return r;
 }
 

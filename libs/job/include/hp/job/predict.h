@@ -16,8 +16,9 @@ namespace hp::job {
 /// (planner::predict_recipe; `base_dir` is the recipe's directory, which its model path is relative
 /// to). Errors are the planner's (a model it cannot profile, a configuration it cannot price);
 /// callers report the measurement without a prediction then.
+/// With `train`: a training step (forward, backward and the recipe's [train] optimizer) instead.
 Expected<double> predicted_step_seconds(const recipe::Recipe& r,
                                         const std::filesystem::path& base_dir,
-                                        const recipe::Cluster& cluster);
+                                        const recipe::Cluster& cluster, bool train = false);
 
 }  // namespace hp::job
