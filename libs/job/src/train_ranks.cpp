@@ -124,6 +124,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   path("--resume", o.resume_dir);
   number("--log-every", o.log_every, o.log_every != 0);
   number("--steps", o.steps, o.steps > 0);
+  if (!o.backend.empty()) a.insert(a.end(), {"--backend", o.backend});
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
   HP_ASSIGN_OR_RETURN(auto ran, run_job(plan, jo, sink));
