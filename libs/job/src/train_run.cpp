@@ -127,6 +127,10 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
         fmt::format("--inputs DIR holds the model's inputs and '{}' as .pb tensors; --data "
                     "FILE is a flat file of uint16 (--token-bytes 4: uint32) token ids",
                     t.labels));
+  if (pipeline && !o.data.empty())
+    return Error(Errc::not_implemented,
+                 "pipeline-parallel training reads one batch (--inputs DIR) for now, not --data",
+                 job.recipe_path.string());
   if (o.token_bytes != 0 && o.token_bytes != 2 && o.token_bytes != 4)
     return Error(Errc::usage, fmt::format("--token-bytes must be 2 or 4, got {}", o.token_bytes));
   if (o.token_bytes != 0 && o.data.empty())
@@ -193,13 +197,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   for (const auto& p : o.plugin_paths) to.plugin_paths.push_back(p.string());
   to.log_every = o.log_every > 0 ? o.log_every : 1;
   to.sink = o.sink;
-  if (pipeline) {
-    if (to.inputs_dir.empty())
-      return Error(Errc::not_implemented,
-                   "pipeline-parallel training reads one batch (--inputs DIR) for now, not --data",
-                   job.recipe_path.string());
-    HP_TRY(pipeline_options(job, to));
-  }
+  if (pipeline) HP_TRY(pipeline_options(job, to));
   return to;
 }
 
