@@ -1,7 +1,8 @@
-// Data-parallel training jobs (train_run.h): the ranks as threads of this process, as an mpirun
-// job, and one rank of that job. Every rank runs hp::train::train() with the same options and the
-// recipe's data-parallel group (hp/train/data_parallel.h); the group's first rank prints and
-// writes the metrics, checkpoints and saved model.
+// Data- and pipeline-parallel training jobs (train_run.h): the ranks as threads of this process, as
+// an mpirun job, and one rank of that job. Every rank runs hp::train::train() with the same options
+// and the recipe's data-parallel group (hp/train/data_parallel.h) or its pipeline stage
+// (hp/train/pipeline.h, train_pipeline.cpp); the first rank prints and writes the metrics,
+// checkpoints and saved model.
 #include <fmt/core.h>
 
 #include <algorithm>

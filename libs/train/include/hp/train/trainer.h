@@ -50,8 +50,8 @@ struct TrainOptions {
   /// rank prints, writes metrics, checkpoints and the saved model.
   DataParallel dp;
   /// Pipeline parallelism (pipeline.h): this rank runs one stage of the model; the first stage's
-  /// rank prints, writes metrics, checkpoints and the saved model (of the whole model). Not
-  /// together with dp yet.
+  /// rank prints, writes metrics, checkpoints and the saved model (of the whole model, gathered:
+  /// every rank must be given the same checkpoint_dir and save_model). Not together with dp yet.
   PipelineRole pp;
   /// Receives progress lines (stdout) and warnings (stderr when `err`).
   std::function<void(bool err, const std::string&)> sink;
