@@ -36,6 +36,7 @@ struct PipeRun {
   std::vector<exec::HostTensor> params;
   OptimizerState state;
   TrainReport report;
+  TraceLog trace;
   comm::Transport& t() const { return *o.pp.transport; }
   bool lead() const { return o.pp.stage == 0; }
   void say(bool err, const std::string& line) const {
@@ -79,6 +80,7 @@ Status PipeRun::prepare() {
   }
   const auto dims = dims_of_tensors(forward, micro[0]);
   HP_ASSIGN_OR_RETURN(stage, PipelineStage::create(o, forward, dims));
+  if (!o.trace.empty()) stage->set_trace(&trace);
   for (const auto& n : stage->grad_graph().notes) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
   std::int64_t n = 0;
@@ -132,6 +134,7 @@ Expected<StepMetrics> PipeRun::step() {
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   HP_TRY(stage->set_weights(params));
   const auto t2 = std::chrono::steady_clock::now();
+  if (!o.trace.empty()) trace.add(fmt::format("optimizer {}", k), "optimizer", 0, t1, t2);
   StepMetrics m;
   m.step = k;
   m.loss = loss;
@@ -233,7 +236,7 @@ Expected<Checkpoint> PipeRun::gather() {
 }  // namespace
 
 Expected<TrainReport> train_pipeline(const TrainOptions& o) {
-  PipeRun r{o, {}, {}, 0, 0, {}, {}, {}, {}};
+  PipeRun r{o, {}, {}, 0, 0, {}, {}, {}, {}, {}};
   HP_TRY(r.prepare());
   if (!o.resume_dir.empty()) HP_TRY(r.resume());
   MetricsFile metrics;
@@ -269,6 +272,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
       }
   }
   HP_TRY(metrics.close());
+  if (!o.trace.empty()) HP_TRY(r.trace.write(o.trace, o.pp.ranks[o.pp.stage]));
   if (!failed) return std::move(failed).error();
   if (!o.checkpoint_dir.empty() &&
       (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))

@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "batches.h"
@@ -215,7 +216,9 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   }
   const int prev = stage_ > 0 ? role_.ranks[stage_ - 1] : -1;
   const int next = last() ? -1 : role_.ranks[stage_ + 1];
+  ++step_;
   for (const PipelineAction& a : role_.actions) {
+    const auto t0 = std::chrono::steady_clock::now();
     const int k = a.micro_batch;
     if (k < 0 || k >= m)
       return Error(Errc::internal, "a schedule action outside the micro-batches");
@@ -249,6 +252,9 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
         e.clear();
         break;
     }
+    if (trace_)
+      trace_->add(fmt::format("{} {}.{}", "FBW"[static_cast<int>(a.kind)], step_, k), "compute", 0,
+                  t0, std::chrono::steady_clock::now());
   }
   HP_TRY(role_.transport->flush());
   // Weights both stages read: each holds a part of the gradient; both get the sum.

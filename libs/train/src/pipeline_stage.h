@@ -9,6 +9,7 @@
 
 #include "hp/exec/executor.h"
 #include "hp/train/stages.h"
+#include "hp/train/trace.h"
 #include "hp/train/trainer.h"
 
 namespace hp::train::detail {
@@ -43,6 +44,9 @@ class PipelineStage {
   const GradGraph& grad_graph() const { return gg_; }
   std::int64_t peak_bytes() const;
   bool last() const { return stage_ + 1 == static_cast<int>(role_.ranks.size()); }
+  /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1, with the wait
+  /// for its input) into `trace` (not owned; null = none).
+  void set_trace(TraceLog* trace) { trace_ = trace; }
 
  private:
   struct Part {
@@ -65,6 +69,8 @@ class PipelineStage {
   std::vector<exec::HostTensor> grads_;
   double loss_ = 0;
   LossKind loss_kind_ = LossKind::cross_entropy;
+  TraceLog* trace_ = nullptr;
+  std::int64_t step_ = 0;  ///< steps run (trace names)
 };
 
 }  // namespace hp::train::detail
