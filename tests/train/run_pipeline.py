@@ -25,6 +25,7 @@ Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -75,13 +76,29 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
     recipe = os.path.join(d, f"{tag}.toml")
     pp_recipe(recipe, ref, stages, extra)
     metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+    trace = os.path.join(d, f"{tag}.trace.json")
     rc, out = launch(hp, recipe, how, ["--inputs", ref.inputs, "--metrics", metrics,
-                                       "--save-model", saved, "--run-dir",
+                                       "--save-model", saved, "--trace", trace, "--run-dir",
                                        os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
+    check_trace(trace, extra)
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+
+
+def check_trace(path, extra):
+    """--trace: both ranks' actions, F and B (and W for zb-h1) once per step and micro-batch."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    m = extra["micro_batches"]
+    kinds = "FBW" if extra["schedule"] == "zb-h1" else "FB"
+    for rank in (0, 1):
+        names = sorted(e["name"] for e in events if e["pid"] == rank and e["cat"] == "compute")
+        want = sorted(f"{k} {s}.{i}" for k in kinds for s in range(1, reference.STEPS + 1)
+                      for i in range(m))
+        if names != want:
+            raise rt.Failure(f"trace: rank {rank} has actions {names[:6]}..., want {want[:6]}...")
 
 
 def resumed(hp, work, log):
