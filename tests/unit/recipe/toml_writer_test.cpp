@@ -129,6 +129,7 @@ dp = 2
 tp = 2
 pp = 2
 optimizer_shard = "optimizer"
+shard_group = 1
 micro_batch_size = 4
 micro_batches = 8
 schedule = "interleaved"
