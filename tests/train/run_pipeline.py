@@ -18,8 +18,9 @@ the gradient norm within 1e-3, and the saved weights within 1% of torch's update
 
 Then, on GPT-2: 3 steps at pp = 2 with --checkpoint resumed for 2 at one rank, and 3 steps at one
 rank resumed for 2 at pp = 2 (zb-h1), must equal the uninterrupted 5; and malformed pipeline recipes
-(micro-batches that do not divide the batch, overlapping or missing stages, --data) must exit 3
-(bad input) or 8 (not implemented) with the reason, and an interleaved schedule must be refused.
+(micro-batches that do not divide the batch, overlapping or missing stages) must exit 3 with the
+reason, and an interleaved schedule must be refused. On a token stream (--data), pp = 2 must give
+one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
@@ -32,6 +33,7 @@ import subprocess
 import sys
 
 try:
+    import numpy as np
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,6 +131,51 @@ def resumed(hp, work, log):
     return "; ".join(details)
 
 
+def token_stream(hp, work, log):
+    """--data at pp=2 (1f1b, m=2): 4 steps, and 2 + 2 with a resume, give one rank's losses."""
+    d = os.path.join(work, "stream")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    data = np.frombuffer(open(rt.GPL, "rb").read(), dtype=np.uint8).astype("<u2")
+    tokens = os.path.join(d, "tokens.bin")
+    data.tofile(tokens)
+    spec = models.STREAM["gpt2"]
+    torch.manual_seed(0)
+    exported = models.export(spec, spec.make().train(), os.path.join(d, "model.onnx"))
+    table = reference.train_table("gpt2", reference.Variant("adamw", 3e-3), 1.0, exported.frozen,
+                                  4)
+    workload = {"mode": "train", "dtype": "fp32", "optimizer": "adamw",
+                "global_batch": models.BATCH, "seq": spec.seq}
+    stages = two_stages(hp, reference.Reference(exported.path, *([None] * 8)), d, log)
+    one, pp = os.path.join(d, "one.toml"), os.path.join(d, "pp.toml")
+    rt.write_recipe(one, exported.path, table, {"batch": models.BATCH}, workload=workload)
+    rt.write_recipe(pp, exported.path, table, {"batch": models.BATCH}, stages, workload=workload,
+                    parallel={"pp": 2, "schedule": "1f1b", "micro_batches": 2})
+    runs = {}
+    for tag, recipe, how, args in [
+            ("one", one, "one", ["--steps", "4"]), ("pp", pp, "simulate", ["--steps", "4"]),
+            ("first", pp, "simulate", ["--steps", "2", "--checkpoint", os.path.join(d, "ck")]),
+            ("then", pp, "simulate", ["--steps", "2", "--resume", os.path.join(d, "ck")])]:
+        m = os.path.join(d, f"{tag}.jsonl")
+        rc, out = launch(hp, recipe, how, ["--data", tokens, "--metrics", m] + args, log)
+        if rc != 0:
+            raise rt.Failure(f"--data {tag}: exit {rc}: {rt.first_error(out)}")
+        with open(m) as f:
+            runs[tag] = [json.loads(line)["loss"] for line in f if line.strip()]
+    want = runs["one"]
+    worst = 0.0
+    for tag, got in [("pp", runs["pp"]), ("resumed", runs["first"] + runs["then"])]:
+        if len(got) != len(want):
+            raise rt.Failure(f"--data {tag}: {len(got)} steps, want {len(want)}")
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        worst = max(worst, rel)
+        if rel > 1e-5:
+            raise rt.Failure(f"--data {tag}: losses {got} differ from one rank's {want}")
+    if len(set(want)) < len(want):
+        raise rt.Failure(f"--data: the losses {want} repeat: the batches did not change")
+    return f"4 steps and 2 + 2 resumed equal one rank's losses (rel {worst:.1e})"
+
+
 def malformed(hp, work, log):
     """Pipeline recipes hp cannot train: exit 3 (bad input) or 8 (not implemented), with why."""
     d = os.path.join(work, "malformed")
@@ -141,7 +188,6 @@ def malformed(hp, work, log):
          "is in stage 0 and stage 1"),
         ("one stage", [stages[0]], {}, [], 3, "stages but pp"),
         ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
-        ("data", stages, {}, ["--data", ref.model], 8, "--inputs DIR"),
         ("interleaved", stages * 2, {"schedule": "interleaved", "virtual_stages": 2}, [], None,
          ""),
     ]
@@ -201,7 +247,8 @@ def main():
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
                     report(False, label, rt.describe(e))
-        for label, fn in [("resume across layouts", resumed), ("malformed recipes", malformed)]:
+        for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
+                          ("malformed recipes", malformed)]:
             try:
                 report(True, label, fn(a.hp, a.work, log))
             except Exception as e:

@@ -131,7 +131,8 @@ def write_recipe(path, model, train, dims, layers=None, recompute="none", worklo
               f"dims = {toml_value(dims)}", "", "[parallel]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in par.items()]
     if workload:
-        lines += [f"micro_batch_size = {workload['global_batch'] // par['dp']}"]
+        per = par["dp"] * par.get("micro_batches", 1)
+        lines += [f"micro_batch_size = {workload['global_batch'] // per}"]
     lines += [""]
     for index, stage in enumerate([] if layers is None else
                                   layers if isinstance(layers, list) else [layers]):

@@ -127,10 +127,6 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
         fmt::format("--inputs DIR holds the model's inputs and '{}' as .pb tensors; --data "
                     "FILE is a flat file of uint16 (--token-bytes 4: uint32) token ids",
                     t.labels));
-  if (pipeline && !o.data.empty())
-    return Error(Errc::not_implemented,
-                 "pipeline-parallel training reads one batch (--inputs DIR) for now, not --data",
-                 job.recipe_path.string());
   if (o.token_bytes != 0 && o.token_bytes != 2 && o.token_bytes != 4)
     return Error(Errc::usage, fmt::format("--token-bytes must be 2 or 4, got {}", o.token_bytes));
   if (o.token_bytes != 0 && o.data.empty())

@@ -1,6 +1,7 @@
 // The training loop of a pipeline rank (trainer.h, detail::train_pipeline; hp/train/pipeline.h).
 //
-// Every rank reads the whole global batch and cuts it into the micro-batches along axis 0 (as
+// Every rank reads the whole global batch (the --inputs batch, or each step's windows of the --data
+// token stream, drawn as one rank draws them) and cuts it into the micro-batches along axis 0 (as
 // batches.cpp's slice_rows cuts a data-parallel rank's rows); its stage runs its schedule's actions
 // on them (pipeline_stage.h), then updates its own parameters with the whole model's gradient norm.
 // The first stage's rank is the lead: it prints, writes the metrics, and for checkpoints and the
@@ -14,9 +15,11 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "batches.h"
 #include "hp/train/checkpoint.h"
+#include "hp/train/data.h"
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 #include "pipeline_stage.h"
@@ -28,6 +31,7 @@ namespace {
 constexpr int kGatherTag = 32000;  // above every step tag (pipeline_stage.cpp)
 
 struct PipeRun {
+  explicit PipeRun(const TrainOptions& options) : o(options) {}
   const TrainOptions& o;
   model::Model forward;
   std::vector<std::vector<exec::HostTensor>> micro;
@@ -42,41 +46,60 @@ struct PipeRun {
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
+  // --data: the token stream, its input's name and the batches drawn so far.
+  std::optional<TokenStream> stream;
+  std::string input;
+  std::int64_t data_position = 0;
+  Status open_stream();
+  Status draw();  ///< the micro-batches of batch data_position of the stream
   Status prepare();
   Status resume();
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
 };
 
-Status PipeRun::prepare() {
-  if (o.inputs_dir.empty())
-    return Error(Errc::not_implemented,
-                 "pipeline-parallel training reads one batch (--inputs DIR) for now, not --data");
-  if (o.dp.active())
-    return Error(Errc::not_implemented, "pipeline and data parallelism together are not trained");
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::require_data;
-  HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
-  HP_ASSIGN_OR_RETURN(auto given, read_input_dir(o));
-  auto ios = exec::model_io(forward).inputs;
-  exec::GraphIO labels;
-  labels.name = o.grad.labels;
-  labels.dtype = given.back().dtype;
-  ios.push_back(labels);
-  HP_ASSIGN_OR_RETURN(auto batch, exec::bind_inputs(ios, std::move(given), o.inputs_dir.string()));
-  for (std::size_t k = 0; k < batch.size(); ++k) batch[k].name = ios[k].name;
+// A global batch cut into the micro-batches (labels last, every tensor named).
+Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
+    const std::vector<exec::HostTensor>& batch, int m, const std::filesystem::path& where) {
   const std::int64_t rows = batch.back().dims.empty() ? 0 : batch.back().dims[0];
-  const int m = o.pp.micro_batches;
   if (rows <= 0 || rows % m != 0)
     return Error(
         Errc::bad_input,
         fmt::format("the global batch of {} rows does not split into {} micro-batches", rows, m),
-        o.inputs_dir.string(), "make the batch a multiple of [parallel] micro_batches");
-  total_labels = label_count(batch.back(), o.grad.loss);
-  tokens = batch.back().numel();
+        where.string(), "make the batch a multiple of [parallel] micro_batches");
+  std::vector<std::vector<exec::HostTensor>> out;
   for (int k = 0; k < m; ++k) {
     HP_ASSIGN_OR_RETURN(auto mb, slice_rows(batch, rows, k, m));
-    micro.push_back(std::move(mb));
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+Status PipeRun::prepare() {
+  if (o.dp.active())
+    return Error(Errc::not_implemented, "pipeline and data parallelism together are not trained");
+  if (o.inputs_dir.empty() == o.data_file.empty())
+    return Error(Errc::usage,
+                 "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
+  const int m = o.pp.micro_batches;
+  if (!o.data_file.empty()) {
+    HP_TRY(open_stream());
+  } else {
+    HP_ASSIGN_OR_RETURN(auto given, read_input_dir(o));
+    auto ios = exec::model_io(forward).inputs;
+    exec::GraphIO labels;
+    labels.name = o.grad.labels;
+    labels.dtype = given.back().dtype;
+    ios.push_back(labels);
+    HP_ASSIGN_OR_RETURN(auto batch,
+                        exec::bind_inputs(ios, std::move(given), o.inputs_dir.string()));
+    for (std::size_t k = 0; k < batch.size(); ++k) batch[k].name = ios[k].name;
+    total_labels = label_count(batch.back(), o.grad.loss);
+    tokens = batch.back().numel();
+    HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, m, o.inputs_dir));
   }
   const auto dims = dims_of_tensors(forward, micro[0]);
   HP_ASSIGN_OR_RETURN(stage, PipelineStage::create(o, forward, dims));
@@ -88,6 +111,29 @@ Status PipeRun::prepare() {
     if (!(o.pp.stage != 0 && stage->shared(p.name))) n += p.numel();
   HP_TRY(t().allreduce(o.pp.ranks, &n, &n, 1, HP_I64, comm::ReduceOp::sum));
   report.params = n;
+  return {};
+}
+
+Status PipeRun::open_stream() {
+  const auto ios = exec::model_io(forward).inputs;
+  if (ios.size() != 1 || ios[0].onnx_type != 7)  // INT64: what exporters give token ids
+    return Error(Errc::bad_input, "--data feeds models with one int64 token-id input",
+                 o.model.string());
+  if (o.batch <= 0 || o.seq <= 0)
+    return Error(Errc::bad_input,
+                 "--data needs the batch and sequence length ([workload] global_batch and seq)");
+  HP_ASSIGN_OR_RETURN(auto s, TokenStream::open(o.data_file, o.token_bytes, o.seq));
+  stream = std::move(s);
+  input = ios[0].name;
+  return draw();  // the shapes the stage's gradient model is built for
+}
+
+Status PipeRun::draw() {
+  HP_ASSIGN_OR_RETURN(auto batch, token_batch(*stream, o.batch, o.seq, o.seed, data_position, 0,
+                                              input, o.grad.labels));
+  total_labels = label_count(batch.back(), o.grad.loss);
+  tokens = batch.back().numel();
+  HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, o.pp.micro_batches, o.data_file));
   return {};
 }
 
@@ -117,12 +163,14 @@ Status PipeRun::resume() {
   }
   HP_TRY(stage->set_weights(params));
   report.first_step = c.step + 1;
+  data_position = c.data_position;
   return {};
 }
 
 Expected<StepMetrics> PipeRun::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t k = state.step + 1;
+  if (stream) HP_TRY(draw());
   HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
   const auto t1 = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
@@ -236,7 +284,7 @@ Expected<Checkpoint> PipeRun::gather() {
 }  // namespace
 
 Expected<TrainReport> train_pipeline(const TrainOptions& o) {
-  PipeRun r{o, {}, {}, 0, 0, {}, {}, {}, {}, {}};
+  PipeRun r(o);
   HP_TRY(r.prepare());
   if (!o.resume_dir.empty()) HP_TRY(r.resume());
   MetricsFile metrics;
@@ -249,7 +297,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
   auto checkpoint = [&]() -> Status {
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
     if (!r.lead()) return {};
-    c.data_position = r.state.step;
+    c.data_position = r.data_position;
     return save_checkpoint(r.forward, c, o.checkpoint_dir);
   };
   Status failed;
@@ -259,6 +307,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
       failed = std::move(m).error();
       break;
     }
+    ++r.data_position;
     metrics.add(*m);
     r.report.steps.push_back(*m);
     const int every = std::max(1, o.log_every);
