@@ -19,7 +19,8 @@ the gradient norm within 1e-3, and the saved weights within 1% of torch's update
 Then, on GPT-2: 3 steps at pp = 2 with --checkpoint resumed for 2 at one rank, and 3 steps at one
 rank resumed for 2 at pp = 2 (zb-h1), must equal the uninterrupted 5; and malformed pipeline recipes
 (micro-batches that do not divide the batch, overlapping or missing stages) must exit 3 with the
-reason, and an interleaved schedule must be refused. On a token stream (--data), pp = 2 must give
+reason, and an interleaved schedule must be refused. At m = 4, 1F1B's peak memory on the first
+stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp = 2 must give
 one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b]
@@ -129,6 +130,30 @@ def resumed(hp, work, log):
         detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
         details.append(f"{tag}: {detail.split('  ')[0]}")
     return "; ".join(details)
+
+
+def memory(hp, work, log):
+    """At m = 4 the first stage holds 4 micro-batches' stashes under GPipe, 2 under 1F1B: the
+    metrics' peak_bytes (executor peak + tensors held between actions) must show it."""
+    d = os.path.join(work, "memory")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d, steps=1)
+    stages = two_stages(hp, ref, d, log)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        recipe = os.path.join(d, f"{schedule}.toml")
+        pp_recipe(recipe, ref, stages, {"schedule": schedule, "micro_batches": 4})
+        m = os.path.join(d, f"{schedule}.jsonl")
+        rc, out = launch(hp, recipe, "simulate", ["--inputs", ref.inputs, "--steps", "1",
+                                                  "--metrics", m], log)
+        if rc != 0:
+            raise rt.Failure(f"{schedule}: exit {rc}: {rt.first_error(out)}")
+        with open(m) as f:
+            peaks[schedule] = json.loads(f.readline())["peak_bytes"]
+    if not peaks["gpipe"] > peaks["1f1b"] > 0:
+        raise rt.Failure(f"peak bytes gpipe {peaks['gpipe']}, 1f1b {peaks['1f1b']}: 1f1b should "
+                         "hold fewer stashes")
+    return f"stage 0 peak: gpipe {peaks['gpipe']} B, 1f1b {peaks['1f1b']} B at m = 4"
 
 
 def token_stream(hp, work, log):
@@ -248,7 +273,7 @@ def main():
                 except Exception as e:
                     report(False, label, rt.describe(e))
         for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
-                          ("malformed recipes", malformed)]:
+                          ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:
                 report(True, label, fn(a.hp, a.work, log))
             except Exception as e:

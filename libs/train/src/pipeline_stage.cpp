@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "batches.h"
 #include "hp/exec/backends.h"
@@ -136,7 +137,7 @@ std::int64_t PipelineStage::peak_bytes() const {
   std::int64_t peak = 0;
   for (const Part* q : {&forward_, &backward_, &weight_})
     if (q->ex) peak = std::max(peak, q->ex->stats().peak_bytes);
-  return peak;
+  return peak + held_peak_;
 }
 
 Status PipelineStage::send(int peer, int tag, const exec::HostTensor& t) {
@@ -217,6 +218,11 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   const int prev = stage_ > 0 ? role_.ranks[stage_ - 1] : -1;
   const int next = last() ? -1 : role_.ranks[stage_ + 1];
   ++step_;
+  held_peak_ = 0;
+  // The data inputs are held for the whole step in `micro` by the caller; count what the
+  // schedule adds to them.
+  std::set<std::string> data;
+  for (const auto& t : micro[0]) data.insert(t.name);
   for (const PipelineAction& a : role_.actions) {
     const auto t0 = std::chrono::steady_clock::now();
     const int k = a.micro_batch;
@@ -252,6 +258,11 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
         e.clear();
         break;
     }
+    std::int64_t held = 0;
+    for (const auto& each : env)
+      for (const auto& [n, t] : each)
+        if (!data.count(n)) held += static_cast<std::int64_t>(t.data.size());
+    held_peak_ = std::max(held_peak_, held);
     if (trace_)
       trace_->add(fmt::format("{} {}.{}", "FBW"[static_cast<int>(a.kind)], step_, k), "compute", 0,
                   t0, std::chrono::steady_clock::now());

@@ -42,6 +42,9 @@ class PipelineStage {
   /// both).
   bool shared(const std::string& name) const;
   const GradGraph& grad_graph() const { return gg_; }
+  /// The largest part's executor peak plus the most bytes of micro-batch tensors (stashes,
+  /// boundary tensors and their gradients) this stage held between actions in the last step: what
+  /// a schedule's order costs in memory (GPipe holds every micro-batch's stash, 1F1B at most p).
   std::int64_t peak_bytes() const;
   bool last() const { return stage_ + 1 == static_cast<int>(role_.ranks.size()); }
   /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1, with the wait
@@ -70,7 +73,8 @@ class PipelineStage {
   double loss_ = 0;
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;
-  std::int64_t step_ = 0;  ///< steps run (trace names)
+  std::int64_t step_ = 0;       ///< steps run (trace names)
+  std::int64_t held_peak_ = 0;  ///< most bytes held in the micro-batches' tensors, last step
 };
 
 }  // namespace hp::train::detail
