@@ -19,7 +19,8 @@ the gradient norm within 1e-3, and the saved weights within 1% of torch's update
 Then, on GPT-2: 3 steps at pp = 2 with --checkpoint resumed for 2 at one rank, and 3 steps at one
 rank resumed for 2 at pp = 2 (zb-h1), must equal the uninterrupted 5; and malformed pipeline recipes
 (micro-batches that do not divide the batch, overlapping or missing stages) must exit 3 with the
-reason, and an interleaved schedule must be refused. At m = 4, 1F1B's peak memory on the first
+reason, and an interleaved schedule must be refused. `hp verify` of a pp = 2 zb-h1 recipe over
+mpirun must report every loss and weight ok against one rank. At m = 4, 1F1B's peak memory on the first
 stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp = 2 must give
 one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
@@ -130,6 +131,29 @@ def resumed(hp, work, log):
         detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
         details.append(f"{tag}: {detail.split('  ')[0]}")
     return "; ".join(details)
+
+
+def verified(hp, work, log):
+    """`hp verify` of a pp=2 zb-h1 training recipe over mpirun: 3 steps against one rank."""
+    d = os.path.join(work, "verify")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d, steps=1)
+    recipe = os.path.join(d, "verify.toml")
+    pp_recipe(recipe, ref, two_stages(hp, ref, d, log), {"schedule": "zb-h1", "micro_batches": 4})
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3", "--threads",
+                      "1"] + root, log)
+    if rc != 0:
+        raise rt.Failure(f"hp verify exit {rc}: {rt.first_error(out)}")
+    checks = [line for line in out.splitlines() if ": max abs error" in line]
+    if len(checks) < 4 or any(not line.endswith(": ok") for line in checks):
+        raise rt.Failure(f"hp verify's report is not all ok: {checks[:5]}")
+    # The job is not the one-rank run again: micro-batches sum in another order.
+    if all("max abs error 0," in line for line in checks):
+        raise rt.Failure("hp verify found no difference at all: did the job run one rank?")
+    if "pp=2, zb-h1 schedule, 4 micro-batches" not in out:
+        raise rt.Failure("hp verify does not name the pipeline layout")
+    return f"{len(checks)} checks ok (3 losses, {len(checks) - 3} weights)"
 
 
 def memory(hp, work, log):
@@ -273,6 +297,7 @@ def main():
                 except Exception as e:
                     report(False, label, rt.describe(e))
         for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
+                          ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:
                 report(True, label, fn(a.hp, a.work, log))
