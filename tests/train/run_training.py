@@ -118,7 +118,8 @@ def toml_value(v):
 def write_recipe(path, model, train, dims, layers=None, recompute="none", workload=None,
                  parallel=None):
     """A one-rank recipe on the local-cpu preset (dp = tp = pp = 1) with a [train] table; `layers`
-    (a "0-N" range) adds the single [[stages]] entry that carries `recompute`; a [workload] sets
+    (a "0-N" range) adds the single [[stages]] entry that carries `recompute`, a list of ranges one
+    [[stages]] entry per range (pipeline stages, run_distributed.py); a [workload] sets
     micro_batch_size to its global_batch (hp verify checks they agree); `parallel` overrides
     [parallel] keys (dp, optimizer_shard, shard_group: run_distributed.py)."""
     lines = ["[recipe]", "version = 1", f"name = {toml_value(os.path.basename(path)[:-5])}",
@@ -130,10 +131,12 @@ def write_recipe(path, model, train, dims, layers=None, recompute="none", worklo
               f"dims = {toml_value(dims)}", "", "[parallel]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in par.items()]
     if workload:
-        lines += [f"micro_batch_size = {workload['global_batch'] // par['dp']}"]
+        per = par["dp"] * par.get("micro_batches", 1)
+        lines += [f"micro_batch_size = {workload['global_batch'] // per}"]
     lines += [""]
-    if layers is not None:
-        lines += ["[[stages]]", "index = 0", f"layers = {toml_value(layers)}",
+    for index, stage in enumerate([] if layers is None else
+                                  layers if isinstance(layers, list) else [layers]):
+        lines += ["[[stages]]", f"index = {index}", f"layers = {toml_value(stage)}",
                   f"recompute = {toml_value(recompute)}", ""]
     if workload:
         lines += ["[workload]"] + [f"{k} = {toml_value(v)}" for k, v in workload.items()] + [""]

@@ -1,7 +1,8 @@
-// Data-parallel training jobs (train_run.h): the ranks as threads of this process, as an mpirun
-// job, and one rank of that job. Every rank runs hp::train::train() with the same options and the
-// recipe's data-parallel group (hp/train/data_parallel.h); the group's first rank prints and
-// writes the metrics, checkpoints and saved model.
+// Data- and pipeline-parallel training jobs (train_run.h): the ranks as threads of this process, as
+// an mpirun job, and one rank of that job. Every rank runs hp::train::train() with the same options
+// and the recipe's data-parallel group (hp/train/data_parallel.h) or its pipeline stage
+// (hp/train/pipeline.h, train_pipeline.cpp); the first rank prints and writes the metrics,
+// checkpoints and saved model.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -45,12 +46,16 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
                  fmt::format("the recipe trains on {} ranks, the job has {}", job.recipe.ranks(),
                              world->size()),
                  job.recipe_path.string());
-  to.dp = data_parallel_of(job.recipe, *world);
+  if (job.recipe.parallel.pp > 1)
+    HP_TRY(pipeline_rank(job.recipe, *world, to.pp));
+  else
+    to.dp = data_parallel_of(job.recipe, *world);
   if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   comm::mpi_finalize();
   LaunchReport r;
-  if (to.dp.index() == 0) r.summary = closing_lines(rep);  // once, from the lead rank
+  if (to.pp.active() ? to.pp.stage == 0 : to.dp.index() == 0)
+    r.summary = closing_lines(rep);  // once, from the lead rank
   return r;
 }
 
@@ -66,7 +71,10 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       ranks,
       [&](int rank, comm::Transport& t) -> Status {
         train::TrainOptions mine = to;
-        mine.dp = data_parallel_of(job.recipe, t);
+        if (job.recipe.parallel.pp > 1)
+          HP_TRY(pipeline_rank(job.recipe, t, mine.pp));
+        else
+          mine.dp = data_parallel_of(job.recipe, t);
         if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
         HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(mine));
         if (rank == 0) {
@@ -81,9 +89,9 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
   LaunchReport r;
   r.summary = closing_lines(lead);
   r.summary += fmt::format(
-      "{} data-parallel ranks simulated as threads of this process ({} thread(s) each) in "
+      "{} {} ranks simulated as threads of this process ({} thread(s) each) in "
       "{:.2f} s\n",
-      ranks, to.threads,
+      ranks, job.recipe.parallel.pp > 1 ? "pipeline" : "data-parallel", to.threads,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
@@ -130,8 +138,9 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   HP_ASSIGN_OR_RETURN(auto ran, run_job(plan, jo, sink));
   if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;
-  r.summary = fmt::format("{} data-parallel ranks trained (mpirun) in {:.2f} s; logs in {}\n",
-                          ran.ranks, ran.seconds, ran.log_dir.string());
+  r.summary = fmt::format("{} {} ranks trained (mpirun) in {:.2f} s; logs in {}\n", ran.ranks,
+                          job.recipe.parallel.pp > 1 ? "pipeline" : "data-parallel", ran.seconds,
+                          ran.log_dir.string());
   return r;
 }
 

@@ -85,18 +85,20 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   if (!r.train) return Error(Errc::internal, "train_options on a recipe without [train]");
   const recipe::Train& t = *r.train;
   const std::string where = job.where.at("train");
-  if (r.parallel.tp != 1 || r.parallel.pp != 1 || r.parallel.expert_parallel != 1 ||
+  const bool pipeline = r.parallel.pp > 1 && r.parallel.dp == 1;
+  if (r.parallel.tp != 1 || (r.parallel.pp != 1 && !pipeline) || r.parallel.expert_parallel != 1 ||
       !r.groups.empty())
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data-parallel only for now: the recipe has [train] and {}",
+        fmt::format("training is data- or pipeline-parallel only for now: the recipe has [train] "
+                    "and {}",
                     r.groups.empty()
                         ? fmt::format("tp = {}, pp = {}, expert_parallel = {}", r.parallel.tp,
                                       r.parallel.pp, r.parallel.expert_parallel)
                         : std::string("[[groups]]")),
         where,
-        "train with dp ranks only (tp = pp = expert_parallel = 1, no [[groups]]), or remove "
-        "[train] to run the model forward");
+        "train with dp ranks only (tp = pp = expert_parallel = 1, no [[groups]]), or pp = 2 "
+        "alone, or remove [train] to run the model forward");
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is
@@ -191,6 +193,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   for (const auto& p : o.plugin_paths) to.plugin_paths.push_back(p.string());
   to.log_every = o.log_every > 0 ? o.log_every : 1;
   to.sink = o.sink;
+  if (pipeline) HP_TRY(pipeline_options(job, to));
   return to;
 }
 
@@ -244,10 +247,16 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
                                p.shard_group > 0 && p.shard_group < p.dp
                                    ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                    : std::string());
+    if (p.pp > 1)
+      r.summary += fmt::format(
+          "  {} pipeline stages ({}), {} schedule, {} micro-batches; boundary "
+          "{}\n",
+          p.pp, o.simulate ? "threads of this process" : "mpirun",
+          recipe::schedule_name(p.schedule), p.micro_batches, recipe::toml_string_array(to.pp.cut));
     return r;
   }
   if (o.worker) return train_as_rank(job, std::move(to));
-  if (p.dp > 1) {
+  if (p.dp > 1 || p.pp > 1) {
     HP_ASSIGN_OR_RETURN(r,
                         o.simulate ? train_in_process(job, std::move(to)) : train_over_mpi(job, o));
     r.summary += predicted_line(job);

@@ -87,10 +87,12 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   RecipeRunReport rep;
   rep.training = true;
   rep.ranks = static_cast<int>(job.recipe.ranks());
-  rep.layout = fmt::format("dp={}, optimizer_shard {}{}", p.dp, p.optimizer_shard,
-                           p.shard_group > 0 && p.shard_group < p.dp
-                               ? fmt::format(", HSDP shard groups of {}", p.shard_group)
-                               : std::string());
+  rep.layout = p.pp > 1 ? fmt::format("pp={}, {} schedule, {} micro-batches", p.pp,
+                                      recipe::schedule_name(p.schedule), p.micro_batches)
+                        : fmt::format("dp={}, optimizer_shard {}{}", p.dp, p.optimizer_shard,
+                                      p.shard_group > 0 && p.shard_group < p.dp
+                                          ? fmt::format(", HSDP shard groups of {}", p.shard_group)
+                                          : std::string());
   rep.how = o.simulate || rep.ranks == 1 ? "simulated in one process"
                                          : fmt::format("mpirun, {} ranks", rep.ranks);
   TempDir tmp;
@@ -102,9 +104,11 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   lo.plugin_paths = o.plugin_paths;
   lo.backend = o.backend;
 
-  // One rank: the same recipe with its data parallelism removed.
+  // One rank: the same recipe with its data and pipeline parallelism removed.
   Job one = job;
   one.recipe.parallel.dp = 1;
+  one.recipe.parallel.pp = 1;
+  one.recipe.parallel.micro_batches = 1;
   one.recipe.parallel.optimizer_shard = 0;
   one.recipe.parallel.shard_group = 0;
   LaunchOptions lone = lo;

@@ -21,54 +21,11 @@
 #include "hp/train/checkpoint.h"
 #include "hp/train/data_parallel.h"
 #include "hp/train/trainer.h"
+#include "metrics_file.h"
 
 namespace hp::train {
 
 namespace {
-
-/// Metrics lines go to a temporary sibling that is renamed over the file when the run ends, either
-/// way: a reader never sees a file cut in the middle of a line.
-class MetricsFile {
- public:
-  Status open(const std::filesystem::path& path) {
-    if (path.empty()) return {};
-    path_ = path;
-    tmp_ = path;
-    tmp_ += ".tmp";
-    out_.open(tmp_, std::ios::trunc);
-    if (!out_) return Error(Errc::runtime, "cannot write the metrics file", tmp_.string());
-    return {};
-  }
-  void add(const StepMetrics& m) {
-    if (!out_.is_open()) return;
-    nlohmann::json j = {{"step", m.step},
-                        {"loss", m.loss},
-                        {"grad_norm", m.grad_norm},
-                        {"lr", m.lr},
-                        {"seconds", m.seconds},
-                        {"tokens_per_second", m.tokens_per_second},
-                        {"peak_bytes", m.peak_bytes},
-                        {"run_seconds", m.run_seconds},
-                        {"reduce_seconds", m.reduce_seconds},
-                        {"update_seconds", m.update_seconds}};
-    out_ << j.dump() << '\n';
-    out_.flush();
-  }
-  Status close() {
-    if (!out_.is_open()) return {};
-    out_.close();
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-    if (ec)
-      return Error(Errc::runtime, "cannot rename the metrics file: " + ec.message(),
-                   path_.string());
-    return {};
-  }
-
- private:
-  std::filesystem::path path_, tmp_;
-  std::ofstream out_;
-};
 
 std::string mib(std::int64_t b) {
   return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
@@ -285,12 +242,13 @@ Status Run::write_checkpoint() {
 
 Expected<TrainReport> train(const TrainOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
+  if (o.pp.active()) return detail::train_pipeline(o);
   Run r{o, {}, {}, {}, {}, {}, {}, 0, {}, 0, 1, {}};
   HP_TRY(r.prepare());
   HP_ASSIGN_OR_RETURN(auto data,
                       detail::BatchSource::open(o, *r.ex, o.grad.labels, std::move(r.batch)));
   if (!o.resume_dir.empty()) HP_TRY(r.resume());
-  MetricsFile metrics;
+  detail::MetricsFile metrics;
   if (r.lead()) HP_TRY(metrics.open(o.metrics));
   r.say(false, fmt::format("training {} parameters ({} tensors) for {} steps from step {}",
                            r.report.params, r.params.size(), o.steps, r.report.first_step));

@@ -54,4 +54,15 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to);
 /// The mpirun job: the ranks get this command line's training options (paths made absolute).
 Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o);
 
+// Pipeline parallelism (train_pipeline.cpp; hp/train/pipeline.h).
+
+/// to.pp from a recipe with pp > 1: the stage boundary (hp shard's plan of the recipe's
+/// [[stages]]), the ranks of the stages, micro-batches and whether the backward splits (zb-h1).
+/// Errc::not_implemented for pp other than 2 or a schedule other than gpipe, 1f1b, zb-h1;
+/// Errc::bad_input for stages that do not cut the model (shard's errors, or nothing crossing).
+Status pipeline_options(const Job& job, train::TrainOptions& to);
+/// The rank of `transport` in the pipeline: its stage and its schedule's compute actions.
+Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
+                     train::PipelineRole& pp);
+
 }  // namespace hp::job

@@ -16,6 +16,7 @@
 #include "hp/train/autodiff.h"
 #include "hp/train/data_parallel.h"
 #include "hp/train/optimizer.h"
+#include "hp/train/pipeline.h"
 
 namespace hp::train {
 
@@ -48,6 +49,10 @@ struct TrainOptions {
   /// rows of the global batch (--inputs tensors, or the windows of --data); only the group's first
   /// rank prints, writes metrics, checkpoints and the saved model.
   DataParallel dp;
+  /// Pipeline parallelism (pipeline.h): this rank runs one stage of the model; the first stage's
+  /// rank prints, writes metrics, checkpoints and the saved model (of the whole model, gathered:
+  /// every rank must be given the same checkpoint_dir and save_model). Not together with dp yet.
+  PipelineRole pp;
   /// Receives progress lines (stdout) and warnings (stderr when `err`).
   std::function<void(bool err, const std::string&)> sink;
 };
@@ -76,5 +81,10 @@ struct TrainReport {
 /// (before the first step), Errc::runtime for a non-finite loss or gradient (naming the step; the
 /// last checkpoint written is kept) or a failing kernel.
 Expected<TrainReport> train(const TrainOptions& options);
+
+namespace detail {
+/// train() for a rank of a pipeline (options.pp active): pipeline_run.cpp.
+Expected<TrainReport> train_pipeline(const TrainOptions& options);
+}  // namespace detail
 
 }  // namespace hp::train

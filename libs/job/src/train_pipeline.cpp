@@ -1,0 +1,76 @@
+// Pipeline-parallel training jobs (train_run.h): the stage boundary the recipe's [[stages]] give
+// (hp shard's partition plan: the activations that cross from stage 0 to stage 1) and each rank's
+// part of the schedule (schedule.h) as hp::train::PipelineRole.
+#include <fmt/core.h>
+
+#include "hp/job/schedule.h"
+#include "hp/job/train_run.h"
+#include "hp/shard/shard.h"
+
+namespace hp::job {
+
+Status pipeline_options(const Job& job, train::TrainOptions& to) {
+  const recipe::Recipe& r = job.recipe;
+  const std::string where = job.where.at("parallel.pp");
+  if (r.parallel.pp != 2)
+    return Error(Errc::not_implemented,
+                 fmt::format("pipeline training runs two stages for now, the recipe has pp = {}",
+                             r.parallel.pp),
+                 where, "set pp = 2");
+  using S = recipe::Schedule;
+  const S s = r.parallel.schedule;
+  if (s != S::gpipe && s != S::one_f_one_b && s != S::zb_h1)
+    return Error(Errc::not_implemented,
+                 fmt::format("pipeline training runs the gpipe, 1f1b and zb-h1 schedules, not {}",
+                             recipe::schedule_name(s)),
+                 where);
+  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(r, job.where, job.recipe_path));
+  std::vector<std::string> cut;
+  for (const auto& b : prepared->plan.boundaries) {
+    if (b.from_stage != 0 || b.to_stage != 1) continue;
+    const std::string& name = prepared->graph.tensor(b.tensor).name;
+    if (std::find(cut.begin(), cut.end(), name) == cut.end()) cut.push_back(name);
+  }
+  if (cut.empty())
+    return Error(Errc::bad_input,
+                 "the recipe's [[stages]] pass nothing from stage 0 to stage 1: they do not split "
+                 "the model into a pipeline",
+                 job.recipe_path.string(), "give each stage a range of the model's layers");
+  train::PipelineRole& pp = to.pp;
+  pp.ranks = {0, 1};
+  for (std::size_t k = 0; k < r.stages.size() && k < 2; ++k)
+    if (r.stages[k].ranks.size() == 1) pp.ranks[k] = static_cast<int>(r.stages[k].ranks[0]);
+  pp.micro_batches = static_cast<int>(r.parallel.micro_batches);
+  pp.split_weight = s == S::zb_h1;
+  pp.cut = std::move(cut);
+  return {};
+}
+
+Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::PipelineRole& pp) {
+  pp.transport = &t;
+  const auto it = std::find(pp.ranks.begin(), pp.ranks.end(), t.rank());
+  if (it == pp.ranks.end())
+    return Error(Errc::bad_input, fmt::format("rank {} runs no pipeline stage", t.rank()));
+  pp.stage = static_cast<int>(it - pp.ranks.begin());
+  HP_ASSIGN_OR_RETURN(ScheduleKind kind,
+                      parse_schedule_kind(recipe::schedule_name(r.parallel.schedule)));
+  HP_ASSIGN_OR_RETURN(auto sched, make_schedule(kind, static_cast<int>(pp.ranks.size()),
+                                                pp.micro_batches, 1, true));
+  pp.actions.clear();
+  for (const Action& a : sched.per_rank[static_cast<std::size_t>(pp.stage)]) {
+    train::PipelineAction x;
+    x.micro_batch = a.micro_batch;
+    if (a.kind == ActionKind::forward)
+      x.kind = train::PipelineAction::Kind::forward;
+    else if (a.kind == ActionKind::backward)
+      x.kind = train::PipelineAction::Kind::backward;
+    else if (a.kind == ActionKind::weight)
+      x.kind = train::PipelineAction::Kind::weight;
+    else
+      continue;
+    pp.actions.push_back(x);
+  }
+  return {};
+}
+
+}  // namespace hp::job

@@ -1,0 +1,40 @@
+// Pipeline-parallel training (docs/training.md, "Pipeline parallelism").
+//
+// The model is cut into two stages (stages.h: split_forward_at at the recipe's stage boundary);
+// each rank of the pipeline holds one stage's gradient model, split for the schedule into forward,
+// backward (B) and, for the zero-bubble schedules, weight (W) parts, and runs its list of actions
+// over the micro-batches of every global batch. Activations go forward and their gradients back
+// point to point, tagged per (micro-batch, direction, tensor). The result is what one rank trains:
+// every micro-batch's loss gradient is weighted by its share of the global batch's label positions,
+// weights read by both stages (a tied embedding) have their two gradient parts summed on both
+// ranks, and the gradient norm for clipping is that of the whole model.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hp/comm/comm.h"
+
+namespace hp::train {
+
+/// One compute action of a rank's schedule (hp/job/schedule.h gives the lists).
+struct PipelineAction {
+  enum class Kind { forward, backward, weight };
+  Kind kind = Kind::forward;
+  int micro_batch = 0;
+};
+
+struct PipelineRole {
+  comm::Transport* transport = nullptr;  ///< not owned; null = no pipeline
+  std::vector<int> ranks;                ///< global rank of each stage, in stage order
+  int stage = 0;                         ///< this rank's stage
+  int micro_batches = 1;                 ///< the global batch is cut into these along axis 0
+  /// B and W run apart (zero-bubble schedules); otherwise the backward is one part and W empty.
+  bool split_weight = false;
+  std::vector<PipelineAction> actions;  ///< this rank's compute actions of one step, in order
+  /// Tensors of the forward model written on stage 0 and read on stage 1 (the stage boundary).
+  std::vector<std::string> cut;
+  bool active() const { return transport != nullptr && ranks.size() > 1; }
+};
+
+}  // namespace hp::train

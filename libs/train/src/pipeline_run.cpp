@@ -1,0 +1,347 @@
+// The training loop of a pipeline rank (trainer.h, detail::train_pipeline; hp/train/pipeline.h).
+//
+// Every rank reads the whole global batch (the --inputs batch, or each step's windows of the --data
+// token stream, drawn as one rank draws them) and cuts it into the micro-batches along axis 0 (as
+// batches.cpp's slice_rows cuts a data-parallel rank's rows); its stage runs its schedule's actions
+// on them (pipeline_stage.h), then updates its own parameters with the whole model's gradient norm.
+// The first stage's rank is the lead: it prints, writes the metrics, and for checkpoints and the
+// saved model gathers the other stages' parameters and optimizer state into the one-rank format, in
+// the one-rank order (the forward model's initializer order), so a checkpoint resumes at any
+// layout.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "batches.h"
+#include "hp/train/checkpoint.h"
+#include "hp/train/data.h"
+#include "hp/train/trainer.h"
+#include "metrics_file.h"
+#include "pipeline_stage.h"
+
+namespace hp::train::detail {
+
+namespace {
+
+constexpr int kGatherTag = 32000;  // above every step tag (pipeline_stage.cpp)
+
+struct PipeRun {
+  explicit PipeRun(const TrainOptions& options) : o(options) {}
+  const TrainOptions& o;
+  model::Model forward;
+  std::vector<std::vector<exec::HostTensor>> micro;
+  std::int64_t total_labels = 0, tokens = 0;
+  std::unique_ptr<PipelineStage> stage;
+  std::vector<exec::HostTensor> params;
+  OptimizerState state;
+  TrainReport report;
+  TraceLog trace;
+  comm::Transport& t() const { return *o.pp.transport; }
+  bool lead() const { return o.pp.stage == 0; }
+  void say(bool err, const std::string& line) const {
+    if (o.sink && lead()) o.sink(err, line);
+  }
+  // --data: the token stream, its input's name and the batches drawn so far.
+  std::optional<TokenStream> stream;
+  std::string input;
+  std::int64_t data_position = 0;
+  Status open_stream();
+  Status draw();  ///< the micro-batches of batch data_position of the stream
+  Status prepare();
+  Status resume();
+  Expected<StepMetrics> step();
+  Expected<Checkpoint> gather();
+};
+
+// A global batch cut into the micro-batches (labels last, every tensor named).
+Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
+    const std::vector<exec::HostTensor>& batch, int m, const std::filesystem::path& where) {
+  const std::int64_t rows = batch.back().dims.empty() ? 0 : batch.back().dims[0];
+  if (rows <= 0 || rows % m != 0)
+    return Error(
+        Errc::bad_input,
+        fmt::format("the global batch of {} rows does not split into {} micro-batches", rows, m),
+        where.string(), "make the batch a multiple of [parallel] micro_batches");
+  std::vector<std::vector<exec::HostTensor>> out;
+  for (int k = 0; k < m; ++k) {
+    HP_ASSIGN_OR_RETURN(auto mb, slice_rows(batch, rows, k, m));
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+Status PipeRun::prepare() {
+  if (o.dp.active())
+    return Error(Errc::not_implemented, "pipeline and data parallelism together are not trained");
+  if (o.inputs_dir.empty() == o.data_file.empty())
+    return Error(Errc::usage,
+                 "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
+  const int m = o.pp.micro_batches;
+  if (!o.data_file.empty()) {
+    HP_TRY(open_stream());
+  } else {
+    HP_ASSIGN_OR_RETURN(auto given, read_input_dir(o));
+    auto ios = exec::model_io(forward).inputs;
+    exec::GraphIO labels;
+    labels.name = o.grad.labels;
+    labels.dtype = given.back().dtype;
+    ios.push_back(labels);
+    HP_ASSIGN_OR_RETURN(auto batch,
+                        exec::bind_inputs(ios, std::move(given), o.inputs_dir.string()));
+    for (std::size_t k = 0; k < batch.size(); ++k) batch[k].name = ios[k].name;
+    total_labels = label_count(batch.back(), o.grad.loss);
+    tokens = batch.back().numel();
+    HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, m, o.inputs_dir));
+  }
+  const auto dims = dims_of_tensors(forward, micro[0]);
+  HP_ASSIGN_OR_RETURN(stage, PipelineStage::create(o, forward, dims));
+  if (!o.trace.empty()) stage->set_trace(&trace);
+  for (const auto& n : stage->grad_graph().notes) say(true, "hp: note: " + n);
+  HP_ASSIGN_OR_RETURN(params, stage->read_params());
+  std::int64_t n = 0;
+  for (const auto& p : params)
+    if (!(o.pp.stage != 0 && stage->shared(p.name))) n += p.numel();
+  HP_TRY(t().allreduce(o.pp.ranks, &n, &n, 1, HP_I64, comm::ReduceOp::sum));
+  report.params = n;
+  return {};
+}
+
+Status PipeRun::open_stream() {
+  const auto ios = exec::model_io(forward).inputs;
+  if (ios.size() != 1 || ios[0].onnx_type != 7)  // INT64: what exporters give token ids
+    return Error(Errc::bad_input, "--data feeds models with one int64 token-id input",
+                 o.model.string());
+  if (o.batch <= 0 || o.seq <= 0)
+    return Error(Errc::bad_input,
+                 "--data needs the batch and sequence length ([workload] global_batch and seq)");
+  HP_ASSIGN_OR_RETURN(auto s, TokenStream::open(o.data_file, o.token_bytes, o.seq));
+  stream = std::move(s);
+  input = ios[0].name;
+  return draw();  // the shapes the stage's gradient model is built for
+}
+
+Status PipeRun::draw() {
+  HP_ASSIGN_OR_RETURN(auto batch, token_batch(*stream, o.batch, o.seq, o.seed, data_position, 0,
+                                              input, o.grad.labels));
+  total_labels = label_count(batch.back(), o.grad.loss);
+  tokens = batch.back().numel();
+  HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, o.pp.micro_batches, o.data_file));
+  return {};
+}
+
+Status PipeRun::resume() {
+  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir));
+  if (c.optimizer != (o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw"))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             c.optimizer),
+                 o.resume_dir.string());
+  std::map<std::string, std::size_t> at;
+  for (std::size_t k = 0; k < c.params.size(); ++k) at[c.params[k].name] = k;
+  state = {};
+  state.step = c.step;
+  for (auto& p : params) {
+    auto it = at.find(p.name);
+    if (it == at.end() || c.params[it->second].dims != p.dims)
+      return Error(
+          Errc::bad_input,
+          fmt::format("the checkpoint has no parameter '{}' shaped as the model's", p.name),
+          o.resume_dir.string());
+    p = c.params[it->second];
+    if (it->second < c.state.exp_avg.size()) state.exp_avg.push_back(c.state.exp_avg[it->second]);
+    if (it->second < c.state.exp_avg_sq.size())
+      state.exp_avg_sq.push_back(c.state.exp_avg_sq[it->second]);
+  }
+  HP_TRY(stage->set_weights(params));
+  report.first_step = c.step + 1;
+  data_position = c.data_position;
+  return {};
+}
+
+Expected<StepMetrics> PipeRun::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t k = state.step + 1;
+  if (stream) HP_TRY(draw());
+  HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!std::isfinite(loss))
+    return Error(Errc::runtime,
+                 fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
+                             o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
+  HP_ASSIGN_OR_RETURN(double norm, stage->global_norm());
+  auto info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
+  if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
+  HP_TRY(stage->set_weights(params));
+  const auto t2 = std::chrono::steady_clock::now();
+  if (!o.trace.empty()) trace.add(fmt::format("optimizer {}", k), "optimizer", 0, t1, t2);
+  StepMetrics m;
+  m.step = k;
+  m.loss = loss;
+  m.grad_norm = info->grad_norm;
+  m.lr = info->lr;
+  m.seconds = std::chrono::duration<double>(t2 - t0).count();
+  m.tokens_per_second = m.seconds > 0 ? static_cast<double>(tokens) / m.seconds : 0;
+  m.peak_bytes = stage->peak_bytes();
+  m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
+  m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
+  report.peak_bytes = std::max(report.peak_bytes, m.peak_bytes);
+  return m;
+}
+
+// Sends one f32 tensor's bytes to `peer`, whose receiver knows its size.
+Status send_all(comm::Transport& t, int peer, const std::vector<exec::HostTensor>& ts) {
+  for (const auto& x : ts)
+    HP_TRY(t.send(peer, kGatherTag, x.data.data(), static_cast<std::int64_t>(x.data.size())));
+  return {};
+}
+
+// Collective over the pipeline: the whole model's parameters and optimizer state, on the lead, in
+// the forward model's initializer order (what a one-rank run lists). The other stages send their
+// parameters (not the shared ones: the lead has them) in their own order; the lead knows that
+// order and the shapes from the stage models of its peers, which it learns from their names.
+Expected<Checkpoint> PipeRun::gather() {
+  Checkpoint c;
+  const int me = o.pp.stage;
+  std::vector<exec::HostTensor> mine, avg, avg_sq;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (me != 0 && stage->shared(params[k].name)) continue;
+    mine.push_back(params[k]);
+    if (k < state.exp_avg.size()) avg.push_back(state.exp_avg[k]);
+    if (k < state.exp_avg_sq.size()) avg_sq.push_back(state.exp_avg_sq[k]);
+  }
+  if (me != 0) {
+    const int lead_rank = o.pp.ranks[0];
+    std::string names;
+    for (const auto& p : mine) names += p.name + '\n';
+    std::int64_t counts[2] = {static_cast<std::int64_t>(names.size()),
+                              (avg.empty() ? 0 : 1) + (avg_sq.empty() ? 0 : 1)};
+    HP_TRY(t().send(lead_rank, kGatherTag, counts, sizeof counts));
+    HP_TRY(t().send(lead_rank, kGatherTag, names.data(), counts[0]));
+    HP_TRY(send_all(t(), lead_rank, mine));
+    HP_TRY(send_all(t(), lead_rank, avg));
+    HP_TRY(send_all(t(), lead_rank, avg_sq));
+    HP_TRY(t().flush());
+    return c;
+  }
+  // The shapes of every initializer, from the forward model.
+  std::map<std::string, exec::HostTensor> like;
+  std::vector<std::string> order;
+  for (const auto& init : forward.proto->graph().initializer()) {
+    order.push_back(init.name());
+    exec::HostTensor h;
+    h.name = init.name();
+    h.dtype = HP_F32;
+    h.dims.assign(init.dims().begin(), init.dims().end());
+    like[h.name] = std::move(h);
+  }
+  std::map<std::string, std::array<exec::HostTensor, 3>> all;
+  for (std::size_t k = 0; k < mine.size(); ++k)
+    all[mine[k].name] = {mine[k], k < avg.size() ? avg[k] : exec::HostTensor{},
+                         k < avg_sq.size() ? avg_sq[k] : exec::HostTensor{}};
+  for (std::size_t s = 1; s < o.pp.ranks.size(); ++s) {
+    const int peer = o.pp.ranks[s];
+    std::int64_t counts[2] = {};
+    HP_TRY(t().recv(peer, kGatherTag, counts, sizeof counts));
+    std::string names(static_cast<std::size_t>(counts[0]), '\0');
+    HP_TRY(t().recv(peer, kGatherTag, names.data(), counts[0]));
+    std::vector<std::string> list;
+    for (std::size_t a = 0, b; (b = names.find('\n', a)) != std::string::npos; a = b + 1)
+      list.push_back(names.substr(a, b - a));
+    // Parameters, then exp_avg, then exp_avg_sq (counts[1]: how many state lists follow).
+    for (std::int64_t which = 0; which < 1 + std::min<std::int64_t>(counts[1], 2); ++which)
+      for (const auto& n : list) {
+        auto it = like.find(n);
+        if (it == like.end()) return Error(Errc::internal, "a stage trains an unknown tensor", n);
+        exec::HostTensor h = it->second;
+        h.data.resize(static_cast<std::size_t>(h.numel()) * sizeof(float));
+        HP_TRY(t().recv(peer, kGatherTag, h.data.data(), static_cast<std::int64_t>(h.data.size())));
+        all[n][static_cast<std::size_t>(which)] = std::move(h);
+      }
+  }
+  for (const auto& n : order) {
+    auto it = all.find(n);
+    if (it == all.end()) continue;
+    c.params.push_back(it->second[0]);
+    if (!it->second[1].data.empty()) c.state.exp_avg.push_back(it->second[1]);
+    if (!it->second[2].data.empty()) c.state.exp_avg_sq.push_back(it->second[2]);
+  }
+  c.step = state.step;
+  c.state.step = state.step;
+  c.seed = o.seed;
+  c.optimizer = o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw";
+  return c;
+}
+
+}  // namespace
+
+Expected<TrainReport> train_pipeline(const TrainOptions& o) {
+  PipeRun r(o);
+  HP_TRY(r.prepare());
+  if (!o.resume_dir.empty()) HP_TRY(r.resume());
+  MetricsFile metrics;
+  if (r.lead()) HP_TRY(metrics.open(o.metrics));
+  r.say(false, fmt::format("training {} parameters on {} pipeline stages ({} micro-batches) for {} "
+                           "steps from step {}",
+                           r.report.params, o.pp.ranks.size(), o.pp.micro_batches, o.steps,
+                           r.report.first_step));
+  const std::int64_t last = r.report.first_step + o.steps - 1;
+  auto checkpoint = [&]() -> Status {
+    HP_ASSIGN_OR_RETURN(auto c, r.gather());
+    if (!r.lead()) return {};
+    c.data_position = r.data_position;
+    return save_checkpoint(r.forward, c, o.checkpoint_dir);
+  };
+  Status failed;
+  while (r.state.step < last) {
+    auto m = r.step();
+    if (!m) {
+      failed = std::move(m).error();
+      break;
+    }
+    ++r.data_position;
+    metrics.add(*m);
+    r.report.steps.push_back(*m);
+    const int every = std::max(1, o.log_every);
+    if (m->step % every == 0 || m->step == last)
+      r.say(false, fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.4f}  lr {:.3g}  {:.3f} s",
+                               m->step, last, m->loss, m->grad_norm, m->lr, m->seconds));
+    if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 && m->step % o.checkpoint_every == 0)
+      if (Status st = checkpoint(); !st) {
+        failed = std::move(st);
+        break;
+      }
+  }
+  HP_TRY(metrics.close());
+  if (!o.trace.empty()) HP_TRY(r.trace.write(o.trace, o.pp.ranks[o.pp.stage]));
+  if (!failed) return std::move(failed).error();
+  if (!o.checkpoint_dir.empty() &&
+      (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))
+    HP_TRY(checkpoint());
+  if (!o.save_model.empty()) {
+    HP_ASSIGN_OR_RETURN(auto c, r.gather());
+    if (r.lead()) HP_TRY(save_model(r.forward, c.params, o.save_model));
+  }
+  std::vector<double> secs;
+  for (const auto& m : r.report.steps) secs.push_back(m.seconds);
+  std::sort(secs.begin(), secs.end());
+  r.report.median_step_seconds = secs.empty() ? 0 : secs[secs.size() / 2];
+  if (r.lead() && !r.report.steps.empty())
+    r.report.summary = fmt::format(
+        "trained {} steps on {} pipeline stages: loss {:.6f} -> {:.6f}; median step {:.3f} s\n",
+        r.report.steps.size(), o.pp.ranks.size(), r.report.steps.front().loss,
+        r.report.steps.back().loss, r.report.median_step_seconds);
+  if (!o.save_model.empty() && r.lead())
+    r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
+  return r.report;
+}
+
+}  // namespace hp::train::detail

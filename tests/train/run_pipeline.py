@@ -1,0 +1,311 @@
+#!/usr/bin/python3
+"""End-to-end pipeline-parallel training test: two pipeline stages train what one rank (and PyTorch)
+trains.
+
+For each model of models.py with repeated blocks (GPT-2 with its head tied to the embedding, so the
+tied weight lives on both stages; Llama; ViT; the MoE), torch runs 5 AdamW steps with gradient
+clipping on one fixed batch of 4 (reference.py), and
+
+    hp launch RECIPE --inputs BATCH_DIR --metrics m.jsonl --save-model out.onnx
+
+trains the same 5 steps with pp = 2, the model's layers split in two [[stages]] (the range `hp plan`
+finds, halved), under each schedule below. Each step's loss must be torch's within 1e-4 (relative),
+the gradient norm within 1e-3, and the saved weights within 1% of torch's update
+(run_training.compare):
+
+    gpipe, 2 micro-batches (--simulate)      1f1b, 4 micro-batches (one row each, --simulate)
+    zb-h1, 2 micro-batches (--simulate)      1f1b, 2 micro-batches (mpirun; GPT-2 only)
+
+Then, on GPT-2: 3 steps at pp = 2 with --checkpoint resumed for 2 at one rank, and 3 steps at one
+rank resumed for 2 at pp = 2 (zb-h1), must equal the uninterrupted 5; and malformed pipeline recipes
+(micro-batches that do not divide the batch, overlapping or missing stages) must exit 3 with the
+reason, and an interleaved schedule must be refused. `hp verify` of a pp = 2 zb-h1 recipe over
+mpirun must report every loss and weight ok against one rank. At m = 4, 1F1B's peak memory on the first
+stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp = 2 must give
+one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
+
+Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b]
+Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models  # noqa: E402
+    import reference  # noqa: E402
+    import run_training as rt  # noqa: E402
+except ImportError as e:
+    print(f"skipped: {e} (packaging/install-deps.sh installs python3-torch and python3-onnx)")
+    sys.exit(77)
+
+SCHEDULES = [
+    ("gpipe-m2", {"schedule": "gpipe", "micro_batches": 2}, "simulate"),
+    ("1f1b-m4", {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
+    ("zbh1-m2", {"schedule": "zb-h1", "micro_batches": 2}, "simulate"),
+    ("1f1b-m2", {"schedule": "1f1b", "micro_batches": 2}, "mpirun"),
+]
+MPIRUN_MODELS = {"gpt2"}
+VARIANT = "adamw-clip"
+
+
+def two_stages(hp, ref, d, log):
+    """The planner's layer range of the model cut in two halves ("0-1" -> "0", "1")."""
+    layers = rt.stage_layers(hp, ref.model, {"batch": models.BATCH}, d, log)
+    if "-" not in layers:
+        raise rt.Skip(f"the planner finds one layer ({layers}): nothing to pipeline")
+    a, b = map(int, layers.split("-"))
+    mid = (a + b + 1) // 2
+    half = lambda lo, hi: f"{lo}-{hi}" if hi > lo else f"{lo}"  # noqa: E731
+    return [half(a, mid - 1), half(mid, b)]
+
+
+def pp_recipe(path, ref, stages, extra):
+    rt.write_recipe(path, ref.model, ref.train, {"batch": models.BATCH}, stages,
+                    parallel=dict({"pp": 2}, **extra))
+
+
+def launch(hp, recipe, how, args, log):
+    return rt.launch(hp, recipe, (["--simulate"] if how == "simulate" else []) + args, log)
+
+
+def schedule_run(hp, d, ref, stages, tag, extra, how, log):
+    recipe = os.path.join(d, f"{tag}.toml")
+    pp_recipe(recipe, ref, stages, extra)
+    metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+    trace = os.path.join(d, f"{tag}.trace.json")
+    rc, out = launch(hp, recipe, how, ["--inputs", ref.inputs, "--metrics", metrics,
+                                       "--save-model", saved, "--trace", trace, "--run-dir",
+                                       os.path.join(d, f"run-{tag}")], log)
+    if rc != 0:
+        raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
+    check_trace(trace, extra)
+    detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
+    return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+
+
+def check_trace(path, extra):
+    """--trace: both ranks' actions, F and B (and W for zb-h1) once per step and micro-batch."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    m = extra["micro_batches"]
+    kinds = "FBW" if extra["schedule"] == "zb-h1" else "FB"
+    for rank in (0, 1):
+        names = sorted(e["name"] for e in events if e["pid"] == rank and e["cat"] == "compute")
+        want = sorted(f"{k} {s}.{i}" for k in kinds for s in range(1, reference.STEPS + 1)
+                      for i in range(m))
+        if names != want:
+            raise rt.Failure(f"trace: rank {rank} has actions {names[:6]}..., want {want[:6]}...")
+
+
+def resumed(hp, work, log):
+    """3 steps at pp=2 resumed for 2 at one rank, and 3 at one rank resumed for 2 at pp=2."""
+    d = os.path.join(work, "resume")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d)
+    stages = two_stages(hp, ref, d, log)
+    pp, one = os.path.join(d, "pp.toml"), os.path.join(d, "one.toml")
+    pp_recipe(pp, ref, stages, {"schedule": "zb-h1", "micro_batches": 2})
+    rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
+    details = []
+    for tag, first, then in [("pp2 -> one rank", pp, one), ("one rank -> pp2", one, pp)]:
+        ckpt = os.path.join(d, f"ckpt-{len(details)}")
+        m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
+        saved = os.path.join(d, f"s{len(details)}.onnx")
+        how = lambda r: "simulate" if r == pp else "one"  # noqa: E731
+        rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
+                                                 "--metrics", m1, "--checkpoint", ckpt], log)
+        if rc != 0:
+            raise rt.Failure(f"{tag}, first 3 steps: exit {rc}: {rt.first_error(out)}")
+        rc, out = launch(hp, then, how(then), ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                               ckpt, "--metrics", m2, "--save-model", saved], log)
+        if rc != 0:
+            raise rt.Failure(f"{tag}, resumed: exit {rc}: {rt.first_error(out)}")
+        detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
+        details.append(f"{tag}: {detail.split('  ')[0]}")
+    return "; ".join(details)
+
+
+def verified(hp, work, log):
+    """`hp verify` of a pp=2 zb-h1 training recipe over mpirun: 3 steps against one rank."""
+    d = os.path.join(work, "verify")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d, steps=1)
+    recipe = os.path.join(d, "verify.toml")
+    pp_recipe(recipe, ref, two_stages(hp, ref, d, log), {"schedule": "zb-h1", "micro_batches": 4})
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3", "--threads",
+                      "1"] + root, log)
+    if rc != 0:
+        raise rt.Failure(f"hp verify exit {rc}: {rt.first_error(out)}")
+    checks = [line for line in out.splitlines() if ": max abs error" in line]
+    if len(checks) < 4 or any(not line.endswith(": ok") for line in checks):
+        raise rt.Failure(f"hp verify's report is not all ok: {checks[:5]}")
+    # The job is not the one-rank run again: micro-batches sum in another order.
+    if all("max abs error 0," in line for line in checks):
+        raise rt.Failure("hp verify found no difference at all: did the job run one rank?")
+    if "pp=2, zb-h1 schedule, 4 micro-batches" not in out:
+        raise rt.Failure("hp verify does not name the pipeline layout")
+    return f"{len(checks)} checks ok (3 losses, {len(checks) - 3} weights)"
+
+
+def memory(hp, work, log):
+    """At m = 4 the first stage holds 4 micro-batches' stashes under GPipe, 2 under 1F1B: the
+    metrics' peak_bytes (executor peak + tensors held between actions) must show it."""
+    d = os.path.join(work, "memory")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d, steps=1)
+    stages = two_stages(hp, ref, d, log)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        recipe = os.path.join(d, f"{schedule}.toml")
+        pp_recipe(recipe, ref, stages, {"schedule": schedule, "micro_batches": 4})
+        m = os.path.join(d, f"{schedule}.jsonl")
+        rc, out = launch(hp, recipe, "simulate", ["--inputs", ref.inputs, "--steps", "1",
+                                                  "--metrics", m], log)
+        if rc != 0:
+            raise rt.Failure(f"{schedule}: exit {rc}: {rt.first_error(out)}")
+        with open(m) as f:
+            peaks[schedule] = json.loads(f.readline())["peak_bytes"]
+    if not peaks["gpipe"] > peaks["1f1b"] > 0:
+        raise rt.Failure(f"peak bytes gpipe {peaks['gpipe']}, 1f1b {peaks['1f1b']}: 1f1b should "
+                         "hold fewer stashes")
+    return f"stage 0 peak: gpipe {peaks['gpipe']} B, 1f1b {peaks['1f1b']} B at m = 4"
+
+
+def token_stream(hp, work, log):
+    """--data at pp=2 (1f1b, m=2): 4 steps, and 2 + 2 with a resume, give one rank's losses."""
+    d = os.path.join(work, "stream")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    data = np.frombuffer(open(rt.GPL, "rb").read(), dtype=np.uint8).astype("<u2")
+    tokens = os.path.join(d, "tokens.bin")
+    data.tofile(tokens)
+    spec = models.STREAM["gpt2"]
+    torch.manual_seed(0)
+    exported = models.export(spec, spec.make().train(), os.path.join(d, "model.onnx"))
+    table = reference.train_table("gpt2", reference.Variant("adamw", 3e-3), 1.0, exported.frozen,
+                                  4)
+    workload = {"mode": "train", "dtype": "fp32", "optimizer": "adamw",
+                "global_batch": models.BATCH, "seq": spec.seq}
+    stages = two_stages(hp, reference.Reference(exported.path, *([None] * 8)), d, log)
+    one, pp = os.path.join(d, "one.toml"), os.path.join(d, "pp.toml")
+    rt.write_recipe(one, exported.path, table, {"batch": models.BATCH}, workload=workload)
+    rt.write_recipe(pp, exported.path, table, {"batch": models.BATCH}, stages, workload=workload,
+                    parallel={"pp": 2, "schedule": "1f1b", "micro_batches": 2})
+    runs = {}
+    for tag, recipe, how, args in [
+            ("one", one, "one", ["--steps", "4"]), ("pp", pp, "simulate", ["--steps", "4"]),
+            ("first", pp, "simulate", ["--steps", "2", "--checkpoint", os.path.join(d, "ck")]),
+            ("then", pp, "simulate", ["--steps", "2", "--resume", os.path.join(d, "ck")])]:
+        m = os.path.join(d, f"{tag}.jsonl")
+        rc, out = launch(hp, recipe, how, ["--data", tokens, "--metrics", m] + args, log)
+        if rc != 0:
+            raise rt.Failure(f"--data {tag}: exit {rc}: {rt.first_error(out)}")
+        with open(m) as f:
+            runs[tag] = [json.loads(line)["loss"] for line in f if line.strip()]
+    want = runs["one"]
+    worst = 0.0
+    for tag, got in [("pp", runs["pp"]), ("resumed", runs["first"] + runs["then"])]:
+        if len(got) != len(want):
+            raise rt.Failure(f"--data {tag}: {len(got)} steps, want {len(want)}")
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        worst = max(worst, rel)
+        if rel > 1e-5:
+            raise rt.Failure(f"--data {tag}: losses {got} differ from one rank's {want}")
+    if len(set(want)) < len(want):
+        raise rt.Failure(f"--data: the losses {want} repeat: the batches did not change")
+    return f"4 steps and 2 + 2 resumed equal one rank's losses (rel {worst:.1e})"
+
+
+def malformed(hp, work, log):
+    """Pipeline recipes hp cannot train: exit 3 (bad input) or 8 (not implemented), with why."""
+    d = os.path.join(work, "malformed")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2", VARIANT, d, steps=1)
+    stages = two_stages(hp, ref, d, log)
+    cases = [
+        ("micro-batches", stages, {"micro_batches": 3}, [], 3, "does not split into"),
+        ("overlap", [stages[0], stages[0] + "-" + stages[1].split("-")[-1]], {}, [], 3,
+         "is in stage 0 and stage 1"),
+        ("one stage", [stages[0]], {}, [], 3, "stages but pp"),
+        ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
+        ("interleaved", stages * 2, {"schedule": "interleaved", "virtual_stages": 2}, [], None,
+         ""),
+    ]
+    seen = []
+    for tag, st, extra, args, code, text in cases:
+        recipe = os.path.join(d, f"{tag.replace(' ', '-')}.toml")
+        pp_recipe(recipe, ref, st, dict({"micro_batches": 2}, **extra))
+        rc, out = launch(hp, recipe, "simulate",
+                         (args or ["--inputs", ref.inputs]) + ["--steps", "1"], log)
+        if code is None:  # refused one way or another, never trained
+            if rc == 0:
+                raise rt.Failure(f"{tag}: hp launch trained it")
+            seen.append(f"{tag} {rc}")
+            continue
+        if rc != code or text not in out:
+            raise rt.Failure(f"{tag}: exit {rc} (want {code} with '{text}'): "
+                             f"{rt.first_error(out)}")
+        seen.append(f"{tag} {rc}")
+    return ", ".join(seen)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("hp")
+    ap.add_argument("work")
+    ap.add_argument("--models", default="gpt2,llama,vit,moe")
+    a = ap.parse_args()
+    help_text = subprocess.run([a.hp, "launch", "--help"], capture_output=True, text=True).stdout
+    if "--simulate" not in help_text:
+        print(f"skipped: {a.hp} launch has no --simulate")
+        return 77
+    os.makedirs(a.work, exist_ok=True)
+    torch.set_num_threads(1)
+    fails = 0
+
+    def report(ok, label, detail):
+        nonlocal fails
+        fails += not ok
+        print(f"{'ok' if ok else 'FAIL':8} {label:30} {detail}", flush=True)
+
+    log_path = os.path.join(a.work, "pipeline.log")
+    with open(log_path, "w") as log:
+        for name in a.models.split(","):
+            d = os.path.join(a.work, name)
+            shutil.rmtree(d, ignore_errors=True)
+            ref = reference.make(name, VARIANT, d)
+            try:
+                stages = two_stages(a.hp, ref, d, log)
+            except Exception as e:
+                report(False, f"{name} stages", rt.describe(e))
+                continue
+            for tag, extra, how in SCHEDULES:
+                if how == "mpirun" and name not in MPIRUN_MODELS:
+                    continue
+                label = f"{name} pp2 {tag} ({how})"
+                try:
+                    report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
+                except Exception as e:
+                    report(False, label, rt.describe(e))
+        for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
+                          ("hp verify (mpirun)", verified),
+                          ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
+            try:
+                report(True, label, fn(a.hp, a.work, log))
+            except Exception as e:
+                report(False, label, rt.describe(e))
+    print(f"\n{fails} failing (log: {log_path})")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
