@@ -307,9 +307,10 @@ TEST_CASE("zb: the checker finds misplaced, missing and stray W actions", "[sche
     return a.kind == ActionKind::weight && a.stage == 3;
   });
   REQUIRE(it != r0.end());
-  r0.push_back(*it);
+  const Action repeated = *it;  // a copy: push_back may move the list and invalidate `it`
+  r0.push_back(repeated);
   CHECK(check_schedule(w).problem ==
-        "rank 0: 3W" + std::to_string(it->micro_batch) + " appears twice");
+        "rank 0: 3W" + std::to_string(repeated.micro_batch) + " appears twice");
   // W of stage 3 on rank 1 (stage 3 is rank 0's in the V).
   auto x = make(ScheduleKind::zbv, 2, 4, true);
   x.per_rank[1].push_back({ActionKind::weight, 3, 0, -1});
