@@ -61,6 +61,25 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path, ec);
 }
 
+Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o) {
+  JobOptions jo;
+  jo.recipe = job.recipe_path;
+  std::error_code ec;
+  jo.worker = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return Error(Errc::internal,
+                 "cannot find the hp executable (/proc/self/exe) to start the ranks with");
+  jo.run_dir = o.run_dir.empty() ? default_run_dir(job.recipe, job.recipe_path) : o.run_dir;
+  jo.inputs = o.inputs;
+  jo.hostfile = o.hostfile;
+  jo.launcher = o.launcher;
+  jo.timeout_s = o.timeout_s;
+  jo.threads = o.threads;
+  jo.allow_run_as_root = o.allow_run_as_root;
+  jo.plugin_paths = o.plugin_paths;
+  return jo;
+}
+
 namespace {
 
 // Each group's outputs from the lowest of its ranks that wrote any, in recipe group order; a name
@@ -185,21 +204,7 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
 
 Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   const recipe::Recipe* rec = &job.recipe;
-  JobOptions jo;
-  jo.recipe = job.recipe_path;
-  std::error_code ec;
-  jo.worker = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec)
-    return Error(Errc::internal,
-                 "cannot find the hp executable (/proc/self/exe) to start the ranks with");
-  jo.run_dir = o.run_dir.empty() ? default_run_dir(*rec, job.recipe_path) : o.run_dir;
-  jo.inputs = o.inputs;
-  jo.hostfile = o.hostfile;
-  jo.launcher = o.launcher;
-  jo.timeout_s = o.timeout_s;
-  jo.threads = o.threads;
-  jo.allow_run_as_root = o.allow_run_as_root;
-  jo.plugin_paths = o.plugin_paths;
+  HP_ASSIGN_OR_RETURN(JobOptions jo, job_options(job, o));
   if (o.steps < 0) return Error(Errc::usage, "--steps must be at least 1");
   jo.steps = std::max(o.steps, 1);
   if (!o.backend.empty())

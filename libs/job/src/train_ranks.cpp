@@ -97,21 +97,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
 }
 
 Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
-  JobOptions jo;
-  jo.recipe = job.recipe_path;
-  std::error_code ec;
-  jo.worker = fs::read_symlink("/proc/self/exe", ec);
-  if (ec)
-    return Error(Errc::internal,
-                 "cannot find the hp executable (/proc/self/exe) to start the ranks with");
-  jo.run_dir = o.run_dir.empty() ? default_run_dir(job.recipe, job.recipe_path) : o.run_dir;
-  jo.inputs = o.inputs;
-  jo.hostfile = o.hostfile;
-  jo.launcher = o.launcher;
-  jo.timeout_s = o.timeout_s;
-  jo.threads = o.threads;
-  jo.allow_run_as_root = o.allow_run_as_root;
-  jo.plugin_paths = o.plugin_paths;
+  HP_ASSIGN_OR_RETURN(JobOptions jo, job_options(job, o));
   // The ranks get this command line's training options; paths absolute, since a rank's working
   // directory is not guaranteed on a cluster.
   auto& a = jo.extra_args;

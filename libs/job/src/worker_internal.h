@@ -6,6 +6,8 @@
 #include "hp/comm/comm.h"
 #include "hp/exec/backends.h"
 #include "hp/job/job.h"
+#include "hp/job/launch.h"
+#include "hp/job/launcher.h"
 #include "hp/job/worker.h"
 #include "hp/model/model.h"
 #include "hp/recipe/recipe.h"
@@ -32,6 +34,10 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+/// The MPI job's options from the command line: this hp as the ranks' program, the run directory
+/// (default_run_dir unless --run-dir), inputs, hostfile, launcher, timeout, threads, root and
+/// plugin paths. Errc::internal when /proc/self/exe cannot be read.
+Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o);
 /// hp-runs/<recipe name>-<time>-<pid>: where a job writes when --run-dir is not given.
 std::filesystem::path default_run_dir(const recipe::Recipe& r,
                                       const std::filesystem::path& recipe_path);
