@@ -280,4 +280,15 @@ Expected<Checkpoint> load_checkpoint(const fs::path& requested) {
   return c;
 }
 
+Expected<Checkpoint> load_checkpoint(const fs::path& dir, OptimizerKind kind) {
+  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(dir));
+  if (c.optimizer != optimizer_name(kind))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             c.optimizer),
+                 dir.string());
+  return c;
+}
+
 }  // namespace hp::train

@@ -25,6 +25,10 @@ Expected<OptimizerKind> parse_optimizer_kind(const std::string& name) {
   return Error(Errc::bad_input, fmt::format("unknown optimizer '{}' (adamw or sgd)", name));
 }
 
+const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::sgd ? "sgd" : "adamw";
+}
+
 Expected<LrSchedule> parse_lr_schedule(const std::string& name) {
   if (name == "constant") return LrSchedule::constant;
   if (name == "cosine") return LrSchedule::cosine;

@@ -138,13 +138,7 @@ Status PipeRun::draw() {
 }
 
 Status PipeRun::resume() {
-  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir));
-  if (c.optimizer != (o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw"))
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
-                             "optimizer",
-                             c.optimizer),
-                 o.resume_dir.string());
+  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
   std::map<std::string, std::size_t> at;
   for (std::size_t k = 0; k < c.params.size(); ++k) at[c.params[k].name] = k;
   state = {};
@@ -277,7 +271,7 @@ Expected<Checkpoint> PipeRun::gather() {
   c.step = state.step;
   c.state.step = state.step;
   c.seed = o.seed;
-  c.optimizer = o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw";
+  c.optimizer = optimizer_name(o.optimizer.kind);
   return c;
 }
 

@@ -129,13 +129,7 @@ Status Run::prepare() {
 }
 
 Status Run::resume() {
-  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir));
-  if (c.optimizer != (o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw"))
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
-                             "optimizer",
-                             c.optimizer),
-                 o.resume_dir.string());
+  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
   if (c.params.size() != params.size())
     return Error(Errc::bad_input,
                  fmt::format("the checkpoint holds {} parameters, the model trains {}",
@@ -232,7 +226,7 @@ Status Run::write_checkpoint() {
   c.step = state.step;
   c.data_position = data_position;
   c.seed = o.seed;
-  c.optimizer = o.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw";
+  c.optimizer = optimizer_name(o.optimizer.kind);
   c.params = params;
   c.state = std::move(whole);
   return save_checkpoint(forward, c, o.checkpoint_dir);

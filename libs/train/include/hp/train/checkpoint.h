@@ -45,5 +45,8 @@ Status save_checkpoint(const model::Model& forward, const Checkpoint& c,
 /// save_checkpoint's swap leaves). Errc::bad_input naming the file when it is missing, truncated or
 /// malformed, or disagrees with state.json.
 Expected<Checkpoint> load_checkpoint(const std::filesystem::path& dir);
+/// load_checkpoint for a run training with `kind`: a checkpoint another optimizer wrote is
+/// Errc::bad_input (its state would be read as the wrong moments).
+Expected<Checkpoint> load_checkpoint(const std::filesystem::path& dir, OptimizerKind kind);
 
 }  // namespace hp::train

@@ -16,6 +16,8 @@ namespace hp::train {
 enum class OptimizerKind { adamw, sgd };
 /// "adamw" | "sgd"; Errc::bad_input otherwise.
 Expected<OptimizerKind> parse_optimizer_kind(const std::string& name);
+/// The inverse of parse_optimizer_kind.
+const char* optimizer_name(OptimizerKind kind);
 
 enum class LrSchedule { constant, cosine };
 /// "constant" | "cosine" (linear warm-up then cosine decay); Errc::bad_input otherwise.
