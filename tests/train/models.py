@@ -126,7 +126,7 @@ class LlamaBlock(nn.Module):
 class Llama(nn.Module):
     """Llama: RoPE tables and the causal mask precomputed as buffers for SEQ positions."""
 
-    def __init__(self):
+    def __init__(self, layers=LAYERS):
         super().__init__()
         hd = HIDDEN // HEADS
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
@@ -136,7 +136,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", emb.sin()[None, None])
         self.register_buffer("causal_mask", torch.full((SEQ, SEQ), float("-inf")).triu(1))
         self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(LlamaBlock() for _ in range(LAYERS))
+        self.layers = nn.ModuleList(LlamaBlock() for _ in range(layers))
         self.norm = RMSNorm(HIDDEN)
         self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
 
@@ -259,6 +259,12 @@ MODELS = {
     "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
 }
+# Four blocks, for four pipeline stages (run_pipeline.py); not in the other tests' default lists.
+DEEP = {
+    "gpt2-deep": Spec(lambda: Gpt2(layers=4), "tokens", "cross_entropy", "input_ids"),
+    "llama-deep": Spec(lambda: Llama(layers=4), "tokens", "cross_entropy", "input_ids"),
+}
+MODELS.update(DEEP)
 # The token-stream test's models: GPT-2 (and the MoE) over bytes (vocab 256), 16-token windows.
 STREAM = {
     "gpt2": Spec(lambda: Gpt2(vocab=256), "tokens", "cross_entropy", "input_ids", seq=16),

@@ -24,7 +24,11 @@ mpirun must report every loss and weight ok against one rank. At m = 4, 1F1B's p
 stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp = 2 must give
 one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
-Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b]
+On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) and zb-h1 (mpirun,
+4 ranks), and pp = 3 under gpipe, with the same tolerances; 3 steps at pp = 4 resumed for 2 at
+pp = 2 must equal the uninterrupted 5.
+
+Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
 import argparse
@@ -53,23 +57,35 @@ SCHEDULES = [
     ("1f1b-m2", {"schedule": "1f1b", "micro_batches": 2}, "mpirun"),
 ]
 MPIRUN_MODELS = {"gpt2"}
+# Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
+DEEP = [
+    ("pp4-1f1b-m4", 4, {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
+    ("pp4-zbh1-m4", 4, {"schedule": "zb-h1", "micro_batches": 4}, "mpirun"),
+    ("pp3-gpipe-m2", 3, {"schedule": "gpipe", "micro_batches": 2}, "simulate"),
+]
 VARIANT = "adamw-clip"
 
 
-def two_stages(hp, ref, d, log):
-    """The planner's layer range of the model cut in two halves ("0-1" -> "0", "1")."""
+def split_stages(hp, ref, d, log, n=2):
+    """The planner's layer range of the model cut in n equal parts ("0-3", 2 -> "0-1", "2-3")."""
     layers = rt.stage_layers(hp, ref.model, {"batch": models.BATCH}, d, log)
     if "-" not in layers:
         raise rt.Skip(f"the planner finds one layer ({layers}): nothing to pipeline")
     a, b = map(int, layers.split("-"))
-    mid = (a + b + 1) // 2
-    half = lambda lo, hi: f"{lo}-{hi}" if hi > lo else f"{lo}"  # noqa: E731
-    return [half(a, mid - 1), half(mid, b)]
+    if b - a + 1 < n:
+        raise rt.Skip(f"the planner finds layers {layers}: too few for {n} stages")
+    bounds = [a + (b - a + 1) * k // n for k in range(n + 1)]
+    span = lambda lo, hi: f"{lo}-{hi}" if hi > lo else f"{lo}"  # noqa: E731
+    return [span(bounds[k], bounds[k + 1] - 1) for k in range(n)]
+
+
+def two_stages(hp, ref, d, log):
+    return split_stages(hp, ref, d, log, 2)
 
 
 def pp_recipe(path, ref, stages, extra):
     rt.write_recipe(path, ref.model, ref.train, {"batch": models.BATCH}, stages,
-                    parallel=dict({"pp": 2}, **extra))
+                    parallel=dict({"pp": len(stages)}, **extra))
 
 
 def launch(hp, recipe, how, args, log):
@@ -86,18 +102,18 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
                                        os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
-    check_trace(trace, extra)
+    check_trace(trace, extra, len(stages))
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 
-def check_trace(path, extra):
-    """--trace: both ranks' actions, F and B (and W for zb-h1) once per step and micro-batch."""
+def check_trace(path, extra, ranks):
+    """--trace: every rank's actions, F and B (and W for zb-h1) once per step and micro-batch."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
     m = extra["micro_batches"]
     kinds = "FBW" if extra["schedule"] == "zb-h1" else "FB"
-    for rank in (0, 1):
+    for rank in range(ranks):
         names = sorted(e["name"] for e in events if e["pid"] == rank and e["cat"] == "compute")
         want = sorted(f"{k} {s}.{i}" for k in kinds for s in range(1, reference.STEPS + 1)
                       for i in range(m))
@@ -131,6 +147,30 @@ def resumed(hp, work, log):
         detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
         details.append(f"{tag}: {detail.split('  ')[0]}")
     return "; ".join(details)
+
+
+def resumed_deep(hp, work, log):
+    """3 steps at pp=4 (1f1b), checkpointed, resumed for 2 at pp=2 (zb-h1): the uninterrupted 5."""
+    d = os.path.join(work, "resume-deep")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("gpt2-deep", VARIANT, d)
+    four, two = os.path.join(d, "pp4.toml"), os.path.join(d, "pp2.toml")
+    pp_recipe(four, ref, split_stages(hp, ref, d, log, 4), {"schedule": "1f1b",
+                                                             "micro_batches": 4})
+    pp_recipe(two, ref, split_stages(hp, ref, d, log, 2), {"schedule": "zb-h1",
+                                                            "micro_batches": 2})
+    ckpt, m1, m2 = (os.path.join(d, n) for n in ("ckpt", "a.jsonl", "b.jsonl"))
+    saved = os.path.join(d, "out.onnx")
+    rc, out = launch(hp, four, "simulate", ["--inputs", ref.inputs, "--steps", "3", "--metrics",
+                                            m1, "--checkpoint", ckpt], log)
+    if rc != 0:
+        raise rt.Failure(f"pp4, first 3 steps: exit {rc}: {rt.first_error(out)}")
+    rc, out = launch(hp, two, "simulate", ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                           ckpt, "--metrics", m2, "--save-model", saved], log)
+    if rc != 0:
+        raise rt.Failure(f"pp2, resumed: exit {rc}: {rt.first_error(out)}")
+    detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
+    return f"pp4 -> pp2: {detail.split('  ')[0]}"
 
 
 def verified(hp, work, log):
@@ -235,10 +275,10 @@ def malformed(hp, work, log):
         ("micro-batches", stages, {"micro_batches": 3}, [], 3, "does not split into"),
         ("overlap", [stages[0], stages[0] + "-" + stages[1].split("-")[-1]], {}, [], 3,
          "is in stage 0 and stage 1"),
-        ("one stage", [stages[0]], {}, [], 3, "stages but pp"),
+        ("one stage", [stages[0]], {"pp": 2}, [], 3, "stages but pp"),
         ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
-        ("interleaved", stages * 2, {"schedule": "interleaved", "virtual_stages": 2}, [], None,
-         ""),
+        ("interleaved", stages * 2, {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, [],
+         None, ""),
     ]
     seen = []
     for tag, st, extra, args, code, text in cases:
@@ -263,6 +303,7 @@ def main():
     ap.add_argument("hp")
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,vit,moe")
+    ap.add_argument("--deep-models", default="gpt2-deep,llama-deep")
     a = ap.parse_args()
     help_text = subprocess.run([a.hp, "launch", "--help"], capture_output=True, text=True).stdout
     if "--simulate" not in help_text:
@@ -296,7 +337,19 @@ def main():
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
                     report(False, label, rt.describe(e))
+        for name in a.deep_models.split(",") if a.deep_models else []:
+            d = os.path.join(a.work, name)
+            shutil.rmtree(d, ignore_errors=True)
+            ref = reference.make(name, VARIANT, d)
+            for tag, n, extra, how in DEEP:
+                label = f"{name} {tag} ({how})"
+                try:
+                    stages = split_stages(a.hp, ref, d, log, n)
+                    report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
+                except Exception as e:
+                    report(False, label, rt.describe(e))
         for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
+                          ("resume pp4 -> pp2", resumed_deep),
                           ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:

@@ -1,6 +1,6 @@
-// Pipeline-parallel training jobs (train_run.h): the stage boundary the recipe's [[stages]] give
-// (hp shard's partition plan: the activations that cross from stage 0 to stage 1) and each rank's
-// part of the schedule (schedule.h) as hp::train::PipelineRole.
+// Pipeline-parallel training jobs (train_run.h): the stage boundaries the recipe's [[stages]] give
+// (hp shard's partition plan: the activations that cross from each stage to the next) and each
+// rank's part of the schedule (schedule.h) as hp::train::PipelineRole.
 #include <fmt/core.h>
 
 #include "hp/job/schedule.h"
@@ -12,11 +12,6 @@ namespace hp::job {
 Status pipeline_options(const Job& job, train::TrainOptions& to) {
   const recipe::Recipe& r = job.recipe;
   const std::string where = job.where.at("parallel.pp");
-  if (r.parallel.pp != 2)
-    return Error(Errc::not_implemented,
-                 fmt::format("pipeline training runs two stages for now, the recipe has pp = {}",
-                             r.parallel.pp),
-                 where, "set pp = 2");
   using S = recipe::Schedule;
   const S s = r.parallel.schedule;
   if (s != S::gpipe && s != S::one_f_one_b && s != S::zb_h1)
@@ -25,24 +20,35 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
                              recipe::schedule_name(s)),
                  where);
   HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(r, job.where, job.recipe_path));
-  std::vector<std::string> cut;
+  const auto stages = static_cast<std::size_t>(r.parallel.pp);
+  std::vector<std::vector<std::string>> cuts(stages - 1);
   for (const auto& b : prepared->plan.boundaries) {
-    if (b.from_stage != 0 || b.to_stage != 1) continue;
     const std::string& name = prepared->graph.tensor(b.tensor).name;
+    if (b.to_stage != b.from_stage + 1)
+      return Error(Errc::not_implemented,
+                   fmt::format("'{}' goes from stage {} to stage {}: pipeline training passes "
+                               "activations to the next stage only",
+                               name, b.from_stage, b.to_stage),
+                   job.recipe_path.string(), "cut the stages where one tensor stream crosses");
+    auto& cut = cuts.at(static_cast<std::size_t>(b.from_stage));
     if (std::find(cut.begin(), cut.end(), name) == cut.end()) cut.push_back(name);
   }
-  if (cut.empty())
-    return Error(Errc::bad_input,
-                 "the recipe's [[stages]] pass nothing from stage 0 to stage 1: they do not split "
-                 "the model into a pipeline",
-                 job.recipe_path.string(), "give each stage a range of the model's layers");
+  for (std::size_t b = 0; b < cuts.size(); ++b)
+    if (cuts[b].empty())
+      return Error(Errc::bad_input,
+                   fmt::format("the recipe's [[stages]] pass nothing from stage {} to stage {}: "
+                               "they do not split the model into a pipeline",
+                               b, b + 1),
+                   job.recipe_path.string(), "give each stage a range of the model's layers");
   train::PipelineRole& pp = to.pp;
-  pp.ranks = {0, 1};
-  for (std::size_t k = 0; k < r.stages.size() && k < 2; ++k)
-    if (r.stages[k].ranks.size() == 1) pp.ranks[k] = static_cast<int>(r.stages[k].ranks[0]);
+  pp.ranks.resize(stages);
+  for (std::size_t k = 0; k < stages; ++k)
+    pp.ranks[k] = k < r.stages.size() && r.stages[k].ranks.size() == 1
+                      ? static_cast<int>(r.stages[k].ranks[0])
+                      : static_cast<int>(k);
   pp.micro_batches = static_cast<int>(r.parallel.micro_batches);
   pp.split_weight = s == S::zb_h1;
-  pp.cut = std::move(cut);
+  pp.cuts = std::move(cuts);
   return {};
 }
 

@@ -64,6 +64,13 @@ std::string predicted_line(const Job& job) {
       *s, job.recipe.cluster, job.recipe.train->optimizer);
 }
 
+// Each boundary's tensors, "[a, b] | [c]".
+std::string boundaries(const std::vector<std::vector<std::string>>& cuts) {
+  std::string out;
+  for (const auto& c : cuts) out += (out.empty() ? "" : " | ") + recipe::toml_string_array(c);
+  return out;
+}
+
 }  // namespace
 
 std::string training_option_given(const LaunchOptions& o) {
@@ -248,11 +255,10 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
                                    ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                    : std::string());
     if (p.pp > 1)
-      r.summary += fmt::format(
-          "  {} pipeline stages ({}), {} schedule, {} micro-batches; boundary "
-          "{}\n",
-          p.pp, o.simulate ? "threads of this process" : "mpirun",
-          recipe::schedule_name(p.schedule), p.micro_batches, recipe::toml_string_array(to.pp.cut));
+      r.summary +=
+          fmt::format("  {} pipeline stages ({}), {} schedule, {} micro-batches; boundaries {}\n",
+                      p.pp, o.simulate ? "threads of this process" : "mpirun",
+                      recipe::schedule_name(p.schedule), p.micro_batches, boundaries(to.pp.cuts));
     return r;
   }
   if (o.worker) return train_as_rank(job, std::move(to));

@@ -108,7 +108,7 @@ Status PipeRun::prepare() {
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
   std::int64_t n = 0;
   for (const auto& p : params)
-    if (!(o.pp.stage != 0 && stage->shared(p.name))) n += p.numel();
+    if (stage->owns(p.name)) n += p.numel();
   HP_TRY(t().allreduce(o.pp.ranks, &n, &n, 1, HP_I64, comm::ReduceOp::sum));
   report.params = n;
   return {};
@@ -200,14 +200,14 @@ Status send_all(comm::Transport& t, int peer, const std::vector<exec::HostTensor
 
 // Collective over the pipeline: the whole model's parameters and optimizer state, on the lead, in
 // the forward model's initializer order (what a one-rank run lists). The other stages send their
-// parameters (not the shared ones: the lead has them) in their own order; the lead knows that
+// parameters (not the shared ones an earlier stage owns) in their own order; the lead knows that
 // order and the shapes from the stage models of its peers, which it learns from their names.
 Expected<Checkpoint> PipeRun::gather() {
   Checkpoint c;
   const int me = o.pp.stage;
   std::vector<exec::HostTensor> mine, avg, avg_sq;
   for (std::size_t k = 0; k < params.size(); ++k) {
-    if (me != 0 && stage->shared(params[k].name)) continue;
+    if (!stage->owns(params[k].name)) continue;
     mine.push_back(params[k]);
     if (k < state.exp_avg.size()) avg.push_back(state.exp_avg[k]);
     if (k < state.exp_avg_sq.size()) avg_sq.push_back(state.exp_avg_sq[k]);

@@ -44,36 +44,42 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
                                                                const model::Model& forward,
                                                                const model::DimBindings& dims) {
   const PipelineRole& role = o.pp;
-  if (role.ranks.size() != 2)
-    return Error(Errc::not_implemented,
-                 fmt::format("pipeline training runs two stages for now, the recipe has {}",
-                             role.ranks.size()));
+  if (role.cuts.size() + 1 != role.ranks.size())
+    return Error(Errc::bad_input,
+                 fmt::format("{} pipeline stages need {} stage boundaries, not {}",
+                             role.ranks.size(), role.ranks.size() - 1, role.cuts.size()));
   if (role.micro_batches < 1 || role.micro_batches > kMaxMicro)
     return Error(Errc::bad_input,
                  fmt::format("pipeline training takes 1 to {} micro-batches, not {}", kMaxMicro,
                              role.micro_batches));
-  if (role.cut.empty() || role.cut.size() > static_cast<std::size_t>(kMaxCut))
-    return Error(Errc::bad_input,
-                 fmt::format("the stage boundary has {} tensors (1 to {} are supported)",
-                             role.cut.size(), kMaxCut));
+  for (const auto& cut : role.cuts)
+    if (cut.empty() || cut.size() > static_cast<std::size_t>(kMaxCut))
+      return Error(Errc::bad_input,
+                   fmt::format("the stage boundary has {} tensors (1 to {} are supported)",
+                               cut.size(), kMaxCut));
   std::unique_ptr<PipelineStage> s(new PipelineStage());
   s->role_ = role;
   s->stage_ = role.stage;
-  HP_ASSIGN_OR_RETURN(ForwardStages fs, split_forward_at(forward, role.cut, dims));
-  const bool first = s->stage_ == 0;
-  const model::Model& mine = first ? fs.first : fs.second;
-  for (const auto& io : exec::model_io(fs.second).inputs)
-    for (const auto& c : role.cut)
-      if (io.name == c && is_float(io.dtype)) s->float_cut_.push_back(c);
+  HP_ASSIGN_OR_RETURN(PipelinePieces pieces, split_pipeline(forward, role.cuts, dims));
+  const auto me = static_cast<std::size_t>(s->stage_);
+  // The floating-point tensors of boundary b: their gradients go back from stage b + 1 to b.
+  auto float_cut = [&](std::size_t b) {
+    std::vector<std::string> out;
+    for (const auto& io : exec::model_io(pieces.stages[b + 1]).inputs)
+      for (const auto& c : role.cuts[b])
+        if (io.name == c && is_float(io.dtype)) out.push_back(c);
+    return out;
+  };
+  if (me > 0) s->float_in_ = float_cut(me - 1);
+  if (!s->last()) s->float_out_ = float_cut(me);
   GradSpec spec = o.grad;
   spec.dims = dims;
-  if (first) {
+  if (!s->last()) {
     spec.logits.clear();
-    spec.output_grads = s->float_cut_;
-  } else {
-    spec.input_grads = s->float_cut_;
+    spec.output_grads = s->float_out_;
   }
-  HP_ASSIGN_OR_RETURN(s->gg_, build_grad_graph(mine, spec));
+  spec.input_grads = s->float_in_;
+  HP_ASSIGN_OR_RETURN(s->gg_, build_grad_graph(pieces.stages[me], spec));
   HP_ASSIGN_OR_RETURN(GradParts parts,
                       split_backward(s->gg_, role.split_weight ? BackwardSplit::input_weight
                                                                : BackwardSplit::whole));
@@ -89,9 +95,11 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
                         exec::Executor::create(dst->part.model, {b.primary, b.cpu, nullptr}));
   }
   for (std::size_t k = 0; k < s->gg_.grads.size(); ++k) s->grad_index_[s->gg_.grads[k]] = k;
-  for (const auto& w : fs.shared_weights)
-    if (std::find(s->gg_.params.begin(), s->gg_.params.end(), w) != s->gg_.params.end())
-      s->shared_.push_back(w);
+  for (const auto& [w, stages] : pieces.shared) {
+    if (std::find(s->gg_.params.begin(), s->gg_.params.end(), w) == s->gg_.params.end()) continue;
+    for (int st : stages) s->shared_[w].push_back(role.ranks[static_cast<std::size_t>(st)]);
+    s->owned_[w] = stages.front() == s->stage_;
+  }
   s->loss_kind_ = o.grad.loss;
   HP_ASSIGN_OR_RETURN(auto values, s->read_params());
   for (auto& v : values) {
@@ -119,8 +127,9 @@ Expected<std::vector<exec::HostTensor>> PipelineStage::read_params() {
   return out;
 }
 
-bool PipelineStage::shared(const std::string& name) const {
-  return std::find(shared_.begin(), shared_.end(), name) != shared_.end();
+bool PipelineStage::owns(const std::string& name) const {
+  auto it = owned_.find(name);
+  return it == owned_.end() || it->second;
 }
 
 Status PipelineStage::set_weights(const std::vector<exec::HostTensor>& params) {
@@ -231,26 +240,29 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
     Env& e = env[k];
     switch (a.kind) {
       case PipelineAction::Kind::forward:
-        if (prev >= 0)
-          for (std::size_t i = 0; i < role_.cut.size(); ++i) {
-            HP_ASSIGN_OR_RETURN(e[role_.cut[i]],
-                                recv(prev, tag_of(k, 0, static_cast<int>(i), 0), role_.cut[i]));
+        if (prev >= 0) {
+          const auto& in = role_.cuts[static_cast<std::size_t>(stage_ - 1)];
+          for (std::size_t i = 0; i < in.size(); ++i) {
+            HP_ASSIGN_OR_RETURN(e[in[i]], recv(prev, tag_of(k, 0, static_cast<int>(i), 0), in[i]));
           }
+        }
         HP_TRY(run_part(forward_, e, scale[k]));
-        if (next >= 0)
-          for (std::size_t i = 0; i < role_.cut.size(); ++i)
-            HP_TRY(send(next, tag_of(k, 0, static_cast<int>(i), 0), e.at(role_.cut[i])));
+        if (next >= 0) {
+          const auto& out = role_.cuts[static_cast<std::size_t>(stage_)];
+          for (std::size_t i = 0; i < out.size(); ++i)
+            HP_TRY(send(next, tag_of(k, 0, static_cast<int>(i), 0), e.at(out[i])));
+        }
         break;
       case PipelineAction::Kind::backward:
         if (next >= 0)
-          for (std::size_t i = 0; i < float_cut_.size(); ++i) {
-            const std::string g = float_cut_[i] + ".grad";
+          for (std::size_t i = 0; i < float_out_.size(); ++i) {
+            const std::string g = float_out_[i] + ".grad";
             HP_ASSIGN_OR_RETURN(e[g], recv(next, tag_of(k, 1, static_cast<int>(i), 0), g));
           }
         HP_TRY(run_part(backward_, e, scale[k]));
         if (prev >= 0)
-          for (std::size_t i = 0; i < float_cut_.size(); ++i)
-            HP_TRY(send(prev, tag_of(k, 1, static_cast<int>(i), 0), e.at(float_cut_[i] + ".grad")));
+          for (std::size_t i = 0; i < float_in_.size(); ++i)
+            HP_TRY(send(prev, tag_of(k, 1, static_cast<int>(i), 0), e.at(float_in_[i] + ".grad")));
         if (!role_.split_weight) e.clear();
         break;
       case PipelineAction::Kind::weight:
@@ -268,11 +280,12 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
                   t0, std::chrono::steady_clock::now());
   }
   HP_TRY(role_.transport->flush());
-  // Weights both stages read: each holds a part of the gradient; both get the sum.
-  for (const auto& w : shared_) {
+  // Weights several stages read: each holds a part of the gradient; all get the sum. Every rank
+  // of a group reaches its all-reduces in the same (name) order.
+  for (const auto& [w, group] : shared_) {
     auto& g = grads_[static_cast<std::size_t>(std::find(gg_.params.begin(), gg_.params.end(), w) -
                                               gg_.params.begin())];
-    HP_TRY(role_.transport->allreduce(role_.ranks, g.data.data(), g.data.data(), g.numel(), HP_F32,
+    HP_TRY(role_.transport->allreduce(group, g.data.data(), g.data.data(), g.numel(), HP_F32,
                                       comm::ReduceOp::sum));
   }
   double loss = last() ? loss_ : 0.0;
@@ -283,7 +296,7 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
 Expected<double> PipelineStage::global_norm() {
   double sq = 0;
   for (std::size_t k = 0; k < grads_.size(); ++k) {
-    if (stage_ != 0 && shared(gg_.params[k])) continue;  // counted by the first stage
+    if (!owns(gg_.params[k])) continue;  // counted by the first stage reading it
     const float* g = grads_[k].as<float>();
     for (std::int64_t e = 0; e < grads_[k].numel(); ++e) sq += static_cast<double>(g[e]) * g[e];
   }

@@ -16,16 +16,17 @@ namespace hp::train::detail {
 
 class PipelineStage {
  public:
-  /// Cuts `forward` at o.pp.cut, builds this stage's gradient model at `dims` (a micro-batch's) and
-  /// its parts. Errc::bad_input when the cut does not split the model (split_forward_at's errors),
-  /// or for more than two stages, more than 128 micro-batches or 64 cut tensors (the tags).
+  /// Cuts `forward` at o.pp.cuts, builds this stage's gradient model at `dims` (a micro-batch's)
+  /// and its parts. Errc::bad_input when the cuts do not split the model (split_pipeline's errors),
+  /// are not one per pair of stages, or for more than 128 micro-batches or 64 tensors at a
+  /// boundary (the tags).
   static Expected<std::unique_ptr<PipelineStage>> create(const TrainOptions& o,
                                                          const model::Model& forward,
                                                          const model::DimBindings& dims);
 
   /// Runs this rank's actions of one step. `micro` holds each micro-batch's data inputs and labels
   /// (named); `total_labels` is the global batch's label positions. Afterwards grads() holds the
-  /// whole batch's gradients of this stage's parameters (shared weights' summed over the stages)
+  /// whole batch's gradients of this stage's parameters (shared weights' summed over their stages)
   /// and the return value is the global batch's loss, on every rank of the pipeline.
   Expected<double> run_step(const std::vector<std::vector<exec::HostTensor>>& micro,
                             std::int64_t total_labels);
@@ -38,9 +39,9 @@ class PipelineStage {
   std::vector<exec::HostTensor>& grads() { return grads_; }
   /// This stage's current parameter values (host copies from the executors).
   Expected<std::vector<exec::HostTensor>> read_params();
-  /// Whether parameter `name` is read by both stages (its gradient and update are the same on
-  /// both).
-  bool shared(const std::string& name) const;
+  /// Whether this stage is the first of those reading parameter `name` (every stage reading a
+  /// shared weight has the same gradient and update; the first one counts and saves it).
+  bool owns(const std::string& name) const;
   const GradGraph& grad_graph() const { return gg_; }
   /// The largest part's executor peak plus the most bytes of micro-batch tensors (stashes,
   /// boundary tensors and their gradients) this stage held between actions in the last step: what
@@ -65,8 +66,11 @@ class PipelineStage {
   PipelineRole role_;
   int stage_ = 0;
   GradGraph gg_;
-  std::vector<std::string> shared_;     ///< ForwardStages::shared_weights this stage trains
-  std::vector<std::string> float_cut_;  ///< the cut tensors whose gradient goes back
+  /// PipelinePieces::shared for the weights this stage trains: name -> the ranks reading it.
+  std::map<std::string, std::vector<int>> shared_;
+  std::map<std::string, bool> owned_;   ///< shared weights: whether this stage is their first
+  std::vector<std::string> float_in_;   ///< received tensors whose gradient goes back
+  std::vector<std::string> float_out_;  ///< sent tensors whose gradient comes back
   Part forward_, backward_, weight_;
   std::map<std::string, std::size_t> grad_index_;  ///< gradient output -> parameter
   std::vector<exec::HostTensor> grads_;

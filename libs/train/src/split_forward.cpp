@@ -1,4 +1,4 @@
-// split_forward_at (stages.h): a forward model cut in two at tensors.
+// split_forward_at (stages.h): a forward model cut in two at tensors; split_pipeline: in more.
 //
 // Each stage is the set of nodes its outputs need: the first stage's outputs are the cut tensors,
 // the second's the model's outputs with the cut tensors given. A node both need is in both: that
@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "graph_parts.h"
@@ -124,6 +125,45 @@ Expected<ForwardStages> split_forward_at(const model::Model& model,
   }
   out.first = detail::part_model(model, first, info, name + "/first");
   out.second = detail::part_model(model, second, info, name + "/second");
+  return out;
+}
+
+Expected<PipelinePieces> split_pipeline(const model::Model& model,
+                                        const std::vector<std::vector<std::string>>& cuts,
+                                        const model::DimBindings& dims) {
+  std::set<std::string> graph_inputs;
+  for (const auto& i : model.proto->graph().input()) graph_inputs.insert(i.name());
+  std::map<std::string, std::size_t> boundary_of;  // a cut tensor -> its boundary
+  PipelinePieces out;
+  model::Model rest = model;
+  for (std::size_t b = 0; b < cuts.size(); ++b) {
+    HP_ASSIGN_OR_RETURN(ForwardStages fs, split_forward_at(rest, cuts[b], dims));
+    for (const auto& t : cuts[b]) boundary_of.emplace(t, b);
+    for (const auto& i : fs.second.proto->graph().input()) {
+      auto it = boundary_of.find(i.name());
+      if (it == boundary_of.end() || it->second == b || graph_inputs.count(i.name())) continue;
+      return Error(Errc::not_implemented,
+                   fmt::format("'{}' goes from stage {} to stage {} or later: pipeline training "
+                               "passes activations to the next stage only",
+                               i.name(), it->second, b + 1),
+                   model.path.string(), "cut the stages where one tensor stream crosses");
+    }
+    out.stages.push_back(std::move(fs.first));
+    rest = std::move(fs.second);
+  }
+  out.stages.push_back(std::move(rest));
+  // Which stages read each floating-point initializer (each stage's model holds those it reads).
+  std::set<std::string> floats;
+  for (const auto& t : model.proto->graph().initializer())
+    if (t.data_type() == onnx::TensorProto::FLOAT || t.data_type() == onnx::TensorProto::FLOAT16 ||
+        t.data_type() == onnx::TensorProto::BFLOAT16 || t.data_type() == onnx::TensorProto::DOUBLE)
+      floats.insert(t.name());
+  std::map<std::string, std::vector<int>> readers;
+  for (std::size_t s = 0; s < out.stages.size(); ++s)
+    for (const auto& t : out.stages[s].proto->graph().initializer())
+      if (floats.count(t.name())) readers[t.name()].push_back(static_cast<int>(s));
+  for (auto& [name, stages] : readers)
+    if (stages.size() > 1) out.shared[name] = std::move(stages);
   return out;
 }
 

@@ -1,10 +1,10 @@
 // Pipeline-parallel training (libs/train/src/pipeline_run.cpp, pipeline_stage.cpp) on two
-// in-process ranks against one rank: the transformer of train_stage_models.h (an embedding tied to
-// the head, so one weight lives on both stages) cut at the residual after attention, with a batch
-// whose two micro-batches hold different numbers of ignored (-100) labels, so each micro-batch's
-// loss gradient must be weighted by its share of the labels. GPipe and the split backward (B and W
-// apart, ZB-H1's order) must train what one rank trains, and a checkpoint written by the pipeline
-// must resume at one rank; the pipeline's refusals are checked too.
+// (and three) in-process ranks against one rank: the transformer of train_stage_models.h (an
+// embedding tied to the head, so one weight lives on both stages) cut at the residual after
+// attention, with a batch whose two micro-batches hold different numbers of ignored (-100) labels,
+// so each micro-batch's loss gradient must be weighted by its share of the labels. GPipe and the
+// split backward (B and W apart, ZB-H1's order) must train what one rank trains, and a checkpoint
+// written by the pipeline must resume at one rank; the pipeline's refusals are checked too.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -92,7 +92,7 @@ Status pipeline(const train::TrainOptions& o, bool split,
     mine.pp.stage = rank;
     mine.pp.micro_batches = 2;
     mine.pp.split_weight = split;
-    mine.pp.cut = {"r1"};
+    mine.pp.cuts = {{"r1"}};
     mine.pp.actions = actions[static_cast<std::size_t>(rank)];
     HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
     (void)rep;
@@ -153,6 +153,41 @@ TEST_CASE("two pipeline stages train what one rank trains", "[train][pipeline]")
   fs::remove_all(d);
 }
 
+TEST_CASE("three pipeline stages train what one rank trains", "[train][pipeline]") {
+  // Cut at both residuals: the embedding tied to the head is read by stages 0 and 2, not 1, so its
+  // gradient parts are summed over a group that leaves the middle stage out.
+  const fs::path d = fresh_dir("three");
+  train::TrainOptions o = options(d);
+  o.metrics = d / "one.jsonl";
+  o.save_model = d / "one.onnx";
+  REQUIRE(train::train(o));
+  const auto want = losses(o.metrics);
+  o.metrics = d / "three.jsonl";
+  o.save_model = d / "three.onnx";
+  const std::vector<std::vector<train::PipelineAction>> order = {
+      {F0, F1, B0, W0, B1, W1}, {F0, F1, B0, W0, B1, W1}, {F0, B0, F1, B1, W0, W1}};
+  const Status st = comm::run_in_process(3, [&](int rank, comm::Transport& t) -> Status {
+    train::TrainOptions mine = o;
+    mine.pp.transport = &t;
+    mine.pp.ranks = {0, 1, 2};
+    mine.pp.stage = rank;
+    mine.pp.micro_batches = 2;
+    mine.pp.split_weight = true;
+    mine.pp.cuts = {{"r1"}, {"r2"}};
+    mine.pp.actions = order[static_cast<std::size_t>(rank)];
+    HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+    if (rank == 0) CHECK(rep.params > 0);
+    return {};
+  });
+  INFO((st ? std::string() : st.error().message()));
+  REQUIRE(st);
+  const auto got = losses(o.metrics);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == Approx(want[k]).epsilon(1e-6));
+  same_weights(d / "one.onnx", o.save_model);
+  fs::remove_all(d);
+}
+
 TEST_CASE("a pipeline checkpoint resumes at one rank", "[train][pipeline]") {
   const fs::path d = fresh_dir("resume");
   train::TrainOptions o = options(d);
@@ -181,7 +216,7 @@ TEST_CASE("pipeline training refuses what it cannot run", "[train][pipeline]") {
       mine.pp.ranks = {0, 1};
       mine.pp.stage = rank;
       mine.pp.micro_batches = micro;
-      mine.pp.cut = cut;
+      mine.pp.cuts = {cut};
       mine.pp.actions = {F0, B0};
       HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
       (void)rep;
@@ -195,5 +230,19 @@ TEST_CASE("pipeline training refuses what it cannot run", "[train][pipeline]") {
   CHECK(refused({"o"}, 1).find("emb") != std::string::npos);
   CHECK(refused({"r1"}, 3).find("does not split into 3 micro-batches") != std::string::npos);
   CHECK(refused({}, 1).find("boundary has 0 tensors") != std::string::npos);
+  // Two stages with the boundaries of three.
+  Status st = comm::run_in_process(2, [&](int rank, comm::Transport& t) -> Status {
+    train::TrainOptions mine = o;
+    mine.pp.transport = &t;
+    mine.pp.ranks = {0, 1};
+    mine.pp.stage = rank;
+    mine.pp.cuts = {{"r1"}, {"r2"}};
+    mine.pp.actions = {F0, B0};
+    HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+    (void)rep;
+    return {};
+  });
+  REQUIRE_FALSE(st);
+  CHECK(st.error().message().find("need 1 stage boundaries, not 2") != std::string::npos);
   fs::remove_all(d);
 }

@@ -234,6 +234,28 @@ TEST_CASE("malformed stage names are refused, every one named, before anything r
   CHECK(train::build_grad_graph(b.model(), t));
 }
 
+TEST_CASE("split_pipeline cuts a model into stages and names the weights they share", "[train]") {
+  const model::Model tf = transformer().model();
+  auto p = train::split_pipeline(tf, {{"r1"}, {"r2"}});
+  INFO((p ? std::string() : p.error().str()));
+  REQUIRE(p);
+  REQUIRE(p->stages.size() == 3);
+  // The embedding is read by the first stage (Gather) and the last (the tied head), not the middle.
+  CHECK(p->shared == std::map<std::string, std::vector<int>>{{"emb", {0, 2}}});
+  CHECK(p->stages[1].proto->graph().input(0).name() == "r1");
+  CHECK(p->stages[1].proto->graph().output(0).name() == "r2");
+  // The last stage would read r1 (r2 = r1 + m) past the middle stage.
+  auto skip = train::split_pipeline(tf, {{"r1"}, {"m"}});
+  REQUIRE_FALSE(skip);
+  INFO(skip.error().str());
+  CHECK(skip.error().code == Errc::not_implemented);
+  CHECK(skip.error().message().find("'r1' goes from stage 0 to stage 2") != std::string::npos);
+  // split_forward_at's refusals come through.
+  auto bad = train::split_pipeline(tf, {{"r1"}, {"nothing"}});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == Errc::bad_input);
+}
+
 TEST_CASE("malformed cuts and gradient models are refused", "[train]") {
   const model::Model tf = transformer().model();
   auto refused = [&](const std::vector<std::string>& cut) {

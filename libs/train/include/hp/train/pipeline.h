@@ -1,13 +1,13 @@
 // Pipeline-parallel training (docs/training.md, "Pipeline parallelism").
 //
-// The model is cut into two stages (stages.h: split_forward_at at the recipe's stage boundary);
+// The model is cut into stages (stages.h: split_pipeline at the recipe's stage boundaries);
 // each rank of the pipeline holds one stage's gradient model, split for the schedule into forward,
 // backward (B) and, for the zero-bubble schedules, weight (W) parts, and runs its list of actions
 // over the micro-batches of every global batch. Activations go forward and their gradients back
 // point to point, tagged per (micro-batch, direction, tensor). The result is what one rank trains:
 // every micro-batch's loss gradient is weighted by its share of the global batch's label positions,
-// weights read by both stages (a tied embedding) have their two gradient parts summed on both
-// ranks, and the gradient norm for clipping is that of the whole model.
+// weights read by several stages (an embedding tied to the head) have their gradient parts summed
+// over those stages' ranks, and the gradient norm for clipping is that of the whole model.
 #pragma once
 
 #include <string>
@@ -32,8 +32,9 @@ struct PipelineRole {
   /// B and W run apart (zero-bubble schedules); otherwise the backward is one part and W empty.
   bool split_weight = false;
   std::vector<PipelineAction> actions;  ///< this rank's compute actions of one step, in order
-  /// Tensors of the forward model written on stage 0 and read on stage 1 (the stage boundary).
-  std::vector<std::string> cut;
+  /// cuts[b]: the tensors of the forward model stage b writes and stage b + 1 reads (boundary b);
+  /// one list per pair of neighbouring stages.
+  std::vector<std::vector<std::string>> cuts;
   bool active() const { return transport != nullptr && ranks.size() > 1; }
 };
 

@@ -1,13 +1,13 @@
 // Pipeline-parallel training's models (docs/training.md, "Stages and the split backward").
 //
-// A pipeline stage is a piece of the forward model: split_forward_at cuts a model in two at tensors
-// (apply it again to the second piece for more stages). Each stage's gradient model comes from
-// build_grad_graph (autodiff.h) with the gradient of the cut tensors it sends arriving as inputs
-// (GradSpec::output_grads) and the gradient of those it received leaving as outputs
-// (GradSpec::input_grads). split_backward then cuts a gradient model where a schedule needs it:
-// forward | backward, so the backward runs later from stashed activations (GPipe, 1F1B), or
-// forward | input gradients (B) | weight gradients (W), so B, which the previous stage waits for,
-// runs first and W fills the pipeline's bubbles (zero-bubble schedules).
+// A pipeline stage is a piece of the forward model: split_forward_at cuts a model in two at
+// tensors, split_pipeline applies it again to the second piece for more stages. Each stage's
+// gradient model comes from build_grad_graph (autodiff.h) with the gradient of the cut tensors it
+// sends arriving as inputs (GradSpec::output_grads) and the gradient of those it received leaving
+// as outputs (GradSpec::input_grads). split_backward then cuts a gradient model where a schedule
+// needs it: forward | backward, so the backward runs later from stashed activations (GPipe, 1F1B),
+// or forward | input gradients (B) | weight gradients (W), so B, which the previous stage waits
+// for, runs first and W fills the pipeline's bubbles (zero-bubble schedules).
 //
 // Every part is an ordinary ONNX model for the executor. Tensors keep the names they have in the
 // whole model: what one part writes and a later part reads is passed by that name, and a weight is
@@ -15,6 +15,7 @@
 // updates each part's copy.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,24 @@ struct ForwardStages {
 Expected<ForwardStages> split_forward_at(const model::Model& model,
                                          const std::vector<std::string>& cut,
                                          const model::DimBindings& dims = {});
+
+/// A forward model cut into a pipeline's stages.
+struct PipelinePieces {
+  /// Stage s: inputs the tensors of cuts[s - 1], then the model's graph inputs it reads; outputs
+  /// the tensors of cuts[s] (the last stage: the model's outputs).
+  std::vector<model::Model> stages;
+  /// For each floating-point initializer more than one stage reads (an embedding tied to the
+  /// head), the stages reading it, ascending: each holds a part of its gradient.
+  std::map<std::string, std::vector<int>> shared;
+};
+
+/// Cuts `model` at cuts[0], the second piece at cuts[1], and so on: cuts[b] are the tensors stage b
+/// sends to stage b + 1. Errors: split_forward_at's for each cut; Errc::not_implemented when a
+/// stage reads a tensor of an earlier boundary than the one before it (an activation that would
+/// skip a stage; a pipeline passes activations to the next stage only), named with both stages.
+Expected<PipelinePieces> split_pipeline(const model::Model& model,
+                                        const std::vector<std::vector<std::string>>& cuts,
+                                        const model::DimBindings& dims = {});
 
 /// Where split_backward cuts.
 enum class BackwardSplit {
