@@ -167,6 +167,10 @@ class MpiTransport : public Transport {
                  "MPI_Sendrecv");
   }
   Status flush() override { return reap(true); }
+  Expected<bool> progress() override {
+    HP_TRY(reap(false));
+    return !pending_.empty();
+  }
 
   void free_comms() {
     (void)reap(true);

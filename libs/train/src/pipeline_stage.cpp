@@ -149,18 +149,26 @@ std::int64_t PipelineStage::peak_bytes() const {
   return peak + held_peak_;
 }
 
+std::unique_lock<std::mutex> PipelineStage::hold() {
+  return progress_ ? progress_->lock() : std::unique_lock<std::mutex>();
+}
+
 Status PipelineStage::send(int peer, int tag, const exec::HostTensor& t) {
   std::int64_t header[2 + kMaxRank] = {static_cast<std::int64_t>(t.dims.size()), t.dtype};
   if (t.dims.size() > static_cast<std::size_t>(kMaxRank))
     return Error(Errc::not_implemented, "a stage boundary tensor of rank above 8", t.name);
   for (std::size_t i = 0; i < t.dims.size(); ++i) header[2 + i] = t.dims[i];
+  auto turn = hold();
   HP_TRY(role_.transport->send(peer, tag, header, sizeof header));
-  return role_.transport->send(peer, tag + 1, t.data.data(),
-                               static_cast<std::int64_t>(t.data.size()));
+  HP_TRY(role_.transport->send(peer, tag + 1, t.data.data(),
+                               static_cast<std::int64_t>(t.data.size())));
+  if (progress_) progress_->sent();
+  return {};
 }
 
 Expected<exec::HostTensor> PipelineStage::recv(int peer, int tag, const std::string& name) {
   std::int64_t header[2 + kMaxRank] = {};
+  auto turn = hold();
   HP_TRY(role_.transport->recv(peer, tag, header, sizeof header));
   exec::HostTensor t;
   t.name = name;
@@ -228,12 +236,19 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   const int next = last() ? -1 : role_.ranks[stage_ + 1];
   ++step_;
   held_peak_ = 0;
+  SendProgress progress(*role_.transport);
+  progress_ = &progress;
+  struct Reset {
+    SendProgress*& p;
+    ~Reset() { p = nullptr; }
+  } reset{progress_};
   // The data inputs are held for the whole step in `micro` by the caller; count what the
   // schedule adds to them.
   std::set<std::string> data;
   for (const auto& t : micro[0]) data.insert(t.name);
   for (const PipelineAction& a : role_.actions) {
     const auto t0 = std::chrono::steady_clock::now();
+    auto ready = t0;  // when the action's inputs had arrived: the wait before is bubble
     const int k = a.micro_batch;
     if (k < 0 || k >= m)
       return Error(Errc::internal, "a schedule action outside the micro-batches");
@@ -245,6 +260,7 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
           for (std::size_t i = 0; i < in.size(); ++i) {
             HP_ASSIGN_OR_RETURN(e[in[i]], recv(prev, tag_of(k, 0, static_cast<int>(i), 0), in[i]));
           }
+          ready = std::chrono::steady_clock::now();
         }
         HP_TRY(run_part(forward_, e, scale[k]));
         if (next >= 0) {
@@ -254,11 +270,13 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
         }
         break;
       case PipelineAction::Kind::backward:
-        if (next >= 0)
+        if (next >= 0) {
           for (std::size_t i = 0; i < float_out_.size(); ++i) {
             const std::string g = float_out_[i] + ".grad";
             HP_ASSIGN_OR_RETURN(e[g], recv(next, tag_of(k, 1, static_cast<int>(i), 0), g));
           }
+          ready = std::chrono::steady_clock::now();
+        }
         HP_TRY(run_part(backward_, e, scale[k]));
         if (prev >= 0)
           for (std::size_t i = 0; i < float_in_.size(); ++i)
@@ -275,10 +293,13 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
       for (const auto& [n, t] : each)
         if (!data.count(n)) held += static_cast<std::int64_t>(t.data.size());
     held_peak_ = std::max(held_peak_, held);
-    if (trace_)
-      trace_->add(fmt::format("{} {}.{}", "FBW"[static_cast<int>(a.kind)], step_, k), "compute", 0,
-                  t0, std::chrono::steady_clock::now());
+    if (trace_) {
+      const std::string name = fmt::format("{} {}.{}", "FBW"[static_cast<int>(a.kind)], step_, k);
+      if (ready > t0) trace_->add("wait " + name, "wait", 0, t0, ready);
+      trace_->add(name, "compute", 0, ready, std::chrono::steady_clock::now());
+    }
   }
+  auto turn = hold();
   HP_TRY(role_.transport->flush());
   // Weights several stages read: each holds a part of the gradient; all get the sum. Every rank
   // of a group reaches its all-reduces in the same (name) order.

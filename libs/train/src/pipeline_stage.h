@@ -11,6 +11,7 @@
 #include "hp/train/stages.h"
 #include "hp/train/trace.h"
 #include "hp/train/trainer.h"
+#include "send_progress.h"
 
 namespace hp::train::detail {
 
@@ -48,8 +49,8 @@ class PipelineStage {
   /// a schedule's order costs in memory (GPipe holds every micro-batch's stash, 1F1B at most p).
   std::int64_t peak_bytes() const;
   bool last() const { return stage_ + 1 == static_cast<int>(role_.ranks.size()); }
-  /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1, with the wait
-  /// for its input) into `trace` (not owned; null = none).
+  /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1; the wait for its
+  /// input before it as "wait F 3.1", category "wait") into `trace` (not owned; null = none).
   void set_trace(TraceLog* trace) { trace_ = trace; }
 
  private:
@@ -62,6 +63,8 @@ class PipelineStage {
   Status run_part(Part& p, Env& env, float scale);
   Status send(int peer, int tag, const exec::HostTensor& t);
   Expected<exec::HostTensor> recv(int peer, int tag, const std::string& name);
+  /// The transport's turn (send_progress.h) during a step; an empty lock otherwise.
+  std::unique_lock<std::mutex> hold();
 
   PipelineRole role_;
   int stage_ = 0;
@@ -77,8 +80,9 @@ class PipelineStage {
   double loss_ = 0;
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;
-  std::int64_t step_ = 0;       ///< steps run (trace names)
-  std::int64_t held_peak_ = 0;  ///< most bytes held in the micro-batches' tensors, last step
+  SendProgress* progress_ = nullptr;  ///< during run_step
+  std::int64_t step_ = 0;             ///< steps run (trace names)
+  std::int64_t held_peak_ = 0;        ///< most bytes held in the micro-batches' tensors, last step
 };
 
 }  // namespace hp::train::detail

@@ -70,6 +70,11 @@ class Transport {
   /// Completes outstanding sends (their buffers were copied, so this only bounds memory and
   /// errors).
   virtual Status flush() { return {}; }
+  /// Moves outstanding sends on without waiting for them and says whether any is left. A large
+  /// message (MPI's rendezvous protocol) moves only while its sender is inside an MPI call: a rank
+  /// that sends and then computes calls this now and then from another thread (any_thread) so its
+  /// receiver need not wait for the computation to end.
+  virtual Expected<bool> progress() { return false; }
   /// Whether calls may come from a thread other than the one that created the transport, one
   /// thread at a time (a training rank's gradient-reduction thread; MPI_THREAD_SERIALIZED).
   virtual bool any_thread() const { return true; }
