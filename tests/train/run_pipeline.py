@@ -26,7 +26,9 @@ one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline che
 
 On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) and zb-h1 (mpirun,
 4 ranks), and pp = 3 under gpipe, with the same tolerances; 3 steps at pp = 4 resumed for 2 at
-pp = 2 must equal the uninterrupted 5.
+dp = 2 x pp = 2 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
+(dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process and GPT-2 under zb-h1 over mpirun,
+with the same tolerances.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
@@ -57,6 +59,12 @@ SCHEDULES = [
     ("1f1b-m2", {"schedule": "1f1b", "micro_batches": 2}, "mpirun"),
 ]
 MPIRUN_MODELS = {"gpt2"}
+# Pipelines replicated over data-parallel ranks (dp = 2 x pp = 2, 4 ranks): every model in process,
+# GPT-2 over mpirun too.
+DP_PP = [
+    ("dp2xpp2-1f1b-m2", {"dp": 2, "schedule": "1f1b", "micro_batches": 2}, "simulate"),
+    ("dp2xpp2-zbh1-m2", {"dp": 2, "schedule": "zb-h1", "micro_batches": 2}, "mpirun"),
+]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
     ("pp4-1f1b-m4", 4, {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
@@ -150,14 +158,15 @@ def resumed(hp, work, log):
 
 
 def resumed_deep(hp, work, log):
-    """3 steps at pp=4 (1f1b), checkpointed, resumed for 2 at pp=2 (zb-h1): the uninterrupted 5."""
+    """3 steps at pp=4 (1f1b), checkpointed, resumed for 2 at dp=2 x pp=2 (zb-h1): the
+    uninterrupted 5."""
     d = os.path.join(work, "resume-deep")
     shutil.rmtree(d, ignore_errors=True)
     ref = reference.make("gpt2-deep", VARIANT, d)
     four, two = os.path.join(d, "pp4.toml"), os.path.join(d, "pp2.toml")
     pp_recipe(four, ref, split_stages(hp, ref, d, log, 4), {"schedule": "1f1b",
                                                              "micro_batches": 4})
-    pp_recipe(two, ref, split_stages(hp, ref, d, log, 2), {"schedule": "zb-h1",
+    pp_recipe(two, ref, split_stages(hp, ref, d, log, 2), {"dp": 2, "schedule": "zb-h1",
                                                             "micro_batches": 2})
     ckpt, m1, m2 = (os.path.join(d, n) for n in ("ckpt", "a.jsonl", "b.jsonl"))
     saved = os.path.join(d, "out.onnx")
@@ -168,9 +177,9 @@ def resumed_deep(hp, work, log):
     rc, out = launch(hp, two, "simulate", ["--inputs", ref.inputs, "--steps", "2", "--resume",
                                            ckpt, "--metrics", m2, "--save-model", saved], log)
     if rc != 0:
-        raise rt.Failure(f"pp2, resumed: exit {rc}: {rt.first_error(out)}")
+        raise rt.Failure(f"dp2 x pp2, resumed: exit {rc}: {rt.first_error(out)}")
     detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
-    return f"pp4 -> pp2: {detail.split('  ')[0]}"
+    return f"pp4 -> dp2 x pp2: {detail.split('  ')[0]}"
 
 
 def verified(hp, work, log):
@@ -279,6 +288,8 @@ def malformed(hp, work, log):
         ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
         ("interleaved", stages * 2, {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, [],
          None, ""),
+        ("dp x pp with ZeRO", stages, {"dp": 2, "optimizer_shard": 1}, [], 8,
+         "optimizer_shard 0 for now"),
     ]
     seen = []
     for tag, st, extra, args, code, text in cases:
@@ -329,10 +340,10 @@ def main():
             except Exception as e:
                 report(False, f"{name} stages", rt.describe(e))
                 continue
-            for tag, extra, how in SCHEDULES:
+            for tag, extra, how in SCHEDULES + DP_PP:
                 if how == "mpirun" and name not in MPIRUN_MODELS:
                     continue
-                label = f"{name} pp2 {tag} ({how})"
+                label = f"{name} {'' if tag.startswith('dp') else 'pp2 '}{tag} ({how})"
                 try:
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
@@ -349,7 +360,7 @@ def main():
                 except Exception as e:
                     report(False, label, rt.describe(e))
         for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
-                          ("resume pp4 -> pp2", resumed_deep),
+                          ("resume pp4 -> dp2 x pp2", resumed_deep),
                           ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:

@@ -1,6 +1,7 @@
 // Pipeline-parallel training jobs (train_run.h): the stage boundaries the recipe's [[stages]] give
-// (hp shard's partition plan: the activations that cross from each stage to the next) and each
-// rank's part of the schedule (schedule.h) as hp::train::PipelineRole.
+// (hp shard's partition plan: the activations that cross from each stage to the next), where the
+// ranks are (the plan's stage ranks: with dp > 1 stage k's replicas, one per data-parallel index),
+// and each rank's part of the schedule (schedule.h) as hp::train::PipelineRole.
 #include <fmt/core.h>
 
 #include "hp/job/schedule.h"
@@ -41,23 +42,31 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
                                b, b + 1),
                    job.recipe_path.string(), "give each stage a range of the model's layers");
   train::PipelineRole& pp = to.pp;
-  pp.ranks.resize(stages);
-  for (std::size_t k = 0; k < stages; ++k)
-    pp.ranks[k] = k < r.stages.size() && r.stages[k].ranks.size() == 1
-                      ? static_cast<int>(r.stages[k].ranks[0])
-                      : static_cast<int>(k);
+  pp.grid.assign(stages, {});
+  for (const auto& st : prepared->plan.stages)
+    for (std::int64_t rank : st.ranks)
+      pp.grid.at(static_cast<std::size_t>(st.index)).push_back(static_cast<int>(rank));
   pp.micro_batches = static_cast<int>(r.parallel.micro_batches);
   pp.split_weight = s == S::zb_h1;
   pp.cuts = std::move(cuts);
   return {};
 }
 
-Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::PipelineRole& pp) {
+Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOptions& to) {
+  train::PipelineRole& pp = to.pp;
+  const auto& grid = pp.grid;
   pp.transport = &t;
-  const auto it = std::find(pp.ranks.begin(), pp.ranks.end(), t.rank());
-  if (it == pp.ranks.end())
+  pp.ranks.clear();
+  for (std::size_t s = 0; s < grid.size(); ++s)
+    for (std::size_t d = 0; d < grid[s].size(); ++d)
+      if (grid[s][d] == t.rank()) {
+        for (const auto& stage : grid) pp.ranks.push_back(stage.at(d));
+        pp.stage = static_cast<int>(s);
+        to.dp = data_parallel_of(r, t);
+        to.dp.group = grid[s];
+      }
+  if (pp.ranks.empty())
     return Error(Errc::bad_input, fmt::format("rank {} runs no pipeline stage", t.rank()));
-  pp.stage = static_cast<int>(it - pp.ranks.begin());
   HP_ASSIGN_OR_RETURN(ScheduleKind kind,
                       parse_schedule_kind(recipe::schedule_name(r.parallel.schedule)));
   HP_ASSIGN_OR_RETURN(auto sched, make_schedule(kind, static_cast<int>(pp.ranks.size()),

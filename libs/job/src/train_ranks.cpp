@@ -47,14 +47,14 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
                              world->size()),
                  job.recipe_path.string());
   if (job.recipe.parallel.pp > 1)
-    HP_TRY(pipeline_rank(job.recipe, *world, to.pp));
+    HP_TRY(pipeline_rank(job.recipe, *world, to));
   else
     to.dp = data_parallel_of(job.recipe, *world);
   if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   comm::mpi_finalize();
   LaunchReport r;
-  if (to.pp.active() ? to.pp.stage == 0 : to.dp.index() == 0)
+  if ((!to.pp.active() || to.pp.stage == 0) && to.dp.index() <= 0)
     r.summary = closing_lines(rep);  // once, from the lead rank
   return r;
 }
@@ -72,7 +72,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       [&](int rank, comm::Transport& t) -> Status {
         train::TrainOptions mine = to;
         if (job.recipe.parallel.pp > 1)
-          HP_TRY(pipeline_rank(job.recipe, t, mine.pp));
+          HP_TRY(pipeline_rank(job.recipe, t, mine));
         else
           mine.dp = data_parallel_of(job.recipe, t);
         if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
@@ -91,8 +91,11 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
   r.summary += fmt::format(
       "{} {} ranks simulated as threads of this process ({} thread(s) each) in "
       "{:.2f} s\n",
-      ranks, job.recipe.parallel.pp > 1 ? "pipeline" : "data-parallel", to.threads,
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      ranks,
+      job.recipe.parallel.pp > 1
+          ? (job.recipe.parallel.dp > 1 ? "pipeline x data-parallel" : "pipeline")
+          : "data-parallel",
+      to.threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
 

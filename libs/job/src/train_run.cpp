@@ -92,20 +92,18 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   if (!r.train) return Error(Errc::internal, "train_options on a recipe without [train]");
   const recipe::Train& t = *r.train;
   const std::string where = job.where.at("train");
-  const bool pipeline = r.parallel.pp > 1 && r.parallel.dp == 1;
-  if (r.parallel.tp != 1 || (r.parallel.pp != 1 && !pipeline) || r.parallel.expert_parallel != 1 ||
-      !r.groups.empty())
+  const bool pipeline = r.parallel.pp > 1;
+  if (r.parallel.tp != 1 || r.parallel.expert_parallel != 1 || !r.groups.empty())
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data- or pipeline-parallel only for now: the recipe has [train] "
+        fmt::format("training is data- and pipeline-parallel only for now: the recipe has [train] "
                     "and {}",
-                    r.groups.empty()
-                        ? fmt::format("tp = {}, pp = {}, expert_parallel = {}", r.parallel.tp,
-                                      r.parallel.pp, r.parallel.expert_parallel)
-                        : std::string("[[groups]]")),
+                    r.groups.empty() ? fmt::format("tp = {}, expert_parallel = {}", r.parallel.tp,
+                                                   r.parallel.expert_parallel)
+                                     : std::string("[[groups]]")),
         where,
-        "train with dp ranks only (tp = pp = expert_parallel = 1, no [[groups]]), or pp = 2 "
-        "alone, or remove [train] to run the model forward");
+        "train with dp and pp ranks (tp = expert_parallel = 1, no [[groups]]), or remove [train] "
+        "to run the model forward");
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is

@@ -20,6 +20,7 @@
 #include "batches.h"
 #include "hp/train/checkpoint.h"
 #include "hp/train/data.h"
+#include "hp/train/data_parallel.h"
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 #include "pipeline_stage.h"
@@ -42,7 +43,9 @@ struct PipeRun {
   TrainReport report;
   TraceLog trace;
   comm::Transport& t() const { return *o.pp.transport; }
-  bool lead() const { return o.pp.stage == 0; }
+  /// The first stage of the first replica: prints, writes metrics, checkpoints, the saved model.
+  bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0; }
+  std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
@@ -52,6 +55,8 @@ struct PipeRun {
   std::int64_t data_position = 0;
   Status open_stream();
   Status draw();  ///< the micro-batches of batch data_position of the stream
+  /// This replica's rows of the global batch cut into micro-batches, and their label count.
+  Status take(std::vector<exec::HostTensor> batch, const std::filesystem::path& where);
   Status prepare();
   Status resume();
   Expected<StepMetrics> step();
@@ -76,8 +81,13 @@ Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
 }
 
 Status PipeRun::prepare() {
-  if (o.dp.active())
-    return Error(Errc::not_implemented, "pipeline and data parallelism together are not trained");
+  if (o.dp.active() && o.dp.zero != 0)
+    return Error(
+        Errc::not_implemented,
+        fmt::format("pipeline with data parallelism trains with optimizer_shard 0 for now, "
+                    "not {}",
+                    o.dp.zero),
+        "", "set [parallel] optimizer_shard = 0");
   if (o.inputs_dir.empty() == o.data_file.empty())
     return Error(Errc::usage,
                  "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
@@ -97,15 +107,16 @@ Status PipeRun::prepare() {
     HP_ASSIGN_OR_RETURN(auto batch,
                         exec::bind_inputs(ios, std::move(given), o.inputs_dir.string()));
     for (std::size_t k = 0; k < batch.size(); ++k) batch[k].name = ios[k].name;
-    total_labels = label_count(batch.back(), o.grad.loss);
-    tokens = batch.back().numel();
-    HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, m, o.inputs_dir));
+    HP_TRY(take(std::move(batch), o.inputs_dir));
   }
   const auto dims = dims_of_tensors(forward, micro[0]);
   HP_ASSIGN_OR_RETURN(stage, PipelineStage::create(o, forward, dims));
   if (!o.trace.empty()) stage->set_trace(&trace);
   for (const auto& n : stage->grad_graph().notes) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
+  if (o.dp.active()) {
+    HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(o.dp, params));
+  }
   std::int64_t n = 0;
   for (const auto& p : params)
     if (stage->owns(p.name)) n += p.numel();
@@ -131,9 +142,25 @@ Status PipeRun::open_stream() {
 Status PipeRun::draw() {
   HP_ASSIGN_OR_RETURN(auto batch, token_batch(*stream, o.batch, o.seq, o.seed, data_position, 0,
                                               input, o.grad.labels));
-  total_labels = label_count(batch.back(), o.grad.loss);
+  return take(std::move(batch), o.data_file);
+}
+
+Status PipeRun::take(std::vector<exec::HostTensor> batch, const std::filesystem::path& where) {
   tokens = batch.back().numel();
-  HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, o.pp.micro_batches, o.data_file));
+  if (o.dp.active()) {
+    const std::int64_t rows = batch.back().dims.empty() ? 0 : batch.back().dims[0];
+    const auto replicas = static_cast<std::int64_t>(o.dp.group.size());
+    if (rows % replicas != 0)
+      return Error(Errc::bad_input,
+                   fmt::format("the global batch of {} rows does not split over {} data-parallel "
+                               "replicas",
+                               rows, replicas),
+                   where.string(), "make the batch a multiple of dp x micro_batches");
+    HP_ASSIGN_OR_RETURN(
+        batch, slice_rows(std::move(batch), rows, o.dp.index(), static_cast<int>(replicas)));
+  }
+  total_labels = label_count(batch.back(), o.grad.loss);
+  HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, o.pp.micro_batches, where));
   return {};
 }
 
@@ -166,6 +193,11 @@ Expected<StepMetrics> PipeRun::step() {
   const std::int64_t k = state.step + 1;
   if (stream) HP_TRY(draw());
   HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
+  // The replicas' gradients of this stage, each a mean over its rows' labels, weighted by their
+  // label counts and summed (data_parallel.h): the whole batch's.
+  if (dp) {
+    HP_ASSIGN_OR_RETURN(loss, dp->reduce(loss, total_labels, stage->grads()));
+  }
   const auto t1 = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
     return Error(Errc::runtime,

@@ -201,7 +201,7 @@ TEST_CASE("train_run: what is refused before training", "[job]") {
   auto t = train_options(tp, o);
   REQUIRE(!t);
   CHECK(t.error().code == hp::Errc::not_implemented);
-  CHECK_THAT(t.error().message(), Catch::Contains("data- or pipeline-parallel only"));
+  CHECK_THAT(t.error().message(), Catch::Contains("data- and pipeline-parallel only"));
   CHECK_THAT(t.error().where(), Catch::Contains("r.toml:"));
 }
 

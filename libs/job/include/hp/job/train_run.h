@@ -56,13 +56,16 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o);
 
 // Pipeline parallelism (train_pipeline.cpp; hp/train/pipeline.h).
 
-/// to.pp from a recipe with pp > 1: the stage boundary (hp shard's plan of the recipe's
-/// [[stages]]), the ranks of the stages, micro-batches and whether the backward splits (zb-h1).
-/// Errc::not_implemented for pp other than 2 or a schedule other than gpipe, 1f1b, zb-h1;
-/// Errc::bad_input for stages that do not cut the model (shard's errors, or nothing crossing).
+/// to.pp from a recipe with pp > 1: the stage boundaries (hp shard's plan of the recipe's
+/// [[stages]]), micro-batches, whether the backward splits (zb-h1) and to.pp.grid, where the
+/// ranks are (hp shard's stage ranks: grid[stage][data-parallel index]).
+/// Errc::not_implemented for a schedule other than gpipe, 1f1b, zb-h1 or a tensor that skips a
+/// stage; Errc::bad_input for stages that do not cut the model (shard's errors, or nothing
+/// crossing).
 Status pipeline_options(const Job& job, train::TrainOptions& to);
-/// The rank of `transport` in the pipeline: its stage and its schedule's compute actions.
+/// The rank of `transport` in the job: its pipeline (to.pp: stage, the replica's ranks, its
+/// schedule's compute actions) and, with dp > 1, its stage's data-parallel group (to.dp).
 Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
-                     train::PipelineRole& pp);
+                     train::TrainOptions& to);
 
 }  // namespace hp::job

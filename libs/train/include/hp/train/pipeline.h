@@ -26,9 +26,15 @@ struct PipelineAction {
 
 struct PipelineRole {
   comm::Transport* transport = nullptr;  ///< not owned; null = no pipeline
-  std::vector<int> ranks;                ///< global rank of each stage, in stage order
-  int stage = 0;                         ///< this rank's stage
-  int micro_batches = 1;                 ///< the global batch is cut into these along axis 0
+  /// Global rank of each stage of this rank's pipeline, in stage order. With data parallelism
+  /// (TrainOptions::dp: the ranks of this stage in every pipeline) each replica of the model is a
+  /// pipeline of its own, taking its rows of the global batch.
+  std::vector<int> ranks;
+  /// grid[stage][replica]: the global ranks of every pipeline of the job (ranks is this rank's
+  /// column); what the job layer places, kept so each rank can find its own.
+  std::vector<std::vector<int>> grid;
+  int stage = 0;          ///< this rank's stage
+  int micro_batches = 1;  ///< the global batch is cut into these along axis 0
   /// B and W run apart (zero-bubble schedules); otherwise the backward is one part and W empty.
   bool split_weight = false;
   std::vector<PipelineAction> actions;  ///< this rank's compute actions of one step, in order
