@@ -25,7 +25,8 @@ stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp
 one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
 On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) and zb-h1 (mpirun,
-4 ranks), and pp = 3 under gpipe, with the same tolerances; 3 steps at pp = 4 resumed for 2 at
+4 ranks), pp = 3 under gpipe, and two chunks per rank on pp = 2 (four virtual stages) under ZB-V
+(in process, and over mpirun) and interleaved 1F1B, with the same tolerances; 3 steps at pp = 4 resumed for 2 at
 dp = 2 x pp = 2 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
 (dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process and GPT-2 under zb-h1 over mpirun,
 with the same tolerances.
@@ -70,6 +71,11 @@ DEEP = [
     ("pp4-1f1b-m4", 4, {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
     ("pp4-zbh1-m4", 4, {"schedule": "zb-h1", "micro_batches": 4}, "mpirun"),
     ("pp3-gpipe-m2", 3, {"schedule": "gpipe", "micro_batches": 2}, "simulate"),
+    # Two model chunks per rank: four virtual stages on two ranks.
+    ("zbv-p2-m2", 4, {"pp": 2, "schedule": "zbv", "micro_batches": 2}, "simulate"),
+    ("zbv-p2-m4", 4, {"pp": 2, "schedule": "zbv", "micro_batches": 4}, "mpirun"),
+    ("interleaved-p2-v2-m2", 4, {"pp": 2, "schedule": "interleaved", "virtual_stages": 2,
+                                 "micro_batches": 2}, "simulate"),
 ]
 VARIANT = "adamw-clip"
 
@@ -110,21 +116,23 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
                                        os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
-    check_trace(trace, extra, len(stages))
+    ranks = extra.get("pp", len(stages))
+    check_trace(trace, extra, ranks, len(stages) // ranks)
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 
-def check_trace(path, extra, ranks):
-    """--trace: every rank's actions, F and B (and W for zb-h1) once per step and micro-batch."""
+def check_trace(path, extra, ranks, chunks=1):
+    """--trace: every rank's actions, F and B (and W for zb-h1 and zbv) once per step, micro-batch
+    and model chunk."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
     m = extra["micro_batches"]
-    kinds = "FBW" if extra["schedule"] == "zb-h1" else "FB"
+    kinds = "FBW" if extra["schedule"] in ("zb-h1", "zbv") else "FB"
     for rank in range(ranks):
         names = sorted(e["name"] for e in events if e["pid"] == rank and e["cat"] == "compute")
         want = sorted(f"{k} {s}.{i}" for k in kinds for s in range(1, reference.STEPS + 1)
-                      for i in range(m))
+                      for i in range(m) for _ in range(chunks))
         if names != want:
             raise rt.Failure(f"trace: rank {rank} has actions {names[:6]}..., want {want[:6]}...")
 
@@ -286,8 +294,8 @@ def malformed(hp, work, log):
          "is in stage 0 and stage 1"),
         ("one stage", [stages[0]], {"pp": 2}, [], 3, "stages but pp"),
         ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
-        ("interleaved", stages * 2, {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, [],
-         None, ""),
+        ("interleaved, each layer twice", stages * 2,
+         {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, [], None, ""),
         ("dp x pp with ZeRO", stages, {"dp": 2, "optimizer_shard": 1}, [], 8,
          "optimizer_shard 0 for now"),
     ]

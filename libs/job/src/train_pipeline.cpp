@@ -15,13 +15,16 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
   const std::string where = job.where.at("parallel.pp");
   using S = recipe::Schedule;
   const S s = r.parallel.schedule;
-  if (s != S::gpipe && s != S::one_f_one_b && s != S::zb_h1)
-    return Error(Errc::not_implemented,
-                 fmt::format("pipeline training runs the gpipe, 1f1b and zb-h1 schedules, not {}",
-                             recipe::schedule_name(s)),
-                 where);
-  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(r, job.where, job.recipe_path));
-  const auto stages = static_cast<std::size_t>(r.parallel.pp);
+  // hp shard cuts an interleaved recipe into pp x virtual_stages stages; ZB-V's V has the same
+  // stages (two chunks per rank), only placed otherwise, which the positions below say.
+  recipe::Recipe planned = r;
+  if (s == S::zbv) {
+    planned.parallel.schedule = S::interleaved;
+    for (auto& st : planned.stages) st.ranks.clear();
+  }
+  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(planned, job.where, job.recipe_path));
+  const auto stages = prepared->plan.stages.size();
+  const auto p = static_cast<int>(r.parallel.pp);
   std::vector<std::vector<std::string>> cuts(stages - 1);
   for (const auto& b : prepared->plan.boundaries) {
     const std::string& name = prepared->graph.tensor(b.tensor).name;
@@ -42,12 +45,16 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
                                b, b + 1),
                    job.recipe_path.string(), "give each stage a range of the model's layers");
   train::PipelineRole& pp = to.pp;
-  pp.grid.assign(stages, {});
+  pp.grid.assign(static_cast<std::size_t>(p), {});
   for (const auto& st : prepared->plan.stages)
-    for (std::int64_t rank : st.ranks)
-      pp.grid.at(static_cast<std::size_t>(st.index)).push_back(static_cast<int>(rank));
+    if (st.index < p)
+      for (std::int64_t rank : st.ranks)
+        pp.grid.at(static_cast<std::size_t>(st.index)).push_back(static_cast<int>(rank));
+  pp.position_of_stage.clear();
+  for (int vs = 0; stages > static_cast<std::size_t>(p) && vs < static_cast<int>(stages); ++vs)
+    pp.position_of_stage.push_back(s == S::zbv && vs >= p ? 2 * p - 1 - vs : vs % p);
   pp.micro_batches = static_cast<int>(r.parallel.micro_batches);
-  pp.split_weight = s == S::zb_h1;
+  pp.split_weight = s == S::zb_h1 || s == S::zbv;
   pp.cuts = std::move(cuts);
   return {};
 }
@@ -69,12 +76,14 @@ Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOp
     return Error(Errc::bad_input, fmt::format("rank {} runs no pipeline stage", t.rank()));
   HP_ASSIGN_OR_RETURN(ScheduleKind kind,
                       parse_schedule_kind(recipe::schedule_name(r.parallel.schedule)));
+  const int chunks = pp.stages() / static_cast<int>(pp.ranks.size());
   HP_ASSIGN_OR_RETURN(auto sched, make_schedule(kind, static_cast<int>(pp.ranks.size()),
-                                                pp.micro_batches, 1, true));
+                                                pp.micro_batches, chunks, true));
   pp.actions.clear();
   for (const Action& a : sched.per_rank[static_cast<std::size_t>(pp.stage)]) {
     train::PipelineAction x;
     x.micro_batch = a.micro_batch;
+    x.stage = a.stage;
     if (a.kind == ActionKind::forward)
       x.kind = train::PipelineAction::Kind::forward;
     else if (a.kind == ActionKind::backward)

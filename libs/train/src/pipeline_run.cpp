@@ -94,7 +94,6 @@ Status PipeRun::prepare() {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
-  const int m = o.pp.micro_batches;
   if (!o.data_file.empty()) {
     HP_TRY(open_stream());
   } else {
@@ -112,7 +111,7 @@ Status PipeRun::prepare() {
   const auto dims = dims_of_tensors(forward, micro[0]);
   HP_ASSIGN_OR_RETURN(stage, PipelineStage::create(o, forward, dims));
   if (!o.trace.empty()) stage->set_trace(&trace);
-  for (const auto& n : stage->grad_graph().notes) say(true, "hp: note: " + n);
+  for (const auto& n : stage->notes()) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
   if (o.dp.active()) {
     HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(o.dp, params));

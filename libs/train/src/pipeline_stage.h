@@ -1,5 +1,7 @@
-// One rank's stage of a pipeline-parallel training run (hp/train/pipeline.h): its gradient model,
-// split for the schedule, one executor per part, and one step's actions over the micro-batches.
+// One rank's part of a pipeline-parallel training run (hp/train/pipeline.h): the model chunks
+// (virtual stages) it holds — one, or two and more under interleaved 1F1B and ZB-V — each with its
+// gradient model split for the schedule and one executor per part, and one step's actions over the
+// micro-batches.
 #pragma once
 
 #include <map>
@@ -17,40 +19,42 @@ namespace hp::train::detail {
 
 class PipelineStage {
  public:
-  /// Cuts `forward` at o.pp.cuts, builds this stage's gradient model at `dims` (a micro-batch's)
-  /// and its parts. Errc::bad_input when the cuts do not split the model (split_pipeline's errors),
-  /// are not one per pair of stages, or for more than 128 micro-batches or 64 tensors at a
-  /// boundary (the tags).
+  /// Cuts `forward` at o.pp.cuts, builds the gradient models of this rank's virtual stages at
+  /// `dims` (a micro-batch's) and their parts. Errc::bad_input when the cuts do not split the model
+  /// (split_pipeline's errors), are not one per pair of virtual stages, or for more than 128
+  /// micro-batches, 16 tensors at a boundary or 4 chunks per rank (the tags).
   static Expected<std::unique_ptr<PipelineStage>> create(const TrainOptions& o,
                                                          const model::Model& forward,
                                                          const model::DimBindings& dims);
 
   /// Runs this rank's actions of one step. `micro` holds each micro-batch's data inputs and labels
   /// (named); `total_labels` is the global batch's label positions. Afterwards grads() holds the
-  /// whole batch's gradients of this stage's parameters (shared weights' summed over their stages)
+  /// whole batch's gradients of this rank's parameters (shared weights' summed over their stages)
   /// and the return value is the global batch's loss, on every rank of the pipeline.
   Expected<double> run_step(const std::vector<std::vector<exec::HostTensor>>& micro,
                             std::int64_t total_labels);
   /// sqrt of the whole model's sum of squared gradients (collective; shared weights once).
   Expected<double> global_norm();
-  /// Writes `params` (this stage's, in params() order) into every part holding them.
+  /// Writes `params` (this rank's, in params() order) into every part holding them.
   Status set_weights(const std::vector<exec::HostTensor>& params);
 
-  const std::vector<std::string>& params() const { return gg_.params; }
+  /// This rank's parameters: each of its chunks' in turn, a weight two chunks read once.
+  const std::vector<std::string>& params() const { return params_; }
   std::vector<exec::HostTensor>& grads() { return grads_; }
-  /// This stage's current parameter values (host copies from the executors).
+  /// This rank's current parameter values (host copies from the executors).
   Expected<std::vector<exec::HostTensor>> read_params();
-  /// Whether this stage is the first of those reading parameter `name` (every stage reading a
+  /// Whether this rank holds the first virtual stage reading parameter `name` (every rank reading a
   /// shared weight has the same gradient and update; the first one counts and saves it).
   bool owns(const std::string& name) const;
-  const GradGraph& grad_graph() const { return gg_; }
+  /// What building the chunks' gradient models noted (tied weights, ...).
+  std::vector<std::string> notes() const;
   /// The largest part's executor peak plus the most bytes of micro-batch tensors (stashes,
-  /// boundary tensors and their gradients) this stage held between actions in the last step: what
+  /// boundary tensors and their gradients) this rank held between actions in the last step: what
   /// a schedule's order costs in memory (GPipe holds every micro-batch's stash, 1F1B at most p).
   std::int64_t peak_bytes() const;
-  bool last() const { return stage_ + 1 == static_cast<int>(role_.ranks.size()); }
-  /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1; the wait for its
-  /// input before it as "wait F 3.1", category "wait") into `trace` (not owned; null = none).
+  /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1, its virtual
+  /// stage in args; the wait for its input before it as "wait F 3.1", category "wait") into
+  /// `trace` (not owned; null = none).
   void set_trace(TraceLog* trace) { trace_ = trace; }
 
  private:
@@ -58,24 +62,37 @@ class PipelineStage {
     GradPart part;
     std::unique_ptr<exec::Executor> ex;  ///< null for an empty part
   };
+  /// One virtual stage of the model on this rank.
+  struct Chunk {
+    int stage = 0;  ///< virtual stage
+    GradGraph gg;
+    Part forward, backward, weight;
+    std::vector<std::string> float_in;              ///< received tensors whose gradient goes back
+    std::vector<std::string> float_out;             ///< sent tensors whose gradient comes back
+    std::map<std::string, std::size_t> grad_index;  ///< gradient output -> rank parameter
+  };
   using Env = std::map<std::string, exec::HostTensor>;
   PipelineStage() = default;
-  Status run_part(Part& p, Env& env, float scale);
+  Status run_part(Chunk& c, Part& p, Env& env, float scale);
+  Status run_action(const PipelineAction& a, std::vector<std::vector<Env>>& env,
+                    const std::vector<float>& scale);
   Status send(int peer, int tag, const exec::HostTensor& t);
   Expected<exec::HostTensor> recv(int peer, int tag, const std::string& name);
   /// The transport's turn (send_progress.h) during a step; an empty lock otherwise.
   std::unique_lock<std::mutex> hold();
+  int rank_of(int virtual_stage) const {
+    return role_.ranks[static_cast<std::size_t>(role_.position(virtual_stage))];
+  }
+  bool mine(int virtual_stage) const { return role_.position(virtual_stage) == role_.stage; }
+  Chunk* chunk(int virtual_stage);
 
   PipelineRole role_;
-  int stage_ = 0;
-  GradGraph gg_;
-  /// PipelinePieces::shared for the weights this stage trains: name -> the ranks reading it.
+  std::vector<Chunk> chunks_;
+  std::vector<std::string> params_;
+  /// PipelinePieces::shared for the weights this rank trains and other ranks read too: name -> the
+  /// ranks reading it.
   std::map<std::string, std::vector<int>> shared_;
-  std::map<std::string, bool> owned_;   ///< shared weights: whether this stage is their first
-  std::vector<std::string> float_in_;   ///< received tensors whose gradient goes back
-  std::vector<std::string> float_out_;  ///< sent tensors whose gradient comes back
-  Part forward_, backward_, weight_;
-  std::map<std::string, std::size_t> grad_index_;  ///< gradient output -> parameter
+  std::map<std::string, bool> owned_;  ///< shared weights: whether this rank's chunk is the first
   std::vector<exec::HostTensor> grads_;
   double loss_ = 0;
   LossKind loss_kind_ = LossKind::cross_entropy;

@@ -17,13 +17,14 @@ action as "compute" and the wait for its input as "wait"), per step after the wa
     measured bubble = 1 - busy / span
     formula  1F1B and GPipe: (p-1)(F+B) / (m(F+B) + (p-1)(F+B)) = (p-1)/(m+p-1)
              ZB-H1: (p-1)(F+B-2W) / (m(F+B+W) + (p-1)(F+B-2W)), with F, B, W the mean measured
-             action times (B and W apart)
+             action times (B and W apart), 0 when W > (F+B)/2
+             ZB-V (two chunks per rank, 2p virtual stages): 0
 
 Each rank wants one core: with more ranks than free cores (p = 4 on a two-core machine) ranks
 share cores and the action times stretch while others compute; the figure then measures that too.
 
     tests/bench/train/bench_pipeline.py [BUILD_DIR] [--steps 4] [--warmup 1] [--batch 8]
-        [--configs 2:1f1b:4,2:zb-h1:4,2:1f1b:8,2:zb-h1:8,4:1f1b:8,4:zb-h1:8]
+        [--configs 2:1f1b:4,2:zb-h1:4,2:zbv:4,2:1f1b:8,2:zb-h1:8,2:zbv:8,4:1f1b:8,4:zb-h1:8]
 
 Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train).
 """
@@ -82,8 +83,9 @@ def run(hp, d, work, a, p, schedule, m):
     train = {"loss": "cross_entropy", "logits": bt.models.OUTPUT, "labels": "labels",
              "optimizer": "adamw", "lr": bt.LR, "betas": list(bt.BETAS), "eps": 1e-8,
              "weight_decay": bt.WD, "clip_norm": 1.0, "steps": a.steps, "frozen": []}
+    chunks = 2 if schedule == "zbv" else 1
     bt.run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train,
-                                 {"batch": a.batch}, stages(a.layers, p),
+                                 {"batch": a.batch}, stages(a.layers, p * chunks),
                                  parallel={"pp": p, "schedule": schedule, "micro_batches": m})
     trace = os.path.join(work, f"{tag}.trace.json")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
@@ -109,6 +111,8 @@ def run(hp, d, work, a, p, schedule, m):
         if schedule == "zb-h1":
             idle = max(0.0, (p - 1) * (f_ + b_ - 2 * w_))  # W longer than (F+B)/2 fills it
             formula = idle / (m * (f_ + b_ + w_) + idle)
+        elif schedule == "zbv":
+            formula = 0.0  # zero bubble when F, B and W take as long as each other
         else:
             formula = (p - 1) / (m + p - 1)
         rows.append((1 - busy / span, formula, span / 1e6, f_ / 1e3, b_ / 1e3, w_ / 1e3))
@@ -124,7 +128,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--configs",
-                    default="2:1f1b:4,2:zb-h1:4,2:1f1b:8,2:zb-h1:8,4:1f1b:8,4:zb-h1:8")
+                    default="2:1f1b:4,2:zb-h1:4,2:zbv:4,2:1f1b:8,2:zb-h1:8,2:zbv:8,4:1f1b:8,"
+                    "4:zb-h1:8")
     a = ap.parse_args()
     hp = os.path.join(a.build, "bin", "hp")
     cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
