@@ -1,6 +1,7 @@
 // `hp plan` as one library call (run_command): the options resolved into a model and a cluster as
 // the command line means them, then the summary, the sweep or the plan, rendered. The app binds the
 // flags, prints what comes back and writes its files.
+#include <algorithm>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -100,6 +101,20 @@ Expected<recipe::Recipe> checked_recipe(const PlanOptions& opts, const PlanRepor
   return e;
 }
 
+// A sweep fails (exit 4) when any point is infeasible, so that CI notices a configuration that
+// stopped fitting; the rows are printed first. The message names the points.
+Error sweep_failure(const SweepResult& swept) {
+  const std::size_t shown = std::min<std::size_t>(swept.infeasible.size(), 4);
+  std::string points;
+  for (std::size_t i = 0; i < shown; ++i) points += (i ? "; " : "") + swept.infeasible[i];
+  if (shown < swept.infeasible.size())
+    points += fmt::format("; {} more", swept.infeasible.size() - shown);
+  return Error(Errc::infeasible,
+               fmt::format("{} of {} sweep points are infeasible ({}); their rows say why",
+                           swept.infeasible.size(), swept.points, points),
+               "", "--allow-infeasible prints the same rows and exits 0");
+}
+
 // The plan (or one per --sweep value) on `cluster`, with the files --schedule-svg and -o write.
 Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster& cluster) {
   PlanOutput out;
@@ -109,9 +124,16 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
       return Error(Errc::usage,
                    "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
                    "", "run the value you want without --sweep");
-    HP_ASSIGN_OR_RETURN(out.text, run_sweep(opts, cluster));
+    HP_ASSIGN_OR_RETURN(SweepResult swept, run_sweep(opts, cluster));
+    out.text = std::move(swept.text);
+    if (!swept.infeasible.empty() && !opts.allow_infeasible) out.failure = sweep_failure(swept);
     return out;
   }
+  if (opts.timing || opts.allow_infeasible)
+    return Error(
+        Errc::usage,
+        fmt::format("{} goes with --sweep", opts.timing ? "--timing" : "--allow-infeasible"), "",
+        "a single plan reports its search time in the table and JSON");
   HP_ASSIGN_OR_RETURN(const PlanReport report, run(opts, cluster));
   out.warnings = report.warnings;
   out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
