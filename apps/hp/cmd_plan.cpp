@@ -1,4 +1,4 @@
-// hp plan [MODEL] [--summary [--json]] [--dim NAME=VALUE ...] [planner options]
+// hp plan [MODEL] [--summary [--json]] [--dim NAME=VALUE ...] [--explain NAME] [planner options]
 //
 // The flags fill hp::planner::PlanOptions; hp::planner::run_command resolves the model (the bundled
 // tiny-gpt2 when none is named) and the cluster (local-cpu when none is named), then summarises the
@@ -26,6 +26,13 @@ int run_plan(const planner::PlanOptions& opts) {
     if (auto written = write_file_atomic(f.path, f.contents); !written)
       return report_error(written.error());
   return out->failure ? report_error(*out->failure) : 0;
+}
+
+// --explain: hp shard's explanation of a tensor under a recipe not written yet.
+Expected<std::string> explain_in_recipe(const recipe::Recipe& r, const std::filesystem::path& at,
+                                        const std::string& name, bool json) {
+  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(r, recipe::SourceMap(at.string()), at));
+  return shard::explain(*prepared, name, json);
 }
 
 }  // namespace
@@ -76,6 +83,9 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                 "with --sweep: add the search_seconds column (differs between runs)");
   sub->add_option("--schedule-svg", opts->schedule_svg,
                   "draw the best plan's pipeline schedule into this SVG file");
+  sub->add_option("--explain", opts->explain,
+                  "print one tensor's layout and slices under the best plan (ONNX or PyTorch "
+                  "parameter name; see hp shard --explain)");
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")
       ->check(CLI::PositiveNumber);
   sub->footer(
@@ -87,6 +97,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->command = ctx.command_line;
     opts->check_plan = shard::check_shardable;
+    opts->explain_tensor = explain_in_recipe;
     opts->model_dirs = {executable_dir() / ".." / HP_INSTALL_DATA_DIR / "recipes" / "models",
                         std::filesystem::path(HP_SOURCE_DIR) / "recipes" / "models"};
     ctx.exit_code = run_plan(*opts);

@@ -152,11 +152,12 @@ Expected<NameMatch> resolve_tensor_name(const Graph& g, const std::string& name)
     const Tensor& held = g.tensor(t);
     const std::string& reader = g.node(node).name;
     return NameMatch{
-        t, fmt::format("'{}' is not in the model under that name: torch.onnx exported it as '{}' "
-                       "{}, the one initializer it renamed among those read in scope '{}' "
-                       "(node '{}'); a folded transpose makes its dims the parameter's reversed",
-                       name, held.name, dims_text(held), reader.substr(0, reader.rfind('/') + 1),
-                       reader)};
+        t, fmt::format(
+               "'{}' is not in the model under that name: torch.onnx exported it as '{}' "
+               "{}, the one initializer it renamed among those read in scope '{}' "
+               "(node '{}'); its dims are the parameter's transposed when the exporter folded a "
+               "Transpose into it",
+               name, held.name, dims_text(held), reader.substr(0, reader.rfind('/') + 1), reader)};
   }
   const auto close = similar_tensor_names(g, name);
   std::string hint;

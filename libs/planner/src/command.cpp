@@ -101,6 +101,19 @@ Expected<recipe::Recipe> checked_recipe(const PlanOptions& opts, const PlanRepor
   return e;
 }
 
+// --explain NAME: the tensor as hp shard would lay it out under the best plan's recipe (placed in
+// the working directory, or at -o), so that a name can be checked before anything is written.
+Expected<std::string> explain_output(const PlanOptions& opts, const PlanReport& report) {
+  if (!opts.explain_tensor)
+    return Error(Errc::not_implemented, "--explain needs hp shard, which this build lacks");
+  const fs::path at =
+      opts.output.empty() ? fs::current_path() / "plan.toml" : fs::path(opts.output);
+  HP_ASSIGN_OR_RETURN(std::string text,
+                      opts.explain_tensor(plan_to_recipe(report, at), at, opts.explain, opts.json));
+  if (opts.json) return text;
+  return fmt::format("under plan 1 ({})\n{}", short_config(report.plans.front().config), text);
+}
+
 // A sweep fails (exit 4) when any point is infeasible, so that CI notices a configuration that
 // stopped fitting; the rows are printed first. The message names the points.
 Error sweep_failure(const SweepResult& swept) {
@@ -120,9 +133,10 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
   PlanOutput out;
   out.model = opts.model;
   if (!opts.sweep.empty()) {
-    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
+    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare || !opts.explain.empty())
       return Error(Errc::usage,
-                   "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
+                   "--sweep prints one row per value: it takes no -o, --schedule-svg, --compare "
+                   "or --explain",
                    "", "run the value you want without --sweep");
     HP_ASSIGN_OR_RETURN(SweepResult swept, run_sweep(opts, cluster));
     out.text = std::move(swept.text);
@@ -136,7 +150,11 @@ Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster&
         "a single plan reports its search time in the table and JSON");
   HP_ASSIGN_OR_RETURN(const PlanReport report, run(opts, cluster));
   out.warnings = report.warnings;
-  out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
+  if (!opts.explain.empty()) {
+    HP_ASSIGN_OR_RETURN(out.text, explain_output(opts, report));
+  } else {
+    out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
+  }
   if (!opts.schedule_svg.empty()) out.files.push_back({opts.schedule_svg, schedule_svg(report)});
   if (!opts.output.empty()) {
     HP_ASSIGN_OR_RETURN(const recipe::Recipe written, checked_recipe(opts, report, out.warnings));
@@ -175,6 +193,9 @@ Expected<PlanOutput> run_command(const PlanOptions& given) {
   if (opts.model.empty()) {
     HP_ASSIGN_OR_RETURN(opts.model, bundled_model(opts.model_dirs));
   }
+  if (opts.summary && !opts.explain.empty())
+    return Error(Errc::usage, "--explain shows a tensor under a plan: it takes no --summary", "",
+                 "'hp plan MODEL --summary' lists the layers; drop one of the two");
   if (opts.summary) return summary_output(opts, dims, std::move(cluster));
   if (!cluster) {
     opts.cluster = "local-cpu";  // also what the report and the recipe name as the cluster

@@ -1,6 +1,7 @@
 // Planner features beyond the core search: MoE profiling and expert parallelism, the --compare
 // baselines, --sweep, the schedule picture, --fix checks against the model and cluster, and the
 // de-duplication of the top-k list.
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -363,6 +364,36 @@ TEST_CASE("planner: the table, JSON and sweep name optimizer_shard by the recipe
   auto row = run_sweep(opts, cluster("dgx-a100", 1));
   REQUIRE(row);
   CHECK(row->text.find(",parameters,") != std::string::npos);
+}
+
+TEST_CASE("planner: --explain hands the best plan's recipe to the explainer the app passes",
+          "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 16;
+  opts.global_batch = 2;
+  opts.explain = "h.0.mlp_proj.weight";
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  auto none = run_command(opts);
+  REQUIRE(!none);
+  INFO(none.error().str());
+  CHECK(none.error().code == Errc::not_implemented);
+  opts.explain_tensor = [](const recipe::Recipe& r, const std::filesystem::path& at,
+                           const std::string& name, bool json) -> Expected<std::string> {
+    return fmt::format("{} dp={} {} {}\n", name, r.parallel.dp, at.filename().string(), json);
+  };
+  auto text = run_command(opts);
+  REQUIRE(text);
+  CHECK(text->text.find("under plan 1 (dp1 tp1 pp1") == 0);
+  CHECK(text->text.find("\nh.0.mlp_proj.weight dp=1 plan.toml false\n") != std::string::npos);
+  opts.json = true;
+  auto json = run_command(opts);
+  REQUIRE(json);
+  CHECK(json->text == "h.0.mlp_proj.weight dp=1 plan.toml true\n");
+  opts.summary = true;
+  auto summary = run_command(opts);
+  REQUIRE(!summary);
+  CHECK(summary.error().code == Errc::usage);
 }
 
 TEST_CASE("planner: the top-k plans are pairwise different configurations", "[planner]") {

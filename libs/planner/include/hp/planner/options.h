@@ -45,6 +45,14 @@ struct PlanOptions {
   /// below the sharder). A plan that fails it is not written; the next-ranked plan that passes is,
   /// with a warning, and none passing is an error naming each plan's reason. Empty: no check.
   std::function<Status(const recipe::Recipe&, const std::filesystem::path&)> check_plan;
+  /// --explain NAME: print one tensor's layout under the best plan instead of the plan table.
+  std::string explain;
+  /// Explains tensor `name` of a recipe (to be written at the path given) as `hp shard --explain`
+  /// does, JSON when asked (the app passes hp shard's: the planner sits below the sharder). Empty:
+  /// --explain is not available.
+  std::function<Expected<std::string>(const recipe::Recipe&, const std::filesystem::path&,
+                                      const std::string& name, bool json)>
+      explain_tensor;
   // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then
   // the source tree of a build):
   std::vector<std::filesystem::path>
