@@ -8,6 +8,8 @@
 #   env      KEY=VALUE lines exported before running, optional (same substitutions)
 #   setup    optional bash script run first with SRC, TMP, DATA set (to make malformed files etc.);
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
+#   repeat   optional, empty: hp runs a second time with the same arguments, and the two runs'
+#            stdout must be byte-identical (output that CI scripts diff against a committed copy)
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
 set -u
@@ -42,6 +44,13 @@ fi
 if (( rc >= 124 )); then echo "FAIL: hp crashed, hung or was killed (rc $rc)"; fail=1; fi
 if [[ $rc != 0 ]] && ! grep -q '^hp: error: ' "$tmp/.err"; then
   echo "FAIL: non-zero exit without an 'hp: error:' line on stderr"; fail=1
+fi
+if [[ -f $case_dir/repeat ]]; then
+  timeout 120 "$hp" "${args[@]}" >"$tmp/.out2" 2>/dev/null </dev/null
+  if ! cmp -s "$tmp/.out" "$tmp/.out2"; then
+    echo "FAIL: a second run's stdout differs from the first:"; diff "$tmp/.out" "$tmp/.out2" | head -20
+    fail=1
+  fi
 fi
 for stream in stdout stderr; do
   [[ -f $case_dir/$stream ]] || continue

@@ -248,7 +248,8 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
     r.summary = format_train_options(to);
     if (p.dp > 1)
       r.summary += fmt::format("  {} data-parallel ranks ({}), optimizer_shard {}{}\n", p.dp,
-                               o.simulate ? "threads of this process" : "mpirun", p.optimizer_shard,
+                               o.simulate ? "threads of this process" : "mpirun",
+                               recipe::optimizer_shard_name(p.optimizer_shard),
                                p.shard_group > 0 && p.shard_group < p.dp
                                    ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                    : std::string());

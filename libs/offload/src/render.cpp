@@ -55,9 +55,10 @@ std::string format_text(const OffloadReport& r) {
   o += fmt::format("recipe        {}\n", r.recipe);
   o += fmt::format("cluster       {} ({}, {} per device)\n", r.cluster, r.device,
                    format_bytes(r.device_memory));
-  o += fmt::format("plan          dp{} tp{} pp{} zero{} mbs{}x{} {} seq {} ({}, {}, {})\n", r.dp,
-                   r.tp, r.pp, r.zero, r.micro_batch_size, r.micro_batches, r.schedule, r.seq,
-                   r.mode, r.dtype, r.optimizer);
+  o += fmt::format(
+      "plan          dp{} tp{} pp{} optimizer_shard {} mbs{}x{} {} seq {} ({}, {}, {})\n", r.dp,
+      r.tp, r.pp, recipe::optimizer_shard_name(r.zero), r.micro_batch_size, r.micro_batches,
+      r.schedule, r.seq, r.mode, r.dtype, r.optimizer);
   o += fmt::format("budget        {} ({})\n", format_bytes(r.budget), r.budget_source);
   o += fmt::format("host link     h2d {} [{}], d2h {} [{}]\n", format_rate(r.h2d.value, "B"),
                    r.h2d.source, format_rate(r.d2h.value, "B"), r.d2h.source);
@@ -147,7 +148,7 @@ std::string format_json(const OffloadReport& r) {
   j["plan"] = {{"dp", r.dp},
                {"tp", r.tp},
                {"pp", r.pp},
-               {"optimizer_shard", r.zero},
+               {"optimizer_shard", recipe::optimizer_shard_name(r.zero)},
                {"micro_batch_size", r.micro_batch_size},
                {"micro_batches", r.micro_batches},
                {"schedule", r.schedule},

@@ -1,6 +1,7 @@
 // `hp plan` as one library call (run_command): the options resolved into a model and a cluster as
 // the command line means them, then the summary, the sweep or the plan, rendered. The app binds the
 // flags, prints what comes back and writes its files.
+#include <algorithm>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -100,21 +101,60 @@ Expected<recipe::Recipe> checked_recipe(const PlanOptions& opts, const PlanRepor
   return e;
 }
 
+// --explain NAME: the tensor as hp shard would lay it out under the best plan's recipe (placed in
+// the working directory, or at -o), so that a name can be checked before anything is written.
+Expected<std::string> explain_output(const PlanOptions& opts, const PlanReport& report) {
+  if (!opts.explain_tensor)
+    return Error(Errc::not_implemented, "--explain needs hp shard, which this build lacks");
+  const fs::path at =
+      opts.output.empty() ? fs::current_path() / "plan.toml" : fs::path(opts.output);
+  HP_ASSIGN_OR_RETURN(std::string text,
+                      opts.explain_tensor(plan_to_recipe(report, at), at, opts.explain, opts.json));
+  if (opts.json) return text;
+  return fmt::format("under plan 1 ({})\n{}", short_config(report.plans.front().config), text);
+}
+
+// A sweep fails (exit 4) when any point is infeasible, so that CI notices a configuration that
+// stopped fitting; the rows are printed first. The message names the points.
+Error sweep_failure(const SweepResult& swept) {
+  const std::size_t shown = std::min<std::size_t>(swept.infeasible.size(), 4);
+  std::string points;
+  for (std::size_t i = 0; i < shown; ++i) points += (i ? "; " : "") + swept.infeasible[i];
+  if (shown < swept.infeasible.size())
+    points += fmt::format("; {} more", swept.infeasible.size() - shown);
+  return Error(Errc::infeasible,
+               fmt::format("{} of {} sweep points are infeasible ({}); their rows say why",
+                           swept.infeasible.size(), swept.points, points),
+               "", "--allow-infeasible prints the same rows and exits 0");
+}
+
 // The plan (or one per --sweep value) on `cluster`, with the files --schedule-svg and -o write.
 Expected<PlanOutput> plan_output(const PlanOptions& opts, const recipe::Cluster& cluster) {
   PlanOutput out;
   out.model = opts.model;
   if (!opts.sweep.empty()) {
-    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare)
+    if (!opts.output.empty() || !opts.schedule_svg.empty() || opts.compare || !opts.explain.empty())
       return Error(Errc::usage,
-                   "--sweep prints one row per value: it takes no -o, --schedule-svg or --compare",
+                   "--sweep prints one row per value: it takes no -o, --schedule-svg, --compare "
+                   "or --explain",
                    "", "run the value you want without --sweep");
-    HP_ASSIGN_OR_RETURN(out.text, run_sweep(opts, cluster));
+    HP_ASSIGN_OR_RETURN(SweepResult swept, run_sweep(opts, cluster));
+    out.text = std::move(swept.text);
+    if (!swept.infeasible.empty() && !opts.allow_infeasible) out.failure = sweep_failure(swept);
     return out;
   }
+  if (opts.timing || opts.allow_infeasible)
+    return Error(
+        Errc::usage,
+        fmt::format("{} goes with --sweep", opts.timing ? "--timing" : "--allow-infeasible"), "",
+        "a single plan reports its search time in the table and JSON");
   HP_ASSIGN_OR_RETURN(const PlanReport report, run(opts, cluster));
   out.warnings = report.warnings;
-  out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
+  if (!opts.explain.empty()) {
+    HP_ASSIGN_OR_RETURN(out.text, explain_output(opts, report));
+  } else {
+    out.text = opts.json ? format_plan_json(report) : format_plan_text(report);
+  }
   if (!opts.schedule_svg.empty()) out.files.push_back({opts.schedule_svg, schedule_svg(report)});
   if (!opts.output.empty()) {
     HP_ASSIGN_OR_RETURN(const recipe::Recipe written, checked_recipe(opts, report, out.warnings));
@@ -153,6 +193,9 @@ Expected<PlanOutput> run_command(const PlanOptions& given) {
   if (opts.model.empty()) {
     HP_ASSIGN_OR_RETURN(opts.model, bundled_model(opts.model_dirs));
   }
+  if (opts.summary && !opts.explain.empty())
+    return Error(Errc::usage, "--explain shows a tensor under a plan: it takes no --summary", "",
+                 "'hp plan MODEL --summary' lists the layers; drop one of the two");
   if (opts.summary) return summary_output(opts, dims, std::move(cluster));
   if (!cluster) {
     opts.cluster = "local-cpu";  // also what the report and the recipe name as the cluster

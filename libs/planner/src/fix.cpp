@@ -1,6 +1,7 @@
 // --fix KEY=VALUE: pins part of the configuration. The search still runs over everything left free,
 // so with every degree pinned it evaluates exactly that configuration (how published configurations
 // are checked against their reported iteration times).
+#include <algorithm>
 #include <charconv>
 #include <string_view>
 
@@ -20,9 +21,38 @@ std::optional<std::int64_t> parse_int(std::string_view v) {
 
 Error bad(const std::string& arg, const std::string& why) {
   return Error(Errc::usage, fmt::format("--fix {}: {}", arg, why), "",
-               "keys: dp, tp, pp, ep, shard_group, optimizer_shard, micro_batch_size, "
-               "micro_batches, schedule, virtual_stages, "
-               "sequence_parallel, recompute");
+               "keys: dp, tp, pp, ep, shard_group, optimizer_shard (zero), micro_batch_size, "
+               "micro_batches, schedule, virtual_stages, sequence_parallel, recompute");
+}
+
+// The names people already use for the keys: Megatron's and DeepSpeed's (tensor, pipeline, zero
+// stage), the long forms, and the short ones of the plan table. Dashes read as underscores, so
+// --fix micro-batch-size=2 works as it does in the other options.
+struct Alias {
+  const char* alias;
+  const char* key;
+};
+constexpr Alias kAliases[] = {
+    {"data", "dp"},
+    {"data_parallel", "dp"},
+    {"tensor", "tp"},
+    {"tensor_parallel", "tp"},
+    {"pipeline", "pp"},
+    {"pipeline_parallel", "pp"},
+    {"expert", "ep"},
+    {"expert_parallel", "ep"},
+    {"zero", "optimizer_shard"},
+    {"zero_stage", "optimizer_shard"},
+    {"mbs", "micro_batch_size"},
+    {"sp", "sequence_parallel"},
+    {"hsdp", "shard_group"},
+};
+
+std::string canonical_key(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  for (const auto& a : kAliases)
+    if (key == a.alias) return a.key;
+  return key;
 }
 
 template <class T>
@@ -49,7 +79,7 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
   for (const auto& arg : args) {
     const auto eq = arg.find('=');
     if (eq == std::string::npos) return bad(arg, "expected KEY=VALUE");
-    const std::string key = arg.substr(0, eq), val = arg.substr(eq + 1);
+    const std::string key = canonical_key(arg.substr(0, eq)), val = arg.substr(eq + 1);
     const auto n = parse_int(val);
     auto need_int = [&](std::optional<std::int64_t>& slot, std::int64_t min) -> Status {
       if (!n || *n < min) return bad(arg, fmt::format("'{}' is not an integer >= {}", val, min));
@@ -62,7 +92,7 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       st = need_int(f.tp, 1);
     else if (key == "pp")
       st = need_int(f.pp, 1);
-    else if (key == "ep" || key == "expert_parallel")
+    else if (key == "ep")
       st = need_int(f.ep, 1);
     else if (key == "shard_group")
       st = need_int(f.shard_group, 1);
@@ -98,7 +128,7 @@ Expected<Fixed> parse_fixes(const std::vector<std::string>& args) {
       if (!r) return bad(arg, "expected none, selective or full");
       st = set(f.recompute, *r, arg);
     } else {
-      return bad(arg, fmt::format("unknown key '{}'", key));
+      return bad(arg, fmt::format("unknown key '{}'", arg.substr(0, eq)));
     }
     HP_TRY(st);
   }

@@ -86,7 +86,8 @@ Error infeasible(const Shortfall& s, double memory, double usable) {
 
 std::string short_config(const Config& c) {
   std::string s = fmt::format("dp{} tp{} pp{}", c.dp, c.tp, c.pp);
-  if (c.optimizer_shard > 0) s += fmt::format(" zero{}", c.optimizer_shard);
+  if (c.optimizer_shard > 0)
+    s += fmt::format(" optimizer_shard={}", recipe::optimizer_shard_name(c.optimizer_shard));
   if (dense_shard(c) > 1 && dense_shard(c) < c.dp) s += fmt::format(" hsdp{}", dense_shard(c));
   s += fmt::format(" mbs{}x{}", c.micro_batch_size, c.micro_batches);
   if (c.pp > 1) s += fmt::format(" {}", recipe::schedule_name(c.schedule));

@@ -41,6 +41,15 @@ const char* overall_recompute(const Plan& p) {
   return recipe::recompute_name(r);
 }
 
+// The optimizer_shard cell of the table: the recipe's level name, "/N" when ZeRO shards over HSDP
+// groups of N data-parallel ranks rather than the whole dp group.
+std::string shard_cell(const Config& c) {
+  const std::int64_t group = dense_shard(c);
+  return group > 1 && group < c.dp
+             ? fmt::format("{}/{}", recipe::optimizer_shard_name(c.optimizer_shard), group)
+             : recipe::optimizer_shard_name(c.optimizer_shard);
+}
+
 std::string block_ranges(const StagePlan& s) { return recipe::format_ranges(s.blocks); }
 
 // The tier each axis talks over ("self" for a degree-1 axis).
@@ -51,7 +60,7 @@ json parallel_json(const Plan& p) {
   return {{"dp", c.dp},
           {"tp", c.tp},
           {"pp", c.pp},
-          {"optimizer_shard", c.optimizer_shard},
+          {"optimizer_shard", recipe::optimizer_shard_name(c.optimizer_shard)},
           {"optimizer_shard_group", dense_shard(c)},
           {"micro_batch_size", c.micro_batch_size},
           {"micro_batches", c.micro_batches},
@@ -181,9 +190,9 @@ std::string format_plan_text(const PlanReport& r) {
       r.stats.pruned_time,
       r.stats.seconds > 0 ? static_cast<double>(r.stats.evaluated) / r.stats.seconds : 0.0);
   out += fmt::format(
-      "{:>2} {:>5} {:>3} {:>3} {:>3} {:>5} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} "
+      "{:>2} {:>5} {:>3} {:>3} {:>3} {:>15} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} {:>6} "
       "{:>6} {:>10} {}\n",
-      "#", "dp", "tp", "pp", "ep", "zero", "mbs x n", "schedule", "v", "sp", "placement",
+      "#", "dp", "tp", "pp", "ep", "optimizer_shard", "mbs x n", "schedule", "v", "sp", "placement",
       "iteration", r.sequence ? "tokens/s" : "samples/s", "MFU", "HFU", "TF/s/dev",
       "peak mem / limit");
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
@@ -191,12 +200,9 @@ std::string format_plan_text(const PlanReport& r) {
     const Config& c = p.config;
     const Prediction& q = p.predicted;
     out += fmt::format(
-        "{:>2} {:>5} {:>3} {:>3} {:>3} {:>5} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} "
+        "{:>2} {:>5} {:>3} {:>3} {:>3} {:>15} {:>9} {:>11} {:>2} {:>3} {:>8} {:>11} {:>11} "
         "{:>5.1f}% {:>5.1f}% {:>10.4g} {} / {}\n",
-        i + 1, c.dp, c.tp, c.pp, c.ep,
-        dense_shard(c) > 1 && dense_shard(c) < c.dp
-            ? fmt::format("{}h{}", c.optimizer_shard, dense_shard(c))
-            : fmt::format("{}", c.optimizer_shard),
+        i + 1, c.dp, c.tp, c.pp, c.ep, shard_cell(c),
         fmt::format("{}x{}", c.micro_batch_size, c.micro_batches),
         recipe::schedule_name(c.schedule), c.virtual_stages, c.sequence_parallel ? "yes" : "no",
         placement(c), format_seconds(q.iteration),
@@ -239,10 +245,9 @@ std::string format_plan_text(const PlanReport& r) {
       }
       const Config& c = b.plan->config;
       out += fmt::format(
-          "  {:<14} dp{} tp{} pp{} zero{} mbs{}x{} recompute {}: {}, MFU {:.1f}%; best plan is "
-          "{:+.2f}% faster "
-          "({} configurations; {})\n",
-          b.name, c.dp, c.tp, c.pp, c.optimizer_shard, c.micro_batch_size, c.micro_batches,
+          "  {:<14} dp{} tp{} pp{} optimizer_shard {} mbs{}x{} recompute {}: {}, MFU {:.1f}%; "
+          "best plan is {:+.2f}% faster ({} configurations; {})\n",
+          b.name, c.dp, c.tp, c.pp, shard_cell(c), c.micro_batch_size, c.micro_batches,
           overall_recompute(*b.plan), format_seconds(b.plan->predicted.iteration),
           100 * b.plan->predicted.mfu, 100 * b.speedup, b.evaluated, b.description);
     }

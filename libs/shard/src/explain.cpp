@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "hp/model/names.h"
 #include "hp/shard/shard.h"
 
 namespace hp::shard {
@@ -29,16 +30,13 @@ std::string dims_text(const std::vector<std::int64_t>& v) {
 
 Expected<std::string> explain(const Prepared& p, const std::string& name, bool json) {
   const auto& g = p.graph;
-  int t = g.find_tensor(name);
-  if (t < 0) {
-    std::string close;
-    for (const auto& tensor : g.tensors)
-      if (close.empty() && tensor.name.find(name) != std::string::npos) close = tensor.name;
-    return Error(Errc::bad_input, fmt::format("the model has no tensor '{}'", name),
-                 p.model_path.string(),
-                 close.empty() ? std::string("the manifest's [[layouts]] list every tensor")
-                               : fmt::format("did you mean '{}'?", close));
+  auto found = model::resolve_tensor_name(g, name);
+  if (!found) {
+    Error e = std::move(found).error();
+    e.what.where = p.model_path.string();
+    return e;
   }
+  const int t = found->tensor;
   const auto& tensor = g.tensor(t);
   const auto& mesh = p.prop.mesh;
   const Sharding& s = p.prop.layout[static_cast<std::size_t>(t)];
@@ -52,15 +50,17 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
       if (touches) stages.insert(st.index);
     }
   nlohmann::json j;
-  j["tensor"] = name;
+  j["tensor"] = g.tensor(t).name;
+  if (!found->note.empty()) j["resolved"] = {{"name", name}, {"note", found->note}};
   j["shape"] = shape;
   j["layout"] = format_sharding(mesh, s);
   j["origin"] = p.prop.origin[static_cast<std::size_t>(t)];
   j["mesh"] = {{"device_matrix", mesh.dims}, {"alias_name", mesh.axes}};
-  std::string text =
-      fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", name, dims_text(shape),
-                  format_sharding(mesh, s), p.prop.origin[static_cast<std::size_t>(t)],
-                  dims_text(mesh.dims), fmt::format("({})", fmt::join(mesh.axes, ", ")));
+  std::string text = found->note.empty() ? std::string() : found->note + "\n";
+  text += fmt::format("tensor {}  shape {}\nlayout {}  ({})  on mesh {} {}\n", tensor.name,
+                      dims_text(shape), format_sharding(mesh, s),
+                      p.prop.origin[static_cast<std::size_t>(t)], dims_text(mesh.dims),
+                      fmt::format("({})", fmt::join(mesh.axes, ", ")));
   // A blocked tensor (fused q|k|v) is held as the view [.., k, n/k, ..]: its slices are of the
   // view.
   HeldView view = held_view(p.prop, t, shape);

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <set>
 
+#include "hp/model/names.h"
+
 namespace hp::shard {
 namespace {
 
@@ -89,6 +91,19 @@ Expected<Mesh> stage_mesh(const Prepared& p) {
   return m;
 }
 
+// A [layouts] key that names no parameter: the closest names when it is a plain name (a PyTorch
+// name the exporter renamed is found through its scope, hp/model/names.h), else where names are.
+std::string layout_hint(const model::Graph& g, const std::string& name) {
+  const auto close =
+      is_glob(name) ? std::vector<std::string>{} : model::similar_tensor_names(g, name);
+  if (close.empty())
+    return "'hp shard RECIPE --explain NAME' shows a tensor; names are the ONNX initializer names";
+  std::string list;
+  for (std::size_t i = 0; i < close.size(); ++i)
+    list += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == close.size() ? " or " : ", ", close[i]);
+  return fmt::format("did you mean {}? layouts name the ONNX initializers", list);
+}
+
 Status declare_layouts(const Prepared& p, PropagateOptions& o) {
   const auto& g = p.graph;
   std::vector<std::pair<std::string, const recipe::Layout*>> order;
@@ -119,8 +134,7 @@ Status declare_layouts(const Prepared& p, PropagateOptions& o) {
                     name)
               : fmt::format("layout '{}' matches no parameter or graph input of {}", name,
                             p.model_path.filename().string()),
-          where,
-          "'hp shard RECIPE --explain NAME' shows a tensor; names are the ONNX initializer names");
+          where, layout_hint(g, name));
     }
     for (int t : hits) {
       const auto& tensor = g.tensor(t);

@@ -1,6 +1,7 @@
 // Planner features beyond the core search: MoE profiling and expert parallelism, the --compare
 // baselines, --sweep, the schedule picture, --fix checks against the model and cluster, and the
 // de-duplication of the top-k list.
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -144,17 +145,96 @@ TEST_CASE("planner: --sweep prints one CSV row per value, infeasible rows includ
   opts.model = data_model("gpt-175b-skeleton.onnx");
   opts.seq = 2048;
   opts.global_batch = 64;
-  opts.sweep = "nodes=1,16";
+  opts.sweep = {"nodes=1,16"};
   auto rows = run_sweep(opts, cluster("dgx-a100", 1));
   REQUIRE(rows);
-  INFO(*rows);
-  CHECK(count(*rows, "\n") == 3);
-  CHECK(rows->find("1,8,64,infeasible") != std::string::npos);
-  CHECK(rows->find("16,128,64,ok,") != std::string::npos);
-  opts.sweep = "nodes=1,x";
-  auto bad = run_sweep(opts, cluster("dgx-a100", 1));
-  REQUIRE(!bad);
-  CHECK(bad.error().code == Errc::usage);
+  INFO(rows->text);
+  CHECK(count(rows->text, "\n") == 3);
+  CHECK(rows->points == 2);
+  REQUIRE(rows->infeasible == std::vector<std::string>{"nodes=1"});
+  // The infeasible row carries the planner's reason, quoted because it holds commas.
+  CHECK(rows->text.find("1,8,64,2048,infeasible,") != std::string::npos);
+  CHECK(rows->text.find(",\"no plan fits") != std::string::npos);
+  CHECK(rows->text.find("16,128,64,2048,ok,") != std::string::npos);
+  CHECK(rows->text.find("search_seconds") == std::string::npos);
+  opts.timing = true;
+  auto timed = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(timed);
+  CHECK(timed->text.find(",search_seconds,error\n") != std::string::npos);
+}
+
+TEST_CASE("planner: --sweep axes multiply, the first outermost", "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 16;
+  opts.sweep = {"global-batch=8,16", "nodes=2,1"};
+  auto rows = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(rows);
+  INFO(rows->text);
+  CHECK(rows->points == 4);
+  const auto a = rows->text.find("\n2,16,8,"), b = rows->text.find("\n1,8,8,"),
+             c = rows->text.find("\n2,16,16,"), d = rows->text.find("\n1,8,16,");
+  REQUIRE(d != std::string::npos);
+  CHECK((a < b && b < c && c < d));
+  opts.json = true;
+  auto again = run_sweep(opts, cluster("dgx-a100", 1)),
+       twice = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(again);
+  REQUIRE(twice);
+  CHECK(again->text == twice->text);
+  CHECK(count(again->text, "\n") == 4);
+}
+
+TEST_CASE("planner: malformed --sweep specs are usage errors naming the problem", "[planner]") {
+  auto msg = [](std::vector<std::string> specs) {
+    auto axes = parse_sweeps(specs);
+    REQUIRE(!axes);
+    CHECK(axes.error().code == Errc::usage);
+    return axes.error().message();
+  };
+  CHECK(msg({"nodes=1,x"}) == "--sweep nodes=1,x: 'x' is not a positive integer");
+  CHECK(msg({"nodes=1,0"}) == "--sweep nodes=1,0: '0' is not a positive integer");
+  CHECK(msg({"nodes=1.5"}) == "--sweep nodes=1.5: '1.5' is not a positive integer");
+  CHECK(msg({"pp=1,2"}) == "--sweep pp=1,2: unknown axis 'pp' (nodes, global-batch or seq)");
+  CHECK(msg({"nodes="}) == "--sweep nodes=: no values for 'nodes'");
+  CHECK(msg({"nodes=1,,2"}) == "--sweep nodes=1,,2: empty value in the list");
+  CHECK(msg({"nodes=1,"}) == "--sweep nodes=1,: empty value in the list");
+  CHECK(msg({"nodes"}) == "--sweep nodes: expected AXIS=V1,V2,...");
+  CHECK(msg({"nodes=1,2,1"}) == "--sweep nodes=1,2,1: 1 appears twice");
+  CHECK(msg({"global-batch=8", "global_batch=16"}) ==
+        "--sweep global_batch=16: axis 'global-batch' is already swept");
+  CHECK(msg({}) == "--sweep needs at least one axis");
+  auto ok = parse_sweeps({"seq=64,32", "nodes=4"});
+  REQUIRE(ok);
+  REQUIRE(ok->size() == 2);
+  CHECK((*ok)[0].key == "seq");
+  CHECK((*ok)[0].values == std::vector<std::int64_t>{64, 32});
+}
+
+TEST_CASE("planner: a sweep with an infeasible point fails after its rows unless allowed",
+          "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("gpt-175b-skeleton.onnx");
+  opts.cluster = "dgx-a100";
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  opts.seq = 2048;
+  opts.global_batch = 64;
+  opts.sweep = {"nodes=1,2"};
+  auto out = run_command(opts);
+  REQUIRE(out);
+  REQUIRE(out->failure);
+  CHECK(out->failure->code == Errc::infeasible);
+  CHECK(out->failure->message().find("2 of 2 sweep points are infeasible (nodes=1; nodes=2)") == 0);
+  CHECK(count(out->text, ",infeasible,") == 2);
+  opts.allow_infeasible = true;
+  auto allowed = run_command(opts);
+  REQUIRE(allowed);
+  CHECK(!allowed->failure);
+  CHECK(allowed->text == out->text);
+  opts.sweep.clear();
+  auto single = run_command(opts);
+  REQUIRE(!single);
+  CHECK(single.error().message() == "--allow-infeasible goes with --sweep");
 }
 
 TEST_CASE(
@@ -231,6 +311,91 @@ TEST_CASE("planner: --fix is checked against the cluster and the model", "[plann
   CHECK(std::move(e).error().code == Errc::bad_input);
 }
 
+TEST_CASE("planner: --fix takes the common names of its keys and the recipe's shard levels",
+          "[planner]") {
+  auto f = parse_fixes({"zero=3", "tensor=2", "pipeline_parallel=2", "data=2", "mbs=4",
+                        "micro-batches=2", "sp=true", "expert=1"});
+  REQUIRE(f);
+  CHECK(f->optimizer_shard == 3);
+  CHECK(f->tp == 2);
+  CHECK(f->pp == 2);
+  CHECK(f->dp == 2);
+  CHECK(f->micro_batch_size == 4);
+  CHECK(f->micro_batches == 2);
+  CHECK(f->sequence_parallel == true);
+  CHECK(f->ep == 1);
+  for (const char* same : {"zero_stage=gradients", "optimizer_shard=2", "zero=2"}) {
+    auto g = parse_fixes({same});
+    REQUIRE(g);
+    CHECK(g->optimizer_shard == 2);
+  }
+  // An alias and its key are one key: two different values contradict each other.
+  auto twice = parse_fixes({"zero=3", "optimizer_shard=optimizer"});
+  REQUIRE(!twice);
+  CHECK(twice.error().message() ==
+        "--fix optimizer_shard=optimizer: contradicts an earlier --fix of the same key");
+  auto bad = parse_fixes({"zero=4"});
+  REQUIRE(!bad);
+  CHECK(bad.error().code == Errc::usage);
+  auto unknown = parse_fixes({"zero-level=1"});
+  REQUIRE(!unknown);
+  CHECK(unknown.error().message() == "--fix zero-level=1: unknown key 'zero-level'");
+}
+
+TEST_CASE("planner: the table, JSON and sweep name optimizer_shard by the recipe's level names",
+          "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 16;
+  opts.global_batch = 16;
+  opts.fix_args = {"zero=3"};
+  auto rep = run(opts, cluster("dgx-a100", 1));
+  REQUIRE(rep);
+  REQUIRE(rep->plans.front().config.optimizer_shard == 3);
+  const std::string text = format_plan_text(*rep), json = format_plan_json(*rep);
+  CHECK(text.find(" optimizer_shard ") != std::string::npos);
+  CHECK(text.find(" zero ") == std::string::npos);
+  CHECK(text.find(" parameters ") != std::string::npos);
+  CHECK(json.find("\"optimizer_shard\": \"parameters\"") != std::string::npos);
+  const recipe::Recipe r = plan_to_recipe(*rep, "plan.toml");
+  CHECK(r.parallel.optimizer_shard == 3);
+  CHECK(recipe::format_recipe(r).find("optimizer_shard = \"parameters\"") != std::string::npos);
+  opts.sweep = {"nodes=1"};
+  auto row = run_sweep(opts, cluster("dgx-a100", 1));
+  REQUIRE(row);
+  CHECK(row->text.find(",parameters,") != std::string::npos);
+}
+
+TEST_CASE("planner: --explain hands the best plan's recipe to the explainer the app passes",
+          "[planner]") {
+  PlanOptions opts;
+  opts.model = data_model("tiny-gpt2.onnx");
+  opts.seq = 16;
+  opts.global_batch = 2;
+  opts.explain = "h.0.mlp_proj.weight";
+  opts.preset_dirs = recipe::preset_dirs({}, HP_SOURCE_DIR);
+  auto none = run_command(opts);
+  REQUIRE(!none);
+  INFO(none.error().str());
+  CHECK(none.error().code == Errc::not_implemented);
+  opts.explain_tensor = [](const recipe::Recipe& r, const std::filesystem::path& at,
+                           const std::string& name, bool json) -> Expected<std::string> {
+    return fmt::format("{} dp={} {} {}\n", name, r.parallel.dp, at.filename().string(), json);
+  };
+  auto text = run_command(opts);
+  REQUIRE(text);
+  CHECK(text->text.find("under plan 1 (dp1 tp1 pp1") == 0);
+  CHECK(text->text.find("\nh.0.mlp_proj.weight dp=1 plan.toml false\n") != std::string::npos);
+  opts.json = true;
+  auto json = run_command(opts);
+  REQUIRE(json);
+  CHECK(json->text == "h.0.mlp_proj.weight dp=1 plan.toml true\n");
+  opts.summary = true;
+  auto summary = run_command(opts);
+  REQUIRE(!summary);
+  CHECK(summary.error().code == Errc::usage);
+}
+
 TEST_CASE("planner: the top-k plans are pairwise different configurations", "[planner]") {
   PlanOptions opts;
   opts.model = data_model("tiny-gpt2.onnx");
@@ -289,7 +454,7 @@ TEST_CASE(
   CHECK(planned->files[1].path == "plan.toml");
   CHECK(planned->files[1].contents.find("cluster = \"local-cpu\"") != std::string::npos);
 
-  opts.sweep = "nodes=1,2";
+  opts.sweep = {"nodes=1,2"};
   auto sweep = run_command(opts);
   REQUIRE(!sweep);
   CHECK(sweep.error().code == Errc::usage);

@@ -35,13 +35,24 @@ struct PlanOptions {
   std::int64_t top_k = 3;             ///< plans to rank
   std::vector<std::string> fix_args;  ///< raw --fix KEY=VALUE arguments (restrict the search)
   bool compare = false;               ///< also run the DP x TP-only and greedy "expert" baselines
-  std::string sweep;         ///< "nodes=1,2,4" or "global-batch=64,128": one plan per value
-  std::string schedule_svg;  ///< file to draw the best plan's pipeline schedule into
-  std::string command;       ///< the command line, recorded in the recipe's [workload]
+  /// --sweep AXIS=V1,V2,... (repeatable): one plan per point of the axes' cartesian product.
+  std::vector<std::string> sweep;
+  bool timing = false;            ///< --sweep: add the search's wall-clock seconds (not stable)
+  bool allow_infeasible = false;  ///< --sweep: infeasible points do not fail the command
+  std::string schedule_svg;       ///< file to draw the best plan's pipeline schedule into
+  std::string command;            ///< the command line, recorded in the recipe's [workload]
   /// Checks a recipe about to be written with -o (the app passes hp shard's check: the planner sits
   /// below the sharder). A plan that fails it is not written; the next-ranked plan that passes is,
   /// with a warning, and none passing is an error naming each plan's reason. Empty: no check.
   std::function<Status(const recipe::Recipe&, const std::filesystem::path&)> check_plan;
+  /// --explain NAME: print one tensor's layout under the best plan instead of the plan table.
+  std::string explain;
+  /// Explains tensor `name` of a recipe (to be written at the path given) as `hp shard --explain`
+  /// does, JSON when asked (the app passes hp shard's: the planner sits below the sharder). Empty:
+  /// --explain is not available.
+  std::function<Expected<std::string>(const recipe::Recipe&, const std::filesystem::path&,
+                                      const std::string& name, bool json)>
+      explain_tensor;
   // Where hp's bundled data is, which only the app knows (an installed hp's data directory, then
   // the source tree of a build):
   std::vector<std::filesystem::path>

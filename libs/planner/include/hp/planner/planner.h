@@ -61,11 +61,14 @@ struct Fixed {
   bool admits(const Config& c) const;
 };
 
-/// Parses --fix arguments: keys dp, tp, pp, ep (alias expert_parallel), shard_group (HSDP),
-/// optimizer_shard (0..3 or none|optimizer|gradients| parameters), micro_batch_size, micro_batches,
+/// Parses --fix arguments: keys dp, tp, pp, ep, shard_group (HSDP), optimizer_shard (0..3 or
+/// none|optimizer|gradients|parameters, the recipe's scale), micro_batch_size, micro_batches,
 /// schedule (gpipe|1f1b|interleaved|zb-h1; zbv is refused, not modelled), virtual_stages,
-/// sequence_parallel (true|false), recompute (none|selective|full). Unknown keys, malformed values
-/// and a key given twice with different values are Errc::usage.
+/// sequence_parallel (true|false), recompute (none|selective|full). Aliases: data / data_parallel
+/// (dp), tensor / tensor_parallel (tp), pipeline / pipeline_parallel (pp), expert / expert_parallel
+/// (ep), zero / zero_stage (optimizer_shard), mbs, sp, hsdp (shard_group); '-' reads as '_'.
+/// Unknown keys, malformed values and a key given twice (under any of its names) with different
+/// values are Errc::usage.
 Expected<Fixed> parse_fixes(const std::vector<std::string>& args);
 
 /// Checks pinned values against the cluster and the model before searching: the degrees' product
@@ -179,11 +182,31 @@ std::string format_plan_text(const PlanReport& r);
 /// One JSON object: best.parallel, best.predicted, best.stages, candidates, search, ...
 std::string format_plan_json(const PlanReport& r);
 
-/// Runs the planner once per value of opts.sweep ("nodes=1,2,4,8" scales `cluster`;
-/// "global-batch=64,128" sets the batch) and renders one CSV row per value after a header, or one
-/// JSON object per line with opts.json. A value where nothing fits is a row with status
-/// "infeasible"; any other error stops the sweep. A malformed spec is Errc::usage.
-Expected<std::string> run_sweep(const PlanOptions& opts, const recipe::Cluster& cluster);
+/// One --sweep axis: "nodes", "global-batch" or "seq", and its values in the order given.
+struct SweepAxis {
+  std::string key;
+  std::vector<std::int64_t> values;
+};
+
+/// Parses --sweep AXIS=V1,V2,... arguments, one axis each (global_batch is read as global-batch).
+/// An unknown axis, an empty list or value, a value that is not a positive integer, a value given
+/// twice and an axis swept twice are Errc::usage.
+Expected<std::vector<SweepAxis>> parse_sweeps(const std::vector<std::string>& specs);
+
+/// What a sweep prints, and which of its points no plan fits.
+struct SweepResult {
+  std::string text;  ///< CSV with a header, or JSON lines
+  std::int64_t points = 0;
+  std::vector<std::string> infeasible;  ///< the infeasible points, "nodes=1 seq=2048"
+};
+
+/// Runs the planner once per point of the cartesian product of opts.sweep's axes (the first axis
+/// outermost, values in the order given; nodes scales `cluster`, global-batch and seq set the
+/// workload) and renders one CSV row per point after a header, or one JSON object per line with
+/// opts.json. Identical inputs give identical bytes: search_seconds appears only with opts.timing.
+/// A point where nothing fits is a row with status "infeasible" and the reason in `error`; any
+/// other error stops the sweep, naming the point. A malformed spec is Errc::usage.
+Expected<SweepResult> run_sweep(const PlanOptions& opts, const recipe::Cluster& cluster);
 
 /// The best plan's pipeline schedule as an SVG picture: one row per pipeline rank over one
 /// iteration, forward, backward, recomputation and send/recv boxes from the cost model; the gaps
@@ -218,6 +241,9 @@ struct PlanOutput {
     std::string contents;
   };
   std::vector<File> files;  ///< to write after printing, in order (--schedule-svg, then -o)
+  /// Reported after printing and writing: the command's outcome when it has output worth keeping
+  /// yet fails (a sweep with infeasible points, Errc::infeasible, unless opts.allow_infeasible).
+  std::optional<Error> failure;
 };
 
 /// `hp plan` in one call. Resolves the options (--dim bindings, --cluster scaled to --nodes, the
