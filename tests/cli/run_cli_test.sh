@@ -6,7 +6,8 @@
 #   stdout   lines that must each appear in stdout (fixed strings), optional
 #   stderr   lines that must each appear in stderr (fixed strings), optional
 #   env      KEY=VALUE lines exported before running, optional (same substitutions)
-#   setup    optional bash script run first with SRC, TMP, DATA set (to make malformed files etc.);
+#   setup    optional bash script run first with SRC, TMP, DATA and HP (the hp under test) set (to
+#            make malformed files, or inputs with another hp command, etc.);
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
@@ -18,7 +19,7 @@ trap 'rm -rf "$tmp"' EXIT
 subst() { sed -e "s|@SRC@|$src|g" -e "s|@TMP@|$tmp|g" -e "s|@DATA@|$data|g"; }
 
 if [[ -f $case_dir/setup ]]; then
-  SRC=$src TMP=$tmp DATA=$data bash "$case_dir/setup"
+  SRC=$src TMP=$tmp DATA=$data HP=$hp bash "$case_dir/setup"
   setup_rc=$?
   if [[ $setup_rc == 77 ]]; then echo "skipped: the setup script says so"; exit 77; fi
   [[ $setup_rc == 0 ]] || { echo "FAIL: setup script failed"; exit 1; }
