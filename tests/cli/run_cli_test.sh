@@ -9,6 +9,8 @@
 #   setup    optional bash script run first with SRC, TMP, DATA and HP (the hp under test) set (to
 #            make malformed files, or inputs with another hp command, etc.);
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
+#   check    optional bash script run last with SRC, TMP, DATA, HP and OUT (hp's stdout) set, for
+#            what fixed strings cannot say (a file hp wrote parses, numbers agree); non-zero fails
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
 set -u
@@ -53,6 +55,9 @@ for stream in stdout stderr; do
     if ! grep -qF -- "$want" "$file"; then echo "FAIL: $stream lacks: $want"; fail=1; fi
   done <"$case_dir/$stream"
 done
+if [[ -f $case_dir/check ]] && ! SRC=$src TMP=$tmp DATA=$data HP=$hp OUT=$tmp/.out bash "$case_dir/check"; then
+  echo "FAIL: check script failed"; fail=1
+fi
 if (( fail )); then
   echo "--- command: hp ${args[*]}"; echo "--- stdout:"; head -c 4000 "$tmp/.out"; echo "--- stderr:"; head -c 4000 "$tmp/.err"
   exit 1
