@@ -278,7 +278,8 @@ Status validate_skeleton_config(const SkeletonConfig& c) {
   const double per_layer =
       4 * h * h + 3 * h * std::max(c.ffn, c.dense_ffn) *
                       static_cast<double>(std::max<std::int64_t>(1, c.experts + c.shared));
-  if ((per_layer * static_cast<double>(c.layers) + 2 * h * c.vocab) * 2 > 4e18)
+  const double tables = h * static_cast<double>(2 * c.vocab + c.positions);
+  if ((per_layer * static_cast<double>(c.layers) + tables) * 2 > 4e18)
     return Error(Errc::bad_input, "the skeleton would have more than 2^61 bytes of weights");
   return {};
 }

@@ -117,10 +117,12 @@ TEST_CASE("a Hugging Face config.json: Mixtral-style moe and llama") {
   CHECK(c->kv_heads == 8);
   o.output = dir / "mixtral.onnx";
   SkeletonReport r = write(o);
-  // Mixtral-8x7B: 46.70B parameters (Mistral's model card), less the norms' biases it lacks.
+  // Embedding and lm_head, final norm, and per layer q/o, k/v, router, 8 experts' SwiGLU and two
+  // norms: 46,702,792,704, the 46.7B Mistral publishes for Mixtral-8x7B.
   const std::int64_t h = 4096, L = 32;
   const std::int64_t want =
       2 * 32000 * h + h + L * (2 * h * h + 2 * h * 1024 + h * 8 + 8 * 3 * h * 14336 + 2 * h);
+  CHECK(want == 46702792704);
   CHECK(r.parameters == want);
   CHECK(summarize(o.output, 64).parameters == want);
 
@@ -162,6 +164,11 @@ TEST_CASE("malformed skeleton input is refused with its code") {
   CHECK(code({"moe", "", {}, {"dense_layers=62"}, ""}) == Errc::bad_input);
   CHECK(code({"llama", "", {}, {"hidden=2147483647", "heads=1", "ffn=2147483647"}, ""}) ==
         Errc::bad_input);
+  CHECK(code({"gpt",
+              "",
+              {},
+              {"hidden=2147483647", "heads=1", "positions=2147483647", "vocab=1", "ffn=1"},
+              ""}) == Errc::bad_input);
   // Every problem of one configuration at once.
   auto many = resolve_skeleton_config({"llama", "", {}, {"layers=0", "hidden=100", "heads=3"}, ""});
   REQUIRE_FALSE(many.ok());
