@@ -323,6 +323,13 @@ std::string schedule_svg(const PlanReport& r) {
       "step, {} predicted (pipeline {} simulated; bubbles are the gaps)</text>\n",
       left, c.dp, c.tp, c.pp, recipe::schedule_name(c.schedule), c.virtual_stages, c.micro_batches,
       c.micro_batch_size, format_seconds(plan.predicted.iteration), format_seconds(span));
+  // The simulation can only outrun the closed form when a stage waits longer than the closed
+  // form's bubble term allows; then the drawing ends after the prediction, and says by how much.
+  if (tl.total > plan.predicted.iteration * (1 + 1e-9))
+    out += fmt::format(
+        "<text x=\"{}\" y=\"54\">the simulated pipeline runs {} past the closed form's, so the "
+        "drawing ends after the predicted step</text>\n",
+        left, format_seconds(tl.total - plan.predicted.iteration));
   if (tl.skip_end > tl.skip_start)
     out += fmt::format(
         "<text x=\"{}\" y=\"38\">the steady state is {} periods of {}: one is drawn, the break "
