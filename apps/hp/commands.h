@@ -30,5 +30,6 @@ void add_offload_profile_command(CLI::App& app, Context& ctx);
 void add_launch_command(CLI::App& app, Context& ctx);
 void add_verify_command(CLI::App& app, Context& ctx);
 void add_devices_command(CLI::App& app, Context& ctx);
+void add_model_skeleton_command(CLI::App& app, Context& ctx);
 
 }  // namespace hp::cli

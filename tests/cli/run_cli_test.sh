@@ -6,10 +6,13 @@
 #   stdout   lines that must each appear in stdout (fixed strings), optional
 #   stderr   lines that must each appear in stderr (fixed strings), optional
 #   env      KEY=VALUE lines exported before running, optional (same substitutions)
-#   setup    optional bash script run first with SRC, TMP, DATA set (to make malformed files etc.);
+#   setup    optional bash script run first with SRC, TMP, DATA and HP (the hp under test) set (to
+#            make malformed files, or inputs with another hp command, etc.);
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
 #   repeat   optional, empty: hp runs a second time with the same arguments, and the two runs'
 #            stdout must be byte-identical (output that CI scripts diff against a committed copy)
+#   check    optional bash script run last with SRC, TMP, DATA, HP and OUT (hp's stdout) set, for
+#            what fixed strings cannot say (a file hp wrote parses, numbers agree); non-zero fails
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
 set -u
@@ -20,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 subst() { sed -e "s|@SRC@|$src|g" -e "s|@TMP@|$tmp|g" -e "s|@DATA@|$data|g"; }
 
 if [[ -f $case_dir/setup ]]; then
-  SRC=$src TMP=$tmp DATA=$data bash "$case_dir/setup"
+  SRC=$src TMP=$tmp DATA=$data HP=$hp bash "$case_dir/setup"
   setup_rc=$?
   if [[ $setup_rc == 77 ]]; then echo "skipped: the setup script says so"; exit 77; fi
   [[ $setup_rc == 0 ]] || { echo "FAIL: setup script failed"; exit 1; }
@@ -61,6 +64,9 @@ for stream in stdout stderr; do
     if ! grep -qF -- "$want" "$file"; then echo "FAIL: $stream lacks: $want"; fail=1; fi
   done <"$case_dir/$stream"
 done
+if [[ -f $case_dir/check ]] && ! SRC=$src TMP=$tmp DATA=$data HP=$hp OUT=$tmp/.out bash "$case_dir/check"; then
+  echo "FAIL: check script failed"; fail=1
+fi
 if (( fail )); then
   echo "--- command: hp ${args[*]}"; echo "--- stdout:"; head -c 4000 "$tmp/.out"; echo "--- stderr:"; head -c 4000 "$tmp/.err"
   exit 1

@@ -26,7 +26,7 @@ has_option() {  # TEXT OPTION: the option as a whole word ("--seq" must not matc
 }
 
 pages=(man1/hp.1 man1/hp-plan.1 man1/hp-shard.1 man1/hp-offload-profile.1 man1/hp-launch.1 man1/hp-verify.1
-       man1/hp-devices.1 man5/hp-recipe.5)
+       man1/hp-devices.1 man1/hp-model-skeleton.1 man5/hp-recipe.5)
 for page in "${pages[@]}"; do
   file=$man_dir/$page
   [[ -f $file ]] || { err "$page was not built ($file)"; continue; }
@@ -40,14 +40,14 @@ text=$(render "$man_dir/man1/hp.1")
 help=$("$hp" --help)
 [[ -n $(options_of <<<"$help") ]] || err "hp --help printed no options (parser stale?)"
 for opt in $(options_of <<<"$help"); do has_option "$text" "$opt" || err "hp(1) lacks option $opt"; done
-for cmd in plan shard offload-profile launch verify devices; do
+for cmd in plan shard offload-profile launch verify devices model-skeleton; do
   grep -qE "^ {1,8}$cmd( |$)" <<<"$text" || err "hp(1) lacks command $cmd"
   grep -qE "hp-$cmd\(1\)" <<<"$text" || err "hp(1) does not refer to hp-$cmd(1)"
   grep -qE "(^| )$cmd( |$)" <<<"$help" || err "hp --help lacks $cmd (the list above is stale)"
 done
 
 # hp-<cmd>(1): every option of hp <cmd> --help.
-for cmd in plan shard offload-profile launch verify devices; do
+for cmd in plan shard offload-profile launch verify devices model-skeleton; do
   text=$(render "$man_dir/man1/hp-$cmd.1")
   opts=$("$hp" "$cmd" --help | options_of)
   [[ -n $opts ]] || err "hp $cmd --help printed no options (parser stale?)"

@@ -2,6 +2,8 @@
 // with decimal ones (GB/s), as everywhere in hp.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <string_view>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -257,28 +259,94 @@ std::string format_json(const OffloadReport& r) {
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
+namespace {
+
+// 1, 2 or 5 x 10^k: a tick step near raw.
+double nice_step(double raw) {
+  raw = std::max(raw, 1e-300);
+  const double unit = std::pow(10.0, std::floor(std::log10(raw)));
+  return raw <= unit ? unit : raw <= 2 * unit ? 2 * unit : raw <= 5 * unit ? 5 * unit : 10 * unit;
+}
+
+// "1.5 s", "20 ms", "250 us": as many decimals as the tick step needs.
+std::string seconds_tick(double t, double step) {
+  const char* unit = "s";
+  if (step < 1e-3) {
+    t *= 1e6, step *= 1e6, unit = "us";
+  } else if (step < 0.1) {
+    t *= 1e3, step *= 1e3, unit = "ms";
+  }
+  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+  return fmt::format("{:.{}f} {}", t, decimals, unit);
+}
+
+}  // namespace
+
+// One panel per pipeline stage, all on the same time and memory scales (a stage whose curve looks
+// higher holds more), under a visible legend on a white background. Each panel's texts sit in
+// their own bands: the title above the plot, memory ticks left of it, the transfer ticks just
+// below it and the time ticks below those, so no two labels share a place.
 std::string format_svg(const OffloadReport& r) {
-  const double W = 900, H = 260, L = 70, R = 20, T = 30, B = 40;
-  const double total_h = H * static_cast<double>(r.stages.size());
+  const double W = 900, H = 230, L = 80, R = 30, head = 62, T = 24, B = 58;
+  const double total_h = head + H * static_cast<double>(r.stages.size()) + 10;
+  double tmax = 0, ymax = r.budget;
+  for (const StageReport& s : r.stages) {
+    tmax = std::max({tmax, s.timeline.step, s.schedule ? s.schedule->step : 0.0});
+    ymax = std::max(ymax, s.peak_before());
+  }
+  if (tmax <= 0) tmax = 1;
+  if (ymax <= 0) ymax = 1;
+  ymax *= 1.05;
   std::string o = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" "
-      "font-size=\"11\">\n",
+      "font-family=\"sans-serif\" font-size=\"11\">\n",
       W, total_h);
-  o += "<!-- hp offload-profile: device memory over one step per pipeline stage. grey: without "
-       "offload; "
-       "blue: with offload; red dashed: budget; ticks at the bottom: transfers (green h2d, orange "
-       "d2h, "
-       "red = exposed) -->\n";
+  o += "<title>hp offload-profile: device memory over one step per pipeline stage</title>\n";
+  o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", W,
+                   total_h);
+  o += fmt::format(
+      "<text x=\"{}\" y=\"18\" font-size=\"13\">device memory over one step, per pipeline stage "
+      "(every panel on the same time and memory scales)</text>\n",
+      L);
+  // The legend: line samples for the curves, swatches for the transfer ticks.
+  o += "<g class=\"legend\">\n";
+  double lx = L;
+  const double ly = 40;
+  auto key_line = [&](const char* colour, const char* dash, const char* label) {
+    o += fmt::format(
+        "<line x1=\"{0:.0f}\" x2=\"{1:.0f}\" y1=\"{2:.0f}\" y2=\"{2:.0f}\" stroke=\"{3}\" "
+        "stroke-width=\"2\"{4}/>\n",
+        lx, lx + 18, ly, colour, dash);
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", lx + 22, ly + 4, label);
+    lx += 30 + 6.2 * static_cast<double>(std::string_view(label).size());
+  };
+  auto key_box = [&](const char* colour, const char* label) {
+    o += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"6\" fill=\"{}\"/>\n",
+                     lx, ly - 3, colour);
+    o += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", lx + 16, ly + 4, label);
+    lx += 24 + 6.2 * static_cast<double>(std::string_view(label).size());
+  };
+  key_line("#888", "", "without offload");
+  key_line("#1f6fd0", "", "with offload");
+  key_line("#d03030", " stroke-dasharray=\"6,4\"", "budget");
+  key_box("#2a9d4a", "h2d (hidden)");
+  key_box("#e08a1e", "d2h (hidden)");
+  key_box("#d03030", "exposed transfer");
+  o += "</g>\n";
+
+  const double tstep = nice_step(tmax / 8);
+  // Memory ticks at round numbers of GiB (MiB for small models).
+  const double yunit = ymax >= 1024.0 * 1024 * 1024 ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
+  const char* yname = yunit > 1024.0 * 1024 ? "GiB" : "MiB";
+  const double ystep = nice_step(ymax / 4 / yunit) * yunit;
   for (std::size_t i = 0; i < r.stages.size(); ++i) {
     const StageReport& s = r.stages[i];
-    const double y0 = H * static_cast<double>(i);
+    const double y0 = head + H * static_cast<double>(i);
+    const double plot_bottom = y0 + H - B;
     const auto& slots = s.timeline.slots;
-    double tmax = std::max(s.timeline.step, s.schedule ? s.schedule->step : 0.0);
-    if (tmax <= 0) tmax = 1;
-    double ymax = std::max(r.budget, s.peak_before()) * 1.05;
     auto X = [&](double t) { return L + (W - L - R) * t / tmax; };
     auto Y = [&](double b) { return y0 + T + (H - T - B) * (1 - b / ymax); };
+    o += fmt::format("<g class=\"stage\" data-tmax=\"{:.9g}\" data-ymax=\"{:.9g}\">\n", tmax, ymax);
     o += fmt::format(
         "<text x=\"{}\" y=\"{}\">stage {}: peak {} before, {} after, budget {}</text>\n", L,
         y0 + 16, s.input.stage, format_bytes(s.peak_before()), format_bytes(s.peak_after()),
@@ -286,10 +354,14 @@ std::string format_svg(const OffloadReport& r) {
     o += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L,
         y0 + T, W - L - R, H - T - B);
-    o += fmt::format("<text x=\"4\" y=\"{:.1f}\">{}</text>\n", Y(ymax) + 10, format_bytes(ymax));
-    o += fmt::format("<text x=\"4\" y=\"{:.1f}\">0</text>\n", Y(0));
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", X(tmax),
-                     y0 + H - B + 14, format_seconds(tmax));
+    // Memory ticks, right-aligned left of the plot.
+    for (double b = 0; b <= ymax * (1 + 1e-9); b += ystep) {
+      o += fmt::format(
+          "<line x1=\"{:.0f}\" x2=\"{:.0f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#999\"/>\n",
+          L - 4, L, Y(b), Y(b));
+      o += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", L - 6,
+                       Y(b) + 4, fmt::format("{:g} {}", b / yunit, yname));
+    }
     auto line = [&](const std::vector<std::pair<double, double>>& pts, const char* colour) {
       std::string d;
       for (const auto& [t, b] : pts) d += fmt::format("{:.1f},{:.1f} ", X(t), Y(b));
@@ -313,14 +385,33 @@ std::string format_svg(const OffloadReport& r) {
         "<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#d03030\" "
         "stroke-dasharray=\"6,4\"/>\n",
         L, W - R, Y(r.budget), Y(r.budget));
+    // Transfers in a band under the plot: h2d on top, d2h below.
     if (s.schedule)
       for (const auto& x : s.schedule->transfers) {
-        const double yy = y0 + H - B + (x.to_device ? 2 : 8);
+        const double yy = plot_bottom + (x.to_device ? 3 : 10);
         const char* colour = x.exposed > 0 ? "#d03030" : x.to_device ? "#2a9d4a" : "#e08a1e";
         o += fmt::format(
             "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"5\" fill=\"{}\"/>\n",
             X(x.start), yy, std::max(0.5, X(x.end) - X(x.start)), colour);
       }
+    // The time axis under the transfer band; the end label is the step itself.
+    const double ay = plot_bottom + 20;
+    o += "<g class=\"time-axis\">\n";
+    o += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#333\"/>\n", L,
+                     W - R, ay, ay);
+    double last = -1e9;
+    for (double t = 0; t <= tmax * (1 + 1e-9); t += tstep) {
+      o += fmt::format(
+          "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#333\"/>\n",
+          X(t), ay, ay + 4);
+      if (X(t) - last < 60 || X(tmax) - X(t) < 50) continue;
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", X(t),
+                       ay + 16, seconds_tick(t, tstep));
+      last = X(t);
+    }
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", X(tmax),
+                     ay + 16, format_seconds(tmax));
+    o += "</g>\n</g>\n";
   }
   o += "</svg>\n";
   return o;
