@@ -26,10 +26,10 @@ one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline che
 
 On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) and zb-h1 (mpirun,
 4 ranks), pp = 3 under gpipe, and two chunks per rank on pp = 2 (four virtual stages) under ZB-V
-(in process, and over mpirun) and interleaved 1F1B, with the same tolerances; 3 steps at pp = 4 resumed for 2 at
-dp = 2 x pp = 2 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
-(dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process and GPT-2 under zb-h1 over mpirun,
-with the same tolerances.
+(in process, and over mpirun) and interleaved 1F1B, with the same tolerances; 3 steps at dp = 2 x
+pp = 2 with optimizer_shard 2 resumed for 2 at pp = 4 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
+(dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process (also with optimizer_shard 2) and
+GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1), with the same tolerances.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
@@ -65,6 +65,10 @@ MPIRUN_MODELS = {"gpt2"}
 DP_PP = [
     ("dp2xpp2-1f1b-m2", {"dp": 2, "schedule": "1f1b", "micro_batches": 2}, "simulate"),
     ("dp2xpp2-zbh1-m2", {"dp": 2, "schedule": "zb-h1", "micro_batches": 2}, "mpirun"),
+    ("dp2xpp2-zero2-1f1b-m2", {"dp": 2, "optimizer_shard": 2, "schedule": "1f1b",
+                               "micro_batches": 2}, "simulate"),
+    ("dp2xpp2-zero1-zbh1-m2", {"dp": 2, "optimizer_shard": 1, "schedule": "zb-h1",
+                               "micro_batches": 2}, "mpirun"),
 ]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
@@ -166,28 +170,29 @@ def resumed(hp, work, log):
 
 
 def resumed_deep(hp, work, log):
-    """3 steps at pp=4 (1f1b), checkpointed, resumed for 2 at dp=2 x pp=2 (zb-h1): the
-    uninterrupted 5."""
+    """3 steps at dp=2 x pp=2 with optimizer_shard 2 (zb-h1), checkpointed (the sharded optimizer
+    state gathered), resumed for 2 at pp=4 (1f1b): the uninterrupted 5."""
     d = os.path.join(work, "resume-deep")
     shutil.rmtree(d, ignore_errors=True)
     ref = reference.make("gpt2-deep", VARIANT, d)
-    four, two = os.path.join(d, "pp4.toml"), os.path.join(d, "pp2.toml")
+    four, two = os.path.join(d, "pp4.toml"), os.path.join(d, "dp2pp2.toml")
     pp_recipe(four, ref, split_stages(hp, ref, d, log, 4), {"schedule": "1f1b",
                                                              "micro_batches": 4})
-    pp_recipe(two, ref, split_stages(hp, ref, d, log, 2), {"dp": 2, "schedule": "zb-h1",
+    pp_recipe(two, ref, split_stages(hp, ref, d, log, 2), {"dp": 2, "optimizer_shard": 2,
+                                                            "schedule": "zb-h1",
                                                             "micro_batches": 2})
     ckpt, m1, m2 = (os.path.join(d, n) for n in ("ckpt", "a.jsonl", "b.jsonl"))
     saved = os.path.join(d, "out.onnx")
-    rc, out = launch(hp, four, "simulate", ["--inputs", ref.inputs, "--steps", "3", "--metrics",
-                                            m1, "--checkpoint", ckpt], log)
+    rc, out = launch(hp, two, "simulate", ["--inputs", ref.inputs, "--steps", "3", "--metrics",
+                                           m1, "--checkpoint", ckpt], log)
     if rc != 0:
-        raise rt.Failure(f"pp4, first 3 steps: exit {rc}: {rt.first_error(out)}")
-    rc, out = launch(hp, two, "simulate", ["--inputs", ref.inputs, "--steps", "2", "--resume",
-                                           ckpt, "--metrics", m2, "--save-model", saved], log)
+        raise rt.Failure(f"dp2 x pp2, first 3 steps: exit {rc}: {rt.first_error(out)}")
+    rc, out = launch(hp, four, "simulate", ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                            ckpt, "--metrics", m2, "--save-model", saved], log)
     if rc != 0:
-        raise rt.Failure(f"dp2 x pp2, resumed: exit {rc}: {rt.first_error(out)}")
+        raise rt.Failure(f"pp4, resumed: exit {rc}: {rt.first_error(out)}")
     detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
-    return f"pp4 -> dp2 x pp2: {detail.split('  ')[0]}"
+    return f"dp2 x pp2 (zero 2) -> pp4: {detail.split('  ')[0]}"
 
 
 def verified(hp, work, log):
@@ -296,8 +301,6 @@ def malformed(hp, work, log):
         ("three stages, a layer twice", stages + [stages[1]], {"pp": 3}, [], 3, "is in stage"),
         ("interleaved, each layer twice", stages * 2,
          {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, [], None, ""),
-        ("dp x pp with ZeRO", stages, {"dp": 2, "optimizer_shard": 1}, [], 8,
-         "optimizer_shard 0 for now"),
     ]
     seen = []
     for tag, st, extra, args, code, text in cases:
@@ -368,7 +371,7 @@ def main():
                 except Exception as e:
                     report(False, label, rt.describe(e))
         for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
-                          ("resume pp4 -> dp2 x pp2", resumed_deep),
+                          ("resume dp2 x pp2 -> pp4", resumed_deep),
                           ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:

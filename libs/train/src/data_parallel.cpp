@@ -275,10 +275,19 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& grads, OptimizerState& state) {
   if (grads.size() != pieces_.size())
     return Error(Errc::internal, "DataParallelSync::update before finish_step");
+  // This rank's part of the squared norm: its pieces (every parameter at shard 1), those counted.
+  std::vector<char> counted;
+  if (!dp_.counted.empty())
+    for (const FlatPiece& p : pieces_) counted.push_back(dp_.counted.at(p.param));
+  double sq = sum_of_squares(grads, counted);
+  if (shard_ > 1)
+    HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
+  if (!dp_.norm_group.empty())
+    HP_TRY(dp_.transport->allreduce(dp_.norm_group, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   if (shard_ == 1) {
     // Every rank updates every parameter (its pieces are the whole tensors, in order): in place,
     // without copies of the model.
-    return optimizer_step(c, params, grads, state, global_norm(grads));
+    return optimizer_step(c, params, grads, state, std::sqrt(sq));
   }
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
   std::vector<HostTensor> mine;
@@ -291,10 +300,6 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                 static_cast<std::size_t>(p.count) * sizeof(float));
     mine.push_back(std::move(t));
   }
-  const double local = global_norm(grads);  // of this rank's shard
-  double sq = local * local;
-  if (shard_ > 1)
-    HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, std::sqrt(sq)));
   for (std::size_t k = 0; k < pieces_.size(); ++k)
     std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(mine[k]),

@@ -37,10 +37,16 @@ Expected<LrSchedule> parse_lr_schedule(const std::string& name) {
 }
 
 double global_norm(const std::vector<HostTensor>& grads) {
+  return std::sqrt(sum_of_squares(grads));
+}
+
+double sum_of_squares(const std::vector<HostTensor>& grads, const std::vector<char>& counted) {
   // Eight partial sums keep the additions independent (the loop pipelines; a single double
   // accumulator would serialize 27M dependent adds for a 108 MB model).
   double total = 0;
-  for (const HostTensor& g : grads) {
+  for (std::size_t t = 0; t < grads.size(); ++t) {
+    if (!counted.empty() && !counted[t]) continue;
+    const HostTensor& g = grads[t];
     const float* p = g.as<float>();
     const std::int64_t n = static_cast<std::int64_t>(g.data.size() / sizeof(float));
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -50,7 +56,7 @@ double global_norm(const std::vector<HostTensor>& grads) {
     for (; i < n; ++i) acc[0] += static_cast<double>(p[i]) * p[i];
     for (double a : acc) total += a;
   }
-  return std::sqrt(total);
+  return total;
 }
 
 namespace {

@@ -81,13 +81,6 @@ Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
 }
 
 Status PipeRun::prepare() {
-  if (o.dp.active() && o.dp.zero != 0)
-    return Error(
-        Errc::not_implemented,
-        fmt::format("pipeline with data parallelism trains with optimizer_shard 0 for now, "
-                    "not {}",
-                    o.dp.zero),
-        "", "set [parallel] optimizer_shard = 0");
   if (o.inputs_dir.empty() == o.data_file.empty())
     return Error(Errc::usage,
                  "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
@@ -114,7 +107,12 @@ Status PipeRun::prepare() {
   for (const auto& n : stage->notes()) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
   if (o.dp.active()) {
-    HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(o.dp, params));
+    // Each stage's replicas reduce its gradients (and shard its optimizer); the clip norm adds
+    // the pipeline's stages, a shared weight counted by its first stage.
+    DataParallel group = o.dp;
+    group.norm_group = o.pp.ranks;
+    for (const auto& p : params) group.counted.push_back(stage->owns(p.name) ? 1 : 0);
+    HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(group, params));
   }
   std::int64_t n = 0;
   for (const auto& p : params)
@@ -181,6 +179,7 @@ Status PipeRun::resume() {
     if (it->second < c.state.exp_avg_sq.size())
       state.exp_avg_sq.push_back(c.state.exp_avg_sq[it->second]);
   }
+  if (dp) state = dp->slice_state(state);
   HP_TRY(stage->set_weights(params));
   report.first_step = c.step + 1;
   data_position = c.data_position;
@@ -194,16 +193,25 @@ Expected<StepMetrics> PipeRun::step() {
   HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
   // The replicas' gradients of this stage, each a mean over its rows' labels, weighted by their
   // label counts and summed (data_parallel.h): the whole batch's.
+  // (A copy: with ZeRO the reduction leaves only this rank's pieces in it, and the stage
+  // accumulates the next step's gradients into whole tensors.)
+  std::vector<exec::HostTensor> reduced;
   if (dp) {
-    HP_ASSIGN_OR_RETURN(loss, dp->reduce(loss, total_labels, stage->grads()));
+    reduced = stage->grads();
+    HP_ASSIGN_OR_RETURN(loss, dp->reduce(loss, total_labels, reduced));
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
     return Error(Errc::runtime,
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
                              o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
-  HP_ASSIGN_OR_RETURN(double norm, stage->global_norm());
-  auto info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
+  Expected<StepInfo> info = StepInfo{};
+  if (dp) {
+    info = dp->update(o.optimizer, params, reduced, state);
+  } else {
+    HP_ASSIGN_OR_RETURN(double norm, stage->global_norm());
+    info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
+  }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   HP_TRY(stage->set_weights(params));
   const auto t2 = std::chrono::steady_clock::now();
@@ -236,12 +244,17 @@ Status send_all(comm::Transport& t, int peer, const std::vector<exec::HostTensor
 Expected<Checkpoint> PipeRun::gather() {
   Checkpoint c;
   const int me = o.pp.stage;
+  // A sharded optimizer's state, whole on every replica of the stage first.
+  OptimizerState whole = state;
+  if (dp) {
+    HP_ASSIGN_OR_RETURN(whole, dp->gather_state(state, params));
+  }
   std::vector<exec::HostTensor> mine, avg, avg_sq;
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (!stage->owns(params[k].name)) continue;
     mine.push_back(params[k]);
-    if (k < state.exp_avg.size()) avg.push_back(state.exp_avg[k]);
-    if (k < state.exp_avg_sq.size()) avg_sq.push_back(state.exp_avg_sq[k]);
+    if (k < whole.exp_avg.size()) avg.push_back(whole.exp_avg[k]);
+    if (k < whole.exp_avg_sq.size()) avg_sq.push_back(whole.exp_avg_sq[k]);
   }
   if (me != 0) {
     const int lead_rank = o.pp.ranks[0];

@@ -51,6 +51,12 @@ struct DataParallel {
   int zero = 0;                          ///< optimizer_shard level 0..3
   int shard = 0;  ///< HSDP shard group size (divides the group); 0 = the whole group
   std::int64_t bucket_bytes = std::int64_t{16} << 20;  ///< all-reduce chunk
+  /// With pipeline parallelism the group is one stage's replicas, and the clip norm is the whole
+  /// model's: norm_group are the ranks whose stages' squared norms add up to it (this rank's
+  /// pipeline), and counted[k] says whether parameter k counts here (a weight several stages share
+  /// counts on the first only). Empty: the group's parameters are the whole model.
+  std::vector<int> norm_group;
+  std::vector<char> counted;
   bool active() const { return transport != nullptr && group.size() > 1; }
   /// Position of this rank in `group` (-1 when absent).
   int index() const;

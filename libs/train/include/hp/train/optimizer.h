@@ -45,6 +45,10 @@ double learning_rate(const OptimizerConfig& c, std::int64_t step);
 
 /// sqrt(sum of squares) over every gradient, accumulated in double.
 double global_norm(const std::vector<exec::HostTensor>& grads);
+/// The sum of squares global_norm takes the root of, over the gradients k with counted[k] (every
+/// one when `counted` is empty).
+double sum_of_squares(const std::vector<exec::HostTensor>& grads,
+                      const std::vector<char>& counted = {});
 
 /// Per-parameter state, beside the weights and saved with them (checkpoint.h).
 struct OptimizerState {
