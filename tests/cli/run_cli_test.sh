@@ -8,6 +8,9 @@
 #   env      KEY=VALUE lines exported before running, optional (same substitutions)
 #   setup    optional bash script run first with SRC, TMP, DATA set (to make malformed files etc.);
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
+#   check    optional bash script run after hp with SRC, TMP, DATA, HP (the binary), STDOUT and
+#            STDERR (files holding hp's output) set: what the lines above cannot say (a file hp
+#            wrote, a line that must be absent); a non-zero exit fails the case
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
 set -u
@@ -52,6 +55,12 @@ for stream in stdout stderr; do
     if ! grep -qF -- "$want" "$file"; then echo "FAIL: $stream lacks: $want"; fail=1; fi
   done <"$case_dir/$stream"
 done
+if [[ -f $case_dir/check ]]; then
+  if ! SRC=$src TMP=$tmp DATA=$data HP=$hp STDOUT=$tmp/.out STDERR=$tmp/.err \
+      bash "$case_dir/check" >"$tmp/.check" 2>&1; then
+    echo "FAIL: the check script failed:"; cat "$tmp/.check"; fail=1
+  fi
+fi
 if (( fail )); then
   echo "--- command: hp ${args[*]}"; echo "--- stdout:"; head -c 4000 "$tmp/.out"; echo "--- stderr:"; head -c 4000 "$tmp/.err"
   exit 1
