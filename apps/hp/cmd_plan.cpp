@@ -72,7 +72,16 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "draw the best plan's pipeline schedule into this SVG file");
   sub->add_option("--top-k", opts->top_k, "number of ranked plans to report")
       ->check(CLI::PositiveNumber);
-  sub->callback([opts, mode, &ctx] {
+  auto list_clusters = std::make_shared<bool>(false);
+  sub->add_flag("--list-clusters", *list_clusters,
+                "list the cluster presets --cluster takes (with --json: a JSON array) and exit");
+  sub->callback([opts, mode, list_clusters, &ctx] {
+    if (*list_clusters) {
+      fmt::print("{}", recipe::format_presets(recipe::describe_presets(recipe::preset_dirs(
+                                                  executable_dir(), HP_SOURCE_DIR)),
+                                              opts->json));
+      return;
+    }
     opts->train_table = mode->count() > 0 && opts->mode == "train";
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->command = ctx.command_line;
