@@ -30,5 +30,7 @@ void add_offload_profile_command(CLI::App& app, Context& ctx);
 void add_launch_command(CLI::App& app, Context& ctx);
 void add_verify_command(CLI::App& app, Context& ctx);
 void add_devices_command(CLI::App& app, Context& ctx);
+/// Reads `app`'s subcommands and options when it runs, so it must be added last.
+void add_completion_command(CLI::App& app, Context& ctx);
 
 }  // namespace hp::cli

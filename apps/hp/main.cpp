@@ -30,6 +30,7 @@ constexpr CommandRow kCommands[] = {
     {"launch", add_launch_command},
     {"verify", add_verify_command},
     {"devices", add_devices_command},
+    {"completion", add_completion_command},  // last: it reads the commands above
 };
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
