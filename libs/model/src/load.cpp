@@ -44,10 +44,15 @@ bool looks_like_toml(const fs::path& path, std::string_view bytes) {
     line = line.substr(b);
     if (line[0] == '[') return line.find(']') != std::string_view::npos;
     std::size_t eq = line.find('=');
-    if (eq == std::string_view::npos || eq == 0) return false;
-    return line.substr(0, eq).find_first_not_of(
-               "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.\"' ") ==
-           std::string_view::npos;
+    if (eq == std::string_view::npos) return false;
+    std::string_view key = line.substr(0, eq);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.remove_suffix(1);
+    // A bare or dotted key (a.b-c_1) or a quoted one; words separated by spaces are no key.
+    return !key.empty() &&
+           (key.front() == '"' || key.front() == '\'' ||
+            key.find_first_not_of(
+                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
+                std::string_view::npos);
   }
   return false;
 }
