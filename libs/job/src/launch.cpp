@@ -104,6 +104,16 @@ Error with_kept_dir(Error e, const std::filesystem::path& dir) {
   return e;
 }
 
+void announce_job(const JobPlan& plan, const LineSink& sink) {
+  std::string cmd;
+  for (const auto& [k, v] : plan.launcher_env) cmd += shell_quote(k + "=" + v) + " ";
+  for (std::size_t i = 0; i < plan.argv.size(); ++i)
+    cmd += (i ? " " : "") + shell_quote(plan.argv[i]);
+  sink(true, "hp: launching: " + cmd);
+  sink(true, fmt::format("hp: rank logs: {}/logs/rank-{{0..{}}}.log", plan.run_dir.string(),
+                         plan.total_ranks - 1));
+}
+
 Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o) {
   JobOptions jo;
   jo.recipe = job.recipe_path;
@@ -334,15 +344,7 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     }
   }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
-  if (o.verbose) {
-    std::string cmd;
-    for (const auto& [k, v] : plan.launcher_env) cmd += shell_quote(k + "=" + v) + " ";
-    for (std::size_t i = 0; i < plan.argv.size(); ++i)
-      cmd += (i ? " " : "") + shell_quote(plan.argv[i]);
-    sink(true, "hp: launching: " + cmd);
-    sink(true, fmt::format("hp: rank logs: {}/logs/rank-{{0..{}}}.log", plan.run_dir.string(),
-                           plan.total_ranks - 1));
-  }
+  if (o.verbose) announce_job(plan, sink);
   // Older default run directories go once this one exists; a --run-dir is the user's to keep.
   if (o.run_dir.empty()) {
     std::error_code ec;

@@ -40,6 +40,9 @@ struct TempDir {
 /// The MPI job's options from the command line: this hp as the ranks' program, the run directory
 /// (default_run_dir unless --run-dir), inputs, hostfile, launcher, timeout, threads, root and
 /// plugin paths. Errc::internal when /proc/self/exe cannot be read.
+/// launch -v: the exact command (with the launcher's environment) and where each rank's log goes,
+/// as two stderr lines of `sink`, before the job starts.
+void announce_job(const JobPlan& plan, const LineSink& sink);
 /// `e` with "; the run directory <dir> is kept" added to its hint (a failed verify's job).
 Error with_kept_dir(Error e, const std::filesystem::path& dir);
 Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o);
