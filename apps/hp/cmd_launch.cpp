@@ -1,6 +1,7 @@
-// hp launch MODEL.onnx --inputs DIR --outputs DIR [--backend B] [--threads N]: runs a model on one
-// rank. hp launch RECIPE.toml with [train] (--data F | --inputs D) [--steps N] [--checkpoint D]...:
-// trains on one rank (hp/job/train_run.h). hp launch RECIPE.toml [--dry-run] [--timeout S]
+// hp launch MODEL.onnx --inputs DIR [--outputs DIR] [--steps N] [--backend B] [--threads N]: runs
+// a model on one rank. hp launch RECIPE.toml with [train] (--data F | --inputs D) [--steps N]
+// [--checkpoint D]...: trains on one rank (hp/job/train_run.h). hp launch RECIPE.toml [--dry-run]
+// [--timeout S]
 // [--hostfile F] [--launcher slurm]: one MPMD job over Open MPI, an app context per [[groups]]
 // entry, or the recipe's model sharded over dp*tp*pp ranks when it has no groups (hp::job::launch).
 // The ranks run the hidden `hp launch RECIPE.toml --worker`, which must end with MPI_Abort on any
@@ -23,7 +24,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("target", opts->target, "RECIPE.toml or MODEL.onnx")->required();
   sub->add_option("--inputs", opts->inputs, "directory of input_K.pb tensors");
   sub->add_option("--outputs", opts->outputs,
-                  "directory to write output_K.pb tensors (replaced atomically)");
+                  "directory to write output_K.pb tensors (replaced atomically); MODEL.onnx "
+                  "without it: print each output's shape, range and first values");
   sub->add_option("--backend", opts->backend,
                   "cpu, cuda or ascend (default: best available; MODEL.onnx, or training: cpu)");
   sub->add_option("--threads", opts->threads,
@@ -33,17 +35,31 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
   sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds");
   sub->add_option("--run-dir", opts->run_dir,
-                  "where rank logs and outputs go (default: hp-runs/<recipe>-<time>)");
+                  "where rank logs and outputs go (default: $HP_RUNS_DIR or hp-runs, "
+                  "/<recipe>-<time>-<pid>; the last $HP_KEEP_RUNS=10 are kept)");
   sub->add_option("--steps", opts->steps,
-                  "repeat a sharded recipe's schedule N times and report the median step; with "
-                  "[train]: optimizer steps (default [train].steps)")
+                  "run a model, or a sharded recipe's schedule, N times and report the median; "
+                  "with [train]: optimizer steps (default [train].steps)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--shard-dir", opts->shard_dir,
                   "run these hp shard partitions instead of sharding afresh");
   sub->add_option("--launcher", opts->launcher, "mpirun (default) or slurm (srun --multi-prog)");
   sub->add_flag("--allow-run-as-root", opts->allow_run_as_root,
                 "let Open MPI start ranks as root (containers)");
-  sub->add_flag("--dry-run", opts->dry_run, "print the mpirun command and app file; start nothing");
+  sub->add_flag("--dry-run", opts->dry_run,
+                "print the mpirun command and write its app file; start nothing");
+  sub->add_option("--mpi-args", opts->mpi_args,
+                  "extra mpirun (or srun) options, split as a shell would: \"--mca btl tcp,self\"");
+  sub->add_option("--nproc-per-node", opts->nproc_per_node,
+                  "ranks per node (torchrun's flag): must match the recipe's rank count on one "
+                  "host; with --hostfile, mpirun --npernode")
+      ->check(CLI::PositiveNumber);
+  auto json = std::make_shared<bool>(false);
+  auto quiet = std::make_shared<bool>(false);
+  sub->add_flag("--json", *json, "print the results as one JSON object on stdout");
+  sub->add_flag("-q,--quiet", *quiet, "print only errors and the final results (no rank output)");
+  sub->add_flag("-v,--verbose", opts->verbose,
+                "print the mpirun command and the rank log paths before starting");
   // Training (a recipe with [train]); launch() refuses these for anything else.
   const std::string training = "Training (a recipe with [train])";
   sub->add_option("--data", opts->data, "token stream to train on (flat uint16 or uint32 ids)")
@@ -79,9 +95,12 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       ->group(training);
   sub->add_flag("--worker", opts->worker, "run as one rank of the job (started by hp launch)")
       ->group("");
-  sub->callback([opts, &ctx] {
-    opts->sink = [](bool err, const std::string& line) {
-      std::FILE* f = err ? stderr : stdout;
+  sub->callback([opts, json, quiet, &ctx] {
+    opts->verbose = opts->verbose || ctx.verbose;
+    // --json keeps stdout for the one object: the ranks' lines go to stderr (--quiet: not at all).
+    opts->sink = [json = *json, quiet = *quiet](bool err, const std::string& line) {
+      if (quiet && !err) return;
+      std::FILE* f = err || json ? stderr : stdout;
       fmt::print(f, "{}\n", line);
       std::fflush(f);
     };
@@ -96,7 +115,10 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       }
       return;
     }
-    fmt::print("{}", report->summary);
+    if (*json && !opts->worker)
+      fmt::print("{}\n", report->json.empty() ? std::string("{}") : report->json);
+    else
+      fmt::print("{}", report->summary);
   });
 }
 

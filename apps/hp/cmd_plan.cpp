@@ -92,7 +92,16 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       "Exit status: 0 a plan was found (a --sweep: every point has one, or --allow-infeasible);\n"
       "2 bad command line (a malformed --sweep or --fix); 3 bad input; 4 infeasible: no plan fits\n"
       "(a --sweep prints every row, then exits 4 when any point is infeasible). See hp-plan(1).");
-  sub->callback([opts, mode, &ctx] {
+  auto list_clusters = std::make_shared<bool>(false);
+  sub->add_flag("--list-clusters", *list_clusters,
+                "list the cluster presets --cluster takes (with --json: a JSON array) and exit");
+  sub->callback([opts, mode, list_clusters, &ctx] {
+    if (*list_clusters) {
+      fmt::print("{}", recipe::format_presets(recipe::describe_presets(recipe::preset_dirs(
+                                                  executable_dir(), HP_SOURCE_DIR)),
+                                              opts->json));
+      return;
+    }
     opts->train_table = mode->count() > 0 && opts->mode == "train";
     opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     opts->command = ctx.command_line;

@@ -1,4 +1,5 @@
-// hp shard RECIPE.toml -o DIR | --explain TENSOR [--json]
+// hp shard RECIPE.toml -o DIR | --explain TENSOR [--json]: --json prints the report of what -o
+// wrote (hp::shard::ShardReport::json) or the explanation as one JSON object.
 #include <fmt/core.h>
 
 #include "commands.h"
@@ -14,7 +15,8 @@ void add_shard_command(CLI::App& app, Context& ctx) {
   sub->add_option("-o,--output", opts->out_dir, "output directory (written atomically)");
   sub->add_option("--explain", opts->explain,
                   "print one tensor's layout, every rank's slice and its redistributions");
-  sub->add_flag("--json", opts->json, "with --explain: JSON for scripts");
+  sub->add_flag("--json", opts->json,
+                "print one JSON object: the files written (-o) or the explanation (--explain)");
   sub->callback([opts, &ctx] {
     auto report = shard::run(*opts);
     if (!report) {

@@ -44,7 +44,8 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   sub->add_option("--threads", f->opts.threads,
                   "CPU threads when running a model (default: the cores available)");
   sub->add_flag("--json", f->json,
-                "print one JSON object (ok, errors with where/message/hint) on stdout");
+                "print one JSON object on stdout (ok, errors with where/message/hint; the outputs' "
+                "max errors)");
   sub->add_flag("--static", f->opts.static_only,
                 "RECIPE: the static checks only; do not run the sharded job");
   sub->add_flag("--simulate", f->opts.run.simulate,
@@ -120,7 +121,7 @@ void add_verify_command(CLI::App& app, Context& ctx) {
       ctx.exit_code = report_error(report.error());
       return;
     }
-    if (f->json && !report->model_mode)
+    if (f->json)
       fmt::print("{}\n", report->json());
     else
       fmt::print("{}", report->text());

@@ -31,5 +31,7 @@ void add_launch_command(CLI::App& app, Context& ctx);
 void add_verify_command(CLI::App& app, Context& ctx);
 void add_devices_command(CLI::App& app, Context& ctx);
 void add_model_skeleton_command(CLI::App& app, Context& ctx);
+/// Reads `app`'s subcommands and options when it runs, so it must be added last.
+void add_completion_command(CLI::App& app, Context& ctx);
 
 }  // namespace hp::cli

@@ -31,6 +31,7 @@ constexpr CommandRow kCommands[] = {
     {"verify", add_verify_command},
     {"devices", add_devices_command},
     {"model-skeleton", add_model_skeleton_command},
+    {"completion", add_completion_command},  // last: it reads the commands above
 };
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {

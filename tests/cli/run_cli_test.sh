@@ -11,8 +11,9 @@
 #            its exit code 77 skips the case (CTest's skip: e.g. Debian's python3-torch missing)
 #   repeat   optional, empty: hp runs a second time with the same arguments, and the two runs'
 #            stdout must be byte-identical (output that CI scripts diff against a committed copy)
-#   check    optional bash script run last with SRC, TMP, DATA, HP and OUT (hp's stdout) set, for
-#            what fixed strings cannot say (a file hp wrote parses, numbers agree); non-zero fails
+#   check    optional bash script run after hp with SRC, TMP, DATA, HP (the binary), STDOUT (also
+#            as OUT) and STDERR (files holding hp's output) set: what the lines above cannot say (a
+#            file hp wrote parses, numbers agree, a line that must be absent); non-zero fails
 # Every case also checks that hp did not crash (no signal exit) and that error output uses the
 # "hp: error:" prefix whenever the exit code is non-zero.
 set -u
@@ -64,8 +65,11 @@ for stream in stdout stderr; do
     if ! grep -qF -- "$want" "$file"; then echo "FAIL: $stream lacks: $want"; fail=1; fi
   done <"$case_dir/$stream"
 done
-if [[ -f $case_dir/check ]] && ! SRC=$src TMP=$tmp DATA=$data HP=$hp OUT=$tmp/.out bash "$case_dir/check"; then
-  echo "FAIL: check script failed"; fail=1
+if [[ -f $case_dir/check ]]; then
+  if ! SRC=$src TMP=$tmp DATA=$data HP=$hp OUT=$tmp/.out STDOUT=$tmp/.out STDERR=$tmp/.err \
+      bash "$case_dir/check" >"$tmp/.check" 2>&1; then
+    echo "FAIL: the check script failed:"; cat "$tmp/.check"; fail=1
+  fi
 fi
 if (( fail )); then
   echo "--- command: hp ${args[*]}"; echo "--- stdout:"; head -c 4000 "$tmp/.out"; echo "--- stderr:"; head -c 4000 "$tmp/.err"

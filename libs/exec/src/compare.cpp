@@ -33,6 +33,67 @@ double bf16_bits_to_double(std::uint16_t b) {
 
 }  // namespace
 
+double element_value(const HostTensor& t, std::int64_t i) {
+  switch (t.dtype) {
+    case HP_F32: return t.as<float>()[i];
+    case HP_F64: return t.as<double>()[i];
+    case HP_F16: return half_bits_to_double(t.as<std::uint16_t>()[i]);
+    case HP_BF16: return bf16_bits_to_double(t.as<std::uint16_t>()[i]);
+    case HP_I8: return t.as<std::int8_t>()[i];
+    case HP_I16: return t.as<std::int16_t>()[i];
+    case HP_I32: return t.as<std::int32_t>()[i];
+    case HP_I64: return static_cast<double>(t.as<std::int64_t>()[i]);
+    case HP_U16: return t.as<std::uint16_t>()[i];
+    case HP_U32: return t.as<std::uint32_t>()[i];
+    case HP_U64: return static_cast<double>(t.as<std::uint64_t>()[i]);
+    default: return t.as<std::uint8_t>()[i];
+  }
+}
+
+TensorSummary summarize_tensor(const HostTensor& t, int first) {
+  TensorSummary s;
+  s.name = t.name;
+  s.dtype = dtype_label(t.dtype);
+  s.dims = t.dims;
+  // A tensor whose bytes do not cover its dims (a malformed file) is summarised by its header only.
+  const std::int64_t n = t.numel();
+  if (n <= 0 || dtype_size(t.dtype) <= 0 ||
+      static_cast<std::int64_t>(t.data.size()) < n * dtype_size(t.dtype))
+    return s;
+  double sum = 0;
+  s.min = INFINITY;
+  s.max = -INFINITY;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = element_value(t, i);
+    if (i < first) s.first.push_back(v);
+    if (std::isnan(v)) {
+      ++s.nans;
+      continue;
+    }
+    s.min = std::min(s.min, v);
+    s.max = std::max(s.max, v);
+    sum += v;
+  }
+  s.counted = n - s.nans;
+  s.mean = s.counted > 0 ? sum / static_cast<double>(s.counted) : NAN;
+  return s;
+}
+
+std::string format_summary(const TensorSummary& s) {
+  std::string line =
+      fmt::format("{} {} {}", s.name.empty() ? "(unnamed)" : s.name, s.dtype, dims_label(s.dims));
+  if (s.counted > 0)
+    line += fmt::format(": min {:.6g} max {:.6g} mean {:.6g}", s.min, s.max, s.mean);
+  if (s.nans > 0) line += fmt::format(", {} NaN", s.nans);
+  if (!s.first.empty()) {
+    line += " [";
+    for (std::size_t i = 0; i < s.first.size(); ++i)
+      line += fmt::format("{}{:.6g}", i ? ", " : "", s.first[i]);
+    line += s.counted + s.nans > static_cast<std::int64_t>(s.first.size()) ? ", ...]" : "]";
+  }
+  return line;
+}
+
 OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, double rtol,
                             double atol) {
   OutputCheck c;
@@ -48,22 +109,7 @@ OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, doubl
     return c;
   }
   const std::int64_t n = want.numel();
-  auto value = [](const HostTensor& t, std::int64_t i) -> double {
-    switch (t.dtype) {
-      case HP_F32: return t.as<float>()[i];
-      case HP_F64: return t.as<double>()[i];
-      case HP_F16: return half_bits_to_double(t.as<std::uint16_t>()[i]);
-      case HP_BF16: return bf16_bits_to_double(t.as<std::uint16_t>()[i]);
-      case HP_I8: return t.as<std::int8_t>()[i];
-      case HP_I16: return t.as<std::int16_t>()[i];
-      case HP_I32: return t.as<std::int32_t>()[i];
-      case HP_I64: return static_cast<double>(t.as<std::int64_t>()[i]);
-      case HP_U16: return t.as<std::uint16_t>()[i];
-      case HP_U32: return t.as<std::uint32_t>()[i];
-      case HP_U64: return static_cast<double>(t.as<std::uint64_t>()[i]);
-      default: return t.as<std::uint8_t>()[i];
-    }
-  };
+  auto value = element_value;
   const bool exact =
       got.dtype != HP_F32 && got.dtype != HP_F64 && got.dtype != HP_F16 && got.dtype != HP_BF16;
   for (std::int64_t i = 0; i < n; ++i) {

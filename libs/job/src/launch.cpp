@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <regex>
 
 #include "hp/core/fs.h"
 #include "hp/job/group_flow.h"
@@ -40,13 +41,48 @@ using exec::open_backends;
 using exec::read_tensor_dir;
 using exec::write_tensor_dir;
 
+std::filesystem::path runs_root() {
+  const char* env = std::getenv("HP_RUNS_DIR");
+  return env && *env ? std::filesystem::path(env) : std::filesystem::path("hp-runs");
+}
+
 std::filesystem::path default_run_dir(const recipe::Recipe& r,
                                       const std::filesystem::path& recipe_path) {
   const std::time_t now = std::time(nullptr);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   const std::string name = r.name.empty() ? recipe_path.stem().string() : r.name;
-  return std::filesystem::path("hp-runs") / fmt::format("{}-{}-{}", name, stamp, ::getpid());
+  return runs_root() / fmt::format("{}-{}-{}", name, stamp, ::getpid());
+}
+
+Status prune_runs(const std::filesystem::path& current) {
+  namespace fs = std::filesystem;
+  long keep = 10;
+  if (const char* env = std::getenv("HP_KEEP_RUNS"); env && *env) {
+    char* end = nullptr;
+    keep = std::strtol(env, &end, 10);
+    if (*end != '\0' || keep < 0)
+      return Error(Errc::usage, fmt::format("HP_KEEP_RUNS='{}' is not a number of runs", env), "",
+                   "set it to a whole number (0 keeps every run)");
+  }
+  if (keep == 0) return {};
+  // Only directories named as default_run_dir names them: anything else there is the user's.
+  static const std::regex ours(R"(.+-\d{8}-\d{6}-\d+)");
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> runs;
+  for (fs::directory_iterator it(current.parent_path(), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_directory(ec) || !std::regex_match(name, ours)) continue;
+    if (fs::equivalent(it->path(), current, ec)) continue;
+    runs.emplace_back(fs::last_write_time(it->path(), ec), it->path());
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  // The current run counts as one of the `keep`.
+  for (std::size_t k = static_cast<std::size_t>(keep - 1); k < runs.size(); ++k)
+    fs::remove_all(runs[k].second, ec);
+  return {};
 }
 
 TempDir::TempDir() {
@@ -57,8 +93,25 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
+  if (keep) return;
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
+}
+
+Error with_kept_dir(Error e, const std::filesystem::path& dir) {
+  e.what.hint += fmt::format("{}the run directory {} is kept for inspection",
+                             e.what.hint.empty() ? "" : "; ", dir.string());
+  return e;
+}
+
+void announce_job(const JobPlan& plan, const LineSink& sink) {
+  std::string cmd;
+  for (const auto& [k, v] : plan.launcher_env) cmd += shell_quote(k + "=" + v) + " ";
+  for (std::size_t i = 0; i < plan.argv.size(); ++i)
+    cmd += (i ? " " : "") + shell_quote(plan.argv[i]);
+  sink(true, "hp: launching: " + cmd);
+  sink(true, fmt::format("hp: rank logs: {}/logs/rank-{{0..{}}}.log", plan.run_dir.string(),
+                         plan.total_ranks - 1));
 }
 
 Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o) {
@@ -77,10 +130,54 @@ Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o) {
   jo.threads = o.threads;
   jo.allow_run_as_root = o.allow_run_as_root;
   jo.plugin_paths = o.plugin_paths;
+  if (!o.mpi_args.empty()) {
+    HP_ASSIGN_OR_RETURN(jo.launcher_args, split_words(o.mpi_args, "--mpi-args"));
+  }
+  if (o.nproc_per_node > 0) {
+    // torchrun's --nproc-per-node: the recipe fixes the rank count, so on one host the two must
+    // agree; across a hostfile's nodes it places that many ranks per node.
+    int total = 0;
+    for (const auto& g : job.groups()) total += static_cast<int>(g.ranks.size());
+    if (o.hostfile.empty() && o.nproc_per_node != total)
+      return Error(Errc::usage,
+                   fmt::format("--nproc-per-node {} on one host, but the recipe runs {} rank(s)",
+                               o.nproc_per_node, total),
+                   job.recipe_path.string(),
+                   "the recipe sets the rank count ([parallel] dp*tp*pp, or its [[groups]]); "
+                   "drop --nproc-per-node, or give --hostfile to spread the ranks over nodes");
+    if (!o.hostfile.empty() && total % o.nproc_per_node != 0)
+      return Error(Errc::usage,
+                   fmt::format("the recipe's {} rank(s) do not fill nodes of --nproc-per-node {}",
+                               total, o.nproc_per_node),
+                   job.recipe_path.string());
+    if (!o.hostfile.empty() && o.launcher == "mpirun")
+      jo.launcher_args.insert(jo.launcher_args.begin(),
+                              {"--npernode", std::to_string(o.nproc_per_node)});
+    if (!o.hostfile.empty() && o.launcher == "slurm")
+      jo.launcher_args.insert(jo.launcher_args.begin(),
+                              "--ntasks-per-node=" + std::to_string(o.nproc_per_node));
+  }
   return jo;
 }
 
 namespace {
+
+nlohmann::ordered_json outputs_json(const std::vector<HostTensor>& outs) {
+  auto a = nlohmann::ordered_json::array();
+  for (const auto& t : outs) {
+    const exec::TensorSummary s = exec::summarize_tensor(t);
+    nlohmann::ordered_json o{{"name", s.name}, {"dtype", s.dtype}, {"shape", s.dims}};
+    if (s.counted > 0) {
+      o["min"] = s.min;
+      o["max"] = s.max;
+      o["mean"] = s.mean;
+    }
+    o["nan"] = s.nans;
+    o["first"] = s.first;
+    a.push_back(std::move(o));
+  }
+  return a;
+}
 
 // Each group's outputs from the lowest of its ranks that wrote any, in recipe group order; a name
 // already gathered from an earlier group is not taken again.
@@ -213,7 +310,22 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   LaunchReport r;
   if (o.dry_run) {
+    // The printed command reads the app file, so it is written: the command runs as printed.
+    std::error_code ec;
+    std::filesystem::create_directories(plan.run_dir, ec);
+    if (ec)
+      return Error(Errc::runtime, "cannot create the run directory: " + ec.message(),
+                   plan.run_dir.string());
+    HP_TRY(write_file_atomic(plan.run_dir / plan.app_file_name, plan.app_file));
+    if (o.run_dir.empty()) HP_TRY(prune_runs(plan.run_dir));  // a dry run's directory is a run's
     r.summary = format_dry_run(plan);
+    nlohmann::ordered_json j{{"mode", "dry-run"},
+                             {"ranks", plan.total_ranks},
+                             {"groups", plan.contexts.size()},
+                             {"run_dir", plan.run_dir.string()},
+                             {"app_file", (plan.run_dir / plan.app_file_name).string()},
+                             {"argv", plan.argv}};
+    r.json = j.dump();
     return r;
   }
   // One sharded model (no [[groups]]): partition it into RUN/shard first; the ranks read it there.
@@ -232,16 +344,34 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     }
   }
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
+  if (o.verbose) announce_job(plan, sink);
+  // Older default run directories go once this one exists; a --run-dir is the user's to keep.
+  if (o.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(jo.run_dir, ec);
+    HP_TRY(prune_runs(std::filesystem::absolute(jo.run_dir)));
+  }
   auto ran = run_job(plan, jo, sink);
   if (!ran) return std::move(ran).error();
+  nlohmann::ordered_json j{{"mode", "recipe"},
+                           {"ranks", ran->ranks},
+                           {"groups", plan.contexts.size()},
+                           {"seconds", ran->seconds},
+                           {"run_dir", plan.run_dir.string()},
+                           {"log_dir", ran->log_dir.string()}};
   r.summary = fmt::format("job of {} rank(s) in {} group(s) finished in {:.2f} s; logs in {}\n",
                           ran->ranks, plan.contexts.size(), ran->seconds, ran->log_dir.string());
   if (sharded) {
     auto timing = read_timing(jo.run_dir, ran->ranks);
-    if (timing) r.summary += format_step_timing(*timing, job.schedule.lowered);
+    if (timing) {
+      r.summary += format_step_timing(*timing, job.schedule.lowered);
+      // Rank 0's step times: the repeats of --steps, the first one paying for first-run work.
+      if (!timing->empty()) j["step_seconds"] = timing->front().step_seconds;
+    }
     auto predicted = job.cluster ? predicted_step_seconds(job.recipe, job.base_dir, *job.cluster)
                                  : Expected<double>(Error(Errc::bad_input, job.cluster_problem));
     if (predicted) {
+      j["predicted_step_seconds"] = *predicted;
       r.summary += fmt::format(
           "plan's prediction: {:.4f} s per step (hp plan's cost model on '{}', inference)\n",
           *predicted, rec->cluster);
@@ -263,7 +393,10 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     HP_TRY(write_tensor_dir(o.outputs, *outs));
     r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(),
                              outs->size() == 1 ? "" : "s", o.outputs.string());
+    j["outputs_dir"] = o.outputs.string();
+    j["outputs"] = outputs_json(*outs);
   }
+  r.json = j.dump();
   return r;
 }
 
@@ -279,18 +412,54 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.dry_run)
     return Error(Errc::usage,
                  "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
-  if (o.inputs.empty() || o.outputs.empty())
-    return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR and --outputs DIR");
+  if (o.inputs.empty())
+    return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR", o.target.string(),
+                 "--outputs DIR writes the outputs; without it hp prints a summary of each");
+  if (o.steps < 0) return Error(Errc::usage, "--steps must be at least 1");
+  if (o.nproc_per_node > 0)
+    return Error(Errc::usage, "--nproc-per-node applies to a recipe; a model runs on one rank",
+                 o.target.string(),
+                 "`hp plan MODEL -o RECIPE.toml` writes a recipe that shards it over ranks");
+  if (!o.mpi_args.empty()) return Error(Errc::usage, "--mpi-args applies to a recipe (mpirun)");
   HP_ASSIGN_OR_RETURN(
       auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
-  auto outs = p.exec->run(p.inputs);
-  if (!outs) return std::move(outs).error();
-  HP_TRY(write_tensor_dir(o.outputs, *outs));
+  // --steps N: the same inputs N times; the median is the figure to quote (the first run pays for
+  // first-run work: allocations, kernel selection).
+  const int runs = std::max(o.steps, 1);
+  std::vector<double> secs;
+  std::vector<HostTensor> outs;
+  for (int k = 0; k < runs; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = p.exec->run(p.inputs);
+    if (!got) return std::move(got).error();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    outs = std::move(*got);
+  }
+  if (!o.outputs.empty()) HP_TRY(write_tensor_dir(o.outputs, outs));
   LaunchReport r;
   r.stats = p.exec->stats();
-  r.summary = stats_line(r.stats, p.backends.primary->name()) +
-              fmt::format("wrote {} output{} to {}\n", outs->size(), outs->size() == 1 ? "" : "s",
-                          o.outputs.string());
+  r.summary = stats_line(r.stats, p.backends.primary->name());
+  std::vector<double> sorted = secs;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (runs > 1)
+    r.summary += fmt::format("{} runs: median {:.4g} s, min {:.4g} s, max {:.4g} s\n", runs, median,
+                             sorted.front(), sorted.back());
+  if (!o.outputs.empty())
+    r.summary += fmt::format("wrote {} output{} to {}\n", outs.size(), outs.size() == 1 ? "" : "s",
+                             o.outputs.string());
+  else
+    for (const auto& t : outs)
+      r.summary += "  " + exec::format_summary(exec::summarize_tensor(t)) + "\n";
+  nlohmann::ordered_json j{{"mode", "model"},
+                           {"backend", p.backends.primary->name()},
+                           {"nodes", r.stats.nodes},
+                           {"step_seconds", secs},
+                           {"median_seconds", median},
+                           {"peak_bytes", r.stats.peak_bytes},
+                           {"outputs", outputs_json(outs)}};
+  if (!o.outputs.empty()) j["outputs_dir"] = o.outputs.string();
+  r.json = j.dump();
   return r;
 }
 

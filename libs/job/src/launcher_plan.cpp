@@ -155,6 +155,7 @@ void finish_slurm(const JobOptions& o, JobPlan& plan) {
   if (o.timeout_s > 0)
     plan.argv.push_back(
         fmt::format("--time={}", (static_cast<long>(std::ceil(o.timeout_s)) + 59) / 60));
+  plan.argv.insert(plan.argv.end(), o.launcher_args.begin(), o.launcher_args.end());
   plan.argv.push_back("--multi-prog");
   plan.argv.push_back((plan.run_dir / plan.app_file_name).string());
 }
@@ -179,6 +180,7 @@ void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, 
     hostfile = fs::absolute(o.hostfile).string();
     global.insert(global.end(), {"--hostfile", hostfile});
   }
+  global.insert(global.end(), o.launcher_args.begin(), o.launcher_args.end());
   plan.argv.insert(plan.argv.end(), global.begin(), global.end());
   plan.app_file_name = "app.txt";
   plan.app_file =
@@ -198,6 +200,44 @@ void finish_mpirun(const JobOptions& o, const HostInfo& host, bool single_host, 
 }
 
 }  // namespace
+
+Expected<std::vector<std::string>> split_words(std::string_view text, std::string_view what) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (c == '\'' || c == '"') {
+      std::size_t k = i + 1;
+      for (; k < text.size() && text[k] != c; ++k) {
+        // Inside "...", a backslash escapes " and \ (anything else stays as typed).
+        if (c == '"' && text[k] == '\\' && k + 1 < text.size() &&
+            (text[k + 1] == '"' || text[k + 1] == '\\'))
+          ++k;
+        word += text[k];
+      }
+      if (k >= text.size())
+        return Error(Errc::usage, fmt::format("{}: unterminated {} quote", what, c), "",
+                     "close the quote, or escape it with a backslash");
+      i = k;
+    } else if (c == '\\') {
+      if (i + 1 >= text.size())
+        return Error(Errc::usage, fmt::format("{}: a trailing backslash escapes nothing", what));
+      word += text[++i];
+    } else {
+      word += c;
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  return words;
+}
 
 Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& host) {
   if (o.launcher != "mpirun" && o.launcher != "slurm")
@@ -237,7 +277,8 @@ std::string format_dry_run(const JobPlan& p) {
   for (const auto& [k, v] : p.launcher_env) cmd += shell_quote(k + "=" + v) + " ";
   for (std::size_t i = 0; i < p.argv.size(); ++i) cmd += (i ? " " : "") + shell_quote(p.argv[i]);
   s += cmd + "\n";
-  s += fmt::format("# {} ({}):\n", p.app_file_name, (p.run_dir / p.app_file_name).string());
+  s += fmt::format("# {} (written to {}):\n", p.app_file_name,
+                   (p.run_dir / p.app_file_name).string());
   s += p.app_file;
   for (const auto& n : p.notes) s += "# note: " + n + "\n";
   return s;

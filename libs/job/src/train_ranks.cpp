@@ -124,6 +124,12 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   if (!o.backend.empty()) a.insert(a.end(), {"--backend", o.backend});
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};
+  if (o.verbose) announce_job(plan, sink);
+  if (o.run_dir.empty()) {  // older default run directories go, as for a forward job
+    std::error_code ec;
+    fs::create_directories(jo.run_dir, ec);
+    HP_TRY(prune_runs(fs::absolute(jo.run_dir)));
+  }
   HP_ASSIGN_OR_RETURN(auto ran, run_job(plan, jo, sink));
   if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;

@@ -6,6 +6,8 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <system_error>
 
@@ -275,6 +277,15 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
                             rep.steps.back().loss, rep.median_step_seconds);
   if (!r.summary.empty() && r.summary.back() != '\n') r.summary += '\n';
   r.summary += predicted_line(job);
+  nlohmann::ordered_json j{{"mode", "train"}, {"median_step_seconds", rep.median_step_seconds}};
+  j["steps"] = nlohmann::ordered_json::array();
+  for (const auto& m : rep.steps)
+    j["steps"].push_back({{"step", m.step},
+                          {"loss", m.loss},
+                          {"grad_norm", m.grad_norm},
+                          {"lr", m.lr},
+                          {"seconds", m.seconds}});
+  r.json = j.dump();
   return r;
 }
 

@@ -3,6 +3,10 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
 #include "single_rank.h"
@@ -93,6 +97,26 @@ std::string VerifyReport::text() const {
 }
 
 std::string VerifyReport::json() const {
+  if (model_mode) {
+    // The same fields as a recipe run's outputs ("run".outputs), with the largest errors on top.
+    nlohmann::ordered_json j{{"ok", model.ok()},
+                             {"model", recipe.string()},
+                             {"backend", model.backend},
+                             {"max_abs", 0.0},
+                             {"max_rel", 0.0}};
+    j["outputs"] = nlohmann::ordered_json::array();
+    for (const auto& o : model.outputs) {
+      j["max_abs"] = std::max(j["max_abs"].get<double>(), o.max_abs);
+      j["max_rel"] = std::max(j["max_rel"].get<double>(), o.max_rel);
+      j["outputs"].push_back({{"name", o.name},
+                              {"max_abs", o.max_abs},
+                              {"max_rel", o.max_rel},
+                              {"bad", o.bad},
+                              {"problem", o.problem},
+                              {"ok", o.ok()}});
+    }
+    return j.dump();
+  }
   if (!checks) return recipe::format_verify_json(recipe, *failure);
   const std::string static_json = recipe::format_verify_json(recipe, *checks);
   if (failure) return add_run_json(static_json, *failure);

@@ -97,6 +97,9 @@ std::string RecipeRunReport::format() const {
     for (const auto& o : outputs) s += "  " + exec::format_check(o) + "\n";
     s += fmt::format("one rank {:.3f} s, the job {:.3f} s ({} ranks)\n", unsharded_s, sharded_s,
                      ranks);
+    if (!kept_dir.empty())
+      s += fmt::format("the job's run directory is kept: {} (rank logs in run/logs)\n",
+                       kept_dir.string());
     return s;
   }
   std::string s = fmt::format("pipeline schedule: {}\n", schedule);
@@ -106,6 +109,9 @@ std::string RecipeRunReport::format() const {
   s += fmt::format("unsharded {:.3f} s, sharded {:.3f} s ({} ranks)\n", unsharded_s, sharded_s,
                    ranks);
   if (!timing.empty()) s += timing;
+  if (!kept_dir.empty())
+    s += fmt::format("the job's run directory is kept: {} (rank logs in run/logs)\n",
+                     kept_dir.string());
   return s;
 }
 
@@ -235,8 +241,13 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
   rep.unsharded_s = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
-  HP_ASSIGN_OR_RETURN(auto got, o.simulate ? run_simulated(job, P, o, bound, tmp.path, rep)
-                                           : run_mpi(job, o, bound, tmp.path, rep));
+  // An MPI job's run directory (its rank logs) outlives a failure, which points into it; it is
+  // removed once the outputs have matched.
+  tmp.keep = !o.simulate && o.run_dir.empty();
+  auto ran = o.simulate ? run_simulated(job, P, o, bound, tmp.path, rep)
+                        : run_mpi(job, o, bound, tmp.path, rep);
+  if (!ran) return tmp.keep ? with_kept_dir(std::move(ran).error(), tmp.path) : ran.error();
+  auto got = std::move(*ran);
   rep.sharded_s = seconds_since(t0);
   rep.ran = true;
   if (got.size() != want.size())
@@ -247,6 +258,10 @@ Expected<RecipeRunReport> verify_recipe_run(Job& job, const RecipeRunOptions& o)
     c.name = want[k].name;
     rep.outputs.push_back(std::move(c));
   }
+  if (tmp.keep && rep.ok())
+    tmp.keep = false;
+  else if (tmp.keep)
+    rep.kept_dir = tmp.path;
   return rep;
 }
 

@@ -129,7 +129,12 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
     ljob.run_dir = o.run_dir.empty() ? tmp.path / "run" : o.run_dir;
   }
   t0 = std::chrono::steady_clock::now();
-  HP_ASSIGN_OR_RETURN(auto ran, launch_train(job, ljob));
+  // An mpirun job's run directory outlives a failure (its error names the logs there).
+  tmp.keep = rep.ranks > 1 && !o.simulate && o.run_dir.empty();
+  auto launched = launch_train(job, ljob);
+  if (!launched)
+    return tmp.keep ? with_kept_dir(std::move(launched).error(), tmp.path) : launched.error();
+  auto ran = std::move(*launched);
   rep.sharded_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep.timing = ran.summary;
   rep.ran = true;
@@ -162,6 +167,10 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
     }
     rep.outputs.push_back(weight_check(name, g->second, want, i->second, o.atol));
   }
+  if (tmp.keep && rep.ok())
+    tmp.keep = false;
+  else if (tmp.keep)
+    rep.kept_dir = tmp.path;
   return rep;
 }
 

@@ -26,9 +26,12 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
 
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
-/// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit.
+/// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit unless
+/// `keep` is set (hp verify keeps a failed job's run directory: its error points at the logs
+/// there).
 struct TempDir {
   std::filesystem::path path;
+  bool keep = false;
   TempDir();
   ~TempDir();
   TempDir(const TempDir&) = delete;
@@ -37,8 +40,19 @@ struct TempDir {
 /// The MPI job's options from the command line: this hp as the ranks' program, the run directory
 /// (default_run_dir unless --run-dir), inputs, hostfile, launcher, timeout, threads, root and
 /// plugin paths. Errc::internal when /proc/self/exe cannot be read.
+/// launch -v: the exact command (with the launcher's environment) and where each rank's log goes,
+/// as two stderr lines of `sink`, before the job starts.
+void announce_job(const JobPlan& plan, const LineSink& sink);
+/// `e` with "; the run directory <dir> is kept" added to its hint (a failed verify's job).
+Error with_kept_dir(Error e, const std::filesystem::path& dir);
 Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o);
-/// hp-runs/<recipe name>-<time>-<pid>: where a job writes when --run-dir is not given.
+/// Where default run directories go: $HP_RUNS_DIR, else hp-runs (in the working directory).
+std::filesystem::path runs_root();
+/// Removes the oldest default-named run directories (<name>-YYYYMMDD-HHMMSS-<pid>) beside
+/// `current` so that $HP_KEEP_RUNS (default 10; 0 keeps all) remain, `current` included. Other
+/// entries are never touched. Errc::usage for an HP_KEEP_RUNS that is not a whole number.
+Status prune_runs(const std::filesystem::path& current);
+/// <runs_root()>/<recipe name>-<time>-<pid>: where a job writes when --run-dir is not given.
 std::filesystem::path default_run_dir(const recipe::Recipe& r,
                                       const std::filesystem::path& recipe_path);
 

@@ -28,6 +28,40 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A recipe handed where a model is expected ("hp plan recipe.toml") would otherwise fail as a
+// corrupt protobuf; its extension or its first meaningful line (a [table] or a key = value) says
+// what it is.
+bool looks_like_toml(const fs::path& path, std::string_view bytes) {
+  if (path.extension() == ".toml") return true;
+  std::size_t pos = 0;
+  while (pos < bytes.size()) {
+    std::size_t end = bytes.find('\n', pos);
+    std::string_view line =
+        bytes.substr(pos, end == std::string_view::npos ? bytes.npos : end - pos);
+    pos = end == std::string_view::npos ? bytes.size() : end + 1;
+    std::size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string_view::npos || line[b] == '#') continue;
+    line = line.substr(b);
+    if (line[0] == '[') return line.find(']') != std::string_view::npos;
+    std::size_t eq = line.find('=');
+    if (eq == std::string_view::npos) return false;
+    std::string_view key = line.substr(0, eq);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.remove_suffix(1);
+    // A bare or dotted key (a.b-c_1) or a quoted one; words separated by spaces are no key.
+    return !key.empty() &&
+           (key.front() == '"' || key.front() == '\'' ||
+            key.find_first_not_of(
+                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
+                std::string_view::npos);
+  }
+  return false;
+}
+
+Error recipe_given(const std::string& where) {
+  return Error(Errc::bad_input, "this is a recipe (TOML), not an onnx model", where,
+               "did you mean `hp launch RECIPE` or `hp verify RECIPE`?");
+}
+
 constexpr std::size_t kMaxDiagnostics = 20;
 
 struct Checker {
@@ -159,6 +193,7 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
   auto size = fs::file_size(path, ec);
   if (ec) return Error(Errc::bad_input, "cannot read: " + ec.message(), where);
   if (size == 0) return Error(Errc::bad_input, "file is empty, expected an onnx model", where);
+  if (path.extension() == ".toml") return recipe_given(where);
   if (size > static_cast<std::uintmax_t>(INT_MAX))
     return Error(Errc::bad_input, "model file is larger than 2 GiB, which protobuf cannot parse",
                  where,
@@ -166,9 +201,11 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
   HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
 
   auto proto = std::make_shared<onnx::ModelProto>();
-  if (!proto->ParseFromString(bytes))
+  if (!proto->ParseFromString(bytes)) {
+    if (looks_like_toml(path, bytes)) return recipe_given(where);
     return Error(Errc::bad_input,
                  "not an onnx model: protobuf parse failed (truncated or corrupt file?)", where);
+  }
   Checker c{where, {}};
   if (!proto->has_graph()) c.fail("not an onnx model: no graph");
   if (proto->ir_version() <= 0 || proto->ir_version() > 20)

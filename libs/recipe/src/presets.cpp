@@ -9,6 +9,8 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
 #include "toml_reader.h"
 
 namespace hp::recipe {
@@ -42,6 +44,58 @@ std::vector<std::string> list_presets(const std::vector<fs::path>& dirs) {
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   return names;
+}
+
+std::vector<PresetInfo> describe_presets(const std::vector<fs::path>& dirs) {
+  std::vector<PresetInfo> out;
+  for (const auto& name : list_presets(dirs)) {
+    PresetInfo p;
+    p.name = name;
+    auto path = find_cluster(name, {}, dirs);
+    if (!path) continue;  // listed a moment ago; gone since
+    p.path = *path;
+    auto c = load_cluster(*path);
+    if (!c) {
+      p.problem = c.error().what.message;
+    } else {
+      p.description = c->description;
+      p.nodes = c->nodes;
+      p.ranks_per_node = c->ranks_per_node();
+      if (const DeviceType* d = c->rank_device_type()) p.device = d->name;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::string format_presets(const std::vector<PresetInfo>& presets, bool json) {
+  if (json) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& p : presets) {
+      nlohmann::ordered_json o{{"name", p.name},
+                               {"nodes", p.nodes},
+                               {"devices_per_node", p.ranks_per_node},
+                               {"device", p.device},
+                               {"description", p.description},
+                               {"path", p.path.string()}};
+      if (!p.problem.empty()) o["problem"] = p.problem;
+      a.push_back(std::move(o));
+    }
+    return a.dump() + "\n";
+  }
+  std::size_t wn = 4, wd = 6;
+  for (const auto& p : presets) {
+    wn = std::max(wn, p.name.size());
+    wd = std::max(wd, p.device.size());
+  }
+  std::string s = fmt::format("{:<{}}  {:>5}  {:>7}  {:<{}}  {}\n", "NAME", wn, "NODES", "DEVICES",
+                              "DEVICE", wd, "DESCRIPTION");
+  for (const auto& p : presets)
+    s += p.problem.empty() ? fmt::format("{:<{}}  {:>5}  {:>7}  {:<{}}  {}\n", p.name, wn, p.nodes,
+                                         p.ranks_per_node, p.device, wd, p.description)
+                           : fmt::format("{:<{}}  (does not load: {})\n", p.name, wn, p.problem);
+  if (presets.empty()) s += "(no preset directory found)\n";
+  return s;
 }
 
 bool looks_like_path(std::string_view ref) {

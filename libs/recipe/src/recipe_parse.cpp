@@ -317,6 +317,16 @@ RecipeDocument parse_recipe(std::string_view text, const std::string& display_pa
 
 Expected<RecipeDocument> read_recipe(const std::filesystem::path& path) {
   HP_ASSIGN_OR_RETURN(auto text, read_file(path));
+  // A model handed where a recipe is expected would otherwise fail as a TOML syntax error at some
+  // binary byte; a NUL in the text (protobuf has them, TOML may not) or the extension says which.
+  if (path.extension() == ".onnx" || text.find('\0') != std::string::npos)
+    return Error(Errc::bad_input,
+                 path.extension() == ".onnx"
+                     ? "this is an onnx model, not a recipe"
+                     : "this is a binary file (an onnx model?), not a recipe",
+                 path.string(),
+                 "did you mean `hp plan MODEL` or `hp launch MODEL`? (`hp plan MODEL -o "
+                 "RECIPE.toml` writes a recipe for it)");
   return parse_recipe(text, path.string());
 }
 

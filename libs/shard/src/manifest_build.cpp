@@ -3,6 +3,8 @@
 #include <onnx/onnx_pb.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <fstream>
 #include <tuple>
@@ -183,17 +185,17 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
     return e;
   };
   int files = 0, comm = 0, sends = 0;
+  std::vector<std::string> written;
   std::int64_t weight_bytes = 0;
   bool weights = true;
   for (const auto& st : p.plan.stages)
     for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
       auto part = build_partition(p.plan, st.index, static_cast<std::int64_t>(pos));
       if (!part) return fail(std::move(part).error());
-      if (auto s = write_plain(
-              tmp / rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p)),
-              part->onnx);
-          !s)
-        return fail(std::move(s).error());
+      const std::string name =
+          rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p));
+      if (auto s = write_plain(tmp / name, part->onnx); !s) return fail(std::move(s).error());
+      written.push_back(name);
       ++files;
       comm += part->comm_nodes;
       sends += part->sends;
@@ -233,6 +235,21 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
       weights ? fmt::format("{} bytes over all ranks", weight_bytes)
               : std::string("not written (the model has no weight data; shapes only)"));
   for (const auto& n : p.prop.notes) rep.summary += "  note: " + n + "\n";
+  written.push_back("manifest.toml");
+  nlohmann::ordered_json j{{"dir", out_dir.string()},
+                           {"dp", m.dp},
+                           {"tp", m.tp},
+                           {"pp", m.pp},
+                           {"files", written},
+                           {"layouts", m.layouts.size()},
+                           {"redistributions", m.redistributions.size()},
+                           {"comm_nodes", comm},
+                           {"boundaries", m.boundaries.size()},
+                           {"sends", sends},
+                           {"weights_written", weights},
+                           {"weight_bytes", weights ? weight_bytes : 0}};
+  j["notes"] = p.prop.notes;
+  rep.json = j.dump();
   return rep;
 }
 

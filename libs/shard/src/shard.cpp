@@ -325,14 +325,14 @@ Status check_shardable(const recipe::Recipe& recipe, const std::filesystem::path
 Expected<ShardReport> run(const ShardOptions& options) {
   if (options.out_dir.empty() && options.explain.empty())
     return Error(Errc::usage, "hp shard needs -o DIR (write partitions) or --explain TENSOR");
-  if (options.json && options.explain.empty())
-    return Error(Errc::usage, "--json goes with --explain TENSOR");
   HP_ASSIGN_OR_RETURN(auto p, prepare(options.recipe));
   if (!options.explain.empty()) {
     HP_ASSIGN_OR_RETURN(auto text, explain(*p, options.explain, options.json));
-    return ShardReport{std::move(text)};
+    return ShardReport{std::move(text), {}};
   }
-  return write_partitions(*p, options.out_dir);
+  HP_ASSIGN_OR_RETURN(auto rep, write_partitions(*p, options.out_dir));
+  if (options.json) rep.summary = rep.json + "\n";
+  return rep;
 }
 
 }  // namespace hp::shard

@@ -1,15 +1,31 @@
 // The metrics file of a training run (trainer.h): one JSON line per step.
 #pragma once
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "hp/core/expected.h"
 #include "hp/train/trainer.h"
 
 namespace hp::train::detail {
+
+/// "  ETA 1m05s" for a progress line: the mean time of the steps run so far (this run's, so a
+/// resumed run's earlier steps do not count) times the steps left; empty when none are left.
+inline std::string eta_text(const std::vector<StepMetrics>& done, std::int64_t left) {
+  if (left <= 0 || done.empty()) return "";
+  double sum = 0;
+  for (const auto& m : done) sum += m.seconds;
+  const auto eta = static_cast<std::int64_t>(
+      sum / static_cast<double>(done.size()) * static_cast<double>(left) + 0.5);
+  if (eta >= 3600) return fmt::format("  ETA {}h{:02}m", eta / 3600, eta % 3600 / 60);
+  if (eta >= 60) return fmt::format("  ETA {}m{:02}s", eta / 60, eta % 60);
+  return fmt::format("  ETA {}s", eta);
+}
 
 /// Metrics lines go to a temporary sibling that is renamed over the file when the run ends, either
 /// way: a reader never sees a file cut in the middle of a line.

@@ -258,10 +258,11 @@ Expected<TrainReport> train(const TrainOptions& o) {
     r.report.steps.push_back(*m);
     const int every = std::max(1, o.log_every);
     if (m->step % every == 0 || m->step == last)
-      r.say(false, fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.4f}  lr {:.3g}  {:.3f} s  "
-                               "{:.0f} tokens/s",
-                               m->step, last, m->loss, m->grad_norm, m->lr, m->seconds,
-                               m->tokens_per_second));
+      r.say(false,
+            fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.4f}  lr {:.3g}  {:.3f} s  "
+                        "{:.0f} tokens/s{}",
+                        m->step, last, m->loss, m->grad_norm, m->lr, m->seconds,
+                        m->tokens_per_second, detail::eta_text(r.report.steps, last - m->step)));
     if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 && m->step % o.checkpoint_every == 0)
       if (Status st = r.checkpoint(); !st) {
         failed = std::move(st);

@@ -199,6 +199,37 @@ TEST_CASE("typed fields of the narrow and unsigned types decode, and short ones 
   fs::remove_all(d);
 }
 
+TEST_CASE("an output's summary: range, NaNs apart, first values; short data header only",
+          "[exec]") {
+  HostTensor t;
+  t.name = "y";
+  t.dtype = HP_F32;
+  t.dims = {2, 4};
+  const float v[] = {1, -2, NAN, 4, 5, 6, 7, 8};
+  t.data.assign(reinterpret_cast<const unsigned char*>(v),
+                reinterpret_cast<const unsigned char*>(v) + sizeof v);
+  TensorSummary s = summarize_tensor(t, 3);
+  CHECK(s.counted == 7);
+  CHECK(s.nans == 1);
+  CHECK(s.min == -2);
+  CHECK(s.max == 8);
+  CHECK(s.mean == Approx(29.0 / 7));
+  REQUIRE(s.first.size() == 3);
+  CHECK(std::isnan(s.first[2]));
+  CHECK(format_summary(s) == "y f32 [2,4]: min -2 max 8 mean 4.14286, 1 NaN [1, -2, nan, ...]");
+  // Integers are summarised as their values; a tensor whose bytes do not cover its dims (a
+  // malformed file) by its header only, never read past its data.
+  HostTensor i;
+  i.dtype = HP_I64;
+  i.dims = {2};
+  const std::int64_t iv[] = {-3, 9};
+  i.data.assign(reinterpret_cast<const unsigned char*>(iv),
+                reinterpret_cast<const unsigned char*>(iv) + sizeof iv);
+  CHECK(format_summary(summarize_tensor(i)) == "(unnamed) i64 [2]: min -3 max 9 mean 3 [-3, 9]");
+  i.data.resize(8);
+  CHECK(format_summary(summarize_tensor(i)) == "(unnamed) i64 [2]");
+}
+
 TEST_CASE("input binding reports wrong dtype, shape, names and missing files", "[exec]") {
   std::vector<GraphIO> ins(1);
   ins[0].name = "x";

@@ -195,3 +195,41 @@ TEST_CASE("launcher: shell quoting for the printed command", "[launcher]") {
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("") == "''");
 }
+
+TEST_CASE("launcher: --mpi-args split as a shell would", "[launcher]") {
+  using V = std::vector<std::string>;
+  CHECK(*split_words("", "x") == V{});
+  CHECK(*split_words("  \t ", "x") == V{});
+  CHECK(*split_words("--mca btl tcp,self", "x") == V{"--mca", "btl", "tcp,self"});
+  CHECK(*split_words("-x 'A=b c'  -x \"B=\\\"q\\\" \\\\\"", "x") ==
+        V{"-x", "A=b c", "-x", "B=\"q\" \\"});
+  CHECK(*split_words("a\\ b 'it'\\''s' \"\\n\"", "x") == V{"a b", "it's", "\\n"});
+  CHECK(*split_words("''", "x") == V{""});  // an empty quoted word is a word
+  CHECK(*split_words("pre'fix'\"ed\"", "x") == V{"prefixed"});
+  // Malformed: unterminated quotes and a trailing backslash are usage errors naming the option.
+  for (const char* bad : {"'open", "a \"open", "\"esc\\\"", "end\\"}) {
+    auto w = split_words(bad, "--mpi-args");
+    REQUIRE_FALSE(w);
+    CHECK(w.error().code == hp::Errc::usage);
+    CHECK(w.error().what.message.rfind("--mpi-args: ", 0) == 0);
+  }
+}
+
+TEST_CASE("launcher: launcher args follow hp's global options, before the contexts", "[launcher]") {
+  TempDir d;
+  auto o = options(d);
+  o.launcher_args = {"--mca", "btl", "tcp,self"};
+  auto plan = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false});
+  REQUIRE(plan);
+  const auto& a = plan->argv;
+  auto mca = std::find(a.begin(), a.end(), "--mca");
+  REQUIRE(mca != a.end());
+  CHECK(*(mca + 2) == "tcp,self");
+  CHECK(mca > std::find(a.begin(), a.end(), "--tag-output"));
+  CHECK(mca < std::find(a.begin(), a.end(), "-n"));
+  o.launcher = "slurm";
+  auto slurm = plan_job(job_of(recipe_of(kTwoGroups), d), o, HostInfo{8, false});
+  REQUIRE(slurm);
+  const auto& s = slurm->argv;
+  CHECK(std::find(s.begin(), s.end(), "--mca") < std::find(s.begin(), s.end(), "--multi-prog"));
+}

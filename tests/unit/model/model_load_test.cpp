@@ -121,6 +121,30 @@ TEST_CASE("model: random bytes are rejected", "[model]") {
   require_bad_input(dir / "text.onnx");
 }
 
+TEST_CASE("model: a recipe given as the model is named as one", "[model]") {
+  auto dir = scratch_dir("model_load_recipe");
+  auto message = [](const std::filesystem::path& p) {
+    auto m = hp::model::load_model(p);
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.error().code == hp::Errc::bad_input);
+    return m.error().what.message;
+  };
+  const std::string recipe = "this is a recipe (TOML), not an onnx model";
+  write_bytes(dir / "r.toml", "[recipe]\nversion = 1\n");
+  CHECK(message(dir / "r.toml") == recipe);
+  // Another extension: the first meaningful line decides (comments and blank lines skipped).
+  write_bytes(dir / "r.model", "# a recipe\n\n  [recipe]\n");
+  CHECK(message(dir / "r.model") == recipe);
+  write_bytes(dir / "kv.bin", "name = \"x\"\n");
+  CHECK(message(dir / "kv.bin") == recipe);
+  // Text that is neither: still the protobuf error, not a guess.
+  for (const char* text : {"this is not a model\n", "[unclosed\n", "= 3\n", "a b = 1\n"}) {
+    write_bytes(dir / "t.onnx", text);
+    INFO(text);
+    CHECK(message(dir / "t.onnx").find("protobuf parse failed") != std::string::npos);
+  }
+}
+
 TEST_CASE("model: a node using an undefined tensor is rejected with its name", "[model]") {
   auto dir = scratch_dir("model_load_undefined");
   save(tiny_matmul(false, "nowhere"), dir / "undefined.onnx");

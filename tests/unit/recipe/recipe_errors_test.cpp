@@ -2,6 +2,11 @@
 // mistakes are all reported by one parse.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "fixtures.h"
 #include "hp/recipe/recipe.h"
 
@@ -268,6 +273,24 @@ TEST_CASE("recipe: load_recipe returns every problem in one bad_input error", "[
   auto r = load_recipe("/nonexistent/recipe.toml");
   REQUIRE(!r.ok());
   CHECK(r.error().str().find("/nonexistent/recipe.toml") != std::string::npos);
+}
+
+TEST_CASE("recipe: a model given as the recipe is named as one", "[recipe]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("hp_recipe_model_given_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return dir / name;
+  };
+  auto m = load_recipe(write("m.onnx", "[recipe]\n"));  // the extension alone decides
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().what.message == "this is an onnx model, not a recipe");
+  CHECK(m.error().what.hint.find("hp plan MODEL") != std::string::npos);
+  auto b = load_recipe(write("m.toml", std::string("\x08\x07\x12\0\x01", 5)));
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().what.message == "this is a binary file (an onnx model?), not a recipe");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("recipe: validate_recipe_on_cluster checks rank counts", "[recipe]") {

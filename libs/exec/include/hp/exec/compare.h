@@ -28,6 +28,22 @@ OutputCheck compare_tensors(const HostTensor& got, const HostTensor& want, doubl
 /// report.
 std::string format_check(const OutputCheck& c);
 
+/// Element i of `t` as a double (16-bit floats decoded; integers and bool converted).
+double element_value(const HostTensor& t, std::int64_t i);
+
+/// What `hp launch MODEL.onnx` prints of an output it was not asked to write: its header, the
+/// range of its values and the first few.
+struct TensorSummary {
+  std::string name, dtype;
+  std::vector<std::int64_t> dims;
+  double min = 0, max = 0, mean = 0;  ///< over the non-NaN elements (`counted` of them)
+  std::int64_t counted = 0, nans = 0;
+  std::vector<double> first;  ///< the first few elements in storage order
+};
+TensorSummary summarize_tensor(const HostTensor& t, int first = 5);
+/// "logits f32 [2, 8, 50]: min -1.2 max 3.4 mean 0.01 [0.1, 0.2, ...]" (no newline).
+std::string format_summary(const TensorSummary& s);
+
 /// True when every output is within tolerance.
 bool all_ok(const std::vector<OutputCheck>& checks);
 

@@ -56,12 +56,24 @@ struct LaunchOptions {
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = only at the end
   std::filesystem::path resume_dir;   ///< a checkpoint directory to continue from
   int log_every = 0;                  ///< a progress line every k steps; 0 = every step
+  /// Extra mpirun (or srun) options, split as a shell would (launcher.h split_words).
+  std::string mpi_args;
+  /// torchrun's --nproc-per-node for a recipe: on one host it must equal the recipe's rank count;
+  /// with --hostfile, mpirun places that many ranks per node (--npernode). 0 = not given.
+  int nproc_per_node = 0;
+  /// Print the launch command and where each rank's log goes (to the sink's stderr) before
+  /// starting.
+  bool verbose = false;
   /// Console lines of the ranks ("[group:rank] ..."); err for their stderr. Unset: dropped.
   std::function<void(bool err, const std::string& line)> sink;
 };
 
 struct LaunchReport {
   std::string summary;
+  /// The same results as one JSON object (hp launch --json): "mode" (model, recipe, dry-run,
+  /// train), then per mode the step times, outputs (name, dtype, shape, min, max, mean, first
+  /// values), run directory. Empty where a mode has none (a rank).
+  std::string json;
   exec::ExecStats stats;
 };
 

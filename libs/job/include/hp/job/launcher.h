@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hp/core/expected.h"
@@ -54,6 +55,8 @@ struct JobOptions {
   int steps = 1;  ///< passed to the ranks as --steps when > 1
   /// Appended to every rank's command line (a training job's data and output options).
   std::vector<std::string> extra_args;
+  /// --mpi-args, split into words: given to mpirun (or srun) after hp's own global options.
+  std::vector<std::string> launcher_args;
 };
 
 /// One mpirun app context (one [[groups]] entry).
@@ -85,6 +88,12 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
 
 /// `--dry-run`: the environment and exact command on one line (shell-quoted), then the app file.
 std::string format_dry_run(const JobPlan& plan);
+
+/// Splits `text` into words as a POSIX shell would without expanding anything: whitespace
+/// separates, '...' keeps everything literally, "..." keeps all but backslash escapes of " and \,
+/// and a backslash outside quotes escapes the next character. Errc::usage on an unterminated quote
+/// or a trailing backslash (`what` names the option in the message).
+Expected<std::vector<std::string>> split_words(std::string_view text, std::string_view what);
 
 /// Shell quoting for display: words with special characters in single quotes.
 std::string shell_quote(const std::string& word);

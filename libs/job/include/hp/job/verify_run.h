@@ -60,6 +60,8 @@ struct RecipeRunReport {
   /// and `layout` says how the ranks trained ("dp=2, optimizer_shard 2").
   bool training = false;
   std::string layout;
+  /// A failed MPI job's temporary directory, kept (not removed) so that its logs can be read.
+  std::filesystem::path kept_dir;
   bool ok() const;
   std::string format() const;
 };

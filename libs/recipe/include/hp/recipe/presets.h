@@ -21,6 +21,22 @@ std::vector<std::filesystem::path> preset_dirs(const std::filesystem::path& exe_
 /// Preset names (file stems) found in `dirs`, sorted and without duplicates.
 std::vector<std::string> list_presets(const std::vector<std::filesystem::path>& dirs);
 
+/// One preset as `hp plan --list-clusters` shows it: read from its file, so the list never drifts
+/// from what --cluster NAME loads.
+struct PresetInfo {
+  std::string name;  ///< the file stem (what --cluster takes)
+  std::filesystem::path path;
+  std::string description;
+  std::int64_t nodes = 0, ranks_per_node = 0;
+  std::string device;   ///< the rank device type's name
+  std::string problem;  ///< non-empty when the file does not load (its first error)
+};
+/// Every preset of `dirs` (a name found in two directories: the first one's), sorted by name.
+std::vector<PresetInfo> describe_presets(const std::vector<std::filesystem::path>& dirs);
+/// An aligned table (name, nodes, devices per node, device, description), or with `json` one JSON
+/// array of objects with those fields.
+std::string format_presets(const std::vector<PresetInfo>& presets, bool json);
+
 /// True when `ref` names a file ("a/b.toml", "./x", "x.toml") rather than a preset.
 bool looks_like_path(std::string_view ref);
 

@@ -30,11 +30,14 @@ struct ShardOptions {
   std::filesystem::path recipe;   ///< recipe to partition
   std::filesystem::path out_dir;  ///< where the per-rank ONNX files and manifest go
   std::string explain;            ///< tensor to explain instead of writing partitions
-  bool json = false;              ///< --explain as JSON
+  bool json = false;              ///< the report (-o) or the explanation (--explain) as JSON
 };
 
 struct ShardReport {
   std::string summary;
+  /// -o: one JSON object (dir, dp, tp, pp, files written, layouts, redistributions, comm_nodes,
+  /// boundaries, sends, weights_written, weight_bytes, notes) for `hp shard --json`.
+  std::string json;
 };
 
 /// Everything between the recipe and the files: the model at bound dims, its blocks, the mesh, the
