@@ -78,6 +78,10 @@ void add_launch_command(CLI::App& app, Context& ctx) {
                   "write every rank's steps (compute, gradient buckets, optimizer) as a Chrome "
                   "trace (Perfetto)")
       ->group(training);
+  sub->add_option("--timeline", opts->timeline,
+                  "pp > 1: draw the last step's measured per-rank actions above the schedule's "
+                  "prediction from the measured F/B/W times (SVG)")
+      ->group(training);
   sub->add_flag("--simulate", opts->simulate,
                 "dp > 1: run the data-parallel ranks as threads of this process, not mpirun")
       ->group(training);

@@ -59,6 +59,32 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
   return {};
 }
 
+Expected<std::vector<train::PipelineAction>> pipeline_actions(const recipe::Recipe& r,
+                                                              const train::PipelineRole& pp,
+                                                              int position) {
+  HP_ASSIGN_OR_RETURN(ScheduleKind kind,
+                      parse_schedule_kind(recipe::schedule_name(r.parallel.schedule)));
+  const int chunks = pp.stages() / static_cast<int>(pp.ranks.size());
+  HP_ASSIGN_OR_RETURN(auto sched, make_schedule(kind, static_cast<int>(pp.ranks.size()),
+                                                pp.micro_batches, chunks, true));
+  std::vector<train::PipelineAction> out;
+  for (const Action& a : sched.per_rank.at(static_cast<std::size_t>(position))) {
+    train::PipelineAction x;
+    x.micro_batch = a.micro_batch;
+    x.stage = a.stage;
+    if (a.kind == ActionKind::forward)
+      x.kind = train::PipelineAction::Kind::forward;
+    else if (a.kind == ActionKind::backward)
+      x.kind = train::PipelineAction::Kind::backward;
+    else if (a.kind == ActionKind::weight)
+      x.kind = train::PipelineAction::Kind::weight;
+    else
+      continue;
+    out.push_back(x);
+  }
+  return out;
+}
+
 Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOptions& to) {
   train::PipelineRole& pp = to.pp;
   const auto& grid = pp.grid;
@@ -74,26 +100,7 @@ Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOp
       }
   if (pp.ranks.empty())
     return Error(Errc::bad_input, fmt::format("rank {} runs no pipeline stage", t.rank()));
-  HP_ASSIGN_OR_RETURN(ScheduleKind kind,
-                      parse_schedule_kind(recipe::schedule_name(r.parallel.schedule)));
-  const int chunks = pp.stages() / static_cast<int>(pp.ranks.size());
-  HP_ASSIGN_OR_RETURN(auto sched, make_schedule(kind, static_cast<int>(pp.ranks.size()),
-                                                pp.micro_batches, chunks, true));
-  pp.actions.clear();
-  for (const Action& a : sched.per_rank[static_cast<std::size_t>(pp.stage)]) {
-    train::PipelineAction x;
-    x.micro_batch = a.micro_batch;
-    x.stage = a.stage;
-    if (a.kind == ActionKind::forward)
-      x.kind = train::PipelineAction::Kind::forward;
-    else if (a.kind == ActionKind::backward)
-      x.kind = train::PipelineAction::Kind::backward;
-    else if (a.kind == ActionKind::weight)
-      x.kind = train::PipelineAction::Kind::weight;
-    else
-      continue;
-    pp.actions.push_back(x);
-  }
+  HP_ASSIGN_OR_RETURN(pp.actions, pipeline_actions(r, pp, pp.stage));
   return {};
 }
 

@@ -81,6 +81,7 @@ std::string training_option_given(const LaunchOptions& o) {
   if (o.seed >= 0) return "--seed";
   if (!o.metrics.empty()) return "--metrics";
   if (!o.trace.empty()) return "--trace";
+  if (!o.timeline.empty()) return "--timeline";
   if (!o.save_model.empty()) return "--save-model";
   if (!o.checkpoint_dir.empty()) return "--checkpoint";
   if (o.checkpoint_every != 0) return "--checkpoint-every";
@@ -242,10 +243,23 @@ std::string format_train_options(const train::TrainOptions& t) {
   return s;
 }
 
-Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
+Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) {
+  const recipe::Parallel& p = job.recipe.parallel;
+  // --timeline reads the job's trace: without --trace, one beside the picture, removed after.
+  LaunchOptions o = given;
+  bool own_trace = false;
+  if (!o.timeline.empty() && !o.worker) {
+    if (p.pp <= 1)
+      return Error(Errc::usage, "--timeline draws pipeline schedules: the recipe has pp = 1",
+                   job.recipe_path.string(), "use --trace for a data-parallel job's steps");
+    if (o.trace.empty()) {
+      o.trace = o.timeline;
+      o.trace += ".trace.json";
+      own_trace = true;
+    }
+  }
   HP_ASSIGN_OR_RETURN(train::TrainOptions to, train_options(job, o));
   LaunchReport r;
-  const recipe::Parallel& p = job.recipe.parallel;
   if (o.dry_run) {
     r.summary = format_train_options(to);
     if (p.dp > 1)
@@ -264,9 +278,14 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o) {
   }
   if (o.worker) return train_as_rank(job, std::move(to));
   if (p.dp > 1 || p.pp > 1) {
-    HP_ASSIGN_OR_RETURN(r,
-                        o.simulate ? train_in_process(job, std::move(to)) : train_over_mpi(job, o));
+    HP_ASSIGN_OR_RETURN(r, o.simulate ? train_in_process(job, to) : train_over_mpi(job, o));
     r.summary += predicted_line(job);
+    if (!o.timeline.empty()) {
+      auto line = write_timeline(job, to, o.trace, o.timeline);
+      if (own_trace) std::filesystem::remove(o.trace);
+      if (!line) return std::move(line).error();
+      r.summary += *line;
+    }
     return r;
   }
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));

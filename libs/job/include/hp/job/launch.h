@@ -46,11 +46,13 @@ struct LaunchOptions {
   // A recipe with a [train] table (train_run.h): the data is exactly one of `inputs` (one batch,
   // the inputs and the labels as .pb files) and `data`. The zero values mean "not given", so that
   // these options are refused where nothing trains rather than silently ignored.
-  std::filesystem::path data;        ///< token stream (uint16 or uint32 ids)
-  int token_bytes = 0;               ///< 2 or 4; 0 = 2
-  std::int64_t seed = -1;            ///< data order; -1 = [train].seed
-  std::filesystem::path metrics;     ///< JSON lines, one per step
-  std::filesystem::path trace;       ///< Chrome trace of every rank's step (hp/train/trace.h)
+  std::filesystem::path data;     ///< token stream (uint16 or uint32 ids)
+  int token_bytes = 0;            ///< 2 or 4; 0 = 2
+  std::int64_t seed = -1;         ///< data order; -1 = [train].seed
+  std::filesystem::path metrics;  ///< JSON lines, one per step
+  std::filesystem::path trace;    ///< Chrome trace of every rank's step (hp/train/trace.h)
+  /// A pipeline job's last step, measured above predicted, as SVG (train_run.h write_timeline).
+  std::filesystem::path timeline;
   std::filesystem::path save_model;  ///< the trained model (.onnx)
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = only at the end

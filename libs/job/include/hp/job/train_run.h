@@ -63,6 +63,18 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o);
 /// stage; Errc::bad_input for stages that do not cut the model (shard's errors, or nothing
 /// crossing).
 Status pipeline_options(const Job& job, train::TrainOptions& to);
+/// The compute actions of pipeline position `position` under the recipe's schedule (what
+/// pipeline_rank gives a rank), `pp` as pipeline_options made it with its ranks set.
+Expected<std::vector<train::PipelineAction>> pipeline_actions(const recipe::Recipe& recipe,
+                                                              const train::PipelineRole& pp,
+                                                              int position);
+/// --timeline: the last step of a pipeline job's merged `trace` as measured, above the same step
+/// simulated from its schedule with the measured mean F/B/W times (timeline.cpp), written to
+/// `svg` atomically; returns the line saying so. Errc::runtime for a trace without pipeline
+/// actions.
+Expected<std::string> write_timeline(const Job& job, const train::TrainOptions& to,
+                                     const std::filesystem::path& trace,
+                                     const std::filesystem::path& svg);
 /// The rank of `transport` in the job: its pipeline (to.pp: stage, the replica's ranks, its
 /// schedule's compute actions) and, with dp > 1, its stage's data-parallel group (to.dp).
 Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
