@@ -14,7 +14,9 @@
 //           plus post-flush collectives and the optimizer step on the average rank's parameters.
 // The time bound is a true lower bound of predict(): recomputation and imbalance only add to it.
 // Candidates are visited in order of that bound, and the visit stops as soon as the bound reaches
-// the k-th best predicted time: no later candidate can enter the top k (branch and bound).
+// the k-th best predicted time: no later candidate can enter the top k (branch and bound). Beside
+// the top k the search keeps the best plan of each of the fastest structures (same_structure), and
+// the bound is checked against that list too (Ranking below).
 //
 // Level 2 (stage assignment and recomputation) is in assign_stages.cpp.
 // block.

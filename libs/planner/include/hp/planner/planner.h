@@ -99,6 +99,9 @@ struct SearchInput {
   SearchLimits limits;
 };
 
+/// "dp2 tp2 pp1 mbs2x1 sp": a configuration in one short line (warnings, why-lines).
+std::string short_config(const Config& c);
+
 /// A plan's structure: dp, tp, pp, ep, the ZeRO level and the schedule. Virtual stages, the
 /// micro-batching, sequence parallelism, the HSDP group, placement, stage assignment and
 /// recomputation refine one structure; `hp plan --top-k` lists different structures first.
