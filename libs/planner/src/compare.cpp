@@ -20,7 +20,7 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
 // One search restricted by `f`: the best plan it finds, if any.
 std::optional<Plan> best_under(const SearchInput& in, const Fixed& f, std::int64_t& evaluated,
                                bool whole_heads = true) {
-  SearchResult r = search({in.model, in.topo, in.work, in.machine, {1, f, whole_heads}});
+  SearchResult r = search({in.model, in.topo, in.work, in.machine, {1, f, whole_heads, false}});
   evaluated += r.stats.evaluated;
   if (r.plans.empty()) return std::nullopt;
   return std::move(r.plans.front());

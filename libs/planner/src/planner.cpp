@@ -10,6 +10,7 @@
 // and a prediction of the same configuration are priced alike.
 #include "hp/planner/planner.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/core.h>
@@ -57,15 +58,57 @@ std::string biggest_difference(const Prediction& a, const Prediction& b) {
   return best->first;
 }
 
-std::string explain(const std::vector<Plan>& plans) {
-  const Plan& b = plans.front();
+// What tells two plans of one structure apart (same_structure): the refinements that differ, as
+// "virtual stages and placement".
+std::string refinement_difference(const Plan& a, const Plan& b) {
+  const Config &x = a.config, &y = b.config;
+  std::vector<const char*> parts;
+  if (x.virtual_stages != y.virtual_stages) parts.push_back("virtual stages");
+  if (x.micro_batch_size != y.micro_batch_size) parts.push_back("micro-batch size");
+  if (x.sequence_parallel != y.sequence_parallel) parts.push_back("sequence parallelism");
+  if (x.shard_group != y.shard_group) parts.push_back("ZeRO group");
+  if (!std::equal(x.order, x.order + 3, y.order)) parts.push_back("placement");
+  auto recompute = [](const Plan& p) {
+    std::vector<recipe::Recompute> r;
+    for (const auto& s : p.stages) r.insert(r.end(), s.recompute.begin(), s.recompute.end());
+    return r;
+  };
+  auto blocks = [](const Plan& p) {
+    std::vector<std::vector<std::int64_t>> r;
+    for (const auto& s : p.stages) r.push_back(s.blocks);
+    return r;
+  };
+  if (blocks(a) != blocks(b)) parts.push_back("stage assignment");
+  if (recompute(a) != recompute(b)) parts.push_back("recomputation");
+  if (parts.empty()) return "stage assignment";
+  std::string out = parts[0];
+  for (std::size_t i = 1; i < parts.size(); ++i)
+    out += fmt::format("{}{}", i + 1 == parts.size() ? " and " : ", ", parts[i]);
+  return out;
+}
+
+// The why line: the best against the best plan of a different structure, which says more than the
+// runner-up (usually the same degrees with another refinement). Without a rival, the runner-up is
+// a refinement of the best; without either, the best is the only plan that fits (the search keeps
+// two plans and evaluates every candidate until it has them, so that claim is exact).
+std::string explain(const SearchResult& found) {
+  const Plan& b = found.plans.front();
   std::string why =
       fmt::format("{} reaches {:.1f}% MFU", short_config(b.config), 100 * b.predicted.mfu);
-  if (plans.size() < 2) return why + "; it is the only plan that fits";
-  const Plan& r = plans[1];
-  const double gain = r.predicted.iteration / b.predicted.iteration - 1;
-  return why + fmt::format("; {:.2f}% faster than {} (it spends less on {})", 100 * gain,
-                           short_config(r.config), biggest_difference(b.predicted, r.predicted));
+  if (found.rival) {
+    const Plan& r = *found.rival;
+    const double gain = r.predicted.iteration / b.predicted.iteration - 1;
+    return why + fmt::format("; {:.2f}% faster than {} (it spends less on {})", 100 * gain,
+                             short_config(r.config), biggest_difference(b.predicted, r.predicted));
+  }
+  if (!found.runner_up) return why + "; it is the only plan that fits";
+  const Plan& r = *found.runner_up;
+  return why + fmt::format(
+                   "; no plan of another structure fits; the next, {} ({:.2f}% slower), differs "
+                   "in {}",
+                   short_config(r.config),
+                   100 * (r.predicted.iteration / b.predicted.iteration - 1),
+                   refinement_difference(b, r));
 }
 
 Error infeasible(const Shortfall& s, double memory, double usable) {
@@ -215,7 +258,7 @@ Expected<PlanReport> run(const PlanOptions& opts, const recipe::Cluster& cluster
   rep.parameters = profile.total_parameters();
   rep.blocks = static_cast<std::int64_t>(profile.blocks.size());
   rep.stats = found.stats;
-  rep.why = explain(found.plans);
+  rep.why = explain(found);
   rep.plans = std::move(found.plans);
   if (opts.compare)
     rep.baselines = run_baselines({profile, topo, w, mc, {1, {}}}, rep.plans.front());

@@ -38,7 +38,4 @@ inline constexpr Axis kAxisOrders[6][3] = {
 /// tp minor): what a recipe's [[stages]] ranks list.
 std::vector<std::int64_t> stage_ranks(const Config& c, std::int64_t pp_index);
 
-/// "dp2 tp2 pp1 mbs2x1 sp": a configuration in one short line (warnings, why-lines).
-std::string short_config(const Config& c);
-
 }  // namespace hp::planner

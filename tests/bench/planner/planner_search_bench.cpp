@@ -5,10 +5,11 @@
 // forward FLOPs per layer, Korthikanti's 34 s h + 5 a s^2 activation bytes), so the benchmark times
 // the search alone, not ONNX loading.
 //
-// Usage: planner_search_bench [REPEATS] [--max-seconds S]
+// Usage: planner_search_bench [REPEATS] [--max-seconds S] [--top-k K]
 // Prints one line per repeat and a summary (median seconds, evaluated configurations,
 // candidates/s); with --max-seconds, exits 1 when the median search takes longer.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,9 +56,12 @@ ModelProfile gpt_1t() {
 int main(int argc, char** argv) {
   int repeats = 5;
   double max_seconds = 0;
+  std::int64_t top_k = 3;  // hp plan's default
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc)
       max_seconds = std::atof(argv[++i]);
+    else if (std::strcmp(argv[i], "--top-k") == 0 && i + 1 < argc)
+      top_k = std::max(1, std::atoi(argv[++i]));
     else
       repeats = std::max(1, std::atoi(argv[i]));
   }
@@ -82,7 +86,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < repeats; ++r) {
     // CPU time too: on a shared machine the wall clock also counts other processes' turns.
     const std::clock_t cpu0 = std::clock();
-    last = search({m, *topo, w, mc, {3, {}}});
+    last = search({m, *topo, w, mc, {top_k, {}}});
     const double cpu = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
     secs.push_back(last.stats.seconds);
     std::printf("run %d: %.3f s wall, %.3f s cpu, %lld configurations, level 2 on %lld\n", r + 1,

@@ -84,6 +84,10 @@ struct SearchLimits {
   /// Megatron TP splits whole attention heads, so tp must divide the head count. Operator-level
   /// sharding (the D-Rec baseline) may split any dimension and clears this.
   bool whole_heads = true;
+  /// Keep the best plan of each of the fastest structures beside the top k (same_structure), to
+  /// report different structures first and explain the best against one. The baselines of
+  /// --compare want the best plan alone and clear this.
+  bool alternatives = true;
 };
 
 /// Everything the search needs besides the model.
@@ -95,8 +99,27 @@ struct SearchInput {
   SearchLimits limits;
 };
 
+/// "dp2 tp2 pp1 mbs2x1 sp": a configuration in one short line (warnings, why-lines).
+std::string short_config(const Config& c);
+
+/// A plan's structure: dp, tp, pp, ep, the ZeRO level and the schedule. Virtual stages, the
+/// micro-batching, sequence parallelism, the HSDP group, placement, stage assignment and
+/// recomputation refine one structure; `hp plan --top-k` lists different structures first.
+bool same_structure(const Config& a, const Config& b);
+
+/// The most structures whose best plans search() keeps beside the top k (at least 2, so the why
+/// line can name a different structure; at most top_k and this many).
+inline constexpr std::size_t kMaxAlternatives = 5;
+
 struct SearchResult {
-  std::vector<Plan> plans;  ///< best first; empty when nothing fits
+  /// At most top_k rows: the best plan; then the best plan of each other structure among the
+  /// fastest min(top_k, kMaxAlternatives) structures, fastest first; then the remaining fastest
+  /// plans (refinements). Empty when nothing fits.
+  std::vector<Plan> plans;
+  /// With SearchLimits::alternatives: the best plan of a structure other than the best's (absent
+  /// when no such plan fits), and the second-fastest plan of any structure (absent when only the
+  /// best fits). Both are exact, whatever top_k is.
+  std::optional<Plan> rival, runner_up;
   SearchStats stats;
   Shortfall shortfall;  ///< meaningful when plans is empty
 };
