@@ -16,44 +16,8 @@ using hp_test::a100;
 
 namespace {
 
-recipe::Cluster cluster(const std::string& name, std::int64_t nodes) {
-  auto c = recipe::load_cluster_ref(name, {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
-  REQUIRE(c);
-  auto scaled = recipe::scale_cluster(*c, nodes);
-  REQUIRE(scaled);
-  return *scaled;
-}
-
-topology::Topology topology_of(const recipe::Cluster& c) {
-  auto t = topology::Topology::from_cluster(c);
-  REQUIRE(t);
-  return *t;
-}
-
-// A GPT profile from the formulas (as planner_search_test.cpp's), small enough to search once per
-// structure.
-ModelProfile gpt(int layers, double s, double h, double vocab) {
-  ModelProfile m;
-  m.seq = static_cast<std::int64_t>(s);
-  m.hidden_bytes = 2 * s * h;
-  for (int i = 0; i < layers; ++i) {
-    BlockProfile b;
-    b.name = "h." + std::to_string(i);
-    b.parameters = 12 * h * h;
-    b.fwd_flops = 24 * s * h * h + 4 * s * s * h;
-    b.quadratic_flops = 4 * s * s * h;
-    b.quadratic_act_bytes = 5 * 16 * s * s;
-    b.act_bytes = 34 * s * h + b.quadratic_act_bytes;
-    b.boundary_bytes = 2 * s * h;
-    b.tp_collectives = 2;
-    m.blocks.push_back(b);
-  }
-  m.prologue.parameters = vocab * h;
-  m.epilogue.parameters = vocab * h;
-  m.epilogue.fwd_flops = 2 * s * h * vocab;
-  m.epilogue.act_bytes = 2 * s * vocab;
-  return m;
-}
+const auto cluster = hp_test::preset_cluster;
+const auto gpt = hp_test::small_gpt;
 
 std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, int, int> structure(
     const Config& c) {
@@ -70,7 +34,7 @@ TEST_CASE("planner: the alternatives are the best plans of the fastest structure
           "[planner]") {
   // Every structure searched on its own (--fix pins it) gives its best time; the unrestricted
   // search must list the fastest of them, in order, after the best, with those very times.
-  const auto topo = topology_of(cluster("dgx-a100", 2));
+  const auto topo = hp_test::preset_topology("dgx-a100", 2);
   const ModelProfile m = gpt(16, 2048, 4096, 51200);
   Workload w;
   w.global_batch = 32;

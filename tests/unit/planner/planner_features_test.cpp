@@ -9,19 +9,14 @@
 
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
+#include "planner_test_util.h"
 
 using namespace hp;
 using namespace hp::planner;
 
 namespace {
 
-recipe::Cluster cluster(const std::string& name, std::int64_t nodes) {
-  auto c = recipe::load_cluster_ref(name, {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
-  REQUIRE(c);
-  auto scaled = recipe::scale_cluster(*c, nodes);
-  REQUIRE(scaled);
-  return *scaled;
-}
+const auto cluster = hp_test::preset_cluster;
 
 std::string data_model(const std::string& name) {
   return std::string(HP_SOURCE_DIR) + "/tests/data/models/" + name;

@@ -23,39 +23,8 @@ using hp_test::a100;
 
 namespace {
 
-topology::Topology preset(const std::string& name, std::int64_t nodes) {
-  auto c = recipe::load_cluster_ref(name, {}, recipe::preset_dirs({}, HP_SOURCE_DIR));
-  REQUIRE(c);
-  auto scaled = recipe::scale_cluster(*c, nodes);
-  REQUIRE(scaled);
-  auto t = topology::Topology::from_cluster(*scaled);
-  REQUIRE(t);
-  return *t;
-}
-
-ModelProfile small_gpt(int layers, double s, double h, double vocab) {
-  ModelProfile m;
-  m.seq = static_cast<std::int64_t>(s);
-  m.hidden_bytes = 2 * s * h;
-  for (int i = 0; i < layers; ++i) {
-    BlockProfile b;
-    b.name = "h." + std::to_string(i);
-    b.parameters = 12 * h * h;
-    b.fwd_flops = 24 * s * h * h + 4 * s * s * h;
-    b.quadratic_flops = 4 * s * s * h;
-    b.quadratic_act_bytes = 5 * 16 * s * s;
-    b.act_bytes = 34 * s * h + b.quadratic_act_bytes;
-    b.boundary_bytes = 2 * s * h;
-    b.tp_collectives = 2;
-    m.blocks.push_back(b);
-  }
-  m.prologue.parameters = vocab * h;
-  m.prologue.fwd_flops = 0;
-  m.epilogue.parameters = vocab * h;
-  m.epilogue.fwd_flops = 2 * s * h * vocab;
-  m.epilogue.act_bytes = 2 * s * vocab;
-  return m;
-}
+using hp_test::small_gpt;
+const auto preset = hp_test::preset_topology;
 
 }  // namespace
 
