@@ -37,9 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-import onnx
 import torch
-from onnx import numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -63,10 +61,7 @@ def prepare(cache, batch, layers):
     bt.models.export(spec, model, os.path.join(tmp, "model.onnx"), 2, dynamic=True)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g)
-    onnx.save_tensor(numpy_helper.from_array(ids[:, :-1].contiguous().numpy(), "input_ids"),
-                     os.path.join(tmp, "inputs", "input_0.pb"))
-    onnx.save_tensor(numpy_helper.from_array(ids[:, 1:].contiguous().numpy(), "labels"),
-                     os.path.join(tmp, "inputs", "input_1.pb"))
+    bt.save_batch(os.path.join(tmp, "inputs"), ids[:, :-1], ids[:, 1:])
     os.rename(tmp, d)
     return d
 

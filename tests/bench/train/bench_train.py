@@ -74,13 +74,17 @@ def prepare(cache):
     os.makedirs(os.path.join(tmp, "inputs"), exist_ok=True)
     # Static shapes: the benchmark runs one batch size, and this times the step, not shape handling.
     models.export(spec(), make_model(), os.path.join(tmp, "model.onnx"), BATCH, dynamic=False)
-    x, y = batch()
-    onnx.save_tensor(numpy_helper.from_array(x.numpy(), "input_ids"),
-                     os.path.join(tmp, "inputs", "input_0.pb"))
-    onnx.save_tensor(numpy_helper.from_array(y.numpy(), "labels"),
-                     os.path.join(tmp, "inputs", "input_1.pb"))
+    save_batch(os.path.join(tmp, "inputs"), *batch())
     os.rename(tmp, d)
     return d
+
+
+def save_batch(inputs, x, y):
+    """The token ids and their labels as hp launch --inputs reads them (input_0.pb, input_1.pb)."""
+    onnx.save_tensor(numpy_helper.from_array(x.contiguous().numpy(), "input_ids"),
+                     os.path.join(inputs, "input_0.pb"))
+    onnx.save_tensor(numpy_helper.from_array(y.contiguous().numpy(), "labels"),
+                     os.path.join(inputs, "input_1.pb"))
 
 
 def batch():
