@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <charconv>
@@ -126,6 +127,23 @@ std::optional<double> parse_seconds(std::string_view text) {
   for (const auto& u : units)
     if (unit == u.name) return value * u.mult;
   return std::nullopt;
+}
+
+double nice_step(double raw) {
+  raw = std::max(raw, 1e-300);
+  const double unit = std::pow(10.0, std::floor(std::log10(raw)));
+  return raw <= unit ? unit : raw <= 2 * unit ? 2 * unit : raw <= 5 * unit ? 5 * unit : 10 * unit;
+}
+
+std::string format_tick_seconds(double t, double step) {
+  const char* unit = "s";
+  if (step < 1e-3) {
+    t *= 1e6, step *= 1e6, unit = "us";
+  } else if (step < 0.1) {
+    t *= 1e3, step *= 1e3, unit = "ms";
+  }
+  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+  return fmt::format("{:.{}f} {}", t, decimals, unit);
 }
 
 }  // namespace hp

@@ -259,29 +259,6 @@ std::string format_json(const OffloadReport& r) {
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-namespace {
-
-// 1, 2 or 5 x 10^k: a tick step near raw.
-double nice_step(double raw) {
-  raw = std::max(raw, 1e-300);
-  const double unit = std::pow(10.0, std::floor(std::log10(raw)));
-  return raw <= unit ? unit : raw <= 2 * unit ? 2 * unit : raw <= 5 * unit ? 5 * unit : 10 * unit;
-}
-
-// "1.5 s", "20 ms", "250 us": as many decimals as the tick step needs.
-std::string seconds_tick(double t, double step) {
-  const char* unit = "s";
-  if (step < 1e-3) {
-    t *= 1e6, step *= 1e6, unit = "us";
-  } else if (step < 0.1) {
-    t *= 1e3, step *= 1e3, unit = "ms";
-  }
-  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
-  return fmt::format("{:.{}f} {}", t, decimals, unit);
-}
-
-}  // namespace
-
 // One panel per pipeline stage, all on the same time and memory scales (a stage whose curve looks
 // higher holds more), under a visible legend on a white background. Each panel's texts sit in
 // their own bands: the title above the plot, memory ticks left of it, the transfer ticks just
@@ -406,7 +383,7 @@ std::string format_svg(const OffloadReport& r) {
           X(t), ay, ay + 4);
       if (X(t) - last < 60 || X(tmax) - X(t) < 50) continue;
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", X(t),
-                       ay + 16, seconds_tick(t, tstep));
+                       ay + 16, format_tick_seconds(t, tstep));
       last = X(t);
     }
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", X(tmax),

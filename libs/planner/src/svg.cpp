@@ -171,29 +171,12 @@ struct XMap {
   }
 };
 
-// "1.5 s", "20 ms", "250 us": as many decimals as the tick step needs.
-std::string tick_label(double t, double step) {
-  const char* unit = "s";
-  if (step < 1e-3) {
-    t *= 1e6, step *= 1e6, unit = "us";
-  } else if (step < 0.1) {
-    t *= 1e3, step *= 1e3, unit = "ms";
-  }
-  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
-  return fmt::format("{:.{}f} {}", t, decimals, unit);
-}
-
 // Ticks at 1, 2 or 5 x 10^k seconds, labels at least kLabelGap pixels apart; the last tick is the
 // step's end, labelled with its time (data-seconds carries it unrounded for scripts).
 std::string time_axis(const XMap& X, double y, const TimeLayout& tl) {
   constexpr double kLabelGap = 60;
   const double shown = tl.total - (tl.skip_end - tl.skip_start);
-  const double raw = std::max(1e-12, shown / 8);
-  const double unit = std::pow(10.0, std::floor(std::log10(raw)));
-  const double step = raw <= unit       ? unit
-                      : raw <= 2 * unit ? 2 * unit
-                      : raw <= 5 * unit ? 5 * unit
-                                        : 10 * unit;
+  const double step = nice_step(std::max(1e-12, shown / 8));
   std::string out = "<g class=\"time-axis\">\n";
   out += fmt::format(
       "<line x1=\"{:.2f}\" x2=\"{:.2f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#333\"/>\n", X.left,
@@ -207,7 +190,7 @@ std::string time_axis(const XMap& X, double y, const TimeLayout& tl) {
         y, y + 5);
     if (!label || x - last < kLabelGap || x_end - x < 1.6 * kLabelGap) return;
     out += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", x,
-                       y + 17, tick_label(t, step));
+                       y + 17, format_tick_seconds(t, step));
     last = x;
   };
   for (double t = 0; t < tl.total; t += step) {

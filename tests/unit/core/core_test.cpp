@@ -86,6 +86,16 @@ TEST_CASE("core: byte parsing accepts units and rejects junk", "[core]") {
   CHECK(hp::format_seconds(0.0021) == "2.10 ms");
 }
 
+TEST_CASE("core: axis ticks step by 1, 2 or 5 x 10^k with labels in the step's unit", "[core]") {
+  CHECK(hp::nice_step(0.3) == Approx(0.5));
+  CHECK(hp::nice_step(1.0) == Approx(1.0));
+  CHECK(hp::nice_step(1.2) == Approx(2.0));
+  CHECK(hp::nice_step(700) == Approx(1000));
+  CHECK(hp::format_tick_seconds(1.5, 0.5) == "1.5 s");
+  CHECK(hp::format_tick_seconds(0.02, 0.01) == "20 ms");
+  CHECK(hp::format_tick_seconds(0.00025, 0.00005) == "250 us");
+}
+
 TEST_CASE("core: atomic write replaces the file and leaves no temp behind", "[core]") {
   fs::path dir = fs::temp_directory_path() / "hp_core_test_atomic";
   fs::remove_all(dir);

@@ -14,6 +14,11 @@ std::string format_rate(double per_second, std::string_view unit);  ///< 3e9,"B"
 std::string format_count(double n);                                 ///< 1.2e9 -> "1.20 G"
 std::string format_seconds(double s);                               ///< 0.0021 -> "2.10 ms"
 
+/// An axis tick step: the least 1, 2 or 5 x 10^k at or above `raw` (the pictures' ticks).
+double nice_step(double raw);
+/// A time tick's label, "1.5 s", "20 ms", "250 us": the unit and as many decimals as `step` needs.
+std::string format_tick_seconds(double t, double step);
+
 /// Parses "64GiB", "80 GB", "1.5e9", "512MiB" into bytes; nullopt when malformed.
 std::optional<double> parse_bytes(std::string_view text);
 
