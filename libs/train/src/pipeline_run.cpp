@@ -146,15 +146,9 @@ Status PipeRun::take(std::vector<exec::HostTensor> batch, const std::filesystem:
   tokens = batch.back().numel();
   if (o.dp.active()) {
     const std::int64_t rows = batch.back().dims.empty() ? 0 : batch.back().dims[0];
-    const auto replicas = static_cast<std::int64_t>(o.dp.group.size());
-    if (rows % replicas != 0)
-      return Error(Errc::bad_input,
-                   fmt::format("the global batch of {} rows does not split over {} data-parallel "
-                               "replicas",
-                               rows, replicas),
-                   where.string(), "make the batch a multiple of dp x micro_batches");
-    HP_ASSIGN_OR_RETURN(
-        batch, slice_rows(std::move(batch), rows, o.dp.index(), static_cast<int>(replicas)));
+    // slice_rows refuses a batch that does not split over the replicas.
+    HP_ASSIGN_OR_RETURN(batch, slice_rows(std::move(batch), rows, o.dp.index(),
+                                          static_cast<int>(o.dp.group.size())));
   }
   total_labels = label_count(batch.back(), o.grad.loss);
   HP_ASSIGN_OR_RETURN(micro, cut_micro(batch, o.pp.micro_batches, where));
