@@ -256,6 +256,12 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
       o.trace = o.timeline;
       o.trace += ".trace.json";
       own_trace = true;
+      // It is removed afterwards: never a file hp did not write.
+      if (std::filesystem::exists(o.trace))
+        return Error(
+            Errc::bad_input,
+            fmt::format("--timeline writes its trace to {}, which exists", o.trace.string()), "",
+            "remove it, or name the trace with --trace");
     }
   }
   HP_ASSIGN_OR_RETURN(train::TrainOptions to, train_options(job, o));
