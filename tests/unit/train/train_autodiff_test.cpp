@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "hp/exec/backends.h"
@@ -291,4 +292,48 @@ TEST_CASE("two parameters sharing one gradient tensor each get their own output"
   spec.loss = train::LossKind::mse;
   std::mt19937 rng(8);
   check_against_differences(b, spec, {tensor({2, 3}, HP_F32, rng), tensor({2, 3}, HP_F32, rng)});
+}
+
+TEST_CASE("shapes the backward needs are taken in the forward, so their tensors die there",
+          "[train]") {
+  // A Reshape's gradient reshapes back to its input's shape. Read at backward time, that Shape node
+  // would keep the whole forward tensor alive until then; autodiff moves it into the forward, just
+  // after the tensor's producer.
+  Builder b;
+  b.input("x", {4, 8});
+  b.weight("w1", {8, 16});
+  b.weight("w2", {16, 2});
+  b.ints("to3", {4, 4, 4});
+  b.ints("to2", {4, 16});
+  b.node("MatMul", {"x", "w1"}, {"h"});
+  b.node("Reshape", {"h", "to3"}, {"r"});
+  b.node("Relu", {"r"}, {"a"});
+  b.node("Reshape", {"a", "to2"}, {"f"});
+  b.node("MatMul", {"f", "w2"}, {"y"});
+  b.output("y", {4, 2});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  auto gg = train::build_grad_graph(b.model(), spec);
+  INFO((gg ? std::string() : gg.error().str()));
+  REQUIRE(gg);
+  const auto& g = gg->model.proto->graph();
+  std::map<std::string, int> producer;
+  for (int k = 0; k < g.node_size(); ++k)
+    for (const auto& o : g.node(k).output()) producer[o] = k;
+  int shapes = 0;
+  for (int k = 0; k < g.node_size(); ++k) {
+    const auto& n = g.node(k);
+    if (n.op_type() != "Shape") continue;
+    auto it = producer.find(n.input(0));
+    if (it == producer.end() || it->second >= gg->forward_nodes) continue;
+    ++shapes;
+    INFO("Shape of '" << n.input(0) << "' at node " << k << ", its producer at " << it->second
+                      << ", forward part ends at " << gg->forward_nodes);
+    CHECK(k < gg->forward_nodes);
+    CHECK(k == it->second + 1);
+  }
+  CHECK(shapes >= 2);  // h and a: the two Reshapes' inputs
+  std::mt19937 rng(5);
+  check_against_differences(b, spec, {tensor({4, 8}, HP_F32, rng), tensor({4, 2}, HP_F32, rng)});
 }
