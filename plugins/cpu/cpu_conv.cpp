@@ -1,4 +1,5 @@
-// Forward convolution (f32) on oneDNN's convolution_forward primitive.
+// Forward convolution (f32) on oneDNN's convolution_forward primitive, and MaxPool/AveragePool on
+// its pooling primitive (plain layouts: pooling is a memory-bound pass either way).
 //
 // The primitive is created with "any" layouts, so oneDNN picks its fastest direct implementation
 // (blocked nChw8c/16c activations and weights for the JIT kernels on AVX2/AVX-512). The algorithm
@@ -58,7 +59,14 @@ struct Buffer {
 std::shared_ptr<dnnl::reorder> reorder_if(const dnnl::engine& eng, const memory::desc& from,
                                           const memory::desc& to) {
   if (from == to) return nullptr;
-  return std::make_shared<dnnl::reorder>(dnnl::reorder::primitive_desc(eng, from, eng, to));
+  // A reorder with a scratchpad would share oneDNN's library-managed one between threads (see
+  // cpu_gemm.cpp); layout reorders of f32 need none, and one that did falls back to the loop.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::reorder::primitive_desc pd(eng, from, eng, to, attr);
+  if (pd.scratchpad_desc().get_size() > 0)
+    throw dnnl::error(dnnl_unimplemented, "a layout reorder that needs a scratchpad");
+  return std::make_shared<dnnl::reorder>(pd);
 }
 
 }  // namespace
@@ -118,6 +126,58 @@ CachedConv ConvCache::get(const dnnl::engine& eng, const ConvShape& s) {
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = cache_.emplace(key, std::move(c));
   return it->second;
+}
+
+CachedPool ConvCache::pool(const dnnl::engine& eng, const PoolShape& s) {
+  std::vector<int64_t> key{s.alg, static_cast<int64_t>(s.x.size())};
+  for (const auto* v : {&s.x, &s.y, &s.kernel, &s.strides, &s.dilations, &s.pad_l, &s.pad_r})
+    key.insert(key.end(), v->begin(), v->end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pools_.find(key);
+    if (it != pools_.end()) return it->second;
+  }
+  static std::mutex build_mu;  // as in get()
+  std::lock_guard<std::mutex> build(build_mu);
+  const tag t = plain_act(s.x.size() - 2);
+  CachedPool c;
+  c.x_md = memory::desc(s.x, memory::data_type::f32, t);
+  c.y_md = memory::desc(s.y, memory::data_type::f32, t);
+  memory::dims dil;
+  for (int64_t d : s.dilations) dil.push_back(d - 1);
+  const dnnl::algorithm alg = s.alg == 0   ? dnnl::algorithm::pooling_max
+                              : s.alg == 1 ? dnnl::algorithm::pooling_avg_include_padding
+                                           : dnnl::algorithm::pooling_avg_exclude_padding;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::pooling_v2_forward::primitive_desc pd(
+      {dnnl::prop_kind::forward_inference, alg, c.x_md, c.y_md, s.strides, s.kernel, dil, s.pad_l,
+       s.pad_r},
+      attr, eng);
+  c.prim = std::make_shared<dnnl::pooling_v2_forward>(pd);
+  c.scratchpad = pd.scratchpad_desc();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = pools_.emplace(key, std::move(c));
+  return it->second;
+}
+
+bool pool_forward_dnnl(hp_ctx* ctx, hp_stream* st, const PoolShape& s, const float* x, float* y) {
+  CachedPool c;
+  try {
+    c = ctx->convs.pool(ctx->engine, s);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  thread_local Buffer sb;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(c.x_md, ctx->engine, const_cast<float*>(x))},
+      {DNNL_ARG_DST, memory(c.y_md, ctx->engine, y)}};
+  if (c.scratchpad.get_size() > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 memory(c.scratchpad, ctx->engine, sb.get(c.scratchpad.get_size())));
+  c.prim->execute(st->dnnl_stream, args);
+  st->dnnl_stream.wait();
+  return true;
 }
 
 bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const float* x,

@@ -33,21 +33,41 @@ struct CachedConv {
   std::shared_ptr<dnnl::reorder> x_in, w_in, y_in, y_out;
 };
 
-/// oneDNN convolutions by geometry. Creation JIT-compiles (milliseconds); executions from several
-/// threads at once are safe because each brings its own scratchpad and buffers (cpu_gemm.cpp).
+/// A pooling's geometry, resolved: plain N x C x spatial in and out, oneDNN's padding (the end
+/// padding grown to cover ceil_mode's last windows).
+struct PoolShape {
+  std::vector<int64_t> x, y, kernel, strides, dilations, pad_l, pad_r;
+  int alg = 0;  ///< 0 max, 1 average including the padding, 2 average excluding it
+};
+
+/// A cached pooling primitive on plain layouts and the scratchpad it needs.
+struct CachedPool {
+  std::shared_ptr<dnnl::pooling_v2_forward> prim;
+  dnnl::memory::desc x_md, y_md, scratchpad;
+};
+
+/// oneDNN convolutions (and poolings) by geometry. Creation JIT-compiles (milliseconds); executions
+/// from several threads at once are safe because each brings its own scratchpad and buffers
+/// (cpu_gemm.cpp).
 class ConvCache {
  public:
   /// The primitive for `s`; throws dnnl::error when oneDNN rejects the geometry.
   CachedConv get(const dnnl::engine& eng, const ConvShape& s);
+  /// The pooling primitive for `s`; throws dnnl::error when oneDNN rejects it.
+  CachedPool pool(const dnnl::engine& eng, const PoolShape& s);
 
  private:
   std::mutex mu_;
   std::map<std::vector<int64_t>, CachedConv> cache_;
+  std::map<std::vector<int64_t>, CachedPool> pools_;
 };
 
 /// Runs the convolution y = act(conv(x, w) + b + z) on oneDNN; false when oneDNN rejects the
 /// geometry (nothing written then). z may be null unless s.sum; b null unless s.bias.
 bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const float* x,
                        const float* w, const float* b, const float* z, float* y);
+
+/// Runs the pooling on oneDNN; false when oneDNN rejects it (nothing written then).
+bool pool_forward_dnnl(hp_ctx* ctx, hp_stream* st, const PoolShape& s, const float* x, float* y);
 
 }  // namespace hp_cpu

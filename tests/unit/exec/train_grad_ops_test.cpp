@@ -10,6 +10,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -920,4 +921,41 @@ TEST_CASE("Conv and FusedConv forward: float32 (oneDNN) and float64 (loop) match
                 HP_F32);
     CHECK(act.error_of(in).find("activation") != std::string::npos);
   }
+}
+
+TEST_CASE("MaxPool and AveragePool: float32 (oneDNN) matches float64 (loop)", "[exec][pool]") {
+  struct Case {
+    Dims x;
+    std::vector<Attr> attrs;
+  };
+  const Case cases[] = {
+      {{2, 3, 9, 9}, {al("kernel_shape", {3, 3}), al("strides", {2, 2}), al("pads", {1, 1, 1, 1})}},
+      {{2, 3, 10, 10}, {al("kernel_shape", {3, 3}), al("strides", {2, 2}), ai("ceil_mode", 1)}},
+      {{1, 4, 11, 7},
+       {al("kernel_shape", {2, 3}), al("strides", {3, 2}), al("pads", {1, 0, 1, 2}),
+        ai("ceil_mode", 1), ai("count_include_pad", 1)}},
+      {{1, 2, 12, 12},
+       {al("kernel_shape", {3, 3}), al("dilations", {2, 2}), al("pads", {2, 2, 2, 2})}},
+      {{2, 2, 13}, {al("kernel_shape", {4}), al("strides", {3}), as("auto_pad", "SAME_UPPER")}},
+      {{1, 2, 5, 6, 7}, {al("kernel_shape", {2, 2, 3}), al("strides", {2, 2, 2})}},
+      {{8, 32, 32, 32}, {al("kernel_shape", {2, 2}), al("strides", {2, 2})}},
+  };
+  for (const Case& k : cases)
+    for (const char* op : {"MaxPool", "AveragePool"}) {
+      INFO(op << " on " << k.x.size() - 2 << "-d input of " << count(k.x));
+      const Vec x = random(count(k.x), 91);
+      std::vector<Attr> attrs = k.attrs;
+      if (std::string(op) == "MaxPool") {  // count_include_pad is AveragePool's
+        attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                                   [](const Attr& a) { return a.name == "count_include_pad"; }),
+                    attrs.end());
+      } else {  // dilations are AveragePool's from opset 19 only; this model is opset 17
+        attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                                   [](const Attr& a) { return a.name == "dilations"; }),
+                    attrs.end());
+      }
+      OneNode f64n(op, "", {"x"}, {f64(k.x, x)}, {"y"}, attrs, HP_F64);
+      OneNode f32n(op, "", {"x"}, {tensor(HP_F32, k.x, x)}, {"y"}, attrs, HP_F32);
+      check_close(f32n.values_of({tensor(HP_F32, k.x, x)}), f64n.values_of({f64(k.x, x)}), 1e-6);
+    }
 }
