@@ -9,6 +9,7 @@
 
 #include <dnnl.hpp>
 
+#include "cpu_conv.h"
 #include "plugin_common.h"
 
 constexpr const char* kCpu = "cpu";
@@ -50,6 +51,7 @@ struct CpuArena {
 struct hp_ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   hp_cpu::GemmCache gemms;
+  hp_cpu::ConvCache convs;
   CpuArena arena;
 };
 

@@ -11,9 +11,11 @@
 // batch.
 //
 // Softmax before opset 13 flattens the input to 2-D at `axis`; from 13 it works along `axis` only.
-// Conv is a direct loop (any spatial rank, groups, dilations, explicit or auto padding), adequate
-// for the patch embeddings and small convolutions of the test models; a oneDNN primitive is the
-// next step.
+// Conv in float32 runs on oneDNN's convolution primitive (cpu_conv.cpp); float64, and any geometry
+// oneDNN rejects, run a direct loop (any spatial rank, groups, dilations, explicit or auto padding)
+// that accumulates in double. com.microsoft's FusedConv (ONNX Runtime's contrib op, which the
+// executor's fusion pass writes for Conv [+ Add] + Relu, libs/exec/src/exec_fuse.cpp) is the same
+// kernel with an optional fourth input Z added to the convolution and an activation after it.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include <type_traits>
 
 #include "cpu_bcast.h"
+#include "cpu_internal.h"
 #include "cpu_kernels.h"
 
 namespace hp_cpu {
@@ -270,7 +273,7 @@ void layer_norm(OpCall& c) {
 }
 
 /// The direct convolution of conv() once the output's dims and the pads are known; accumulates in
-/// double.
+/// double, output elements split across threads by (n, m).
 template <class T>
 void conv_loop(const View& x, const View& w, const View& bias, View& y, const Dims& out,
                const Dims& strides, const Dims& dil, const Dims& pads, int64_t group) {
@@ -280,9 +283,10 @@ void conv_loop(const View& x, const View& w, const View& bias, View& y, const Di
   const int64_t cg = C / group, mg = M / group;
   Dims ksz(w.dims.begin() + 2, w.dims.end()), osz(out.begin() + 2, out.end());
   const int64_t kn = numel(ksz), on = numel(osz);
-  Dims oo(sp);
+#pragma omp parallel for schedule(static) collapse(2) if (N * M * on * cg * kn >= (1 << 16))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t m = 0; m < M; ++m) {
+      Dims oo(sp);
       const int64_t g = m / mg;
       for (int64_t op = 0; op < on; ++op) {
         int64_t rest = op;
@@ -314,13 +318,20 @@ void conv_loop(const View& x, const View& w, const View& bias, View& y, const Di
     }
 }
 
-void conv(OpCall& c) {
+/// Conv, and FusedConv when `fused`: Y = activation(conv(X, W) + B + Z) with Z (input 3) optional
+/// and the activation "Relu" or none.
+void conv(OpCall& c, bool fused) {
   const View &x = c.need(0), &w = c.need(1), &bias = c.in(2);
+  const View& z = c.in(3);  // absent for Conv (three inputs at most)
   const size_t sp = x.dims.size() < 3 ? 0 : x.dims.size() - 2;
   if (sp == 0 || w.dims.size() != x.dims.size())
     c.fail("conv needs N x C x spatial input and matching weights");
   const int64_t group = c.i("group", 1), N = x.dims[0], C = x.dims[1], M = w.dims[0];
-  if (C != w.dims[1] * group || M % group) c.fail("channels do not match the weights and groups");
+  if (group < 1 || C != w.dims[1] * group || M % group)
+    c.fail("channels do not match the weights and groups");
+  if (bias.present() && bias.numel() != M) c.fail("bias must have one value per output channel");
+  const std::string act = fused ? c.s("activation", "") : "";
+  if (!act.empty() && act != "Relu") c.fail("FusedConv activation '" + act + "' not supported");
   std::vector<int64_t> strides = c.ints("strides"), dil = c.ints("dilations"),
                        pads = c.ints("pads");
   strides.resize(sp, 1);
@@ -340,13 +351,45 @@ void conv(OpCall& c) {
     } else if (ap == "VALID") {
       pads[d] = pads[d + sp] = 0;
     }
+    if (strides[d] < 1 || dil[d] < 1 || pads[d] < 0 || pads[d + sp] < 0)
+      c.fail("strides and dilations must be >= 1 and pads >= 0");
+    if (in + pads[d] + pads[d + sp] < kk) c.fail("the kernel is larger than the padded input");
     out.push_back((in + pads[d] + pads[d + sp] - kk) / strides[d] + 1);
   }
-  View y = c.out(0, x.dtype, out);
+  const bool sum = fused && z.present() && z.numel() > 0;
+  if (sum && z.dtype != x.dtype) c.fail("FusedConv's Z differs from X in dtype");
+  // Z as the Add it replaces: broadcast against the convolution's output, usually of its shape
+  // (a residual), which the oneDNN primitive adds as a post-op.
+  const Dims ydims = sum ? broadcast_shapes(out, z.dims, c) : out;
+  const bool same = !sum || z.dims == out;
+  View y = c.out(0, x.dtype, ydims);
+  if (numel(ydims) == 0) return;
+  if (x.dtype == HP_F32 && same) {
+    ConvShape s{x.dims, w.dims, out, strides, dil, pads, group, bias.present(), sum, act == "Relu"};
+    if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
+                          s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
+                          y.as<float>()))
+      return;
+  }
+  auto loop = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> tmp(same ? 0 : static_cast<size_t>(numel(out)));
+    View conv_out = y;
+    if (!same) {
+      conv_out.dims = out;
+      conv_out.data = tmp.data();
+    }
+    conv_loop<T>(x, w, bias, conv_out, out, strides, dil, pads, group);
+    if (sum) binary_bcast<T, T, T>(conv_out, z, y, [](T a, T b) { return a + b; });
+    T* py = y.as<T>();
+    const int64_t n = numel(ydims);
+    if (act == "Relu")
+      for (int64_t i = 0; i < n; ++i) py[i] = std::max(py[i], T(0));
+  };
   if (x.dtype == HP_F64)
-    conv_loop<double>(x, w, bias, y, out, strides, dil, pads, group);
+    loop(double{});
   else
-    conv_loop<float>(x, w, bias, y, out, strides, dil, pads, group);
+    loop(float{});
 }
 
 bool floats(const std::vector<int32_t>& d) {
@@ -371,7 +414,8 @@ void register_nn_ops(OpTable& t) {
   t["Softmax"] = {[](OpCall& c) { softmax(c, false); }, floats};
   t["LogSoftmax"] = {[](OpCall& c) { softmax(c, true); }, floats};
   t["LayerNormalization"] = {layer_norm, same_float};
-  t["Conv"] = {conv, same_float};
+  t["Conv"] = {[](OpCall& c) { conv(c, false); }, same_float};
+  t["com.microsoft.FusedConv"] = {[](OpCall& c) { conv(c, true); }, same_float};
 }
 
 }  // namespace hp_cpu

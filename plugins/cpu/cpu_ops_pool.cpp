@@ -11,6 +11,12 @@
 //
 // MaxPool's optional Indices output and BatchNormalization's training mode (batch statistics,
 // running mean and var outputs) are implemented too.
+//
+// Float32 MaxPool without Indices and AveragePool run on oneDNN's pooling primitive (cpu_conv.cpp),
+// with the end padding set to what the last windows reach (grown for ceil_mode; max ignores padding
+// and the excluding average counts only the input, so that changes nothing); AveragePool with
+// count_include_pad whose ceil_mode windows reach past the padding keeps the loop, whose divisor
+// stops at the padding where oneDNN's would not. Whatever oneDNN rejects runs the loop too.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_internal.h"
 #include "cpu_ops.h"
 #include "cpu_pool_window.h"
 
@@ -64,6 +71,22 @@ Window window_of(OpCall& c, const View& x, bool dilations) {
 
 namespace {
 
+/// The float32 pooling on oneDNN; false when the loop must run (see the file comment).
+bool pool_dnnl(OpCall& c, const View& x, View& y, const Window& w, bool max, bool include_pad) {
+  const size_t sp = x.dims.size() - 2;
+  PoolShape s{x.dims, y.dims,      w.kernel,  w.strides,
+              w.dil,  w.pad_begin, w.pad_end, max ? 0 : include_pad ? 1 : 2};
+  for (size_t d = 0; d < sp; ++d) {
+    const int64_t span = (w.kernel[d] - 1) * w.dil[d] + 1;
+    const int64_t need = (w.out[d] - 1) * w.strides[d] + span - x.dims[2 + d] - w.pad_begin[d];
+    // The end padding the windows reach: with count_include_pad any more than the given padding
+    // would count in oneDNN's divisor and not in ONNX's.
+    if (include_pad && need > w.pad_end[d]) return false;
+    s.pad_r[d] = need;
+  }
+  return pool_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), y.as<float>());
+}
+
 void pool(OpCall& c, bool max) {
   const View& x = c.need(0);
   if (x.dims.size() < 3) c.fail("pooling needs an N x C x spatial input");
@@ -76,7 +99,10 @@ void pool(OpCall& c, bool max) {
   const int64_t planes = x.dims[0] * x.dims[1], in_plane = numel(in_sp), out_plane = numel(w.out);
   // MaxPool's optional Indices: the argmax as a flat index into X, row-major (storage_order 0) or
   // with the spatial dims column-major (storage_order 1).
-  int64_t* ind = max && c.n_outputs() > 1 ? c.out(1, HP_I64, out).as<int64_t>() : nullptr;
+  const bool want_ind = max && c.n_outputs() > 1;
+  if (x.dtype == HP_F32 && !want_ind && numel(out) > 0 && pool_dnnl(c, x, y, w, max, include_pad))
+    return;
+  int64_t* ind = want_ind ? c.out(1, HP_I64, out).as<int64_t>() : nullptr;
   const bool col_major = c.i("storage_order", 0) != 0;
   const Dims row_st = strides_of(in_sp);
   Dims col_st(in_sp.size(), 1);

@@ -8,6 +8,14 @@
 // only by the next node of the chain and not be graph outputs, and the constants must be scalar
 // weights or Constant nodes with those values (within float rounding). Fused-away nodes are marked
 // dead: the run skips them, lifetimes ignore them.
+//
+// Conv + Relu and Conv + Add + Relu (the residual blocks of CNNs): the Relu node becomes ONNX
+// Runtime's com.microsoft FusedConv (the Conv's inputs and attributes, activation "Relu", the Add's
+// other operand as the fourth input Z), which the cpu backend runs as one oneDNN convolution with
+// sum and ReLU post-ops instead of three passes over the activation. The Relu node is the one kept
+// because every input of the fused node (the Conv's and Z) is computed before it, while Z may come
+// after the Conv in the node order. The Conv's and Add's outputs must be read only by the chain and
+// not be graph outputs; the result is the unfused one up to float rounding of the same sums.
 #include <cmath>
 #include <optional>
 
@@ -121,6 +129,76 @@ int fuse_gelu(Graph& g) {
   return fused;
 }
 
+bool is_conv(const PreparedNode& n) {
+  return n.op_type == "Conv" && n.domain.empty() && !n.dead && n.outputs.size() == 1 &&
+         (n.inputs.size() == 2 || n.inputs.size() == 3) && n.inputs[0] >= 0 && n.inputs[1] >= 0;
+}
+
+/// Copies the attributes of `from` into `to`, their strings and arrays into `to`'s own storage;
+/// false (nothing usable) for a kind a Conv does not have.
+bool copy_attrs(const PreparedNode& from, PreparedNode& to) {
+  std::vector<hp_op_attr> out;
+  for (hp_op_attr a : from.attrs) {
+    a.name = to.store_strings.emplace_back(a.name).c_str();
+    if (a.kind == HP_ATTR_STRING)
+      a.s = to.store_strings.emplace_back(a.s).c_str();
+    else if (a.kind == HP_ATTR_INTS)
+      a.ints = to.store_ints.emplace_back(a.ints, a.ints + a.n).data();
+    else if (a.kind == HP_ATTR_FLOATS)
+      a.floats = to.store_floats.emplace_back(a.floats, a.floats + a.n).data();
+    else if (a.kind != HP_ATTR_INT && a.kind != HP_ATTR_FLOAT)
+      return false;
+    out.push_back(a);
+  }
+  hp_op_attr act{};
+  act.name = to.store_strings.emplace_back("activation").c_str();
+  act.kind = HP_ATTR_STRING;
+  act.s = to.store_strings.emplace_back("Relu").c_str();
+  out.push_back(act);
+  to.attrs = std::move(out);
+  return true;
+}
+
+int fuse_conv_relu(Graph& g) {
+  int fused = 0;
+  for (PreparedNode& relu : g.im.nodes) {
+    if (relu.dead || !is_unary(relu, "Relu") || relu.outputs[0] < 0) continue;
+    PreparedNode* p = g.sole_producer(relu.inputs[0]);
+    if (!p) continue;
+    PreparedNode* add = nullptr;
+    int z = -1;
+    if (p->op_type == "Add" && p->domain.empty() && p->inputs.size() == 2 &&
+        p->outputs.size() == 1 && p->inputs[0] != p->inputs[1]) {
+      for (std::size_t side : {0u, 1u}) {
+        PreparedNode* cv = g.sole_producer(p->inputs[side]);
+        if (cv && is_conv(*cv) && p->inputs[1 - side] >= 0) {
+          add = p;
+          z = p->inputs[1 - side];
+          p = cv;
+          break;
+        }
+      }
+      if (!add) continue;
+    }
+    if (!is_conv(*p)) continue;
+    PreparedNode& conv = *p;
+    std::vector<int> inputs = conv.inputs;
+    if (add) {
+      inputs.resize(3, -1);  // an absent bias keeps Z in its place
+      inputs.push_back(z);
+    }
+    if (!copy_attrs(conv, relu)) continue;
+    conv.dead = true;
+    if (add) add->dead = true;
+    relu.op_type = "FusedConv";
+    relu.domain = "com.microsoft";
+    relu.opset = 1;
+    relu.inputs = std::move(inputs);
+    ++fused;
+  }
+  return fused;
+}
+
 }  // namespace
 
 int fuse_nodes(Executor::Impl& im) {
@@ -129,6 +207,10 @@ int fuse_nodes(Executor::Impl& im) {
   if (be->supports_op_type(0, "Gelu", "", 20)) {
     Graph g(im);
     fused += fuse_gelu(g);
+  }
+  if (be->supports_op_type(0, "FusedConv", "com.microsoft", 1)) {
+    Graph g(im);
+    fused += fuse_conv_relu(g);
   }
   return fused;
 }

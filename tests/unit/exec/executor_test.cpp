@@ -118,6 +118,7 @@ model::Model load(const fs::path& p) {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::shapes_only;
   auto m = model::load_model(p, lo);
+  INFO((m.ok() ? std::string() : m.error().message()));
   REQUIRE(m.ok());
   return *m;
 }
@@ -587,4 +588,118 @@ TEST_CASE("a GELU-like chain whose intermediate is also a graph output is not fu
   CHECK((*ex)->stats().by_op.count("Erf") == 1);
   CHECK((*ex)->stats().by_op.count("Gelu") == 0);
   fs::remove_all(d);
+}
+
+namespace {
+
+void add_f32_init(onnx::GraphProto* g, const std::string& name, std::vector<std::int64_t> dims,
+                  const std::vector<float>& v) {
+  auto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  for (auto d : dims) t->add_dims(d);
+  for (float f : v) t->add_float_data(f);
+}
+
+/// A residual block as PyTorch exports a ResNet's (BatchNorm folded into the convs):
+/// y = Relu(Conv2(Relu(Conv1(x) + b1)) + x), 2 channels, 3x3 kernels, pads 1, on 1 x 2 x 4 x 4.
+/// `expose_c2` also makes Conv2's output a graph output; `z_first` writes the Add as Add(x, c2).
+onnx::ModelProto residual_block_model(bool expose_c2, bool z_first) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {1, 2, 4, 4});
+  add_value(g->mutable_output(), "y", {1, 2, 4, 4});
+  if (expose_c2) add_value(g->mutable_output(), "c2", {1, 2, 4, 4});
+  std::vector<float> w1(36), w2(36);
+  for (std::size_t i = 0; i < 36; ++i) {
+    w1[i] = static_cast<float>(static_cast<int>(i * 7 % 11) - 5) / 8;
+    w2[i] = static_cast<float>(static_cast<int>(i * 5 % 13) - 6) / 8;
+  }
+  add_f32_init(g, "w1", {2, 2, 3, 3}, w1);
+  add_f32_init(g, "b1", {2}, {0.25f, -0.5f});
+  add_f32_init(g, "w2", {2, 2, 3, 3}, w2);
+  auto conv = [&](const std::string& in, const std::string& w, const std::string& out) {
+    auto* n = add_node(g, "Conv", {in, w}, {out}, "conv_" + out);
+    if (in == "x") n->add_input("b1");
+    auto* p = n->add_attribute();
+    p->set_name("pads");
+    p->set_type(onnx::AttributeProto::INTS);
+    for (int k = 0; k < 4; ++k) p->add_ints(1);
+  };
+  conv("x", "w1", "c1");
+  add_node(g, "Relu", {"c1"}, {"r1"}, "relu1");
+  conv("r1", "w2", "c2");
+  add_node(g, "Add",
+           z_first ? std::vector<std::string>{"x", "c2"} : std::vector<std::string>{"c2", "x"},
+           {"a"}, "add");
+  add_node(g, "Relu", {"a"}, {"y"}, "relu2");
+  return m;
+}
+
+/// The block's output computed here, element by element.
+std::vector<double> residual_block_ref(const onnx::ModelProto& m, const std::vector<float>& x) {
+  auto init = [&](const std::string& name) {
+    for (const auto& t : m.graph().initializer())
+      if (t.name() == name)
+        return std::vector<double>(t.float_data().begin(), t.float_data().end());
+    return std::vector<double>{};
+  };
+  auto conv = [](const std::vector<double>& in, const std::vector<double>& w,
+                 const std::vector<double>& b) {
+    std::vector<double> out(32);
+    for (int mo = 0; mo < 2; ++mo)
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+          double acc = b.empty() ? 0 : b[static_cast<std::size_t>(mo)];
+          for (int c = 0; c < 2; ++c)
+            for (int a = 0; a < 3; ++a)
+              for (int e = 0; e < 3; ++e) {
+                const int ii = i + a - 1, jj = j + e - 1;
+                if (ii < 0 || ii >= 4 || jj < 0 || jj >= 4) continue;
+                acc += in[static_cast<std::size_t>((c * 4 + ii) * 4 + jj)] *
+                       w[static_cast<std::size_t>(((mo * 2 + c) * 3 + a) * 3 + e)];
+              }
+          out[static_cast<std::size_t>((mo * 4 + i) * 4 + j)] = acc;
+        }
+    return out;
+  };
+  const std::vector<double> xv(x.begin(), x.end());
+  std::vector<double> r1 = conv(xv, init("w1"), init("b1"));
+  for (double& v : r1) v = std::max(v, 0.0);
+  std::vector<double> y = conv(r1, init("w2"), {});
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::max(y[i] + xv[i], 0.0);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("Conv + Relu and Conv + Add + Relu run as FusedConv nodes with the same values",
+          "[exec]") {
+  std::vector<float> xs(32);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    xs[i] = static_cast<float>(static_cast<int>(i * 3 % 17) - 8) / 4;
+  for (bool expose : {false, true})
+    for (bool z_first : {false, true}) {
+      INFO("Conv2's output a graph output: " << expose << ", Add(x, c2): " << z_first);
+      fs::path d = temp_dir("conv_fuse");
+      const onnx::ModelProto m = residual_block_model(expose, z_first);
+      auto mm = load(write_model(d, m));
+      Backends b = cpu();
+      auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+      REQUIRE(ex.ok());
+      auto out = (*ex)->run({f32({1, 2, 4, 4}, xs)});
+      REQUIRE(out.ok());
+      const std::vector<double> want = residual_block_ref(m, xs);
+      for (std::size_t i = 0; i < want.size(); ++i)
+        CHECK((*out)[0].as<float>()[i] == Approx(want[i]).margin(1e-5));
+      const auto& by_op = (*ex)->stats().by_op;
+      // Conv1 + Relu always fuse; Conv2 + Add + Relu only while Conv2's output is internal.
+      CHECK(by_op.at("com.microsoft.FusedConv").nodes == (expose ? 1 : 2));
+      CHECK(by_op.count("Conv") == (expose ? 1u : 0u));
+      CHECK(by_op.count("Add") == (expose ? 1u : 0u));
+      CHECK(by_op.count("Relu") == (expose ? 1u : 0u));
+      fs::remove_all(d);
+    }
 }

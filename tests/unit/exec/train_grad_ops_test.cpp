@@ -10,6 +10,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -111,6 +112,11 @@ class OneNode {
     auto* tr = m.add_opset_import();
     tr->set_domain("hp.train");
     tr->set_version(1);
+    if (domain == "com.microsoft") {
+      auto* ms = m.add_opset_import();
+      ms->set_domain(domain);
+      ms->set_version(1);
+    }
     auto* g = m.mutable_graph();
     g->set_name("one");
     auto* n = g->add_node();
@@ -820,4 +826,136 @@ TEST_CASE("threaded runs of the large kernels equal single-threaded ones", "[exe
     for (std::size_t o = 0; o < k.outs.size(); ++o)
       check_close(many.values_of(k.in, o), serial[o], 1e-12);
   }
+}
+
+TEST_CASE("Conv and FusedConv forward: float32 (oneDNN) and float64 (loop) match the reference",
+          "[exec][conv]") {
+  const ConvSpec cases[] = {
+      {{2, 4, 7, 6}, {6, 2, 3, 3}, 2, {2, 2}, {1, 1, 1, 1}, {1, 1}},  // groups, strides
+      {{1, 2, 9, 8}, {2, 2, 3, 2}, 1, {2, 1}, {1, 0, 2, 1}, {2, 3}},  // dilations, pads
+      {{2, 2, 11}, {4, 1, 3}, 2, {2}, {1, 0}, {2}},                   // 1-D
+      {{1, 2, 4, 5, 4}, {2, 1, 2, 3, 2}, 2, {1, 2, 1}, {1, 0, 1, 0, 1, 1}, {2, 1, 1}},  // 3-D
+      {{2, 8, 10, 10}, {8, 1, 3, 3}, 8, {1, 1}, {1, 1, 1, 1}, {1, 1}},                  // depthwise
+      {{8, 32, 16, 16}, {32, 32, 3, 3}, 1, {1, 1}, {1, 1, 1, 1}, {1, 1}},  // a ResNet block's
+      {{2, 3, 17, 17}, {16, 3, 7, 7}, 1, {2, 2}, {3, 3, 3, 3}, {1, 1}},    // a stem
+      {{1, 16, 9, 9}, {24, 16, 1, 1}, 1, {1, 1}, {0, 0, 0, 0}, {1, 1}},    // pointwise
+  };
+  for (const ConvSpec& s : cases) {
+    INFO(s.x.size() - 2 << "-d conv, x " << s.x[1] << " channels, group " << s.group);
+    const Dims od = s.out();
+    const Vec x = random(count(s.x), 81), w = random(count(s.w), 82), b = random(s.w[0], 83),
+              z = random(count(od), 84), zero(static_cast<std::size_t>(s.w[0]), 0.0);
+    const Vec want = conv_ref(s, x, w, b), plain = conv_ref(s, x, w, zero);
+    Vec fused(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) fused[i] = std::max(want[i] + z[i], 0.0);
+    for (int dt : {HP_F32, HP_F64}) {
+      INFO((dt == HP_F32 ? "float32" : "float64"));
+      const double tol = dt == HP_F32 ? 1e-5 : 1e-12;
+      std::vector<HostTensor> in{tensor(dt, s.x, x), tensor(dt, s.w, w), tensor(dt, {s.w[0]}, b)};
+      OneNode f("Conv", "", {"x", "w", "b"}, in, {"y"}, s.attrs(), dt);
+      check_close(f.values_of(in), want, tol);
+      in.pop_back();
+      OneNode nb("Conv", "", {"x", "w"}, in, {"y"}, s.attrs(), dt);
+      check_close(nb.values_of(in), plain, tol);
+      // FusedConv: Relu(conv + b + z), the executor's fusion of Conv + Add + Relu.
+      std::vector<HostTensor> fin{tensor(dt, s.x, x), tensor(dt, s.w, w), tensor(dt, {s.w[0]}, b),
+                                  tensor(dt, od, z)};
+      auto attrs = s.attrs();
+      attrs.push_back(as("activation", "Relu"));
+      OneNode fc("FusedConv", "com.microsoft", {"x", "w", "b", "z"}, fin, {"y"}, attrs, dt);
+      check_close(fc.values_of(fin), fused, tol);
+    }
+  }
+  SECTION("auto_pad SAME_LOWER and SAME_UPPER match the explicit pads they mean") {
+    // in 8, k 3, s 2: out 4, total pad 1: SAME_UPPER pads 0 before, 1 after; SAME_LOWER 1, 0.
+    for (const char* ap : {"SAME_UPPER", "SAME_LOWER"}) {
+      const bool upper = std::string(ap) == "SAME_UPPER";
+      const ConvSpec s{
+          {1, 3, 8, 8}, {4, 3, 3, 3}, 1, {2, 2}, upper ? Dims{0, 0, 1, 1} : Dims{1, 1, 0, 0},
+          {1, 1}};
+      const Vec x = random(count(s.x), 5), w = random(count(s.w), 6), b = random(4, 7);
+      std::vector<HostTensor> in{tensor(HP_F32, s.x, x), tensor(HP_F32, s.w, w),
+                                 tensor(HP_F32, {4}, b)};
+      OneNode f("Conv", "", {"x", "w", "b"}, in, {"y"}, {as("auto_pad", ap), al("strides", {2, 2})},
+                HP_F32);
+      check_close(f.values_of(in), conv_ref(s, x, w, b), 1e-5);
+    }
+  }
+  SECTION("FusedConv broadcasts Z as the Add it replaces, and runs without Z and bias") {
+    const ConvSpec s{{2, 3, 6, 6}, {4, 3, 3, 3}, 1, {1, 1}, {1, 1, 1, 1}, {1, 1}};
+    const Vec x = random(count(s.x), 11), w = random(count(s.w), 12), zc = random(4, 13);
+    const Vec zero(4, 0.0), y = conv_ref(s, x, w, zero);
+    const Dims od = s.out();
+    Vec want(y.size()), relu(y.size());
+    const std::int64_t plane = od[2] * od[3];
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      want[i] = std::max(y[i] + zc[static_cast<std::size_t>(i / plane % 4)], 0.0);
+      relu[i] = std::max(y[i], 0.0);
+    }
+    std::vector<HostTensor> in{tensor(HP_F32, s.x, x), tensor(HP_F32, s.w, w),
+                               tensor(HP_F32, {4, 1, 1}, zc)};
+    auto attrs = s.attrs();
+    attrs.push_back(as("activation", "Relu"));
+    // The omitted bias has a placeholder among the examples (indexed like the node's inputs).
+    std::vector<HostTensor> example{in[0], in[1], HostTensor{}, in[2]};
+    OneNode fc("FusedConv", "com.microsoft", {"x", "w", "", "z"}, example, {"y"}, attrs, HP_F32);
+    check_close(fc.values_of(in), want, 1e-5);
+    in.pop_back();
+    OneNode r("FusedConv", "com.microsoft", {"x", "w"}, in, {"y"}, attrs, HP_F32);
+    check_close(r.values_of(in), relu, 1e-5);
+  }
+  SECTION("malformed: channels, bias size, kernel past the padded input, an unknown activation") {
+    std::vector<HostTensor> in{tensor(HP_F32, {1, 3, 4, 4}, random(48, 1)),
+                               tensor(HP_F32, {2, 2, 3, 3}, random(36, 2))};
+    OneNode ch("Conv", "", {"x", "w"}, in, {"y"}, {}, HP_F32);
+    CHECK(ch.error_of(in).find("channels") != std::string::npos);
+    in[1] = tensor(HP_F32, {2, 3, 5, 5}, random(150, 2));
+    OneNode big("Conv", "", {"x", "w"}, in, {"y"}, {}, HP_F32);
+    CHECK(big.error_of(in).find("larger than the padded input") != std::string::npos);
+    in[1] = tensor(HP_F32, {2, 3, 3, 3}, random(54, 2));
+    in.push_back(tensor(HP_F32, {3}, random(3, 3)));
+    OneNode bias("Conv", "", {"x", "w", "b"}, in, {"y"}, {}, HP_F32);
+    CHECK(bias.error_of(in).find("bias") != std::string::npos);
+    in.pop_back();
+    OneNode act("FusedConv", "com.microsoft", {"x", "w"}, in, {"y"}, {as("activation", "Tanh")},
+                HP_F32);
+    CHECK(act.error_of(in).find("activation") != std::string::npos);
+  }
+}
+
+TEST_CASE("MaxPool and AveragePool: float32 (oneDNN) matches float64 (loop)", "[exec][pool]") {
+  struct Case {
+    Dims x;
+    std::vector<Attr> attrs;
+  };
+  const Case cases[] = {
+      {{2, 3, 9, 9}, {al("kernel_shape", {3, 3}), al("strides", {2, 2}), al("pads", {1, 1, 1, 1})}},
+      {{2, 3, 10, 10}, {al("kernel_shape", {3, 3}), al("strides", {2, 2}), ai("ceil_mode", 1)}},
+      {{1, 4, 11, 7},
+       {al("kernel_shape", {2, 3}), al("strides", {3, 2}), al("pads", {1, 0, 1, 2}),
+        ai("ceil_mode", 1), ai("count_include_pad", 1)}},
+      {{1, 2, 12, 12},
+       {al("kernel_shape", {3, 3}), al("dilations", {2, 2}), al("pads", {2, 2, 2, 2})}},
+      {{2, 2, 13}, {al("kernel_shape", {4}), al("strides", {3}), as("auto_pad", "SAME_UPPER")}},
+      {{1, 2, 5, 6, 7}, {al("kernel_shape", {2, 2, 3}), al("strides", {2, 2, 2})}},
+      {{8, 32, 32, 32}, {al("kernel_shape", {2, 2}), al("strides", {2, 2})}},
+  };
+  for (const Case& k : cases)
+    for (const char* op : {"MaxPool", "AveragePool"}) {
+      INFO(op << " on " << k.x.size() - 2 << "-d input of " << count(k.x));
+      const Vec x = random(count(k.x), 91);
+      std::vector<Attr> attrs = k.attrs;
+      if (std::string(op) == "MaxPool") {  // count_include_pad is AveragePool's
+        attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                                   [](const Attr& a) { return a.name == "count_include_pad"; }),
+                    attrs.end());
+      } else {  // dilations are AveragePool's from opset 19 only; this model is opset 17
+        attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                                   [](const Attr& a) { return a.name == "dilations"; }),
+                    attrs.end());
+      }
+      OneNode f64n(op, "", {"x"}, {f64(k.x, x)}, {"y"}, attrs, HP_F64);
+      OneNode f32n(op, "", {"x"}, {tensor(HP_F32, k.x, x)}, {"y"}, attrs, HP_F32);
+      check_close(f32n.values_of({tensor(HP_F32, k.x, x)}), f64n.values_of({f64(k.x, x)}), 1e-6);
+    }
 }
