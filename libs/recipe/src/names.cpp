@@ -40,7 +40,13 @@ bool is_env_name(std::string_view name) {
 
 bool is_loader_env(std::string_view n) {
   auto starts = [&](std::string_view p) { return n.substr(0, p.size()) == p; };
-  return starts("LD_") || starts("DYLD_") || starts("HP_") || starts("OMPI_MCA_mca_base_") ||
+  auto ends = [&](std::string_view x) {
+    return n.size() >= x.size() && n.substr(n.size() - x.size()) == x;
+  };
+  // hp's own: HP_PLUGIN_PATH and the vendor-library overrides HP_CUDA_DRIVER_LIB, HP_CUBLAS_LIB,
+  // HP_ASCEND_LIB (and any later HP_*_LIB / HP_*_PATH). HP_TEST_FAULT and friends pick no code.
+  const bool hp_loader = starts("HP_") && (ends("_LIB") || ends("_LIBS") || ends("_PATH"));
+  return starts("LD_") || starts("DYLD_") || hp_loader || starts("OMPI_MCA_mca_base_") ||
          n == "PATH" || n == "PYTHONPATH" || n == "PYTHONHOME" || n == "ASCEND_TOOLKIT_HOME";
 }
 
