@@ -3,6 +3,8 @@
 #include <fmt/core.h>
 
 #include "commands.h"
+#include "hp/core/fs.h"
+#include "hp/recipe/presets.h"
 #include "hp/shard/shard.h"
 
 namespace hp::cli {
@@ -18,6 +20,7 @@ void add_shard_command(CLI::App& app, Context& ctx) {
   sub->add_flag("--json", opts->json,
                 "print one JSON object: the files written (-o) or the explanation (--explain)");
   sub->callback([opts, &ctx] {
+    opts->preset_dirs = recipe::preset_dirs(executable_dir(), HP_SOURCE_DIR);
     auto report = shard::run(*opts);
     if (!report) {
       ctx.exit_code = report_error(report.error());

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "hp/core/error.h"
 #include "hp/core/exit_code.h"
@@ -15,6 +16,7 @@ namespace hp::cli {
 struct Context {
   int exit_code = 0;
   bool verbose = false;
+  std::vector<std::string> allowed_recipe_env;  ///< --allow-recipe-env (hp/recipe/names.h)
   std::string command_line;  ///< "hp plan ..." as typed (shell-quoted), recorded in what hp writes
 };
 

@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "hp/core/version.h"
+#include "hp/recipe/names.h"
 
 namespace hp::cli {
 namespace {
@@ -90,6 +91,18 @@ int run(int argc, char** argv) {
   Context ctx;
   ctx.command_line = command_line(argc, argv);
   app.add_flag("-v,--verbose", ctx.verbose, "log what hp looks at (plugin paths tried, ...)");
+  // Global, before or after the command word (subcommands inherit fallthrough): a recipe may set
+  // loader and plugin variables in a group's env only when the user names them here.
+  app.fallthrough();
+  app.add_option("--allow-recipe-env", ctx.allowed_recipe_env,
+                 "let recipes set this loader/plugin variable (LD_PRELOAD, HP_PLUGIN_PATH, ...) in "
+                 "a group's env; repeatable, '*' for all")
+      ->each([](const std::string& name) {
+        auto names = recipe::allowed_recipe_env();
+        names.push_back(name);
+        recipe::set_allowed_recipe_env(std::move(names));
+      })
+      ->type_name("NAME");
   for (const auto& row : kCommands) row.add(app, ctx);
   app.footer(
       "Exit status: 0 ok, 1 internal error, 2 usage, 3 bad input, 4 infeasible, 5 runtime "

@@ -10,10 +10,13 @@
  *   FAKE_UNAVAILABLE    open fails with HP_UNAVAILABLE, the way a missing vendor runtime does
  *   FAKE_NO_DEVICES     opens fine, reports zero devices
  *   FAKE_NEEDS_VENDOR   calls a function of libhpfakevendor.so, which is not on the loader path
+ *   FAKE_CRASH          its entry point dies with SIGSEGV: a broken plugin that takes down whatever
+ *                       process loads it (built into a directory of its own, plugins-broken/)
  *   (none)              a well-formed 1.1 backend with one host-memory device
  *
  * Kernels are not implemented (HP_UNSUPPORTED); memory is malloc, streams are synchronous.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +266,9 @@ EXPORT const hp_backend_v1* hp_backend_entry_v2(uint16_t host_minor) {
 #else
 EXPORT const hp_backend_v1* hp_backend_entry_v1(uint16_t host_minor) {
   (void)host_minor;
+#ifdef FAKE_CRASH
+  raise(SIGSEGV);
+#endif
   return &table;
 }
 #endif

@@ -21,6 +21,12 @@ Expected<Backends> open_backends(const std::string& name, int threads,
   so.plugin_paths = plugin_paths;
   if (threads > 0) so.open_options.push_back(fmt::format("threads={}", threads));
   so.open_options.insert(so.open_options.end(), open_options.begin(), open_options.end());
+  // A named backend loads only itself and cpu (the reference); auto-selection probes every plugin,
+  // each in a child process first, so a broken one is skipped instead of ending the run.
+  if (name.empty())
+    so.isolate = true;
+  else
+    so.only = {"cpu", name};
   HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(so));
   Backends b;
   b.cpu = reg.find("cpu");

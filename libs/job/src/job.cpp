@@ -98,7 +98,10 @@ Status attach_manifest(Job& job, const fs::path& shard_dir) {
            fmt::format("the partitions are for {} {}; the recipe has {}", have, what, want),
            "shard the recipe again (hp shard), or drop --shard-dir"});
   };
+  // parse_manifest checked the manifest against itself; here it must be the recipe's partitions.
   differ("ranks", rank_count(m), job.recipe.ranks());
+  differ("data-parallel ranks", m.dp, p.dp);
+  differ("tensor-parallel ranks", m.tp, p.tp);
   differ("pipeline stages", m.pp, p.pp);
   differ("micro-batches", m.micro_batches, s.micro_batches);
   differ("model chunks per rank", m.virtual_stages, s.chunks);

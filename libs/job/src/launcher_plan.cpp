@@ -11,6 +11,7 @@
 
 #include "hp/job/group_flow.h"
 #include "hp/job/launcher.h"
+#include "hp/recipe/names.h"
 
 namespace hp::job {
 namespace fs = std::filesystem;
@@ -113,6 +114,11 @@ void add_worker_commands(const std::vector<recipe::Group>& groups, const fs::pat
       c.argv.push_back("--plugin-path");
       c.argv.push_back(fs::absolute(p).string());
     }
+    // The ranks re-read the recipe: they need the variables the user allowed it to set.
+    for (const auto& name : recipe::allowed_recipe_env()) {
+      c.argv.push_back("--allow-recipe-env");
+      c.argv.push_back(name);
+    }
     if (o.steps > 1) {
       c.argv.push_back("--steps");
       c.argv.push_back(std::to_string(o.steps));
@@ -138,6 +144,45 @@ void add_launcher_env(const JobOptions& o, const HostInfo& host, bool single_hos
     plan.notes.push_back(
         "running as root: Open MPI refuses unless --allow-run-as-root is given "
         "(or OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)");
+}
+
+// Every word hp writes into the launcher's files is checked before anything is written: a line
+// break in any of them would start a new app context / program line (another command), and srun
+// --multi-prog has its own syntax (%t and %o expand, quotes and backslashes are its own, '#'
+// comments), so under slurm a word holds only characters no parser reads as syntax. Refused rather
+// than quoted: the two formats quote differently (Open MPI app files not at all).
+Status check_launcher_words(const JobOptions& o, const JobPlan& plan) {
+  static constexpr std::string_view kSlurmSafe =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@";
+  std::vector<Diagnostic> problems;
+  auto check = [&](const AppContext& c, const std::string& what, const std::string& word) {
+    std::string bad;
+    for (char ch : word) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (u < 0x20 || u == 0x7f)
+        bad = fmt::format("the control character 0x{:02x}", u);
+      else if (o.launcher == "slurm" && kSlurmSafe.find(ch) == std::string_view::npos)
+        bad = fmt::format("'{}', which srun --multi-prog would read as syntax", ch);
+      if (!bad.empty()) break;
+    }
+    if (!bad.empty())
+      problems.push_back({fmt::format("{}: group '{}'", o.recipe.string(), c.group),
+                          fmt::format("{} holds {}; it would be written into {} as is", what, bad,
+                                      o.launcher == "slurm" ? "multi-prog.conf" : "app.txt"),
+                          "rename it, or run from a path without such characters"});
+  };
+  for (const auto& c : plan.contexts) {
+    check(c, "the group name", c.group);
+    for (const auto& [k, v] : c.env) {
+      if (!recipe::is_env_name(k))
+        problems.push_back({fmt::format("{}: group '{}'", o.recipe.string(), c.group),
+                            fmt::format("'{}' is not an environment variable name", k), ""});
+      check(c, fmt::format("the value of {}", k), v);
+    }
+    for (const auto& a : c.argv) check(c, fmt::format("the worker argument '{}'", a), a);
+  }
+  if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));
+  return {};
 }
 
 // srun --multi-prog: one line per rank range, its environment through env(1).
@@ -261,6 +306,7 @@ Expected<JobPlan> plan_job(const Job& job, const JobOptions& o, const HostInfo& 
   add_worker_commands(groups, fs::absolute(o.recipe).lexically_normal(), o, threads, plan);
   const bool single_host = o.hostfile.empty() && o.launcher == "mpirun";
   add_launcher_env(o, host, single_host, plan);
+  HP_TRY(check_launcher_words(o, plan));
   if (o.launcher == "slurm")
     finish_slurm(o, plan);
   else

@@ -390,23 +390,27 @@ Expected<SimulatedRun> run_sharded_in_process(const shard::Manifest& manifest,
   sim.ranks.resize(static_cast<std::size_t>(ranks));
   std::mutex mu;
   const auto t0 = std::chrono::steady_clock::now();
-  Status st = run_in_process(ranks, [&](int rank, Transport& t) -> Status {
-    // Each rank follows its stage's offload schedule; the budget is not enforced here, because all
-    // ranks share this process's one cpu backend (hp launch gives each rank its own).
-    OffloadConfig off;
-    if (o.recipe) {
-      auto stage = stage_of(*m, rank);
-      if (!stage) return std::move(stage).error();
-      auto run = offload_run_for(*o.recipe, *stage, o.backend);
-      if (!run) return std::move(run).error();
-      off = run->exec;
-    }
-    auto rr = run_rank(*m, o, t, backends, global_inputs, off);
-    if (!rr) return std::move(rr).error();
-    std::lock_guard<std::mutex> lock(mu);
-    sim.ranks[static_cast<std::size_t>(rank)] = std::move(*rr);
-    return {};
-  });
+  const double wait_s = o.timeout_s > 0 ? o.timeout_s : 60;
+  Status st = run_in_process(
+      ranks,
+      [&](int rank, Transport& t) -> Status {
+        // Each rank follows its stage's offload schedule; the budget is not enforced here, because
+        // all ranks share this process's one cpu backend (hp launch gives each rank its own).
+        OffloadConfig off;
+        if (o.recipe) {
+          auto stage = stage_of(*m, rank);
+          if (!stage) return std::move(stage).error();
+          auto run = offload_run_for(*o.recipe, *stage, o.backend);
+          if (!run) return std::move(run).error();
+          off = run->exec;
+        }
+        auto rr = run_rank(*m, o, t, backends, global_inputs, off);
+        if (!rr) return std::move(rr).error();
+        std::lock_guard<std::mutex> lock(mu);
+        sim.ranks[static_cast<std::size_t>(rank)] = std::move(*rr);
+        return {};
+      },
+      wait_s);
   if (!st) return std::move(st).error();
   sim.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<HostTensor>> per_rank;

@@ -9,6 +9,7 @@
 
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
+#include "hp/shard/shard.h"
 #include "single_rank.h"
 
 namespace hp::job {
@@ -58,6 +59,14 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
   if (job && job->kind == JobKind::flow_groups) {
     if (Status flows = check_group_flows(*job); !flows.ok()) {
       rep.failure = std::move(flows).error();
+      return;
+    }
+  }
+  // A sharded-model recipe is only runnable if its model loads and partitions at the recipe's
+  // dims and degrees: --static checks that too (an empty file or a text file is not a model).
+  if (job && job->kind == JobKind::sharded_model) {
+    if (Status shardable = shard::check_shardable(job->recipe, o.target); !shardable.ok()) {
+      rep.failure = std::move(shardable).error();
       return;
     }
   }

@@ -154,6 +154,7 @@ Expected<std::vector<HostTensor>> run_simulated(Job& job, const shard::Prepared&
   so.threads = 1;  // the ranks share this process's cores
   so.plugin_paths = o.plugin_paths;
   so.recipe = &job.recipe;
+  so.timeout_s = o.timeout_s;
   HP_ASSIGN_OR_RETURN(auto sim, run_sharded_in_process(*job.manifest, so, inputs));
   rep.how = fmt::format("simulated in one process, {} ranks", rep.ranks);
   rep.timing = format_step_timing(sim.ranks, job.schedule.lowered);

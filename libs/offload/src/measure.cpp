@@ -46,7 +46,9 @@ struct PluginBuffer {
 }  // namespace
 
 Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
-  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(plugin::SearchOptions{}));
+  plugin::SearchOptions search;
+  search.only = {opt.backend};  // a broken plugin it does not measure cannot end the run
+  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(search));
   auto backend = reg.find(opt.backend);
   if (!backend)
     return Error(Errc::unavailable,

@@ -14,6 +14,7 @@ namespace hp::plugin {
 Expected<Registry> list_devices(const DevicesOptions& opts) {
   SearchOptions search;
   search.plugin_paths = opts.plugin_paths;
+  search.isolate = true;  // every plugin is probed; one that crashes is listed as such
   return discover(search);
 }
 

@@ -10,11 +10,16 @@
 #include "hp/plugin/registry.h"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "hp/core/fs.h"
@@ -34,6 +39,7 @@ const char* verdict_name(Verdict v) {
     case Verdict::unavailable: return "unavailable";
     case Verdict::open_failed: return "open failed";
     case Verdict::no_devices: return "no devices";
+    case Verdict::crashed: return "crashed";
   }
   return "?";
 }
@@ -103,6 +109,54 @@ std::vector<fs::path> candidates_in(const fs::path& dir) {
   return files;
 }
 
+// Runs the load steps in a child process; a non-empty reason when the child did not come back
+// (killed by a signal, or exited on its own from inside the plugin).
+std::string crash_in_child(const fs::path& file, const std::vector<std::string>& open_options) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return {};  // cannot isolate: load in-process as before
+  if (pid == 0) {
+    PluginRecord rec;
+    rec.path = file;
+    detail::run_load_steps(rec, open_options);
+    ::_exit(0);  // without atexit handlers or the plugin's destructors: only the steps count
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status))
+    return fmt::format("the process trying it was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    return fmt::format("the plugin ended the process trying it (exit status {})",
+                       WEXITSTATUS(status));
+  return {};
+}
+
+bool wanted(const SearchOptions& opts, const std::string& name) {
+  return opts.only.empty() ||
+         std::find(opts.only.begin(), opts.only.end(), name) != opts.only.end();
+}
+
+PluginRecord try_plugin(const fs::path& file, const std::string& origin, const SearchOptions& opts,
+                        std::vector<std::string>& trace) {
+  if (opts.isolate) {
+    if (std::string why = crash_in_child(file, opts.open_options); !why.empty()) {
+      PluginRecord rec;
+      rec.path = file;
+      rec.origin = origin;
+      rec.name = name_from_file(file);
+      if (rec.name.empty()) rec.name = file.stem().string();
+      rec.verdict = Verdict::crashed;
+      rec.reason = why;
+      trace.push_back(fmt::format("  try {} (in a child process)", file.string()));
+      trace.push_back(fmt::format("    rejected ({}): {}", verdict_name(rec.verdict), rec.reason));
+      return rec;
+    }
+  }
+  return load_plugin(file, origin, opts.open_options, trace);
+}
+
 }  // namespace
 
 PluginRecord load_plugin(const fs::path& file, const std::string& origin,
@@ -133,7 +187,7 @@ Expected<Registry> discover(const SearchOptions& opts) {
     if (explicit_path && fs::is_regular_file(dir, ec)) {
       // A plugin file named directly is tried whatever it is called.
       reg.trace.push_back(fmt::format("search {} ({})", dir.string(), origin));
-      PluginRecord rec = load_plugin(dir, origin, opts.open_options, reg.trace);
+      PluginRecord rec = try_plugin(dir, origin, opts, reg.trace);
       rec.named = true;
       if (rec.ok()) loaded_names.insert(rec.name);
       reg.plugins.push_back(std::move(rec));
@@ -162,7 +216,12 @@ Expected<Registry> discover(const SearchOptions& opts) {
                                         file.string(), name));
         continue;
       }
-      PluginRecord rec = load_plugin(file, origin, opts.open_options, reg.trace);
+      if (!wanted(opts, name)) {
+        reg.trace.push_back(
+            fmt::format("  skip {}: '{}' is not needed by this run", file.string(), name));
+        continue;
+      }
+      PluginRecord rec = try_plugin(file, origin, opts, reg.trace);
       if (rec.ok()) loaded_names.insert(rec.name);
       reg.plugins.push_back(std::move(rec));
     }

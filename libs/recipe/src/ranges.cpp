@@ -43,7 +43,12 @@ std::optional<std::vector<std::int64_t>> parse_ranges(std::string_view text) {
     }
     if (b - a > (1 << 20) || out.size() > (1u << 22))
       return std::nullopt;  // a typo, not a real rank count
-    for (std::int64_t x = a; x <= b; ++x) out.push_back(x);
+    // Stops at b itself: "x <= b" never fails for b = INT64_MAX, and ++x would overflow (found by
+    // tests/unit/recipe/fuzz_recipe.cpp: ranks = "9223372036854775807" grew until bad_alloc).
+    for (std::int64_t x = a;; ++x) {
+      out.push_back(x);
+      if (x == b) break;
+    }
     if (comma == std::string_view::npos) break;
     text.remove_prefix(comma + 1);
   }

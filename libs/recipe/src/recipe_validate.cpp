@@ -15,6 +15,7 @@
 
 #include "hp/core/dtype.h"
 #include "hp/core/optimizer.h"
+#include "hp/recipe/names.h"
 #include "hp/recipe/recipe.h"
 #include "hp/recipe/toml_writer.h"
 #include "toml_reader.h"
@@ -228,6 +229,36 @@ void check_layout(Checker& ck, const std::string& name, const Layout& l) {
   check_rank_list(ck, key + ".rank_list", l.rank_list);
 }
 
+// Names become paths (runs/<name>/...) and words of launcher files (mpirun app files, srun
+// --multi-prog), so they are identifiers: nothing a file system or a launcher would read as syntax.
+void check_identifier(Checker& ck, const std::string& key, const std::string& v) {
+  if (v.empty()) return;  // reported as empty by the caller
+  if (auto why = identifier_problem(v))
+    ck.fail(key, fmt::format("'{}' is not a valid name: {}", key, *why),
+            fmt::format("use up to {} letters, digits, '-', '_' and '.', not starting with '.'",
+                        kMaxNameLength));
+}
+
+// A recipe's group environment may not choose the code a rank loads (the dynamic loader's
+// variables, hp's own plugin and library paths) unless the user trusts it on the command line.
+void check_group_env(Checker& ck, const std::string& key, const Group& g) {
+  for (const auto& [k, v] : g.env) {
+    const std::string at = key + ".env." + toml_key(k);
+    if (!is_env_name(k))
+      ck.fail(at,
+              fmt::format("group '{}': '{}' is not a valid environment variable name", g.name, k),
+              "names are letters, digits and '_', not starting with a digit");
+    else if (is_loader_env(k) && !recipe_env_allowed(k))
+      ck.fail(at,
+              fmt::format("group '{}' sets {}, which chooses code the ranks load; a recipe may not "
+                          "set it",
+                          g.name, k),
+              fmt::format("if you trust this recipe, pass --allow-recipe-env {}", k));
+    if (v.find_first_of(std::string("\0\n\r", 3)) != std::string::npos)
+      ck.fail(at, fmt::format("group '{}': the value of {} holds a NUL or line break", g.name, k));
+  }
+}
+
 void check_groups(Checker& ck, const Recipe& r) {
   std::set<std::string> names;
   std::int64_t next = 0;  // MPMD app contexts are consecutive rank blocks, in order
@@ -235,6 +266,8 @@ void check_groups(Checker& ck, const Recipe& r) {
     const Group& g = r.groups[i];
     std::string key = fmt::format("groups[{}]", i);
     if (g.name.empty()) ck.fail(key + ".name", fmt::format("'{}.name' must not be empty", key));
+    check_identifier(ck, key + ".name", g.name);
+    check_group_env(ck, key, g);
     if (!names.insert(g.name).second)
       ck.fail(key + ".name", fmt::format("group '{}' appears twice", g.name));
     if (g.ranks.empty()) {
@@ -373,6 +406,7 @@ void check_train(Checker& ck, const Recipe& r) {
 std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where) {
   Checker ck{where, {}};
   if (r.name.empty()) ck.fail("recipe.name", "'recipe.name' must not be empty");
+  check_identifier(ck, "recipe.name", r.name);
   if (r.model.empty())
     ck.fail("recipe.model", "'recipe.model' must not be empty",
             "give the ONNX file, relative to the recipe");

@@ -6,6 +6,9 @@
 
 #include <toml++/toml.h>
 
+#include <limits>
+#include <set>
+
 #include "hp/core/fs.h"
 #include "hp/recipe/toml_writer.h"
 
@@ -56,6 +59,126 @@ struct Reader {
       if (const toml::table* t = e.as_table()) f(*t);
   }
 };
+
+// Degrees, counts and sizes are bounded like the recipe's (libs/recipe/src/recipe_validate.cpp), so
+// products of them cannot overflow and nothing read here sizes an allocation unchecked.
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 50;
+
+// Stage numbers and tags are ints: a value outside int's range reads as -1 (refused as a stage)
+// rather than wrapping into a valid-looking one.
+int small(std::int64_t v) {
+  return v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()
+             ? -1
+             : static_cast<int>(v);
+}
+
+// A partition file is a plain name inside the manifest's directory: no separators, no "..", no
+// absolute path, nothing hidden.
+bool plain_file_name(const std::string& f) {
+  if (f.empty() || f.front() == '.' || f.size() > 255) return false;
+  for (char c : f)
+    if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20) return false;
+  return true;
+}
+
+// What the runtime assumes of a manifest (libs/job/src/sharded.cpp: rank_inputs, assemble_outputs,
+// run_rank) checked once here: every coordinate within its degree, every rank and stage number
+// within the counts, no rank entry twice, shapes bounded and their tensor maps on the mesh.
+void check_manifest(const Manifest& m, const std::string& file, std::vector<Diagnostic>& out) {
+  auto fail = [&](std::string msg) { out.push_back({file, "manifest: " + std::move(msg), ""}); };
+  bool counts_ok = true;
+  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"dp", m.dp},
+                        {"tp", m.tp},
+                        {"pp", m.pp},
+                        {"micro_batches", m.micro_batches},
+                        {"virtual_stages", m.virtual_stages}})
+    if (v < 1 || v > kMaxCount) {
+      fail(fmt::format("{} = {} (must be 1..{})", key, v, kMaxCount));
+      counts_ok = false;
+    }
+  if (!counts_ok) return;  // everything below multiplies them
+  const std::int64_t world = m.dp * m.tp * m.pp;
+  const std::int64_t stages = m.pp * m.virtual_stages;
+  if (world > kMaxCount || stages > kMaxCount)
+    return fail(
+        fmt::format("dp*tp*pp = {} ranks, {} stages (at most {} each)", world, stages, kMaxCount));
+  // The stage mesh is [dp, tp] (hp/shard/shard.h).
+  std::int64_t devices = 1;
+  for (auto d : m.device_matrix) {
+    if (d < 1 || d > kMaxCount) return fail(fmt::format("device_matrix has an axis of {}", d));
+    devices *= d;
+    if (devices > kMaxCount) return fail("device_matrix has too many devices");
+  }
+  if (m.device_matrix.size() != m.alias_name.size())
+    fail(fmt::format("device_matrix has {} axes but alias_name has {}", m.device_matrix.size(),
+                     m.alias_name.size()));
+  if (devices != m.dp * m.tp)
+    fail(fmt::format("device_matrix holds {} devices but dp*tp is {}", devices, m.dp * m.tp));
+  std::set<std::pair<std::int64_t, int>> seen;
+  for (const auto& r : m.ranks) {
+    if (r.rank < 0 || r.rank >= world)
+      fail(fmt::format("rank {} is outside 0..{}", r.rank, world - 1));
+    if (r.stage < 0 || r.stage >= stages)
+      fail(fmt::format("rank {} names stage {}, there are {}", r.rank, r.stage, stages));
+    else if (r.dp < 0 || r.dp >= m.dp || r.tp < 0 || r.tp >= m.tp || r.pp < 0 || r.pp >= stages)
+      fail(fmt::format("rank {} has coordinates dp={} tp={} pp={} outside dp={} tp={} pp={}",
+                       r.rank, r.dp, r.tp, r.pp, m.dp, m.tp, stages));
+    else if (r.stage % m.pp != r.pp % m.pp)  // pp is the stage's, with virtual stages
+      fail(fmt::format("rank {} runs stage {} but its pipeline coordinate is {}", r.rank, r.stage,
+                       r.pp));
+    if (!seen.emplace(r.rank, r.stage).second)
+      fail(fmt::format("rank {} lists stage {} twice", r.rank, r.stage));
+    if (!plain_file_name(r.file))
+      fail(fmt::format("rank {}'s file '{}' is not a plain file name in the manifest's directory",
+                       r.rank, r.file));
+  }
+  // Whether the table is complete is the recipe's question (attach_manifest compares the rank
+  // count; run_rank wants every chunk of its rank): here, only that no entry is out of bounds.
+  if (static_cast<std::int64_t>(m.ranks.size()) > world * m.virtual_stages)
+    fail(fmt::format("the rank table has {} entries; dp*tp*pp = {} ranks with {} chunk(s) each",
+                     m.ranks.size(), world, m.virtual_stages));
+  for (const auto& g : m.groups)
+    for (auto r : g.members)
+      if (r < 0 || r >= world) fail(fmt::format("group '{}' names rank {}", g.name, r));
+  for (const auto& st : m.stages) {
+    if (st.index < 0 || st.index >= stages)
+      fail(fmt::format("stage index {} is outside 0..{}", st.index, stages - 1));
+    for (auto r : st.ranks)
+      if (r < 0 || r >= world) fail(fmt::format("stage {} names rank {}", st.index, r));
+  }
+  for (const auto& b : m.boundaries)
+    if (b.from_stage < 0 || b.from_stage >= stages || b.to_stage < 0 || b.to_stage >= stages)
+      fail(fmt::format("boundary '{}' joins stages {} and {}; there are {}", b.tensor, b.from_stage,
+                       b.to_stage, stages));
+  for (const auto& [name, v] : m.dims)
+    if (v < 1) fail(fmt::format("dim '{}' = {} (must be >= 1)", name, v));
+  const std::set<std::string> axes(m.alias_name.begin(), m.alias_name.end());
+  auto layouts = [&](const std::vector<ManifestLayout>& v) {
+    for (const auto& l : v) {
+      std::int64_t n = 1;
+      for (auto d : l.shape) {
+        if (d < 0 || (d > 0 && n > kMaxElements / d)) {
+          fail(fmt::format("'{}' has a shape with dim {} (at most {} elements in all)", l.tensor, d,
+                           kMaxElements));
+          break;
+        }
+        n *= d;
+      }
+      if (l.batched && l.shape.empty()) fail(fmt::format("'{}' is batched but a scalar", l.tensor));
+      for (const auto& dim : l.tensor_map)
+        for (const auto& a : dim)
+          if (!axes.count(a))
+            fail(fmt::format("'{}' is split over unknown axis '{}'", l.tensor, a));
+      for (const auto& a : l.partial)
+        if (!axes.count(a))
+          fail(fmt::format("'{}' is partial over unknown axis '{}'", l.tensor, a));
+    }
+  };
+  layouts(m.inputs);
+  layouts(m.outputs);
+  layouts(m.layouts);
+}
 
 }  // namespace
 
@@ -142,7 +265,7 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   Manifest m;
   const toml::table* head = root.get_as<toml::table>("manifest");
   if (!head) return Error(Errc::bad_input, "manifest: missing [manifest] table", display_path);
-  m.version = static_cast<int>(rd.get<std::int64_t>(*head, "version", 1));
+  m.version = small(rd.get<std::int64_t>(*head, "version", 1));
   if (m.version != 1)
     return Error(Errc::bad_input,
                  fmt::format("manifest: version {} is not supported (this hp reads 1)", m.version),
@@ -170,16 +293,19 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
   rd.each(root, "ranks", [&](const toml::table& t) {
     ManifestRank r;
     r.rank = rd.get<std::int64_t>(t, "rank", 0);
-    r.stage = static_cast<int>(rd.get<std::int64_t>(t, "stage", 0));
-    r.file = rd.get<std::string>(t, "file", "");
-    r.dp = rd.get<std::int64_t>(t, "dp", 0);
-    r.tp = rd.get<std::int64_t>(t, "tp", 0);
-    r.pp = rd.get<std::int64_t>(t, "pp", 0);
-    if (r.stage < 0 || r.stage >= m.pp * m.virtual_stages)
+    r.stage = small(rd.get<std::int64_t>(t, "stage", 0));
+    // Located here (the check after parsing knows only the file); the degrees may be anything yet.
+    const bool bounded =
+        m.pp >= 1 && m.pp <= kMaxCount && m.virtual_stages >= 1 && m.virtual_stages <= kMaxCount;
+    if (bounded && (r.stage < 0 || r.stage >= m.pp * m.virtual_stages))
       rd.problems.push_back({rd.at(t),
                              fmt::format("manifest: rank {} names stage {}, there are {}", r.rank,
                                          r.stage, m.pp * m.virtual_stages),
                              ""});
+    r.file = rd.get<std::string>(t, "file", "");
+    r.dp = rd.get<std::int64_t>(t, "dp", 0);
+    r.tp = rd.get<std::int64_t>(t, "tp", 0);
+    r.pp = rd.get<std::int64_t>(t, "pp", 0);
     m.ranks.push_back(r);
   });
   rd.each(root, "groups", [&](const toml::table& t) {
@@ -187,14 +313,13 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
                         rd.int_list(t, "members")});
   });
   rd.each(root, "stages", [&](const toml::table& t) {
-    m.stages.push_back({static_cast<int>(rd.get<std::int64_t>(t, "index", 0)),
-                        rd.int_list(t, "layers"), rd.int_list(t, "ranks")});
+    m.stages.push_back({small(rd.get<std::int64_t>(t, "index", 0)), rd.int_list(t, "layers"),
+                        rd.int_list(t, "ranks")});
   });
   rd.each(root, "boundaries", [&](const toml::table& t) {
-    m.boundaries.push_back({rd.get<std::string>(t, "tensor", ""),
-                            static_cast<int>(rd.get<std::int64_t>(t, "from_stage", 0)),
-                            static_cast<int>(rd.get<std::int64_t>(t, "to_stage", 0)),
-                            static_cast<int>(rd.get<std::int64_t>(t, "tag", 0))});
+    m.boundaries.push_back(
+        {rd.get<std::string>(t, "tensor", ""), small(rd.get<std::int64_t>(t, "from_stage", 0)),
+         small(rd.get<std::int64_t>(t, "to_stage", 0)), small(rd.get<std::int64_t>(t, "tag", 0))});
   });
   auto layouts = [&](const char* key, std::vector<ManifestLayout>& out) {
     rd.each(root, key, [&](const toml::table& t) {
@@ -226,6 +351,7 @@ Expected<Manifest> parse_manifest(std::string_view text, const std::string& disp
     r.steps = rd.str_list(t.get("steps"));
     m.redistributions.push_back(std::move(r));
   });
+  if (rd.problems.empty()) check_manifest(m, display_path, rd.problems);
   if (!rd.problems.empty()) return collect_errors(Errc::bad_input, std::move(rd.problems));
   return m;
 }

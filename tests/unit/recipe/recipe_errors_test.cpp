@@ -2,6 +2,8 @@
 // mistakes are all reported by one parse.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -488,4 +490,19 @@ TEST_CASE("recipe: [train] reads back, and its mistakes are located", "[recipe]"
     CHECK(has(doc.problems,
               "recipe.toml:12:", "the recipe has a [train] table but was planned for inference"));
   }
+}
+
+TEST_CASE("recipe: ranges ending at INT64_MAX stop there", "[recipe]") {
+  // Found by the recipe fuzz driver: the loop's "x <= b" never failed for b = INT64_MAX.
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  auto one = parse_ranges("9223372036854775807");
+  REQUIRE(one);
+  CHECK(*one == std::vector<std::int64_t>{kMax});
+  auto two = parse_ranges("9223372036854775806-9223372036854775807");
+  REQUIRE(two);
+  CHECK(*two == std::vector<std::int64_t>{kMax - 1, kMax});
+  RecipeDocument doc = parse_with(
+      "[parallel]\ndp = 1\ntp = 1\npp = 1\n[[groups]]\nname = \"g\"\n"
+      "ranks = \"9223372036854775807\"\nmodule = \"m.onnx\"\n");
+  CHECK_FALSE(doc.problems.empty());
 }

@@ -74,6 +74,7 @@ TEST_CASE("interleaved stages give every rank one partition per model chunk", "[
   CHECK(m.stages.size() == 4);
   CHECK(m.stages[2].ranks == m.stages[0].ranks);  // virtual stage 2 is chunk 1 of stage 0's ranks
   auto back = parse_manifest(format_manifest(m), "m.toml");
+  INFO((back.ok() ? std::string() : back.error().str()));
   REQUIRE(back.ok());
   CHECK(*back == m);
   auto w = write_partitions(**p, dir / "parts");

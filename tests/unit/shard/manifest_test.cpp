@@ -107,3 +107,54 @@ TEST_CASE("malformed manifests are located errors", "[shard][manifest]") {
   CHECK(parse_manifest("[manifest]\nversion = 2\n", "m.toml").error().message().find("version 2") !=
         std::string::npos);
 }
+
+TEST_CASE("values edited in a real manifest are checked against its own degrees and directory",
+          "[shard][manifest]") {
+  auto p = prepare(shard_test::recipe_file("gpt2-dp2-tp2-pp2"));
+  REQUIRE(p.ok());
+  const Manifest good = make_manifest(**p);
+  REQUIRE(parse_manifest(format_manifest(good), "m.toml").ok());
+  auto refused = [](const Manifest& m, const std::string& why) {
+    auto back = parse_manifest(format_manifest(m), "m.toml");
+    REQUIRE_FALSE(back.ok());
+    INFO(back.error().str());
+    CHECK(back.error().str().find(why) != std::string::npos);
+  };
+  Manifest m = good;
+  m.ranks[1].tp = 9;
+  refused(m, "rank 1 has coordinates dp=0 tp=9 pp=0 outside dp=2 tp=2 pp=2");
+  m = good;
+  m.ranks[2].file = "../../etc/passwd";
+  refused(m, "rank 2's file '../../etc/passwd' is not a plain file name");
+  m = good;
+  m.ranks[3].file = "/etc/passwd";
+  refused(m, "is not a plain file name");
+  m = good;
+  m.dp = 65536;
+  refused(m, "device_matrix holds 4 devices but dp*tp is 131072");
+  m = good;
+  m.tp = std::int64_t{1} << 40;
+  refused(m, "tp = 1099511627776 (must be 1..1048576)");
+  m = good;
+  m.ranks[0].rank = 8;
+  refused(m, "rank 8 is outside 0..7");
+  m = good;
+  m.ranks.push_back(m.ranks[0]);
+  refused(m, "rank 0 lists stage 0 twice");
+  m = good;
+  REQUIRE_FALSE(m.inputs.empty());
+  m.inputs[0].shape[0] = std::int64_t{1} << 40;
+  m.inputs[0].shape.back() = std::int64_t{1} << 40;
+  refused(m, "at most 1125899906842624 elements");
+  m = good;
+  m.groups[0].members.push_back(-1);
+  refused(m, "names rank -1");
+  // A stage number beyond int reads as -1, not as a wrapped valid stage.
+  std::string text = format_manifest(good);
+  auto at = text.find("stage = 1\n");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 10, "stage = 4294967297\n");
+  auto wrapped = parse_manifest(text, "m.toml");
+  REQUIRE_FALSE(wrapped.ok());
+  CHECK(wrapped.error().str().find("names stage -1") != std::string::npos);
+}

@@ -46,6 +46,9 @@ struct ShardedRunOptions {
   /// Empty: no offload.
   const recipe::Recipe* recipe = nullptr;
   std::vector<std::filesystem::path> plugin_paths;
+  /// The longest a rank waits for a peer (a deadlock ends in an error after it); 0 = 60 s. The
+  /// --timeout of `hp verify --simulate`.
+  double timeout_s = 0;
 };
 
 /// When a compute action ran, relative to the start of the schedule (all ranks start it together,

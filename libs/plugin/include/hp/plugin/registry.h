@@ -32,6 +32,14 @@ struct SearchOptions {
   bool use_build_dir = true;                        ///< the build-tree dir baked in at compile time
   std::filesystem::path build_dir;  ///< overrides the compiled-in build-tree dir when not empty
   std::vector<std::string> open_options;  ///< "key=value" strings passed to every plugin's open
+  /// Backend names to load from the search directories; empty = all of them. A run that names its
+  /// backend loads only that one (and cpu, the reference), so a broken plugin it does not use
+  /// cannot take it down. Files named with --plugin-path FILE are always tried.
+  std::vector<std::string> only;
+  /// Try each candidate in a forked child first and load it here only when the child survived:
+  /// `hp devices` and auto-selection probe every plugin, and one that crashes while loading is
+  /// reported (Verdict::crashed) instead of killing hp.
+  bool isolate = false;
 };
 
 /// Why a candidate file did not become a usable backend.
@@ -44,6 +52,7 @@ enum class Verdict {
   unavailable,   ///< vendor runtime / driver / device missing (dlopen dependency or open)
   open_failed,   ///< open failed for another reason
   no_devices,    ///< opened but reports zero devices
+  crashed,       ///< the process trying it died (SIGSEGV, abort, exit) while loading or opening
 };
 
 const char* verdict_name(Verdict v);  ///< "loaded", "not a shared library", ...

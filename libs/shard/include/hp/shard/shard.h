@@ -31,6 +31,10 @@ struct ShardOptions {
   std::filesystem::path out_dir;  ///< where the per-rank ONNX files and manifest go
   std::string explain;            ///< tensor to explain instead of writing partitions
   bool json = false;              ///< the report (-o) or the explanation (--explain) as JSON
+  /// Where the recipe's cluster preset is looked up; when set, the recipe passes the same static
+  /// checks as `hp verify --static` (recipe::check_recipe: cluster, ranks on it, model file)
+  /// before anything is partitioned.
+  std::vector<std::filesystem::path> preset_dirs;
 };
 
 struct ShardReport {
