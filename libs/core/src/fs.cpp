@@ -254,8 +254,10 @@ Status replace_output_dir(const fs::path& target,
   if (abs.filename().empty()) abs = abs.parent_path();
   const fs::path parent = abs.parent_path();
   std::error_code ec;
-  if (!fs::is_directory(parent, ec))
-    return Error(Errc::bad_input, "the parent directory does not exist", parent.string());
+  fs::create_directories(parent, ec);
+  if (ec || !fs::is_directory(parent, ec))
+    return Error(Errc::runtime, fmt::format("cannot create the parent directory: {}", ec.message()),
+                 parent.string());
   remove_stale_temporaries(parent);
   const std::string name = abs.filename().string();
   const fs::path tmp = parent / fmt::format(".{}.hp-tmp-{}", name, ::getpid());

@@ -79,7 +79,10 @@ struct Supervisor {
       return;
     }
     log_of(rank) << body << '\n' << std::flush;
-    if (first_error_rank < 0 && body.rfind("hp: error:", 0) == 0) {
+    // A rank that mpirun stopped because another failed says "interrupted by SIGTERM": not the
+    // cause.
+    if (first_error_rank < 0 && body.rfind("hp: error:", 0) == 0 &&
+        body.rfind("hp: error: interrupted by ", 0) != 0) {
       first_error_rank = rank;
       first_error = body;
     }

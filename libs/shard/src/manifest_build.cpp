@@ -205,6 +205,7 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
               : std::string("not written (the model has no weight data; shapes only)"));
   for (const auto& n : p.prop.notes) rep.summary += "  note: " + n + "\n";
   written.push_back("manifest.toml");
+  written.push_back(kOutputMarker);
   nlohmann::ordered_json j{{"dir", out_dir.string()},
                            {"dp", m.dp},
                            {"tp", m.tp},
