@@ -24,8 +24,12 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("target", opts->target, "RECIPE.toml or MODEL.onnx")->required();
   sub->add_option("--inputs", opts->inputs, "directory of input_K.pb tensors");
   sub->add_option("--outputs", opts->outputs,
-                  "directory to write output_K.pb tensors (replaced atomically); MODEL.onnx "
-                  "without it: print each output's shape, range and first values");
+                  "directory to write output_K.pb tensors (replaced atomically, only if it is "
+                  "hp's own earlier output); MODEL.onnx without it: print each output's shape, "
+                  "range and first values");
+  sub->add_flag("--force", opts->force,
+                "let --outputs replace a directory that is not hp's own earlier output (never "
+                "the inputs or the working directory)");
   sub->add_option("--backend", opts->backend,
                   "cpu, cuda or ascend (default: best available; MODEL.onnx, or training: cpu)");
   sub->add_option("--threads", opts->threads,

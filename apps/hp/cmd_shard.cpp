@@ -14,7 +14,12 @@ void add_shard_command(CLI::App& app, Context& ctx) {
   CLI::App* sub =
       app.add_subcommand("shard", "derive per-rank slices and write per-rank model partitions");
   sub->add_option("recipe", opts->recipe, "recipe to partition")->required();
-  sub->add_option("-o,--output", opts->out_dir, "output directory (written atomically)");
+  sub->add_option("-o,--output", opts->out_dir,
+                  "output directory (written atomically; replaces only an earlier hp shard "
+                  "output)");
+  sub->add_flag("--force", opts->force,
+                "let -o replace a directory that is not an earlier hp shard output (never the "
+                "recipe, the model or the working directory)");
   sub->add_option("--explain", opts->explain,
                   "print one tensor's layout, every rank's slice and its redistributions");
   sub->add_flag("--json", opts->json,

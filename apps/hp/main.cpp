@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 
 #include "commands.h"
+#include "hp/core/interrupt.h"
 #include "hp/core/version.h"
 #include "hp/recipe/names.h"
 
@@ -128,6 +129,8 @@ int run(int argc, char** argv) {
 }  // namespace hp::cli
 
 int main(int argc, char** argv) {
+  // SIGINT/SIGTERM/SIGHUP remove hp's temporaries and exit 5 with a message (hp/core/interrupt.h).
+  hp::install_interrupt_handlers();
   try {
     return hp::cli::run(argc, argv);
   } catch (const std::exception& e) {

@@ -8,7 +8,9 @@
 //   - faults: a crashing rank, a rank hanging past --timeout, a missing plugin on one group's
 //   backend:
 //     each ends the whole job within seconds with a clear message and the documented exit code, and
-//     leaves no rank process behind.
+//     leaves no rank process behind;
+//   - interrupts: SIGTERM to hp stops mpirun and the ranks and exits 5 with the reason; SIGKILL of
+//     hp leaves no process of the job alive 10 s later (mpirun's PR_SET_PDEATHSIG).
 #include <catch2/catch.hpp>
 
 #include "mpi_test_util.h"
@@ -24,7 +26,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "hp/exec/tensor.h"
 #include "hp/plugin/hp_plugin.h"
@@ -330,4 +335,100 @@ TEST_CASE("mpi launch: a missing plugin on one group's backend stops the job as 
   CHECK(r.out.find("last lines of") != std::string::npos);
   CHECK(r.seconds < 30);
   CHECK(no_rank_left(f.d.path / "run"));
+}
+
+namespace {
+
+// Starts `hp ARGS` in the background with its output in `log`; returns hp's PID (the shell execs
+// it).
+pid_t start_hp(const std::string& args, const fs::path& log) {
+  const std::string cmd =
+      "exec " + std::string(HP_EXE) + " " + args + " >" + log.string() + " 2>&1 </dev/null";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The live (not zombie) processes whose command line names `run`: mpirun (its app file lives
+// there) and every rank (--run-dir).
+std::vector<long> job_processes(const fs::path& run) {
+  std::vector<long> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    std::string c((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (c.find(run.string()) == std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string s;
+    std::getline(stat, s);
+    const auto close = s.rfind(')');
+    if (close != std::string::npos && s.substr(close + 2, 1) == "Z") continue;
+    found.push_back(std::stol(name));
+  }
+  return found;
+}
+
+// Waits up to `seconds` for `pred`.
+template <class F>
+bool wait_for(double seconds, F pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    ::usleep(50 * 1000);
+  }
+  return pred();
+}
+
+// A TP=2 job whose ranks hang, started in the background; returns hp's PID once both ranks run.
+pid_t start_hanging_job(Fixture& f, const fs::path& log) {
+  write_tp(f.p, 0, f.d.path / "tp0.onnx");
+  write_tp(f.p, 1, f.d.path / "tp1.onnx");
+  write_recipe(f.d.path / "tp.toml", "dp = 1\ntp = 2\npp = 1", "tp0.onnx", "tp1.onnx",
+               "HP_TEST_FAULT = \"hang\"");
+  const pid_t pid = start_hp(f.launch("tp.toml", "--timeout 300"), log);
+  const bool started = wait_for(60, [&] {
+    std::error_code ec;
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(f.d.path / "run" / "pids", ec)) n += e.exists();
+    return n == 2 && job_processes(f.d.path / "run").size() >= 3;
+  });
+  REQUIRE(started);
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("mpi launch: SIGTERM to hp stops mpirun and every rank, exit 5 with the reason",
+          "[mpi][fault]") {
+  Fixture f("sigterm");
+  const fs::path log = f.d.path / "hp.log";
+  const pid_t pid = start_hanging_job(f, log);
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  const bool exited = wait_for(10, [&] { return ::waitpid(pid, &st, WNOHANG) == pid; });
+  if (!exited) ::kill(pid, SIGKILL);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(out);
+  REQUIRE(exited);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 5);
+  CHECK(out.find("hp: error: ") != std::string::npos);
+  CHECK(out.find("interrupted by SIGTERM; stopped 2 ranks of 2 and mpirun") != std::string::npos);
+  CHECK(job_processes(f.d.path / "run").empty());
+}
+
+TEST_CASE("mpi launch: SIGKILL of hp leaves no process of the job alive 10 s later",
+          "[mpi][fault]") {
+  Fixture f("sigkill");
+  const pid_t pid = start_hanging_job(f, f.d.path / "hp.log");
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  CHECK(wait_for(10, [&] { return job_processes(f.d.path / "run").empty(); }));
 }

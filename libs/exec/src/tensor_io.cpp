@@ -286,29 +286,19 @@ Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& d
 }
 
 Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<HostTensor>& tensors,
-                        const std::string& prefix) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", dir.filename().string(), ::getpid());
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec) && ec)
-    return Error(Errc::runtime, fmt::format("cannot create a directory: {}", ec.message()),
-                 tmp.string());
-  for (std::size_t k = 0; k < tensors.size(); ++k) {
-    Status st = write_tensor_file(tmp / fmt::format("{}_{}.pb", prefix, k), tensors[k]);
-    if (!st) {
-      fs::remove_all(tmp, ec);
-      return st;
-    }
-  }
-  fs::remove_all(dir, ec);
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    fs::remove_all(tmp, ec);
-    return Error(Errc::runtime, "cannot move the outputs into place", dir.string());
-  }
-  return {};
+                        const std::string& prefix, const OutputDirOptions& o) {
+  OutputDirOptions opts = o;
+  if (opts.writer.empty()) opts.writer = "hp";
+  // Tensor folders written before the marker existed hold only <prefix>_K.pb files.
+  opts.legacy.push_back(prefix + "_*.pb");
+  return replace_output_dir(
+      dir,
+      [&](const std::filesystem::path& tmp) -> Status {
+        for (std::size_t k = 0; k < tensors.size(); ++k)
+          HP_TRY(write_tensor_file(tmp / fmt::format("{}_{}.pb", prefix, k), tensors[k]));
+        return {};
+      },
+      opts);
 }
 
 Expected<std::vector<HostTensor>> read_initializers(const std::filesystem::path& model) {

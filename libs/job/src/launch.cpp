@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <regex>
 
 #include "hp/core/fs.h"
+#include "hp/core/interrupt.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
 #include "hp/job/launcher.h"
@@ -85,20 +87,44 @@ Status prune_runs(const std::filesystem::path& current) {
   return {};
 }
 
+namespace {
+constexpr const char* kKeptMark = ".hp-kept";
+}  // namespace
+
 TempDir::TempDir() {
-  path = std::filesystem::temp_directory_path() /
-         fmt::format("hp-verify-{}-{}", ::getpid(),
-                     std::chrono::steady_clock::now().time_since_epoch().count());
-  std::filesystem::create_directories(path);
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path();
+  // Scratch directories of verify runs that were SIGKILLed (their PID is gone) go first.
+  static const std::regex stale(R"(hp-verify-(\d{1,9})-\d+)");
+  std::error_code ec;
+  std::vector<fs::path> gone;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, stale) && process_gone(std::stol(m[1])) &&
+        !fs::exists(it->path() / kKeptMark, ec))
+      gone.push_back(it->path());
+  }
+  for (const auto& g : gone) fs::remove_all(g, ec);
+  path = root / fmt::format("hp-verify-{}-{}", ::getpid(),
+                            std::chrono::steady_clock::now().time_since_epoch().count());
+  fs::create_directories(path);
+  on_signal = std::make_unique<TemporaryGuard>(path);
 }
 
 TempDir::~TempDir() {
-  if (keep) return;
   std::error_code ec;
+  // A failed job's directory stays for inspection (marked so that no later run sweeps it), but
+  // not one of a run the user interrupted.
+  if (keep && interrupted_signal() == 0) {
+    std::ofstream(path / kKeptMark) << "kept by hp verify for inspection\n";
+    return;
+  }
   std::filesystem::remove_all(path, ec);
 }
 
 Error with_kept_dir(Error e, const std::filesystem::path& dir) {
+  if (interrupted_signal() != 0) return e;  // ~TempDir removes it
   e.what.hint += fmt::format("{}the run directory {} is kept for inspection",
                              e.what.hint.empty() ? "" : "; ", dir.string());
   return e;
@@ -277,6 +303,8 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
 
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
+    // A rank must not outlive its launcher: if mpirun (or orted) dies, even by SIGKILL, it stops.
+    start_parent_watchdog();
     // A rank of a training job trains (train_run.h); any other rank runs its forward schedule.
     if (auto job = load_job(o.target, o.preset_dirs); job && job->recipe.train)
       return launch_train(*job, o);
@@ -308,6 +336,11 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     return Error(Errc::usage,
                  "--backend applies to MODEL.onnx; a recipe sets 'backend' per [[groups]] entry");
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
+  // --outputs is checked now, not after the job: it must never be an input, the run directory or
+  // a directory of the user's (docs/hardening.md, "Output directories and signals").
+  OutputDirOptions guard{"hp launch", {o.target, o.inputs, o.shard_dir}, {jo.run_dir}, {}, o.force};
+  for (const auto& g : job.groups()) guard.inputs.push_back(job.module_path(g));
+  if (!o.outputs.empty()) HP_TRY(check_output_dir(o.outputs, guard));
   LaunchReport r;
   if (o.dry_run) {
     // The printed command reads the app file, so it is written: the command runs as printed.
@@ -390,7 +423,7 @@ Expected<LaunchReport> launch_job(Job& job, const LaunchOptions& o) {
     auto outs =
         sharded ? gather_sharded_outputs(job, jo.run_dir, ran->ranks) : gather_outputs(*rec, plan);
     if (!outs) return std::move(outs).error();
-    HP_TRY(write_tensor_dir(o.outputs, *outs));
+    HP_TRY(write_tensor_dir(o.outputs, *outs, "output", guard));
     r.summary += fmt::format("wrote {} output{} to {}\n", outs->size(),
                              outs->size() == 1 ? "" : "s", o.outputs.string());
     j["outputs_dir"] = o.outputs.string();
@@ -421,6 +454,8 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
                  o.target.string(),
                  "`hp plan MODEL -o RECIPE.toml` writes a recipe that shards it over ranks");
   if (!o.mpi_args.empty()) return Error(Errc::usage, "--mpi-args applies to a recipe (mpirun)");
+  const OutputDirOptions guard{"hp launch", {o.target, o.inputs}, {}, {}, o.force};
+  if (!o.outputs.empty()) HP_TRY(check_output_dir(o.outputs, guard));
   HP_ASSIGN_OR_RETURN(
       auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
   // --steps N: the same inputs N times; the median is the figure to quote (the first run pays for
@@ -435,7 +470,7 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
     secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     outs = std::move(*got);
   }
-  if (!o.outputs.empty()) HP_TRY(write_tensor_dir(o.outputs, outs));
+  if (!o.outputs.empty()) HP_TRY(write_tensor_dir(o.outputs, outs, "output", guard));
   LaunchReport r;
   r.stats = p.exec->stats();
   r.summary = stats_line(r.stats, p.backends.primary->name());

@@ -8,11 +8,13 @@
 // Timeouts: mpirun's --timeout ends the ranks; if mpirun itself is still alive a few seconds after
 // the limit, hp sends SIGTERM to its process group, then SIGKILL, then SIGKILLs the rank PIDs the
 // workers recorded under RUN/pids (ranks may live in their own process groups), so nothing is left
-// behind.
+// behind. SIGINT/SIGTERM/SIGHUP to hp are forwarded the same way (SIGKILL after a few seconds);
+// mpirun itself dies with hp (PR_SET_PDEATHSIG), and each rank with mpirun (worker.h's watchdog).
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,8 +27,10 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <vector>
 
 #include "hp/core/fs.h"
+#include "hp/core/interrupt.h"
 #include "hp/job/launcher.h"
 
 namespace hp::job {
@@ -75,7 +79,10 @@ struct Supervisor {
       return;
     }
     log_of(rank) << body << '\n' << std::flush;
-    if (first_error_rank < 0 && body.rfind("hp: error:", 0) == 0) {
+    // A rank that mpirun stopped because another failed says "interrupted by SIGTERM": not the
+    // cause.
+    if (first_error_rank < 0 && body.rfind("hp: error:", 0) == 0 &&
+        body.rfind("hp: error: interrupted by ", 0) != 0) {
       first_error_rank = rank;
       first_error = body;
     }
@@ -141,9 +148,10 @@ Errc errc_of_exit(int rc) {
   }
 }
 
-// SIGKILLs the ranks that recorded their PID under RUN/pids and still run -- only processes whose
-// command line names this run directory, so a PID reused by an unrelated process is left alone.
-void kill_recorded_ranks(const fs::path& run_dir) {
+// The ranks that recorded their PID under RUN/pids and still run -- only processes whose command
+// line names this run directory, so a PID reused by an unrelated process is left alone.
+std::vector<pid_t> recorded_ranks(const fs::path& run_dir) {
+  std::vector<pid_t> pids;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run_dir / "pids", ec)) {
     std::ifstream in(e.path());
@@ -154,8 +162,14 @@ void kill_recorded_ranks(const fs::path& run_dir) {
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     if (cmdline.find("--worker") != std::string::npos &&
         cmdline.find(run_dir.string()) != std::string::npos)
-      ::kill(static_cast<pid_t>(pid), SIGKILL);
+      pids.push_back(static_cast<pid_t>(pid));
   }
+  return pids;
+}
+
+// SIGKILLs the recorded ranks that still run.
+void kill_recorded_ranks(const fs::path& run_dir) {
+  for (pid_t pid : recorded_ranks(run_dir)) ::kill(pid, SIGKILL);
 }
 
 }  // namespace
@@ -192,10 +206,18 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   int out_pipe[2], err_pipe[2];
   if (::pipe(out_pipe) || ::pipe(err_pipe)) return Error(Errc::runtime, "pipe() failed");
   const auto start = Clock::now();
+  // From here a SIGINT/SIGTERM is only recorded: the loop below stops the job and returns.
+  const InterruptSupervision supervise;
+  const pid_t hp_pid = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) return Error(Errc::runtime, "fork() failed");
   if (pid == 0) {
     ::setpgid(0, 0);
+    // If hp dies, even by SIGKILL, mpirun gets SIGTERM and stops its ranks (docs/hardening.md,
+    // "Output directories and signals"); the check closes the race with a parent that died
+    // before prctl.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != hp_pid) ::_exit(127);
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
     ::close(out_pipe[0]);
@@ -221,6 +243,11 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   bool out_open = true, err_open = true, timed_out = false;
   int term_stage = 0;
   const double grace = 5;  // mpirun's own --timeout acts first; hp steps in after this grace
+  // An interrupt: the signal goes to mpirun's group at once, SIGKILL follows after kStopGrace.
+  constexpr double kStopGrace = 3;
+  int interrupted = 0, irq_stage = 0;
+  std::size_t stopped = 0;
+  Clock::time_point irq_at;
   while (out_open || err_open) {
     pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0},
                      {err_open ? err_pipe[0] : -1, POLLIN, 0}};
@@ -230,6 +257,24 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
         out_open = pump(out_pipe[0], out_buf, false, sup);
       if (err_open && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)))
         err_open = pump(err_pipe[0], err_buf, true, sup);
+    }
+    if (const int sig = interrupted_signal(); sig != 0 && irq_stage == 0) {
+      interrupted = sig;
+      stopped = recorded_ranks(plan.run_dir).size();
+      ::kill(-pid, sig);
+      irq_at = Clock::now();
+      irq_stage = 1;
+    }
+    if (irq_stage > 0) {
+      const double since = std::chrono::duration<double>(Clock::now() - irq_at).count();
+      if (irq_stage == 1 && since > kStopGrace) {
+        ::kill(-pid, SIGKILL);
+        kill_recorded_ranks(plan.run_dir);
+        irq_stage = 2;
+      } else if (irq_stage == 2 && since > kStopGrace + 2) {
+        break;  // pipes held open by something we cannot kill: stop reading
+      }
+      continue;
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (o.timeout_s > 0 && elapsed > o.timeout_s + grace && term_stage == 0) {
@@ -253,6 +298,15 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.ranks = plan.total_ranks;
   report.log_dir = log_dir;
+  if (interrupted != 0) {
+    ::kill(-pid, SIGKILL);  // whatever of mpirun's group is left
+    kill_recorded_ranks(plan.run_dir);
+    return Error(
+        Errc::runtime,
+        fmt::format("interrupted by {}; stopped {} rank{} of {} and mpirun",
+                    signal_name(interrupted), stopped, stopped == 1 ? "" : "s", plan.total_ranks),
+        o.recipe.string(), fmt::format("rank logs: {}/rank-N.log", log_dir.string()));
+  }
   if (rc == 0 && !timed_out && sup.first_error_rank < 0) return report;
   // Ranks left over from a failed job (mpirun normally reaps them; this covers ranks it lost).
   kill_recorded_ranks(plan.run_dir);

@@ -3,7 +3,10 @@
 // group's own module (worker.cpp).
 #pragma once
 
+#include <memory>
+
 #include "hp/comm/comm.h"
+#include "hp/core/interrupt.h"
 #include "hp/exec/backends.h"
 #include "hp/job/job.h"
 #include "hp/job/launch.h"
@@ -28,10 +31,12 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 /// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit unless
 /// `keep` is set (hp verify keeps a failed job's run directory: its error points at the logs
-/// there).
+/// there), and by the interrupt handler on SIGINT/SIGTERM (hp/core/interrupt.h). Creating one
+/// first removes those of processes that are gone (a SIGKILLed verify).
 struct TempDir {
   std::filesystem::path path;
   bool keep = false;
+  std::unique_ptr<TemporaryGuard> on_signal;
   TempDir();
   ~TempDir();
   TempDir(const TempDir&) = delete;

@@ -159,71 +159,40 @@ Manifest make_manifest(const Prepared& p) {
   return m;
 }
 
-Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_dir) {
-  std::error_code ec;
-  fs::path target = fs::absolute(out_dir, ec);
-  if (target.filename().empty()) target = target.parent_path();
-  if (fs::exists(target, ec) &&
-      (!fs::is_directory(target, ec) ||
-       (!fs::is_empty(target, ec) && !fs::exists(target / "manifest.toml", ec))))
-    return Error(Errc::bad_input,
-                 "exists and is not an earlier 'hp shard' output; not replacing it",
-                 out_dir.string(), "choose another -o directory");
-  fs::path parent = target.parent_path();
-  if (!fs::is_directory(parent, ec))
-    return Error(Errc::bad_input, "the parent directory does not exist", parent.string());
-  fs::path tmp = parent / fmt::format(".{}.hp-tmp-{}", target.filename().string(), ::getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directory(tmp, ec);
-  if (ec)
-    return Error(Errc::runtime,
-                 fmt::format("cannot create a temporary directory: {}", ec.message()),
-                 tmp.string());
-  auto fail = [&](Error e) {
-    std::error_code ignore;
-    fs::remove_all(tmp, ignore);
-    return e;
-  };
+Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_dir,
+                                       const OutputDirOptions& guard) {
+  OutputDirOptions o = guard;
+  if (o.writer.empty()) o.writer = "hp shard";
+  // Never over the model the partitions come from (nor a directory holding it).
+  o.inputs.push_back(p.model_path);
+  // Shard directories written before the marker existed hold only these.
+  o.legacy = {"manifest.toml", "rank*.onnx", "rank*.onnx.data"};
   int files = 0, comm = 0, sends = 0;
   std::vector<std::string> written;
   std::int64_t weight_bytes = 0;
   bool weights = true;
-  for (const auto& st : p.plan.stages)
-    for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
-      auto part = build_partition(p.plan, st.index, static_cast<std::int64_t>(pos));
-      if (!part) return fail(std::move(part).error());
-      const std::string name =
-          rank_file(part->rank, part->stage, p.recipe.parallel.pp, chunks_of(p));
-      if (auto s = write_plain(tmp / name, part->onnx); !s) return fail(std::move(s).error());
-      written.push_back(name);
-      ++files;
-      comm += part->comm_nodes;
-      sends += part->sends;
-      weight_bytes += part->weight_bytes;
-      weights = weights && part->weights_written;
-    }
   Manifest m = make_manifest(p);
-  m.weights = weights;
-  if (auto s = write_plain(tmp / "manifest.toml", format_manifest(m)); !s)
-    return fail(std::move(s).error());
-  // Into place: an earlier output is moved aside first and removed only once the new one is there.
-  fs::path old = parent / fmt::format(".{}.hp-old-{}", target.filename().string(), ::getpid());
-  bool had = fs::exists(target, ec);
-  if (had) {
-    fs::rename(target, old, ec);
-    if (ec)
-      return fail(Error(Errc::runtime,
-                        fmt::format("cannot move the earlier output aside: {}", ec.message()),
-                        target.string()));
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ignore;
-    if (had) fs::rename(old, target, ignore);
-    return fail(Error(Errc::runtime, fmt::format("cannot rename into place: {}", ec.message()),
-                      target.string()));
-  }
-  if (had) fs::remove_all(old, ec);
+  HP_TRY(replace_output_dir(
+      out_dir,
+      [&](const fs::path& tmp) -> Status {
+        for (const auto& st : p.plan.stages)
+          for (std::size_t pos = 0; pos < st.ranks.size(); ++pos) {
+            HP_ASSIGN_OR_RETURN(auto part,
+                                build_partition(p.plan, st.index, static_cast<std::int64_t>(pos)));
+            const std::string name =
+                rank_file(part.rank, part.stage, p.recipe.parallel.pp, chunks_of(p));
+            HP_TRY(write_plain(tmp / name, part.onnx));
+            written.push_back(name);
+            ++files;
+            comm += part.comm_nodes;
+            sends += part.sends;
+            weight_bytes += part.weight_bytes;
+            weights = weights && part.weights_written;
+          }
+        m.weights = weights;
+        return write_plain(tmp / "manifest.toml", format_manifest(m));
+      },
+      o));
   ShardReport rep;
   rep.summary = fmt::format(
       "wrote {} rank partitions (dp={} tp={} pp={}) and manifest.toml to {}\n"
@@ -236,6 +205,7 @@ Expected<ShardReport> write_partitions(const Prepared& p, const fs::path& out_di
               : std::string("not written (the model has no weight data; shapes only)"));
   for (const auto& n : p.prop.notes) rep.summary += "  note: " + n + "\n";
   written.push_back("manifest.toml");
+  written.push_back(kOutputMarker);
   nlohmann::ordered_json j{{"dir", out_dir.string()},
                            {"dp", m.dp},
                            {"tp", m.tp},

@@ -337,7 +337,10 @@ Expected<ShardReport> run(const ShardOptions& options) {
     HP_ASSIGN_OR_RETURN(auto text, explain(*p, options.explain, options.json));
     return ShardReport{std::move(text), {}};
   }
-  HP_ASSIGN_OR_RETURN(auto rep, write_partitions(*p, options.out_dir));
+  OutputDirOptions guard;
+  guard.force = options.force;
+  guard.inputs = {options.recipe};
+  HP_ASSIGN_OR_RETURN(auto rep, write_partitions(*p, options.out_dir, guard));
   if (options.json) rep.summary = rep.json + "\n";
   return rep;
 }

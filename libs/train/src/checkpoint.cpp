@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/core/fs.h"
+#include "hp/core/interrupt.h"
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/checkpoint.h"
 #include "initializer_bytes.h"
@@ -116,12 +117,23 @@ Error fs_error(const std::string& what, const fs::path& p, const std::error_code
 
 Status save_checkpoint(const model::Model& forward, const Checkpoint& c, const fs::path& dir) {
   HP_TRY(check_checkpoint(c));
+  // Only an earlier checkpoint is replaced: a directory holding anything else is the user's
+  // (docs/hardening.md, "Output directories and signals"). Checkpoints written before the marker
+  // hold only these files.
+  OutputDirOptions guard;
+  guard.writer = "hp launch --checkpoint";
+  guard.legacy = {kModel, std::string(kModel) + ".data", kOptimizer, kState};
+  HP_TRY(check_output_dir(dir, guard));
   std::error_code ec;
-  const fs::path tmp = aside_dir(dir, fmt::format("tmp-{}", ::getpid()).c_str());
+  const fs::path tmp = aside_dir(dir, fmt::format("hp-tmp-{}", ::getpid()).c_str());
+  remove_stale_temporaries(tmp.parent_path());
   fs::remove_all(tmp, ec);
+  const TemporaryGuard on_signal(tmp);
   if (!fs::create_directories(tmp, ec))
     return fs_error("cannot create the checkpoint directory", tmp, ec);
-  if (Status st = write_into(forward, c, tmp); !st) {
+  Status st = write_into(forward, c, tmp);
+  if (st) st = write_output_marker(tmp, guard.writer);
+  if (!st) {
     fs::remove_all(tmp, ec);
     return st;
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hp/core/expected.h"
+#include "hp/core/fs.h"
 
 namespace hp::exec {
 
@@ -78,10 +79,11 @@ Expected<std::vector<HostTensor>> read_initializers(const std::filesystem::path&
 /// Errc::bad_input when `dir` is not a directory.
 Expected<std::vector<HostTensor>> read_tensor_dir(const std::filesystem::path& dir,
                                                   const std::string& prefix);
-/// Writes `<dir>/output_K.pb` for every tensor, atomically as a whole: into a temporary sibling
-/// directory first, then renamed over `dir` (an existing `dir` is replaced only when all files
-/// wrote).
+/// Writes `<dir>/output_K.pb` for every tensor, atomically as a whole through replace_output_dir
+/// (hp/core/fs.h): an existing `dir` is replaced only when it is hp's own earlier output (or
+/// `o.force`), never when it is or holds one of `o.inputs`, and only once all files wrote.
+/// Errc::bad_input naming the foreign entry or the input otherwise.
 Status write_tensor_dir(const std::filesystem::path& dir, const std::vector<HostTensor>& tensors,
-                        const std::string& prefix = "output");
+                        const std::string& prefix = "output", const OutputDirOptions& o = {});
 
 }  // namespace hp::exec

@@ -20,8 +20,9 @@ struct LaunchOptions {
   std::filesystem::path target;   ///< RECIPE.toml or MODEL.onnx
   std::filesystem::path inputs;   ///< input_K.pb directory
   std::filesystem::path outputs;  ///< where output_K.pb are written
-  std::string backend;            ///< cpu|cuda|ascend; empty: best available
-  int threads = 0;                ///< 0: the cores available
+  bool force = false;   ///< --outputs may replace a directory that is not hp's own earlier output
+  std::string backend;  ///< cpu|cuda|ascend; empty: best available
+  int threads = 0;      ///< 0: the cores available
   bool dry_run = false;
   std::filesystem::path hostfile;
   double timeout_s = 0;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "hp/core/expected.h"
+#include "hp/core/fs.h"
 #include "hp/model/graph.h"
 #include "hp/model/layers.h"
 #include "hp/model/model.h"
@@ -35,6 +36,7 @@ struct ShardOptions {
   /// checks as `hp verify --static` (recipe::check_recipe: cluster, ranks on it, model file)
   /// before anything is partitioned.
   std::vector<std::filesystem::path> preset_dirs;
+  bool force = false;             ///< -o may replace a directory that is not hp's own output
 };
 
 struct ShardReport {
@@ -85,9 +87,13 @@ Status check_shardable(const recipe::Recipe& recipe, const std::filesystem::path
 /// The manifest of `p` (file names rank<R>.onnx).
 Manifest make_manifest(const Prepared& p);
 
-/// Writes every rank's partition and manifest.toml into `out_dir` atomically: a temporary sibling
-/// directory renamed into place, nothing left behind on error.
-Expected<ShardReport> write_partitions(const Prepared& p, const std::filesystem::path& out_dir);
+/// Writes every rank's partition and manifest.toml into `out_dir` atomically through
+/// replace_output_dir (hp/core/fs.h): a temporary sibling renamed into place, nothing left behind
+/// on error. An existing `out_dir` is replaced only when it is an earlier `hp shard` output (its
+/// .hp-output marker lists every entry) or `guard.force`; never when it is or holds the model or
+/// one of `guard.inputs`. Errc::bad_input naming the foreign entry otherwise.
+Expected<ShardReport> write_partitions(const Prepared& p, const std::filesystem::path& out_dir,
+                                       const OutputDirOptions& guard = {});
 
 /// The --explain text (or JSON) for one tensor; bad_input when the model has no such tensor.
 Expected<std::string> explain(const Prepared& p, const std::string& tensor, bool json);
