@@ -360,11 +360,11 @@ struct Evaluator {
     const Value* b = get(n, 1);
     if (!b) return std::nullopt;
     std::vector<std::int64_t> target = ints(*b);
-    for (auto d : target)
-      if (d < 0 || d > kMaxElems) return std::nullopt;
+    // The product, not just each dim, must be small before anything is allocated: [4096]*6 is
+    // 2^72 elements.
+    if (!small_shape(target)) return std::nullopt;
     Value shape_only{target, std::vector<double>(static_cast<std::size_t>(numel_of(target)), 0),
                      a.elem_type};
-    if (!small_shape(target)) return std::nullopt;
     return binary(a, shape_only, a.elem_type, [](double x, double) { return x; });
   }
 
