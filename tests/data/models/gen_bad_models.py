@@ -14,6 +14,7 @@ files"); the CLI case then checks that hp refuses the file with the cause and ex
   declared-dim      the token input declares a fixed dim of 2^62
   constant-oversized  a Constant declared as [2^31] floats holding 4 bytes
   reshape-2e31      a Reshape whose target shape is the constant [2^31]
+  empty-broadcast   Mul of an empty integer constant [0] with a [1] (shape arithmetic broadcasting)
   expand-huge       an Expand of a small integer constant to [4096, 4096, 4096] (2^36 elements)
   ext-offset-junk   one initializer moved to external data with offset "12abc"
   ext-length-junk   the same with length "8x"
@@ -77,6 +78,12 @@ elif kind == "reshape-2e31":
     g.initializer.append(shape)
     g.node.append(helper.make_node("Reshape", [g.output[0].name, "shape_2e31"], ["reshaped"]))
     g.output.append(helper.make_tensor_value_info("reshaped", TensorProto.FLOAT, None))
+elif kind == "empty-broadcast":
+    empty = TensorProto(name="e", data_type=TensorProto.INT64, dims=[0])
+    g.node.append(helper.make_node("Constant", [], ["empty"], value=empty))
+    g.node.append(helper.make_node("Constant", [], ["three"], value_ints=[3]))
+    g.node.append(helper.make_node("Mul", ["empty", "three"], ["product"]))
+    g.output.append(helper.make_tensor_value_info("product", TensorProto.INT64, None))
 elif kind == "expand-huge":
     g.node.append(helper.make_node("Constant", [], ["one"], value_ints=[1]))
     g.node.append(helper.make_node("Constant", [], ["huge_shape"], value_ints=[4096, 4096, 4096]))
