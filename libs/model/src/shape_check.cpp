@@ -23,6 +23,11 @@ Status check_node_schemas(const onnx::GraphProto& g,
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
     auto it = opsets.find(domain);
     if (it == opsets.end()) continue;  // a domain the model does not import: no schema to apply
+    // An opset newer than this libonnx knows may have changed the op (ReduceMean takes its axes
+    // as an input from opset 18); the older schema would refuse a valid node, so it is not applied.
+    const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+    auto range = known.find(domain);
+    if (range == known.end() || it->second > range->second.second) continue;
     const onnx::OpSchema* schema = registry.GetSchema(n.op_type(), it->second, domain);
     if (!schema) continue;  // unknown ops are reported by the op table, not here
     std::string label = n.name().empty() ? fmt::format("#{}", i) : "'" + n.name() + "'";
