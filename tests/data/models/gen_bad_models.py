@@ -15,6 +15,7 @@ files"); the CLI case then checks that hp refuses the file with the cause and ex
   constant-oversized  a Constant declared as [2^31] floats holding 4 bytes
   reshape-2e31      a Reshape whose target shape is the constant [2^31]
   empty-broadcast   Mul of an empty integer constant [0] with a [1] (shape arithmetic broadcasting)
+  seq-second-input  an Add reading a sequence through its second input (found by the fuzzer)
   expand-huge       an Expand of a small integer constant to [4096, 4096, 4096] (2^36 elements)
   ext-offset-junk   one initializer moved to external data with offset "12abc"
   ext-length-junk   the same with length "8x"
@@ -84,6 +85,11 @@ elif kind == "empty-broadcast":
     g.node.append(helper.make_node("Constant", [], ["three"], value_ints=[3]))
     g.node.append(helper.make_node("Mul", ["empty", "three"], ["product"]))
     g.output.append(helper.make_tensor_value_info("product", TensorProto.INT64, None))
+elif kind == "seq-second-input":
+    g.node.append(helper.make_node("Constant", [], ["three"], value_ints=[3]))
+    g.node.append(helper.make_node("SequenceConstruct", ["three"], ["seq"]))
+    g.node.append(helper.make_node("Add", ["three", "seq"], ["odd_sum"]))
+    g.output.append(helper.make_tensor_value_info("odd_sum", TensorProto.INT64, None))
 elif kind == "expand-huge":
     g.node.append(helper.make_node("Constant", [], ["one"], value_ints=[1]))
     g.node.append(helper.make_node("Constant", [], ["huge_shape"], value_ints=[4096, 4096, 4096]))
