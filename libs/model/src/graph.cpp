@@ -143,7 +143,10 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
     for (const auto& in : pn.input()) {
       int i = in.empty() ? -1 : g.find_tensor(in);
       n.inputs.push_back(i);
-      if (i < 0) continue;
+      if (i < 0) {
+        n.weight_shapes.emplace_back();  // kept aligned with `inputs` (layers.cpp indexes both)
+        continue;
+      }
       auto& cons = g.tensors[static_cast<std::size_t>(i)].consumers;
       if (cons.empty() || cons.back() != self) cons.push_back(self);
       const Tensor& t = g.tensor(i);
