@@ -37,7 +37,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--plugin-path", opts->plugin_paths,
                   "extra plugin directory or file (repeatable)");
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
-  sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds");
+  sub->add_option("--timeout", opts->timeout_s, "stop the job after this many seconds")
+      ->check(timeout_seconds());
   sub->add_option("--run-dir", opts->run_dir,
                   "where rank logs and outputs go (default: $HP_RUNS_DIR or hp-runs, "
                   "/<recipe>-<time>-<pid>; the last $HP_KEEP_RUNS=10 are kept)");

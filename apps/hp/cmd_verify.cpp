@@ -75,7 +75,8 @@ void add_verify_command(CLI::App& app, Context& ctx) {
   sub->add_option("--shard-dir", f->opts.run.shard_dir,
                   "RECIPE: verify these hp shard partitions instead of fresh ones");
   sub->add_option("--timeout", f->opts.run.timeout_s,
-                  "RECIPE: stop the MPI job after this many seconds");
+                  "RECIPE: stop the MPI job after this many seconds")
+      ->check(timeout_seconds());
   sub->add_flag("--allow-run-as-root", f->opts.run.allow_run_as_root,
                 "RECIPE: let Open MPI start ranks as root");
   f->g.grad.logits.clear();  // the library's default: the model's first output

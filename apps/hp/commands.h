@@ -26,6 +26,11 @@ int report_error(const Error& e);
 /// "hp: warning: ..." on stderr.
 void report_warning(const std::string& where, const std::string& message);
 
+/// The check every --timeout flag carries: a finite number of seconds in [0, one year] (0: no
+/// limit). CLI11's own number parsing takes "inf", "nan" and negatives, which would reach mpirun
+/// as a negative --timeout; these are refused on the command line instead.
+CLI::Validator timeout_seconds();
+
 void add_plan_command(CLI::App& app, Context& ctx);
 void add_shard_command(CLI::App& app, Context& ctx);
 void add_offload_profile_command(CLI::App& app, Context& ctx);

@@ -1,7 +1,9 @@
 // The single place that turns hp::Error values into text for users (docs/style.md, "Messages").
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/core.h>
 
@@ -34,6 +36,22 @@ int report_error(const Error& e) {
 
 void report_warning(const std::string& where, const std::string& message) {
   print_line("warning", "1;35", Diagnostic{where, message, ""});
+}
+
+CLI::Validator timeout_seconds() {
+  constexpr double kMaxTimeout = 365.0 * 24 * 3600;
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const char* begin = text.c_str();
+        char* end = nullptr;
+        double v = std::strtod(begin, &end);
+        if (text.empty() || end != begin + text.size() || !std::isfinite(v) || v < 0 ||
+            v > kMaxTimeout)
+          return fmt::format("'{}' is not a number of seconds in [0, {}] (0: no limit)", text,
+                             static_cast<long>(kMaxTimeout));
+        return {};
+      },
+      "SECONDS");
 }
 
 }  // namespace hp::cli

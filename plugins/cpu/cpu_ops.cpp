@@ -83,6 +83,14 @@ OpCall::OpCall(const hp_op_desc& d, hp_ctx* ctx, hp_stream* s)
     if (t.rank < 0 || t.rank > HP_MAX_RANK) throw OpError("input rank out of range");
     v.dims.assign(t.dims, t.dims + t.rank);
     v.data = t.data;
+    // The ABI boundary: every kernel multiplies dims into element counts and byte offsets, so a
+    // negative dim or a count that overflows is refused before any kernel sees it.
+    int64_t n = 1;
+    for (int64_t x : v.dims) {
+      if (x < 0 || (x != 0 && n > (int64_t{1} << 56) / x))
+        throw OpError("input " + std::to_string(k) + " has an invalid shape " + dims_str(v.dims));
+      n *= x;
+    }
     if (v.present() && v.numel() > 0 && !v.data)
       throw OpError("input " + std::to_string(k) + " has no data");
     inputs_.push_back(std::move(v));
@@ -101,8 +109,13 @@ View OpCall::out(int64_t i, int dtype, const Dims& dims) {
   if (i < 0 || i >= desc_.n_outputs) fail("output " + std::to_string(i) + " out of range");
   if (dims.size() > HP_MAX_RANK)
     fail("output rank " + std::to_string(dims.size()) + " exceeds the maximum");
-  for (int64_t x : dims)
+  int64_t n = 1;
+  for (int64_t x : dims) {
     if (x < 0) fail("negative output dim in " + dims_str(dims));
+    if (x != 0 && n > (int64_t{1} << 56) / x)
+      fail("output shape " + dims_str(dims) + " is too large");
+    n *= x;
+  }
   hp_tensor_desc t;
   std::memset(&t, 0, sizeof t);
   if (!desc_.alloc_output(desc_.alloc_user, static_cast<int32_t>(i), dtype,
@@ -168,8 +181,10 @@ const hp_tensor_desc* OpCall::tensor(const char* name) const {
   return a ? a->tensor : nullptr;
 }
 
+// Strict: a scalar has no axis. Every kernel indexes dims[axis] with the result, so a rank-0
+// input given an axis (Concat of scalars) must be an error here, not a write past the dims.
 int64_t OpCall::axis(int64_t a, int64_t rank) const {
-  if (a < -rank || (a >= rank && !(rank == 0 && a == 0)))
+  if (a < -rank || a >= rank)
     fail("axis " + std::to_string(a) + " out of range for rank " + std::to_string(rank));
   return a < 0 ? a + rank : a;
 }

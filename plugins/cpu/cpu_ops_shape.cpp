@@ -174,8 +174,12 @@ void transpose(OpCall& c) {
     for (size_t k = 0; k < r; ++k) perm.push_back(static_cast<int64_t>(r - 1 - k));
   if (perm.size() != r) c.fail("perm has the wrong length");
   Dims in_st = strides_of(x.dims), out(r), st(r);
+  std::vector<bool> used(r, false);
   for (size_t k = 0; k < r; ++k) {
     size_t p = static_cast<size_t>(c.axis(perm[k], static_cast<int64_t>(r)));
+    // A repeated axis would read past the input (its strides are used twice).
+    if (used[p]) c.fail("perm repeats axis " + std::to_string(p));
+    used[p] = true;
     out[k] = x.dims[p];
     st[k] = in_st[p];
   }
@@ -215,6 +219,7 @@ void tile(OpCall& c) {
 void concat(OpCall& c) {
   const View& first = c.need(0);
   const int64_t r = static_cast<int64_t>(first.dims.size());
+  if (r == 0) c.fail("Concat takes inputs of rank 1 or more, input 0 is a scalar");
   const size_t a = static_cast<size_t>(c.axis(c.i("axis", 0), r));
   Dims out = first.dims;
   out[a] = 0;

@@ -16,6 +16,7 @@
 
 #include "hp/core/dtype.h"
 #include "hp/core/fs.h"
+#include "hp/model/external_data.h"
 #include "hp/model/model.h"
 #include "hp/plugin/backend.h"
 #include "proto_tensor.h"
@@ -87,20 +88,12 @@ void copy_field(const Src& field, HostTensor& t) {
 
 Status read_external(const onnx::TensorProto& p, const std::filesystem::path& base,
                      const std::string& where, HostTensor& t) {
-  std::string location;
-  std::int64_t offset = 0, length = -1;
-  for (const auto& kv : p.external_data()) {
-    if (kv.key() == "location")
-      location = kv.value();
-    else if (kv.key() == "offset")
-      offset = std::stoll(kv.value());
-    else if (kv.key() == "length")
-      length = std::stoll(kv.value());
-  }
-  const std::filesystem::path file = base / location;
-  if (location.empty())
-    return Error(Errc::bad_input,
-                 fmt::format("tensor '{}' has external data without a location", p.name()), where);
+  // Parsed strictly and confined to `base` (hp/model/external_data.h).
+  auto ext = model::resolve_external_data(p, base);
+  if (!ext) return Error(Errc::bad_input, ext.error().message(), where, ext.error().what.hint);
+  const std::string& location = ext->location;
+  const std::int64_t offset = ext->offset, length = ext->length;
+  const std::filesystem::path& file = ext->path;
   std::ifstream in(file, std::ios::binary);
   if (!in)
     return Error(

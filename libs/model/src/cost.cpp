@@ -22,6 +22,7 @@
 
 #include "cost.h"
 #include "einsum.h"
+#include "hp/core/checked.h"
 
 namespace hp::model {
 namespace {
@@ -120,17 +121,17 @@ NodeCost compute_cost(const onnx::NodeProto& p, const Graph& g, const Node& n) {
   for (int i : n.inputs) {
     if (i < 0 || !seen.insert(i).second) continue;
     const Tensor& t = g.tensor(i);
-    if (t.is_parameter()) c.parameters += t.numel().value_or(0);
+    if (t.is_parameter()) c.parameters = saturating_add(c.parameters, t.numel().value_or(0));
     if (metadata_only || t.sequence) continue;  // a sequence's elements are counted by their ops
     if (auto b = t.bytes())
-      c.bytes_read += *b;
+      c.bytes_read = saturating_add(c.bytes_read, *b);
     else
       c.known = false;
   }
   for (int o : n.outputs) {
     if (o < 0 || g.tensor(o).sequence) continue;
     if (auto b = g.tensor(o).bytes())
-      c.bytes_written += *b;
+      c.bytes_written = saturating_add(c.bytes_written, *b);
     else
       c.known = false;
   }

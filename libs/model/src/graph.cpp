@@ -8,8 +8,10 @@
 // `shape` tensors (from Shape/Size and arithmetic on shapes and constants) and `constant` tensors
 // (from initializers and Constant nodes only) are side computations attached to their consumers.
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "cost.h"
+#include "hp/core/checked.h"
 #include "shape_infer.h"
 
 namespace hp::model {
@@ -18,19 +20,21 @@ void mark_tied_initializers(const onnx::GraphProto& pg, Graph& g);  // tied.cpp
 
 std::optional<std::int64_t> Tensor::numel() const {
   if (!has_shape) return std::nullopt;
-  std::int64_t n = 1;
+  std::vector<std::int64_t> values;
   for (const auto& d : dims) {
     if (!d.known()) return std::nullopt;
-    n *= d.value;
+    values.push_back(d.value);
   }
-  return n;
+  // build_graph refuses tensors beyond the limits, so this is nullopt only for a Graph built by
+  // hand; never a wrapped product.
+  return bounded_numel(values);
 }
 
 std::optional<std::int64_t> Tensor::bytes() const {
   auto n = numel();
   int es = elem_size(elem_type);
   if (!n || es == 0) return std::nullopt;
-  return *n * es;
+  return checked_mul(*n, es);
 }
 
 bool Tensor::is_float() const { return is_float_type(elem_type); }
@@ -80,14 +84,43 @@ std::string dims_text(const Tensor& t) {
   return s.empty() ? "scalar" : s;
 }
 
+// Every size later multiplied into bytes and FLOPs must be within hp/core/checked.h's limits; a
+// tensor beyond them (a bound dim of 10^15 times a hidden size) is refused by name here, so no
+// cost, summary or plan downstream ever sees a wrapped or negative size.
+Status check_tensor_sizes(const ShapeMap& shapes, const std::string& where) {
+  for (const auto& [name, s] : shapes) {
+    if (!s.has_shape) continue;
+    std::vector<std::int64_t> known;
+    for (const auto& d : s.dims)
+      if (d.known()) known.push_back(d.value);
+    if (!bounded_numel(known)) {
+      std::vector<std::string> text;
+      for (const auto& d : s.dims) text.push_back(d.known() ? std::to_string(d.value) : d.symbol);
+      return Error(Errc::bad_input,
+                   fmt::format("tensor '{}' has shape [{}], beyond hp's limits (each dim at most "
+                               "2^40, at most 2^56 elements)",
+                               name, fmt::join(text, ", ")),
+                   where, "bind smaller dims (--dim NAME=N, or the recipe's dims)");
+    }
+  }
+  return Status::success();
+}
+
 }  // namespace
 
-Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
+Status check_dim_bindings(const DimBindings& dims) {
   for (const auto& [name, value] : dims)
-    if (value < 0)
+    if (value < 0 || value > kMaxDim)
       return Error(Errc::bad_input,
-                   fmt::format("dim '{}' is bound to negative value {}", name, value));
+                   fmt::format("dim '{}' = {} is outside [0, 2^40] (1099511627776)", name, value),
+                   "", "bind a realistic size");
+  return Status::success();
+}
+
+Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
+  HP_TRY(check_dim_bindings(dims));
   HP_ASSIGN_OR_RETURN(auto inferred, infer_shapes(model, dims));
+  HP_TRY(check_tensor_sizes(inferred.shapes, model.path.string()));
   const ShapeMap& shapes = inferred.shapes;
   const onnx::GraphProto& pg = model.proto->graph();
 
@@ -110,7 +143,10 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims) {
     for (const auto& in : pn.input()) {
       int i = in.empty() ? -1 : g.find_tensor(in);
       n.inputs.push_back(i);
-      if (i < 0) continue;
+      if (i < 0) {
+        n.weight_shapes.emplace_back();  // kept aligned with `inputs` (layers.cpp indexes both)
+        continue;
+      }
       auto& cons = g.tensors[static_cast<std::size_t>(i)].consumers;
       if (cons.empty() || cons.back() != self) cons.push_back(self);
       const Tensor& t = g.tensor(i);

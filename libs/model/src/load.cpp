@@ -12,14 +12,26 @@
 // directory); models over 2 GiB must store them so, because protobuf cannot parse a larger message.
 // Planning needs only dims, so we never open those files here: we only stat them, record the absent
 // ones, and fail only when the caller asked for the data (LoadMode::require_data).
+//
+// The checks also guard what comes after the load: libonnx's shape inference crashes (rather than
+// fails) on a graph input without an element type, and hp's cost arithmetic would overflow on dims
+// near INT64_MAX. So a graph input must have a name and a valid element type, every declared dim
+// and every initializer's and Constant's element count must lie within the limits of
+// hp/core/checked.h, and a Constant's stored data must match its dims before anything reads it
+// (docs/hardening.md, "Bad files"). External data locations must stay inside the model's directory
+// (hp/model/external_data.h).
 #include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <climits>
 #include <filesystem>
 #include <set>
 #include <unordered_set>
 
+#include "hp/core/checked.h"
 #include "hp/core/fs.h"
+#include "hp/model/external_data.h"
 #include "hp/model/model.h"
 #include "onnx_util.h"
 
@@ -89,24 +101,34 @@ std::int64_t typed_field_count(const onnx::TensorProto& t) {
   }
 }
 
+// An initializer's (or, with `files` null, a Constant node's) dims, type and stored data.
 void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Checker& c,
-                       std::map<std::string, ExternalFile>& files) {
+                       std::map<std::string, ExternalFile>* files,
+                       std::string_view kind = "initializer") {
   std::string name = t.name().empty() ? std::string("<unnamed>") : t.name();
   if (t.data_type() <= 0 || t.data_type() > onnx::TensorProto::DataType_MAX)
-    return c.fail(fmt::format("initializer '{}' has invalid data type {}", name, t.data_type()));
-  auto numel = checked_numel(t);
-  if (!numel) return c.fail(fmt::format("initializer '{}' has invalid dims", name));
+    return c.fail(fmt::format("{} '{}' has invalid data type {}", kind, name, t.data_type()));
+  auto numel = bounded_numel(t.dims());
+  if (!numel)
+    return c.fail(
+        fmt::format("{} '{}' has dims {} beyond hp's limits (each dim at most 2^40, at "
+                    "most 2^56 elements)",
+                    kind, name, fmt::join(t.dims(), "x")));
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    auto ext = parse_external_data(t);
-    if (!ext) return c.fail(fmt::format("initializer '{}': {}", name, ext.error().message()));
-    auto& f = files[ext->location];
+    if (!files) return c.fail(fmt::format("{} '{}' has external data", kind, name));
+    auto ext = resolve_external_data(t, model_dir);
+    if (!ext) return c.fail(ext.error().message(), ext.error().what.hint);
+    auto& f = (*files)[ext->location];
     if (f.location.empty()) {
       f.location = ext->location;
-      f.path = model_dir / ext->location;
+      f.path = ext->path;
     }
     std::int64_t length = ext->length >= 0 ? ext->length : *numel * elem_size(t.data_type());
-    f.bytes_needed =
-        std::max<std::uint64_t>(f.bytes_needed, static_cast<std::uint64_t>(ext->offset + length));
+    auto end = checked_add(ext->offset, length);
+    if (!end)
+      return c.fail(fmt::format("initializer '{}': external data offset {} + length {} overflows",
+                                name, ext->offset, length));
+    f.bytes_needed = std::max<std::uint64_t>(f.bytes_needed, static_cast<std::uint64_t>(*end));
     ++f.initializers;
     return;
   }
@@ -114,7 +136,7 @@ void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Ch
   if (t.data_type() == onnx::TensorProto::STRING || es == 0) return;
   if (!t.raw_data().empty()) {
     if (static_cast<std::int64_t>(t.raw_data().size()) != *numel * es)
-      c.fail(fmt::format("initializer '{}' holds {} bytes but its dims need {}", name,
+      c.fail(fmt::format("{} '{}' holds {} bytes but its dims need {}", kind, name,
                          t.raw_data().size(), *numel * es));
     return;
   }
@@ -124,8 +146,41 @@ void check_initializer(const onnx::TensorProto& t, const fs::path& model_dir, Ch
                                     ? 2
                                     : 1);
   if (stored != want)
-    c.fail(
-        fmt::format("initializer '{}' holds {} elements but its dims need {}", name, stored, want));
+    c.fail(fmt::format("{} '{}' holds {} elements but its dims need {}", kind, name, stored, want));
+}
+
+// What libonnx's shape inference reads of the graph inputs without checking: the name it keys
+// them by, the element type it dispatches on, and dims it multiplies.
+void check_inputs(const onnx::GraphProto& g, Checker& c) {
+  std::unordered_set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  int index = 0;
+  for (const auto& v : g.input()) {
+    std::string label = v.name().empty() ? fmt::format("#{}", index) : "'" + v.name() + "'";
+    ++index;
+    if (inits.count(v.name())) continue;
+    if (v.name().empty()) c.fail(fmt::format("graph input {} has an empty name", label));
+    if (!v.type().has_tensor_type()) continue;
+    const auto& tt = v.type().tensor_type();
+    if (tt.elem_type() <= 0 || tt.elem_type() > onnx::TensorProto::DataType_MAX)
+      c.fail(fmt::format("graph input {} has invalid element type {}", label, tt.elem_type()));
+    for (const auto& d : tt.shape().dim())
+      if (d.has_dim_value() && (d.dim_value() < 0 || d.dim_value() > kMaxDim))
+        c.fail(
+            fmt::format("graph input {} declares dim {}, outside [0, 2^40]", label, d.dim_value()));
+  }
+}
+
+// Constant nodes carry a tensor as an attribute; the same checks as an initializer's, so a 4-byte
+// Constant declared as [2^31] floats is refused here instead of being materialised later.
+void check_constants(const onnx::GraphProto& g, const fs::path& dir, Checker& c) {
+  for (const auto& n : g.node()) {
+    for (const auto& a : n.attribute()) {
+      if (a.has_t()) check_initializer(a.t(), dir, c, nullptr, "constant");
+      for (const auto& sub : a.graphs()) check_constants(sub, dir, c);
+      if (a.has_g()) check_constants(a.g(), dir, c);
+    }
+  }
 }
 
 void check_graph(const onnx::GraphProto& g, Checker& c) {
@@ -224,7 +279,9 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
   check_graph(proto->graph(), c);
   std::map<std::string, ExternalFile> files;
   fs::path dir = path.parent_path();
-  for (const auto& t : proto->graph().initializer()) check_initializer(t, dir, c, files);
+  for (const auto& t : proto->graph().initializer()) check_initializer(t, dir, c, &files);
+  check_inputs(proto->graph(), c);
+  check_constants(proto->graph(), dir, c);
   if (!c.diags.empty()) return collect_errors(Errc::bad_input, std::move(c.diags));
   for (auto& [loc, f] : files) m.external_files.push_back(std::move(f));
   m.proto = std::move(proto);

@@ -38,27 +38,6 @@ std::optional<std::int64_t> checked_numel(const onnx::TensorProto& t) {
   return n;
 }
 
-Expected<ExternalRef> parse_external_data(const onnx::TensorProto& t) {
-  ExternalRef r;
-  for (const auto& kv : t.external_data()) {
-    try {
-      if (kv.key() == "location")
-        r.location = kv.value();
-      else if (kv.key() == "offset")
-        r.offset = std::stoll(kv.value());
-      else if (kv.key() == "length")
-        r.length = std::stoll(kv.value());
-    } catch (const std::exception&) {
-      return Error(Errc::bad_input,
-                   fmt::format("external data {} '{}' is not a number", kv.key(), kv.value()));
-    }
-  }
-  if (r.location.empty()) return Error(Errc::bad_input, "external data has no location");
-  if (r.offset < 0 || r.length < -1)
-    return Error(Errc::bad_input, "external data has a negative offset or length");
-  return r;
-}
-
 std::int64_t attr_int(const onnx::NodeProto& n, const std::string& name, std::int64_t dflt) {
   for (const auto& a : n.attribute())
     if (a.name() == name) return a.i();

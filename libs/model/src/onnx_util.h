@@ -16,14 +16,6 @@ namespace hp::model {
 /// Product of an initializer's dims; nullopt when a dim is negative or the product overflows.
 std::optional<std::int64_t> checked_numel(const onnx::TensorProto& t);
 
-/// An initializer's external_data entries.
-struct ExternalRef {
-  std::string location;
-  std::int64_t offset = 0;
-  std::int64_t length = -1;  ///< -1 when not given (then: the whole tensor)
-};
-Expected<ExternalRef> parse_external_data(const onnx::TensorProto& t);
-
 bool is_float_type(std::int32_t elem_type);
 
 /// double -> int64, saturating (INT64_MAX, a common "to the end" Slice bound, is not exact in a

@@ -217,6 +217,7 @@ void add_fixed_value_info(onnx::GraphProto& g, const ShapeMap& fixed) {
 
 Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) {
   InferResult result;
+  HP_TRY(check_node_schemas(model.proto->graph(), model.opsets, model.path.string()));
   onnx::ModelProto copy = weightless_copy(*model.proto);
   onnx::GraphProto& g = *copy.mutable_graph();
   strip_subgraph_output_shapes(g);
@@ -264,12 +265,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   for (int round = 0; round < kMaxRounds; ++round) {
     g.clear_value_info();
     add_fixed_value_info(g, fixed);
-    try {
-      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), options);
-    } catch (const std::exception& e) {
-      return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()),
-                   model.path.string());
-    }
+    HP_TRY(infer_shapes_isolated(copy, options, model.path.string()));
     result.shapes = collect_shapes(g);
     ValueMap values = evaluate_shape_values(g, result.shapes, opset);
     for (const auto& [name, v] : values) result.valued.insert(name);

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <onnx/defs/shape_inference.h>
 
 #include "hp/core/expected.h"
 #include "hp/model/graph.h"
@@ -30,6 +33,18 @@ struct InferResult {
   std::set<std::string> valued;     ///< tensors whose values shape arithmetic computed
   std::vector<std::string> warnings;
 };
+
+/// Errc::bad_input naming the first node (in `g` or its subgraphs) that its ONNX schema rejects:
+/// wrong input/output counts, a required attribute missing (shape_check.cpp). libonnx's inference
+/// functions assume these hold and crash when they do not.
+Status check_node_schemas(const onnx::GraphProto& g,
+                          const std::map<std::string, std::int64_t>& opsets,
+                          const std::string& where);
+
+/// ONNX shape inference of `copy` in place, in a forked child so that a crash inside libonnx is an
+/// Errc::bad_input naming `where` instead of a dead process (shape_isolated.cpp).
+Status infer_shapes_isolated(onnx::ModelProto& copy, const onnx::ShapeInferenceOptions& options,
+                             const std::string& where);
 
 /// Runs inference on a weight-less copy of `model` with `dims` bound on the graph inputs.
 Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims);

@@ -99,7 +99,11 @@ struct Lowering {
       out.push_back(n);
       return true;
     }
-    const List& s = seqs.at(n.input(0));
+    // A sequence read through another input than the first (a mutated or hand-made graph) is not
+    // a form exporters write: left unlowered, not a map::at escaping as an exception.
+    auto first = n.input_size() > 0 ? seqs.find(n.input(0)) : seqs.end();
+    if (first == seqs.end()) return false;
+    const List& s = first->second;
     auto position = [&](int i, std::int64_t dflt) -> std::optional<std::int64_t> {
       if (i >= n.input_size() || n.input(i).empty()) return dflt;
       auto p = scalar(n.input(i));

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <set>
 
+#include "hp/core/checked.h"
 #include "hp/model/ops.h"
 #include "hp/model/plan_options.h"
 
@@ -56,8 +57,8 @@ ModelSummary summarize_graph(const Model& model, Graph graph, const DimBindings&
   // they are one initializer, or a copy tied.cpp recognised).
   for (const auto& t : graph.tensors) {
     if (!t.is_parameter()) continue;
-    s.parameters += t.numel().value_or(0);
-    s.parameter_bytes += t.bytes().value_or(0);
+    s.parameters = saturating_add(s.parameters, t.numel().value_or(0));
+    s.parameter_bytes = saturating_add(s.parameter_bytes, t.bytes().value_or(0));
   }
   std::set<std::string> unsupported;
   for (const auto& n : graph.nodes) {
@@ -123,6 +124,11 @@ Expected<DimBindings> parse_dim_bindings(const std::vector<std::string>& args) {
       return Error(Errc::usage,
                    fmt::format("--dim '{}' is not NAME=VALUE with a non-negative integer VALUE", a),
                    "", "for example --dim batch=8 --dim seq=2048");
+    if (v > kMaxDim)
+      return Error(
+          Errc::usage,
+          fmt::format("--dim '{}': {} is above hp's limit for a dim, 2^40 (1099511627776)", a, v),
+          "", "bind a realistic size");
     out[name] = v;
   }
   return out;

@@ -57,7 +57,7 @@ bool broadcast_shape(const std::vector<std::int64_t>& a, const std::vector<std::
     std::int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
     std::int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1) return false;
-    out[i] = std::max(da, db);
+    out[i] = da == 1 ? db : da;  // not max: 0 broadcast with 1 is 0 (an empty tensor stays empty)
   }
   return true;
 }
@@ -82,8 +82,11 @@ std::size_t bcast_index(const std::vector<std::int64_t>& shape,
 std::optional<Value> binary(const Value& a, const Value& b, std::int32_t out_type,
                             const std::function<double(double, double)>& f) {
   Value r;
-  if (!broadcast_shape(a.shape, b.shape, r.shape) || numel_of(r.shape) > kMaxElems)
-    return std::nullopt;
+  // Operands are indexed by their shapes: they must be small and hold exactly that many values.
+  for (const Value* v : {&a, &b})
+    if (!small_shape(v->shape) || numel_of(v->shape) != static_cast<std::int64_t>(v->data.size()))
+      return std::nullopt;
+  if (!broadcast_shape(a.shape, b.shape, r.shape) || !small_shape(r.shape)) return std::nullopt;
   r.elem_type = out_type;
   std::int64_t n = numel_of(r.shape);
   r.data.resize(static_cast<std::size_t>(n));
@@ -360,11 +363,11 @@ struct Evaluator {
     const Value* b = get(n, 1);
     if (!b) return std::nullopt;
     std::vector<std::int64_t> target = ints(*b);
-    for (auto d : target)
-      if (d < 0 || d > kMaxElems) return std::nullopt;
+    // The product, not just each dim, must be small before anything is allocated: [4096]*6 is
+    // 2^72 elements.
+    if (!small_shape(target)) return std::nullopt;
     Value shape_only{target, std::vector<double>(static_cast<std::size_t>(numel_of(target)), 0),
                      a.elem_type};
-    if (!small_shape(target)) return std::nullopt;
     return binary(a, shape_only, a.elem_type, [](double x, double) { return x; });
   }
 
@@ -490,8 +493,10 @@ struct Evaluator {
     auto xy = binary(b, *c, b.elem_type, [](double x, double) { return x; });
     if (!xy) return std::nullopt;
     Value r;
-    if (!broadcast_shape(a.shape, xy->shape, r.shape) || numel_of(r.shape) > kMaxElems)
-      return std::nullopt;
+    for (const Value* v : {&a, &b, c})
+      if (!small_shape(v->shape) || numel_of(v->shape) != static_cast<std::int64_t>(v->data.size()))
+        return std::nullopt;
+    if (!broadcast_shape(a.shape, xy->shape, r.shape) || !small_shape(r.shape)) return std::nullopt;
     r.elem_type = b.elem_type;
     for (std::int64_t i = 0; i < numel_of(r.shape); ++i)
       r.data.push_back(a.data[bcast_index(a.shape, r.shape, i)] != 0
@@ -507,6 +512,8 @@ ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& sh
   Evaluator ev{shapes, opset, {}};
   for (const auto& t : graph.initializer()) {
     if (t.data_location() == T::EXTERNAL) continue;
+    std::vector<std::int64_t> dims(t.dims().begin(), t.dims().end());
+    if (!small_shape(dims)) continue;  // [2^32, 2^32, 0] holds 0 values but no small shape
     if (auto data = read_small_tensor(t, kMaxElems))
       ev.values[t.name()] =
           Value{{t.dims().begin(), t.dims().end()}, std::move(*data), t.data_type()};
@@ -518,7 +525,10 @@ ValueMap evaluate_shape_values(const onnx::GraphProto& graph, const ShapeMap& sh
       continue;
     }
     auto v = ev.eval(n);
-    if (v && numel_of(v->shape) == static_cast<std::int64_t>(v->data.size()))
+    // small_shape first: a shape like [2^32, 2^32] has a wrapped numel of 0 that an empty value
+    // would match, and every consumer indexes the data by the shape.
+    if (v && small_shape(v->shape) &&
+        numel_of(v->shape) == static_cast<std::int64_t>(v->data.size()))
       ev.values[n.output(0)] = std::move(*v);
   }
   return std::move(ev.values);

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hp/core/checked.h"
 #include "hp/model/plan_options.h"
 #include "hp/planner/planner.h"
 #include "hp/recipe/presets.h"
@@ -185,7 +186,28 @@ std::string format_summary_json(const SummaryReport& r) {
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+// Numbers the search enumerates over (divisors of the batch and of the rank count, micro-batch
+// counts) are refused up front when absurd: --global-batch 9223372036854775807 kept the planner
+// busy for minutes. The bounds sit far above any real job (docs/hardening.md, "Bad files").
+static Status check_plan_numbers(const PlanOptions& opts) {
+  constexpr std::int64_t kMaxGlobalBatch = std::int64_t{1} << 24;
+  constexpr std::int64_t kMaxNodes = std::int64_t{1} << 20;
+  if (opts.global_batch > kMaxGlobalBatch)
+    return Error(Errc::usage, fmt::format("--global-batch {} is above hp's limit of {} sequences",
+                                          opts.global_batch, kMaxGlobalBatch));
+  if (opts.seq > kMaxDim)
+    return Error(Errc::usage, fmt::format("--seq {} is above hp's limit for a dim, 2^40 ({})",
+                                          opts.seq, kMaxDim));
+  if (opts.nodes > kMaxNodes)
+    return Error(Errc::usage,
+                 fmt::format("--nodes {} is above hp's limit of {}", opts.nodes, kMaxNodes));
+  if (opts.top_k > 1000)
+    return Error(Errc::usage, fmt::format("--top-k {} is above hp's limit of 1000", opts.top_k));
+  return Status::success();
+}
+
 Expected<PlanOutput> run_command(const PlanOptions& given) {
+  HP_TRY(check_plan_numbers(given));
   PlanOptions opts = given;
   HP_ASSIGN_OR_RETURN(model::DimBindings dims, model::parse_dim_bindings(opts.dim_args));
   if (opts.seq > 0) dims.emplace("seq", opts.seq);  // --seq also binds a "seq" dim unless --dim did

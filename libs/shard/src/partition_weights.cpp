@@ -5,8 +5,11 @@
 #include <fmt/core.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
+#include "hp/core/checked.h"
+#include "hp/model/external_data.h"
 #include "hp/model/graph.h"
 
 namespace hp::shard::detail {
@@ -33,22 +36,25 @@ Expected<std::optional<std::string>> tensor_bytes(const onnx::TensorProto& t,
     return Error(Errc::bad_input,
                  fmt::format("initializer '{}' has an element type hp cannot slice", t.name()));
   if (t.data_location() == T::EXTERNAL) {
-    std::string location;
-    std::int64_t offset = 0, length = -1;
-    for (const auto& kv : t.external_data()) {
-      if (kv.key() == "location")
-        location = kv.value();
-      else if (kv.key() == "offset")
-        offset = std::stoll(kv.value());
-      else if (kv.key() == "length")
-        length = std::stoll(kv.value());
+    HP_ASSIGN_OR_RETURN(model::ExternalData ext, model::resolve_external_data(t, model_dir));
+    const std::int64_t offset = ext.offset;
+    std::int64_t length = ext.length;
+    if (length < 0) {
+      auto n = bounded_numel(t.dims());
+      if (!n) return Error(Errc::bad_input, fmt::format("initializer '{}' is too large", t.name()));
+      length = *n * elem;
     }
-    std::int64_t n = 1;
-    for (auto d : t.dims()) n *= d;
-    if (length < 0) length = n * elem;
-    auto path = model_dir / location;
+    const auto& path = ext.path;
     std::ifstream f(path, std::ios::binary);
     if (!f) return std::optional<std::string>{};
+    // Checked against the file before allocating: a length of 2^60 is an error, not bad_alloc.
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec || offset > static_cast<std::int64_t>(size) ||
+        length > static_cast<std::int64_t>(size) - offset)
+      return Error(Errc::bad_input,
+                   fmt::format("external data of '{}' is shorter than {} bytes", t.name(), length),
+                   path.string());
     std::string data(static_cast<std::size_t>(length), '\0');
     f.seekg(offset);
     f.read(data.data(), length);

@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include "hp/model/external_data.h"
+
 namespace hp::train {
 
 namespace {
@@ -29,30 +31,17 @@ Expected<std::int64_t> expected_bytes(const onnx::TensorProto& t, const std::str
 
 Expected<std::string> read_external(const onnx::TensorProto& t, const std::filesystem::path& base,
                                     std::int64_t want, const std::string& where) {
-  std::string location;
-  std::int64_t offset = 0, length = -1;
-  try {
-    for (const auto& kv : t.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      if (kv.key() == "offset") offset = std::stoll(kv.value());
-      if (kv.key() == "length") length = std::stoll(kv.value());
-    }
-  } catch (const std::exception&) {
-    return Error(
-        Errc::bad_input,
-        fmt::format("initializer '{}' has a malformed external offset or length", t.name()), where);
-  }
-  if (location.empty())
-    return Error(Errc::bad_input,
-                 fmt::format("initializer '{}' has external data without a location", t.name()),
-                 where);
-  if (offset < 0 || (length >= 0 && length != want))
+  auto ext = model::resolve_external_data(t, base);
+  if (!ext) return Error(Errc::bad_input, ext.error().message(), where, ext.error().what.hint);
+  const std::string& location = ext->location;
+  const std::int64_t offset = ext->offset, length = ext->length;
+  if (length >= 0 && length != want)
     return Error(
         Errc::bad_input,
         fmt::format("initializer '{}': external offset {} length {}, its dims need {} bytes",
                     t.name(), offset, length, want),
         where);
-  const std::filesystem::path file = base / location;
+  const std::filesystem::path& file = ext->path;
   std::ifstream in(file, std::ios::binary);
   if (!in)
     return Error(

@@ -110,9 +110,14 @@ struct Graph {
   std::map<std::string, int> index;  ///< tensor name -> index
 };
 
+/// Errc::bad_input naming the dim when a binding is negative or above kMaxDim (2^40,
+/// hp/core/checked.h): what every command checks before shapes are inferred from the bindings.
+Status check_dim_bindings(const DimBindings& dims);
+
 /// Binds `dims` on the graph inputs, infers every tensor's shape (ONNX shape inference plus hp's
 /// evaluation of the exporter's shape arithmetic), and computes each node's cost. Never reads
-/// external data. Errors: Errc::bad_input for a negative binding or a graph inference rejects.
+/// external data. Errors: Errc::bad_input for a binding check_dim_bindings refuses, a tensor whose
+/// inferred shape exceeds the limits of hp/core/checked.h, or a graph inference rejects.
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims);
 
 /// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown
