@@ -7,7 +7,8 @@
 // re-implementing ONNX's inference. Instead each round runs in a forked child: the child infers on
 // its copy-on-write copy of the model and writes the result back through a pipe; a child killed
 // by a signal (or exceeding kTimeoutSeconds) becomes an error value naming the model. A fork costs
-// about a millisecond against the tens of milliseconds an inference round takes.
+// about a millisecond against the tens of milliseconds an inference round takes. Only a process
+// with one thread forks (see infer_shapes_isolated).
 #include <onnx/shape_inference/implementation.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,6 +19,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "shape_infer.h"
@@ -49,10 +51,33 @@ constexpr int kTimeoutSeconds = 300;
   ::_exit(0);
 }
 
+// Threads of this process (/proc/self/task), 0 when unreadable.
+int thread_count() {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end;
+       it.increment(ec))
+    ++n;
+  return ec ? 0 : n;
+}
+
 }  // namespace
 
 Status infer_shapes_isolated(onnx::ModelProto& copy, const onnx::ShapeInferenceOptions& options,
                              const std::string& where) {
+  // A forked child holds only the forking thread: a lock another thread held at the fork (inside
+  // protobuf, libonnx or the allocator) stays locked there forever. So the child is used only while
+  // this process has one thread, as every hp command has while it loads its model; the ranks of
+  // `verify --simulate` (threads) and MPI ranks (Open MPI's own threads) load models the parent
+  // command already loaded through this path, and infer in place.
+  if (thread_count() != 1) {
+    try {
+      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), options);
+    } catch (const std::exception& e) {
+      return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()), where);
+    }
+    return Status::success();
+  }
   (void)onnx::OpSchemaRegistry::Instance();  // static registration done before the fork
   int fds[2];
   if (::pipe(fds) != 0)

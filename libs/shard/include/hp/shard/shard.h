@@ -36,7 +36,7 @@ struct ShardOptions {
   /// checks as `hp verify --static` (recipe::check_recipe: cluster, ranks on it, model file)
   /// before anything is partitioned.
   std::vector<std::filesystem::path> preset_dirs;
-  bool force = false;             ///< -o may replace a directory that is not hp's own output
+  bool force = false;  ///< -o may replace a directory that is not hp's own output
 };
 
 struct ShardReport {
