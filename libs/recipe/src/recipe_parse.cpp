@@ -9,6 +9,7 @@
 // accepts its ZeRO level as an integer, since that is how most users know it.
 #include <fmt/core.h>
 
+#include "hp/core/checked.h"
 #include "hp/core/fs.h"
 #include "hp/recipe/recipe.h"
 #include "toml_reader.h"
@@ -62,8 +63,19 @@ void read_model(TomlReader& rd, const toml::table& t, Recipe& r) {
   rd.check_keys(t, "model", {"dims"});
   const toml::table* dims = rd.get_table(t, "dims", "model", false);
   if (!dims) return;
-  for (auto&& [k, v] : *dims)
-    if (auto n = rd.get_int(*dims, k.str(), "model.dims", true)) r.dims[std::string(k.str())] = *n;
+  for (auto&& [k, v] : *dims) {
+    auto n = rd.get_int(*dims, k.str(), "model.dims", true);
+    if (!n) continue;
+    // The model loader's bound on a dim (hp/core/checked.h): refused here too, so that
+    // `verify --static` says what `shard` would.
+    if (*n < 1 || *n > kMaxDim) {
+      rd.error(rd.loc(v.source()),
+               fmt::format("model.dims.{} = {} is outside 1..2^40", k.str(), *n),
+               "a dim is a batch, sequence or similar size: a positive number of elements");
+      continue;
+    }
+    r.dims[std::string(k.str())] = *n;
+  }
 }
 
 void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
