@@ -13,6 +13,7 @@
 
 #include <fmt/core.h>
 
+#include "hp/core/checked.h"
 #include "hp/core/dtype.h"
 #include "hp/core/optimizer.h"
 #include "hp/recipe/names.h"
@@ -331,7 +332,15 @@ void check_workload(Checker& ck, const Recipe& r) {
     ck.fail("workload.global_batch",
             fmt::format("'workload.global_batch' must be >= 0, got {}", w.global_batch));
   const Parallel& p = r.parallel;
-  const std::int64_t step = p.dp * p.micro_batch_size * p.micro_batches;
+  // Checked: each degree is validated on its own, so their product may still overflow.
+  const auto dp_mbs = checked_mul(p.dp, p.micro_batch_size);
+  const auto product = dp_mbs ? checked_mul(*dp_mbs, p.micro_batches) : std::nullopt;
+  const std::int64_t step = product ? *product : 0;
+  if (w.global_batch > 0 && !product)
+    ck.fail("workload.global_batch",
+            fmt::format("dp x micro_batch_size x micro_batches = {} x {} x {} overflows", p.dp,
+                        p.micro_batch_size, p.micro_batches),
+            "re-plan, or make the degrees agree with workload.global_batch");
   if (w.global_batch > 0 && step > 0 && w.global_batch != step)
     ck.fail("workload.global_batch",
             fmt::format("'workload.global_batch' is {} but dp x micro_batch_size x micro_batches "
