@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -158,6 +160,21 @@ inline Args parse_args(int argc, char** argv) {
       a.seeds.push_back(w);
   }
   return a;
+}
+
+/// Appends the contents of each seed file to `out`; false (after a message) when one is unreadable.
+inline bool read_seeds(const std::vector<std::string>& files, std::vector<std::string>& out) {
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) {
+      std::fprintf(stderr, "cannot read seed %s\n", f.c_str());
+      return false;
+    }
+    out.push_back(ss.str());
+  }
+  return true;
 }
 
 }  // namespace hp::fuzz

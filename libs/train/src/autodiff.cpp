@@ -296,48 +296,6 @@ int remove_dead(onnx::GraphProto& g, int forward_nodes, std::vector<std::string>
   return kept_forward;
 }
 
-/// Moves every backward Shape node that reads a forward tensor (or a graph input or weight) to just
-/// after that tensor's producer, into the forward part. A rule asks for shapes at backward time
-/// (a Reshape's gradient reshapes back to its input's shape, SumTo reduces to a broadcast input's);
-/// left among the backward nodes, the Shape node kept its whole input alive until then, although
-/// only eight bytes per dim are needed. The executor runs nodes in file order where it can
-/// (libs/exec/src/exec_prepare.cpp), so a hoisted Shape node runs as soon as its input exists and
-/// the tensor is freed after its last forward reader. Returns the new forward node count.
-int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
-  std::map<std::string, int> producer;
-  for (int k = 0; k < g.node_size(); ++k)
-    for (const auto& o : g.node(k).output())
-      if (!o.empty()) producer[o] = k;
-  std::map<int, std::vector<int>> after;  ///< producer (-1: input or weight) -> hoisted nodes
-  std::vector<bool> hoisted(static_cast<std::size_t>(g.node_size()), false);
-  for (int k = forward_nodes; k < g.node_size(); ++k) {
-    const auto& n = g.node(k);
-    if (n.op_type() != "Shape" || !n.domain().empty() || n.input_size() != 1) continue;
-    auto it = producer.find(n.input(0));
-    const int from = it == producer.end() ? -1 : it->second;
-    if (from >= forward_nodes) continue;
-    after[from].push_back(k);
-    hoisted[static_cast<std::size_t>(k)] = true;
-  }
-  if (after.empty()) return forward_nodes;
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> order;
-  auto place = [&](int from) {
-    auto it = after.find(from);
-    if (it != after.end())
-      for (int h : it->second) order.Add()->Swap(g.mutable_node(h));
-  };
-  place(-1);
-  for (int k = 0; k < g.node_size(); ++k) {
-    if (hoisted[static_cast<std::size_t>(k)]) continue;
-    order.Add()->Swap(g.mutable_node(k));
-    if (k < forward_nodes) place(k);
-  }
-  int moved = 0;
-  for (const auto& [from, nodes] : after) moved += static_cast<int>(nodes.size());
-  g.mutable_node()->Swap(&order);
-  return forward_nodes + moved;
-}
-
 /// Readers of a tensor through Identity aliases (what "tied" counts).
 int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
   int r = 0;
@@ -439,7 +397,8 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     if (std::find(out.forward_outputs.begin(), out.forward_outputs.end(), o) ==
         out.forward_outputs.end())
       out.forward_outputs.push_back(o);
-  out.forward_nodes = hoist_shape_reads(g, remove_dead(g, forward_nodes, out.forward_outputs));
+  out.forward_nodes =
+      detail::hoist_shape_reads(g, remove_dead(g, forward_nodes, out.forward_outputs));
   return {};
 }
 

@@ -1,4 +1,4 @@
-// fold_weight_transposes (rewrite.h).
+// fold_weight_transposes and hoist_shape_reads (rewrite.h).
 #include "rewrite.h"
 
 #include <map>
@@ -90,6 +90,41 @@ int fold_weight_transposes(onnx::GraphProto& g) {
   }
   g.mutable_node()->Swap(&out);
   return rewritten;
+}
+
+int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
+  std::map<std::string, int> producer;
+  for (int k = 0; k < g.node_size(); ++k)
+    for (const auto& o : g.node(k).output())
+      if (!o.empty()) producer[o] = k;
+  std::map<int, std::vector<int>> after;  ///< producer (-1: input or weight) -> hoisted nodes
+  std::vector<bool> hoisted(static_cast<std::size_t>(g.node_size()), false);
+  for (int k = forward_nodes; k < g.node_size(); ++k) {
+    const auto& n = g.node(k);
+    if (n.op_type() != "Shape" || !n.domain().empty() || n.input_size() != 1) continue;
+    auto it = producer.find(n.input(0));
+    const int from = it == producer.end() ? -1 : it->second;
+    if (from >= forward_nodes) continue;
+    after[from].push_back(k);
+    hoisted[static_cast<std::size_t>(k)] = true;
+  }
+  if (after.empty()) return forward_nodes;
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> order;
+  auto place = [&](int from) {
+    auto it = after.find(from);
+    if (it != after.end())
+      for (int h : it->second) order.Add()->Swap(g.mutable_node(h));
+  };
+  place(-1);
+  for (int k = 0; k < g.node_size(); ++k) {
+    if (hoisted[static_cast<std::size_t>(k)]) continue;
+    order.Add()->Swap(g.mutable_node(k));
+    if (k < forward_nodes) place(k);
+  }
+  int moved = 0;
+  for (const auto& [from, nodes] : after) moved += static_cast<int>(nodes.size());
+  g.mutable_node()->Swap(&order);
+  return forward_nodes + moved;
 }
 
 }  // namespace hp::train::detail

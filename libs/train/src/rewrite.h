@@ -1,4 +1,4 @@
-// Forward rewrites applied before differentiation (autodiff.cpp): the same function, cheaper to
+// Graph rewrites around differentiation (autodiff.cpp): the same function, cheaper to
 // train.
 #pragma once
 
@@ -25,5 +25,15 @@ int fold_weight_transposes(onnx::GraphProto& g);
 /// index of each chain's last Mul -> its x.
 std::map<int, std::string> find_gelu_chains(const GraphWriter& w, int forward_nodes,
                                             const std::vector<std::set<std::string>>& reads);
+
+/// After differentiation: moves every backward Shape node that reads a forward tensor (or a graph
+/// input or weight) to just after that tensor's producer, into the forward part. A rule asks for
+/// shapes at backward time (a Reshape's gradient reshapes back to its input's shape, SumTo reduces
+/// to a broadcast input's); left among the backward nodes, the Shape node kept its whole input
+/// alive until then, although only eight bytes per dim are needed. The executor runs nodes in file
+/// order where it can (libs/exec/src/exec_prepare.cpp), so a hoisted Shape node runs as soon as its
+/// input exists and the tensor is freed after its last forward reader. Returns the new forward node
+/// count.
+int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes);
 
 }  // namespace hp::train::detail

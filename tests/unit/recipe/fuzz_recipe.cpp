@@ -19,16 +19,7 @@ int main(int argc, char** argv) {
   auto args = hp::fuzz::parse_args(argc, argv);
   hp::fuzz::install_crash_handler(args.crash_file);
   std::vector<std::string> seeds{format_recipe(hp::recipe::test::full_recipe())};
-  for (const auto& f : args.seeds) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) {
-      std::fprintf(stderr, "cannot read seed %s\n", f.c_str());
-      return 2;
-    }
-    seeds.push_back(ss.str());
-  }
+  if (!hp::fuzz::read_seeds(args.seeds, seeds)) return 2;
   std::mt19937_64 rng(args.seed);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(args.seconds);
   long cases = 0, valid = 0, rejected = 0, unstable = 0;

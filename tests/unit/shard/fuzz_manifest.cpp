@@ -76,16 +76,7 @@ int main(int argc, char** argv) {
   auto args = hp::fuzz::parse_args(argc, argv);
   hp::fuzz::install_crash_handler(args.crash_file);
   std::vector<std::string> seeds;
-  for (const auto& f : args.seeds) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) {
-      std::fprintf(stderr, "cannot read seed %s\n", f.c_str());
-      return 2;
-    }
-    seeds.push_back(ss.str());
-  }
+  if (!hp::fuzz::read_seeds(args.seeds, seeds)) return 2;
   if (seeds.empty()) {
     std::fprintf(stderr, "give a manifest.toml written by hp shard\n");
     return 2;
