@@ -73,7 +73,7 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
-    check_trace(trace, parallel["dp"])
+    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1))
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 

@@ -48,13 +48,15 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
                  job.recipe_path.string());
   if (job.recipe.parallel.pp > 1)
     HP_TRY(pipeline_rank(job.recipe, *world, to));
+  else if (job.recipe.parallel.tp > 1)
+    to.tp.transport = world;
   else
     to.dp = data_parallel_of(job.recipe, *world);
   if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   comm::mpi_finalize();
   LaunchReport r;
-  if ((!to.pp.active() || to.pp.stage == 0) && to.dp.index() <= 0)
+  if ((!to.pp.active() || to.pp.stage == 0) && to.dp.index() <= 0 && to.tp.index() <= 0)
     r.summary = closing_lines(rep);  // once, from the lead rank
   return r;
 }
@@ -73,6 +75,8 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
         train::TrainOptions mine = to;
         if (job.recipe.parallel.pp > 1)
           HP_TRY(pipeline_rank(job.recipe, t, mine));
+        else if (job.recipe.parallel.tp > 1)
+          mine.tp.transport = &t;
         else
           mine.dp = data_parallel_of(job.recipe, t);
         if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
@@ -94,7 +98,8 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       ranks,
       job.recipe.parallel.pp > 1
           ? (job.recipe.parallel.dp > 1 ? "pipeline x data-parallel" : "pipeline")
-          : "data-parallel",
+      : job.recipe.parallel.tp > 1 ? "tensor-parallel"
+                                   : "data-parallel",
       to.threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
@@ -134,7 +139,10 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;
   r.summary = fmt::format("{} {} ranks trained (mpirun) in {:.2f} s; logs in {}\n", ran.ranks,
-                          job.recipe.parallel.pp > 1 ? "pipeline" : "data-parallel", ran.seconds,
+                          job.recipe.parallel.pp > 1   ? "pipeline"
+                          : job.recipe.parallel.tp > 1 ? "tensor-parallel"
+                                                       : "data-parallel",
+                          ran.seconds,
                           ran.log_dir.string());
   return r;
 }

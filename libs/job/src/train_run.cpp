@@ -96,17 +96,21 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   const recipe::Train& t = *r.train;
   const std::string where = job.where.at("train");
   const bool pipeline = r.parallel.pp > 1;
-  if (r.parallel.tp != 1 || r.parallel.expert_parallel != 1 || !r.groups.empty())
+  const bool tensor = r.parallel.tp > 1;
+  if (r.parallel.expert_parallel != 1 || !r.groups.empty() ||
+      (tensor && (r.parallel.dp > 1 || r.parallel.pp > 1)))
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data- and pipeline-parallel only for now: the recipe has [train] "
-                    "and {}",
-                    r.groups.empty() ? fmt::format("tp = {}, expert_parallel = {}", r.parallel.tp,
-                                                   r.parallel.expert_parallel)
-                                     : std::string("[[groups]]")),
+        fmt::format("training is data-, pipeline- or tensor-parallel (tp alone) for now: the "
+                    "recipe has [train] and {}",
+                    !r.groups.empty() ? std::string("[[groups]]")
+                    : r.parallel.expert_parallel != 1
+                        ? fmt::format("expert_parallel = {}", r.parallel.expert_parallel)
+                        : fmt::format("tp = {} with dp = {}, pp = {}", r.parallel.tp,
+                                      r.parallel.dp, r.parallel.pp)),
         where,
-        "train with dp and pp ranks (tp = expert_parallel = 1, no [[groups]]), or remove [train] "
-        "to run the model forward");
+        "train with dp and pp ranks, or with tp ranks alone (expert_parallel = 1, no [[groups]]), "
+        "or remove [train] to run the model forward");
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is
@@ -202,6 +206,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   to.log_every = o.log_every > 0 ? o.log_every : 1;
   to.sink = o.sink;
   if (pipeline) HP_TRY(pipeline_options(job, to));
+  if (tensor) HP_TRY(tensor_parallel_options(job, to));
   return to;
 }
 
@@ -275,6 +280,9 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
                                p.shard_group > 0 && p.shard_group < p.dp
                                    ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                    : std::string());
+    if (p.tp > 1)
+      r.summary += fmt::format("  {} tensor-parallel ranks ({}), the partitions hp shard writes\n",
+                               p.tp, o.simulate ? "threads of this process" : "mpirun");
     if (p.pp > 1)
       r.summary +=
           fmt::format("  {} pipeline stages ({}), {} schedule, {} micro-batches; boundaries {}\n",
@@ -283,7 +291,7 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
     return r;
   }
   if (o.worker) return train_as_rank(job, std::move(to));
-  if (p.dp > 1 || p.pp > 1) {
+  if (p.dp > 1 || p.pp > 1 || p.tp > 1) {
     HP_ASSIGN_OR_RETURN(r, o.simulate ? train_in_process(job, to) : train_over_mpi(job, o));
     r.summary += predicted_line(job);
     if (!o.timeline.empty()) {

@@ -254,7 +254,12 @@ Expected<Model> load_model(const fs::path& path, const LoadOptions& options) {
                  where,
                  "save the model with external data (onnx.save(..., save_as_external_data=True))");
   HP_ASSIGN_OR_RETURN(auto bytes, read_file(path));
+  return parse_model(bytes, path, options);
+}
 
+Expected<Model> parse_model(const std::string& bytes, const fs::path& path,
+                            const LoadOptions& options) {
+  const std::string where = path.string();
   auto proto = std::make_shared<onnx::ModelProto>();
   if (!proto->ParseFromString(bytes)) {
     if (looks_like_toml(path, bytes)) return recipe_given(where);

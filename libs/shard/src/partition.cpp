@@ -51,6 +51,7 @@ Expected<RankPartition> Builder::build() {
   }
   HP_TRY(add_outputs());
   add_sends();
+  find_varying();
   if (!m.SerializeToString(&result_.onnx))
     return Error(Errc::internal,
                  fmt::format("could not serialize the partition of rank {}", result_.rank));
@@ -195,6 +196,28 @@ Status Builder::add_outputs() {
     set_value_info(out_->add_output(), tensor.name, tensor.elem_type, local(t, s));
   }
   return {};
+}
+
+void Builder::find_varying() {
+  // Weights, graph inputs and received activations by their layout; a node's outputs follow its
+  // inputs, except a redistribution's, which have the layout it redistributes to (an all-gather
+  // over tp makes a tensor the same everywhere, a local slice makes it differ).
+  std::set<std::string> v;
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
+    if (on_last_axis(prop_.mesh, prop_.layout[t])) v.insert(g_.tensor(static_cast<int>(t)).name);
+  for (const auto& n : out_->node()) {
+    if (n.input_size() == 0) continue;  // Recv, Constant
+    bool any = false;
+    for (const auto& i : n.input()) any = any || v.count(i);
+    for (const auto& o : n.output()) {
+      auto r = redist_varying_.find(o);
+      if (r != redist_varying_.end() ? r->second : any)
+        v.insert(o);
+      else
+        v.erase(o);
+    }
+  }
+  result_.varying.assign(v.begin(), v.end());
 }
 
 void Builder::add_sends() {

@@ -69,6 +69,18 @@ inline onnx::TensorProto int64_tensor(const std::string& name, const std::vector
   return t;
 }
 
+/// Whether `s` splits a dim over the mesh's last axis (tp on the [dp, tp] stage mesh) or is
+/// partial over it: whether members of a tensor-parallel group hold different values.
+inline bool on_last_axis(const Mesh& mesh, const Sharding& s) {
+  const int last = static_cast<int>(mesh.axes.size()) - 1;
+  if (last < 0 || mesh.dims[static_cast<std::size_t>(last)] < 2) return false;
+  for (const auto& d : s.dims)
+    if (std::find(d.begin(), d.end(), last) != d.end()) return true;
+  for (const auto& p : s.partial)
+    if (p.axis == last) return true;
+  return false;
+}
+
 // Emits one rank's program.
 class Builder {
  public:
@@ -92,6 +104,7 @@ class Builder {
   Status add_node(int i);  ///< one node: inputs redistributed, outputs renamed, local targets
   Status add_outputs();    ///< graph outputs produced here, in the layout asked of them
   void add_sends();        ///< hp.Send of activations later stages read
+  void find_varying();     ///< RankPartition::varying
   std::string renamed(const std::string& s) const {
     auto it = rename_.find(s);
     return it == rename_.end() ? s : it->second;
@@ -156,6 +169,8 @@ class Builder {
   std::map<std::pair<int, int>, std::string>
       redist_done_;  ///< (tensor, redistribution) -> its name
   std::map<int, std::vector<std::size_t>> redist_by_node_;
+  /// Redistribution outputs and whether their layout is split or partial over tp.
+  std::map<std::string, bool> redist_varying_;
 };
 
 }  // namespace hp::shard::detail

@@ -413,6 +413,13 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
                  model.path.string(), "export with torch.onnx.export(..., opset_version=14)");
   model::Model fwd = model;
   auto rewritten = std::make_shared<onnx::ModelProto>(*model.proto);
+  std::map<std::string, std::vector<std::int64_t>> reduce_grad;
+  int entries = 0;
+  if (!spec.tp.group.empty()) {
+    const std::set<std::string> varying(spec.tp.varying.begin(), spec.tp.varying.end());
+    entries = detail::mark_parallel_entries(*rewritten->mutable_graph(), varying, spec.tp.group,
+                                            reduce_grad);
+  }
   detail::fold_weight_transposes(*rewritten->mutable_graph());
   fwd.proto = rewritten;
   HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(fwd, spec.dims));
@@ -422,6 +429,8 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   e.w.fwd = &e.fg;
   e.w.fwd_proto = &fwd.proto->graph();
   e.w.opset = opset;
+  e.w.reduce_grad = std::move(reduce_grad);
+  e.w.tp_rank = spec.tp.rank;
   e.forward_nodes = fwd.proto->graph().node_size();
   // A training-mode Dropout's gradient needs its mask: give it one where the export left it out.
   for (auto& n : *e.w.graph->mutable_node())
@@ -460,6 +469,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   out.inputs.insert(out.inputs.end(), out.output_grad_inputs.begin(), out.output_grad_inputs.end());
   out.dims = spec.dims;
   out.recomputed_nodes = e.clones;
+  out.parallel_entries = entries;
   out.notes = e.notes;
   out.model = fwd;
   out.model.proto = e.proto;

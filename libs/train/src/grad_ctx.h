@@ -48,6 +48,10 @@ struct GraphWriter {
   }
 
   std::map<std::string, const onnx::NodeProto*> made;  ///< output -> the emitted node making it
+  /// Tensor parallelism (GradSpec::tp): the Identity outputs that enter a parallel region, whose
+  /// gradient is all-reduced over the group given; and this rank's global rank.
+  std::map<std::string, std::vector<std::int64_t>> reduce_grad;
+  std::int64_t tp_rank = -1;
 
   std::string fresh(const std::string& hint);
   /// The node this transformation emitted that writes `t`, or null (forward tensors, constants).
@@ -142,6 +146,13 @@ class GradCtx {
     return w_.static_shape(t);
   }
   std::int64_t opset() const { return w_.opset; }
+  /// The group over which the gradient of forward tensor `t` is all-reduced (tensor
+  /// parallelism's region entries), or null.
+  const std::vector<std::int64_t>* reduce_group(const std::string& t) const {
+    auto it = w_.reduce_grad.find(w_.original(t));
+    return it == w_.reduce_grad.end() ? nullptr : &it->second;
+  }
+  std::int64_t tp_rank() const { return w_.tp_rank; }
 
   // The forward node's attributes.
   bool has(const std::string& name) const;
@@ -170,6 +181,10 @@ void register_elementwise_rules(RuleTable& t);
 void register_shape_rules(RuleTable& t);
 void register_linalg_rules(RuleTable& t);
 void register_nn_rules(RuleTable& t);
+/// The "hp"-domain collectives of a tensor-parallel partition (rules_comm.cpp).
+void register_comm_rules(RuleTable& t);
+/// Emits hp.AllReduce(sum) of `g` over the global ranks `group`; returns its output.
+std::string all_reduce(GradCtx& c, const std::string& g, const std::vector<std::int64_t>& group);
 
 /// Op type (ai.onnx) -> rule, built once.
 const RuleTable& rules();

@@ -36,4 +36,15 @@ std::map<int, std::string> find_gelu_chains(const GraphWriter& w, int forward_no
 /// count.
 int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes);
 
+/// Tensor parallelism (GradSpec::tp): where a node computing a `varying` tensor (one whose values
+/// differ across the group) reads a floating-point tensor that is the same on every member, that
+/// read goes through Identity(X) -> "<X>.tp_entry" (one per X, before its first such reader), and
+/// reduce_grad maps the Identity's output to `group`: the Identity rule all-reduces its gradient,
+/// Megatron's f operator. Readers that compute same-valued tensors keep reading X, so their
+/// (whole) gradient is added after the reduction, not summed over the members. Returns the number
+/// of entries.
+int mark_parallel_entries(onnx::GraphProto& g, const std::set<std::string>& varying,
+                          const std::vector<std::int64_t>& group,
+                          std::map<std::string, std::vector<std::int64_t>>& reduce_grad);
+
 }  // namespace hp::train::detail

@@ -196,6 +196,10 @@ void register_elementwise_rules(RuleTable& t) {
   t["Dropout"] = dropout;
   t["Cast"] = cast;
   t["Identity"] = [](GradCtx& c) -> Status {
+    // An entry of a tensor-parallel region (GradSpec::tp): every member computed its part of the
+    // gradient from its slice of the region, so the whole gradient is their sum.
+    if (const auto* group = c.reduce_group(c.out(0)))
+      return c.grad(0, all_reduce(c, c.dout(0), *group)), Status{};
     c.grad(0, c.dout(0));
     return {};
   };
@@ -264,6 +268,7 @@ const RuleTable& rules() {
     register_shape_rules(t);
     register_linalg_rules(t);
     register_nn_rules(t);
+    register_comm_rules(t);
     return t;
   }();
   return table;

@@ -20,6 +20,7 @@
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/checkpoint.h"
 #include "hp/train/data_parallel.h"
+#include "hp/train/tensor_parallel.h"
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 
@@ -32,8 +33,10 @@ std::string mib(std::int64_t b) {
 }
 
 struct Run {
+  explicit Run(const TrainOptions& options) : o(options) {}
   const TrainOptions& o;
   model::Model forward;
+  std::map<std::string, ParamCut> cuts;  ///< tensor parallelism: the split weights
   std::vector<exec::HostTensor> batch;  ///< the --inputs tensors, read once
   GradGraph gg;
   std::unique_ptr<exec::Executor> ex;
@@ -44,10 +47,16 @@ struct Run {
   // Data parallelism: this rank's part of every global batch, and the gradient reduction.
   int part = 0, parts = 1;
   std::unique_ptr<DataParallelSync> sync;
+  // Tensor parallelism: this member's partition of the model, its collectives, and where each of
+  // its parameters is among the forward model's (the one-rank order of checkpoints).
+  model::Model part_model;
+  std::unique_ptr<comm::TransportCommOps> comm_ops;
+  std::unique_ptr<TensorParallelSync> tps;
   TraceLog trace;
 
-  /// The rank that prints and writes files (the first of the data-parallel group).
-  bool lead() const { return part == 0; }
+  /// The rank that prints and writes files (the first of the data-parallel group, the first
+  /// member of the tensor-parallel group).
+  bool lead() const { return part == 0 && o.tp.index() <= 0; }
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
@@ -56,7 +65,56 @@ struct Run {
   Expected<StepMetrics> step(const detail::BatchSource& data);
   Status checkpoint();  ///< write_checkpoint(), traced
   Status write_checkpoint();
+  Status prepare_tensor_parallel(GradSpec& spec);
+  Status resume_slices(Checkpoint c);  ///< tensor parallelism: this member's slices
+  /// The whole model's parameters (or state shaped like them) in the forward model's order, from
+  /// this rank's (tensor parallelism: gathered, a collective).
+  Expected<std::vector<exec::HostTensor>> whole(const std::vector<exec::HostTensor>& mine) const;
 };
+
+Status Run::prepare_tensor_parallel(GradSpec& spec) {
+  if (o.dp.active() || o.pp.active())
+    return Error(Errc::not_implemented,
+                 "tensor parallelism is trained without data or pipeline parallelism for now");
+  const int me = o.tp.index();
+  if (me < 0 || !o.tp.partition)
+    return Error(Errc::internal, "this rank has no tensor-parallel partition");
+  HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(me));
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(part_model, model::parse_model(tpp.onnx,
+                                                o.model.parent_path() /
+                                                    fmt::format("tp-member{}.onnx", me),
+                                                lo));
+  spec.tp.varying = std::move(tpp.varying);
+  spec.tp.group.assign(o.tp.group.begin(), o.tp.group.end());
+  spec.tp.rank = o.tp.transport->rank();
+  comm_ops = std::make_unique<comm::TransportCommOps>(*o.tp.transport);
+  cuts = std::move(tpp.cuts);
+  return {};
+}
+
+Expected<std::vector<exec::HostTensor>> Run::whole(
+    const std::vector<exec::HostTensor>& mine) const {
+  if (!tps) return mine;
+  HP_ASSIGN_OR_RETURN(auto all, tps->gather(mine));
+  // Checkpoints and saved models list the parameters as one rank trains them: in the forward
+  // model's initializer order (the partition orders them by first use).
+  std::map<std::string, std::size_t> at;
+  const auto& inits = forward.proto->graph().initializer();
+  for (int k = 0; k < inits.size(); ++k) at.emplace(inits.Get(k).name(), k);
+  std::vector<std::size_t> order(all.size());
+  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return at[params[a].name] < at[params[b].name];
+  });
+  std::vector<exec::HostTensor> out;
+  for (std::size_t k : order) {
+    out.push_back(std::move(all[k]));
+    out.back().name = params[k].name;
+  }
+  return out;
+}
 
 // The rows of a batch: those of its labels tensor (by name, else the last tensor).
 std::int64_t batch_rows(const std::vector<exec::HostTensor>& batch, const std::string& labels) {
@@ -93,8 +151,12 @@ Status Run::prepare() {
     }
   }
   const auto dims = detail::data_dims(local, forward, batch);
-  for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
-  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(forward, spec));
+  if (o.tp.active()) {
+    HP_TRY(prepare_tensor_parallel(spec));
+  } else {
+    for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
+  }
+  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(o.tp.active() ? part_model : forward, spec));
   for (const auto& n : gg.notes) say(true, "hp: note: " + n);
   if (!gg.aliased.empty())
     say(true,
@@ -110,13 +172,24 @@ Status Run::prepare() {
   std::vector<std::filesystem::path> paths(o.plugin_paths.begin(), o.plugin_paths.end());
   HP_ASSIGN_OR_RETURN(auto b,
                       exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
-  HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, {b.primary, b.cpu, nullptr}));
+  HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, {b.primary, b.cpu, comm_ops.get()}));
   for (const auto& p : gg.params) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(p));
     if (h.dtype != HP_F32)
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p);
     report.params += h.numel();
     params.push_back(std::move(h));
+  }
+  if (o.tp.active()) {
+    HP_ASSIGN_OR_RETURN(tps, TensorParallelSync::create(o.tp, cuts, params));
+    tps->to_trained(params);
+    report.params = 0;  // the whole model's count, not this member's slices
+    for (const auto& p : params) {
+      auto c = cuts.find(p.name);
+      std::int64_t n = 1;
+      for (auto d : c == cuts.end() ? p.dims : c->second.shape) n *= d;
+      report.params += n;
+    }
   }
   if (o.dp.active()) {
     HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(o.dp, params));
@@ -135,6 +208,7 @@ Status Run::resume() {
                  fmt::format("the checkpoint holds {} parameters, the model trains {}",
                              c.params.size(), params.size()),
                  o.resume_dir.string());
+  if (tps) return resume_slices(std::move(c));
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (c.params[k].name != params[k].name || c.params[k].dims != params[k].dims)
       return Error(Errc::bad_input,
@@ -145,6 +219,34 @@ Status Run::resume() {
     params[k] = std::move(c.params[k]);
   }
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
+  data_position = c.data_position;
+  report.first_step = c.step + 1;
+  return {};
+}
+
+Status Run::resume_slices(Checkpoint c) {
+  std::map<std::string, std::size_t> at;
+  for (std::size_t j = 0; j < c.params.size(); ++j) at.emplace(c.params[j].name, j);
+  const bool has_state = !c.state.exp_avg.empty();
+  state.step = c.state.step;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    auto it = at.find(params[k].name);
+    if (it == at.end())
+      return Error(Errc::bad_input,
+                   fmt::format("the checkpoint has no parameter '{}'", params[k].name),
+                   o.resume_dir.string());
+    HP_ASSIGN_OR_RETURN(auto mine, tps->slice(k, c.params[it->second]));
+    HP_TRY(ex->set_weight(params[k].name, tps->stored(k, mine)));
+    params[k] = std::move(mine);
+    if (has_state) {
+      HP_ASSIGN_OR_RETURN(auto m, tps->slice(k, c.state.exp_avg.at(it->second)));
+      state.exp_avg.push_back(std::move(m));
+      if (!c.state.exp_avg_sq.empty()) {
+        HP_ASSIGN_OR_RETURN(auto v, tps->slice(k, c.state.exp_avg_sq.at(it->second)));
+        state.exp_avg_sq.push_back(std::move(v));
+      }
+    }
+  }
   data_position = c.data_position;
   report.first_step = c.step + 1;
   return {};
@@ -176,11 +278,20 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
     return Error(Errc::runtime,
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
                              o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
-  auto info = sync ? sync->update(o.optimizer, params, grads, state)
-                   : optimizer_step(o.optimizer, params, grads, state);
+  Expected<StepInfo> info = StepInfo{};
+  if (sync) {
+    info = sync->update(o.optimizer, params, grads, state);
+  } else if (tps) {
+    auto norm = tps->global_norm(grads);
+    if (!norm) return std::move(norm).error();
+    info = optimizer_step(o.optimizer, params, grads, state, *norm);
+  } else {
+    info = optimizer_step(o.optimizer, params, grads, state);
+  }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   const auto t2 = std::chrono::steady_clock::now();
-  for (const auto& p : params) HP_TRY(ex->set_weight(p.name, p));
+  for (std::size_t j = 0; j < params.size(); ++j)
+    HP_TRY(ex->set_weight(params[j].name, tps ? tps->stored(j, params[j]) : params[j]));
   ++data_position;
   if (!o.trace.empty()) {
     const auto t3 = std::chrono::steady_clock::now();
@@ -217,9 +328,14 @@ Status Run::checkpoint() {
 }
 
 Status Run::write_checkpoint() {
-  OptimizerState whole = state;
+  OptimizerState whole_state = state;
   if (sync) {
-    HP_ASSIGN_OR_RETURN(whole, sync->gather_state(state, params));
+    HP_ASSIGN_OR_RETURN(whole_state, sync->gather_state(state, params));
+  }
+  HP_ASSIGN_OR_RETURN(auto whole_params, whole(params));
+  if (tps) {
+    HP_ASSIGN_OR_RETURN(whole_state.exp_avg, whole(state.exp_avg));
+    HP_ASSIGN_OR_RETURN(whole_state.exp_avg_sq, whole(state.exp_avg_sq));
   }
   if (!lead()) return {};
   Checkpoint c;
@@ -227,8 +343,8 @@ Status Run::write_checkpoint() {
   c.data_position = data_position;
   c.seed = o.seed;
   c.optimizer = optimizer_name(o.optimizer.kind);
-  c.params = params;
-  c.state = std::move(whole);
+  c.params = std::move(whole_params);
+  c.state = std::move(whole_state);
   return save_checkpoint(forward, c, o.checkpoint_dir);
 }
 
@@ -237,7 +353,7 @@ Status Run::write_checkpoint() {
 Expected<TrainReport> train(const TrainOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
   if (o.pp.active()) return detail::train_pipeline(o);
-  Run r{o, {}, {}, {}, {}, {}, {}, 0, {}, 0, 1, {}};
+  Run r{o};
   HP_TRY(r.prepare());
   HP_ASSIGN_OR_RETURN(auto data,
                       detail::BatchSource::open(o, *r.ex, o.grad.labels, std::move(r.batch)));
@@ -275,7 +391,10 @@ Expected<TrainReport> train(const TrainOptions& o) {
   if (!o.checkpoint_dir.empty() &&
       (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))
     HP_TRY(r.checkpoint());
-  if (!o.save_model.empty() && r.lead()) HP_TRY(save_model(r.forward, r.params, o.save_model));
+  if (!o.save_model.empty()) {
+    HP_ASSIGN_OR_RETURN(auto trained, r.whole(r.params));  // collective under tensor parallelism
+    if (r.lead()) HP_TRY(save_model(r.forward, trained, o.save_model));
+  }
   std::vector<double> secs;
   for (const auto& m : r.report.steps) secs.push_back(m.seconds);
   std::sort(secs.begin(), secs.end());

@@ -80,4 +80,11 @@ Expected<std::string> write_timeline(const Job& job, const train::TrainOptions& 
 Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
                      train::TrainOptions& to);
 
+// Tensor parallelism (train_tensor.cpp; hp/train/tensor_parallel.h).
+
+/// to.tp from a recipe with tp > 1: its group (hp shard's stage ranks) and how each member's part
+/// is built (hp shard's partition of the recipe, built when the rank asks for it; every rank reads
+/// the recipe's model once here). Errc::bad_input for what hp shard refuses.
+Status tensor_parallel_options(const Job& job, train::TrainOptions& to);
+
 }  // namespace hp::job

@@ -50,5 +50,9 @@ struct Model {
 /// Reads, parses and validates `path`. Malformed files (truncated, random bytes, empty, no graph,
 /// undefined tensors, inconsistent initializer sizes) give Errc::bad_input with `where` = the path.
 Expected<Model> load_model(const std::filesystem::path& path, const LoadOptions& options = {});
+/// The same checks on a serialized model held in memory (a partition hp shard built in
+/// process); `path` names it in errors, and external data is looked up beside it.
+Expected<Model> parse_model(const std::string& bytes, const std::filesystem::path& path,
+                            const LoadOptions& options = {});
 
 }  // namespace hp::model

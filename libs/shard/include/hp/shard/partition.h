@@ -57,6 +57,10 @@ struct RankPartition {
   int comm_nodes = 0, sends = 0, recvs = 0;
   std::int64_t weight_bytes = 0;
   bool weights_written = true;  ///< false when the model has no weight data (shapes only)
+  /// The partition's tensors whose values differ across the mesh's last axis (tp): split or
+  /// partial over it, or computed from such. Training differentiates the partition and needs to
+  /// know where the tensor-parallel regions begin (hp/train/autodiff.h, GradSpec::tp).
+  std::vector<std::string> varying;
 };
 
 /// Builds the partition of the rank at `position` of `stage`. Weights are read from the model

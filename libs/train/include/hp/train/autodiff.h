@@ -69,6 +69,18 @@ struct GradSpec {
   /// these dims tells the rules ranks and which broadcasts need reducing; the gradient model is
   /// specialised to them (a different batch needs a new transformation).
   model::DimBindings dims;
+  /// Tensor parallelism: the model is one rank's partition from hp shard (hp/shard/partition.h),
+  /// whose "hp"-domain collectives are differentiated into their conjugates (docs/training.md,
+  /// "Tensor parallelism"). Empty `group`: an ordinary model.
+  struct TensorParallel {
+    /// The partition's tensors whose values differ across the tensor-parallel group (split or
+    /// partial over it: RankPartition::varying). Where such a tensor is computed from one that is
+    /// the same on every member (Megatron's f: the entry of a parallel region), the gradient of the
+    /// same-valued tensor is all-reduced over `group`.
+    std::vector<std::string> varying;
+    std::vector<std::int64_t> group;  ///< global ranks of the tensor-parallel group
+    std::int64_t rank = -1;           ///< this rank (its slice of an AllGather's gradient)
+  } tp;
 };
 
 /// The gradient model and how to read it. Its graph outputs, in order: `loss` (absent without a
@@ -106,6 +118,8 @@ struct GradGraph {
   std::vector<std::string> aliased;
   /// Forward nodes cloned for recomputation.
   int recomputed_nodes = 0;
+  /// Tensor parallelism: the entries of parallel regions whose gradient is all-reduced.
+  int parallel_entries = 0;
   /// Things the user should know that do not stop training (lower-case sentences).
   std::vector<std::string> notes;
 };

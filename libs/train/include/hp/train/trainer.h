@@ -17,6 +17,7 @@
 #include "hp/train/data_parallel.h"
 #include "hp/train/optimizer.h"
 #include "hp/train/pipeline.h"
+#include "hp/train/tensor_parallel.h"
 
 namespace hp::train {
 
@@ -53,6 +54,10 @@ struct TrainOptions {
   /// rank prints, writes metrics, checkpoints and the saved model (of the whole model, gathered:
   /// every rank must be given the same checkpoint_dir and save_model). Not together with dp yet.
   PipelineRole pp;
+  /// Tensor parallelism (tensor_parallel.h): this rank trains its partition of the model; the
+  /// group's first member prints and writes (whole tensors, gathered: every member must be given
+  /// the same checkpoint_dir and save_model). Not together with dp or pp yet.
+  TensorParallel tp;
   /// Receives progress lines (stdout) and warnings (stderr when `err`).
   std::function<void(bool err, const std::string&)> sink;
 };

@@ -1,0 +1,55 @@
+// mark_parallel_entries (rewrite.h): the entries of tensor-parallel regions, where the gradient of
+// a tensor every member holds whole is summed over the members' parts.
+#include <fmt/core.h>
+
+#include "rewrite.h"
+
+namespace hp::train::detail {
+
+namespace {
+
+bool is_float(std::int32_t t) {
+  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
+         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
+}
+
+}  // namespace
+
+int mark_parallel_entries(onnx::GraphProto& g, const std::set<std::string>& varying,
+                          const std::vector<std::int64_t>& group,
+                          std::map<std::string, std::vector<std::int64_t>>& reduce_grad) {
+  // Integer constants (shapes, indices, axes) carry no gradient: no entry for them.
+  std::set<std::string> no_grad;
+  for (const auto& t : g.initializer())
+    if (!is_float(t.data_type())) no_grad.insert(t.name());
+  for (const auto& n : g.node())
+    if (n.op_type() == "Constant" && n.output_size() == 1)
+      for (const auto& a : n.attribute())
+        if (a.name() != "value" || !is_float(a.t().data_type())) no_grad.insert(n.output(0));
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  nodes.Swap(g.mutable_node());
+  std::map<std::string, std::string> entry;  // same-valued tensor -> its entry
+  for (auto& n : nodes) {
+    bool computes_varying = false;
+    for (const auto& o : n.output()) computes_varying = computes_varying || varying.count(o);
+    if (computes_varying)
+      for (int i = 0; i < n.input_size(); ++i) {
+        const std::string& x = n.input(i);
+        if (x.empty() || varying.count(x) || no_grad.count(x)) continue;
+        auto [it, fresh] = entry.try_emplace(x, x + ".tp_entry");
+        if (fresh) {
+          onnx::NodeProto* id = g.add_node();
+          id->set_op_type("Identity");
+          id->set_name(it->second);
+          id->add_input(x);
+          id->add_output(it->second);
+          reduce_grad[it->second] = group;
+        }
+        n.set_input(i, it->second);
+      }
+    *g.add_node() = std::move(n);
+  }
+  return static_cast<int>(entry.size());
+}
+
+}  // namespace hp::train::detail
