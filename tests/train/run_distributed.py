@@ -13,6 +13,7 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 (mpirun)                       plain data parallelism, gradients all-reduced
     dp=2 optimizer_shard 1/2 (--simulate) and 3 (mpirun)
     dp=4 optimizer_shard 2, shard_group 2 (--simulate): HSDP, one row per rank
+    tp=2 (--simulate, and mpirun)       each rank trains hp shard's partition of the recipe
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
@@ -52,6 +53,8 @@ LAYOUTS = [
     ("dp2-zero2", {"dp": 2, "optimizer_shard": 2}, "simulate"),
     ("dp2-zero3", {"dp": 2, "optimizer_shard": 3}, "mpirun"),
     ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
+    ("tp2", {"tp": 2}, "simulate"),
+    ("tp2", {"tp": 2}, "mpirun"),
 ]
 VARIANT = "adamw-clip"
 
@@ -62,6 +65,7 @@ def train(hp, recipe, how, args, log, timeout=300):
 
 
 def layout_run(hp, d, ref, tag, parallel, how, log):
+    tag = f"{tag}-{how}"
     recipe = os.path.join(d, f"{tag}.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
     metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
@@ -73,18 +77,19 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
-    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1))
+    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 
-def check_trace(path, ranks):
-    """--trace: one Chrome trace with every rank's steps and its gradient buckets, parts merged."""
+def check_trace(path, ranks, buckets_expected=True):
+    """--trace: one Chrome trace with every rank's steps and (data parallelism) its gradient
+    buckets, parts merged."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
     for r in range(ranks):
         steps = [e for e in events if e["pid"] == r and e["name"].startswith("forward+backward")]
         buckets = [e for e in events if e["pid"] == r and e["tid"] == 1]
-        if len(steps) != reference.STEPS or not buckets:
+        if len(steps) != reference.STEPS or (buckets_expected and not buckets):
             raise rt.Failure(f"trace: rank {r} has {len(steps)} steps and {len(buckets)} bucket "
                              "reductions")
         if any(e["dur"] < 0 for e in events):
@@ -94,14 +99,15 @@ def check_trace(path, ranks):
         raise rt.Failure(f"trace: part files left behind: {parts}")
 
 
-def verified(hp, work, log):
-    """`hp verify` of a dp=2 ZeRO-1 training recipe over mpirun: 3 steps against one rank."""
-    d = os.path.join(work, "verify")
+def verified(hp, work, log, parallel=None):
+    """`hp verify` of a dp=2 ZeRO-1 (or `parallel`) training recipe over mpirun: 3 steps against
+    one rank."""
+    d = os.path.join(work, "verify" if parallel is None else "verify-tp")
     shutil.rmtree(d, ignore_errors=True)
     ref = reference.make("gpt2", VARIANT, d)
     recipe = os.path.join(d, "verify.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH},
-                    parallel={"dp": 2, "optimizer_shard": 1})
+                    parallel=parallel or {"dp": 2, "optimizer_shard": 1})
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3", "--threads",
                       "1"] + root, log)
@@ -132,7 +138,8 @@ def resharded(hp, work, log):
     details = []
     for tag, parallel, how in [("one-rank", {}, "one"),
                                ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2},
-                                "simulate")]:
+                                "simulate"),
+                               ("tp2", {"tp": 2}, "simulate")]:
         recipe = os.path.join(d, f"{tag}.toml")
         rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
         m, s = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
@@ -143,6 +150,37 @@ def resharded(hp, work, log):
         detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), s)
         details.append(f"{tag}: {detail.split('  ')[0]}")
     return "dp2 zero2 x3 -> " + "; ".join(details)
+
+
+def tp_resharded(hp, work, log):
+    """3 steps at tp=2 (mpirun), resumed for 2 at one rank and at tp=2: the 5 steps torch ran."""
+    d = os.path.join(work, "reshard-tp")
+    shutil.rmtree(d, ignore_errors=True)
+    details = []
+    for name in ["gpt2", "mlp"]:  # a fused q|k|v and a tied embedding; partial Gemm biases
+        dm = os.path.join(d, name)
+        ref = reference.make(name, VARIANT, dm)
+        first = os.path.join(dm, "first.toml")
+        rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH}, parallel={"tp": 2})
+        ckpt, m1 = os.path.join(dm, "ckpt"), os.path.join(dm, "first.jsonl")
+        rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics",
+                                              m1, "--checkpoint", ckpt, "--run-dir",
+                                              os.path.join(dm, "run")], log)
+        if rc != 0:
+            raise rt.Failure(f"{name} tp2, 3 steps: exit {rc}: {rt.first_error(out)}")
+        head = rt.read_metrics(m1, 1, 3)
+        for tag, parallel, how in [("one-rank", {}, "one"), ("tp2", {"tp": 2}, "simulate")]:
+            recipe = os.path.join(dm, f"{tag}.toml")
+            rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH},
+                            parallel=parallel)
+            m, sv = os.path.join(dm, f"{tag}.jsonl"), os.path.join(dm, f"{tag}.onnx")
+            rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                              ckpt, "--metrics", m, "--save-model", sv], log)
+            if rc != 0:
+                raise rt.Failure(f"{name} resume at {tag}: exit {rc}: {rt.first_error(out)}")
+            detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), sv)
+            details.append(f"{name} {tag}: {detail.split('  ')[0]}")
+    return "tp2 x3 -> " + "; ".join(details)
 
 
 def killed_rank(hp, work, log):
@@ -248,7 +286,11 @@ def main():
                            layout_run(a.hp, d, ref, tag, parallel, how, log))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
-        for label, fn in [("hp verify (mpirun)", verified), ("resharded resume", resharded)] + (
+        for label, fn in [("hp verify (mpirun)", verified),
+                          ("hp verify tp=2 (mpirun)",
+                           lambda h, w, lg: verified(h, w, lg, {"tp": 2})),
+                          ("resharded resume", resharded),
+                          ("resharded resume from tp=2", tp_resharded)] + (
                 [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
             try:
                 report(True, label, fn(a.hp, a.work, log))

@@ -87,7 +87,8 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   RecipeRunReport rep;
   rep.training = true;
   rep.ranks = static_cast<int>(job.recipe.ranks());
-  rep.layout = p.pp > 1 ? fmt::format("pp={}, {} schedule, {} micro-batches", p.pp,
+  rep.layout = p.tp > 1 ? fmt::format("tp={} (hp shard's partitions)", p.tp)
+               : p.pp > 1 ? fmt::format("pp={}, {} schedule, {} micro-batches", p.pp,
                                       recipe::schedule_name(p.schedule), p.micro_batches)
                         : fmt::format("dp={}, optimizer_shard {}{}", p.dp,
                                       recipe::optimizer_shard_name(p.optimizer_shard),
@@ -105,9 +106,10 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   lo.plugin_paths = o.plugin_paths;
   lo.backend = o.backend;
 
-  // One rank: the same recipe with its data and pipeline parallelism removed.
+  // One rank: the same recipe with its data, tensor and pipeline parallelism removed.
   Job one = job;
   one.recipe.parallel.dp = 1;
+  one.recipe.parallel.tp = 1;
   one.recipe.parallel.pp = 1;
   one.recipe.parallel.micro_batches = 1;
   one.recipe.parallel.optimizer_shard = 0;

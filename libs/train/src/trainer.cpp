@@ -386,7 +386,8 @@ Expected<TrainReport> train(const TrainOptions& o) {
       }
   }
   HP_TRY(metrics.close());
-  if (!o.trace.empty()) HP_TRY(r.trace.write(o.trace, r.part));
+  if (!o.trace.empty())  // one process id per rank of the job
+    HP_TRY(r.trace.write(o.trace, o.tp.active() ? o.tp.transport->rank() : r.part));
   if (!failed) return std::move(failed).error();
   if (!o.checkpoint_dir.empty() &&
       (o.checkpoint_every <= 0 || r.state.step % o.checkpoint_every != 0))
