@@ -14,6 +14,8 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 optimizer_shard 1/2 (--simulate) and 3 (mpirun)
     dp=4 optimizer_shard 2, shard_group 2 (--simulate): HSDP, one row per rank
     tp=2 (--simulate, and mpirun)       each rank trains hp shard's partition of the recipe
+    tp=4 (--simulate)                   (Llama's two kv heads: k/v projections replicated)
+    dp=2 x tp=2 (--simulate), and with optimizer_shard 2 (mpirun)
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
@@ -55,6 +57,9 @@ LAYOUTS = [
     ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
     ("tp2", {"tp": 2}, "simulate"),
     ("tp2", {"tp": 2}, "mpirun"),
+    ("tp4", {"tp": 4}, "simulate"),
+    ("dp2xtp2", {"dp": 2, "tp": 2}, "simulate"),
+    ("dp2xtp2-zero2", {"dp": 2, "tp": 2, "optimizer_shard": 2}, "mpirun"),
 ]
 VARIANT = "adamw-clip"
 

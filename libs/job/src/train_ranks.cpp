@@ -49,7 +49,7 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
   if (job.recipe.parallel.pp > 1)
     HP_TRY(pipeline_rank(job.recipe, *world, to));
   else if (job.recipe.parallel.tp > 1)
-    to.tp.transport = world;
+    HP_TRY(tensor_parallel_rank(job.recipe, *world, to));
   else
     to.dp = data_parallel_of(job.recipe, *world);
   if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
@@ -76,7 +76,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
         if (job.recipe.parallel.pp > 1)
           HP_TRY(pipeline_rank(job.recipe, t, mine));
         else if (job.recipe.parallel.tp > 1)
-          mine.tp.transport = &t;
+          HP_TRY(tensor_parallel_rank(job.recipe, t, mine));
         else
           mine.dp = data_parallel_of(job.recipe, t);
         if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
@@ -98,8 +98,9 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       ranks,
       job.recipe.parallel.pp > 1
           ? (job.recipe.parallel.dp > 1 ? "pipeline x data-parallel" : "pipeline")
-      : job.recipe.parallel.tp > 1 ? "tensor-parallel"
-                                   : "data-parallel",
+      : job.recipe.parallel.tp > 1
+          ? (job.recipe.parallel.dp > 1 ? "tensor x data-parallel" : "tensor-parallel")
+          : "data-parallel",
       to.threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }

@@ -97,20 +97,18 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   const std::string where = job.where.at("train");
   const bool pipeline = r.parallel.pp > 1;
   const bool tensor = r.parallel.tp > 1;
-  if (r.parallel.expert_parallel != 1 || !r.groups.empty() ||
-      (tensor && (r.parallel.dp > 1 || r.parallel.pp > 1)))
+  if (r.parallel.expert_parallel != 1 || !r.groups.empty() || (tensor && r.parallel.pp > 1))
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data-, pipeline- or tensor-parallel (tp alone) for now: the "
-                    "recipe has [train] and {}",
+        fmt::format("training is data-, pipeline- or tensor-parallel (tp with dp, not pp) for "
+                    "now: the recipe has [train] and {}",
                     !r.groups.empty() ? std::string("[[groups]]")
                     : r.parallel.expert_parallel != 1
                         ? fmt::format("expert_parallel = {}", r.parallel.expert_parallel)
-                        : fmt::format("tp = {} with dp = {}, pp = {}", r.parallel.tp,
-                                      r.parallel.dp, r.parallel.pp)),
+                        : fmt::format("tp = {} with pp = {}", r.parallel.tp, r.parallel.pp)),
         where,
-        "train with dp and pp ranks, or with tp ranks alone (expert_parallel = 1, no [[groups]]), "
-        "or remove [train] to run the model forward");
+        "train with dp and pp ranks, or dp and tp ranks (expert_parallel = 1, no [[groups]]), or "
+        "remove [train] to run the model forward");
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is

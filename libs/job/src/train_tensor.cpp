@@ -2,6 +2,7 @@
 // each rank trains the partition of its mesh position (hp/train/tensor_parallel.h).
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "hp/job/train_run.h"
@@ -33,6 +34,25 @@ train::ParamCut cut_of(const shard::Prepared& p, int t) {
 
 }  // namespace
 
+Status tensor_parallel_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOptions& to) {
+  const auto& grid = to.tp.grid;
+  for (std::size_t d = 0; d < grid.size(); ++d)
+    for (std::size_t j = 0; j < grid[d].size(); ++j)
+      if (grid[d][j] == t.rank()) {
+        to.tp.transport = &t;
+        to.tp.group = grid[d];
+        to.tp.position = static_cast<int>(d * grid[d].size() + j);
+        if (grid.size() > 1) {  // this index's replicas over the data-parallel ranks
+          to.dp = data_parallel_of(r, t);
+          to.dp.group.clear();
+          for (const auto& row : grid) to.dp.group.push_back(row.at(j));
+        }
+        return {};
+      }
+  return Error(Errc::bad_input,
+               fmt::format("rank {} is on no tensor-parallel group of the recipe", t.rank()));
+}
+
 Status tensor_parallel_options(const Job& job, train::TrainOptions& to) {
   std::shared_ptr<shard::Prepared> prepared;
   {
@@ -40,16 +60,32 @@ Status tensor_parallel_options(const Job& job, train::TrainOptions& to) {
     prepared = std::move(made);
   }
   const auto& stage = prepared->plan.stages.at(0);
-  to.tp.group.assign(stage.ranks.begin(), stage.ranks.end());
-  // The split weights' cuts, the same for every member.
+  const auto tp = static_cast<std::size_t>(job.recipe.parallel.tp);
+  to.tp.grid.assign(stage.ranks.size() / tp, {});
+  for (std::size_t pos = 0; pos < stage.ranks.size(); ++pos)
+    to.tp.grid[pos / tp].push_back(static_cast<int>(stage.ranks[pos]));
+  // The split weights' cuts, the same for every member: by tensor-parallel index (a weight split
+  // over dp as well is not trained yet).
   std::map<std::string, train::ParamCut> cuts;
   for (std::size_t t = 0; t < prepared->graph.tensors.size(); ++t) {
     const auto& tensor = prepared->graph.tensor(static_cast<int>(t));
     if (tensor.kind != model::TensorKind::initializer) continue;
     const auto& layout = prepared->prop.layout[t];
     bool split = !layout.partial.empty();
-    for (const auto& d : layout.dims) split = split || !d.empty();
-    if (split) cuts.emplace(tensor.name, cut_of(*prepared, static_cast<int>(t)));
+    for (const auto& d : layout.dims) {
+      split = split || !d.empty();
+      if (std::find(d.begin(), d.end(), prepared->dp_axis) != d.end())
+        return Error(Errc::not_implemented,
+                     fmt::format("weight '{}' is split over dp: training keeps weights whole "
+                                 "over data-parallel ranks (use optimizer_shard for that)",
+                                 tensor.name),
+                     job.recipe_path.string());
+    }
+    if (split) {
+      train::ParamCut c = cut_of(*prepared, static_cast<int>(t));
+      c.ranges.resize(tp);  // mesh positions 0 .. tp-1: the first data-parallel row
+      cuts.emplace(tensor.name, std::move(c));
+    }
   }
   to.tp.partition = [prepared, cuts](int index) -> Expected<train::TensorParallelPart> {
     HP_ASSIGN_OR_RETURN(auto rp, shard::build_partition(prepared->plan, 0, index));

@@ -73,13 +73,13 @@ struct Run {
 };
 
 Status Run::prepare_tensor_parallel(GradSpec& spec) {
-  if (o.dp.active() || o.pp.active())
+  if (o.pp.active())
     return Error(Errc::not_implemented,
-                 "tensor parallelism is trained without data or pipeline parallelism for now");
+                 "tensor parallelism is trained without pipeline parallelism for now");
   const int me = o.tp.index();
   if (me < 0 || !o.tp.partition)
     return Error(Errc::internal, "this rank has no tensor-parallel partition");
-  HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(me));
+  HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(o.tp.position));
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(part_model, model::parse_model(tpp.onnx,
@@ -192,7 +192,13 @@ Status Run::prepare() {
     }
   }
   if (o.dp.active()) {
-    HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(o.dp, params));
+    DataParallel dp = o.dp;
+    if (tps) {  // the clip norm is the whole model's: split weights over the tensor-parallel group
+      dp.norm_group = o.tp.group;
+      for (std::size_t k = 0; k < params.size(); ++k)
+        dp.counted.push_back(tps->split(k) || o.tp.index() == 0);
+    }
+    HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(dp, params));
     ex->set_output_hook([s = sync.get()](std::size_t k, const exec::HostTensor& t) {
       if (k > 0) s->gradient_ready(k - 1, t);  // output 0 is the loss
     });
@@ -247,6 +253,7 @@ Status Run::resume_slices(Checkpoint c) {
       }
     }
   }
+  if (sync) state = sync->slice_state(state);
   data_position = c.data_position;
   report.first_step = c.step + 1;
   return {};
@@ -334,8 +341,8 @@ Status Run::write_checkpoint() {
   }
   HP_ASSIGN_OR_RETURN(auto whole_params, whole(params));
   if (tps) {
-    HP_ASSIGN_OR_RETURN(whole_state.exp_avg, whole(state.exp_avg));
-    HP_ASSIGN_OR_RETURN(whole_state.exp_avg_sq, whole(state.exp_avg_sq));
+    HP_ASSIGN_OR_RETURN(whole_state.exp_avg, whole(whole_state.exp_avg));
+    HP_ASSIGN_OR_RETURN(whole_state.exp_avg_sq, whole(whole_state.exp_avg_sq));
   }
   if (!lead()) return {};
   Checkpoint c;

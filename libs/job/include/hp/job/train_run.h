@@ -86,5 +86,9 @@ Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
 /// is built (hp shard's partition of the recipe, built when the rank asks for it; every rank reads
 /// the recipe's model once here). Errc::bad_input for what hp shard refuses.
 Status tensor_parallel_options(const Job& job, train::TrainOptions& to);
+/// The rank of `transport` in the job: its tensor-parallel group and mesh position (to.tp) and,
+/// with dp > 1, the data-parallel group of its tensor-parallel index (to.dp).
+Status tensor_parallel_rank(const recipe::Recipe& recipe, comm::Transport& transport,
+                            train::TrainOptions& to);
 
 }  // namespace hp::job

@@ -48,8 +48,14 @@ struct TensorParallelPart {
 struct TensorParallel {
   comm::Transport* transport = nullptr;  ///< not owned; null = no tensor parallelism
   std::vector<int> group;                ///< global ranks of the group, in member order
-  /// Builds member `index`'s part (the job layer partitions the recipe; hp/job/train_run.h).
-  std::function<Expected<TensorParallelPart>(int index)> partition;
+  /// With data parallelism: grid[d] is the tensor-parallel group of data-parallel index d (the
+  /// rows of hp shard's [dp, tp] stage mesh); what the job layer places, kept so each rank finds
+  /// its own group and position.
+  std::vector<std::vector<int>> grid;
+  int position = 0;  ///< this rank's position on the [dp, tp] mesh (row-major)
+  /// Builds the part at mesh position `position` (the job layer partitions the recipe;
+  /// hp/job/train_run.h).
+  std::function<Expected<TensorParallelPart>(int position)> partition;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
 };
