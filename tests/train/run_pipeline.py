@@ -29,7 +29,11 @@ On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) 
 (in process, and over mpirun) and interleaved 1F1B, with the same tolerances; 3 steps at dp = 2 x
 pp = 2 with optimizer_shard 2 resumed for 2 at pp = 4 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
 (dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process (also with optimizer_shard 2) and
-GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1), with the same tolerances.
+GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1), with the same tolerances. Stages split
+over tensor-parallel ranks (tp = 2 x pp = 2, 4 ranks, each training hp shard's partition of its
+stage) train every model under 1f1b and zb-h1 in process and GPT-2 under gpipe over mpirun, and the
+four-block models under ZB-V (in process and over mpirun) and interleaved 1F1B; a tp = 2 x pp = 2
+checkpoint resumes at one rank, a pp = 2 one at tp = 2 x pp = 2.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
@@ -70,6 +74,13 @@ DP_PP = [
     ("dp2xpp2-zero1-zbh1-m2", {"dp": 2, "optimizer_shard": 1, "schedule": "zb-h1",
                                "micro_batches": 2}, "mpirun"),
 ]
+# Tensor x pipeline parallelism (tp = 2 x pp = 2, 4 ranks: each rank trains hp shard's partition of
+# its stage): every model in process, GPT-2 over mpirun too.
+TP_PP = [
+    ("tp2xpp2-1f1b-m2", {"tp": 2, "schedule": "1f1b", "micro_batches": 2}, "simulate"),
+    ("tp2xpp2-zbh1-m2", {"tp": 2, "schedule": "zb-h1", "micro_batches": 2}, "simulate"),
+    ("tp2xpp2-gpipe-m2", {"tp": 2, "schedule": "gpipe", "micro_batches": 2}, "mpirun"),
+]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
     ("pp4-1f1b-m4", 4, {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
@@ -80,6 +91,11 @@ DEEP = [
     ("zbv-p2-m4", 4, {"pp": 2, "schedule": "zbv", "micro_batches": 4}, "mpirun"),
     ("interleaved-p2-v2-m2", 4, {"pp": 2, "schedule": "interleaved", "virtual_stages": 2,
                                  "micro_batches": 2}, "simulate"),
+    # ... and each stage's partition over tp = 2 (4 ranks).
+    ("tp2-zbv-p2-m2", 4, {"tp": 2, "pp": 2, "schedule": "zbv", "micro_batches": 2}, "simulate"),
+    ("tp2-zbv-p2-m4", 4, {"tp": 2, "pp": 2, "schedule": "zbv", "micro_batches": 4}, "mpirun"),
+    ("tp2-interleaved-p2-v2-m2", 4, {"tp": 2, "pp": 2, "schedule": "interleaved",
+                                     "virtual_stages": 2, "micro_batches": 2}, "simulate"),
 ]
 VARIANT = "adamw-clip"
 
@@ -120,8 +136,8 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
                                        os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
-    ranks = extra.get("pp", len(stages))
-    check_trace(trace, extra, ranks, len(stages) // ranks)
+    pp = extra.get("pp", len(stages))
+    check_trace(trace, extra, pp * extra.get("tp", 1), len(stages) // pp)
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
@@ -148,14 +164,18 @@ def resumed(hp, work, log):
     ref = reference.make("gpt2", VARIANT, d)
     stages = two_stages(hp, ref, d, log)
     pp, one = os.path.join(d, "pp.toml"), os.path.join(d, "one.toml")
+    tppp = os.path.join(d, "tppp.toml")
     pp_recipe(pp, ref, stages, {"schedule": "zb-h1", "micro_batches": 2})
+    pp_recipe(tppp, ref, stages, {"tp": 2, "schedule": "1f1b", "micro_batches": 2})
     rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
     details = []
-    for tag, first, then in [("pp2 -> one rank", pp, one), ("one rank -> pp2", one, pp)]:
+    for tag, first, then in [("pp2 -> one rank", pp, one), ("one rank -> pp2", one, pp),
+                             ("tp2 x pp2 -> one rank", tppp, one),
+                             ("pp2 -> tp2 x pp2", pp, tppp)]:
         ckpt = os.path.join(d, f"ckpt-{len(details)}")
         m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
         saved = os.path.join(d, f"s{len(details)}.onnx")
-        how = lambda r: "simulate" if r == pp else "one"  # noqa: E731
+        how = lambda r: "one" if r == one else "simulate"  # noqa: E731
         rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
                                                  "--metrics", m1, "--checkpoint", ckpt], log)
         if rc != 0:
@@ -351,10 +371,10 @@ def main():
             except Exception as e:
                 report(False, f"{name} stages", rt.describe(e))
                 continue
-            for tag, extra, how in SCHEDULES + DP_PP:
+            for tag, extra, how in SCHEDULES + DP_PP + TP_PP:
                 if how == "mpirun" and name not in MPIRUN_MODELS:
                     continue
-                label = f"{name} {'' if tag.startswith('dp') else 'pp2 '}{tag} ({how})"
+                label = f"{name} {'' if tag[:2] in ('dp', 'tp') else 'pp2 '}{tag} ({how})"
                 try:
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:

@@ -22,7 +22,11 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
     planned.parallel.schedule = S::interleaved;
     for (auto& st : planned.stages) st.ranks.clear();
   }
-  HP_ASSIGN_OR_RETURN(auto prepared, shard::prepare(planned, job.where, job.recipe_path));
+  std::shared_ptr<const shard::Prepared> prepared;
+  {
+    HP_ASSIGN_OR_RETURN(auto made, shard::prepare(planned, job.where, job.recipe_path));
+    prepared = std::move(made);
+  }
   const auto stages = prepared->plan.stages.size();
   const auto p = static_cast<int>(r.parallel.pp);
   std::vector<std::vector<std::string>> cuts(stages - 1);
@@ -56,6 +60,8 @@ Status pipeline_options(const Job& job, train::TrainOptions& to) {
   pp.micro_batches = static_cast<int>(r.parallel.micro_batches);
   pp.split_weight = s == S::zb_h1 || s == S::zbv;
   pp.cuts = std::move(cuts);
+  // Tensor parallelism: each rank trains its partition of each of its stages.
+  if (r.parallel.tp > 1) HP_TRY(tensor_parallel_setup(job, prepared, to));
   return {};
 }
 
@@ -95,6 +101,20 @@ Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOp
       if (grid[s][d] == t.rank()) {
         for (const auto& stage : grid) pp.ranks.push_back(stage.at(d));
         pp.stage = static_cast<int>(s);
+        if (r.parallel.tp > 1) {  // the stage's tensor-parallel group of this mesh position
+          const auto tp = static_cast<std::size_t>(r.parallel.tp);
+          to.tp.transport = &t;
+          to.tp.position = static_cast<int>(d);
+          to.tp.group.assign(grid[s].begin() + static_cast<std::ptrdiff_t>(d / tp * tp),
+                             grid[s].begin() + static_cast<std::ptrdiff_t>(d / tp * tp + tp));
+          if (r.parallel.dp > 1) {
+            to.dp = data_parallel_of(r, t);
+            to.dp.group.clear();
+            for (std::size_t q = d % tp; q < grid[s].size(); q += tp)
+              to.dp.group.push_back(grid[s][q]);
+          }
+          continue;
+        }
         to.dp = data_parallel_of(r, t);
         to.dp.group = grid[s];
       }

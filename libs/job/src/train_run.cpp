@@ -97,15 +97,17 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   const std::string where = job.where.at("train");
   const bool pipeline = r.parallel.pp > 1;
   const bool tensor = r.parallel.tp > 1;
-  if (r.parallel.expert_parallel != 1 || !r.groups.empty() || (tensor && r.parallel.pp > 1))
+  if (r.parallel.expert_parallel != 1 || !r.groups.empty() ||
+      (tensor && r.parallel.pp > 1 && r.parallel.dp > 1))
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data-, pipeline- or tensor-parallel (tp with dp, not pp) for "
-                    "now: the recipe has [train] and {}",
+        fmt::format("training is data-, pipeline- or tensor-parallel (tp with dp or with pp, not "
+                    "both) for now: the recipe has [train] and {}",
                     !r.groups.empty() ? std::string("[[groups]]")
                     : r.parallel.expert_parallel != 1
                         ? fmt::format("expert_parallel = {}", r.parallel.expert_parallel)
-                        : fmt::format("tp = {} with pp = {}", r.parallel.tp, r.parallel.pp)),
+                        : fmt::format("tp = {} with pp = {} and dp = {}", r.parallel.tp,
+                                      r.parallel.pp, r.parallel.dp)),
         where,
         "train with dp and pp ranks, or dp and tp ranks (expert_parallel = 1, no [[groups]]), or "
         "remove [train] to run the model forward");
@@ -204,7 +206,7 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   to.log_every = o.log_every > 0 ? o.log_every : 1;
   to.sink = o.sink;
   if (pipeline) HP_TRY(pipeline_options(job, to));
-  if (tensor) HP_TRY(tensor_parallel_options(job, to));
+  if (tensor && !pipeline) HP_TRY(tensor_parallel_options(job, to));
   return to;
 }
 

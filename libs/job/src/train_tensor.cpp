@@ -32,6 +32,38 @@ train::ParamCut cut_of(const shard::Prepared& p, int t) {
   return c;
 }
 
+// The partition's collectives run on `ranks` (per mesh position) instead of hp shard's `placed`.
+Status rename_ranks(shard::RankPartition& rp, const std::vector<std::int64_t>& placed,
+                    const std::vector<int>& ranks) {
+  if (ranks.empty()) return {};
+  if (ranks.size() != placed.size())
+    return Error(Errc::internal, "a pipeline stage runs on another number of ranks than planned");
+  std::map<std::int64_t, std::int64_t> to;
+  bool same = true;
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    to[placed[k]] = ranks[k];
+    same = same && placed[k] == ranks[k];
+  }
+  if (same) return {};
+  onnx::ModelProto m;
+  if (!m.ParseFromString(rp.onnx)) return Error(Errc::internal, "a partition does not parse");
+  for (auto& n : *m.mutable_graph()->mutable_node()) {
+    if (n.domain() != "hp") continue;
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.name() != "group") continue;
+      for (auto& r : *a.mutable_ints()) {
+        auto it = to.find(r);
+        if (it == to.end())
+          return Error(Errc::internal, fmt::format("'{}' runs on rank {}, outside its stage",
+                                                   n.name(), r));
+        r = it->second;
+      }
+    }
+  }
+  if (!m.SerializeToString(&rp.onnx)) return Error(Errc::internal, "a partition does not serialize");
+  return {};
+}
+
 }  // namespace
 
 Status tensor_parallel_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOptions& to) {
@@ -59,6 +91,11 @@ Status tensor_parallel_options(const Job& job, train::TrainOptions& to) {
     HP_ASSIGN_OR_RETURN(auto made, shard::prepare(job.recipe, job.where, job.recipe_path));
     prepared = std::move(made);
   }
+  return tensor_parallel_setup(job, std::move(prepared), to);
+}
+
+Status tensor_parallel_setup(const Job& job, std::shared_ptr<const shard::Prepared> prepared,
+                             train::TrainOptions& to) {
   const auto& stage = prepared->plan.stages.at(0);
   const auto tp = static_cast<std::size_t>(job.recipe.parallel.tp);
   to.tp.grid.assign(stage.ranks.size() / tp, {});
@@ -87,8 +124,11 @@ Status tensor_parallel_options(const Job& job, train::TrainOptions& to) {
       cuts.emplace(tensor.name, std::move(c));
     }
   }
-  to.tp.partition = [prepared, cuts](int index) -> Expected<train::TensorParallelPart> {
-    HP_ASSIGN_OR_RETURN(auto rp, shard::build_partition(prepared->plan, 0, index));
+  to.tp.partition = [prepared, cuts](int stage, int position, const std::vector<int>& ranks)
+      -> Expected<train::TensorParallelPart> {
+    HP_ASSIGN_OR_RETURN(auto rp, shard::build_partition(prepared->plan, stage, position));
+    HP_TRY(rename_ranks(rp, prepared->plan.stages.at(static_cast<std::size_t>(stage)).ranks,
+                        ranks));
     train::TensorParallelPart part;
     part.onnx = std::move(rp.onnx);
     part.varying = std::move(rp.varying);

@@ -44,8 +44,18 @@ struct PipeRun {
   TraceLog trace;
   comm::Transport& t() const { return *o.pp.transport; }
   /// The first stage of the first replica: prints, writes metrics, checkpoints, the saved model.
-  bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0; }
+  bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0 && o.tp.index() <= 0; }
   std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
+  /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
+  std::unique_ptr<TensorParallelSync> tps;
+  /// Hands `params` to the stage's executors (partial addends as stored, tensor_parallel.h).
+  Status set_weights() {
+    if (!tps) return stage->set_weights(params);
+    std::vector<exec::HostTensor> stored;
+    for (std::size_t k = 0; k < params.size(); ++k) stored.push_back(tps->stored(k, params[k]));
+    return stage->set_weights(stored);
+  }
+  Expected<double> tp_norm();
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
@@ -106,6 +116,13 @@ Status PipeRun::prepare() {
   if (!o.trace.empty()) stage->set_trace(&trace);
   for (const auto& n : stage->notes()) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
+  if (o.tp.active()) {
+    if (o.dp.active())
+      return Error(Errc::not_implemented,
+                   "tensor and pipeline parallelism are trained together without dp for now");
+    HP_ASSIGN_OR_RETURN(tps, TensorParallelSync::create(o.tp, stage->cuts(), params));
+    tps->to_trained(params);
+  }
   if (o.dp.active()) {
     // Each stage's replicas reduce its gradients (and shard its optimizer); the clip norm adds
     // the pipeline's stages, a shared weight counted by its first stage.
@@ -115,8 +132,13 @@ Status PipeRun::prepare() {
     HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(group, params));
   }
   std::int64_t n = 0;
-  for (const auto& p : params)
-    if (stage->owns(p.name)) n += p.numel();
+  for (const auto& p : params) {
+    if (!stage->owns(p.name)) continue;
+    auto cut = stage->cuts().find(p.name);  // a split weight counts whole
+    std::int64_t e = 1;
+    for (auto d : cut == stage->cuts().end() ? p.dims : cut->second.shape) e *= d;
+    n += e;
+  }
   HP_TRY(t().allreduce(o.pp.ranks, &n, &n, 1, HP_I64, comm::ReduceOp::sum));
   report.params = n;
   return {};
@@ -161,20 +183,34 @@ Status PipeRun::resume() {
   for (std::size_t k = 0; k < c.params.size(); ++k) at[c.params[k].name] = k;
   state = {};
   state.step = c.step;
-  for (auto& p : params) {
+  // Tensor parallelism: this member's slices of the whole tensors.
+  auto mine = [&](std::size_t k, const exec::HostTensor& whole) -> Expected<exec::HostTensor> {
+    if (!tps) return whole;
+    return tps->slice(k, whole);
+  };
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    auto& p = params[k];
     auto it = at.find(p.name);
-    if (it == at.end() || c.params[it->second].dims != p.dims)
-      return Error(
-          Errc::bad_input,
-          fmt::format("the checkpoint has no parameter '{}' shaped as the model's", p.name),
-          o.resume_dir.string());
-    p = c.params[it->second];
-    if (it->second < c.state.exp_avg.size()) state.exp_avg.push_back(c.state.exp_avg[it->second]);
-    if (it->second < c.state.exp_avg_sq.size())
-      state.exp_avg_sq.push_back(c.state.exp_avg_sq[it->second]);
+    if (it == at.end())
+      return Error(Errc::bad_input, fmt::format("the checkpoint has no parameter '{}'", p.name),
+                   o.resume_dir.string());
+    HP_ASSIGN_OR_RETURN(auto value, mine(k, c.params[it->second]));
+    if (value.dims != p.dims)
+      return Error(Errc::bad_input,
+                   fmt::format("checkpoint parameter '{}' is not shaped as the model's", p.name),
+                   o.resume_dir.string());
+    p = std::move(value);
+    if (it->second < c.state.exp_avg.size()) {
+      HP_ASSIGN_OR_RETURN(auto m, mine(k, c.state.exp_avg[it->second]));
+      state.exp_avg.push_back(std::move(m));
+    }
+    if (it->second < c.state.exp_avg_sq.size()) {
+      HP_ASSIGN_OR_RETURN(auto v, mine(k, c.state.exp_avg_sq[it->second]));
+      state.exp_avg_sq.push_back(std::move(v));
+    }
   }
   if (dp) state = dp->slice_state(state);
-  HP_TRY(stage->set_weights(params));
+  HP_TRY(set_weights());
   report.first_step = c.step + 1;
   data_position = c.data_position;
   return {};
@@ -203,11 +239,11 @@ Expected<StepMetrics> PipeRun::step() {
   if (dp) {
     info = dp->update(o.optimizer, params, reduced, state);
   } else {
-    HP_ASSIGN_OR_RETURN(double norm, stage->global_norm());
+    HP_ASSIGN_OR_RETURN(double norm, tps ? tp_norm() : stage->global_norm());
     info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
-  HP_TRY(stage->set_weights(params));
+  HP_TRY(set_weights());
   const auto t2 = std::chrono::steady_clock::now();
   if (!o.trace.empty()) trace.add(fmt::format("optimizer {}", k), "optimizer", 0, t1, t2);
   StepMetrics m;
@@ -222,6 +258,20 @@ Expected<StepMetrics> PipeRun::step() {
   m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
   report.peak_bytes = std::max(report.peak_bytes, m.peak_bytes);
   return m;
+}
+
+// The whole model's gradient norm under tensor parallelism: this rank's split weights and (on the
+// group's first member) its whole ones, a shared weight on its first stage only, added over the
+// pipeline and then over the stage's tensor-parallel group, which adds the pipelines.
+Expected<double> PipeRun::tp_norm() {
+  const auto& g = stage->grads();
+  std::vector<char> counted(g.size());
+  for (std::size_t k = 0; k < g.size(); ++k)
+    counted[k] = stage->owns(params[k].name) && (tps->split(k) || o.tp.index() == 0);
+  double sq = sum_of_squares(g, counted);
+  HP_TRY(t().allreduce(o.pp.ranks, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
+  HP_TRY(t().allreduce(o.tp.group, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
+  return std::sqrt(sq);
 }
 
 // Sends one f32 tensor's bytes to `peer`, whose receiver knows its size.
@@ -243,10 +293,19 @@ Expected<Checkpoint> PipeRun::gather() {
   if (dp) {
     HP_ASSIGN_OR_RETURN(whole, dp->gather_state(state, params));
   }
+  // Tensor parallelism: whole tensors from the stage's members; the first member's pipeline
+  // gathers the stages.
+  std::vector<exec::HostTensor> values = params;
+  if (tps) {
+    HP_ASSIGN_OR_RETURN(values, tps->gather(params));
+    HP_ASSIGN_OR_RETURN(whole.exp_avg, tps->gather(whole.exp_avg));
+    HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, tps->gather(whole.exp_avg_sq));
+    if (o.tp.index() != 0) return c;
+  }
   std::vector<exec::HostTensor> mine, avg, avg_sq;
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (!stage->owns(params[k].name)) continue;
-    mine.push_back(params[k]);
+    mine.push_back(values[k]);
     if (k < whole.exp_avg.size()) avg.push_back(whole.exp_avg[k]);
     if (k < whole.exp_avg_sq.size()) avg_sq.push_back(whole.exp_avg_sq[k]);
   }

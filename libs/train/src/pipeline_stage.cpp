@@ -76,6 +76,7 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
   std::vector<std::filesystem::path> paths(o.plugin_paths.begin(), o.plugin_paths.end());
   HP_ASSIGN_OR_RETURN(auto b,
                       exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
+  if (o.tp.active()) s->comm_ = std::make_unique<LockedComm>(*o.tp.transport, *s);
   for (int vs = 0; vs <= last; ++vs) {
     if (!s->mine(vs)) continue;
     Chunk& c = s->chunks_.emplace_back();
@@ -89,7 +90,8 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
       spec.output_grads = c.float_out;
     }
     spec.input_grads = c.float_in;
-    HP_ASSIGN_OR_RETURN(c.gg, build_grad_graph(pieces.stages[static_cast<std::size_t>(vs)], spec));
+    HP_ASSIGN_OR_RETURN(model::Model fwd, s->piece(o, pieces, vs, spec));
+    HP_ASSIGN_OR_RETURN(c.gg, build_grad_graph(fwd, spec));
     HP_ASSIGN_OR_RETURN(GradParts parts,
                         split_backward(c.gg, role.split_weight ? BackwardSplit::input_weight
                                                                : BackwardSplit::whole));
@@ -98,8 +100,8 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
           std::pair{&parts.weight, &c.weight}}) {
       dst->part = std::move(*part);
       if (dst->part.empty()) continue;
-      HP_ASSIGN_OR_RETURN(dst->ex,
-                          exec::Executor::create(dst->part.model, {b.primary, b.cpu, nullptr}));
+      HP_ASSIGN_OR_RETURN(dst->ex, exec::Executor::create(dst->part.model,
+                                                          {b.primary, b.cpu, s->comm_.get()}));
     }
     // A weight two of this rank's chunks read (ZB-V's first and last stage: a tied embedding) is
     // one parameter of the rank; both chunks' gradient parts add into it.
@@ -126,6 +128,30 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
     s->grads_.push_back(std::move(v));
   }
   return s;
+}
+
+Expected<model::Model> PipelineStage::piece(const TrainOptions& o, const PipelinePieces& pieces,
+                                            int vs, GradSpec& spec) {
+  if (!o.tp.active()) return pieces.stages[static_cast<std::size_t>(vs)];
+  HP_ASSIGN_OR_RETURN(
+      TensorParallelPart part,
+      o.tp.partition(vs, o.tp.position, role_.grid.at(static_cast<std::size_t>(role_.position(vs)))));
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(model::Model m,
+                      model::parse_model(part.onnx,
+                                         o.model.parent_path() /
+                                             fmt::format("stage{}-member{}.onnx", vs, o.tp.index()),
+                                         lo));
+  auto proto = std::make_shared<onnx::ModelProto>(*m.proto);
+  HP_TRY(recv_send_to_io(*proto));
+  m.proto = std::move(proto);
+  spec.dims.clear();  // the partition is specialised to the recipe's dims already
+  spec.tp.varying = std::move(part.varying);
+  spec.tp.group.assign(o.tp.group.begin(), o.tp.group.end());
+  spec.tp.rank = o.tp.transport->rank();
+  cuts_ = std::move(part.cuts);
+  return m;
 }
 
 PipelineStage::Chunk* PipelineStage::chunk(int virtual_stage) {

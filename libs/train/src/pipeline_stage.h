@@ -52,6 +52,9 @@ class PipelineStage {
   /// boundary tensors and their gradients) this rank held between actions in the last step: what
   /// a schedule's order costs in memory (GPipe holds every micro-batch's stash, 1F1B at most p).
   std::int64_t peak_bytes() const;
+  /// Tensor parallelism (TrainOptions::tp): the weights split over the stage's tensor-parallel
+  /// group (the same cuts on every stage; empty without it).
+  const std::map<std::string, ParamCut>& cuts() const { return cuts_; }
   /// Records every action of the following steps ("F 3.1": step 3, micro-batch 1, its virtual
   /// stage in args; the wait for its input before it as "wait F 3.1", category "wait") into
   /// `trace` (not owned; null = none).
@@ -86,7 +89,35 @@ class PipelineStage {
   bool mine(int virtual_stage) const { return role_.position(virtual_stage) == role_.stage; }
   Chunk* chunk(int virtual_stage);
 
+  /// The executors' collectives of a tensor-parallel stage, each taking the transport's turn
+  /// (hold()) as the boundary messages do.
+  class LockedComm : public exec::CommOps {
+   public:
+    LockedComm(comm::Transport& t, PipelineStage& s) : inner_(t), s_(s) {}
+    bool handles(const std::string& op) const override { return inner_.handles(op); }
+    Status run(const exec::CommNode& n, const std::vector<const exec::HostTensor*>& in,
+               std::vector<exec::HostTensor>& out) override {
+      auto turn = s_.hold();
+      return inner_.run(n, in, out);
+    }
+    Status run_into(const exec::CommNode& n, const std::vector<exec::CommTensor>& in,
+                    const exec::CommAlloc& alloc) override {
+      auto turn = s_.hold();
+      return inner_.run_into(n, in, alloc);
+    }
+
+   private:
+    comm::TransportCommOps inner_;
+    PipelineStage& s_;
+  };
+  /// Virtual stage `vs`'s forward piece: the cut of the forward model, or under tensor
+  /// parallelism this rank's partition of it (Recv/Send as graph inputs/outputs).
+  Expected<model::Model> piece(const TrainOptions& o, const PipelinePieces& pieces, int vs,
+                               GradSpec& spec);
+
   PipelineRole role_;
+  std::unique_ptr<LockedComm> comm_;  ///< tensor parallelism only
+  std::map<std::string, ParamCut> cuts_;
   std::vector<Chunk> chunks_;
   std::vector<std::string> params_;
   /// PipelinePieces::shared for the weights this rank trains and other ranks read too: name -> the

@@ -176,4 +176,34 @@ Expected<exec::HostTensor> TensorParallelSync::slice(std::size_t param,
   return s;
 }
 
+Status recv_send_to_io(onnx::ModelProto& m) {
+  onnx::GraphProto& g = *m.mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (auto& n : *g.mutable_node()) {
+    if (n.domain() != "hp" || (n.op_type() != "Recv" && n.op_type() != "Send")) {
+      *kept.Add() = std::move(n);
+      continue;
+    }
+    if (n.op_type() == "Send") {
+      bool listed = false;
+      for (const auto& o : g.output()) listed = listed || o.name() == n.input(0);
+      if (!listed)
+        return Error(Errc::bad_input,
+                     fmt::format("the partition sends '{}', which is no graph output", n.input(0)));
+      continue;
+    }
+    // The received activation: a graph input of the dtype and local shape the Recv names.
+    auto* in = g.add_input();
+    in->set_name(n.output(0));
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    for (const auto& a : n.attribute()) {
+      if (a.name() == "dtype") tt->set_elem_type(static_cast<std::int32_t>(a.i()));
+      if (a.name() == "shape")
+        for (auto d : a.ints()) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    }
+  }
+  g.mutable_node()->Swap(&kept);
+  return {};
+}
+
 }  // namespace hp::train

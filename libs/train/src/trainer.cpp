@@ -79,7 +79,7 @@ Status Run::prepare_tensor_parallel(GradSpec& spec) {
   const int me = o.tp.index();
   if (me < 0 || !o.tp.partition)
     return Error(Errc::internal, "this rank has no tensor-parallel partition");
-  HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(o.tp.position));
+  HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(0, o.tp.position, {}));
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(part_model, model::parse_model(tpp.onnx,

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Data-parallel training benchmark (not a test): the speedup of dp ranks over one rank, same run.
+"""Data- and tensor-parallel training benchmark (not a test): the speedup of dp or tp ranks over
+one rank, same run.
 
 Model: bench_train.py's GPT-2-style decoder (hidden 512, 8 heads, 6 layers, vocab 8192, seq 128),
 exported with a dynamic batch axis, trained with AdamW on one global batch of --batch sequences.
@@ -8,6 +9,7 @@ steps; the figure is the median step of the metrics after the warm-up steps:
 
     one rank, 1 thread                  the baseline
     dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter)
+    tp=2 over mpirun, 1 thread per rank each rank trains hp shard's partition (--tp 2)
 
 and prints speedup = baseline / configuration (ideal: dp), the share of a step spent in the
 gradient reduction that is left after the backward (reduce_seconds) and in the update
@@ -15,6 +17,7 @@ gradient reduction that is left after the backward (reduce_seconds) and in the u
 machine with fewer free cores than ranks the speedup measures the oversubscription, not hp.
 
     tests/bench/train/bench_dp.py [BUILD_DIR] [--steps 6] [--warmup 2] [--batch 8] [--zero 0,1,2]
+                                  [--tp 2]   (an empty list skips that part)
 
 Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train).
 """
@@ -80,6 +83,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--zero", default="0,1,2")
+    ap.add_argument("--tp", default="2")
     a = ap.parse_args()
     hp = os.path.join(a.build, "bin", "hp")
     cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
@@ -90,12 +94,16 @@ def main():
         base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {})
         print(f"{'one rank, 1 thread':34} {base:8.3f} s/step  (update {base_upd:.3f} s)  "
               f"loss {base_loss:.5f}")
-        for z in [int(x) for x in a.zero.split(",")]:
+        for z in [int(x) for x in a.zero.split(",") if x]:
             t, red, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup,
                                     {"dp": 2, "optimizer_shard": z})
             print(f"{f'dp=2 zero {z} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  reduction {red:.3f} s ({100 * red / t:.0f}%)  update "
                   f"{upd:.3f} s  loss {loss:.5f}")
+        for tp in [int(x) for x in a.tp.split(",") if x]:
+            t, _, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp})
+            print(f"{f'tp={tp} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
+                  f"{base / t:4.2f}x  update {upd:.3f} s  loss {loss:.5f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 // planned for several ranks is refused rather than trained on one of them.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "hp/comm/comm.h"
@@ -11,6 +12,10 @@
 #include "hp/job/job.h"
 #include "hp/job/launch.h"
 #include "hp/train/trainer.h"
+
+namespace hp::shard {
+struct Prepared;
+}
 
 namespace hp::job {
 
@@ -86,6 +91,9 @@ Status pipeline_rank(const recipe::Recipe& recipe, comm::Transport& transport,
 /// is built (hp shard's partition of the recipe, built when the rank asks for it; every rank reads
 /// the recipe's model once here). Errc::bad_input for what hp shard refuses.
 Status tensor_parallel_options(const Job& job, train::TrainOptions& to);
+/// The same from a partitioned recipe (pipeline_options shares its own).
+Status tensor_parallel_setup(const Job& job, std::shared_ptr<const shard::Prepared> prepared,
+                             train::TrainOptions& to);
 /// The rank of `transport` in the job: its tensor-parallel group and mesh position (to.tp) and,
 /// with dp > 1, the data-parallel group of its tensor-parallel index (to.dp).
 Status tensor_parallel_rank(const recipe::Recipe& recipe, comm::Transport& transport,

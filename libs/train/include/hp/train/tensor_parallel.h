@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <onnx/onnx_pb.h>
+
 #include "hp/comm/comm.h"
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
@@ -53,12 +55,22 @@ struct TensorParallel {
   /// its own group and position.
   std::vector<std::vector<int>> grid;
   int position = 0;  ///< this rank's position on the [dp, tp] mesh (row-major)
-  /// Builds the part at mesh position `position` (the job layer partitions the recipe;
-  /// hp/job/train_run.h).
-  std::function<Expected<TensorParallelPart>(int position)> partition;
+  /// Builds the part of (virtual) pipeline stage `stage` at mesh position `position` (the job
+  /// layer partitions the recipe; hp/job/train_run.h). `ranks`, when given, are the global ranks
+  /// that run the stage at each mesh position, where they differ from hp shard's placement (ZB-V's
+  /// V puts the second chunk on other ranks than interleaving does): the collectives' groups are
+  /// renamed to them.
+  std::function<Expected<TensorParallelPart>(int stage, int position,
+                                             const std::vector<int>& ranks)>
+      partition;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
 };
+
+/// A pipeline stage's partition as a stage piece (stages.h): its hp.Recv nodes become graph inputs
+/// and its hp.Send nodes go (what they send is a graph output already). Errc::bad_input when a
+/// Send sends a tensor under another name than the boundary's.
+Status recv_send_to_io(onnx::ModelProto& m);
 
 /// The group's collectives over one member's parameters (f32, in its gradient model's order).
 class TensorParallelSync {
