@@ -33,7 +33,9 @@ GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1), with the same toler
 over tensor-parallel ranks (tp = 2 x pp = 2, 4 ranks, each training hp shard's partition of its
 stage) train every model under 1f1b and zb-h1 in process and GPT-2 under gpipe over mpirun, and the
 four-block models under ZB-V (in process and over mpirun) and interleaved 1F1B; a tp = 2 x pp = 2
-checkpoint resumes at one rank, a pp = 2 one at tp = 2 x pp = 2.
+checkpoint resumes at one rank, a pp = 2 one at tp = 2 x pp = 2, and 3 steps at dp = 2 x tp = 2 x pp = 2
+(ZeRO-2) resumed for 2 at tp = 4 and at one rank equal the uninterrupted 5. dp = 2 x tp = 2 x pp = 2 (8 ranks)
+trains every model under 1f1b, and under zb-h1 with optimizer_shard 2, in process.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
@@ -80,6 +82,11 @@ TP_PP = [
     ("tp2xpp2-1f1b-m2", {"tp": 2, "schedule": "1f1b", "micro_batches": 2}, "simulate"),
     ("tp2xpp2-zbh1-m2", {"tp": 2, "schedule": "zb-h1", "micro_batches": 2}, "simulate"),
     ("tp2xpp2-gpipe-m2", {"tp": 2, "schedule": "gpipe", "micro_batches": 2}, "mpirun"),
+    # All three: dp = 2 x tp = 2 x pp = 2, 8 ranks.
+    ("dp2xtp2xpp2-1f1b-m2", {"dp": 2, "tp": 2, "schedule": "1f1b", "micro_batches": 2},
+     "simulate"),
+    ("dp2xtp2xpp2-zero2-zbh1", {"dp": 2, "tp": 2, "optimizer_shard": 2, "schedule": "zb-h1",
+                                "micro_batches": 1}, "simulate"),
 ]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
@@ -137,7 +144,7 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     pp = extra.get("pp", len(stages))
-    check_trace(trace, extra, pp * extra.get("tp", 1), len(stages) // pp)
+    check_trace(trace, extra, pp * extra.get("tp", 1) * extra.get("dp", 1), len(stages) // pp)
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
@@ -164,14 +171,19 @@ def resumed(hp, work, log):
     ref = reference.make("gpt2", VARIANT, d)
     stages = two_stages(hp, ref, d, log)
     pp, one = os.path.join(d, "pp.toml"), os.path.join(d, "one.toml")
-    tppp = os.path.join(d, "tppp.toml")
+    tppp, three, tp4 = (os.path.join(d, f"{n}.toml") for n in ("tppp", "three", "tp4"))
     pp_recipe(pp, ref, stages, {"schedule": "zb-h1", "micro_batches": 2})
     pp_recipe(tppp, ref, stages, {"tp": 2, "schedule": "1f1b", "micro_batches": 2})
+    pp_recipe(three, ref, stages, {"dp": 2, "tp": 2, "optimizer_shard": 2, "schedule": "1f1b",
+                                   "micro_batches": 1})
     rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
+    rt.write_recipe(tp4, ref.model, ref.train, {"batch": models.BATCH}, parallel={"tp": 4})
     details = []
     for tag, first, then in [("pp2 -> one rank", pp, one), ("one rank -> pp2", one, pp),
                              ("tp2 x pp2 -> one rank", tppp, one),
-                             ("pp2 -> tp2 x pp2", pp, tppp)]:
+                             ("pp2 -> tp2 x pp2", pp, tppp),
+                             ("dp2 x tp2 x pp2 (zero 2) -> tp4", three, tp4),
+                             ("dp2 x tp2 x pp2 (zero 2) -> one rank", three, one)]:
         ckpt = os.path.join(d, f"ckpt-{len(details)}")
         m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
         saved = os.path.join(d, f"s{len(details)}.onnx")

@@ -112,6 +112,10 @@ Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOp
             to.dp.group.clear();
             for (std::size_t q = d % tp; q < grid[s].size(); q += tp)
               to.dp.group.push_back(grid[s][q]);
+            to.tp.replica.clear();
+            for (const auto& stage : grid)
+              for (std::size_t q = d / tp * tp; q < d / tp * tp + tp; ++q)
+                to.tp.replica.push_back(stage.at(q));
           }
           continue;
         }

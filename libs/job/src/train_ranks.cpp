@@ -29,6 +29,14 @@ train::DataParallel data_parallel_of(const recipe::Recipe& r, comm::Transport& t
 
 namespace {
 
+// "pipeline x tensor x data-parallel", ...: what the ranks are.
+std::string kinds(const recipe::Parallel& p) {
+  std::string s;
+  for (auto [degree, name] : {std::pair{p.pp, "pipeline"}, {p.tp, "tensor"}, {p.dp, "data"}})
+    if (degree > 1) s += (s.empty() ? "" : " x ") + std::string(name);
+  return (s.empty() ? std::string("data") : s) + "-parallel";
+}
+
 std::string closing_lines(const train::TrainReport& rep) {
   if (!rep.summary.empty()) return rep.summary;
   if (rep.steps.empty()) return "";
@@ -96,11 +104,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       "{} {} ranks simulated as threads of this process ({} thread(s) each) in "
       "{:.2f} s\n",
       ranks,
-      job.recipe.parallel.pp > 1
-          ? (job.recipe.parallel.dp > 1 ? "pipeline x data-parallel" : "pipeline")
-      : job.recipe.parallel.tp > 1
-          ? (job.recipe.parallel.dp > 1 ? "tensor x data-parallel" : "tensor-parallel")
-          : "data-parallel",
+      kinds(job.recipe.parallel),
       to.threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
@@ -140,10 +144,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;
   r.summary = fmt::format("{} {} ranks trained (mpirun) in {:.2f} s; logs in {}\n", ran.ranks,
-                          job.recipe.parallel.pp > 1   ? "pipeline"
-                          : job.recipe.parallel.tp > 1 ? "tensor-parallel"
-                                                       : "data-parallel",
-                          ran.seconds,
+                          kinds(job.recipe.parallel), ran.seconds,
                           ran.log_dir.string());
   return r;
 }

@@ -97,20 +97,17 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   const std::string where = job.where.at("train");
   const bool pipeline = r.parallel.pp > 1;
   const bool tensor = r.parallel.tp > 1;
-  if (r.parallel.expert_parallel != 1 || !r.groups.empty() ||
-      (tensor && r.parallel.pp > 1 && r.parallel.dp > 1))
+  if (r.parallel.expert_parallel != 1 || !r.groups.empty())
     return Error(
         Errc::not_implemented,
-        fmt::format("training is data-, pipeline- or tensor-parallel (tp with dp or with pp, not "
-                    "both) for now: the recipe has [train] and {}",
-                    !r.groups.empty() ? std::string("[[groups]]")
-                    : r.parallel.expert_parallel != 1
-                        ? fmt::format("expert_parallel = {}", r.parallel.expert_parallel)
-                        : fmt::format("tp = {} with pp = {} and dp = {}", r.parallel.tp,
-                                      r.parallel.pp, r.parallel.dp)),
+        fmt::format("training is data-, tensor- and pipeline-parallel for now: the recipe has "
+                    "[train] and {}",
+                    !r.groups.empty()
+                        ? std::string("[[groups]]")
+                        : fmt::format("expert_parallel = {}", r.parallel.expert_parallel)),
         where,
-        "train with dp and pp ranks, or dp and tp ranks (expert_parallel = 1, no [[groups]]), or "
-        "remove [train] to run the model forward");
+        "train with dp, tp and pp ranks (expert_parallel = 1, no [[groups]]), or remove [train] "
+        "to run the model forward");
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is

@@ -117,18 +117,19 @@ Status PipeRun::prepare() {
   for (const auto& n : stage->notes()) say(true, "hp: note: " + n);
   HP_ASSIGN_OR_RETURN(params, stage->read_params());
   if (o.tp.active()) {
-    if (o.dp.active())
-      return Error(Errc::not_implemented,
-                   "tensor and pipeline parallelism are trained together without dp for now");
     HP_ASSIGN_OR_RETURN(tps, TensorParallelSync::create(o.tp, stage->cuts(), params));
     tps->to_trained(params);
   }
   if (o.dp.active()) {
     // Each stage's replicas reduce its gradients (and shard its optimizer); the clip norm adds
-    // the pipeline's stages, a shared weight counted by its first stage.
+    // the pipeline's stages, a shared weight counted by its first stage; with tensor parallelism
+    // also the other pipelines of this replica, whole weights counted by their first member.
     DataParallel group = o.dp;
     group.norm_group = o.pp.ranks;
-    for (const auto& p : params) group.counted.push_back(stage->owns(p.name) ? 1 : 0);
+    if (tps) group.norm_group = o.tp.replica;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      group.counted.push_back(stage->owns(params[k].name) &&
+                              (!tps || tps->split(k) || o.tp.index() == 0));
     HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(group, params));
   }
   std::int64_t n = 0;

@@ -55,6 +55,9 @@ struct TensorParallel {
   /// its own group and position.
   std::vector<std::vector<int>> grid;
   int position = 0;  ///< this rank's position on the [dp, tp] mesh (row-major)
+  /// With pipeline and data parallelism: every rank of this rank's data-parallel replica (all its
+  /// stages' tensor-parallel groups), over which the clip norm is added.
+  std::vector<int> replica;
   /// Builds the part of (virtual) pipeline stage `stage` at mesh position `position` (the job
   /// layer partitions the recipe; hp/job/train_run.h). `ranks`, when given, are the global ranks
   /// that run the stage at each mesh position, where they differ from hp shard's placement (ZB-V's
