@@ -103,9 +103,8 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
   r.summary += fmt::format(
       "{} {} ranks simulated as threads of this process ({} thread(s) each) in "
       "{:.2f} s\n",
-      ranks,
-      kinds(job.recipe.parallel),
-      to.threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      ranks, kinds(job.recipe.parallel), to.threads,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
 
@@ -144,8 +143,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   if (!o.trace.empty()) HP_TRY(train::merge_traces(fs::absolute(o.trace), ran.ranks));
   LaunchReport r;
   r.summary = fmt::format("{} {} ranks trained (mpirun) in {:.2f} s; logs in {}\n", ran.ranks,
-                          kinds(job.recipe.parallel), ran.seconds,
-                          ran.log_dir.string());
+                          kinds(job.recipe.parallel), ran.seconds, ran.log_dir.string());
   return r;
 }
 

@@ -54,13 +54,14 @@ Status rename_ranks(shard::RankPartition& rp, const std::vector<std::int64_t>& p
       for (auto& r : *a.mutable_ints()) {
         auto it = to.find(r);
         if (it == to.end())
-          return Error(Errc::internal, fmt::format("'{}' runs on rank {}, outside its stage",
-                                                   n.name(), r));
+          return Error(Errc::internal,
+                       fmt::format("'{}' runs on rank {}, outside its stage", n.name(), r));
         r = it->second;
       }
     }
   }
-  if (!m.SerializeToString(&rp.onnx)) return Error(Errc::internal, "a partition does not serialize");
+  if (!m.SerializeToString(&rp.onnx))
+    return Error(Errc::internal, "a partition does not serialize");
   return {};
 }
 
@@ -124,11 +125,12 @@ Status tensor_parallel_setup(const Job& job, std::shared_ptr<const shard::Prepar
       cuts.emplace(tensor.name, std::move(c));
     }
   }
-  to.tp.partition = [prepared, cuts](int stage, int position, const std::vector<int>& ranks)
-      -> Expected<train::TensorParallelPart> {
+  to.tp.partition = [prepared, cuts](
+                        int stage, int position,
+                        const std::vector<int>& ranks) -> Expected<train::TensorParallelPart> {
     HP_ASSIGN_OR_RETURN(auto rp, shard::build_partition(prepared->plan, stage, position));
-    HP_TRY(rename_ranks(rp, prepared->plan.stages.at(static_cast<std::size_t>(stage)).ranks,
-                        ranks));
+    HP_TRY(
+        rename_ranks(rp, prepared->plan.stages.at(static_cast<std::size_t>(stage)).ranks, ranks));
     train::TensorParallelPart part;
     part.onnx = std::move(rp.onnx);
     part.varying = std::move(rp.varying);

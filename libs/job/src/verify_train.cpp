@@ -88,13 +88,14 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   rep.training = true;
   rep.ranks = static_cast<int>(job.recipe.ranks());
   rep.layout = p.tp > 1 ? fmt::format("tp={} (hp shard's partitions)", p.tp)
-               : p.pp > 1 ? fmt::format("pp={}, {} schedule, {} micro-batches", p.pp,
-                                      recipe::schedule_name(p.schedule), p.micro_batches)
-                        : fmt::format("dp={}, optimizer_shard {}{}", p.dp,
-                                      recipe::optimizer_shard_name(p.optimizer_shard),
-                                      p.shard_group > 0 && p.shard_group < p.dp
-                                          ? fmt::format(", HSDP shard groups of {}", p.shard_group)
-                                          : std::string());
+               : p.pp > 1
+                   ? fmt::format("pp={}, {} schedule, {} micro-batches", p.pp,
+                                 recipe::schedule_name(p.schedule), p.micro_batches)
+                   : fmt::format("dp={}, optimizer_shard {}{}", p.dp,
+                                 recipe::optimizer_shard_name(p.optimizer_shard),
+                                 p.shard_group > 0 && p.shard_group < p.dp
+                                     ? fmt::format(", HSDP shard groups of {}", p.shard_group)
+                                     : std::string());
   rep.how = o.simulate || rep.ranks == 1 ? "simulated in one process"
                                          : fmt::format("mpirun, {} ranks", rep.ranks);
   TempDir tmp;

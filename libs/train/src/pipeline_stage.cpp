@@ -100,8 +100,8 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
           std::pair{&parts.weight, &c.weight}}) {
       dst->part = std::move(*part);
       if (dst->part.empty()) continue;
-      HP_ASSIGN_OR_RETURN(dst->ex, exec::Executor::create(dst->part.model,
-                                                          {b.primary, b.cpu, s->comm_.get()}));
+      HP_ASSIGN_OR_RETURN(
+          dst->ex, exec::Executor::create(dst->part.model, {b.primary, b.cpu, s->comm_.get()}));
     }
     // A weight two of this rank's chunks read (ZB-V's first and last stage: a tied embedding) is
     // one parameter of the rank; both chunks' gradient parts add into it.
@@ -133,16 +133,16 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
 Expected<model::Model> PipelineStage::piece(const TrainOptions& o, const PipelinePieces& pieces,
                                             int vs, GradSpec& spec) {
   if (!o.tp.active()) return pieces.stages[static_cast<std::size_t>(vs)];
-  HP_ASSIGN_OR_RETURN(
-      TensorParallelPart part,
-      o.tp.partition(vs, o.tp.position, role_.grid.at(static_cast<std::size_t>(role_.position(vs)))));
+  HP_ASSIGN_OR_RETURN(TensorParallelPart part,
+                      o.tp.partition(vs, o.tp.position,
+                                     role_.grid.at(static_cast<std::size_t>(role_.position(vs)))));
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
-  HP_ASSIGN_OR_RETURN(model::Model m,
-                      model::parse_model(part.onnx,
-                                         o.model.parent_path() /
-                                             fmt::format("stage{}-member{}.onnx", vs, o.tp.index()),
-                                         lo));
+  HP_ASSIGN_OR_RETURN(
+      model::Model m,
+      model::parse_model(
+          part.onnx, o.model.parent_path() / fmt::format("stage{}-member{}.onnx", vs, o.tp.index()),
+          lo));
   auto proto = std::make_shared<onnx::ModelProto>(*m.proto);
   HP_TRY(recv_send_to_io(*proto));
   m.proto = std::move(proto);

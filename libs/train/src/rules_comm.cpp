@@ -20,10 +20,10 @@ namespace hp::train::detail {
 namespace dom = hp::domain;
 
 std::string all_reduce(GradCtx& c, const std::string& g, const std::vector<std::int64_t>& group) {
-  return c.op(std::string(dom::kAllReduce), {g},
-              {{std::string(dom::kAttrOp), std::string("sum")},
-               {std::string(dom::kAttrGroup), group}},
-              std::string(dom::kDomain));
+  return c.op(
+      std::string(dom::kAllReduce), {g},
+      {{std::string(dom::kAttrOp), std::string("sum")}, {std::string(dom::kAttrGroup), group}},
+      std::string(dom::kDomain));
 }
 
 namespace {

@@ -73,8 +73,7 @@ Expected<std::unique_ptr<TensorParallelSync>> TensorParallelSync::create(
   std::unique_ptr<TensorParallelSync> s(new TensorParallelSync());
   s->tp_ = &tp;
   s->index_ = tp.index();
-  if (s->index_ < 0)
-    return Error(Errc::bad_input, "this rank is not in its tensor-parallel group");
+  if (s->index_ < 0) return Error(Errc::bad_input, "this rank is not in its tensor-parallel group");
   s->owned_ = cuts;
   for (const auto& p : params) {
     s->names_.push_back(p.name);
@@ -123,8 +122,8 @@ Expected<double> TensorParallelSync::global_norm(const std::vector<exec::HostTen
     whole_mask[k] = !split_mask[k];
   }
   double split_sq = sum_of_squares(grads, split_mask);
-  HP_TRY(tp_->transport->allreduce(tp_->group, &split_sq, &split_sq, 1, HP_F64,
-                                   comm::ReduceOp::sum));
+  HP_TRY(
+      tp_->transport->allreduce(tp_->group, &split_sq, &split_sq, 1, HP_F64, comm::ReduceOp::sum));
   return std::sqrt(split_sq + sum_of_squares(grads, whole_mask));
 }
 

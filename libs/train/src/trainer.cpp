@@ -37,7 +37,7 @@ struct Run {
   const TrainOptions& o;
   model::Model forward;
   std::map<std::string, ParamCut> cuts;  ///< tensor parallelism: the split weights
-  std::vector<exec::HostTensor> batch;  ///< the --inputs tensors, read once
+  std::vector<exec::HostTensor> batch;   ///< the --inputs tensors, read once
   GradGraph gg;
   std::unique_ptr<exec::Executor> ex;
   std::vector<exec::HostTensor> params;
@@ -82,10 +82,9 @@ Status Run::prepare_tensor_parallel(GradSpec& spec) {
   HP_ASSIGN_OR_RETURN(TensorParallelPart tpp, o.tp.partition(0, o.tp.position, {}));
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
-  HP_ASSIGN_OR_RETURN(part_model, model::parse_model(tpp.onnx,
-                                                o.model.parent_path() /
-                                                    fmt::format("tp-member{}.onnx", me),
-                                                lo));
+  HP_ASSIGN_OR_RETURN(
+      part_model, model::parse_model(
+                      tpp.onnx, o.model.parent_path() / fmt::format("tp-member{}.onnx", me), lo));
   spec.tp.varying = std::move(tpp.varying);
   spec.tp.group.assign(o.tp.group.begin(), o.tp.group.end());
   spec.tp.rank = o.tp.transport->rank();

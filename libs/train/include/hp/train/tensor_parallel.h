@@ -42,8 +42,8 @@ struct ParamCut {
 
 /// One member's part of the model, as hp shard builds it.
 struct TensorParallelPart {
-  std::string onnx;                   ///< serialized forward partition (RankPartition::onnx)
-  std::vector<std::string> varying;   ///< RankPartition::varying
+  std::string onnx;                      ///< serialized forward partition (RankPartition::onnx)
+  std::vector<std::string> varying;      ///< RankPartition::varying
   std::map<std::string, ParamCut> cuts;  ///< the weights split over the group (others: whole)
 };
 
