@@ -26,6 +26,48 @@ std::string dims_text(const std::vector<std::int64_t>& v) {
   return s + "]";
 }
 
+std::string axes_text(const Mesh& mesh, const std::vector<int>& axes) {
+  std::string s;
+  for (int a : axes) s += (s.empty() ? "" : "*") + mesh.axes[static_cast<std::size_t>(a)];
+  return s;
+}
+
+// What training does with a step's gradient (docs/training.md, "Tensor parallelism": the conjugate
+// of each collective; libs/train/src/rules_comm.cpp).
+std::string conjugate(const Mesh& mesh, const RedistStep& st) {
+  const std::string over = axes_text(mesh, st.axes);
+  switch (st.kind) {
+    case StepKind::all_reduce:
+      return st.op == ReduceOp::sum ? "the gradient passes through (each rank's partial sum had "
+                                      "the whole gradient)"
+                                    : "no gradient (only a sum is differentiated)";
+    case StepKind::all_gather:
+      return fmt::format("each rank keeps its block of dim {} of the gradient (a local slice)",
+                         st.dim);
+    case StepKind::reduce_scatter:
+      return fmt::format("all_gather dim {} over {} of the gradient", st.dim, over);
+    case StepKind::all_to_all:
+      return fmt::format("all_to_all over {} of the gradient, split dim {} and concat dim {}", over,
+                         st.concat_dim, st.dim);
+    case StepKind::local_slice:
+      return "the gradient is zero outside the slice, and is all-reduced where the whole tensor "
+             "enters the region (below)";
+    case StepKind::permute: return "the reverse permute of the gradient";
+  }
+  return "";
+}
+
+// Whether members of the tensor-parallel axis (the mesh's last) hold different values.
+bool varies(const Mesh& mesh, const Sharding& s) {
+  const int last = static_cast<int>(mesh.axes.size()) - 1;
+  if (last < 0 || mesh.dims[static_cast<std::size_t>(last)] < 2) return false;
+  for (const auto& d : s.dims)
+    if (std::find(d.begin(), d.end(), last) != d.end()) return true;
+  for (const auto& a : s.partial)
+    if (a.axis == last) return true;
+  return false;
+}
+
 }  // namespace
 
 Expected<std::string> explain(const Prepared& p, const std::string& name, bool json) {
@@ -102,10 +144,14 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
                                ? fmt::format("{} ({})", g.node(r.node).name, g.node(r.node).op_type)
                                : std::string("graph output");
     std::string plan = describe_plan(mesh, r.plan);
+    nlohmann::json backward = nlohmann::json::array();
+    for (auto it = r.plan.steps.rbegin(); it != r.plan.steps.rend(); ++it)
+      backward.push_back(conjugate(mesh, *it));
     j["redistributions"].push_back({{"consumer", consumer},
                                     {"from", format_sharding(mesh, r.from)},
                                     {"to", format_sharding(mesh, r.to)},
-                                    {"steps", plan}});
+                                    {"steps", plan},
+                                    {"backward", backward}});
     text += fmt::format("redistribution before {}: {} -> {}\n", consumer,
                         format_sharding(mesh, r.from), format_sharding(mesh, r.to));
     for (std::size_t a = 0, b; a < plan.size(); a = b + 1) {
@@ -113,12 +159,38 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
       if (b == std::string::npos) b = plan.size();
       if (b > a) text += "  " + plan.substr(a, b - a) + "\n";
     }
+    for (const auto& line : backward)
+      text += "  backward: " + line.get<std::string>() + "\n";
   }
   if (count == 0) text += "no redistribution: every consumer reads it as produced\n";
+  // Training: a tensor every tensor-parallel member holds whole, read by nodes that compute in
+  // parts, has its gradient all-reduced over tp (a region entry, Megatron's f).
+  std::vector<std::string> parts;
+  const bool floating = tensor.elem_type == 1 || tensor.elem_type == 10 ||
+                        tensor.elem_type == 11 || tensor.elem_type == 16;
+  if (floating && !varies(mesh, s))
+    for (const auto& st : p.plan.stages)
+      for (int i : st.nodes) {
+        const auto& n = g.node(i);
+        if (std::find(n.inputs.begin(), n.inputs.end(), t) == n.inputs.end()) continue;
+        bool split = false;
+        for (int o : n.outputs)
+          split = split || (o >= 0 && varies(mesh, p.prop.layout[static_cast<std::size_t>(o)]));
+        if (split) parts.push_back(n.name.empty() ? n.op_type : n.name);
+      }
+  j["region_entry"] = !parts.empty();
+  if (!parts.empty())
+    text += fmt::format(
+        "backward (training): read whole by {} node(s) computing in parts ({}{}), so its "
+        "gradient from them is all-reduced over {}\n",
+        parts.size(), parts.front(), parts.size() > 1 ? ", ..." : "",
+        mesh.axes.back());
   for (const auto& b : p.plan.boundaries)
     if (b.tensor == t)
-      text += fmt::format("pipeline: sent from stage {} to stage {} (tag {})\n", b.from_stage,
-                          b.to_stage, b.tag);
+      text += fmt::format(
+          "pipeline: sent from stage {} to stage {} (tag {}); in training its gradient goes "
+          "back from stage {} to stage {}\n",
+          b.from_stage, b.to_stage, b.tag, b.to_stage, b.from_stage);
   if (json) return j.dump(2) + "\n";
   return text;
 }
