@@ -411,3 +411,15 @@ void Executor::Impl::end_run() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count();
 }
 }  // namespace hp::exec
+
+namespace hp::exec {
+
+double comm_seconds(const ExecStats& stats) {
+  double s = 0;
+  for (const auto& [op, t] : stats.by_op)
+    // "hp.AllReduce": the comm layer's ops (domain "hp"; not "hp.train.SoftmaxGrad").
+    if (op.rfind("hp.", 0) == 0 && op.find('.', 3) == std::string::npos) s += t.seconds;
+  return s;
+}
+
+}  // namespace hp::exec

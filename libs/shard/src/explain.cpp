@@ -159,15 +159,14 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
       if (b == std::string::npos) b = plan.size();
       if (b > a) text += "  " + plan.substr(a, b - a) + "\n";
     }
-    for (const auto& line : backward)
-      text += "  backward: " + line.get<std::string>() + "\n";
+    for (const auto& line : backward) text += "  backward: " + line.get<std::string>() + "\n";
   }
   if (count == 0) text += "no redistribution: every consumer reads it as produced\n";
   // Training: a tensor every tensor-parallel member holds whole, read by nodes that compute in
   // parts, has its gradient all-reduced over tp (a region entry, Megatron's f).
   std::vector<std::string> parts;
-  const bool floating = tensor.elem_type == 1 || tensor.elem_type == 10 ||
-                        tensor.elem_type == 11 || tensor.elem_type == 16;
+  const bool floating = tensor.elem_type == 1 || tensor.elem_type == 10 || tensor.elem_type == 11 ||
+                        tensor.elem_type == 16;
   if (floating && !varies(mesh, s))
     for (const auto& st : p.plan.stages)
       for (int i : st.nodes) {
@@ -183,8 +182,7 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
     text += fmt::format(
         "backward (training): read whole by {} node(s) computing in parts ({}{}), so its "
         "gradient from them is all-reduced over {}\n",
-        parts.size(), parts.front(), parts.size() > 1 ? ", ..." : "",
-        mesh.axes.back());
+        parts.size(), parts.front(), parts.size() > 1 ? ", ..." : "", mesh.axes.back());
   for (const auto& b : p.plan.boundaries)
     if (b.tensor == t)
       text += fmt::format(

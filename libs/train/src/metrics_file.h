@@ -51,7 +51,8 @@ class MetricsFile {
                         {"peak_bytes", m.peak_bytes},
                         {"run_seconds", m.run_seconds},
                         {"reduce_seconds", m.reduce_seconds},
-                        {"update_seconds", m.update_seconds}};
+                        {"update_seconds", m.update_seconds},
+                        {"tp_comm_seconds", m.tp_comm_seconds}};
     out_ << j.dump() << '\n';
     out_.flush();
   }

@@ -257,6 +257,7 @@ Expected<StepMetrics> PipeRun::step() {
   m.peak_bytes = stage->peak_bytes();
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
+  m.tp_comm_seconds = stage->comm_seconds();
   report.peak_bytes = std::max(report.peak_bytes, m.peak_bytes);
   return m;
 }

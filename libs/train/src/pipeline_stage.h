@@ -59,6 +59,8 @@ class PipelineStage {
   /// stage in args; the wait for its input before it as "wait F 3.1", category "wait") into
   /// `trace` (not owned; null = none).
   void set_trace(TraceLog* trace) { trace_ = trace; }
+  /// Seconds the last step spent in the parts' "hp"-domain collectives (tensor parallelism).
+  double comm_seconds() const { return comm_seconds_; }
 
  private:
   struct Part {
@@ -131,6 +133,7 @@ class PipelineStage {
   SendProgress* progress_ = nullptr;  ///< during run_step
   std::int64_t step_ = 0;             ///< steps run (trace names)
   std::int64_t held_peak_ = 0;        ///< most bytes held in the micro-batches' tensors, last step
+  double comm_seconds_ = 0;           ///< in collectives, last step
 };
 
 }  // namespace hp::train::detail

@@ -37,6 +37,7 @@ Status PipelineStage::run_part(Chunk& c, Part& p, Env& env, float scale) {
     in.push_back(it->second);
   }
   HP_ASSIGN_OR_RETURN(auto outs, p.ex->run(in));
+  comm_seconds_ += exec::comm_seconds(p.ex->stats());
   for (std::size_t i = 0; i < outs.size() && i < p.part.outputs.size(); ++i) {
     const std::string& name = p.part.outputs[i];
     exec::HostTensor& t = outs[i];
@@ -157,6 +158,7 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   }
   ++step_;
   held_peak_ = 0;
+  comm_seconds_ = 0;
   SendProgress progress(*role_.transport);
   progress_ = &progress;
   struct Reset {

@@ -321,6 +321,7 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.reduce_seconds = std::chrono::duration<double>(t_reduced - t1).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t_reduced).count();
+  m.tp_comm_seconds = exec::comm_seconds(ex->stats());
   return m;
 }
 
@@ -423,10 +424,13 @@ Expected<TrainReport> train(const TrainOptions& o) {
     for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
       line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
                           total > 0 ? 100 * ops[k].first / total : 0.0);
-    const std::string reduce =
+    std::string reduce =
         r.sync ? fmt::format(", {:.3f} s gradient reduction (data parallel, after the backward)",
                              lastm.reduce_seconds)
                : std::string();
+    if (r.tps)
+      reduce = fmt::format(" ({:.3f} s in tensor-parallel collectives){}", lastm.tp_comm_seconds,
+                           reduce);
     if (!line.empty())
       r.report.summary += fmt::format(
           "last step: {:.3f} s forward+backward{}, {:.3f} s optimizer, {:.3f} s other; by op: "

@@ -109,6 +109,10 @@ struct GraphIO {
   bool sequence = false;
 };
 
+struct ExecStats;
+/// Seconds of `stats`' last run spent in "hp"-domain (communication) nodes.
+double comm_seconds(const ExecStats& stats);
+
 /// Time spent in one op type during the last run.
 struct OpTime {
   int nodes = 0;       ///< nodes of this type that ran

@@ -71,6 +71,9 @@ struct StepMetrics {
   double reduce_seconds = 0;
   /// Of `seconds`: clipping and the optimizer (with ZeRO: and the parameters' all-gather).
   double update_seconds = 0;
+  /// Of `run_seconds`: in the tensor-parallel collectives of the gradient model (forward and
+  /// backward). They block the rank's computation, so all of it is exposed.
+  double tp_comm_seconds = 0;
 };
 
 struct TrainReport {
