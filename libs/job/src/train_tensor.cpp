@@ -1,6 +1,7 @@
 // Tensor-parallel training jobs (train_run.h): hp shard partitions the recipe once per process, and
 // each rank trains the partition of its mesh position (hp/train/tensor_parallel.h).
 #include <fmt/core.h>
+#include <onnx/onnx_pb.h>
 
 #include <algorithm>
 #include <memory>

@@ -265,6 +265,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   for (int round = 0; round < kMaxRounds; ++round) {
     g.clear_value_info();
     add_fixed_value_info(g, fixed);
+    add_type_stubs(g, fixed, result.shapes, opset);
     HP_TRY(infer_shapes_isolated(copy, options, model.path.string()));
     result.shapes = collect_shapes(g);
     ValueMap values = evaluate_shape_values(g, result.shapes, opset);

@@ -1,6 +1,7 @@
 // Output shapes of the "hp" domain's communication nodes (hp/core/hp_domain.h), which ONNX's own
 // inference does not know: partitions written by `hp shard` hold them, and the executor's offload
 // planner and the cost model need every tensor's size.
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
 
 #include "hp/core/hp_domain.h"
@@ -64,6 +65,32 @@ int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, Shap
     ++added;
   }
   return added;
+}
+
+}  // namespace hp::model
+
+namespace hp::model {
+
+int add_type_stubs(onnx::GraphProto& g, const ShapeMap& fixed, const ShapeMap& shapes, int opset) {
+  std::vector<std::pair<std::string, std::int32_t>> stubs;
+  for (const auto& n : g.node()) {
+    const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    if (onnx::OpSchemaRegistry::Schema(n.op_type(), domain.empty() ? opset : 1, domain)) continue;
+    std::int32_t type = onnx::TensorProto::FLOAT;
+    if (n.op_type() == domain::kRecv)
+      type = static_cast<std::int32_t>(attr_int(n, std::string(domain::kAttrDtype), type));
+    else if (n.input_size() > 0)
+      if (auto it = shapes.find(n.input(0)); it != shapes.end() && it->second.elem_type != 0)
+        type = it->second.elem_type;
+    for (const auto& o : n.output())
+      if (!o.empty() && !fixed.count(o)) stubs.emplace_back(o, type);
+  }
+  for (const auto& [name, type] : stubs) {
+    auto* vi = g.add_value_info();
+    vi->set_name(name);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
+  }
+  return static_cast<int>(stubs.size());
 }
 
 }  // namespace hp::model

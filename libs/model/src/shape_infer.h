@@ -52,6 +52,12 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims);
 /// Output shapes of "hp"-domain communication nodes (shape_hp.cpp) whose input shapes are known and
 /// whose outputs ONNX left unknown, added to `fixed`; returns how many.
 int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed);
+/// libonnx 1.12's data propagation crashes (SIGSEGV) on a Shape node downstream of a tensor that
+/// has no type at all, which is what the output of an op it has no schema for is (an "hp"
+/// collective, a vendor op) until hp fixes its shape. Before a round of inference, every such
+/// output not in `fixed` gets a value_info with an element type and no shape: its first input's
+/// type from the previous round (`shapes`), else float. Returns how many it added.
+int add_type_stubs(onnx::GraphProto& g, const ShapeMap& fixed, const ShapeMap& shapes, int opset);
 
 /// Drops the declared shapes of every subgraph output (element types stay), so inference writes the
 /// inferred ones (shape_control.cpp).

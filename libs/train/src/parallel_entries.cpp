@@ -15,7 +15,8 @@ bool is_float(std::int32_t t) {
 
 }  // namespace
 
-int mark_parallel_entries(onnx::GraphProto& g, const std::set<std::string>& varying,
+int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
+                          const std::set<std::string>& original,
                           const std::vector<std::int64_t>& group,
                           std::map<std::string, std::vector<std::int64_t>>& reduce_grad) {
   // Integer constants (shapes, indices, axes) carry no gradient: no entry for them.
@@ -30,6 +31,10 @@ int mark_parallel_entries(onnx::GraphProto& g, const std::set<std::string>& vary
   nodes.Swap(g.mutable_node());
   std::map<std::string, std::string> entry;  // same-valued tensor -> its entry
   for (auto& n : nodes) {
+    bool reads_varying = false;
+    for (const auto& i : n.input()) reads_varying = reads_varying || varying.count(i);
+    for (const auto& o : n.output())
+      if (!original.count(o) && reads_varying) varying.insert(o);
     bool computes_varying = false;
     for (const auto& o : n.output()) computes_varying = computes_varying || varying.count(o);
     if (computes_varying)

@@ -18,6 +18,7 @@
 #include "hp/exec/backends.h"
 #include "hp/plugin/hp_plugin.h"
 #include "pipeline_tags.h"
+#include "rewrite.h"
 
 namespace hp::train::detail {
 

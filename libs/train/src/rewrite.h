@@ -36,14 +36,21 @@ std::map<int, std::string> find_gelu_chains(const GraphWriter& w, int forward_no
 /// count.
 int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes);
 
+/// A pipeline stage's partition as a stage piece (stages.h): its hp.Recv nodes become graph inputs
+/// and its hp.Send nodes go (what they send is a graph output already). Errc::bad_input when a
+/// Send sends a tensor that is no graph output (tensor_parallel.cpp).
+Status recv_send_to_io(onnx::ModelProto& m);
+
 /// Tensor parallelism (GradSpec::tp): where a node computing a `varying` tensor (one whose values
 /// differ across the group) reads a floating-point tensor that is the same on every member, that
 /// read goes through Identity(X) -> "<X>.tp_entry" (one per X, before its first such reader), and
 /// reduce_grad maps the Identity's output to `group`: the Identity rule all-reduces its gradient,
 /// Megatron's f operator. Readers that compute same-valued tensors keep reading X, so their
-/// (whole) gradient is added after the reduction, not summed over the members. Returns the number
-/// of entries.
-int mark_parallel_entries(onnx::GraphProto& g, const std::set<std::string>& varying,
+/// (whole) gradient is added after the reduction, not summed over the members. Node outputs not
+/// in `original` (what a rewrite added) vary when one of the node's inputs does. Returns the
+/// number of entries.
+int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
+                          const std::set<std::string>& original,
                           const std::vector<std::int64_t>& group,
                           std::map<std::string, std::vector<std::int64_t>>& reduce_grad);
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "hp/plugin/hp_plugin.h"
+#include "rewrite.h"
 
 namespace hp::train {
 
@@ -175,6 +176,8 @@ Expected<exec::HostTensor> TensorParallelSync::slice(std::size_t param,
   return s;
 }
 
+namespace detail {
+
 Status recv_send_to_io(onnx::ModelProto& m) {
   onnx::GraphProto& g = *m.mutable_graph();
   google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
@@ -204,5 +207,7 @@ Status recv_send_to_io(onnx::ModelProto& m) {
   g.mutable_node()->Swap(&kept);
   return {};
 }
+
+}  // namespace detail
 
 }  // namespace hp::train

@@ -196,12 +196,19 @@ TEST_CASE("train_run: what is refused before training", "[job]") {
   LaunchOptions outputs = o;
   outputs.outputs = "out";
   CHECK(!train_options(two, outputs));
-  // Tensor parallelism, or groups: not yet (pipeline: train_pipeline_test.cpp, run_pipeline.py).
-  Job tp = job_of(d, "", "", "dp = 1\ntp = 2\npp = 1\n");
-  auto t = train_options(tp, o);
+  // Tensor parallelism: hp shard partitions the recipe up front, so a model file that is no model
+  // is named here (tests/train/run_distributed.py trains real exports).
+  Job tp = job_of(d, "", "[model]\ndims = { batch = 4, seq = 32 }\n", "dp = 1\ntp = 2\npp = 1\n");
+  auto tpo = train_options(tp, o);
+  REQUIRE(!tpo);
+  CHECK(tpo.error().code == hp::Errc::bad_input);
+  CHECK_THAT(tpo.error().where(), Catch::Contains("m.onnx"));
+  // Expert parallelism, or groups: not yet.
+  Job ep = job_of(d, "", "", "dp = 2\ntp = 1\npp = 1\nexpert_parallel = 2\n");
+  auto t = train_options(ep, o);
   REQUIRE(!t);
   CHECK(t.error().code == hp::Errc::not_implemented);
-  CHECK_THAT(t.error().message(), Catch::Contains("data- and pipeline-parallel only"));
+  CHECK_THAT(t.error().message(), Catch::Contains("expert_parallel = 2"));
   CHECK_THAT(t.error().where(), Catch::Contains("r.toml:"));
 }
 

@@ -247,3 +247,60 @@ TEST_CASE("model: an opset newer than the onnx library is a warning, not an erro
   for (const auto& w : g->warnings) warned = warned || w.find("opset 30") != std::string::npos;
   CHECK(warned);
 }
+
+// libonnx 1.12's data propagation dereferences a missing type: a Shape node downstream of an op
+// it has no schema for (an "hp" collective, a vendor op) crashed the process before every such
+// output got a typed stub (libs/model/src/shape_hp.cpp, add_type_stubs).
+TEST_CASE("model: Shape downstream of ops onnx does not know is inferred, not a crash", "[model]") {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  for (auto [domain, version] : {std::pair{"", 17}, {"hp", 1}, {"com.vendor", 1}}) {
+    auto* op = m.add_opset_import();
+    op->set_domain(domain);
+    op->set_version(version);
+  }
+  auto* g = m.mutable_graph();
+  g->set_name("g");
+  auto* x = g->add_input();
+  x->set_name("x");
+  x->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int d : {2, 3})
+    x->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  auto node = [&](const char* op, const char* domain, const char* in, const char* out) {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_domain(domain);
+    n->add_input(in);
+    n->add_output(out);
+    return n;
+  };
+  auto* ar = node("AllReduce", "hp", "x", "y");
+  auto* group = ar->add_attribute();
+  group->set_name("group");
+  group->set_type(onnx::AttributeProto::INTS);
+  group->add_ints(0);
+  group->add_ints(1);
+  node("Relu", "", "y", "z");
+  node("Shape", "", "z", "s");
+  node("Mystery", "com.vendor", "x", "v");
+  node("Relu", "", "v", "w");
+  node("Shape", "", "w", "t");
+  for (const char* o : {"s", "t"}) {
+    auto* out = g->add_output();
+    out->set_name(o);
+    out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+  }
+  const auto dir = scratch_dir("untyped-shape");
+  std::string bytes;
+  REQUIRE(m.SerializeToString(&bytes));
+  write_bytes(dir / "m.onnx", bytes);
+  auto model = load_model(dir / "m.onnx");
+  REQUIRE(model);
+  auto graph = build_graph(*model, {});
+  REQUIRE(graph);
+  // The all-reduce keeps its input's shape (hp's own rule), so the Shape downstream is known.
+  const auto& z = graph->tensor(graph->find_tensor("z"));
+  REQUIRE(z.dims.size() == 2);
+  CHECK(z.dims[0].value == 2);
+  CHECK(z.dims[1].value == 3);
+}

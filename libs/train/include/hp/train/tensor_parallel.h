@@ -19,8 +19,6 @@
 #include <string>
 #include <vector>
 
-#include <onnx/onnx_pb.h>
-
 #include "hp/comm/comm.h"
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
@@ -69,11 +67,6 @@ struct TensorParallel {
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
 };
-
-/// A pipeline stage's partition as a stage piece (stages.h): its hp.Recv nodes become graph inputs
-/// and its hp.Send nodes go (what they send is a graph output already). Errc::bad_input when a
-/// Send sends a tensor under another name than the boundary's.
-Status recv_send_to_io(onnx::ModelProto& m);
 
 /// The group's collectives over one member's parameters (f32, in its gradient model's order).
 class TensorParallelSync {
