@@ -12,10 +12,16 @@
  *   FAKE_NEEDS_VENDOR   calls a function of libhpfakevendor.so, which is not on the loader path
  *   FAKE_CRASH          its entry point dies with SIGSEGV: a broken plugin that takes down whatever
  *                       process loads it (built into a directory of its own, plugins-broken/)
+ *   FAKE_HANG           its entry point never returns (plugins-hang/): a plugin whose driver
+ *                       initialisation waits forever
  *   (none)              a well-formed 1.1 backend with one host-memory device
  *
  * Kernels are not implemented (HP_UNSUPPORTED); memory is malloc, streams are synchronous.
  */
+#ifdef FAKE_HANG
+#define _POSIX_C_SOURCE 200809L /* pause() */
+#include <unistd.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,6 +274,9 @@ EXPORT const hp_backend_v1* hp_backend_entry_v1(uint16_t host_minor) {
   (void)host_minor;
 #ifdef FAKE_CRASH
   raise(SIGSEGV);
+#endif
+#ifdef FAKE_HANG
+  for (;;) pause();
 #endif
   return &table;
 }

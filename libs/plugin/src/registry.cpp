@@ -17,10 +17,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "hp/core/fs.h"
 #include "load_steps.h"
@@ -121,8 +124,30 @@ std::string crash_in_child(const fs::path& file, const std::vector<std::string>&
     detail::run_load_steps(rec, open_options);
     ::_exit(0);  // without atexit handlers or the plugin's destructors: only the steps count
   }
+  // A plugin whose loading never ends (a driver waiting for a device) must not hang hp: the child
+  // gets HP_PLUGIN_PROBE_TIMEOUT seconds (default 30: a GPU driver's first initialisation takes a
+  // few), then is killed and the plugin listed as hanging.
+  double limit = 30;
+  if (const char* v = std::getenv("HP_PLUGIN_PROBE_TIMEOUT")) {
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    if (end != v && *end == '\0' && x > 0 && x < 86400) limit = x;
+  }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return fmt::format(
+          "the process trying it did not finish within {:g} s and was killed (a "
+          "plugin that hangs while loading; HP_PLUGIN_PROBE_TIMEOUT sets the limit)",
+          limit);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (WIFSIGNALED(status))
     return fmt::format("the process trying it was killed by signal {} ({})", WTERMSIG(status),
