@@ -11,8 +11,9 @@ steps; the figure is the median step of the metrics after the warm-up steps:
     dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter)
     tp=2 over mpirun, 1 thread per rank each rank trains hp shard's partition (--tp 2)
 
-and prints speedup = baseline / configuration (ideal: dp), the share of a step spent in the
-gradient reduction that is left after the backward (reduce_seconds) and in the update
+and prints speedup = baseline / configuration (ideal: dp or tp), the share of a step spent in the
+gradient reduction that is left after the backward (reduce_seconds; tp: the tensor-parallel
+collectives, tp_comm_seconds, all exposed) and in the update
 (update_seconds, which with ZeRO includes the parameters' all-gather). Each rank gets one core: on a
 machine with fewer free cores than ranks the speedup measures the oversubscription, not hp.
 
@@ -73,7 +74,8 @@ def run(hp, d, work, batch, steps, warmup, parallel):
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
-    return med("seconds"), med("reduce_seconds"), med("update_seconds"), rows[-1]["loss"]
+    return (med("seconds"), med("reduce_seconds") + med("tp_comm_seconds"), med("update_seconds"),
+            rows[-1]["loss"])
 
 
 def main():
@@ -101,9 +103,10 @@ def main():
                   f"{base / t:4.2f}x  reduction {red:.3f} s ({100 * red / t:.0f}%)  update "
                   f"{upd:.3f} s  loss {loss:.5f}")
         for tp in [int(x) for x in a.tp.split(",") if x]:
-            t, _, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp})
+            t, comm, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp})
             print(f"{f'tp={tp} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
-                  f"{base / t:4.2f}x  update {upd:.3f} s  loss {loss:.5f}")
+                  f"{base / t:4.2f}x  tp collectives {comm:.3f} s ({100 * comm / t:.0f}%)  update "
+                  f"{upd:.3f} s  loss {loss:.5f}")
 
 
 if __name__ == "__main__":
