@@ -199,6 +199,36 @@ TEST_CASE("an entry of a parallel region gets an all-reduced gradient", "[train]
   }
 }
 
+TEST_CASE("a same-valued tensor read by several parts enters once; integers do not enter",
+          "[train][tp]") {
+  Builder b;
+  b.input("x", {3, 4});
+  b.weight("Wa", {4, 3});
+  b.weight("Wb", {4, 3});
+  b.ints("shape", {3, 3});
+  b.node("MatMul", {"x", "Wa"}, {"ha"});
+  b.node("MatMul", {"x", "Wb"}, {"hb"});
+  b.node("Reshape", {"ha", "shape"}, {"ra"});
+  b.node("Add", {"ra", "hb"}, {"s"});
+  attr_s(collective(b, "AllReduce", "s", "y"), "op", "sum");
+  b.output("y", {3, 3});
+  auto gg = differentiate(b, tp_spec(1, {"Wa", "Wb", "ha", "hb", "ra", "s"}));
+  CHECK(gg.parallel_entries == 1);
+  const auto& g = gg.model.proto->graph();
+  int entries = 0, readers = 0;
+  for (int k = 0; k < gg.forward_nodes; ++k) {
+    const auto& n = g.node(k);
+    if (n.op_type() == "Identity") entries += n.output(0) == "x.tp_entry";
+    for (const auto& i : n.input()) {
+      CHECK(i != "shape.tp_entry");
+      if (n.output(0) != "x.tp_entry") CHECK(i != "x");  // the other readers read the entry
+      readers += i == "x.tp_entry";
+    }
+  }
+  CHECK(entries == 1);
+  CHECK(readers == 2);
+}
+
 TEST_CASE("collectives get their conjugates as gradients", "[train][tp]") {
   for (std::int64_t rank : {0, 1}) {
     INFO("rank " << rank);
