@@ -128,45 +128,70 @@ void weight(Builder& b, const std::string& name, const exec::HostTensor& v) {
   for (std::int64_t k = 0; k < v.numel(); ++k) t->add_float_data(v.as<float>()[k]);
 }
 
-// The two-layer MLP of the numeric test, y = tanh((x W0) W1) W2 + b2, with x [3, 4], W0 [4, 4],
-// W1 [4, 6], W2 [6, 5]. `rank` < 0: the whole model. Otherwise member `rank`'s partition in one of
-// two ways: Megatron's column- then row-parallel pair (W1's columns and W2's rows split, the
-// partial products all-reduced), or W1's columns split and the activation all-gathered before a
-// replicated W2. W0 and b2 are whole on both members.
+// The two-layer MLP of the numeric test, y = tanh((x W0) W1) W2 + b2, with x [4, 4], W0 [4, 4],
+// W1 [4, 6], W2 [6, 5]. `rank` < 0: the whole model. Otherwise member `rank`'s partition, W1's
+// columns split (column-parallel) and W0, b2 whole, in one of four layouts:
+enum class Layout {
+  row,       ///< Megatron's pair: W2's rows split, the partial products all-reduced
+  gather,    ///< the activation all-gathered before a whole W2
+  scatter,   ///< W2's rows split, the partial products reduce-scattered over the batch and gathered
+  alltoall,  ///< the activation exchanged from column halves to row halves, a whole W2 on each,
+             ///< the rows gathered
+};
+
 struct Mlp {
   exec::HostTensor w0, w1, w2, b2;
-  bool gather = false;
+  Layout layout = Layout::row;
   explicit Mlp(std::mt19937& rng)
       : w0(random({4, 4}, rng)),
         w1(random({4, 6}, rng)),
         w2(random({6, 5}, rng)),
         b2(random({5}, rng)) {}
+  bool w2_split() const { return layout == Layout::row || layout == Layout::scatter; }
   Builder build(std::int64_t rank) const {
     Builder b;
-    b.input("x", {3, 4});
+    b.input("x", {4, 4});
     weight(b, "W0", w0);
     b.node("MatMul", {"x", "W0"}, {"h0"});
     const bool whole = rank < 0;
     weight(b, "W1", whole ? w1 : cut(w1, false, 3 * rank, 3 * rank + 3));
     b.node("MatMul", {"h0", "W1"}, {"h"});
     b.node("Tanh", {"h"}, {"a"});
-    if (whole || gather) {
-      if (!whole) attr_i(collective(b, "AllGather", "a", "ag"), "axis", 1);
-      weight(b, "W2", w2);
-      b.node("MatMul", {whole ? "a" : "ag", "W2"}, {"s"});
-    } else {
-      weight(b, "W2", cut(w2, true, 3 * rank, 3 * rank + 3));
+    weight(b, "W2", whole || !w2_split() ? w2 : cut(w2, true, 3 * rank, 3 * rank + 3));
+    if (whole) {
+      b.node("MatMul", {"a", "W2"}, {"s"});
+    } else if (layout == Layout::row) {
       b.node("MatMul", {"a", "W2"}, {"p"});
       attr_s(collective(b, "AllReduce", "p", "s"), "op", "sum");
+    } else if (layout == Layout::gather) {
+      attr_i(collective(b, "AllGather", "a", "ag"), "axis", 1);
+      b.node("MatMul", {"ag", "W2"}, {"s"});
+    } else if (layout == Layout::scatter) {
+      b.node("MatMul", {"a", "W2"}, {"p"});
+      auto* rs = collective(b, "ReduceScatter", "p", "rs");
+      attr_i(rs, "axis", 0);
+      attr_s(rs, "op", "sum");
+      attr_i(collective(b, "AllGather", "rs", "s"), "axis", 0);
+    } else {
+      auto* t = collective(b, "AllToAll", "a", "rows");
+      attr_i(t, "split_axis", 0);
+      attr_i(t, "concat_axis", 1);
+      b.node("MatMul", {"rows", "W2"}, {"q"});
+      attr_i(collective(b, "AllGather", "q", "s"), "axis", 0);
     }
     weight(b, "b2", b2);
     b.node("Add", {"s", "b2"}, {"y"});
-    b.output("y", {3, 5});
+    b.output("y", {4, 5});
     return b;
   }
   std::vector<std::string> varying() const {
-    if (gather) return {"W1", "h", "a"};
-    return {"W1", "h", "a", "W2", "p"};
+    switch (layout) {
+      case Layout::row: return {"W1", "h", "a", "W2", "p"};
+      case Layout::gather: return {"W1", "h", "a"};
+      case Layout::scatter: return {"W1", "h", "a", "W2", "p", "rs"};
+      case Layout::alltoall: return {"W1", "h", "a", "rows", "q"};
+    }
+    return {};
   }
 };
 
@@ -301,12 +326,12 @@ TEST_CASE("an all-reduce other than a sum has no gradient and is named", "[train
 }
 
 TEST_CASE("two members' gradients equal the whole model's, sliced", "[train][tp]") {
-  for (bool gather : {false, true}) {
-    INFO((gather ? "all-gathered activation" : "column- then row-parallel"));
-    std::mt19937 rng(gather ? 21 : 17);
+  for (Layout layout : {Layout::row, Layout::gather, Layout::scatter, Layout::alltoall}) {
+    INFO("layout " << static_cast<int>(layout));
+    std::mt19937 rng(17 + static_cast<unsigned>(layout));
     Mlp mlp(rng);
-    mlp.gather = gather;
-    const exec::HostTensor x = random({3, 4}, rng), target = random({3, 5}, rng);
+    mlp.layout = layout;
+    const exec::HostTensor x = random({4, 4}, rng), target = random({4, 5}, rng);
     auto be = exec::open_backends("cpu", 1, {});
     REQUIRE(be);
     // The whole model on one rank.
@@ -359,7 +384,8 @@ TEST_CASE("two members' gradients equal the whole model's, sliced", "[train][tp]
       CHECK(max_diff(out[0], (*ref)[0]) < 1e-6);  // the loss
       CHECK(max_diff(out[1], (*ref)[1]) < 1e-5);  // W0: through the entry's all-reduce
       CHECK(max_diff(out[2], cut((*ref)[2], false, 3 * rank, 3 * rank + 3)) < 1e-5);
-      CHECK(max_diff(out[3], gather ? (*ref)[3] : cut((*ref)[3], true, 3 * rank, 3 * rank + 3)) <
+      CHECK(max_diff(out[3],
+                     !mlp.w2_split() ? (*ref)[3] : cut((*ref)[3], true, 3 * rank, 3 * rank + 3)) <
             1e-5);
       CHECK(max_diff(out[4], (*ref)[4]) < 1e-5);  // b2
     }
