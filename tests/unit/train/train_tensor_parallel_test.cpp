@@ -172,6 +172,10 @@ TEST_CASE("tensor-parallel cuts that do not fit the partition are refused", "[tr
     auto f64 = slices(whole, rank);
     f64[3].dtype = HP_F64;
     HP_TRY(expect_bad("a float64 replicated parameter", model_cuts(), f64));
+    // A split one of another type, whose bytes the norm and the gathers would read as float32.
+    auto split_f64 = slices(whole, rank);
+    split_f64[1].dtype = HP_F64;
+    HP_TRY(expect_bad("a float64 split parameter", model_cuts(), split_f64));
     // A rank outside the group.
     TensorParallel other = tp;
     other.group = {rank == 0 ? 1 : 0, 7};
