@@ -81,9 +81,10 @@ Expected<std::unique_ptr<TensorParallelSync>> TensorParallelSync::create(
     s->local_dims_.push_back(p.dims);
     auto it = s->owned_.find(p.name);
     s->partial_.push_back(it == s->owned_.end() ? 1 : it->second.partial);
+    // Split or whole: the norm, the gathers and the slices all read float32.
+    if (p.dtype != HP_F32)
+      return Error(Errc::bad_input, fmt::format("'{}' is not float32", p.name));
     if (it == s->owned_.end() || it->second.partial > 1) {
-      if (p.dtype != HP_F32)
-        return Error(Errc::bad_input, fmt::format("'{}' is not float32", p.name));
       s->cuts_.push_back(nullptr);  // the same on every member
       continue;
     }

@@ -71,7 +71,8 @@ struct TensorParallel {
 /// The group's collectives over one member's parameters (f32, in its gradient model's order).
 class TensorParallelSync {
  public:
-  /// Errc::bad_input when a parameter's slice does not match its cut.
+  /// Errc::bad_input when a parameter's slice does not match its cut, or a parameter (split or
+  /// whole) is not float32.
   static Expected<std::unique_ptr<TensorParallelSync>> create(
       const TensorParallel& tp, const std::map<std::string, ParamCut>& cuts,
       const std::vector<exec::HostTensor>& params);
