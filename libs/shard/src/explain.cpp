@@ -57,17 +57,6 @@ std::string conjugate(const Mesh& mesh, const RedistStep& st) {
   return "";
 }
 
-// Whether members of the tensor-parallel axis (the mesh's last) hold different values.
-bool varies(const Mesh& mesh, const Sharding& s) {
-  const int last = static_cast<int>(mesh.axes.size()) - 1;
-  if (last < 0 || mesh.dims[static_cast<std::size_t>(last)] < 2) return false;
-  for (const auto& d : s.dims)
-    if (std::find(d.begin(), d.end(), last) != d.end()) return true;
-  for (const auto& a : s.partial)
-    if (a.axis == last) return true;
-  return false;
-}
-
 }  // namespace
 
 Expected<std::string> explain(const Prepared& p, const std::string& name, bool json) {
@@ -167,14 +156,15 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
   std::vector<std::string> parts;
   const bool floating = tensor.elem_type == 1 || tensor.elem_type == 10 || tensor.elem_type == 11 ||
                         tensor.elem_type == 16;
-  if (floating && !varies(mesh, s))
+  if (floating && !varies_on_last_axis(mesh, s))
     for (const auto& st : p.plan.stages)
       for (int i : st.nodes) {
         const auto& n = g.node(i);
         if (std::find(n.inputs.begin(), n.inputs.end(), t) == n.inputs.end()) continue;
         bool split = false;
         for (int o : n.outputs)
-          split = split || (o >= 0 && varies(mesh, p.prop.layout[static_cast<std::size_t>(o)]));
+          split = split ||
+                  (o >= 0 && varies_on_last_axis(mesh, p.prop.layout[static_cast<std::size_t>(o)]));
         if (split) parts.push_back(n.name.empty() ? n.op_type : n.name);
       }
   j["region_entry"] = !parts.empty();

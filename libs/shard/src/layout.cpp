@@ -292,6 +292,16 @@ std::int64_t repeat_num(const Mesh& mesh, const Sharding& s) {
   return mesh.size() / used;
 }
 
+bool varies_on_last_axis(const Mesh& mesh, const Sharding& s) {
+  const int last = static_cast<int>(mesh.axes.size()) - 1;
+  if (last < 0 || mesh.dims[static_cast<std::size_t>(last)] < 2) return false;
+  for (const auto& d : s.dims)
+    if (std::find(d.begin(), d.end(), last) != d.end()) return true;
+  for (const auto& a : s.partial)
+    if (a.axis == last) return true;
+  return false;
+}
+
 std::vector<int> unused_axes(const Mesh& mesh, const Sharding& s) {
   std::vector<bool> used(mesh.axes.size(), false);
   for (const auto& axes : s.dims)

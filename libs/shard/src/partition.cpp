@@ -204,7 +204,8 @@ void Builder::find_varying() {
   // over tp makes a tensor the same everywhere, a local slice makes it differ).
   std::set<std::string> v;
   for (std::size_t t = 0; t < g_.tensors.size(); ++t)
-    if (on_last_axis(prop_.mesh, prop_.layout[t])) v.insert(g_.tensor(static_cast<int>(t)).name);
+    if (varies_on_last_axis(prop_.mesh, prop_.layout[t]))
+      v.insert(g_.tensor(static_cast<int>(t)).name);
   for (const auto& n : out_->node()) {
     if (n.input_size() == 0) continue;  // Recv, Constant
     bool any = false;

@@ -69,18 +69,6 @@ inline onnx::TensorProto int64_tensor(const std::string& name, const std::vector
   return t;
 }
 
-/// Whether `s` splits a dim over the mesh's last axis (tp on the [dp, tp] stage mesh) or is
-/// partial over it: whether members of a tensor-parallel group hold different values.
-inline bool on_last_axis(const Mesh& mesh, const Sharding& s) {
-  const int last = static_cast<int>(mesh.axes.size()) - 1;
-  if (last < 0 || mesh.dims[static_cast<std::size_t>(last)] < 2) return false;
-  for (const auto& d : s.dims)
-    if (std::find(d.begin(), d.end(), last) != d.end()) return true;
-  for (const auto& p : s.partial)
-    if (p.axis == last) return true;
-  return false;
-}
-
 // Emits one rank's program.
 class Builder {
  public:

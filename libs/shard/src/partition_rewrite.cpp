@@ -84,7 +84,7 @@ Expected<std::string> Builder::redistribute(int tensor, const std::string& name,
         add_str_attr(n, dom::kAttrGroupName,
                      fmt::format("{}.s{}.{}", st.axes[0] == 0 ? "dp" : "tp", s_, gi));
     }
-    redist_varying_[next] = on_last_axis(prop_.mesh, st.after);
+    redist_varying_[next] = varies_on_last_axis(prop_.mesh, st.after);
     cur = next;
   }
   return cur;

@@ -101,6 +101,10 @@ Range chunk_range(std::int64_t n_global, std::int64_t parts, std::int64_t k,
 /// Mesh axes no dim of `s` is split over (ascending): the axes its replicas (or partial addends)
 /// span.
 std::vector<int> unused_axes(const Mesh& mesh, const Sharding& s);
+/// Whether members along the mesh's last axis (tp on the [dp, tp] stage mesh) hold different
+/// values of `s`: it splits a dim over that axis or is partial over it, and the axis has more
+/// than one member. Partitions list such tensors; training all-reduces where they begin.
+bool varies_on_last_axis(const Mesh& mesh, const Sharding& s);
 
 /// The slice of the global tensor `global_rank` holds (one Range per dim). Precondition:
 /// check_shape. Empty for a rank not on the mesh.
