@@ -28,8 +28,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
                   "hp's own earlier output); MODEL.onnx without it: print each output's shape, "
                   "range and first values");
   sub->add_flag("--force", opts->force,
-                "let --outputs replace a directory that is not hp's own earlier output (never "
-                "the inputs or the working directory)");
+                "let --outputs (training: --checkpoint) replace a directory that is not hp's own "
+                "earlier output (never the inputs or the working directory)");
   sub->add_option("--backend", opts->backend,
                   "cpu, cuda or ascend (default: best available; MODEL.onnx, or training: cpu)");
   sub->add_option("--threads", opts->threads,

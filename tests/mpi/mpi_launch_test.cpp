@@ -9,8 +9,9 @@
 //   backend:
 //     each ends the whole job within seconds with a clear message and the documented exit code, and
 //     leaves no rank process behind;
-//   - interrupts: SIGTERM to hp stops mpirun and the ranks and exits 5 with the reason; SIGKILL of
-//     hp leaves no process of the job alive 10 s later (mpirun's PR_SET_PDEATHSIG).
+//   - interrupts: SIGTERM to hp stops mpirun and the ranks and exits 5 with the reason (forward and
+//     training jobs, whose ranks all record their PIDs); SIGKILL of hp leaves no process of the job
+//     alive 10 s later (mpirun's PR_SET_PDEATHSIG).
 #include <catch2/catch.hpp>
 
 #include "mpi_test_util.h"
@@ -431,4 +432,42 @@ TEST_CASE("mpi launch: SIGKILL of hp leaves no process of the job alive 10 s lat
   int st = 0;
   ::waitpid(pid, &st, 0);
   CHECK(wait_for(10, [&] { return job_processes(f.d.path / "run").empty(); }));
+}
+
+TEST_CASE("mpi launch: SIGTERM to a training job stops its ranks and counts them", "[mpi][fault]") {
+  // Training ranks record their PIDs as forward ranks do, so the interrupt names and stops them.
+  TempDir d("sigterm_train");
+  {
+    std::ofstream r(d.path / "train.toml");
+    r << "[recipe]\nversion = 1\nname = \"train\"\nmodel = \"" << HP_BUNDLED_MODEL
+      << "\"\ncluster = \"local-cpu\"\nnodes = 2\n[model]\ndims = { batch = 2, seq = 8 }\n"
+         "[parallel]\ndp = 2\ntp = 1\npp = 1\n[train]\nsteps = 1000000\n";
+    std::ofstream tokens(d.path / "tokens.bin", std::ios::binary);
+    tokens << std::string(4000, '\0');
+  }
+  const fs::path run = d.path / "run", log = d.path / "hp.log";
+  const pid_t pid = start_hp("launch " + (d.path / "train.toml").string() + " --data " +
+                                 (d.path / "tokens.bin").string() +
+                                 " --token-bytes 2 --threads 1 --run-dir " + run.string(),
+                             log);
+  const bool started = wait_for(60, [&] {
+    std::error_code ec;
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(run / "pids", ec)) n += e.exists();
+    return n == 2;
+  });
+  if (!started) ::kill(pid, SIGKILL);
+  REQUIRE(started);
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  const bool exited = wait_for(15, [&] { return ::waitpid(pid, &st, WNOHANG) == pid; });
+  if (!exited) ::kill(pid, SIGKILL);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(out);
+  REQUIRE(exited);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 5);
+  CHECK(out.find("interrupted by SIGTERM; stopped 2 ranks of 2 and mpirun") != std::string::npos);
+  CHECK(wait_for(10, [&] { return job_processes(run).empty(); }));
 }

@@ -47,8 +47,10 @@ std::string closing_lines(const train::TrainReport& rep) {
 
 }  // namespace
 
-Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to) {
+Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to,
+                                     const fs::path& run_dir) {
   HP_ASSIGN_OR_RETURN(comm::Transport * world, comm::mpi_world());
+  HP_TRY(record_rank_pid(run_dir, world->rank()));
   if (world->size() != job.recipe.ranks())
     return Error(Errc::bad_input,
                  fmt::format("the recipe trains on {} ranks, the job has {}", job.recipe.ranks(),
@@ -130,6 +132,7 @@ Expected<LaunchReport> train_over_mpi(const Job& job, const LaunchOptions& o) {
   path("--resume", o.resume_dir);
   number("--log-every", o.log_every, o.log_every != 0);
   number("--steps", o.steps, o.steps > 0);
+  if (o.force) a.push_back("--force");
   if (!o.backend.empty()) a.insert(a.end(), {"--backend", o.backend});
   HP_ASSIGN_OR_RETURN(auto plan, plan_job(job, jo, probe_host()));
   auto sink = o.sink ? o.sink : [](bool, const std::string&) {};

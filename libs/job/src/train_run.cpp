@@ -13,6 +13,7 @@
 
 #include "hp/job/predict.h"
 #include "hp/recipe/toml_writer.h"
+#include "hp/train/checkpoint.h"
 
 namespace hp::job {
 namespace fs = std::filesystem;
@@ -194,6 +195,11 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   to.save_model = o.save_model;
   to.checkpoint_dir = o.checkpoint_dir;
   to.checkpoint_every = o.checkpoint_every;
+  to.force_checkpoint = o.force;
+  // Checked now, before any step: the first checkpoint may be hours away.
+  if (!to.checkpoint_dir.empty())
+    HP_TRY(train::check_checkpoint_dir(to.checkpoint_dir, o.force,
+                                       {job.recipe_path, to.model, o.data, o.inputs}));
   if (!o.resume_dir.empty()) HP_TRY(must_exist(o.resume_dir, true, "--resume"));
   to.resume_dir = o.resume_dir;
 
@@ -287,7 +293,7 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
                       recipe::schedule_name(p.schedule), p.micro_batches, boundaries(to.pp.cuts));
     return r;
   }
-  if (o.worker) return train_as_rank(job, std::move(to));
+  if (o.worker) return train_as_rank(job, std::move(to), o.run_dir);
   if (p.dp > 1 || p.pp > 1 || p.tp > 1) {
     HP_ASSIGN_OR_RETURN(r, o.simulate ? train_in_process(job, to) : train_over_mpi(job, o));
     r.summary += predicted_line(job);

@@ -138,6 +138,14 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
   return GroupModule{std::move(*backends), std::move(m), module};
 }
 
+Status record_rank_pid(const fs::path& run_dir, int rank) {
+  if (run_dir.empty()) return {};
+  std::error_code ec;
+  fs::create_directories(run_dir / "pids", ec);
+  return write_file_atomic(run_dir / "pids" / fmt::format("rank-{}.pid", rank),
+                           std::to_string(::getpid()));
+}
+
 Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   HP_ASSIGN_OR_RETURN(auto world, mpi_world());
@@ -145,12 +153,7 @@ Expected<WorkerReport> run_worker(const WorkerOptions& o) {
   WorkerReport rep;
   rep.rank = t.rank();
   rep.ranks = t.size();
-  if (!o.run_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(o.run_dir / "pids", ec);
-    HP_TRY(write_file_atomic(o.run_dir / "pids" / fmt::format("rank-{}.pid", rep.rank),
-                             std::to_string(::getpid())));
-  }
+  HP_TRY(record_rank_pid(o.run_dir, rep.rank));
 
   // The recipe is read here once; everything below takes the Job.
   HP_ASSIGN_OR_RETURN(Job job, load_job(o.recipe));

@@ -27,6 +27,11 @@ struct GroupModule {
 Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
                                         const recipe::Group& g);
 
+/// Writes RUN/pids/rank-N.pid with this process's PID, so that a stopped job's ranks can be found
+/// and killed (launcher_run.cpp: recorded_ranks). Every kind of rank records itself: forward,
+/// group and training ranks.
+Status record_rank_pid(const std::filesystem::path& run_dir, int rank);
+
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 /// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit unless

@@ -115,14 +115,30 @@ Error fs_error(const std::string& what, const fs::path& p, const std::error_code
 
 }  // namespace
 
-Status save_checkpoint(const model::Model& forward, const Checkpoint& c, const fs::path& dir) {
-  HP_TRY(check_checkpoint(c));
-  // Only an earlier checkpoint is replaced: a directory holding anything else is the user's
-  // (docs/hardening.md, "Output directories and signals"). Checkpoints written before the marker
-  // hold only these files.
+namespace {
+
+// Only an earlier checkpoint is replaced: a directory holding anything else is the user's
+// (docs/hardening.md, "Output directories and signals"), unless `force`. Checkpoints written
+// before the marker hold only these files.
+OutputDirOptions checkpoint_guard(bool force, std::vector<fs::path> inputs) {
   OutputDirOptions guard;
   guard.writer = "hp launch --checkpoint";
   guard.legacy = {kModel, std::string(kModel) + ".data", kOptimizer, kState};
+  guard.inputs = std::move(inputs);
+  guard.force = force;
+  return guard;
+}
+
+}  // namespace
+
+Status check_checkpoint_dir(const fs::path& dir, bool force, const std::vector<fs::path>& inputs) {
+  return check_output_dir(dir, checkpoint_guard(force, inputs));
+}
+
+Status save_checkpoint(const model::Model& forward, const Checkpoint& c, const fs::path& dir,
+                       bool force) {
+  HP_TRY(check_checkpoint(c));
+  const OutputDirOptions guard = checkpoint_guard(force, {});
   HP_TRY(check_output_dir(dir, guard));
   std::error_code ec;
   const fs::path tmp = aside_dir(dir, fmt::format("hp-tmp-{}", ::getpid()).c_str());

@@ -391,7 +391,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
     if (!r.lead()) return {};
     c.data_position = r.data_position;
-    return save_checkpoint(r.forward, c, o.checkpoint_dir);
+    return save_checkpoint(r.forward, c, o.checkpoint_dir, o.force_checkpoint);
   };
   Status failed;
   while (r.state.step < last) {

@@ -352,7 +352,7 @@ Status Run::write_checkpoint() {
   c.optimizer = optimizer_name(o.optimizer.kind);
   c.params = std::move(whole_params);
   c.state = std::move(whole_state);
-  return save_checkpoint(forward, c, o.checkpoint_dir);
+  return save_checkpoint(forward, c, o.checkpoint_dir, o.force_checkpoint);
 }
 
 }  // namespace

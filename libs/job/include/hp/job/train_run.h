@@ -52,8 +52,10 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o);
 /// The data-parallel group of `recipe` for the ranks of `transport`: every rank, in order, with
 /// the recipe's optimizer_shard and shard_group.
 train::DataParallel data_parallel_of(const recipe::Recipe& recipe, comm::Transport& transport);
-/// This process as one rank of an mpirun training job (MPI is finalised on success).
-Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to);
+/// This process as one rank of an mpirun training job (MPI is finalised on success); it records its
+/// PID under `run_dir`/pids so that an interrupted job's ranks are found and stopped.
+Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to,
+                                     const std::filesystem::path& run_dir);
 /// dp ranks on threads exchanging through shared memory; the report is rank 0's.
 Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to);
 /// The mpirun job: the ranks get this command line's training options (paths made absolute).

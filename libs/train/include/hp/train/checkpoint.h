@@ -37,10 +37,17 @@ struct Checkpoint {
   OptimizerState state;                  ///< its tensors in params' order
 };
 
+/// Whether `dir` may receive checkpoints: absent, empty or an earlier checkpoint (hp's own output,
+/// hp/core/fs.h check_output_dir), and neither one of `inputs` nor holding one. `force` lets it
+/// replace a directory that is not hp's (--force). Checked before training starts, so a run does
+/// not learn at its first checkpoint, hours in, that it may not write it. Errc::bad_input naming
+/// the first foreign file otherwise.
+Status check_checkpoint_dir(const std::filesystem::path& dir, bool force,
+                            const std::vector<std::filesystem::path>& inputs = {});
 /// Writes `c` into `dir` (replacing a previous checkpoint there atomically); `forward` gives the
-/// graph model.onnx is written with.
+/// graph model.onnx is written with; `force` as for check_checkpoint_dir.
 Status save_checkpoint(const model::Model& forward, const Checkpoint& c,
-                       const std::filesystem::path& dir);
+                       const std::filesystem::path& dir, bool force = false);
 /// Reads a checkpoint (or, when `dir` is missing, the `.<dir>.old` copy a crash in the middle of
 /// save_checkpoint's swap leaves). Errc::bad_input naming the file when it is missing, truncated or
 /// malformed, or disagrees with state.json.

@@ -40,6 +40,8 @@ struct TrainOptions {
   std::filesystem::path save_model;  ///< trained model; empty = none
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< 0 = only at the end (when checkpoint_dir is set)
+  /// checkpoint_dir may replace a directory that is not an earlier checkpoint (--force).
+  bool force_checkpoint = false;
   std::filesystem::path resume_dir;
   // Runtime.
   std::string backend;  ///< plugin name; empty = cpu
