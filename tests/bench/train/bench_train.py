@@ -128,11 +128,13 @@ def ort_forward(d, threads, steps, warmup, cache):
         x, _ = batch()
         x.numpy().astype(np.int64).tofile(ids)
     js = os.path.join(ROOT, "tests", "bench", "executor", "ort_bench.js")
-    r = subprocess.run(["node", js, os.path.join(d, "model.onnx"), ids, str(BATCH), str(SEQ),
-                        str(threads), str(warmup), str(max(steps - warmup, 3))],
+    r = subprocess.run(["node", js, os.path.join(d, "model.onnx"), ids, str(threads), str(warmup),
+                        str(max(steps - warmup, 3)), str(BATCH), str(SEQ)],
                        capture_output=True, text=True,
                        env=dict(os.environ, NODE_PATH=os.path.join(ort_dir, "node_modules")))
     m = re.search(r"median_ms=([0-9.]+)", r.stdout)
+    if not m:
+        print(f"ort_bench.js failed: {(r.stdout + r.stderr).strip()[:300]}", file=sys.stderr)
     return float(m.group(1)) / 1000 if m else None
 
 
