@@ -5,8 +5,10 @@ Each model is a tiny PyTorch module in its users' idiom: a GPT-2 (nn.MultiheadAt
 additive causal mask, GELU MLP, LayerNorm, lm head tied to the embedding), a Llama (RMSNorm written
 out, RoPE from cos/sin buffers, grouped-query attention through repeat_kv's expand + reshape,
 SwiGLU), an MLP regressor (mse), a ViT (Conv2d patches, class token, encoder blocks, a classifier)
-and a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices; the "scatter"
-variant scatters the routing weights into a dense gate instead).
+a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices; the "scatter"
+variant scatters the routing weights into a dense gate instead) and a ResNet-style CNN (Conv2d and
+BatchNorm2d in training mode, whose running statistics the forward updates, max pooling, a residual
+block, global average pooling).
 
 `export(name, path)` writes the model in TRAINING mode (torch.onnx.TrainingMode.TRAINING, no constant
 folding, opset 14, a dynamic batch axis): the parameters stay initializers named as in
@@ -159,6 +161,37 @@ class Mlp(nn.Module):
         return self.fc3(torch.tanh(self.fc2(F.gelu(self.fc1(x)))))
 
 
+# --- ResNet-style CNN ---------------------------------------------------------------------------
+class ResBlock(nn.Module):
+    def __init__(self, ch):
+        super().__init__()
+        self.conv1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(ch)
+        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(ch)
+
+    def forward(self, x):
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+class Cnn(nn.Module):
+    """torchvision's ResNet idiom at toy size: conv-BN-ReLU stem, max pool, a basic residual block,
+    global average pooling, a linear classifier. BatchNorm2d trains on the batch's statistics and
+    updates its running_mean / running_var buffers."""
+
+    def __init__(self, ch=8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, ch, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(ch)
+        self.layer1 = ResBlock(ch)
+        self.fc = nn.Linear(ch, CLASSES)
+
+    def forward(self, img):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(img))), 2)
+        x = F.adaptive_avg_pool2d(self.layer1(x), 1).flatten(1)
+        return self.fc(x)
+
+
 # --- ViT ---------------------------------------------------------------------------------------
 class VitBlock(nn.Module):
     def __init__(self):
@@ -258,6 +291,7 @@ MODELS = {
     "vit": Spec(Vit, "image", "cross_entropy", "pixel_values"),
     "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
+    "cnn": Spec(Cnn, "image", "cross_entropy", "pixel_values"),
 }
 # Four blocks, for four pipeline stages (run_pipeline.py); not in the other tests' default lists.
 DEEP = {

@@ -23,6 +23,7 @@ import sys
 import numpy as np
 import onnx
 import torch
+import torch.nn as nn
 from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +63,7 @@ class Reference:
     init: dict               # onnx initializer name -> array
     final: dict
     dead: dict               # name -> bool mask of elements with no gradient (dead_elements)
+    buffers: dict = dataclasses.field(default_factory=dict)  # batch-norm statistics (bn_buffers)
 
 
 def optimizer(v, params):
@@ -77,8 +79,34 @@ def first_grad_norm(name, x, y):
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
 
 
+def bn_buffers(model):
+    """The running statistics of every BatchNorm module of `model` as ONNX's BatchNormalization
+    updates them in training mode, followed through the forwards that come: running = (1 - m) *
+    running + m * batch statistic, the variance's the biased one (ReduceMean of squares; PyTorch's own
+    running_var uses the unbiased one, which an export cannot carry). Returns (name -> float64
+    tensor, updated in place by forward hooks; the hooks' handles)."""
+    stats, hooks = {}, []
+    for mname, mod in model.named_modules():
+        if not isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            continue
+        mean, var = f"{mname}.running_mean", f"{mname}.running_var"
+        stats[mean] = mod.running_mean.detach().double().clone()
+        stats[var] = mod.running_var.detach().double().clone()
+
+        def hook(mod, inp, out, mean=mean, var=var):
+            x = inp[0].detach().double()
+            dims = [0] + list(range(2, x.dim()))
+            m = mod.momentum
+            stats[mean] = (1 - m) * stats[mean] + m * x.mean(dims)
+            stats[var] = (1 - m) * stats[var] + m * x.var(dims, unbiased=False)
+        hooks.append(mod.register_forward_hook(hook))
+    return stats, hooks
+
+
 def train(name, model, v, x, y, steps, max_norm):
+    """Returns losses, gradient norms, which elements got a gradient, and bn_buffers' statistics."""
     spec = models.MODELS[name]
+    stats, hooks = bn_buffers(model)
     opt = optimizer(v, model.parameters())
     losses, norms = [], []
     noise = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
@@ -93,7 +121,13 @@ def train(name, model, v, x, y, steps, max_norm):
             model.parameters(), max_norm if max_norm > 0 else float("inf"))))
         losses.append(float(loss))
         opt.step()
-    return losses, norms, {n: (g > 0).numpy() for n, g in noise.items()}
+    for h in hooks:
+        h.remove()
+    for n, b in model.named_buffers():  # the mean is updated alike in both: a check of the hooks
+        if n.endswith("running_mean") and not torch.allclose(b.double(), stats[n], atol=1e-6):
+            raise RuntimeError(f"{name}: {n} followed by the hooks differs from PyTorch's")
+    return (losses, norms, {n: (g > 0).numpy() for n, g in noise.items()},
+            {n: t.float().numpy() for n, t in stats.items()})
 
 
 def dead_elements(name, init, v, x, y, steps, max_norm):
@@ -163,7 +197,7 @@ def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH, dynamic=True):
     max_norm = 0.0
     if v.clip:
         max_norm = float(f"{v.clip * first_grad_norm(name, x, y):.3g}")
-    losses, norms, touched = train(name, model, v, x, y, steps, max_norm)
+    losses, norms, touched, buffers = train(name, model, v, x, y, steps, max_norm)
     if max_norm and norms[0] <= max_norm:
         raise RuntimeError(f"{name}/{variant}: max_norm {max_norm} does not clip (norms {norms})")
     final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
@@ -172,10 +206,11 @@ def make(name, variant, out_dir, steps=STEPS, batch=models.BATCH, dynamic=True):
     np.savez(os.path.join(out_dir, "expected.npz"), losses=np.array(losses),
              grad_norms=np.array(norms), **{f"init/{k}": a for k, a in init.items()},
              **{f"final/{k}": a for k, a in final.items()},
-             **{f"dead/{k}": a for k, a in dead.items()})
+             **{f"dead/{k}": a for k, a in dead.items()},
+             **{f"buffers/{k}": a for k, a in buffers.items()})
     return Reference(path, os.path.join(out_dir, "inputs"), exported,
                      train_table(name, v, max_norm, exported.frozen, steps), losses, norms, init,
-                     final, dead)
+                     final, dead, buffers)
 
 
 def main():

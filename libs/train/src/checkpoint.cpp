@@ -86,6 +86,13 @@ std::pair<std::string, std::string> encode(const Checkpoint& c) {
   for (const HostTensor& p : c.params)
     params.push_back({{"name", p.name}, {"dtype", exec::dtype_label(p.dtype)}, {"dims", p.dims}});
   j["params"] = std::move(params);
+  if (!c.buffers.empty()) {
+    json buffers = json::array();
+    for (const HostTensor& b : c.buffers)
+      buffers.push_back(
+          {{"name", b.name}, {"dtype", exec::dtype_label(b.dtype)}, {"dims", b.dims}});
+    j["buffers"] = std::move(buffers);
+  }
   std::string bin;
   json state;
   state["file"] = kOptimizer;
@@ -103,7 +110,9 @@ std::pair<std::string, std::string> encode(const Checkpoint& c) {
 }
 
 Status write_into(const model::Model& forward, const Checkpoint& c, const fs::path& dir) {
-  HP_TRY(save_model(forward, c.params, dir / kModel));
+  std::vector<HostTensor> values = c.params;
+  values.insert(values.end(), c.buffers.begin(), c.buffers.end());
+  HP_TRY(save_model(forward, values, dir / kModel));
   auto [state, bin] = encode(c);
   HP_TRY(write_file_atomic(dir / kOptimizer, bin));
   return write_file_atomic(dir / kState, state);
@@ -185,8 +194,12 @@ Error bad(const fs::path& file, const std::string& msg) {
 /// that into an error naming the file).
 struct Index {
   json j;
-  std::vector<std::pair<std::string, std::string>> params;  // name, dtype label
-  std::vector<std::vector<std::int64_t>> dims;
+  /// Tensors model.onnx holds, as state.json lists them.
+  struct Listed {
+    std::string name, dtype;  // dtype label
+    std::vector<std::int64_t> dims;
+  };
+  std::vector<Listed> params, buffers;
 };
 
 Expected<Checkpoint> read_state(const fs::path& dir, Index& index) {
@@ -209,10 +222,13 @@ Expected<Checkpoint> read_state(const fs::path& dir, Index& index) {
       return bad(file, "step, data_position and optimizer_step must not be negative");
     if (!parse_optimizer_kind(c.optimizer).ok())
       return bad(file, fmt::format("unknown optimizer '{}'", c.optimizer));
-    for (const json& p : j.at("params")) {
-      index.params.emplace_back(p.at("name").get<std::string>(), p.at("dtype").get<std::string>());
-      index.dims.push_back(p.at("dims").get<std::vector<std::int64_t>>());
-    }
+    auto listed = [](const json& p) {
+      return Index::Listed{p.at("name").get<std::string>(), p.at("dtype").get<std::string>(),
+                           p.at("dims").get<std::vector<std::int64_t>>()};
+    };
+    for (const json& p : j.at("params")) index.params.push_back(listed(p));
+    if (j.contains("buffers"))
+      for (const json& b : j.at("buffers")) index.buffers.push_back(listed(b));
     index.j = std::move(j);
   } catch (const json::exception& e) {
     return bad(file, fmt::format("malformed checkpoint index: {}", e.what()));
@@ -227,19 +243,23 @@ Status read_params(const fs::path& dir, const Index& index, Checkpoint& c) {
   HP_ASSIGN_OR_RETURN(model::Model m, model::load_model(file, lo));
   std::map<std::string, const onnx::TensorProto*> inits;
   for (const auto& t : m.proto->graph().initializer()) inits[t.name()] = &t;
-  for (std::size_t i = 0; i < index.params.size(); ++i) {
-    const auto& [name, dtype] = index.params[i];
-    auto it = inits.find(name);
-    if (it == inits.end())
-      return bad(file, fmt::format("parameter '{}' of {} is not an initializer", name, kState));
-    HP_ASSIGN_OR_RETURN(HostTensor t, initializer_tensor(*it->second, dir, file.string()));
-    if (exec::dtype_label(t.dtype) != dtype || t.dims != index.dims[i])
-      return bad(file, fmt::format("parameter '{}' is {} {}, {} says {} {}", name,
-                                   exec::dtype_label(t.dtype), exec::dims_label(t.dims), kState,
-                                   dtype, exec::dims_label(index.dims[i])));
-    c.params.push_back(std::move(t));
-  }
-  return {};
+  auto read = [&](const std::vector<Index::Listed>& list, const char* what,
+                  std::vector<HostTensor>& into) -> Status {
+    for (const auto& [name, dtype, dims] : list) {
+      auto it = inits.find(name);
+      if (it == inits.end())
+        return bad(file, fmt::format("{} '{}' of {} is not an initializer", what, name, kState));
+      HP_ASSIGN_OR_RETURN(HostTensor t, initializer_tensor(*it->second, dir, file.string()));
+      if (exec::dtype_label(t.dtype) != dtype || t.dims != dims)
+        return bad(file, fmt::format("{} '{}' is {} {}, {} says {} {}", what, name,
+                                     exec::dtype_label(t.dtype), exec::dims_label(t.dims), kState,
+                                     dtype, exec::dims_label(dims)));
+      into.push_back(std::move(t));
+    }
+    return {};
+  };
+  HP_TRY(read(index.params, "parameter", c.params));
+  return read(index.buffers, "buffer", c.buffers);
 }
 
 Status read_optimizer(const fs::path& dir, const Index& index, Checkpoint& c) {

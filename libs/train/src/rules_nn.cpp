@@ -1,6 +1,6 @@
-// Gradient rules of the neural-network ops: softmax and log-softmax, layer normalization, the mean
-// and sum reductions, convolution and pooling (hp.train kernels, docs/training.md) and TopK's
-// values.
+// Gradient rules of the neural-network ops: softmax and log-softmax, layer and batch normalization,
+// the mean and sum reductions, convolution and pooling (hp.train kernels, docs/training.md) and
+// TopK's values.
 #include <fmt/core.h>
 
 #include "grad_ctx.h"
@@ -64,6 +64,58 @@ Status reduce(GradCtx& c) {
   return {};
 }
 
+/// ReduceSum or ReduceMean of `x` over `axes`, in the form the model's opset takes: the axes are an
+/// input of ReduceSum from opset 13 and of ReduceMean from opset 18, an attribute before.
+std::string reduce_over(GradCtx& c, const std::string& type, const std::string& x,
+                        const std::vector<std::int64_t>& axes, bool keepdims) {
+  const bool as_input = type == "ReduceSum" ? c.opset() >= 13 : c.opset() >= 18;
+  std::vector<Attr> attrs = {{"keepdims", static_cast<std::int64_t>(keepdims)}};
+  if (as_input) return c.op(type, {x, c.i64s(axes)}, attrs);
+  attrs.push_back({"axes", axes});
+  return c.op(type, {x}, attrs);
+}
+
+/// BatchNormalization, y = (x - mean) * inv * scale + B per channel (dim 1), inv = 1/sqrt(var+eps).
+/// In training mode mean and var are the batch's own (biased) statistics, so they depend on x too:
+///   dx = scale * inv * (dy - mean(dy) - xhat * mean(dy * xhat)),   xhat = (x - mean) * inv
+/// (the means over every axis but the channel); in inference mode they are the given running
+/// statistics: dx = scale * inv * dy. dscale = sum(dy * xhat), dB = sum(dy) either way. The running
+/// statistics (inputs 3 and 4) are buffers, as in PyTorch: no gradient; the training-mode outputs
+/// that update them carry none either (autodiff.cpp writes them back after each step).
+Status batch_norm(GradCtx& c) {
+  const std::string& dy = c.dout(0);
+  if (dy.empty()) return {};
+  const std::string& x = c.in(0);
+  const int r = c.rank(x);
+  if (r < 2) return c.fail("the gradient needs the input's rank (N x C x ...), unknown here");
+  std::vector<std::int64_t> axes = {0};  // every axis but the channel's
+  for (int d = 2; d < r; ++d) axes.push_back(d);
+  const bool training = c.attr_i("training_mode", 0) != 0;
+  const std::string eps = c.scalar(c.attr_f("epsilon", 1e-5), x);
+  auto per_channel = [&](const std::string& v) { return c.op("Unsqueeze", {v, c.i64s(axes)}); };
+  std::string centred, var;
+  if (training) {
+    centred = c.op("Sub", {x, reduce_over(c, "ReduceMean", x, axes, true)});
+    var = reduce_over(c, "ReduceMean", c.op("Mul", {centred, centred}), axes, true);
+  } else {
+    centred = c.op("Sub", {x, per_channel(c.in(3))});
+    var = per_channel(c.in(4));
+  }
+  const std::string inv = c.op("Reciprocal", {c.op("Sqrt", {c.op("Add", {var, eps})})});
+  const std::string xhat = c.op("Mul", {centred, inv});
+  const std::string dy_xhat = c.op("Mul", {dy, xhat});
+  if (c.wants(1)) c.grad(1, reduce_over(c, "ReduceSum", dy_xhat, axes, false));
+  if (c.wants(2)) c.grad(2, reduce_over(c, "ReduceSum", dy, axes, false));
+  if (c.wants(0)) {
+    std::string g = dy;
+    if (training)
+      g = c.op("Sub", {c.op("Sub", {dy, reduce_over(c, "ReduceMean", dy, axes, true)}),
+                       c.op("Mul", {xhat, reduce_over(c, "ReduceMean", dy_xhat, axes, true)})});
+    c.grad(0, c.op("Mul", {g, c.op("Mul", {per_channel(c.in(1)), inv})}));
+  }
+  return {};
+}
+
 Status conv(GradCtx& c) {
   std::vector<bool> want = {c.wants(0), c.wants(1), c.n_in() > 2 && c.wants(2)};
   auto g = c.op_opt("ConvGrad", {c.dout(0), c.in(0), c.in(1)}, want, c.all_attrs(), kTrainDomain);
@@ -94,6 +146,7 @@ void register_nn_rules(RuleTable& t) {
   t["Softmax"] = softmax;
   t["LogSoftmax"] = softmax;
   t["LayerNormalization"] = layer_norm;
+  t["BatchNormalization"] = batch_norm;
   t["ReduceSum"] = reduce;
   t["ReduceMean"] = reduce;
   t["Conv"] = conv;

@@ -41,6 +41,10 @@ struct Run {
   GradGraph gg;
   std::unique_ptr<exec::Executor> ex;
   std::vector<exec::HostTensor> params;
+  /// Buffers the forward updates (GradGraph::buffer_updates), as of the last step. With data
+  /// parallelism each rank's follow its own rows and the lead's are saved, as DDP broadcasts
+  /// rank 0's.
+  std::vector<exec::HostTensor> buffers;
   OptimizerState state;  ///< with data parallelism: of this rank's pieces (data_parallel.h)
   std::int64_t data_position = 0;
   TrainReport report;
@@ -67,6 +71,7 @@ struct Run {
   Status write_checkpoint();
   Status prepare_tensor_parallel(GradSpec& spec);
   Status resume_slices(Checkpoint c);  ///< tensor parallelism: this member's slices
+  Status resume_buffers(const Checkpoint& c);
   /// The whole model's parameters (or state shaped like them) in the forward model's order, from
   /// this rank's (tensor parallelism: gathered, a collective).
   Expected<std::vector<exec::HostTensor>> whole(const std::vector<exec::HostTensor>& mine) const;
@@ -155,6 +160,8 @@ Status Run::prepare() {
   } else {
     for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   }
+  // Tensor-parallel partitions keep their buffers as exported (docs/training.md).
+  spec.update_buffers = !o.tp.active();
   HP_ASSIGN_OR_RETURN(gg, build_grad_graph(o.tp.active() ? part_model : forward, spec));
   for (const auto& n : gg.notes) say(true, "hp: note: " + n);
   if (!gg.aliased.empty())
@@ -179,6 +186,10 @@ Status Run::prepare() {
     report.params += h.numel();
     params.push_back(std::move(h));
   }
+  for (const auto& [name, value] : gg.buffer_updates) {
+    HP_ASSIGN_OR_RETURN(auto h, ex->weight(name));
+    buffers.push_back(std::move(h));
+  }
   if (o.tp.active()) {
     HP_ASSIGN_OR_RETURN(tps, TensorParallelSync::create(o.tp, cuts, params));
     tps->to_trained(params);
@@ -198,9 +209,10 @@ Status Run::prepare() {
         dp.counted.push_back(tps->split(k) || o.tp.index() == 0);
     }
     HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(dp, params));
-    ex->set_output_hook([s = sync.get()](std::size_t k, const exec::HostTensor& t) {
-      if (k > 0) s->gradient_ready(k - 1, t);  // output 0 is the loss
-    });
+    ex->set_output_hook(
+        [s = sync.get(), n = params.size()](std::size_t k, const exec::HostTensor& t) {
+          if (k > 0 && k <= n) s->gradient_ready(k - 1, t);  // output 0 is the loss, buffers last
+        });
     if (!o.trace.empty()) sync->set_trace(&trace);
   }
   return {};
@@ -224,8 +236,24 @@ Status Run::resume() {
     params[k] = std::move(c.params[k]);
   }
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
+  HP_TRY(resume_buffers(c));
   data_position = c.data_position;
   report.first_step = c.step + 1;
+  return {};
+}
+
+Status Run::resume_buffers(const Checkpoint& c) {
+  for (const auto& b : c.buffers) {
+    auto mine = std::find_if(buffers.begin(), buffers.end(),
+                             [&](const exec::HostTensor& t) { return t.name == b.name; });
+    if (mine == buffers.end())
+      return Error(
+          Errc::bad_input,
+          fmt::format("the checkpoint holds buffer '{}', which this run does not update", b.name),
+          o.resume_dir.string());
+    HP_TRY(ex->set_weight(b.name, b));
+    *mine = b;
+  }
   return {};
 }
 
@@ -273,8 +301,12 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const auto t1 = std::chrono::steady_clock::now();
   report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
   double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
+  // The buffers' new values are the last outputs.
+  const auto first_buffer = outs.end() - static_cast<std::ptrdiff_t>(gg.buffer_updates.size());
   std::vector<exec::HostTensor> grads(std::make_move_iterator(outs.begin() + 1),
-                                      std::make_move_iterator(outs.end()));
+                                      std::make_move_iterator(first_buffer));
+  std::vector<exec::HostTensor> new_buffers(std::make_move_iterator(first_buffer),
+                                            std::make_move_iterator(outs.end()));
   // Data parallelism: the group's loss and gradients (the labels are the model's last input).
   if (sync) {
     HP_ASSIGN_OR_RETURN(loss, sync->finish_step(loss, grads));
@@ -298,6 +330,11 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const auto t2 = std::chrono::steady_clock::now();
   for (std::size_t j = 0; j < params.size(); ++j)
     HP_TRY(ex->set_weight(params[j].name, tps ? tps->stored(j, params[j]) : params[j]));
+  for (std::size_t j = 0; j < new_buffers.size(); ++j) {
+    new_buffers[j].name = buffers[j].name;
+    HP_TRY(ex->set_weight(buffers[j].name, new_buffers[j]));
+    buffers[j] = std::move(new_buffers[j]);
+  }
   ++data_position;
   if (!o.trace.empty()) {
     const auto t3 = std::chrono::steady_clock::now();
@@ -352,6 +389,7 @@ Status Run::write_checkpoint() {
   c.optimizer = optimizer_name(o.optimizer.kind);
   c.params = std::move(whole_params);
   c.state = std::move(whole_state);
+  c.buffers = buffers;
   return save_checkpoint(forward, c, o.checkpoint_dir, o.force_checkpoint);
 }
 
@@ -401,6 +439,7 @@ Expected<TrainReport> train(const TrainOptions& o) {
     HP_TRY(r.checkpoint());
   if (!o.save_model.empty()) {
     HP_ASSIGN_OR_RETURN(auto trained, r.whole(r.params));  // collective under tensor parallelism
+    trained.insert(trained.end(), r.buffers.begin(), r.buffers.end());
     if (r.lead()) HP_TRY(save_model(r.forward, trained, o.save_model));
   }
   std::vector<double> secs;

@@ -302,9 +302,41 @@ void check_same(const Checkpoint& a, const Checkpoint& b) {
   same(a.params, b.params);
   same(a.state.exp_avg, b.state.exp_avg);
   same(a.state.exp_avg_sq, b.state.exp_avg_sq);
+  same(a.buffers, b.buffers);
 }
 
 }  // namespace
+
+TEST_CASE("checkpoints keep the buffers the forward updates", "[train][checkpoint]") {
+  // A batch-norm running statistic is no parameter (no optimizer state) but must resume as saved.
+  fs::path d = temp_dir("buffers");
+  model::Model fwd = load(write_forward(d));
+  Checkpoint a = adamw_checkpoint();
+  a.buffers = {f32({3}, {0.5f, -0.0f, 1e-40f}, "s")};
+  REQUIRE(save_checkpoint(fwd, a, d / "ckpt").ok());
+  auto b = load_checkpoint(d / "ckpt");
+  INFO((b.ok() ? std::string() : b.error().str()));
+  REQUIRE(b.ok());
+  check_same(a, *b);
+  // A checkpoint without buffers lists none, and reads back without any.
+  a.buffers.clear();
+  REQUIRE(save_checkpoint(fwd, a, d / "ckpt").ok());
+  b = load_checkpoint(d / "ckpt");
+  REQUIRE(b.ok());
+  CHECK(b->buffers.empty());
+  // state.json naming a buffer whose shape model.onnx does not have: refused, naming it.
+  a.buffers = {f32({3}, {1, 2, 3}, "s")};
+  REQUIRE(save_checkpoint(fwd, a, d / "ckpt").ok());
+  auto text = read_file(d / "ckpt" / "state.json");
+  REQUIRE(text.ok());
+  auto j = nlohmann::json::parse(*text);
+  j["buffers"][0]["dims"] = {4};
+  REQUIRE(write_file_atomic(d / "ckpt" / "state.json", j.dump()).ok());
+  auto bad = load_checkpoint(d / "ckpt");
+  REQUIRE(!bad.ok());
+  CHECK(bad.error().str().find("buffer 's'") != std::string::npos);
+  fs::remove_all(d);
+}
 
 TEST_CASE("checkpoints round-trip bit for bit", "[train][checkpoint]") {
   fs::path d = temp_dir("roundtrip");

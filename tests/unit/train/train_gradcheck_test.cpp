@@ -433,6 +433,32 @@ fs::path write_mlp(const fs::path& dir, bool tied = false) {
   return b.save(dir, tied ? "mlp_tied.onnx" : "mlp.onnx");
 }
 
+/// logits = Flatten(BatchNormalization(x Wl)) W2, x: [batch, 3, 4], the channel axis 1; the
+/// running statistics `mean` and `var` (positive) are initializers. Training mode normalises with
+/// the batch's statistics (whose gradient reaches x), inference mode with the running ones.
+fs::path write_batch_norm(const fs::path& dir, bool training) {
+  Builder b;
+  b.input("x", {-1, 3, 4});
+  b.output("logits", {-1, 5});
+  b.weight("Wl", {4, 4});
+  b.weight("gamma", {3}, 0.3);
+  b.weight("beta", {3}, 0.1);
+  b.weight("mean", {3}, 0.3);
+  b.weight("var", {3});
+  for (float& v : *b.g().mutable_initializer(b.g().initializer_size() - 1)->mutable_float_data())
+    v = std::abs(v) + 0.5f;
+  b.weight("W2", {12, 5});
+  b.ints("flat", {-1, 12});
+  b.node("MatMul", {"x", "Wl"}, {"h"});
+  std::vector<std::string> outs = {"n"};
+  if (training) outs = {"n", "new_mean", "new_var"};
+  Builder::attr_i(b.node("BatchNormalization", {"h", "gamma", "beta", "mean", "var"}, outs),
+                  "training_mode", training ? 1 : 0);
+  b.node("Reshape", {"n", "flat"}, {"f"});
+  b.node("MatMul", {"f", "W2"}, {"logits"});
+  return b.save(dir, training ? "bn_train.onnx" : "bn_eval.onnx");
+}
+
 train::GradCheckOptions options(const fs::path& model) {
   train::GradCheckOptions o;
   o.model = model;
@@ -478,6 +504,25 @@ TEST_CASE("check_gradients passes on small models") {
     CHECK(r->untrained.count("gamma") == 1);
     CHECK(r->tied.count("W2") == 1);
     CHECK(r->params.size() == 4);
+  }
+  SECTION("batch normalization in training and in inference mode") {
+    for (bool training : {true, false}) {
+      INFO((training ? "training mode" : "inference mode"));
+      auto o = options(write_batch_norm(dir, training));
+      o.directions = 4;
+      auto r = train::check_gradients(o);
+      INFO((r ? r->text() : r.error().str()));
+      REQUIRE(r);
+      CHECK(r->ok());
+      CHECK(r->worst() < 1e-6);
+      CHECK(r->params == std::vector<std::string>{"Wl", "gamma", "beta", "W2"});
+      // The running statistics are buffers, never trained, and hp says why.
+      for (const char* stat : {"mean", "var"}) {
+        REQUIRE(r->untrained.count(stat) == 1);
+        CHECK(r->untrained.at(stat).find("BatchNormalization running statistic") !=
+              std::string::npos);
+      }
+    }
   }
   SECTION("the same seed gives the same numbers, another seed others") {
     auto o = options(write_mlp(dir));

@@ -81,6 +81,9 @@ struct GradSpec {
     std::vector<std::int64_t> group;  ///< global ranks of the tensor-parallel group
     std::int64_t rank = -1;           ///< this rank (its slice of an AllGather's gradient)
   } tp;
+  /// Expose the buffers the forward updates (GradGraph::buffer_updates), for a loop that writes
+  /// them back after each step as PyTorch updates its modules' buffers.
+  bool update_buffers = false;
 };
 
 /// The gradient model and how to read it. Its graph outputs, in order: `loss` (absent without a
@@ -120,6 +123,10 @@ struct GradGraph {
   int recomputed_nodes = 0;
   /// Tensor parallelism: the entries of parallel regions whose gradient is all-reduced.
   int parallel_entries = 0;
+  /// With GradSpec::update_buffers: initializers the forward computes a new value of, and the graph
+  /// output holding it (the last outputs, after input_grad_outputs): BatchNormalization's running
+  /// mean and variance in training mode (its outputs 1 and 2, the ONNX momentum update).
+  std::vector<std::pair<std::string, std::string>> buffer_updates;
   /// Things the user should know that do not stop training (lower-case sentences).
   std::vector<std::string> notes;
 };

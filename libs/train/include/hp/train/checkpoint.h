@@ -35,6 +35,9 @@ struct Checkpoint {
   std::string optimizer;                 ///< "adamw" | "sgd": a resume must use the same
   std::vector<exec::HostTensor> params;  ///< named after the initializers
   OptimizerState state;                  ///< its tensors in params' order
+  /// Buffers the forward updates (BatchNormalization's running statistics), named after their
+  /// initializers: model.onnx holds them beside the parameters, state.json lists them.
+  std::vector<exec::HostTensor> buffers;
 };
 
 /// Whether `dir` may receive checkpoints: absent, empty or an earlier checkpoint (hp's own output,
