@@ -317,25 +317,7 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
     lo->mutable_type()->mutable_tensor_type()->mutable_shape();
   }
-  // BatchNormalization's running statistics: buffers (the forward updates them in training mode),
-  // never trained.
-  std::set<std::string> inits;
-  for (const auto& t : g.initializer()) inits.insert(t.name());
-  std::vector<std::pair<std::string, std::string>> stats;  ///< initializer, its new value
-  for (int k = 0; k < forward_nodes; ++k) {
-    const auto& n = g.node(k);
-    if (n.op_type() != "BatchNormalization" || !(n.domain().empty() || n.domain() == "ai.onnx"))
-      continue;
-    bool training = false;
-    for (const auto& a : n.attribute())
-      training = training || (a.name() == "training_mode" && a.i());
-    for (int j = 3; j < 5 && j < n.input_size(); ++j) {
-      if (!inits.count(n.input(j))) continue;
-      out.untrained.emplace(n.input(j), "a BatchNormalization running statistic (a buffer)");
-      if (training && j - 2 < n.output_size() && !n.output(j - 2).empty())
-        stats.emplace_back(n.input(j), n.output(j - 2));
-    }
-  }
+  const auto stats = detail::batch_norm_buffers(g, forward_nodes, out.untrained);
   std::vector<std::string> kept;
   std::vector<std::pair<std::string, std::string>> finals;  ///< gradient tensor, output name
   std::set<std::string> taken;
@@ -385,15 +367,12 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     g.mutable_output(g.output_size() - 1)->set_name(name);
     out.input_grad_outputs.push_back(name);
   }
-  if (spec.update_buffers) {
-    std::set<std::string> done;
+  if (spec.update_buffers)
     for (const auto& [stat, value] : stats) {
-      if (!done.insert(stat).second) continue;  // two nodes updating one buffer: the first wins
       w.declare_like(*g.add_output(), w.elem_type(stat), stat);
       g.mutable_output(g.output_size() - 1)->set_name(value);
       out.buffer_updates.emplace_back(stat, value);
     }
-  }
   // A gradient that an emitted node writes and nothing else reads becomes the output by renaming
   // that node's output; otherwise (a forward tensor, or one shared with another gradient) an
   // Identity copies it out.

@@ -1,4 +1,4 @@
-// fold_weight_transposes and hoist_shape_reads (rewrite.h).
+// fold_weight_transposes, hoist_shape_reads and batch_norm_buffers (rewrite.h).
 #include "rewrite.h"
 
 #include <map>
@@ -125,6 +125,29 @@ int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
   for (const auto& [from, nodes] : after) moved += static_cast<int>(nodes.size());
   g.mutable_node()->Swap(&order);
   return forward_nodes + moved;
+}
+
+std::vector<std::pair<std::string, std::string>> batch_norm_buffers(
+    const onnx::GraphProto& g, int forward_nodes, std::map<std::string, std::string>& untrained) {
+  std::set<std::string> inits, done;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  std::vector<std::pair<std::string, std::string>> stats;
+  for (int k = 0; k < forward_nodes && k < g.node_size(); ++k) {
+    const auto& n = g.node(k);
+    if (n.op_type() != "BatchNormalization" || !(n.domain().empty() || n.domain() == "ai.onnx"))
+      continue;
+    bool training = false;
+    for (const auto& a : n.attribute())
+      training = training || (a.name() == "training_mode" && a.i());
+    for (int j = 3; j < 5 && j < n.input_size(); ++j) {
+      if (!inits.count(n.input(j))) continue;
+      untrained.emplace(n.input(j), "a BatchNormalization running statistic (a buffer)");
+      if (training && j - 2 < n.output_size() && !n.output(j - 2).empty() &&
+          done.insert(n.input(j)).second)
+        stats.emplace_back(n.input(j), n.output(j - 2));
+    }
+  }
+  return stats;
 }
 
 }  // namespace hp::train::detail

@@ -36,6 +36,13 @@ std::map<int, std::string> find_gelu_chains(const GraphWriter& w, int forward_no
 /// count.
 int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes);
 
+/// BatchNormalization's running statistics among the first `forward_nodes` nodes of `g`: buffers,
+/// never trained (each initializer read as one is added to `untrained` with the reason, unless it
+/// is there already). Returns, for the training-mode nodes, each statistic's initializer and the
+/// node output holding its new value (a buffer two nodes update: the first's).
+std::vector<std::pair<std::string, std::string>> batch_norm_buffers(
+    const onnx::GraphProto& g, int forward_nodes, std::map<std::string, std::string>& untrained);
+
 /// A pipeline stage's partition as a stage piece (stages.h): its hp.Recv nodes become graph inputs
 /// and its hp.Send nodes go (what they send is a graph output already). Errc::bad_input when a
 /// Send sends a tensor that is no graph output (tensor_parallel.cpp).
