@@ -16,11 +16,15 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     tp=2 (--simulate, and mpirun)       each rank trains hp shard's partition of the recipe
     tp=4 (--simulate)                   (Llama's two kv heads: k/v projections replicated)
     dp=2 x tp=2 (--simulate), and with optimizer_shard 2 (mpirun)
+    dp=2 x ep=2 (mpirun, --simulate), dp=4 x ep=2 and x ep=4 (--simulate): the MoE's experts shared
+                                        out (expert_parallel.h); also the scatter-routed MoE
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
 more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
-and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
+the same from tp=2 (to one rank and tp=2) and from dp2 x ep2 (to one rank, dp4 x ep4 and dp=2);
+`hp verify` of a dp2 x ep2 MoE recipe; expert parallelism refused (exit 3) on a model without
+expert layers and where ep does not divide the experts; and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
 trains).
 
@@ -61,6 +65,15 @@ LAYOUTS = [
     ("dp2xtp2", {"dp": 2, "tp": 2}, "simulate"),
     ("dp2xtp2-zero2", {"dp": 2, "tp": 2, "optimizer_shard": 2}, "mpirun"),
 ]
+# Expert parallelism, for the models with expert layers: the experts shared out over groups of ep
+# data-parallel ranks (dp4-ep2: two groups, each expert held by two ranks).
+EP_LAYOUTS = [
+    ("dp2-ep2", {"dp": 2, "expert_parallel": 2}, "mpirun"),
+    ("dp2-ep2", {"dp": 2, "expert_parallel": 2}, "simulate"),
+    ("dp4-ep2", {"dp": 4, "expert_parallel": 2}, "simulate"),
+    ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
+]
+EXPERT_MODELS = {"moe", "moe-scatter"}
 VARIANT = "adamw-clip"
 
 
@@ -82,7 +95,9 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
-    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel)
+    # Expert parallelism reduces after the backward, in no bucket.
+    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1),
+                "dp" in parallel and "expert_parallel" not in parallel)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 
@@ -104,12 +119,13 @@ def check_trace(path, ranks, buckets_expected=True):
         raise rt.Failure(f"trace: part files left behind: {parts}")
 
 
-def verified(hp, work, log, parallel=None):
+def verified(hp, work, log, parallel=None, name="gpt2"):
     """`hp verify` of a dp=2 ZeRO-1 (or `parallel`) training recipe over mpirun: 3 steps against
     one rank."""
-    d = os.path.join(work, "verify" if parallel is None else "verify-tp")
+    tag = "-".join(f"{k}{v}" for k, v in (parallel or {}).items())
+    d = os.path.join(work, "verify" if parallel is None else f"verify-{tag}")
     shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make("gpt2", VARIANT, d)
+    ref = reference.make(name, VARIANT, d)
     recipe = os.path.join(d, "verify.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH},
                     parallel=parallel or {"dp": 2, "optimizer_shard": 1})
@@ -186,6 +202,57 @@ def tp_resharded(hp, work, log):
             detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), sv)
             details.append(f"{name} {tag}: {detail.split('  ')[0]}")
     return "tp2 x3 -> " + "; ".join(details)
+
+
+def ep_resharded(hp, work, log):
+    """3 steps of the MoE at dp2 x ep2 (mpirun), resumed for 2 at one rank, at dp4 x ep4 and at plain
+    dp=2: the 5 steps torch ran. The checkpoint holds every expert, gathered from its holder."""
+    d = os.path.join(work, "reshard-ep")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("moe", VARIANT, d)
+    first = os.path.join(d, "first.toml")
+    rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH},
+                    parallel={"dp": 2, "expert_parallel": 2})
+    ckpt, m1 = os.path.join(d, "ckpt"), os.path.join(d, "first.jsonl")
+    rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
+                                          "--checkpoint", ckpt, "--run-dir",
+                                          os.path.join(d, "run")], log)
+    if rc != 0:
+        raise rt.Failure(f"dp2 x ep2, 3 steps: exit {rc}: {rt.first_error(out)}")
+    head = rt.read_metrics(m1, 1, 3)
+    details = []
+    for tag, parallel, how in [("one-rank", {}, "one"),
+                               ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
+                               ("dp2", {"dp": 2}, "simulate")]:
+        recipe = os.path.join(d, f"{tag}.toml")
+        rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
+        m, s = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
+        rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume", ckpt,
+                                          "--metrics", m, "--save-model", s], log)
+        if rc != 0:
+            raise rt.Failure(f"resume at {tag}: exit {rc}: {rt.first_error(out)}")
+        detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), s)
+        details.append(f"{tag}: {detail.split('  ')[0]}")
+    return "dp2 x ep2 x3 -> " + "; ".join(details)
+
+
+def ep_refused(hp, work, log):
+    """Expert parallelism where it cannot be: a model without expert layers, and ep not dividing
+    the experts (the MoE has 4 per layer, ep = 3); each exit 3 naming why, before any step."""
+    d = os.path.join(work, "ep-refused")
+    shutil.rmtree(d, ignore_errors=True)
+    seen = []
+    for name, parallel, want in [("mlp", {"dp": 2, "expert_parallel": 2}, "has none"),
+                                 ("moe", {"dp": 3, "expert_parallel": 3}, "do not split")]:
+        ref = reference.make(name, VARIANT, os.path.join(d, name), steps=1, batch=6)
+        recipe = os.path.join(d, name, "ep.toml")
+        rt.write_recipe(recipe, ref.model, ref.train, {"batch": 6}, parallel=parallel)
+        rc, out = train(hp, recipe, "simulate", ["--inputs", ref.inputs], log)
+        if rc != 3 or want not in out or "step 1" in out:
+            raise rt.Failure(f"{name} {parallel}: exit {rc}, expected 3 with '{want}': "
+                             f"{rt.first_error(out)}")
+        seen.append(f"{name}: {rt.first_error(out)[:60]}")
+    return "; ".join(seen)
 
 
 def killed_rank(hp, work, log):
@@ -285,17 +352,32 @@ def main():
             d = os.path.join(a.work, name)
             shutil.rmtree(d, ignore_errors=True)
             ref = reference.make(name, VARIANT, d)
-            for tag, parallel, how in LAYOUTS:
+            for tag, parallel, how in LAYOUTS + (EP_LAYOUTS if name in EXPERT_MODELS else []):
                 try:
                     report(True, f"{name} {tag} ({how})",
                            layout_run(a.hp, d, ref, tag, parallel, how, log))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
+        # The scatter-routed MoE: the same experts, a dense gate.
+        d = os.path.join(a.work, "moe-scatter")
+        shutil.rmtree(d, ignore_errors=True)
+        ref = reference.make("moe-scatter", VARIANT, d)
+        for tag, parallel, how in EP_LAYOUTS[1:3]:
+            try:
+                report(True, f"moe-scatter {tag} ({how})",
+                       layout_run(a.hp, d, ref, tag, parallel, how, log))
+            except Exception as e:
+                report(False, f"moe-scatter {tag} ({how})", rt.describe(e))
         for label, fn in [("hp verify (mpirun)", verified),
                           ("hp verify tp=2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"tp": 2})),
                           ("resharded resume", resharded),
-                          ("resharded resume from tp=2", tp_resharded)] + (
+                          ("resharded resume from tp=2", tp_resharded),
+                          ("hp verify dp2 x ep2 (mpirun)",
+                           lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},
+                                                     "moe")),
+                          ("resharded resume from ep=2", ep_resharded),
+                          ("expert parallelism refused", ep_refused)] + (
                 [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
             try:
                 report(True, label, fn(a.hp, a.work, log))

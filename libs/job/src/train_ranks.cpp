@@ -27,12 +27,39 @@ train::DataParallel data_parallel_of(const recipe::Recipe& r, comm::Transport& t
   return dp;
 }
 
+train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transport& t) {
+  train::ExpertParallel ep;
+  ep.transport = &t;
+  const int ranks = t.size(), size = static_cast<int>(r.parallel.expert_parallel);
+  const int me = t.rank(), first = me / size * size;
+  for (int k = 0; k < ranks; ++k) {
+    ep.data.push_back(k);
+    if (k % size == me % size) ep.replicas.push_back(k);
+  }
+  for (int k = first; k < first + size; ++k) ep.group.push_back(k);
+  return ep;
+}
+
 namespace {
 
-// "pipeline x tensor x data-parallel", ...: what the ranks are.
+// Each rank's role: its pipeline stage, tensor-parallel part, expert group or data-parallel group.
+Status place_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOptions& to) {
+  if (r.parallel.pp > 1) return pipeline_rank(r, t, to);
+  if (r.parallel.tp > 1) return tensor_parallel_rank(r, t, to);
+  if (r.parallel.expert_parallel > 1)
+    to.ep = expert_parallel_of(r, t);
+  else
+    to.dp = data_parallel_of(r, t);
+  return {};
+}
+
+// "pipeline x tensor x expert x data-parallel", ...: what the ranks are.
 std::string kinds(const recipe::Parallel& p) {
   std::string s;
-  for (auto [degree, name] : {std::pair{p.pp, "pipeline"}, {p.tp, "tensor"}, {p.dp, "data"}})
+  for (auto [degree, name] : {std::pair{p.pp, "pipeline"},
+                              {p.tp, "tensor"},
+                              {p.expert_parallel, "expert"},
+                              {p.dp, "data"}})
     if (degree > 1) s += (s.empty() ? "" : " x ") + std::string(name);
   return (s.empty() ? std::string("data") : s) + "-parallel";
 }
@@ -56,17 +83,13 @@ Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to,
                  fmt::format("the recipe trains on {} ranks, the job has {}", job.recipe.ranks(),
                              world->size()),
                  job.recipe_path.string());
-  if (job.recipe.parallel.pp > 1)
-    HP_TRY(pipeline_rank(job.recipe, *world, to));
-  else if (job.recipe.parallel.tp > 1)
-    HP_TRY(tensor_parallel_rank(job.recipe, *world, to));
-  else
-    to.dp = data_parallel_of(job.recipe, *world);
+  HP_TRY(place_rank(job.recipe, *world, to));
   if (!to.trace.empty()) to.trace = train::trace_part(to.trace, world->rank());
   HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(to));
   comm::mpi_finalize();
   LaunchReport r;
-  if ((!to.pp.active() || to.pp.stage == 0) && to.dp.index() <= 0 && to.tp.index() <= 0)
+  if ((!to.pp.active() || to.pp.stage == 0) && to.dp.index() <= 0 && to.tp.index() <= 0 &&
+      to.ep.part() <= 0)
     r.summary = closing_lines(rep);  // once, from the lead rank
   return r;
 }
@@ -83,12 +106,7 @@ Expected<LaunchReport> train_in_process(const Job& job, train::TrainOptions to) 
       ranks,
       [&](int rank, comm::Transport& t) -> Status {
         train::TrainOptions mine = to;
-        if (job.recipe.parallel.pp > 1)
-          HP_TRY(pipeline_rank(job.recipe, t, mine));
-        else if (job.recipe.parallel.tp > 1)
-          HP_TRY(tensor_parallel_rank(job.recipe, t, mine));
-        else
-          mine.dp = data_parallel_of(job.recipe, t);
+        HP_TRY(place_rank(job.recipe, t, mine));
         if (!to.trace.empty()) mine.trace = train::trace_part(to.trace, rank);
         HP_ASSIGN_OR_RETURN(train::TrainReport rep, train::train(mine));
         if (rank == 0) {

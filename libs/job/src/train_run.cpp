@@ -98,17 +98,29 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
   const std::string where = job.where.at("train");
   const bool pipeline = r.parallel.pp > 1;
   const bool tensor = r.parallel.tp > 1;
-  if (r.parallel.expert_parallel != 1 || !r.groups.empty())
-    return Error(
-        Errc::not_implemented,
-        fmt::format("training is data-, tensor- and pipeline-parallel for now: the recipe has "
-                    "[train] and {}",
-                    !r.groups.empty()
-                        ? std::string("[[groups]]")
-                        : fmt::format("expert_parallel = {}", r.parallel.expert_parallel)),
-        where,
-        "train with dp, tp and pp ranks (expert_parallel = 1, no [[groups]]), or remove [train] "
-        "to run the model forward");
+  if (!r.groups.empty())
+    return Error(Errc::not_implemented,
+                 "training runs one model on dp, tp, pp and ep ranks: the recipe has [train] and "
+                 "[[groups]]",
+                 where, "remove [[groups]], or remove [train] to run the model forward");
+  if (const auto& p = r.parallel; p.expert_parallel > 1) {
+    const char* other = p.tp > 1                ? "tp > 1"
+                        : p.pp > 1              ? "pp > 1"
+                        : p.optimizer_shard > 0 ? "optimizer_shard > 0"
+                                                : nullptr;
+    if (other)
+      return Error(Errc::not_implemented,
+                   fmt::format("expert parallelism trains beside data parallelism only for now: "
+                               "the recipe has expert_parallel = {} and {}",
+                               p.expert_parallel, other),
+                   where, "set tp = pp = 1 and optimizer_shard = 0, or expert_parallel = 1");
+    if (p.dp % p.expert_parallel != 0)
+      return Error(Errc::bad_input,
+                   fmt::format("expert_parallel = {} must divide dp = {}: the expert groups are "
+                               "carved out of the data-parallel ranks",
+                               p.expert_parallel, p.dp),
+                   where);
+  }
 
   // Options of a sharded forward job, and of the MPI job when one process trains
   // (--allow-run-as-root is harmless and scripts pass it everywhere in containers, so it is
@@ -283,6 +295,11 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
                                p.shard_group > 0 && p.shard_group < p.dp
                                    ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                    : std::string());
+    if (p.expert_parallel > 1)
+      r.summary += fmt::format(
+          "  expert parallelism: groups of {} data-parallel ranks share each layer's experts out "
+          "(tokens all-gathered, outputs exchanged back)\n",
+          p.expert_parallel);
     if (p.tp > 1)
       r.summary += fmt::format("  {} tensor-parallel ranks ({}), the partitions hp shard writes\n",
                                p.tp, o.simulate ? "threads of this process" : "mpirun");

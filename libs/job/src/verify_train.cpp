@@ -115,6 +115,7 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
   one.recipe.parallel.micro_batches = 1;
   one.recipe.parallel.optimizer_shard = 0;
   one.recipe.parallel.shard_group = 0;
+  one.recipe.parallel.expert_parallel = 1;
   LaunchOptions lone = lo;
   lone.metrics = tmp.path / "one.jsonl";
   lone.save_model = tmp.path / "one.onnx";

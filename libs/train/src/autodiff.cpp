@@ -462,6 +462,14 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   out.output_grad_inputs = detail::declare_output_grads(e.w, spec);
   for (std::size_t k = 0; k < spec.output_grads.size(); ++k)
     e.contrib[spec.output_grads[k]].push_back(out.output_grad_inputs[k]);
+  if (!spec.logits.empty() && !spec.loss_scale.empty()) {  // the last graph input
+    auto* in = e.w.graph->add_input();
+    in->set_name(spec.loss_scale);
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    in->mutable_type()->mutable_tensor_type()->mutable_shape();
+    e.w.types[spec.loss_scale] = onnx::TensorProto::FLOAT;
+    e.contrib[spec.logits].front() = e.w.emit("Mul", {loss.dlogits, spec.loss_scale}, 1)[0];
+  }
   std::vector<Diagnostic> errors;
   HP_TRY(e.backward(errors));
   if (!errors.empty()) return collect_errors(Errc::bad_input, std::move(errors));
@@ -480,6 +488,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
     out.labels = spec.labels;
   }
   out.inputs.insert(out.inputs.end(), out.output_grad_inputs.begin(), out.output_grad_inputs.end());
+  if (!spec.loss_scale.empty() && !spec.logits.empty()) out.inputs.push_back(spec.loss_scale);
   out.dims = spec.dims;
   out.recomputed_nodes = e.clones;
   out.parallel_entries = entries;

@@ -84,7 +84,9 @@ Expected<BatchSource> BatchSource::open(const TrainOptions& o, const exec::Execu
                                         const std::string& labels,
                                         std::vector<exec::HostTensor> batch) {
   BatchSource s;
-  const auto& ins = ex.inputs();
+  std::vector<exec::GraphIO> ins;
+  for (const auto& in : ex.inputs())
+    if (in.name != kLossScaleInput) ins.push_back(in);
   if (!o.inputs_dir.empty()) {
     HP_ASSIGN_OR_RETURN(s.fixed_, exec::bind_inputs(ins, std::move(batch), o.inputs_dir.string()));
     s.tokens_ = s.fixed_.back().numel();

@@ -38,6 +38,10 @@ Expected<std::vector<exec::HostTensor>> slice_rows(std::vector<exec::HostTensor>
 /// Label positions the loss averages over: labels != -100 for cross_entropy, every element for mse.
 std::int64_t label_count(const exec::HostTensor& labels, LossKind loss);
 
+/// The graph input expert parallelism adds for the loss's gradient scale (GradSpec::loss_scale):
+/// fed by the trainer each step, not part of the data.
+inline constexpr const char* kLossScaleInput = "hp.loss_scale";
+
 class BatchSource {
  public:
   /// Checks the data options against the gradient model's inputs (the labels are its last).

@@ -56,11 +56,15 @@ struct Run {
   model::Model part_model;
   std::unique_ptr<comm::TransportCommOps> comm_ops;
   std::unique_ptr<TensorParallelSync> tps;
+  /// Expert parallelism: which member holds which experts, and the reductions.
+  std::vector<std::vector<std::string>> experts_of;
+  std::unique_ptr<ExpertParallelSync> eps;
   TraceLog trace;
 
   /// The rank that prints and writes files (the first of the data-parallel group, the first
   /// member of the tensor-parallel group).
   bool lead() const { return part == 0 && o.tp.index() <= 0; }
+  bool partitioned() const { return o.tp.active() || o.ep.active(); }
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
@@ -70,8 +74,11 @@ struct Run {
   Status checkpoint();  ///< write_checkpoint(), traced
   Status write_checkpoint();
   Status prepare_tensor_parallel(GradSpec& spec);
+  Status prepare_expert_parallel(GradSpec& spec);
   Status resume_slices(Checkpoint c);  ///< tensor parallelism: this member's slices
   Status resume_buffers(const Checkpoint& c);
+  /// Expert parallelism: this member's parameters (and their state) picked from the whole model's.
+  Status resume_by_name(Checkpoint c);
   /// The whole model's parameters (or state shaped like them) in the forward model's order, from
   /// this rank's (tensor parallelism: gathered, a collective).
   Expected<std::vector<exec::HostTensor>> whole(const std::vector<exec::HostTensor>& mine) const;
@@ -98,8 +105,29 @@ Status Run::prepare_tensor_parallel(GradSpec& spec) {
   return {};
 }
 
+Status Run::prepare_expert_parallel(GradSpec& spec) {
+  const int me = o.ep.index();
+  HP_ASSIGN_OR_RETURN(ExpertPartition part_of, partition_experts(forward, o.ep.group, me));
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(
+      part_model,
+      model::parse_model(part_of.onnx, o.model.parent_path() / fmt::format("ep-member{}.onnx", me),
+                         lo));
+  // The gathered tokens feed this member's experts: their gradient is summed over the group, which
+  // makes the all-gather's gradient a reduce-scatter (rules_comm.cpp).
+  spec.tp.varying = std::move(part_of.varying);
+  spec.tp.group.assign(o.ep.group.begin(), o.ep.group.end());
+  spec.tp.rank = o.ep.transport->rank();
+  spec.loss_scale = detail::kLossScaleInput;
+  comm_ops = std::make_unique<comm::TransportCommOps>(*o.ep.transport);
+  experts_of = std::move(part_of.experts_of);
+  return {};
+}
+
 Expected<std::vector<exec::HostTensor>> Run::whole(
     const std::vector<exec::HostTensor>& mine) const {
+  if (eps) return eps->gather(mine, forward);
   if (!tps) return mine;
   HP_ASSIGN_OR_RETURN(auto all, tps->gather(mine));
   // Checkpoints and saved models list the parameters as one rank trains them: in the forward
@@ -137,9 +165,9 @@ Status Run::prepare() {
                  "give exactly one of --inputs DIR (one batch) and --data FILE (a token stream)");
   HP_ASSIGN_OR_RETURN(batch, detail::read_input_dir(o));
   TrainOptions local = o;  // the shapes this rank runs at
-  if (o.dp.active()) {
-    part = o.dp.index();
-    parts = static_cast<int>(o.dp.group.size());
+  if (o.dp.active() || o.ep.active()) {
+    part = o.ep.active() ? o.ep.part() : o.dp.index();
+    parts = static_cast<int>(o.ep.active() ? o.ep.data.size() : o.dp.group.size());
     const std::int64_t rows = batch_rows(batch, o.grad.labels);
     if (!batch.empty()) {
       HP_ASSIGN_OR_RETURN(batch, detail::slice_rows(batch, rows, part, parts));
@@ -157,12 +185,17 @@ Status Run::prepare() {
   const auto dims = detail::data_dims(local, forward, batch);
   if (o.tp.active()) {
     HP_TRY(prepare_tensor_parallel(spec));
+  } else if (o.ep.active()) {
+    if (o.dp.active())
+      return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
+    HP_TRY(prepare_expert_parallel(spec));
+    for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   } else {
     for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   }
   // Tensor-parallel partitions keep their buffers as exported (docs/training.md).
-  spec.update_buffers = !o.tp.active();
-  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(o.tp.active() ? part_model : forward, spec));
+  spec.update_buffers = !partitioned();
+  HP_ASSIGN_OR_RETURN(gg, build_grad_graph(partitioned() ? part_model : forward, spec));
   for (const auto& n : gg.notes) say(true, "hp: note: " + n);
   if (!gg.aliased.empty())
     say(true,
@@ -185,6 +218,19 @@ Status Run::prepare() {
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p);
     report.params += h.numel();
     params.push_back(std::move(h));
+  }
+  if (o.ep.active()) {
+    HP_ASSIGN_OR_RETURN(eps, ExpertParallelSync::create(o.ep, params, experts_of));
+    report.params = 0;  // the whole model's count
+    for (const auto& t : forward.proto->graph().initializer())
+      if (std::find(gg.params.begin(), gg.params.end(), t.name()) != gg.params.end() ||
+          std::any_of(experts_of.begin(), experts_of.end(), [&](const auto& names) {
+            return std::find(names.begin(), names.end(), t.name()) != names.end();
+          })) {
+        std::int64_t n = 1;
+        for (auto d : t.dims()) n *= d;
+        report.params += n;
+      }
   }
   for (const auto& [name, value] : gg.buffer_updates) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(name));
@@ -220,6 +266,7 @@ Status Run::prepare() {
 
 Status Run::resume() {
   HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
+  if (eps) return resume_by_name(std::move(c));
   if (c.params.size() != params.size())
     return Error(Errc::bad_input,
                  fmt::format("the checkpoint holds {} parameters, the model trains {}",
@@ -236,6 +283,30 @@ Status Run::resume() {
     params[k] = std::move(c.params[k]);
   }
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
+  HP_TRY(resume_buffers(c));
+  data_position = c.data_position;
+  report.first_step = c.step + 1;
+  return {};
+}
+
+Status Run::resume_by_name(Checkpoint c) {
+  std::map<std::string, std::size_t> at;
+  for (std::size_t j = 0; j < c.params.size(); ++j) at.emplace(c.params[j].name, j);
+  OptimizerState mine;
+  mine.step = c.state.step;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    auto it = at.find(params[k].name);
+    if (it == at.end() || c.params[it->second].dims != params[k].dims)
+      return Error(Errc::bad_input,
+                   fmt::format("the checkpoint has no parameter '{}' of dims {}", params[k].name,
+                               exec::dims_label(params[k].dims)),
+                   o.resume_dir.string());
+    HP_TRY(ex->set_weight(params[k].name, c.params[it->second]));
+    params[k] = c.params[it->second];
+    if (!c.state.exp_avg.empty()) mine.exp_avg.push_back(c.state.exp_avg.at(it->second));
+    if (!c.state.exp_avg_sq.empty()) mine.exp_avg_sq.push_back(c.state.exp_avg_sq.at(it->second));
+  }
+  state = std::move(mine);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
   report.first_step = c.step + 1;
@@ -290,13 +361,23 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t k = state.step + 1;
   HP_ASSIGN_OR_RETURN(auto batch, data.batch(data_position));
-  if (sync && !o.data_file.empty()) {  // a token stream's windows: this rank's rows of them
+  if ((sync || eps) &&
+      !o.data_file.empty()) {  // a token stream's windows: this rank's rows of them
     HP_ASSIGN_OR_RETURN(batch, detail::slice_rows(batch, o.batch, part, parts));
   }
   // Data parallelism: the group's label count first, so each gradient can be weighted and its
   // bucket reduced while the backward goes on (the executor's output hook).
-  const std::int64_t count = sync ? detail::label_count(batch.back(), o.grad.loss) : 0;
+  const std::int64_t count = sync || eps ? detail::label_count(batch.back(), o.grad.loss) : 0;
   if (sync) HP_TRY(sync->begin_step(count));
+  if (eps) {  // expert parallelism: this rank's share of the group's mean scales its gradient
+    HP_ASSIGN_OR_RETURN(const double share, eps->begin_step(count));
+    exec::HostTensor scale;
+    scale.name = detail::kLossScaleInput;
+    scale.dtype = HP_F32;
+    scale.data.resize(sizeof(float));
+    *scale.as<float>() = static_cast<float>(share);
+    batch.push_back(std::move(scale));
+  }
   HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
   const auto t1 = std::chrono::steady_clock::now();
   report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
@@ -311,6 +392,9 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   if (sync) {
     HP_ASSIGN_OR_RETURN(loss, sync->finish_step(loss, grads));
   }
+  if (eps) {
+    HP_ASSIGN_OR_RETURN(loss, eps->finish_step(loss, grads));
+  }
   const auto t_reduced = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
     return Error(Errc::runtime,
@@ -319,8 +403,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   Expected<StepInfo> info = StepInfo{};
   if (sync) {
     info = sync->update(o.optimizer, params, grads, state);
-  } else if (tps) {
-    auto norm = tps->global_norm(grads);
+  } else if (tps || eps) {
+    auto norm = tps ? tps->global_norm(grads) : eps->global_norm(grads);
     if (!norm) return std::move(norm).error();
     info = optimizer_step(o.optimizer, params, grads, state, *norm);
   } else {
@@ -377,7 +461,7 @@ Status Run::write_checkpoint() {
     HP_ASSIGN_OR_RETURN(whole_state, sync->gather_state(state, params));
   }
   HP_ASSIGN_OR_RETURN(auto whole_params, whole(params));
-  if (tps) {
+  if (tps || eps) {
     HP_ASSIGN_OR_RETURN(whole_state.exp_avg, whole(whole_state.exp_avg));
     HP_ASSIGN_OR_RETURN(whole_state.exp_avg_sq, whole(whole_state.exp_avg_sq));
   }

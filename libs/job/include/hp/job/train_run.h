@@ -52,6 +52,10 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& o);
 /// The data-parallel group of `recipe` for the ranks of `transport`: every rank, in order, with
 /// the recipe's optimizer_shard and shard_group.
 train::DataParallel data_parallel_of(const recipe::Recipe& recipe, comm::Transport& transport);
+/// The expert-parallel groups of `recipe` (expert_parallel > 1) for the ranks of `transport`:
+/// consecutive blocks of expert_parallel data-parallel ranks, and the ranks at the same position
+/// of every block.
+train::ExpertParallel expert_parallel_of(const recipe::Recipe& recipe, comm::Transport& transport);
 /// This process as one rank of an mpirun training job (MPI is finalised on success); it records its
 /// PID under `run_dir`/pids so that an interrupted job's ranks are found and stopped.
 Expected<LaunchReport> train_as_rank(const Job& job, train::TrainOptions to,

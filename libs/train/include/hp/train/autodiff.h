@@ -81,6 +81,10 @@ struct GradSpec {
     std::vector<std::int64_t> group;  ///< global ranks of the tensor-parallel group
     std::int64_t rank = -1;           ///< this rank (its slice of an AllGather's gradient)
   } tp;
+  /// Non-empty: a scalar float32 graph input of this name (the last input) multiplies the loss's
+  /// gradient. Expert parallelism weights each rank's share of the group's mean by it before the
+  /// experts' gradients of several ranks' tokens mix (expert_parallel.h).
+  std::string loss_scale;
   /// Expose the buffers the forward updates (GradGraph::buffer_updates), for a loop that writes
   /// them back after each step as PyTorch updates its modules' buffers.
   bool update_buffers = false;

@@ -15,6 +15,7 @@
 #include "hp/core/expected.h"
 #include "hp/train/autodiff.h"
 #include "hp/train/data_parallel.h"
+#include "hp/train/expert_parallel.h"
 #include "hp/train/optimizer.h"
 #include "hp/train/pipeline.h"
 #include "hp/train/tensor_parallel.h"
@@ -60,6 +61,9 @@ struct TrainOptions {
   /// group's first member prints and writes (whole tensors, gathered: every member must be given
   /// the same checkpoint_dir and save_model). Not together with dp or pp yet.
   TensorParallel tp;
+  /// Expert parallelism (expert_parallel.h): the data-parallel ranks share the experts out; each
+  /// trains its rows on the shared weights and its experts. Instead of dp; not with tp or pp yet.
+  ExpertParallel ep;
   /// Receives progress lines (stdout) and warnings (stderr when `err`).
   std::function<void(bool err, const std::string&)> sink;
 };

@@ -1,0 +1,116 @@
+// Expert parallelism in training (docs/training.md, "Expert parallelism").
+//
+// A mixture-of-experts layer as PyTorch exports a ModuleList of experts: every expert reads the
+// layer's tokens and its own weights, and torch.stack puts their outputs side by side (Unsqueeze
+// each, one Concat along the expert axis). The router then picks or weights the experts' rows.
+// With expert parallelism the ranks of a group (ep of them, carved out of the data-parallel ranks,
+// each training on its own rows) hold E/ep experts each: a member all-gathers the group's tokens
+// (the dispatch), runs its own experts on all of them, and one all-to-all sends each member the
+// rows of its tokens from every expert (the combine), so the layer's output on every member is what
+// the whole model computes for its rows. Each expert's weights live on one member of the group; the
+// gradient comes back through the conjugates (the reverse all-to-all, and a reduce-scatter of the
+// tokens' gradient: rules_comm.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/comm/comm.h"
+#include "hp/core/expected.h"
+#include "hp/exec/tensor.h"
+#include "hp/model/model.h"
+
+namespace onnx {
+class GraphProto;
+}
+
+namespace hp::train {
+
+/// The experts of one mixture-of-experts layer of a graph.
+struct ExpertLayer {
+  std::string tokens;   ///< the float tensor every expert reads (its token axis is 0)
+  std::string stacked;  ///< the Concat output: every expert's output along `axis`
+  std::int64_t axis = 1;
+  int concat = -1;                                ///< the Concat node's index
+  std::vector<int> unsqueeze;                     ///< per expert: the node stacking its output
+  std::vector<std::vector<int>> nodes;            ///< per expert: the nodes only it needs
+  std::vector<std::vector<std::string>> weights;  ///< per expert: the initializers only it reads
+};
+
+/// The expert layers of `g`: each Concat along an axis >= 1 of E >= 2 Unsqueeze outputs (on that
+/// axis) whose inputs are computed by disjoint sets of nodes that read one float tensor shared by
+/// all of them (the tokens), constants, and float initializers no other node reads (at least one
+/// per expert), and whose values nothing else reads.
+std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g);
+
+/// One member's part of a model under expert parallelism.
+struct ExpertPartition {
+  std::string onnx;  ///< serialized model: shared nodes, this member's experts, the collectives
+  /// Tensors whose values differ across the group for the same tokens (this member's experts'
+  /// weights and values): the gradient of a group-wide tensor they read (the gathered tokens) is
+  /// summed over the members (GradSpec::tp).
+  std::vector<std::string> varying;
+  /// Per member of the group: the expert initializers it holds, in graph order.
+  std::vector<std::vector<std::string>> experts_of;
+  int layers = 0;  ///< expert layers found
+};
+
+/// Member `member` of the expert-parallel group `group` (global ranks in member order): `m` keeping
+/// experts [member*E/p, (member+1)*E/p) of every expert layer, with the tokens hp.AllGather'ed
+/// over the group (axis 0) before them and the stacked outputs hp.AllToAll'ed (split axis 0,
+/// concatenated along the expert axis) back into the tensor the layer stacked. Errc::bad_input
+/// when the model has no expert layer or a layer's expert count is not a multiple of the group.
+Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
+                                            int member);
+
+/// Where a rank stands under expert parallelism. The data-parallel ranks `data` each train on their
+/// rows of the batch; they are cut into expert-parallel groups of consecutive ranks, and the ranks
+/// at the same position of every group hold the same experts (`replicas`).
+struct ExpertParallel {
+  comm::Transport* transport = nullptr;  ///< not owned; null = none
+  std::vector<int> group;                ///< this rank's expert-parallel group, member order
+  std::vector<int> data;                 ///< every data-parallel rank (the shared weights' group)
+  std::vector<int> replicas;             ///< the ranks holding this rank's experts (it included)
+  bool active() const { return transport != nullptr && group.size() > 1; }
+  int index() const;  ///< this rank's position in `group` (-1 when absent)
+  int part() const;   ///< this rank's position in `data`: which rows of a batch it trains on
+};
+
+/// The reductions of one member's parameters (f32, in its gradient model's order). The loss's
+/// gradient on each rank is scaled by its share of the group's label positions (GradSpec::
+/// loss_scale) before the experts' gradients of several ranks' tokens mix, so summing is all that
+/// is left: the shared weights' gradients over `data`, the experts' over `replicas`. The clip norm
+/// adds the experts' squares over the group and counts the shared weights once.
+class ExpertParallelSync {
+ public:
+  /// `experts_of` as partition_experts gives it. Errc::bad_input when a parameter is not f32.
+  static Expected<std::unique_ptr<ExpertParallelSync>> create(
+      const ExpertParallel& ep, const std::vector<exec::HostTensor>& params,
+      std::vector<std::vector<std::string>> experts_of);
+  /// Collective over `data`: this rank's loss is a mean over `count` label positions; returns its
+  /// share of the group's (the loss scale to feed the step).
+  Expected<double> begin_step(std::int64_t count);
+  /// Collective: the group's loss (the shares' weighted sum) and the gradients summed.
+  Expected<double> finish_step(double loss, std::vector<exec::HostTensor>& grads);
+  /// Collective over the group: sqrt of the whole model's sum of squared gradients.
+  Expected<double> global_norm(const std::vector<exec::HostTensor>& grads) const;
+  /// Collective over the group: the whole model's tensors from every member's (`mine`: shaped
+  /// like its parameters, which name them), in the order of `forward`'s initializers, whose dims
+  /// give the other members' experts.
+  Expected<std::vector<exec::HostTensor>> gather(const std::vector<exec::HostTensor>& mine,
+                                                 const model::Model& forward) const;
+  bool expert(std::size_t param) const { return expert_[param] != 0; }
+
+ private:
+  ExpertParallelSync() = default;
+  Status sum(const std::vector<int>& group, std::vector<exec::HostTensor>& grads, bool experts);
+  ExpertParallel ep_;
+  std::vector<std::string> names_;
+  std::vector<char> expert_;
+  std::vector<std::vector<std::string>> experts_of_;
+  double share_ = 0;
+};
+
+}  // namespace hp::train

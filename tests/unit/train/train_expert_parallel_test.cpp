@@ -1,0 +1,261 @@
+// Expert parallelism (libs/train/src/expert_parallel.cpp, expert_sync.cpp): the expert layers of a
+// small mixture-of-experts graph built here (four experts of Gemm -> Relu, stacked by Unsqueeze +
+// Concat as torch.stack exports them, weighted by a softmax router), one member's partition (its
+// experts only, the tokens all-gathered, the stacked outputs exchanged back), the refusals, and
+// training on two in-process ranks against one rank, with a batch whose rows hold different
+// numbers of ignored (-100) labels, so each rank's gradient must be weighted by its share of the
+// labels before the experts' gradients of both ranks' tokens mix.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+
+#include "hp/comm/comm.h"
+#include "hp/core/hp_domain.h"
+#include "hp/train/expert_parallel.h"
+#include "hp/train/trainer.h"
+#include "train_graph_builder.h"
+
+namespace fs = std::filesystem;
+using namespace hp;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("hp_train_ep_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void set_batch(onnx::ValueInfoProto* v) {
+  v->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+}
+
+/// ids [batch, 3] -> embedding -> tokens [batch*3, 4] -> `experts` experts (Gemm, Relu) stacked
+/// on axis 1 -> weighted by softmax(tokens Wr) -> [batch, 3, 4] -> head -> logits [batch, 3, 13].
+test::Builder moe(int experts = 4) {
+  test::Builder b;
+  b.input("ids", {2, 3}, onnx::TensorProto::INT64);
+  b.output("logits", {2, 3, 13});
+  set_batch(b.g().mutable_input(0));
+  set_batch(b.g().mutable_output(0));
+  b.weight("emb", {13, 4});
+  b.weight("router", {4, experts});
+  b.weight("head", {4, 13});
+  b.ints("flat", {-1, 4});
+  b.ints("unflat", {-1, 3, 4});
+  b.ints("axis1", {1});
+  b.ints("last", {-1});
+  b.node("Gather", {"emb", "ids"}, {"x"});
+  b.node("Reshape", {"x", "flat"}, {"tokens"});
+  std::vector<std::string> stacked;
+  for (int e = 0; e < experts; ++e) {
+    const std::string k = std::to_string(e);
+    b.weight("W" + k, {4, 4});
+    b.weight("b" + k, {4}, 0.1);
+    test::attr_i(b.node("Gemm", {"tokens", "W" + k, "b" + k}, {"g" + k}), "transB", 1);
+    b.node("Relu", {"g" + k}, {"r" + k});
+    b.node("Unsqueeze", {"r" + k, "axis1"}, {"u" + k});
+    stacked.push_back("u" + k);
+  }
+  test::attr_i(b.node("Concat", stacked, {"outs"}), "axis", 1);
+  b.node("MatMul", {"tokens", "router"}, {"scores"});
+  test::attr_i(b.node("Softmax", {"scores"}, {"probs"}), "axis", -1);
+  b.node("Unsqueeze", {"probs", "last"}, {"gate"});
+  b.node("Mul", {"outs", "gate"}, {"weighted"});
+  test::attr_i(b.node("ReduceSum", {"weighted", "axis1"}, {"mixed"}), "keepdims", 0);
+  b.node("Reshape", {"mixed", "unflat"}, {"y"});
+  b.node("MatMul", {"y", "head"}, {"logits"});
+  return b;
+}
+
+fs::path write(const test::Builder& b, const fs::path& dir) {
+  const fs::path p = dir / "model.onnx";
+  std::ofstream(p, std::ios::binary) << b.m.SerializeAsString();
+  return p;
+}
+
+train::TrainOptions options(const fs::path& dir) {
+  train::TrainOptions o;
+  o.model = write(moe(), dir);
+  exec::HostTensor ids, labels;
+  ids.name = "ids", labels.name = "labels";
+  ids.dtype = labels.dtype = HP_I64;
+  ids.dims = labels.dims = {2, 3};
+  ids.data.resize(48), labels.data.resize(48);
+  for (int k = 0; k < 6; ++k) {
+    ids.as<std::int64_t>()[k] = (k * 7 + 3) % 13;
+    // Row 0 keeps 3 labels, row 1 keeps 1: the ranks weigh 3/4 and 1/4.
+    labels.as<std::int64_t>()[k] = (k == 3 || k == 5) ? -100 : (k * 5 + 1) % 13;
+  }
+  REQUIRE(exec::write_tensor_dir(dir / "inputs", {ids, labels}, "input"));
+  o.grad.logits = "logits";
+  o.inputs_dir = dir / "inputs";
+  o.optimizer.lr = 1e-2;
+  o.optimizer.clip_norm = 0.5;  // clipping needs the whole model's norm
+  o.steps = 3;
+  o.threads = 1;
+  return o;
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);)
+    out.push_back(std::stod(l.substr(l.find("\"loss\":") + 7)));
+  return out;
+}
+
+std::map<std::string, std::vector<float>> weights(const fs::path& model) {
+  onnx::ModelProto m;
+  std::ifstream f(model, std::ios::binary);
+  REQUIRE(m.ParseFromIstream(&f));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& t : m.graph().initializer()) {
+    if (t.data_type() != onnx::TensorProto::FLOAT) continue;
+    std::vector<float> v(t.float_data().begin(), t.float_data().end());
+    if (v.empty()) {
+      v.resize(t.raw_data().size() / 4);
+      std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
+    }
+    out[t.name()] = v;
+  }
+  return out;
+}
+
+model::Model loaded(const test::Builder& b) {
+  model::Model m;
+  m.path = "moe.onnx";
+  m.proto = std::make_shared<onnx::ModelProto>(b.m);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("expert layers are found as torch.stack exports them", "[train][ep]") {
+  const auto layers = train::find_expert_layers(moe().m.graph());
+  REQUIRE(layers.size() == 1);
+  const auto& l = layers[0];
+  CHECK(l.tokens == "tokens");
+  CHECK(l.stacked == "outs");
+  CHECK(l.axis == 1);
+  REQUIRE(l.weights.size() == 4);
+  CHECK(l.weights[2] == std::vector<std::string>{"W2", "b2"});
+  CHECK(l.nodes[0].size() == 2);  // Gemm, Relu
+
+  // Not experts: branches sharing a weight, or a Concat along the token axis.
+  test::Builder shared = moe();
+  for (auto& n : *shared.g().mutable_node())
+    if (n.op_type() == "Gemm" && n.input(1) == "W1") n.set_input(1, "W0");
+  CHECK(train::find_expert_layers(shared.m.graph()).empty());
+  test::Builder axis0 = moe();
+  for (auto& n : *axis0.g().mutable_node())
+    if (n.op_type() == "Concat") n.mutable_attribute(0)->set_i(0);
+  CHECK(train::find_expert_layers(axis0.m.graph()).empty());
+}
+
+TEST_CASE("a member's partition holds its experts and exchanges the tokens", "[train][ep]") {
+  auto part = train::partition_experts(loaded(moe()), {4, 7}, 1);
+  INFO((part ? std::string() : part.error().str()));
+  REQUIRE(part);
+  CHECK(part->layers == 1);
+  CHECK(part->experts_of ==
+        std::vector<std::vector<std::string>>{{"W0", "b0", "W1", "b1"}, {"W2", "b2", "W3", "b3"}});
+  onnx::ModelProto m;
+  REQUIRE(m.ParseFromString(part->onnx));
+  std::set<std::string> inits;
+  for (const auto& t : m.graph().initializer()) inits.insert(t.name());
+  CHECK(inits.count("W3") == 1);
+  CHECK(inits.count("W0") == 0);
+  CHECK(inits.count("router") == 1);
+  int gathers = 0, exchanges = 0, gemms = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.domain() == hp::domain::kDomain) {
+      gathers += n.op_type() == "AllGather";
+      exchanges += n.op_type() == "AllToAll";
+      CHECK(n.attribute(0).ints_size() == 2);  // group [4, 7]
+      CHECK(n.attribute(0).ints(1) == 7);
+    }
+    if (n.op_type() == "Gemm") {
+      ++gemms;
+      CHECK(n.input(0) == "tokens.ep_gathered");
+    }
+    if (n.op_type() == "Concat") CHECK(n.input_size() == 2);
+  }
+  CHECK((gathers == 1 && exchanges == 1 && gemms == 2));
+  // The experts' values differ across the group; the gathered tokens do not.
+  const auto& v = part->varying;
+  CHECK(std::find(v.begin(), v.end(), "W2") != v.end());
+  CHECK(std::find(v.begin(), v.end(), "tokens.ep_gathered") == v.end());
+}
+
+TEST_CASE("expert parallelism refuses models it cannot split", "[train][ep]") {
+  auto three = train::partition_experts(loaded(moe(3)), {0, 1}, 0);
+  REQUIRE(!three);
+  CHECK(three.error().code == Errc::bad_input);
+  CHECK(three.error().message().find("3 experts, which do not split over expert_parallel = 2") !=
+        std::string::npos);
+  test::Builder dense;
+  dense.input("x", {2, 4});
+  dense.output("y", {2, 4});
+  dense.weight("W", {4, 4});
+  dense.node("MatMul", {"x", "W"}, {"y"});
+  auto none = train::partition_experts(loaded(dense), {0, 1}, 0);
+  REQUIRE(!none);
+  CHECK(none.error().message().find("has none") != std::string::npos);
+}
+
+TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]") {
+  const fs::path d = fresh_dir("train");
+  train::TrainOptions one = options(d);
+  one.metrics = d / "one.jsonl";
+  one.save_model = d / "one.onnx";
+  auto r = train::train(one);
+  INFO((r ? std::string() : r.error().str()));
+  REQUIRE(r);
+
+  train::TrainOptions ep = one;
+  ep.metrics = d / "ep.jsonl";
+  ep.save_model = d / "ep.onnx";
+  ep.checkpoint_dir = d / "ckpt";
+  auto st = comm::run_in_process(2, [&](int rank, comm::Transport& t) -> Status {
+    train::TrainOptions mine = ep;
+    mine.ep.transport = &t;
+    mine.ep.group = {0, 1};
+    mine.ep.data = {0, 1};
+    mine.ep.replicas = {rank};
+    HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+    (void)rep;
+    return {};
+  });
+  INFO((st ? std::string() : st.error().str()));
+  REQUIRE(st);
+  const auto a = losses(one.metrics), b = losses(ep.metrics);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (std::size_t k = 0; k < 3; ++k) CHECK(b[k] == Approx(a[k]).epsilon(1e-6));
+  const auto wa = weights(one.save_model), wb = weights(ep.save_model);
+  REQUIRE(wa.size() == wb.size());  // every expert gathered into the saved model
+  for (const auto& [name, va] : wa) {
+    REQUIRE(wb.count(name));
+    const auto& vb = wb.at(name);
+    REQUIRE(va.size() == vb.size());
+    for (std::size_t e = 0; e < va.size(); ++e) {
+      INFO(name << "[" << e << "]");
+      CHECK(vb[e] == Approx(va[e]).margin(2e-6));
+    }
+  }
+  // The checkpoint is the one-rank format: one rank resumes it.
+  train::TrainOptions resumed = one;
+  resumed.resume_dir = ep.checkpoint_dir;
+  resumed.steps = 1;
+  resumed.metrics = d / "resumed.jsonl";
+  auto rr = train::train(resumed);
+  INFO((rr ? std::string() : rr.error().str()));
+  REQUIRE(rr);
+  CHECK(losses(resumed.metrics).size() == 1);
+  fs::remove_all(d);
+}
