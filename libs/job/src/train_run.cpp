@@ -60,11 +60,22 @@ Status must_exist(const fs::path& p, bool directory, const char* option) {
 // measured median above it; the reason when it cannot price the recipe.
 std::string predicted_line(const Job& job) {
   if (!job.cluster) return "";
-  auto s = predicted_step_seconds(job.recipe, job.base_dir, *job.cluster, true);
+  auto s = predicted_step(job.recipe, job.base_dir, *job.cluster, true);
   if (!s) return fmt::format("plan's prediction: none ({})\n", s.error().what.message);
+  // The parts a run measures too, exposed communication per kind; zero parts are left out.
+  std::string parts = fmt::format("compute {:.4f} s", s->compute + s->recompute);
+  for (auto [v, name] : {std::pair{s->bubble, "bubble"},
+                         {s->tp_exposed, "tp"},
+                         {s->ep_exposed, "ep"},
+                         {s->pp_exposed, "pp"},
+                         {s->dp_exposed, "dp sync"},
+                         {s->opt_exposed, "ZeRO gathers"},
+                         {s->optimizer_step, "optimizer"}})
+    if (v > 0) parts += fmt::format(", {} {:.4f} s", name, v);
   return fmt::format(
-      "plan's prediction: {:.4f} s per training step (hp plan's cost model on '{}', fp32, {})\n",
-      *s, job.recipe.cluster, job.recipe.train->optimizer);
+      "plan's prediction: {:.4f} s per training step ({}; hp plan's cost model on '{}', fp32, "
+      "{})\n",
+      s->iteration, parts, job.recipe.cluster, job.recipe.train->optimizer);
 }
 
 // Each boundary's tensors, "[a, b] | [c]".

@@ -52,7 +52,8 @@ class MetricsFile {
                         {"run_seconds", m.run_seconds},
                         {"reduce_seconds", m.reduce_seconds},
                         {"update_seconds", m.update_seconds},
-                        {"tp_comm_seconds", m.tp_comm_seconds}};
+                        {"tp_comm_seconds", m.tp_comm_seconds},
+                        {"ep_comm_seconds", m.ep_comm_seconds}};
     out_ << j.dump() << '\n';
     out_.flush();
   }

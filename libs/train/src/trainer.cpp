@@ -442,7 +442,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.reduce_seconds = std::chrono::duration<double>(t_reduced - t1).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t_reduced).count();
-  m.tp_comm_seconds = exec::comm_seconds(ex->stats());
+  // The gradient model's collectives are tensor parallelism's, or expert parallelism's.
+  (eps ? m.ep_comm_seconds : m.tp_comm_seconds) = exec::comm_seconds(ex->stats());
   return m;
 }
 
@@ -548,12 +549,14 @@ Expected<TrainReport> train(const TrainOptions& o) {
       line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
                           total > 0 ? 100 * ops[k].first / total : 0.0);
     std::string reduce =
-        r.sync ? fmt::format(", {:.3f} s gradient reduction (data parallel, after the backward)",
-                             lastm.reduce_seconds)
-               : std::string();
-    if (r.tps)
-      reduce = fmt::format(" ({:.3f} s in tensor-parallel collectives){}", lastm.tp_comm_seconds,
-                           reduce);
+        r.sync || r.eps
+            ? fmt::format(", {:.3f} s gradient reduction ({} parallel, after the backward)",
+                          lastm.reduce_seconds, r.eps ? "expert and data" : "data")
+            : std::string();
+    if (r.tps || r.eps)
+      reduce = fmt::format(" ({:.3f} s in {}-parallel collectives){}",
+                           r.eps ? lastm.ep_comm_seconds : lastm.tp_comm_seconds,
+                           r.eps ? "expert" : "tensor", reduce);
     if (!line.empty())
       r.report.summary += fmt::format(
           "last step: {:.3f} s forward+backward{}, {:.3f} s optimizer, {:.3f} s other; by op: "

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "hp/core/expected.h"
+#include "hp/planner/cost.h"
 #include "hp/recipe/cluster.h"
 #include "hp/recipe/recipe.h"
 
@@ -20,5 +21,10 @@ namespace hp::job {
 Expected<double> predicted_step_seconds(const recipe::Recipe& r,
                                         const std::filesystem::path& base_dir,
                                         const recipe::Cluster& cluster, bool train = false);
+/// predicted_step_seconds with the step's parts: compute, bubble and exposed seconds per kind of
+/// communication.
+Expected<planner::Prediction> predicted_step(const recipe::Recipe& r,
+                                             const std::filesystem::path& base_dir,
+                                             const recipe::Cluster& cluster, bool train = false);
 
 }  // namespace hp::job

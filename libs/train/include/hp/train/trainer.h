@@ -80,6 +80,8 @@ struct StepMetrics {
   /// Of `run_seconds`: in the tensor-parallel collectives of the gradient model (forward and
   /// backward). They block the rank's computation, so all of it is exposed.
   double tp_comm_seconds = 0;
+  /// Of `run_seconds`: in expert parallelism's dispatch and combine collectives (exposed alike).
+  double ep_comm_seconds = 0;
 };
 
 struct TrainReport {
