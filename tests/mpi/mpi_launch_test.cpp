@@ -223,7 +223,7 @@ void write_recipe(const fs::path& file, const std::string& parallel, const std::
                   const std::string& backend1 = "") {
   std::ofstream f(file);
   f << "[recipe]\nversion = 1\nname = \"t\"\nmodel = \"full.onnx\"\ncluster = "
-       "\"local-cpu\"\n\n[parallel]\n"
+       "\"local-cpu\"\nnodes = 2\n\n[parallel]\n"
     << parallel << "\n\n[[groups]]\nname = \"g0\"\nranks = \"0\"\nmodule = \"" << m0
     << "\"\nbackend = \"cpu\"\noutputs = [\"y\"]\n"
     << "\n[[groups]]\nname = \"g1\"\nranks = \"1\"\nmodule = \"" << m1 << "\"\nbackend = \""

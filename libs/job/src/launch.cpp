@@ -27,6 +27,7 @@
 #include "hp/job/worker.h"
 #include "hp/plugin/registry.h"
 #include "hp/recipe/recipe.h"
+#include "hp/recipe/verify.h"
 #include "hp/shard/shard.h"
 #include "single_rank.h"
 #include "worker_internal.h"
@@ -314,6 +315,14 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     r.stats = rep.stats;
     r.summary = rep.summary();
     return r;
+  }
+  // The checks `hp verify --static` and `hp shard` apply (recipe::check_recipe: the cluster, the
+  // ranks on it, the model file), before any rank starts.
+  if (!o.preset_dirs.empty()) {
+    recipe::VerifyOptions checks;
+    checks.recipe = o.target;
+    checks.preset_dirs = o.preset_dirs;
+    HP_TRY(recipe::check_recipe(checks));
   }
   // The recipe is read here once; everything below takes the Job.
   HP_ASSIGN_OR_RETURN(Job job, load_job(o.target, o.preset_dirs));

@@ -441,7 +441,12 @@ std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const Source
                                                    const std::string& cluster_name) {
   Checker ck{where, {}};
   const Parallel& p = r.parallel;
-  if (r.ranks() != cluster_ranks)
+  if (!r.groups.empty() && r.job_ranks() != cluster_ranks)
+    ck.fail("groups",
+            fmt::format("the [[groups]] hold {} ranks but cluster '{}' has {} ranks on {} node(s)",
+                        r.job_ranks(), cluster_name, cluster_ranks, r.nodes),
+            "make [recipe] nodes give the cluster as many ranks as the groups hold");
+  else if (r.groups.empty() && r.ranks() != cluster_ranks)
     ck.fail(
         "parallel",
         fmt::format("dp*tp*pp = {}*{}*{} = {} ranks but cluster '{}' has {} ranks on {} node(s)",

@@ -183,6 +183,14 @@ struct Recipe {
 
   /// dp * tp * pp.
   std::int64_t ranks() const { return parallel.dp * parallel.tp * parallel.pp; }
+  /// The ranks the job starts: its [[groups]]' ranks when it has groups (MPMD app contexts), else
+  /// ranks().
+  std::int64_t job_ranks() const {
+    if (groups.empty()) return ranks();
+    std::int64_t n = 0;
+    for (const auto& g : groups) n += static_cast<std::int64_t>(g.ranks.size());
+    return n;
+  }
   friend bool operator==(const Recipe&, const Recipe&) = default;
 };
 
