@@ -15,6 +15,13 @@ if(HP_TSAN)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
 endif()
+# The libFuzzer target (tests/fuzz, clang only): every library it runs is compiled with libFuzzer's
+# coverage instrumentation, so the fuzzer is guided by hp's own branches (the loader, shape
+# inference, the summary), not only by the driver's.
+option(HP_FUZZ_LIBFUZZER "build the libFuzzer target hp_fuzz_model_libfuzzer (clang)" OFF)
+if(HP_FUZZ_LIBFUZZER AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()
 
 # hp_add_library(name SOURCES... DEPS...): libs/<name> with include/ public and src/ private.
 function(hp_add_library name)

@@ -34,7 +34,8 @@ constexpr KeyDoc kRecipe[] = {
     {"[parallel]", "sequence_parallel", "boolean", "no (false)",
      "split activations over the tp group (needs tp > 1)"},
     {"[parallel]", "expert_parallel", "integer >= 1", "no (1)",
-     "expert-parallel degree; divides dp*tp"},
+     "expert-parallel degree; divides dp*tp (training: divides dp, groups of that many "
+     "data-parallel ranks share each layer's experts out)"},
     {"[[stages]]", "index", "integer", "yes", "stage number, 0-based, in order"},
     {"[[stages]]", "layers", "range or integer array", "yes",
      "layer (block) indices of the stage, e.g. \"0-11\""},
