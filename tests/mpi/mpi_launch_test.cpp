@@ -402,16 +402,12 @@ pid_t start_hanging_job(Fixture& f, const fs::path& log) {
   return pid;
 }
 
-}  // namespace
-
-TEST_CASE("mpi launch: SIGTERM to hp stops mpirun and every rank, exit 5 with the reason",
-          "[mpi][fault]") {
-  Fixture f("sigterm");
-  const fs::path log = f.d.path / "hp.log";
-  const pid_t pid = start_hanging_job(f, log);
+// SIGTERM to hp (`pid`, output in `log`) running a two-rank job in `run`: hp exits 5 within 15 s
+// saying it stopped both ranks and mpirun, and no process of the job is left 10 s later.
+void sigterm_stops_two_ranks(pid_t pid, const fs::path& log, const fs::path& run) {
   ::kill(pid, SIGTERM);
   int st = 0;
-  const bool exited = wait_for(10, [&] { return ::waitpid(pid, &st, WNOHANG) == pid; });
+  const bool exited = wait_for(15, [&] { return ::waitpid(pid, &st, WNOHANG) == pid; });
   if (!exited) ::kill(pid, SIGKILL);
   std::ifstream in(log);
   const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -421,7 +417,16 @@ TEST_CASE("mpi launch: SIGTERM to hp stops mpirun and every rank, exit 5 with th
   CHECK(WEXITSTATUS(st) == 5);
   CHECK(out.find("hp: error: ") != std::string::npos);
   CHECK(out.find("interrupted by SIGTERM; stopped 2 ranks of 2 and mpirun") != std::string::npos);
-  CHECK(job_processes(f.d.path / "run").empty());
+  CHECK(wait_for(10, [&] { return job_processes(run).empty(); }));
+}
+
+}  // namespace
+
+TEST_CASE("mpi launch: SIGTERM to hp stops mpirun and every rank, exit 5 with the reason",
+          "[mpi][fault]") {
+  Fixture f("sigterm");
+  const fs::path log = f.d.path / "hp.log";
+  sigterm_stops_two_ranks(start_hanging_job(f, log), log, f.d.path / "run");
 }
 
 TEST_CASE("mpi launch: SIGKILL of hp leaves no process of the job alive 10 s later",
@@ -458,16 +463,5 @@ TEST_CASE("mpi launch: SIGTERM to a training job stops its ranks and counts them
   });
   if (!started) ::kill(pid, SIGKILL);
   REQUIRE(started);
-  ::kill(pid, SIGTERM);
-  int st = 0;
-  const bool exited = wait_for(15, [&] { return ::waitpid(pid, &st, WNOHANG) == pid; });
-  if (!exited) ::kill(pid, SIGKILL);
-  std::ifstream in(log);
-  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  INFO(out);
-  REQUIRE(exited);
-  CHECK(WIFEXITED(st));
-  CHECK(WEXITSTATUS(st) == 5);
-  CHECK(out.find("interrupted by SIGTERM; stopped 2 ranks of 2 and mpirun") != std::string::npos);
-  CHECK(wait_for(10, [&] { return job_processes(run).empty(); }));
+  sigterm_stops_two_ranks(pid, log, run);
 }

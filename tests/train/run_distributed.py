@@ -140,107 +140,75 @@ def verified(hp, work, log, parallel=None, name="gpt2"):
     return f"{len(checks)} checks ok (3 losses, {len(checks) - 3} weights)"
 
 
-def resharded(hp, work, log):
-    """3 steps at dp2 x ZeRO-2, resumed for 2 at one rank and at dp4 HSDP: the 5 steps torch ran."""
-    d = os.path.join(work, "reshard")
-    shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make("gpt2", VARIANT, d)
-    first = os.path.join(d, "first.toml")
-    rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH},
-                    parallel={"dp": 2, "optimizer_shard": 2})
-    ckpt = os.path.join(d, "ckpt")
-    m1 = os.path.join(d, "first.jsonl")
-    rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
-                                          "--checkpoint", ckpt, "--run-dir",
-                                          os.path.join(d, "run")], log)
+def checkpoint_then_resume(hp, d, name, first, targets, log):
+    """3 steps of `name` at the `first` layout over mpirun with --checkpoint, then 2 more resumed
+    from that checkpoint at each of `targets` ([(tag, parallel, how)]): each must give the 5 steps
+    torch ran. Returns one "tag: loss rel ..." per target."""
+    ref = reference.make(name, VARIANT, d)
+    recipe = os.path.join(d, "first.toml")
+    rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=first)
+    ckpt, m1 = os.path.join(d, "ckpt"), os.path.join(d, "first.jsonl")
+    rc, out = train(hp, recipe, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
+                                           "--checkpoint", ckpt, "--run-dir",
+                                           os.path.join(d, "run")], log)
     if rc != 0:
-        raise rt.Failure(f"dp2 zero2, 3 steps: exit {rc}: {rt.first_error(out)}")
+        raise rt.Failure(f"{name} {first}, 3 steps: exit {rc}: {rt.first_error(out)}")
     head = rt.read_metrics(m1, 1, 3)
     details = []
-    for tag, parallel, how in [("one-rank", {}, "one"),
-                               ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2},
-                                "simulate"),
-                               ("tp2", {"tp": 2}, "simulate")]:
+    for tag, parallel, how in targets:
         recipe = os.path.join(d, f"{tag}.toml")
         rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
         m, s = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
         rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume", ckpt,
                                           "--metrics", m, "--save-model", s], log)
         if rc != 0:
-            raise rt.Failure(f"resume at {tag}: exit {rc}: {rt.first_error(out)}")
+            raise rt.Failure(f"{name} resume at {tag}: exit {rc}: {rt.first_error(out)}")
         detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), s)
         details.append(f"{tag}: {detail.split('  ')[0]}")
+    return details
+
+
+def fresh(work, name):
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    return d
+
+
+def resharded(hp, work, log):
+    """3 steps at dp2 x ZeRO-2, resumed for 2 at one rank and at dp4 HSDP: the 5 steps torch ran."""
+    details = checkpoint_then_resume(
+        hp, fresh(work, "reshard"), "gpt2", {"dp": 2, "optimizer_shard": 2},
+        [("one-rank", {}, "one"),
+         ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
+         ("tp2", {"tp": 2}, "simulate")], log)
     return "dp2 zero2 x3 -> " + "; ".join(details)
 
 
 def tp_resharded(hp, work, log):
     """3 steps at tp=2 (mpirun), resumed for 2 at one rank and at tp=2: the 5 steps torch ran."""
-    d = os.path.join(work, "reshard-tp")
-    shutil.rmtree(d, ignore_errors=True)
+    d = fresh(work, "reshard-tp")
     details = []
     for name in ["gpt2", "mlp"]:  # a fused q|k|v and a tied embedding; partial Gemm biases
-        dm = os.path.join(d, name)
-        ref = reference.make(name, VARIANT, dm)
-        first = os.path.join(dm, "first.toml")
-        rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH}, parallel={"tp": 2})
-        ckpt, m1 = os.path.join(dm, "ckpt"), os.path.join(dm, "first.jsonl")
-        rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics",
-                                              m1, "--checkpoint", ckpt, "--run-dir",
-                                              os.path.join(dm, "run")], log)
-        if rc != 0:
-            raise rt.Failure(f"{name} tp2, 3 steps: exit {rc}: {rt.first_error(out)}")
-        head = rt.read_metrics(m1, 1, 3)
-        for tag, parallel, how in [("one-rank", {}, "one"), ("tp2", {"tp": 2}, "simulate")]:
-            recipe = os.path.join(dm, f"{tag}.toml")
-            rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH},
-                            parallel=parallel)
-            m, sv = os.path.join(dm, f"{tag}.jsonl"), os.path.join(dm, f"{tag}.onnx")
-            rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume",
-                                              ckpt, "--metrics", m, "--save-model", sv], log)
-            if rc != 0:
-                raise rt.Failure(f"{name} resume at {tag}: exit {rc}: {rt.first_error(out)}")
-            detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), sv)
-            details.append(f"{name} {tag}: {detail.split('  ')[0]}")
+        details += [f"{name} {x}" for x in checkpoint_then_resume(
+            hp, os.path.join(d, name), name, {"tp": 2},
+            [("one-rank", {}, "one"), ("tp2", {"tp": 2}, "simulate")], log)]
     return "tp2 x3 -> " + "; ".join(details)
 
 
 def ep_resharded(hp, work, log):
     """3 steps of the MoE at dp2 x ep2 (mpirun), resumed for 2 at one rank, at dp4 x ep4 and at plain
     dp=2: the 5 steps torch ran. The checkpoint holds every expert, gathered from its holder."""
-    d = os.path.join(work, "reshard-ep")
-    shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make("moe", VARIANT, d)
-    first = os.path.join(d, "first.toml")
-    rt.write_recipe(first, ref.model, ref.train, {"batch": models.BATCH},
-                    parallel={"dp": 2, "expert_parallel": 2})
-    ckpt, m1 = os.path.join(d, "ckpt"), os.path.join(d, "first.jsonl")
-    rc, out = train(hp, first, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
-                                          "--checkpoint", ckpt, "--run-dir",
-                                          os.path.join(d, "run")], log)
-    if rc != 0:
-        raise rt.Failure(f"dp2 x ep2, 3 steps: exit {rc}: {rt.first_error(out)}")
-    head = rt.read_metrics(m1, 1, 3)
-    details = []
-    for tag, parallel, how in [("one-rank", {}, "one"),
-                               ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
-                               ("dp2", {"dp": 2}, "simulate")]:
-        recipe = os.path.join(d, f"{tag}.toml")
-        rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
-        m, s = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
-        rc, out = train(hp, recipe, how, ["--inputs", ref.inputs, "--steps", "2", "--resume", ckpt,
-                                          "--metrics", m, "--save-model", s], log)
-        if rc != 0:
-            raise rt.Failure(f"resume at {tag}: exit {rc}: {rt.first_error(out)}")
-        detail, _ = rt.compare(ref, head + rt.read_metrics(m, 4, 2), s)
-        details.append(f"{tag}: {detail.split('  ')[0]}")
+    details = checkpoint_then_resume(
+        hp, fresh(work, "reshard-ep"), "moe", {"dp": 2, "expert_parallel": 2},
+        [("one-rank", {}, "one"), ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
+         ("dp2", {"dp": 2}, "simulate")], log)
     return "dp2 x ep2 x3 -> " + "; ".join(details)
 
 
 def ep_refused(hp, work, log):
     """Expert parallelism where it cannot be: a model without expert layers, and ep not dividing
     the experts (the MoE has 4 per layer, ep = 3); each exit 3 naming why, before any step."""
-    d = os.path.join(work, "ep-refused")
-    shutil.rmtree(d, ignore_errors=True)
+    d = fresh(work, "ep-refused")
     seen = []
     for name, parallel, want in [("mlp", {"dp": 2, "expert_parallel": 2}, "has none"),
                                  ("moe", {"dp": 3, "expert_parallel": 3}, "do not split")]:
