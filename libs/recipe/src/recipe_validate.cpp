@@ -438,14 +438,17 @@ std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where)
 
 std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const SourceMap& where,
                                                    std::int64_t cluster_ranks,
-                                                   const std::string& cluster_name) {
+                                                   const std::string& cluster_name,
+                                                   bool cpu_ranks) {
   Checker ck{where, {}};
   const Parallel& p = r.parallel;
-  if (!r.groups.empty() && r.job_ranks() != cluster_ranks)
-    ck.fail("groups",
-            fmt::format("the [[groups]] hold {} ranks but cluster '{}' has {} ranks on {} node(s)",
-                        r.job_ranks(), cluster_name, cluster_ranks, r.nodes),
-            "make [recipe] nodes give the cluster as many ranks as the groups hold");
+  if (!r.groups.empty() && r.device_ranks(cpu_ranks) != cluster_ranks)
+    ck.fail(
+        "groups",
+        fmt::format("the [[groups]] hold {} {}ranks but cluster '{}' has {} ranks on {} node(s)",
+                    r.device_ranks(cpu_ranks), cpu_ranks ? "" : "device (non-cpu) ", cluster_name,
+                    cluster_ranks, r.nodes),
+        "make [recipe] nodes give the cluster as many ranks as the groups hold");
   else if (r.groups.empty() && r.ranks() != cluster_ranks)
     ck.fail(
         "parallel",

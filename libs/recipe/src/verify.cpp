@@ -82,7 +82,9 @@ Expected<VerifyReport> check_recipe(const RecipeDocument& read, const VerifyOpti
   // The cluster, and the recipe's ranks on it. Rank arithmetic on a recipe that is itself broken
   // would only repeat its errors, so that part needs a clean recipe.
   if (!r.cluster.empty() && check_cluster(*doc, opts, rep, problems) && recipe_ok) {
-    auto more = validate_recipe_on_cluster(r, doc->where, rep.cluster.ranks(), rep.cluster.name);
+    const auto* device = rep.cluster.rank_device_type();
+    auto more = validate_recipe_on_cluster(r, doc->where, rep.cluster.ranks(), rep.cluster.name,
+                                           device && device->kind == DeviceKind::cpu);
     problems.insert(problems.end(), more.begin(), more.end());
   }
   if (!problems.empty()) return collect_errors(Errc::bad_input, std::move(problems));

@@ -301,6 +301,17 @@ TEST_CASE("recipe: validate_recipe_on_cluster checks rank counts", "[recipe]") {
   CHECK(validate_recipe_on_cluster(r, where, 8, "dgx-h100").empty());
   auto ds = validate_recipe_on_cluster(r, where, 16, "dgx-h100");
   INFO(dump(ds));
+  // Its groups: 8 cuda ranks and a cpu scheduler, which occupies no accelerator.
+  CHECK(has(ds, "r.toml",
+            "the [[groups]] hold 8 device (non-cpu) ranks but cluster 'dgx-h100' has 16 ranks"));
+  // On a cluster of CPU ranks the scheduler takes one too.
+  CHECK(validate_recipe_on_cluster(r, where, 9, "local-cpu", true).empty());
+  CHECK(has(validate_recipe_on_cluster(r, where, 8, "local-cpu", true), "r.toml",
+            "the [[groups]] hold 9 ranks but cluster 'local-cpu' has 8 ranks"));
+  // Without groups, dp*tp*pp is the job's ranks.
+  Recipe plain = r;
+  plain.groups.clear();
+  ds = validate_recipe_on_cluster(plain, where, 16, "dgx-h100");
   CHECK(has(ds, "r.toml", "dp*tp*pp = 2*2*2 = 8 ranks but cluster 'dgx-h100' has 16 ranks"));
   ds = validate_recipe_on_cluster(r, where, 4, "tiny");
   CHECK(has(ds, "r.toml", "names rank 4 but cluster 'tiny' has ranks 0..3"));

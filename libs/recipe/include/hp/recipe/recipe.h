@@ -183,12 +183,14 @@ struct Recipe {
 
   /// dp * tp * pp.
   std::int64_t ranks() const { return parallel.dp * parallel.tp * parallel.pp; }
-  /// The ranks the job starts: its [[groups]]' ranks when it has groups (MPMD app contexts), else
-  /// ranks().
-  std::int64_t job_ranks() const {
+  /// The cluster ranks the job occupies: with [[groups]] (MPMD app contexts) the ranks of its
+  /// groups, a group on the cpu backend (a scheduler beside accelerator ranks) counted only when
+  /// the cluster's ranks are CPUs (`cpu_ranks`); else ranks().
+  std::int64_t device_ranks(bool cpu_ranks) const {
     if (groups.empty()) return ranks();
     std::int64_t n = 0;
-    for (const auto& g : groups) n += static_cast<std::int64_t>(g.ranks.size());
+    for (const auto& g : groups)
+      if (cpu_ranks || g.backend != "cpu") n += static_cast<std::int64_t>(g.ranks.size());
     return n;
   }
   friend bool operator==(const Recipe&, const Recipe&) = default;
@@ -214,10 +216,12 @@ Expected<Recipe> load_recipe(const std::filesystem::path& path);
 /// Checks of the recipe on its own (degrees, stages, layouts, groups, offload).
 std::vector<Diagnostic> validate_recipe(const Recipe& r, const SourceMap& where);
 
-/// Checks of the recipe against the cluster it runs on (rank counts, rank ids).
+/// Checks of the recipe against the cluster it runs on (rank counts, rank ids). `cpu_ranks`: the
+/// cluster's ranks are CPUs, so cpu groups occupy them too (Recipe::device_ranks).
 std::vector<Diagnostic> validate_recipe_on_cluster(const Recipe& r, const SourceMap& where,
                                                    std::int64_t cluster_ranks,
-                                                   const std::string& cluster_name);
+                                                   const std::string& cluster_name,
+                                                   bool cpu_ranks = false);
 
 /// Deterministic TOML for `r`: fixed section and key order, layers/ranks as range strings.
 std::string format_recipe(const Recipe& r);
