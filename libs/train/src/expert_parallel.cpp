@@ -139,10 +139,8 @@ std::optional<ExpertLayer> expert_layer_at(const Index& ix, int c) {
         if (x != layer.tokens) return std::nullopt;  // a second shared input: not experts
       }
       for (const auto& o : n.output()) {
-        if (o.empty() || ix.graph_outputs.count(o)) {
-          if (!o.empty()) return std::nullopt;
-          continue;
-        }
+        if (o.empty()) continue;
+        if (ix.graph_outputs.count(o)) return std::nullopt;  // an expert's value leaves the graph
         auto r = ix.readers.find(o);
         if (r == ix.readers.end()) continue;
         for (int reader : r->second)
