@@ -101,14 +101,6 @@ train::TrainOptions options(const fs::path& dir) {
   return o;
 }
 
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  for (std::string l; std::getline(in, l);)
-    out.push_back(std::stod(l.substr(l.find("\"loss\":") + 7)));
-  return out;
-}
-
 std::map<std::string, std::vector<float>> weights(const fs::path& model) {
   onnx::ModelProto m;
   std::ifstream f(model, std::ios::binary);
@@ -233,7 +225,7 @@ TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]")
   });
   INFO((st ? std::string() : st.error().str()));
   REQUIRE(st);
-  const auto a = losses(one.metrics), b = losses(ep.metrics);
+  const auto a = test::metric_losses(one.metrics), b = test::metric_losses(ep.metrics);
   REQUIRE(a.size() == 3);
   REQUIRE(b.size() == 3);
   for (std::size_t k = 0; k < 3; ++k) CHECK(b[k] == Approx(a[k]).epsilon(1e-6));
@@ -256,6 +248,6 @@ TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]")
   auto rr = train::train(resumed);
   INFO((rr ? std::string() : rr.error().str()));
   REQUIRE(rr);
-  CHECK(losses(resumed.metrics).size() == 1);
+  CHECK(test::metric_losses(resumed.metrics).size() == 1);
   fs::remove_all(d);
 }

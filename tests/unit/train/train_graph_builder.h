@@ -5,6 +5,8 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -99,6 +101,15 @@ inline exec::HostTensor tensor(std::vector<std::int64_t> dims, int dtype, std::m
     for (std::int64_t k = 0; k < n; ++k) t.as<std::int64_t>()[k] = ud(rng);
   }
   return t;
+}
+
+/// The "loss" of every line of a training run's --metrics file, in order.
+inline std::vector<double> metric_losses(const std::filesystem::path& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);)
+    out.push_back(std::stod(l.substr(l.find("\"loss\":") + 7)));
+  return out;
 }
 
 }  // namespace hp::test

@@ -74,14 +74,6 @@ train::TrainOptions options(const fs::path& dir) {
   return o;
 }
 
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  for (std::string l; std::getline(in, l);)
-    out.push_back(std::stod(l.substr(l.find("\"loss\":") + 7)));
-  return out;
-}
-
 // Two in-process ranks, stage k on rank k, each running `actions[k]`.
 Status pipeline(const train::TrainOptions& o, bool split,
                 const std::vector<std::vector<train::PipelineAction>>& actions) {
@@ -131,7 +123,7 @@ TEST_CASE("two pipeline stages train what one rank trains", "[train][pipeline]")
   o.metrics = d / "one.jsonl";
   o.save_model = d / "one.onnx";
   REQUIRE(train::train(o));
-  const auto want = losses(o.metrics);
+  const auto want = test::metric_losses(o.metrics);
   REQUIRE(want.size() == 3);
 
   SECTION("gpipe") {
@@ -146,7 +138,7 @@ TEST_CASE("two pipeline stages train what one rank trains", "[train][pipeline]")
     o.save_model = d / "zb.onnx";
     REQUIRE(pipeline(o, true, {{F0, F1, B0, B1, W0, W1}, {F0, B0, F1, B1, W0, W1}}));
   }
-  const auto got = losses(o.metrics);
+  const auto got = test::metric_losses(o.metrics);
   REQUIRE(got.size() == want.size());
   for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == Approx(want[k]).epsilon(1e-6));
   same_weights(d / "one.onnx", o.save_model);
@@ -161,7 +153,7 @@ TEST_CASE("three pipeline stages train what one rank trains", "[train][pipeline]
   o.metrics = d / "one.jsonl";
   o.save_model = d / "one.onnx";
   REQUIRE(train::train(o));
-  const auto want = losses(o.metrics);
+  const auto want = test::metric_losses(o.metrics);
   o.metrics = d / "three.jsonl";
   o.save_model = d / "three.onnx";
   const std::vector<std::vector<train::PipelineAction>> order = {
@@ -181,7 +173,7 @@ TEST_CASE("three pipeline stages train what one rank trains", "[train][pipeline]
   });
   INFO((st ? std::string() : st.error().message()));
   REQUIRE(st);
-  const auto got = losses(o.metrics);
+  const auto got = test::metric_losses(o.metrics);
   REQUIRE(got.size() == want.size());
   for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == Approx(want[k]).epsilon(1e-6));
   same_weights(d / "one.onnx", o.save_model);
