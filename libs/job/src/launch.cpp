@@ -316,14 +316,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     r.summary = rep.summary();
     return r;
   }
-  // The checks `hp verify --static` and `hp shard` apply (recipe::check_recipe: the cluster, the
-  // ranks on it, the model file), before any rank starts.
-  if (!o.preset_dirs.empty()) {
-    recipe::VerifyOptions checks;
-    checks.recipe = o.target;
-    checks.preset_dirs = o.preset_dirs;
-    HP_TRY(recipe::check_recipe(checks));
-  }
+  // The checks `hp verify --static` and `hp shard` apply (the cluster, the ranks on it, the model
+  // file), before any rank starts.
+  HP_TRY(recipe::check_recipe_before_use(o.target, o.preset_dirs));
   // The recipe is read here once; everything below takes the Job.
   HP_ASSIGN_OR_RETURN(Job job, load_job(o.target, o.preset_dirs));
   // A [train] table makes the recipe a training run, decided before anything of the MPI job.

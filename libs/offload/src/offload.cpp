@@ -124,12 +124,7 @@ OffloadOptions resolve_workload(OffloadOptions o, const recipe::Recipe& rec) {
 
 Expected<OffloadReport> run(const OffloadOptions& given) {
   HP_ASSIGN_OR_RETURN(auto rec, load_planned_recipe(given.recipe));
-  if (!given.preset_dirs.empty()) {  // the checks every command applies (hp verify --static)
-    recipe::VerifyOptions checks;
-    checks.recipe = given.recipe;
-    checks.preset_dirs = given.preset_dirs;
-    HP_TRY(recipe::check_recipe(checks));
-  }
+  HP_TRY(recipe::check_recipe_before_use(given.recipe, given.preset_dirs));
   const OffloadOptions options = resolve_workload(given, rec);
   HP_ASSIGN_OR_RETURN(auto checked, check_options(options));
   const fs::path dir =

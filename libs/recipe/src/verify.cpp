@@ -91,6 +91,15 @@ Expected<VerifyReport> check_recipe(const RecipeDocument& read, const VerifyOpti
   return rep;
 }
 
+Status check_recipe_before_use(const fs::path& recipe, const std::vector<fs::path>& preset_dirs) {
+  if (preset_dirs.empty()) return {};
+  VerifyOptions checks;
+  checks.recipe = recipe;
+  checks.preset_dirs = preset_dirs;
+  HP_TRY(check_recipe(checks));
+  return {};
+}
+
 std::string format_verify_summary(const VerifyReport& rep) {
   const Recipe& r = rep.recipe;
   const Cluster& c = rep.cluster;

@@ -326,12 +326,7 @@ Status check_shardable(const recipe::Recipe& recipe, const std::filesystem::path
 Expected<ShardReport> run(const ShardOptions& options) {
   if (options.out_dir.empty() && options.explain.empty())
     return Error(Errc::usage, "hp shard needs -o DIR (write partitions) or --explain TENSOR");
-  if (!options.preset_dirs.empty()) {
-    recipe::VerifyOptions checks;
-    checks.recipe = options.recipe;
-    checks.preset_dirs = options.preset_dirs;
-    HP_TRY(recipe::check_recipe(checks));
-  }
+  HP_TRY(recipe::check_recipe_before_use(options.recipe, options.preset_dirs));
   HP_ASSIGN_OR_RETURN(auto p, prepare(options.recipe));
   if (!options.explain.empty()) {
     HP_ASSIGN_OR_RETURN(auto text, explain(*p, options.explain, options.json));

@@ -110,9 +110,13 @@ std::pair<std::string, std::string> encode(const Checkpoint& c) {
 }
 
 Status write_into(const model::Model& forward, const Checkpoint& c, const fs::path& dir) {
-  std::vector<HostTensor> values = c.params;
-  values.insert(values.end(), c.buffers.begin(), c.buffers.end());
-  HP_TRY(save_model(forward, values, dir / kModel));
+  if (c.buffers.empty()) {
+    HP_TRY(save_model(forward, c.params, dir / kModel));
+  } else {  // model.onnx holds the buffers beside the parameters
+    std::vector<HostTensor> values = c.params;
+    values.insert(values.end(), c.buffers.begin(), c.buffers.end());
+    HP_TRY(save_model(forward, values, dir / kModel));
+  }
   auto [state, bin] = encode(c);
   HP_TRY(write_file_atomic(dir / kOptimizer, bin));
   return write_file_atomic(dir / kState, state);

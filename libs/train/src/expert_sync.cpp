@@ -9,6 +9,7 @@
 
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/expert_parallel.h"
+#include "hp/train/optimizer.h"
 
 namespace hp::train {
 
@@ -41,6 +42,7 @@ Expected<std::unique_ptr<ExpertParallelSync>> ExpertParallelSync::create(
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p.name);
     s->names_.push_back(p.name);
     s->expert_.push_back(std::find(mine.begin(), mine.end(), p.name) != mine.end());
+    s->shared_.push_back(!s->expert_.back());
   }
   s->experts_of_ = std::move(experts_of);
   return s;
@@ -88,15 +90,9 @@ Expected<double> ExpertParallelSync::finish_step(double loss,
 }
 
 Expected<double> ExpertParallelSync::global_norm(const std::vector<exec::HostTensor>& grads) const {
-  double shared = 0, experts[1] = {0}, total[1] = {0};
-  for (std::size_t k = 0; k < grads.size(); ++k) {
-    double s = 0;
-    const float* g = grads[k].as<float>();
-    for (std::int64_t i = 0; i < grads[k].numel(); ++i) s += static_cast<double>(g[i]) * g[i];
-    (expert_[k] ? experts[0] : shared) += s;
-  }
+  double experts[1] = {sum_of_squares(grads, expert_)}, total[1] = {0};
   HP_TRY(ep_.transport->allreduce(ep_.group, experts, total, 1, HP_F64, comm::ReduceOp::sum));
-  return std::sqrt(shared + total[0]);
+  return std::sqrt(sum_of_squares(grads, shared_) + total[0]);
 }
 
 Expected<std::vector<exec::HostTensor>> ExpertParallelSync::gather(

@@ -24,6 +24,7 @@
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 #include "pipeline_stage.h"
+#include "run_summary.h"
 
 namespace hp::train::detail {
 
@@ -424,10 +425,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
     if (r.lead()) HP_TRY(save_model(r.forward, c.params, o.save_model));
   }
-  std::vector<double> secs;
-  for (const auto& m : r.report.steps) secs.push_back(m.seconds);
-  std::sort(secs.begin(), secs.end());
-  r.report.median_step_seconds = secs.empty() ? 0 : secs[secs.size() / 2];
+  r.report.median_step_seconds = median_step_seconds(r.report.steps);
   if (r.lead() && !r.report.steps.empty())
     r.report.summary = fmt::format(
         "trained {} steps on {} pipeline stages: loss {:.6f} -> {:.6f}; median step {:.3f} s\n",

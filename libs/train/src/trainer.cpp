@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <numeric>
 #include <optional>
+#include <set>
 
 #include "batches.h"
 #include "hp/core/fs.h"
@@ -23,6 +25,7 @@
 #include "hp/train/tensor_parallel.h"
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
+#include "run_summary.h"
 
 namespace hp::train {
 
@@ -75,10 +78,10 @@ struct Run {
   Status write_checkpoint();
   Status prepare_tensor_parallel(GradSpec& spec);
   Status prepare_expert_parallel(GradSpec& spec);
-  Status resume_slices(Checkpoint c);  ///< tensor parallelism: this member's slices
-  Status resume_buffers(const Checkpoint& c);
-  /// Expert parallelism: this member's parameters (and their state) picked from the whole model's.
+  /// Tensor or expert parallelism: this member's parameters (slices, or its experts and the shared
+  /// weights) and their state, picked by name from the whole model's.
   Status resume_by_name(Checkpoint c);
+  Status resume_buffers(const Checkpoint& c);
   /// The whole model's parameters (or state shaped like them) in the forward model's order, from
   /// this rank's (tensor parallelism: gathered, a collective).
   Expected<std::vector<exec::HostTensor>> whole(const std::vector<exec::HostTensor>& mine) const;
@@ -106,6 +109,8 @@ Status Run::prepare_tensor_parallel(GradSpec& spec) {
 }
 
 Status Run::prepare_expert_parallel(GradSpec& spec) {
+  if (o.dp.active())
+    return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
   const int me = o.ep.index();
   HP_ASSIGN_OR_RETURN(ExpertPartition part_of, partition_experts(forward, o.ep.group, me));
   model::LoadOptions lo;
@@ -185,12 +190,8 @@ Status Run::prepare() {
   const auto dims = detail::data_dims(local, forward, batch);
   if (o.tp.active()) {
     HP_TRY(prepare_tensor_parallel(spec));
-  } else if (o.ep.active()) {
-    if (o.dp.active())
-      return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
-    HP_TRY(prepare_expert_parallel(spec));
-    for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   } else {
+    if (o.ep.active()) HP_TRY(prepare_expert_parallel(spec));
     for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   }
   // Tensor-parallel partitions keep their buffers as exported (docs/training.md).
@@ -221,16 +222,14 @@ Status Run::prepare() {
   }
   if (o.ep.active()) {
     HP_ASSIGN_OR_RETURN(eps, ExpertParallelSync::create(o.ep, params, experts_of));
-    report.params = 0;  // the whole model's count
+    // The whole model's count: this member's parameters and every other member's experts.
+    std::set<std::string> trained(gg.params.begin(), gg.params.end());
+    for (const auto& names : experts_of) trained.insert(names.begin(), names.end());
+    report.params = 0;
     for (const auto& t : forward.proto->graph().initializer())
-      if (std::find(gg.params.begin(), gg.params.end(), t.name()) != gg.params.end() ||
-          std::any_of(experts_of.begin(), experts_of.end(), [&](const auto& names) {
-            return std::find(names.begin(), names.end(), t.name()) != names.end();
-          })) {
-        std::int64_t n = 1;
-        for (auto d : t.dims()) n *= d;
-        report.params += n;
-      }
+      if (trained.count(t.name()))
+        report.params +=
+            std::accumulate(t.dims().begin(), t.dims().end(), std::int64_t{1}, std::multiplies<>());
   }
   for (const auto& [name, value] : gg.buffer_updates) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(name));
@@ -272,7 +271,7 @@ Status Run::resume() {
                  fmt::format("the checkpoint holds {} parameters, the model trains {}",
                              c.params.size(), params.size()),
                  o.resume_dir.string());
-  if (tps) return resume_slices(std::move(c));
+  if (tps) return resume_by_name(std::move(c));
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (c.params[k].name != params[k].name || c.params[k].dims != params[k].dims)
       return Error(Errc::bad_input,
@@ -283,30 +282,6 @@ Status Run::resume() {
     params[k] = std::move(c.params[k]);
   }
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
-  HP_TRY(resume_buffers(c));
-  data_position = c.data_position;
-  report.first_step = c.step + 1;
-  return {};
-}
-
-Status Run::resume_by_name(Checkpoint c) {
-  std::map<std::string, std::size_t> at;
-  for (std::size_t j = 0; j < c.params.size(); ++j) at.emplace(c.params[j].name, j);
-  OptimizerState mine;
-  mine.step = c.state.step;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    auto it = at.find(params[k].name);
-    if (it == at.end() || c.params[it->second].dims != params[k].dims)
-      return Error(Errc::bad_input,
-                   fmt::format("the checkpoint has no parameter '{}' of dims {}", params[k].name,
-                               exec::dims_label(params[k].dims)),
-                   o.resume_dir.string());
-    HP_TRY(ex->set_weight(params[k].name, c.params[it->second]));
-    params[k] = c.params[it->second];
-    if (!c.state.exp_avg.empty()) mine.exp_avg.push_back(c.state.exp_avg.at(it->second));
-    if (!c.state.exp_avg_sq.empty()) mine.exp_avg_sq.push_back(c.state.exp_avg_sq.at(it->second));
-  }
-  state = std::move(mine);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
   report.first_step = c.step + 1;
@@ -328,30 +303,39 @@ Status Run::resume_buffers(const Checkpoint& c) {
   return {};
 }
 
-Status Run::resume_slices(Checkpoint c) {
+Status Run::resume_by_name(Checkpoint c) {
   std::map<std::string, std::size_t> at;
   for (std::size_t j = 0; j < c.params.size(); ++j) at.emplace(c.params[j].name, j);
-  const bool has_state = !c.state.exp_avg.empty();
-  state.step = c.state.step;
+  // This member's part of a whole tensor of the checkpoint: its slice under tensor parallelism,
+  // the tensor itself under expert parallelism.
+  auto mine_of = [&](std::size_t k, const exec::HostTensor& whole) -> Expected<exec::HostTensor> {
+    if (tps) return tps->slice(k, whole);
+    if (whole.dims != params[k].dims)
+      return Error(Errc::bad_input,
+                   fmt::format("checkpoint parameter '{}' is {}, the model's is {}", whole.name,
+                               exec::dims_label(whole.dims), exec::dims_label(params[k].dims)),
+                   o.resume_dir.string());
+    return whole;
+  };
+  OptimizerState mine;
+  mine.step = c.state.step;
   for (std::size_t k = 0; k < params.size(); ++k) {
     auto it = at.find(params[k].name);
     if (it == at.end())
       return Error(Errc::bad_input,
                    fmt::format("the checkpoint has no parameter '{}'", params[k].name),
                    o.resume_dir.string());
-    HP_ASSIGN_OR_RETURN(auto mine, tps->slice(k, c.params[it->second]));
-    HP_TRY(ex->set_weight(params[k].name, tps->stored(k, mine)));
-    params[k] = std::move(mine);
-    if (has_state) {
-      HP_ASSIGN_OR_RETURN(auto m, tps->slice(k, c.state.exp_avg.at(it->second)));
-      state.exp_avg.push_back(std::move(m));
-      if (!c.state.exp_avg_sq.empty()) {
-        HP_ASSIGN_OR_RETURN(auto v, tps->slice(k, c.state.exp_avg_sq.at(it->second)));
-        state.exp_avg_sq.push_back(std::move(v));
+    HP_ASSIGN_OR_RETURN(auto p, mine_of(k, c.params[it->second]));
+    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
+    params[k] = std::move(p);
+    for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
+      if (!(c.state.*list).empty()) {
+        HP_ASSIGN_OR_RETURN(auto m, mine_of(k, (c.state.*list).at(it->second)));
+        (mine.*list).push_back(std::move(m));
       }
-    }
   }
-  if (sync) state = sync->slice_state(state);
+  state = sync ? sync->slice_state(mine) : std::move(mine);
+  HP_TRY(resume_buffers(c));
   data_position = c.data_position;
   report.first_step = c.step + 1;
   return {};
@@ -527,43 +511,18 @@ Expected<TrainReport> train(const TrainOptions& o) {
     trained.insert(trained.end(), r.buffers.begin(), r.buffers.end());
     if (r.lead()) HP_TRY(save_model(r.forward, trained, o.save_model));
   }
-  std::vector<double> secs;
-  for (const auto& m : r.report.steps) secs.push_back(m.seconds);
-  std::sort(secs.begin(), secs.end());
-  r.report.median_step_seconds = secs.empty() ? 0 : secs[secs.size() / 2];
-  const StepMetrics& lastm = r.report.steps.back();
+  r.report.median_step_seconds = detail::median_step_seconds(r.report.steps);
   r.report.summary = fmt::format(
       "trained {} steps: loss {:.6f} -> {:.6f}; median step {:.3f} s; peak tensor memory {}\n",
       r.report.steps.size(), r.report.steps.front().loss, r.report.steps.back().loss,
       r.report.median_step_seconds, mib(r.report.peak_bytes));
-  {  // Where the last step's time went: the op types that took most of it.
-    std::vector<std::pair<double, std::string>> ops;
-    double total = 0;
-    for (const auto& [op, t] : r.ex->stats().by_op) {
-      ops.emplace_back(t.seconds, op);
-      total += t.seconds;
-    }
-    std::sort(ops.rbegin(), ops.rend());
-    std::string line;
-    for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
-      line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
-                          total > 0 ? 100 * ops[k].first / total : 0.0);
-    std::string reduce =
-        r.sync || r.eps
-            ? fmt::format(", {:.3f} s gradient reduction ({} parallel, after the backward)",
-                          lastm.reduce_seconds, r.eps ? "expert and data" : "data")
-            : std::string();
-    if (r.tps || r.eps)
-      reduce = fmt::format(" ({:.3f} s in {}-parallel collectives){}",
-                           r.eps ? lastm.ep_comm_seconds : lastm.tp_comm_seconds,
-                           r.eps ? "expert" : "tensor", reduce);
-    if (!line.empty())
-      r.report.summary += fmt::format(
-          "last step: {:.3f} s forward+backward{}, {:.3f} s optimizer, {:.3f} s other; by op: "
-          "{}\n",
-          lastm.run_seconds, reduce, lastm.update_seconds,
-          lastm.seconds - lastm.run_seconds - lastm.reduce_seconds - lastm.update_seconds, line);
-  }
+  r.report.summary += detail::last_step_line(r.report.steps.back(), r.ex->stats(),
+                                             r.eps   ? "expert"
+                                             : r.tps ? "tensor"
+                                                     : "",
+                                             r.eps    ? "expert and data"
+                                             : r.sync ? "data"
+                                                      : "");
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }

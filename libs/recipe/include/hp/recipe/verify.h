@@ -39,6 +39,11 @@ struct VerifyReport {
 Expected<VerifyReport> check_recipe(const VerifyOptions& opts);
 /// The same for a recipe already read (opts.recipe names it in messages).
 Expected<VerifyReport> check_recipe(const RecipeDocument& doc, const VerifyOptions& opts);
+/// What every command acting on a recipe (shard, launch, offload-profile) runs before it writes,
+/// starts or prices anything: check_recipe on the file, with its cluster looked up in
+/// `preset_dirs`. Nothing when `preset_dirs` is empty (a library caller without presets).
+Status check_recipe_before_use(const std::filesystem::path& recipe,
+                               const std::vector<std::filesystem::path>& preset_dirs);
 
 /// The short human summary of a passing report (several lines, each ending in '\n').
 std::string format_verify_summary(const VerifyReport& r);

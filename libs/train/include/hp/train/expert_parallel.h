@@ -108,7 +108,7 @@ class ExpertParallelSync {
   Status sum(const std::vector<int>& group, std::vector<exec::HostTensor>& grads, bool experts);
   ExpertParallel ep_;
   std::vector<std::string> names_;
-  std::vector<char> expert_;
+  std::vector<char> expert_, shared_;  ///< per parameter: one of this member's experts, or not
   std::vector<std::vector<std::string>> experts_of_;
   double share_ = 0;
 };

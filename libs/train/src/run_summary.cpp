@@ -1,0 +1,46 @@
+// The closing lines of a training run (run_summary.h).
+#include "run_summary.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+
+namespace hp::train::detail {
+
+double median_step_seconds(const std::vector<StepMetrics>& steps) {
+  std::vector<double> secs;
+  for (const auto& m : steps) secs.push_back(m.seconds);
+  std::sort(secs.begin(), secs.end());
+  return secs.empty() ? 0 : secs[secs.size() / 2];
+}
+
+std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats,
+                           const std::string& collectives, const std::string& reduction) {
+  // Where the last step's time went: the op types that took most of it.
+  std::vector<std::pair<double, std::string>> ops;
+  double total = 0;
+  for (const auto& [op, t] : stats.by_op) {
+    ops.emplace_back(t.seconds, op);
+    total += t.seconds;
+  }
+  std::sort(ops.rbegin(), ops.rend());
+  std::string line;
+  for (std::size_t k = 0; k < ops.size() && k < 8; ++k)
+    line += fmt::format("{}{} {:.0f}%", k ? ", " : "", ops[k].second,
+                        total > 0 ? 100 * ops[k].first / total : 0.0);
+  if (line.empty()) return "";
+  std::string comm;
+  if (!collectives.empty())
+    comm = fmt::format(" ({:.3f} s in {}-parallel collectives)",
+                       collectives == "expert" ? last.ep_comm_seconds : last.tp_comm_seconds,
+                       collectives);
+  if (!reduction.empty())
+    comm += fmt::format(", {:.3f} s gradient reduction ({} parallel, after the backward)",
+                        last.reduce_seconds, reduction);
+  return fmt::format(
+      "last step: {:.3f} s forward+backward{}, {:.3f} s optimizer, {:.3f} s other; by op: {}\n",
+      last.run_seconds, comm, last.update_seconds,
+      last.seconds - last.run_seconds - last.reduce_seconds - last.update_seconds, line);
+}
+
+}  // namespace hp::train::detail

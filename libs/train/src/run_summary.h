@@ -1,0 +1,23 @@
+// The closing lines of a training run (trainer.cpp, pipeline_run.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hp/exec/executor.h"
+#include "hp/train/trainer.h"
+
+namespace hp::train::detail {
+
+/// The median of the steps' `seconds` (0 without steps).
+double median_step_seconds(const std::vector<StepMetrics>& steps);
+
+/// "last step: ... s forward+backward (... s in <collectives>-parallel collectives), ... s gradient
+/// reduction (<reduction> parallel, after the backward), ... s optimizer, ... s other; by op: ..."
+/// with the eight op types that took most of the executor's time; `collectives` ("tensor",
+/// "expert") and `reduction` ("data", "expert and data") empty where the run has none. Empty when
+/// the executor timed no op.
+std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats,
+                           const std::string& collectives, const std::string& reduction);
+
+}  // namespace hp::train::detail
