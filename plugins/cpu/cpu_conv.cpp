@@ -9,6 +9,11 @@
 // are reordered on every call: the ABI passes them as ordinary inputs, so a kernel cannot tell they
 // are constant (they are small beside the activations of a convolution).
 //
+// Operands may be stored channels-last (ConvShape::x_nhwc and the others), the layout oneDNN's
+// f32 kernels on AVX2/AVX-512 pick for most shapes: then their reorders vanish (reorder_if finds
+// the layouts equal), which for a chain of convolutions kept channels-last by the executor
+// (libs/exec/src/exec_layout.cpp) is most of the time around a small convolution.
+//
 // As in cpu_gemm.cpp, primitives (and their reorders) are cached by everything that defines them
 // and created with a user-managed scratchpad, and each execution brings buffers of the executing
 // thread's own, so ranks simulated as threads over one backend can run the same convolution at
@@ -35,7 +40,8 @@ tag plain_wei(size_t sp, bool grouped) {
 }
 
 std::vector<int64_t> key_of(const ConvShape& s) {
-  std::vector<int64_t> k{s.group, s.bias, s.sum, s.relu, static_cast<int64_t>(s.x.size())};
+  std::vector<int64_t> k{s.group,  s.bias,   s.sum,   s.relu, static_cast<int64_t>(s.x.size()),
+                         s.x_nhwc, s.z_nhwc, s.y_nhwc};
   for (const auto* v : {&s.x, &s.w, &s.y, &s.strides, &s.dilations, &s.pads})
     k.insert(k.end(), v->begin(), v->end());
   return k;
@@ -95,8 +101,9 @@ CachedConv ConvCache::get(const dnnl::engine& eng, const ConvShape& s) {
       pr(s.pads.begin() + sp, s.pads.end());
   for (int64_t d : s.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
   CachedConv c;
-  c.x_plain = memory::desc(s.x, f32, plain_act(sp));
-  c.y_plain = memory::desc(s.y, f32, plain_act(sp));
+  c.x_plain = memory::desc(s.x, f32, s.x_nhwc ? tag::nhwc : plain_act(sp));
+  c.y_plain = memory::desc(s.y, f32, s.y_nhwc ? tag::nhwc : plain_act(sp));
+  c.z_plain = memory::desc(s.y, f32, s.z_nhwc ? tag::nhwc : plain_act(sp));
   c.w_plain = memory::desc(wd, f32, plain_wei(sp, grouped));
   const memory::desc any_x(s.x, f32, tag::any), any_y(s.y, f32, tag::any), any_w(wd, f32, tag::any),
       bias_md({s.w[0]}, f32, tag::x);
@@ -122,7 +129,7 @@ CachedConv ConvCache::get(const dnnl::engine& eng, const ConvShape& s) {
   c.x_in = reorder_if(eng, c.x_plain, c.x_md);
   c.w_in = reorder_if(eng, c.w_plain, c.w_md);
   c.y_out = reorder_if(eng, c.y_md, c.y_plain);
-  if (s.sum) c.y_in = reorder_if(eng, c.y_plain, c.y_md);
+  if (s.sum) c.y_in = reorder_if(eng, c.z_plain, c.y_md);
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = cache_.emplace(key, std::move(c));
   return it->second;
@@ -204,11 +211,12 @@ bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const flo
   memory wm = in(c.w_in, c.w_plain, c.w_md, w, wb);
   memory ym = c.y_out ? memory(c.y_md, eng, yb.get(c.y_md.get_size())) : memory(c.y_plain, eng, y);
   if (s.sum) {
-    memory zm(c.y_plain, eng, const_cast<float*>(z));
+    memory zm(c.z_plain, eng, const_cast<float*>(z));
     if (c.y_in)
       c.y_in->execute(ds, zm, ym);
-    else if (z != y)
-      std::copy(z, z + c.y_plain.get_size() / sizeof(float), y);
+    else if (z != ym.get_data_handle())
+      std::copy(z, z + c.z_plain.get_size() / sizeof(float),
+                static_cast<float*>(ym.get_data_handle()));
   }
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};

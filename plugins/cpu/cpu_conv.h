@@ -22,6 +22,8 @@ struct ConvShape {
   bool bias = false;
   bool sum = false;   ///< y = conv + z before the activation (a fused residual Add)
   bool relu = false;  ///< a fused Relu
+  /// Operands stored channels-last (N x H x W x C; dims above are N x C x H x W regardless).
+  bool x_nhwc = false, z_nhwc = false, y_nhwc = false;
 };
 
 /// A cached primitive with the layouts it chose (blocked where faster) and the reorders between
@@ -29,7 +31,7 @@ struct ConvShape {
 /// one.
 struct CachedConv {
   std::shared_ptr<dnnl::convolution_forward> prim;
-  dnnl::memory::desc x_plain, w_plain, y_plain, x_md, w_md, y_md, scratchpad;
+  dnnl::memory::desc x_plain, w_plain, y_plain, z_plain, x_md, w_md, y_md, scratchpad;
   std::shared_ptr<dnnl::reorder> x_in, w_in, y_in, y_out;
 };
 

@@ -17,9 +17,17 @@
 // user-managed scratchpad and each execution passes a buffer of the executing thread's own. oneDNN
 // reports unsupported descriptors with exceptions: we catch them and fall back to a plain triple
 // loop, which is slow but makes the backend total over valid descriptors.
-#include "cpu_internal.h"
-
+//
+// gemm_fused adds a per-column bias and an activation (ReLU, exact GELU) in the same primitive, as
+// oneDNN's bias argument and eltwise post-op: a linear layer's MatMul + Add (+ Gelu) in one pass
+// over C instead of three (the executor rewrites those chains, libs/exec/src/exec_fuse.cpp).
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
 #include <vector>
+
+#include "cpu_internal.h"
+#include "cpu_kernels.h"
 
 namespace hp_cpu {
 namespace {
@@ -27,10 +35,28 @@ namespace {
 using dnnl::memory;
 using Dims = memory::dims;
 
-GemmKey key_of(const hp_gemm_desc& d) {
-  return GemmKey{d.trans_a != 0, d.trans_b != 0, d.m,     d.n,     d.k,
-                 d.lda,          d.ldb,          d.ldc,   d.batch, d.stride_a,
-                 d.stride_b,     d.stride_c,     d.alpha, d.beta};
+GemmKey key_of(const hp_gemm_desc& d, bool bias, GemmAct act) {
+  return GemmKey{d.trans_a != 0,
+                 d.trans_b != 0,
+                 d.m,
+                 d.n,
+                 d.k,
+                 d.lda,
+                 d.ldb,
+                 d.ldc,
+                 d.batch,
+                 d.stride_a,
+                 d.stride_b,
+                 d.stride_c,
+                 d.alpha,
+                 d.beta,
+                 bias,
+                 static_cast<int>(act)};
+}
+
+/// The bias as oneDNN's matmul takes it: one row of n values broadcast over batch and rows.
+memory::desc bias_desc(const hp_gemm_desc& d) {
+  return memory::desc(Dims{1, 1, d.n}, memory::data_type::f32, Dims{d.n, d.n, 1});
 }
 
 /// Strided descriptor of an operand of `rows` x `cols` (as used), stored transposed or not.
@@ -54,8 +80,8 @@ memory::desc c_desc(const hp_gemm_desc& d) {
 
 }  // namespace
 
-CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
-  GemmKey key = key_of(d);
+CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias, GemmAct act) {
+  GemmKey key = key_of(d, bias, act);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
@@ -70,12 +96,14 @@ CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (d.alpha != 1.0) attr.set_output_scales(0, {float(d.alpha)});
-  if (d.beta != 0.0) {
-    dnnl::post_ops ops;
-    ops.append_sum(float(d.beta));
-    attr.set_post_ops(ops);
-  }
-  dnnl::matmul::desc md(a_desc(d), b_desc(d), c_desc(d));
+  dnnl::post_ops ops;
+  if (d.beta != 0.0) ops.append_sum(float(d.beta));
+  if (act == GemmAct::relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (act == GemmAct::gelu_erf)
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  dnnl::matmul::desc md = bias ? dnnl::matmul::desc(a_desc(d), b_desc(d), bias_desc(d), c_desc(d))
+                               : dnnl::matmul::desc(a_desc(d), b_desc(d), c_desc(d));
   dnnl::matmul::primitive_desc pd(md, attr, eng);
   CachedGemm built{std::make_shared<dnnl::matmul>(pd), pd.scratchpad_desc()};
   std::lock_guard<std::mutex> lock(mu_);
@@ -112,6 +140,41 @@ void reference_gemm(const hp_gemm_desc& d) {
   }
 }
 
+namespace {
+
+/// Runs a cached primitive on this thread's scratchpad (see the file comment).
+void execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc& d,
+             const float* bias) {
+  thread_local std::vector<unsigned char> scratch;
+  if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
+  memory a(a_desc(d), ctx->engine, const_cast<void*>(d.a));
+  memory b(b_desc(d), ctx->engine, const_cast<void*>(d.b));
+  memory c(c_desc(d), ctx->engine, d.c);
+  memory sp(g.scratchpad, ctx->engine, scratch.data());
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}};
+  if (bias)
+    args.emplace(DNNL_ARG_BIAS, memory(bias_desc(d), ctx->engine, const_cast<float*>(bias)));
+  g.prim->execute(s->dnnl_stream, args);
+  s->dnnl_stream.wait();
+}
+
+/// The epilogue on C after reference_gemm, for descriptors oneDNN rejects.
+void reference_epilogue(const hp_gemm_desc& d, const GemmEpilogue& e) {
+  auto* C = static_cast<float*>(d.c);
+  for (int64_t q = 0; q < d.batch; ++q)
+    for (int64_t i = 0; i < d.m; ++i) {
+      float* row = C + q * d.stride_c + i * d.ldc;
+      if (e.bias)
+        for (int64_t j = 0; j < d.n; ++j) row[j] += e.bias[j];
+      if (e.act == GemmAct::relu)
+        for (int64_t j = 0; j < d.n; ++j) row[j] = std::max(row[j], 0.0f);
+      if (e.act == GemmAct::gelu_erf) gelu_span(row, row, d.n);
+    }
+}
+
+}  // namespace
+
 hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
   if (!ctx || !s || !in) return hp_common::make_status(HP_INVALID, "cpu: gemm: null argument");
   hp_gemm_desc d = hp_common::copy_in(in);
@@ -124,18 +187,25 @@ hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* in) {
     return nullptr;
   }
   HP_PLUGIN_GUARD(kCpu, {
-    // This thread's scratchpad, grown to the largest a primitive has asked for (see the file
-    // comment).
-    thread_local std::vector<unsigned char> scratch;
-    if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
-    memory a(a_desc(d), ctx->engine, const_cast<void*>(d.a));
-    memory b(b_desc(d), ctx->engine, const_cast<void*>(d.b));
-    memory c(c_desc(d), ctx->engine, d.c);
-    memory sp(g.scratchpad, ctx->engine, scratch.data());
-    g.prim->execute(
-        s->dnnl_stream,
-        {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}});
-    s->dnnl_stream.wait();
+    execute(ctx, s, g, d, nullptr);
+    return nullptr;
+  })
+}
+
+hp_status* gemm_fused(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc& d, const GemmEpilogue& e) {
+  if (hp_status* st = hp_common::check_gemm(kCpu, d)) return st;
+  if (d.beta != 0.0 || d.type_c != HP_F32)
+    return hp_common::make_status(HP_INVALID, "cpu: fused gemm needs float32 and beta 0");
+  CachedGemm g;
+  try {
+    g = ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act);
+  } catch (const dnnl::error&) {
+    reference_gemm(d);
+    reference_epilogue(d, e);
+    return nullptr;
+  }
+  HP_PLUGIN_GUARD(kCpu, {
+    execute(ctx, s, g, d, e.bias);
     return nullptr;
   })
 }

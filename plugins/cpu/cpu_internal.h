@@ -18,7 +18,15 @@ namespace hp_cpu {
 
 /// Everything that makes two matmuls the same oneDNN primitive.
 using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, double, double>;
+                           int64_t, int64_t, int64_t, double, double, int, int>;
+
+/// What a fused matmul does to C after the product (cpu_gemm.cpp): add a bias of n values (one per
+/// column, broadcast over rows and batch), then an activation.
+enum class GemmAct { none = 0, relu = 1, gelu_erf = 2 };
+struct GemmEpilogue {
+  const float* bias = nullptr;
+  GemmAct act = GemmAct::none;
+};
 
 /// A cached matmul and the scratchpad it needs per execution (user-managed: see cpu_gemm.cpp).
 struct CachedGemm {
@@ -30,7 +38,8 @@ struct CachedGemm {
 /// once is safe because each execution brings its own scratchpad (cpu_gemm.cpp).
 class GemmCache {
  public:
-  CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d);
+  CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias = false,
+                 GemmAct act = GemmAct::none);
   std::size_t size();
 
  private:
@@ -72,6 +81,9 @@ namespace hp_cpu {
 hp_status* device_info(hp_ctx* ctx, int32_t dev, hp_device_info* out);
 hp_status* gemm(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc* desc);
 hp_status* elementwise(hp_ctx* ctx, hp_stream* s, const hp_elementwise_desc* desc);
+/// gemm with a bias and activation applied to C in the same oneDNN primitive (post-ops), float32
+/// only; beta must be 0.
+hp_status* gemm_fused(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc& d, const GemmEpilogue& e);
 /// Plain-loop GEMM used when oneDNN rejects a descriptor (e.g. unusual strides).
 void reference_gemm(const hp_gemm_desc& d);
 

@@ -236,13 +236,20 @@ bool is_int(int32_t t) {
 
 bool is_num(int32_t t) { return is_float(t) || is_int(t); }
 
+bool same_float(const std::vector<int32_t>& d) {
+  if (d.empty() || (d[0] != HP_F32 && d[0] != HP_F64)) return false;
+  for (int32_t t : d)
+    if (t != -1 && t != d[0]) return false;
+  return true;
+}
+
 const OpTable& op_table() {
   static const OpTable table = [] {
     OpTable t;
     // The float math families also take f16/bf16 through their f32 kernels; Cast and CastLike
     // convert 16-bit floats themselves.
-    for (auto reg : {register_elementwise_ops, register_nn_ops, register_reduce_ops,
-                     register_pool_ops, register_norm_ops}) {
+    for (auto reg : {register_elementwise_ops, register_nn_ops, register_conv_ops,
+                     register_reduce_ops, register_pool_ops, register_norm_ops}) {
       OpTable part;
       reg(part);
       for (auto& [name, e] : part) {

@@ -112,6 +112,9 @@ struct OpEntry {
   bool halves = false;
 };
 
+/// Dtype predicate: every present input float32, or every one float64.
+bool same_float(const std::vector<int32_t>& d);
+
 /// Op type -> kernel; ops of other domains than ai.onnx are keyed "domain.type".
 using OpTable = std::map<std::string, OpEntry>;
 
@@ -119,6 +122,7 @@ void register_elementwise_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_index_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
+void register_conv_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
 void register_resample_ops(OpTable& t);

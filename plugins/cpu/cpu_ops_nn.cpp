@@ -1,6 +1,7 @@
 // Neural-network ONNX ops on the cpu backend: MatMul and Gemm (float32 through the same oneDNN
 // matmul path as the ABI's gemm entry, so primitives are cached by shape; float64 through a plain
-// loop over the same descriptor), Softmax/LogSoftmax, LayerNormalization and Conv.
+// loop over the same descriptor), hp.nn.MatMulAdd (a linear layer with its bias and activation),
+// Softmax/LogSoftmax and LayerNormalization. Conv is in cpu_ops_conv.cpp.
 //
 // Float64 is there for `hp verify --grad` (docs/training.md), which runs whole models in double to
 // compare gradients with finite differences: correct and simple loops rather than fast ones.
@@ -11,11 +12,6 @@
 // batch.
 //
 // Softmax before opset 13 flattens the input to 2-D at `axis`; from 13 it works along `axis` only.
-// Conv in float32 runs on oneDNN's convolution primitive (cpu_conv.cpp); float64, and any geometry
-// oneDNN rejects, run a direct loop (any spatial rank, groups, dilations, explicit or auto padding)
-// that accumulates in double. com.microsoft's FusedConv (ONNX Runtime's contrib op, which the
-// executor's fusion pass writes for Conv [+ Add] + Relu, libs/exec/src/exec_fuse.cpp) is the same
-// kernel with an optional fourth input Z added to the convolution and an activation after it.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -89,8 +85,9 @@ void run_gemm(OpCall& c, const hp_gemm_desc& d) {
   }
 }
 
-void matmul(OpCall& c) {
-  View a = c.need(0), b = c.need(1);
+/// MatMul of a and b (numpy semantics) into the view `alloc(dtype, dims)` returns.
+template <class Alloc>
+View matmul_into(OpCall& c, View a, View b, Alloc&& alloc) {
   const bool a1 = a.dims.size() == 1, b1 = b.dims.size() == 1;
   if (a.dims.empty() || b.dims.empty()) c.fail("matmul operands must have rank >= 1");
   if (a1) a.dims.insert(a.dims.begin(), 1);
@@ -105,7 +102,7 @@ void matmul(OpCall& c) {
   if (!b1) out.push_back(n);
   if (a.dtype != b.dtype) c.fail("matmul operands have different element types");
   const int dt = a.dtype;
-  View y = c.out(0, dt, out);
+  View y = alloc(dt, out);
   const size_t es = dt == HP_F64 ? sizeof(double) : sizeof(float);
   const auto* pa = static_cast<const unsigned char*>(a.data);
   const auto* pb = static_cast<const unsigned char*>(b.data);
@@ -138,6 +135,69 @@ void matmul(OpCall& c) {
       }
     }
   }
+  return y;
+}
+
+void matmul(OpCall& c) {
+  matmul_into(c, c.need(0), c.need(1), [&](int dt, const Dims& d) { return c.out(0, dt, d); });
+}
+
+/// hp.nn.MatMulAdd: Y = activation(MatMul(A, B) + Z), activation "" / "Relu" / "Gelu" (exact),
+/// which the executor writes for a linear layer's MatMul -> Add [-> Gelu | Relu] chain
+/// (libs/exec/src/exec_fuse.cpp). When B is a matrix and Z one value per column (a bias), as
+/// exported linear layers are, it is one oneDNN matmul with a bias and an eltwise post-op; any
+/// other shapes (and float64) run the MatMul, the broadcast Add and the activation in turn, so the
+/// node means exactly the chain it replaced.
+void matmul_add(OpCall& c) {
+  const View &a = c.need(0), &b = c.need(1), &z = c.need(2);
+  const std::string act = c.s("activation", "");
+  if (!act.empty() && act != "Relu" && act != "Gelu")
+    c.fail("MatMulAdd activation '" + act + "' not supported");
+  const int64_t n = b.dims.empty() ? 0 : b.dims.back();
+  const bool bias = z.dims.size() >= 1 && z.dims.size() <= a.dims.size() && z.numel() == n;
+  if (a.dtype == HP_F32 && b.dtype == HP_F32 && z.dtype == HP_F32 && a.dims.size() >= 2 &&
+      b.dims.size() == 2 && b.dims[0] == a.dims.back() && bias && n > 0 && b.dims[0] > 0) {
+    Dims out = a.dims;
+    out.back() = n;
+    View y = c.out(0, HP_F32, out);
+    const int64_t k = a.dims.back(), m = numel(a.dims) / k;
+    if (m == 0) return;
+    const GemmEpilogue e{z.as<float>(), act == "Relu"   ? GemmAct::relu
+                                        : act == "Gelu" ? GemmAct::gelu_erf
+                                                        : GemmAct::none};
+    if (hp_status* st = gemm_fused(c.ctx(), c.stream(),
+                                   gemm_desc(m, n, k, false, false, a.data, b.data, y.data), e)) {
+      std::string msg = st->message;
+      delete st;
+      c.fail(msg);
+    }
+    return;
+  }
+  if (a.dtype != z.dtype) c.fail("MatMulAdd's Z differs from A in dtype");
+  std::vector<unsigned char> tmp;
+  const View t = matmul_into(c, a, b, [&](int dt, const Dims& d) {
+    tmp.resize(static_cast<size_t>(numel(d)) * (dt == HP_F64 ? sizeof(double) : sizeof(float)));
+    return View{dt, d, tmp.data()};
+  });
+  View y = c.out(0, t.dtype, broadcast_shapes(t.dims, z.dims, c));
+  auto finish = [&](auto tag) {
+    using T = decltype(tag);
+    binary_bcast<T, T, T>(t, z, y, [](T p, T q) { return p + q; });
+    T* py = y.as<T>();
+    const int64_t len = y.numel();
+    if (act == "Relu")
+      for (int64_t i = 0; i < len; ++i) py[i] = std::max(py[i], T(0));
+    if (act == "Gelu") {
+      if constexpr (std::is_same_v<T, float>)
+        gelu_span(py, py, len);
+      else
+        for (int64_t i = 0; i < len; ++i) py[i] = 0.5 * py[i] * (1 + std::erf(py[i] * M_SQRT1_2));
+    }
+  };
+  if (t.dtype == HP_F64)
+    finish(double{});
+  else
+    finish(float{});
 }
 
 void gemm_op(OpCall& c) {
@@ -272,138 +332,10 @@ void layer_norm(OpCall& c) {
                    mean_out ? mean_out + o : nullptr, rstd_out ? rstd_out + o : nullptr);
 }
 
-/// The direct convolution of conv() once the output's dims and the pads are known; accumulates in
-/// double, output elements split across threads by (n, m).
-template <class T>
-void conv_loop(const View& x, const View& w, const View& bias, View& y, const Dims& out,
-               const Dims& strides, const Dims& dil, const Dims& pads, int64_t group) {
-  const size_t sp = x.dims.size() - 2;
-  const int64_t N = x.dims[0], C = x.dims[1], M = w.dims[0];
-  const Dims xs = strides_of(x.dims), ws = strides_of(w.dims), ys = strides_of(out);
-  const int64_t cg = C / group, mg = M / group;
-  Dims ksz(w.dims.begin() + 2, w.dims.end()), osz(out.begin() + 2, out.end());
-  const int64_t kn = numel(ksz), on = numel(osz);
-#pragma omp parallel for schedule(static) collapse(2) if (N * M * on * cg * kn >= (1 << 16))
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t m = 0; m < M; ++m) {
-      Dims oo(sp);
-      const int64_t g = m / mg;
-      for (int64_t op = 0; op < on; ++op) {
-        int64_t rest = op;
-        for (size_t d = sp; d-- > 0;) {
-          oo[d] = rest % osz[d];
-          rest /= osz[d];
-        }
-        double acc = bias.present() ? bias.as<T>()[m] : 0.0;
-        for (int64_t ci = 0; ci < cg; ++ci)
-          for (int64_t kp = 0; kp < kn; ++kp) {
-            int64_t rem = kp, xoff = n * xs[0] + (g * cg + ci) * xs[1],
-                    woff = m * ws[0] + ci * ws[1];
-            bool inside = true;
-            for (size_t d = sp; d-- > 0;) {
-              const int64_t kd = rem % ksz[d];
-              rem /= ksz[d];
-              const int64_t pos = oo[d] * strides[d] - pads[d] + kd * dil[d];
-              if (pos < 0 || pos >= x.dims[2 + d]) {
-                inside = false;
-                break;
-              }
-              xoff += pos * xs[2 + d];
-              woff += kd * ws[2 + d];
-            }
-            if (inside) acc += static_cast<double>(x.as<T>()[xoff]) * w.as<T>()[woff];
-          }
-        y.as<T>()[n * ys[0] + m * ys[1] + op] = static_cast<T>(acc);
-      }
-    }
-}
-
-/// Conv, and FusedConv when `fused`: Y = activation(conv(X, W) + B + Z) with Z (input 3) optional
-/// and the activation "Relu" or none.
-void conv(OpCall& c, bool fused) {
-  const View &x = c.need(0), &w = c.need(1), &bias = c.in(2);
-  const View& z = c.in(3);  // absent for Conv (three inputs at most)
-  const size_t sp = x.dims.size() < 3 ? 0 : x.dims.size() - 2;
-  if (sp == 0 || w.dims.size() != x.dims.size())
-    c.fail("conv needs N x C x spatial input and matching weights");
-  const int64_t group = c.i("group", 1), N = x.dims[0], C = x.dims[1], M = w.dims[0];
-  if (group < 1 || C != w.dims[1] * group || M % group)
-    c.fail("channels do not match the weights and groups");
-  if (bias.present() && bias.numel() != M) c.fail("bias must have one value per output channel");
-  const std::string act = fused ? c.s("activation", "") : "";
-  if (!act.empty() && act != "Relu") c.fail("FusedConv activation '" + act + "' not supported");
-  std::vector<int64_t> strides = c.ints("strides"), dil = c.ints("dilations"),
-                       pads = c.ints("pads");
-  strides.resize(sp, 1);
-  dil.resize(sp, 1);
-  for (auto& v : strides) v = v ? v : 1;
-  for (auto& v : dil) v = v ? v : 1;
-  pads.resize(2 * sp, 0);
-  const std::string ap = c.s("auto_pad", "NOTSET");
-  Dims out{N, M};
-  for (size_t d = 0; d < sp; ++d) {
-    const int64_t in = x.dims[2 + d], kk = (w.dims[2 + d] - 1) * dil[d] + 1;
-    if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
-      const int64_t o = (in + strides[d] - 1) / strides[d];
-      const int64_t total = std::max<int64_t>((o - 1) * strides[d] + kk - in, 0);
-      pads[d] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pads[d + sp] = total - pads[d];
-    } else if (ap == "VALID") {
-      pads[d] = pads[d + sp] = 0;
-    }
-    if (strides[d] < 1 || dil[d] < 1 || pads[d] < 0 || pads[d + sp] < 0)
-      c.fail("strides and dilations must be >= 1 and pads >= 0");
-    if (in + pads[d] + pads[d + sp] < kk) c.fail("the kernel is larger than the padded input");
-    out.push_back((in + pads[d] + pads[d + sp] - kk) / strides[d] + 1);
-  }
-  const bool sum = fused && z.present() && z.numel() > 0;
-  if (sum && z.dtype != x.dtype) c.fail("FusedConv's Z differs from X in dtype");
-  // Z as the Add it replaces: broadcast against the convolution's output, usually of its shape
-  // (a residual), which the oneDNN primitive adds as a post-op.
-  const Dims ydims = sum ? broadcast_shapes(out, z.dims, c) : out;
-  const bool same = !sum || z.dims == out;
-  View y = c.out(0, x.dtype, ydims);
-  if (numel(ydims) == 0) return;
-  if (x.dtype == HP_F32 && same) {
-    ConvShape s{x.dims, w.dims, out, strides, dil, pads, group, bias.present(), sum, act == "Relu"};
-    if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
-                          s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
-                          y.as<float>()))
-      return;
-  }
-  auto loop = [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> tmp(same ? 0 : static_cast<size_t>(numel(out)));
-    View conv_out = y;
-    if (!same) {
-      conv_out.dims = out;
-      conv_out.data = tmp.data();
-    }
-    conv_loop<T>(x, w, bias, conv_out, out, strides, dil, pads, group);
-    if (sum) binary_bcast<T, T, T>(conv_out, z, y, [](T a, T b) { return a + b; });
-    T* py = y.as<T>();
-    const int64_t n = numel(ydims);
-    if (act == "Relu")
-      for (int64_t i = 0; i < n; ++i) py[i] = std::max(py[i], T(0));
-  };
-  if (x.dtype == HP_F64)
-    loop(double{});
-  else
-    loop(float{});
-}
-
 bool floats(const std::vector<int32_t>& d) {
   for (int32_t t : d)
     if (t != -1 && t != HP_F32 && t != HP_F64) return false;
   return !d.empty() && d[0] != -1;
-}
-
-/// Every present input float32, or every one float64.
-bool same_float(const std::vector<int32_t>& d) {
-  if (d.empty() || (d[0] != HP_F32 && d[0] != HP_F64)) return false;
-  for (int32_t t : d)
-    if (t != -1 && t != d[0]) return false;
-  return true;
 }
 
 }  // namespace
@@ -414,8 +346,7 @@ void register_nn_ops(OpTable& t) {
   t["Softmax"] = {[](OpCall& c) { softmax(c, false); }, floats};
   t["LogSoftmax"] = {[](OpCall& c) { softmax(c, true); }, floats};
   t["LayerNormalization"] = {layer_norm, same_float};
-  t["Conv"] = {[](OpCall& c) { conv(c, false); }, same_float};
-  t["com.microsoft.FusedConv"] = {[](OpCall& c) { conv(c, true); }, same_float};
+  t["hp.nn.MatMulAdd"] = {matmul_add, same_float};
 }
 
 }  // namespace hp_cpu

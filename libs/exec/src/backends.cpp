@@ -13,10 +13,15 @@ Expected<Backends> open_backends(const std::string& name, int threads,
                                  const std::vector<std::filesystem::path>& plugin_paths,
                                  const std::vector<std::string>& open_options) {
   if (threads < 0) return Error(Errc::usage, "--threads must be at least 1");
-  // OpenMP workers that spin between ops steal the cores from each other (and from MPI ranks) when
-  // cores are shared: measured 3x slower 2-thread runs on a busy machine. Passive waiting costs
-  // nothing measurable on an idle one. Set before the plugin loads libgomp; a user's value wins.
-  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  // OpenMP's idle workers wait between parallel regions (every op is one). libgomp's default spins
+  // about 3 ms before sleeping, which steals the cores from each other (and from MPI ranks) when
+  // they are shared: 3x slower 2-thread runs measured on a busy machine. Fully passive waiting
+  // costs a futex wake per region instead: the small CNN of tests/bench/executor took 6-9 ms at 2
+  // threads against 3.9 ms with a short spin, idle or busy. So workers spin about 0.1 ms (10,000
+  // iterations) and then sleep. Set before the plugin loads libgomp; a user's OMP_WAIT_POLICY or
+  // GOMP_SPINCOUNT wins.
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT"))
+    ::setenv("GOMP_SPINCOUNT", "10000", 0);
   plugin::SearchOptions so;
   so.plugin_paths = plugin_paths;
   if (threads > 0) so.open_options.push_back(fmt::format("threads={}", threads));

@@ -16,6 +16,14 @@
 // because every input of the fused node (the Conv's and Z) is computed before it, while Z may come
 // after the Conv in the node order. The Conv's and Add's outputs must be read only by the chain and
 // not be graph outputs; the result is the unfused one up to float rounding of the same sums.
+//
+// MatMul + Add [+ Gelu | Relu] (every linear layer of an exported transformer, and its GELU MLP):
+// the last node of the chain becomes hp.nn.MatMulAdd (A, B, Z) with the activation as an
+// attribute, which the cpu backend runs as one oneDNN matmul with bias and eltwise post-ops when Z
+// is a bias (one value per column) and as the three steps otherwise, so no shape needs to be known
+// here. The MatMul's and Add's outputs must be read only by the chain and not be graph outputs. In
+// a training graph the Add's output (a GELU's input) is also read by the backward, so only MatMul +
+// Add fuse there.
 #include <cmath>
 #include <optional>
 
@@ -35,6 +43,7 @@ struct Graph {
     readers.assign(im.tensor_names.size(), 0);
     for (std::size_t k = 0; k < im.nodes.size(); ++k) {
       const PreparedNode& n = im.nodes[k];
+      if (n.dead) continue;  // fused away by an earlier pass: reads nothing any more
       for (int t : n.outputs)
         if (t >= 0) producer[static_cast<std::size_t>(t)] = static_cast<int>(k);
       for (const auto* list : {&n.inputs, &n.captured})
@@ -199,6 +208,72 @@ int fuse_conv_relu(Graph& g) {
   return fused;
 }
 
+/// Sets string attribute `name` of `n` (added or replaced), its text in `n`'s own storage.
+void set_string_attr(PreparedNode& n, const char* name, const std::string& value) {
+  for (hp_op_attr& a : n.attrs)
+    if (a.kind == HP_ATTR_STRING && std::string(a.name) == name) {
+      a.s = n.store_strings.emplace_back(value).c_str();
+      return;
+    }
+  hp_op_attr a{};
+  a.name = n.store_strings.emplace_back(name).c_str();
+  a.kind = HP_ATTR_STRING;
+  a.s = n.store_strings.emplace_back(value).c_str();
+  n.attrs.push_back(a);
+}
+
+/// The exact-GELU or ReLU node that alone reads `t`: its activation name, else "".
+std::string activation_reading(Graph& g, int t, PreparedNode** node) {
+  PreparedNode* r = g.sole_reader(t);
+  if (!r || r->outputs.size() != 1 || r->outputs[0] < 0) return "";
+  if (is_unary(*r, "Relu")) {
+    *node = r;
+    return "Relu";
+  }
+  if (!is_unary(*r, "Gelu")) return "";
+  for (const hp_op_attr& a : r->attrs)
+    if (std::string(a.name) == "approximate" &&
+        (a.kind != HP_ATTR_STRING || std::string(a.s) != "none"))
+      return "";
+  *node = r;
+  return "Gelu";
+}
+
+int fuse_matmul_add(Graph& g) {
+  int fused = 0;
+  for (PreparedNode& add : g.im.nodes) {
+    if (add.dead || add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 ||
+        add.outputs.size() != 1 || add.outputs[0] < 0 || add.inputs[0] == add.inputs[1])
+      continue;
+    PreparedNode* mm = nullptr;
+    int z = -1;
+    for (std::size_t side : {0u, 1u}) {
+      PreparedNode* p = g.sole_producer(add.inputs[side]);
+      if (p && p->op_type == "MatMul" && p->domain.empty() && p->inputs.size() == 2 &&
+          p->outputs.size() == 1 && p->inputs[0] >= 0 && p->inputs[1] >= 0 &&
+          add.inputs[1 - side] >= 0) {
+        mm = p;
+        z = add.inputs[1 - side];
+        break;
+      }
+    }
+    if (!mm) continue;
+    PreparedNode* act_node = nullptr;
+    const std::string act = activation_reading(g, add.outputs[0], &act_node);
+    PreparedNode& keep = act_node ? *act_node : add;
+    keep.inputs = {mm->inputs[0], mm->inputs[1], z};
+    keep.op_type = "MatMulAdd";
+    keep.domain = "hp.nn";
+    keep.opset = 1;
+    keep.attrs.clear();
+    set_string_attr(keep, "activation", act);
+    mm->dead = true;
+    if (act_node) add.dead = true;
+    ++fused;
+  }
+  return fused;
+}
+
 }  // namespace
 
 int fuse_nodes(Executor::Impl& im) {
@@ -211,6 +286,10 @@ int fuse_nodes(Executor::Impl& im) {
   if (be->supports_op_type(0, "FusedConv", "com.microsoft", 1)) {
     Graph g(im);
     fused += fuse_conv_relu(g);
+  }
+  if (be->supports_op_type(0, "MatMulAdd", "hp.nn", 1)) {
+    Graph g(im);
+    fused += fuse_matmul_add(g);
   }
   return fused;
 }

@@ -236,6 +236,9 @@ void read_device_peak(Executor::Impl& im, bool reset);
 
 /// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
 int fuse_nodes(Executor::Impl& im);
+/// Keeps tensors between 2-D convolutions channels-last (exec_layout.cpp); returns the convolutions
+/// rewritten. Runs after fuse_nodes.
+int keep_channels_last(Executor::Impl& im);
 
 /// Prepares the subgraphs of `np` (graph attributes) into `n.bodies` and `n.captured`; unsupported
 /// nodes inside them are appended to `unsupported` (exec_subgraph.cpp).

@@ -296,6 +296,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
   }
 
   fuse_nodes(*impl);
+  keep_channels_last(*impl);
 
   // Cached (constant-folded across runs) nodes and persistent tensors.
   impl->slots.resize(impl->tensor_names.size());

@@ -94,12 +94,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_executor: --threads and --iters must be >= 1, --warmup >= 0\n");
     return 2;
   }
-  // OpenMP's default wait policy spins idle workers between parallel regions (each op is one). With
-  // more runnable threads than free cores, as on a shared machine, a spinning worker takes the core
-  // the next op needs (3x slower at 2 threads measured); passive waiting costs a futex wake per
-  // region. libgomp reads this when the cpu plugin loads it, so it must be set before
-  // open_backends. A value the user set wins.
-  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  // open_backends sets OpenMP's wait policy before the plugin loads libgomp
+  // (libs/exec/src/backends.cpp).
   auto be = open_backends("cpu", threads, {});
   if (!be) return fail(be.error());
   model::LoadOptions lo;

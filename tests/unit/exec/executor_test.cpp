@@ -1,8 +1,8 @@
 // Executor unit tests on graphs built here with the onnx protobuf API: tensor files (round trip and
 // malformed files), input binding errors, a small MLP against hand-computed values, lifetime
 // planning (peak memory), the up-front list of unsupported ops, missing external data, the CommOps
-// seam, constant and shape-only nodes cached across runs, and the fusion of the exported GELU
-// chain.
+// seam and constant and shape-only nodes cached across runs. Fusions and layouts are in
+// exec_fusion_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "exec_test_util.h"
 #include "hp/comm/comm.h"
 #include "hp/exec/backends.h"
 #include "hp/exec/compare.h"
@@ -19,58 +20,12 @@
 #include "hp/exec/tensor.h"
 #include "hp_model.h"
 
-namespace fs = std::filesystem;
 using namespace hp;
 using namespace hp::exec;
+using namespace hp::exec::test;
 using namespace hp::comm;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("hp_runtime_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-HostTensor f32(std::vector<std::int64_t> dims, std::vector<float> v, std::string name = "") {
-  HostTensor t;
-  t.name = std::move(name);
-  t.dtype = HP_F32;
-  t.dims = std::move(dims);
-  t.data.resize(v.size() * 4);
-  std::memcpy(t.data.data(), v.data(), t.data.size());
-  return t;
-}
-
-void add_value(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list,
-               const std::string& name, std::vector<std::int64_t> dims,
-               int type = onnx::TensorProto::FLOAT) {
-  auto* v = list->Add();
-  v->set_name(name);
-  auto* tt = v->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(type);
-  for (auto d : dims) {
-    auto* dim = tt->mutable_shape()->add_dim();
-    if (d < 0)
-      dim->set_dim_param("batch");
-    else
-      dim->set_dim_value(d);
-  }
-}
-
-onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in,
-                          std::vector<std::string> out, const std::string& name,
-                          const std::string& domain = "") {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(name);
-  n->set_domain(domain);
-  for (auto& s : in) n->add_input(s);
-  for (auto& s : out) n->add_output(s);
-  return n;
-}
 
 /// y = Relu(x @ W + b), x: [batch, 2], W: [2, 3] (W optionally external).
 fs::path write_mlp(const fs::path& dir, bool external_w = false) {
@@ -106,21 +61,6 @@ fs::path write_mlp(const fs::path& dir, bool external_w = false) {
   fs::path p = dir / "mlp.onnx";
   std::ofstream(p, std::ios::binary) << m.SerializeAsString();
   return p;
-}
-
-Backends cpu() {
-  auto b = open_backends("cpu", 1, {});
-  REQUIRE(b.ok());
-  return *b;
-}
-
-model::Model load(const fs::path& p) {
-  model::LoadOptions lo;
-  lo.mode = model::LoadMode::shapes_only;
-  auto m = model::load_model(p, lo);
-  INFO((m.ok() ? std::string() : m.error().message()));
-  REQUIRE(m.ok());
-  return *m;
 }
 
 }  // namespace
@@ -271,7 +211,7 @@ TEST_CASE("an mlp runs node by node and matches hand-computed values", "[exec]")
   // x @ W = [[0,0,0],[2,4,6]]; + b = [[0.5,-10,0],[2.5,-6,6]]; relu.
   std::vector<float> want = {0.5f, 0, 0, 2.5f, 0, 6};
   for (int i = 0; i < 6; ++i) CHECK(y.as<float>()[i] == Approx(want[static_cast<std::size_t>(i)]));
-  CHECK((*ex)->stats().nodes == 3);
+  CHECK((*ex)->stats().nodes == 1);  // MatMul, Add and Relu fused (exec_fusion_test.cpp)
   CHECK((*ex)->stats().peak_bytes > 0);
   // Freed buffers are reused: a second run peaks no higher.
   const auto peak = (*ex)->stats().peak_bytes;
@@ -466,26 +406,6 @@ TEST_CASE(
   fs::remove_all(d);
 }
 
-namespace {
-
-onnx::NodeProto* add_scalar_constant(onnx::GraphProto* g, const std::string& out, float v) {
-  auto* n = add_node(g, "Constant", {}, {out}, out);
-  auto* a = n->add_attribute();
-  a->set_name("value");
-  a->set_type(onnx::AttributeProto::TENSOR);
-  a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-  a->mutable_t()->add_float_data(v);
-  return n;
-}
-
-fs::path write_model(const fs::path& dir, const onnx::ModelProto& m) {
-  fs::path p = dir / "m.onnx";
-  std::ofstream(p, std::ios::binary) << m.SerializeAsString();
-  return p;
-}
-
-}  // namespace
-
 TEST_CASE("constant and shape-only nodes run once and rerun when an input shape changes",
           "[exec]") {
   fs::path d = temp_dir("cached");
@@ -533,173 +453,4 @@ TEST_CASE("constant and shape-only nodes run once and rerun when an input shape 
   CHECK((*ex)->stats().by_op.count("Constant") == 0);
   CHECK((*ex)->stats().peak_bytes > 0);
   fs::remove_all(d);
-}
-
-// PyTorch's export of the exact GELU: y = x * (erf(x / sqrt 2) + 1) * 0.5, five nodes over a
-// length-n input; `erf_is_output` also exposes the Erf result as a second graph output.
-onnx::ModelProto gelu_chain_model(std::int64_t n, bool erf_is_output) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {n});
-  add_value(g->mutable_output(), "y", {n});
-  if (erf_is_output) add_value(g->mutable_output(), "e", {n});
-  add_scalar_constant(g, "sqrt2", 1.4142135381698608f);
-  add_scalar_constant(g, "one", 1.0f);
-  add_scalar_constant(g, "half", 0.5f);
-  add_node(g, "Div", {"x", "sqrt2"}, {"d"}, "div");
-  add_node(g, "Erf", {"d"}, {"e"}, "erf");
-  add_node(g, "Add", {"e", "one"}, {"a"}, "add");
-  add_node(g, "Mul", {"x", "a"}, {"xm"}, "mul");
-  add_node(g, "Mul", {"xm", "half"}, {"y"}, "mul_half");
-  return m;
-}
-
-TEST_CASE("the exported exact GELU chain runs as one Gelu node with the same values", "[exec]") {
-  fs::path d = temp_dir("gelu");
-  auto mm = load(write_model(d, gelu_chain_model(4, false)));
-  Backends b = cpu();
-  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
-  REQUIRE(ex.ok());
-  const std::vector<float> xs = {-3.f, -0.5f, 0.25f, 2.f};
-  auto out = (*ex)->run({f32({4}, xs)});
-  REQUIRE(out.ok());
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    CHECK((*out)[0].as<float>()[i] ==
-          Approx(0.5 * xs[i] * (1 + std::erf(xs[i] / std::sqrt(2.0)))).margin(1e-6));
-  const auto& by_op = (*ex)->stats().by_op;
-  CHECK(by_op.count("Gelu") == 1);
-  CHECK(by_op.count("Erf") == 0);
-  CHECK(by_op.count("Div") == 0);
-  fs::remove_all(d);
-}
-
-TEST_CASE("a GELU-like chain whose intermediate is also a graph output is not fused", "[exec]") {
-  fs::path d = temp_dir("gelu_nofuse");
-  auto mm = load(write_model(d, gelu_chain_model(2, true)));
-  Backends b = cpu();
-  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
-  REQUIRE(ex.ok());
-  auto out = (*ex)->run({f32({2}, {1.f, -1.f})});
-  REQUIRE(out.ok());
-  REQUIRE(out->size() == 2);
-  CHECK((*out)[1].as<float>()[0] == Approx(std::erf(1 / std::sqrt(2.0))).margin(1e-6));
-  CHECK((*ex)->stats().by_op.count("Erf") == 1);
-  CHECK((*ex)->stats().by_op.count("Gelu") == 0);
-  fs::remove_all(d);
-}
-
-namespace {
-
-void add_f32_init(onnx::GraphProto* g, const std::string& name, std::vector<std::int64_t> dims,
-                  const std::vector<float>& v) {
-  auto* t = g->add_initializer();
-  t->set_name(name);
-  t->set_data_type(onnx::TensorProto::FLOAT);
-  for (auto d : dims) t->add_dims(d);
-  for (float f : v) t->add_float_data(f);
-}
-
-/// A residual block as PyTorch exports a ResNet's (BatchNorm folded into the convs):
-/// y = Relu(Conv2(Relu(Conv1(x) + b1)) + x), 2 channels, 3x3 kernels, pads 1, on 1 x 2 x 4 x 4.
-/// `expose_c2` also makes Conv2's output a graph output; `z_first` writes the Add as Add(x, c2).
-onnx::ModelProto residual_block_model(bool expose_c2, bool z_first) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {1, 2, 4, 4});
-  add_value(g->mutable_output(), "y", {1, 2, 4, 4});
-  if (expose_c2) add_value(g->mutable_output(), "c2", {1, 2, 4, 4});
-  std::vector<float> w1(36), w2(36);
-  for (std::size_t i = 0; i < 36; ++i) {
-    w1[i] = static_cast<float>(static_cast<int>(i * 7 % 11) - 5) / 8;
-    w2[i] = static_cast<float>(static_cast<int>(i * 5 % 13) - 6) / 8;
-  }
-  add_f32_init(g, "w1", {2, 2, 3, 3}, w1);
-  add_f32_init(g, "b1", {2}, {0.25f, -0.5f});
-  add_f32_init(g, "w2", {2, 2, 3, 3}, w2);
-  auto conv = [&](const std::string& in, const std::string& w, const std::string& out) {
-    auto* n = add_node(g, "Conv", {in, w}, {out}, "conv_" + out);
-    if (in == "x") n->add_input("b1");
-    auto* p = n->add_attribute();
-    p->set_name("pads");
-    p->set_type(onnx::AttributeProto::INTS);
-    for (int k = 0; k < 4; ++k) p->add_ints(1);
-  };
-  conv("x", "w1", "c1");
-  add_node(g, "Relu", {"c1"}, {"r1"}, "relu1");
-  conv("r1", "w2", "c2");
-  add_node(g, "Add",
-           z_first ? std::vector<std::string>{"x", "c2"} : std::vector<std::string>{"c2", "x"},
-           {"a"}, "add");
-  add_node(g, "Relu", {"a"}, {"y"}, "relu2");
-  return m;
-}
-
-/// The block's output computed here, element by element.
-std::vector<double> residual_block_ref(const onnx::ModelProto& m, const std::vector<float>& x) {
-  auto init = [&](const std::string& name) {
-    for (const auto& t : m.graph().initializer())
-      if (t.name() == name)
-        return std::vector<double>(t.float_data().begin(), t.float_data().end());
-    return std::vector<double>{};
-  };
-  auto conv = [](const std::vector<double>& in, const std::vector<double>& w,
-                 const std::vector<double>& b) {
-    std::vector<double> out(32);
-    for (int mo = 0; mo < 2; ++mo)
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) {
-          double acc = b.empty() ? 0 : b[static_cast<std::size_t>(mo)];
-          for (int c = 0; c < 2; ++c)
-            for (int a = 0; a < 3; ++a)
-              for (int e = 0; e < 3; ++e) {
-                const int ii = i + a - 1, jj = j + e - 1;
-                if (ii < 0 || ii >= 4 || jj < 0 || jj >= 4) continue;
-                acc += in[static_cast<std::size_t>((c * 4 + ii) * 4 + jj)] *
-                       w[static_cast<std::size_t>(((mo * 2 + c) * 3 + a) * 3 + e)];
-              }
-          out[static_cast<std::size_t>((mo * 4 + i) * 4 + j)] = acc;
-        }
-    return out;
-  };
-  const std::vector<double> xv(x.begin(), x.end());
-  std::vector<double> r1 = conv(xv, init("w1"), init("b1"));
-  for (double& v : r1) v = std::max(v, 0.0);
-  std::vector<double> y = conv(r1, init("w2"), {});
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::max(y[i] + xv[i], 0.0);
-  return y;
-}
-
-}  // namespace
-
-TEST_CASE("Conv + Relu and Conv + Add + Relu run as FusedConv nodes with the same values",
-          "[exec]") {
-  std::vector<float> xs(32);
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    xs[i] = static_cast<float>(static_cast<int>(i * 3 % 17) - 8) / 4;
-  for (bool expose : {false, true})
-    for (bool z_first : {false, true}) {
-      INFO("Conv2's output a graph output: " << expose << ", Add(x, c2): " << z_first);
-      fs::path d = temp_dir("conv_fuse");
-      const onnx::ModelProto m = residual_block_model(expose, z_first);
-      auto mm = load(write_model(d, m));
-      Backends b = cpu();
-      auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
-      REQUIRE(ex.ok());
-      auto out = (*ex)->run({f32({1, 2, 4, 4}, xs)});
-      REQUIRE(out.ok());
-      const std::vector<double> want = residual_block_ref(m, xs);
-      for (std::size_t i = 0; i < want.size(); ++i)
-        CHECK((*out)[0].as<float>()[i] == Approx(want[i]).margin(1e-5));
-      const auto& by_op = (*ex)->stats().by_op;
-      // Conv1 + Relu always fuse; Conv2 + Add + Relu only while Conv2's output is internal.
-      CHECK(by_op.at("com.microsoft.FusedConv").nodes == (expose ? 1 : 2));
-      CHECK(by_op.count("Conv") == (expose ? 1u : 0u));
-      CHECK(by_op.count("Add") == (expose ? 1u : 0u));
-      CHECK(by_op.count("Relu") == (expose ? 1u : 0u));
-      fs::remove_all(d);
-    }
 }
