@@ -34,6 +34,9 @@ void add_launch_command(CLI::App& app, Context& ctx) {
                   "cpu, cuda or ascend (default: best available; MODEL.onnx, or training: cpu)");
   sub->add_option("--threads", opts->threads,
                   "CPU threads (per rank for a recipe; default: the cores available)");
+  sub->add_option("--dtype", opts->dtype,
+                  "MODEL.onnx: f32 (default) or bf16, which runs MatMul, Gemm and Conv in bfloat16 "
+                  "with float32 accumulation (CPUs with AVX512-BF16 or AMX)");
   sub->add_option("--plugin-path", opts->plugin_paths,
                   "extra plugin directory or file (repeatable)");
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");

@@ -40,8 +40,8 @@ tag plain_wei(size_t sp, bool grouped) {
 }
 
 std::vector<int64_t> key_of(const ConvShape& s) {
-  std::vector<int64_t> k{s.group,  s.bias,   s.sum,   s.relu, static_cast<int64_t>(s.x.size()),
-                         s.x_nhwc, s.z_nhwc, s.y_nhwc};
+  std::vector<int64_t> k{s.group,  s.bias,   s.sum,    s.relu, static_cast<int64_t>(s.x.size()),
+                         s.x_nhwc, s.z_nhwc, s.y_nhwc, s.bf16};
   for (const auto* v : {&s.x, &s.w, &s.y, &s.strides, &s.dilations, &s.pads})
     k.insert(k.end(), v->begin(), v->end());
   return k;
@@ -105,7 +105,9 @@ CachedConv ConvCache::get(const dnnl::engine& eng, const ConvShape& s) {
   c.y_plain = memory::desc(s.y, f32, s.y_nhwc ? tag::nhwc : plain_act(sp));
   c.z_plain = memory::desc(s.y, f32, s.z_nhwc ? tag::nhwc : plain_act(sp));
   c.w_plain = memory::desc(wd, f32, plain_wei(sp, grouped));
-  const memory::desc any_x(s.x, f32, tag::any), any_y(s.y, f32, tag::any), any_w(wd, f32, tag::any),
+  // bfloat16 inputs: the reorders into the primitive's layouts convert them as well.
+  const auto in = s.bf16 ? memory::data_type::bf16 : f32;
+  const memory::desc any_x(s.x, in, tag::any), any_y(s.y, f32, tag::any), any_w(wd, in, tag::any),
       bias_md({s.w[0]}, f32, tag::x);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

@@ -24,6 +24,7 @@ struct ConvShape {
   bool relu = false;  ///< a fused Relu
   /// Operands stored channels-last (N x H x W x C; dims above are N x C x H x W regardless).
   bool x_nhwc = false, z_nhwc = false, y_nhwc = false;
+  bool bf16 = false;  ///< X and W in bfloat16, accumulation and Y float32 ("compute=bf16")
 };
 
 /// A cached primitive with the layouts it chose (blocked where faster) and the reorders between

@@ -18,7 +18,7 @@ namespace hp_cpu {
 
 /// Everything that makes two matmuls the same oneDNN primitive.
 using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, double, double, int, int>;
+                           int64_t, int64_t, int64_t, double, double, int, int, bool>;
 
 /// What a fused matmul does to C after the product (cpu_gemm.cpp): add a bias of n values (one per
 /// column, broadcast over rows and batch), then an activation.
@@ -29,9 +29,12 @@ struct GemmEpilogue {
 };
 
 /// A cached matmul and the scratchpad it needs per execution (user-managed: see cpu_gemm.cpp).
+/// In bfloat16 (`a_cvt` set) A and B are converted first, into buffers of the descs a16 and b16.
 struct CachedGemm {
   std::shared_ptr<dnnl::matmul> prim;
   dnnl::memory::desc scratchpad;
+  std::shared_ptr<dnnl::reorder> a_cvt, b_cvt;
+  dnnl::memory::desc a16, b16;
 };
 
 /// oneDNN matmul primitives by shape; creation is costly (JIT). Execution from several threads at
@@ -39,12 +42,28 @@ struct CachedGemm {
 class GemmCache {
  public:
   CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias = false,
-                 GemmAct act = GemmAct::none);
+                 GemmAct act = GemmAct::none, bool bf16 = false);
   std::size_t size();
 
  private:
   std::mutex mu_;
   std::map<GemmKey, CachedGemm> cache_;
+};
+
+/// oneDNN softmax / log-softmax primitives over rows (cpu_softmax.cpp), by (rows, len, log).
+class SoftmaxCache {
+ public:
+  /// Runs y = softmax(x) along rows of `len` floats; false when oneDNN rejects the shape.
+  bool run(const dnnl::engine& eng, dnnl::stream& s, const float* x, float* y, int64_t rows,
+           int64_t len, bool log);
+
+ private:
+  struct Entry {
+    std::shared_ptr<dnnl::primitive> prim;
+    dnnl::memory::desc md, scratchpad;
+  };
+  std::mutex mu_;
+  std::map<std::tuple<int64_t, int64_t, bool>, Entry> cache_;
 };
 
 }  // namespace hp_cpu
@@ -61,6 +80,8 @@ struct hp_ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   hp_cpu::GemmCache gemms;
   hp_cpu::ConvCache convs;
+  hp_cpu::SoftmaxCache softmaxes;
+  bool bf16 = false;  ///< "compute=bf16": float32 MatMul/Gemm/Conv in bfloat16 (cpu_plugin.cpp)
   CpuArena arena;
 };
 

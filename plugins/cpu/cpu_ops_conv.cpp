@@ -151,6 +151,7 @@ void conv(OpCall& c, bool fused, bool channels_last = false) {
     s.x_nhwc = cl[0];
     s.z_nhwc = sum && cl[1];
     s.y_nhwc = cl[2];
+    s.bf16 = c.ctx()->bf16;
     if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
                           s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
                           y.as<float>()))

@@ -271,8 +271,12 @@ void softmax(OpCall& c, bool log) {
       inner *= v;
   }
   if (x.numel() == 0) return;
-  if (x.dtype == HP_F32 && inner == 1)
+  if (x.dtype == HP_F32 && inner == 1) {
+    if (c.ctx()->softmaxes.run(c.ctx()->engine, c.stream()->dnnl_stream, x.as<float>(),
+                               y.as<float>(), outer, len, log))
+      return;
     return softmax_rows_f32(x.as<float>(), y.as<float>(), outer, len, log);
+  }
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>)

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "cpu_internal.h"
 #include "cpu_ops.h"
@@ -63,13 +64,31 @@ bool parse_count(const char* text, unsigned long long* out) {
 ///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller
 ///    device is really exercised on this one (docs/offload.md, "Offload at run time"). 0 or absent:
 ///    no budget.
+///  - "compute=bf16" runs float32 MatMul, Gemm and Conv in bfloat16 with float32 accumulation and
+///    outputs (cpu_gemm.cpp, cpu_conv.cpp), on CPUs with AVX512-BF16 or AMX only (refused
+///    elsewhere: oneDNN would emulate it slower than float32). "compute=f32" (the default) keeps
+///    float32.
 /// Other keys belong to other backends (every plugin sees every option) and are ignored.
 hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {
     if (!out) return make_status(HP_INVALID, "cpu: open: null output");
     unsigned long long budget = 0;
+    bool bf16 = false;
     for (size_t i = 0; kv && i < n_kv; ++i) {
       if (!kv[i]) continue;
+      if (std::strncmp(kv[i], "compute=", 8) == 0) {
+        const std::string v = kv[i] + 8;
+        if (v != "bf16" && v != "f32")
+          return make_status(HP_INVALID, "cpu: open: bad option '%s' (want compute=f32 or bf16)",
+                             kv[i]);
+        bf16 = v == "bf16";
+        const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+        if (bf16 && isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx)
+          return make_status(HP_UNSUPPORTED,
+                             "cpu: compute=bf16 needs a CPU with AVX512-BF16 or AMX, which this "
+                             "one lacks");
+        continue;
+      }
       if (std::strncmp(kv[i], "device_budget=", 14) == 0) {
         if (!parse_count(kv[i] + 14, &budget))
           return make_status(HP_INVALID, "cpu: open: bad option '%s' (want device_budget=BYTES)",
@@ -88,6 +107,7 @@ hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
     }
     *out = new hp_ctx();
     (*out)->arena.limit = budget;
+    (*out)->bf16 = bf16;
     return nullptr;
   })
 }

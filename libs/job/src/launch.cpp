@@ -316,6 +316,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
     r.summary = rep.summary();
     return r;
   }
+  if (!o.dtype.empty())
+    return Error(Errc::usage, "--dtype applies to MODEL.onnx; a recipe's ranks compute in float32",
+                 o.target.string());
   // The checks `hp verify --static` and `hp shard` apply (the cluster, the ranks on it, the model
   // file), before any rank starts.
   HP_TRY(recipe::check_recipe_before_use(o.target, o.preset_dirs));
@@ -460,8 +463,13 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (!o.mpi_args.empty()) return Error(Errc::usage, "--mpi-args applies to a recipe (mpirun)");
   const OutputDirOptions guard{"hp launch", {o.target, o.inputs}, {}, {}, o.force};
   if (!o.outputs.empty()) HP_TRY(check_output_dir(o.outputs, guard));
-  HP_ASSIGN_OR_RETURN(
-      auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads, o.plugin_paths));
+  std::vector<std::string> open_options;
+  if (o.dtype == "bf16" || o.dtype == "bfloat16")
+    open_options.push_back("compute=bf16");
+  else if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "fp32" && o.dtype != "float32")
+    return Error(Errc::usage, fmt::format("--dtype '{}' is not f32 or bf16", o.dtype));
+  HP_ASSIGN_OR_RETURN(auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads,
+                                                  o.plugin_paths, open_options));
   // --steps N: the same inputs N times; the median is the figure to quote (the first run pays for
   // first-run work: allocations, kernel selection).
   const int runs = std::max(o.steps, 1);

@@ -13,9 +13,10 @@ using exec::read_tensor_dir;
 Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path,
                                          const std::filesystem::path& inputs,
                                          const std::string& backend, int threads,
-                                         const std::vector<std::filesystem::path>& paths) {
+                                         const std::vector<std::filesystem::path>& paths,
+                                         const std::vector<std::string>& open_options) {
   SingleRank p;
-  HP_ASSIGN_OR_RETURN(auto b, open_backends(backend, threads, paths));
+  HP_ASSIGN_OR_RETURN(auto b, open_backends(backend, threads, paths, open_options));
   p.backends = b;
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;

@@ -25,7 +25,8 @@ struct SingleRank {
 Expected<SingleRank> prepare_single_rank(const std::filesystem::path& model_path,
                                          const std::filesystem::path& inputs,
                                          const std::string& backend, int threads,
-                                         const std::vector<std::filesystem::path>& plugin_paths);
+                                         const std::vector<std::filesystem::path>& plugin_paths,
+                                         const std::vector<std::string>& open_options = {});
 
 /// "ran N nodes on BACKEND (K on the cpu fallback) in S s; peak tensor memory ..." with a newline.
 std::string stats_line(const exec::ExecStats& s, const std::string& backend);

@@ -365,3 +365,46 @@ TEST_CASE("MatMul + Add [+ Gelu | Relu] runs as one hp.nn.MatMulAdd with the sam
         fs::remove_all(d);
       }
 }
+
+TEST_CASE("compute=bf16 runs MatMul and Conv in bfloat16 within its rounding of float32",
+          "[exec][bf16]") {
+  auto bf = open_backends("cpu", 1, {}, {"compute=bf16"});
+  if (!bf) {
+    WARN("skipped: " << bf.error().message());  // no AVX512-BF16 or AMX on this CPU
+    return;
+  }
+  Backends f32b = cpu();
+  // Values bfloat16 cannot hold exactly (sines), so a float32 run and a bfloat16 run differ.
+  auto run = [&](const onnx::ModelProto& m, const Backends& b, const HostTensor& x) {
+    fs::path d = temp_dir("bf16");
+    auto mm = load(write_model(d, m));
+    auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+    REQUIRE(ex.ok());
+    auto out = (*ex)->run({x});
+    REQUIRE(out.ok());
+    fs::remove_all(d);
+    return (*out)[0];
+  };
+  auto sines = [](std::vector<std::int64_t> dims) {
+    std::int64_t n = 1;
+    for (auto v : dims) n *= v;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * 0.37f);
+    return f32(dims, v);
+  };
+  for (bool conv : {false, true}) {
+    INFO((conv ? "the convolution chain" : "the linear layer with GELU"));
+    const onnx::ModelProto m =
+        conv ? conv_chain_model(false, false) : linear_model("Gelu", false, false);
+    const HostTensor x = conv ? sines({2, 3, 4, 5}) : sines({2, 3, 4});
+    const HostTensor a = run(m, f32b, x), b = run(m, *bf, x);
+    REQUIRE(a.dims == b.dims);
+    double worst = 0, scale = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      worst = std::max(worst, double(std::fabs(a.as<float>()[i] - b.as<float>()[i])));
+      scale = std::max(scale, double(std::fabs(a.as<float>()[i])));
+    }
+    CHECK(worst > 0);             // really computed in bfloat16
+    CHECK(worst < 2e-2 * scale);  // and within its 8-bit mantissa of float32
+  }
+}

@@ -23,6 +23,9 @@ struct LaunchOptions {
   bool force = false;   ///< --outputs may replace a directory that is not hp's own earlier output
   std::string backend;  ///< cpu|cuda|ascend; empty: best available
   int threads = 0;      ///< 0: the cores available
+  /// --dtype, MODEL.onnx only: "bf16" runs float32 MatMul/Gemm/Conv in bfloat16 with float32
+  /// accumulation (the cpu plugin's compute=bf16); "" or "f32": float32.
+  std::string dtype;
   bool dry_run = false;
   std::filesystem::path hostfile;
   double timeout_s = 0;
