@@ -37,6 +37,8 @@ void add_launch_command(CLI::App& app, Context& ctx) {
   sub->add_option("--dtype", opts->dtype,
                   "MODEL.onnx: f32 (default) or bf16, which runs MatMul, Gemm and Conv in bfloat16 "
                   "with float32 accumulation (CPUs with AVX512-BF16 or AMX)");
+  sub->add_flag("--profile", opts->profile,
+                "MODEL.onnx: print the last run's time per op type (see also --trace FILE)");
   sub->add_option("--plugin-path", opts->plugin_paths,
                   "extra plugin directory or file (repeatable)");
   sub->add_option("--hostfile", opts->hostfile, "Open MPI hostfile for a multi-node run");
@@ -84,7 +86,7 @@ void add_launch_command(CLI::App& app, Context& ctx) {
       ->group(training);
   sub->add_option("--trace", opts->trace,
                   "write every rank's steps (compute, gradient buckets, optimizer) as a Chrome "
-                  "trace (Perfetto)")
+                  "trace (Perfetto); MODEL.onnx: every node of the last run")
       ->group(training);
   sub->add_option("--timeline", opts->timeline,
                   "pp > 1: draw the last step's measured per-rank actions above the schedule's "

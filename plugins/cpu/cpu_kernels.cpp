@@ -21,6 +21,17 @@ HP_CPU_CLONES void gelu_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_f(x[i]);
 }
 
+HP_CPU_CLONES void gelu_grad_span(const float* __restrict x, const float* __restrict dy,
+                                  float* __restrict dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float e = 1.f - erfc_abs_f(v * 0.70710678118654752f);
+    const float cdf = 0.5f * (1.f + std::copysign(e, v));
+    const float pdf = 0.39894228040143267794f * exp_f(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
 HP_CPU_CLONES void erf_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = erf_f(x[i]);
 }

@@ -21,6 +21,8 @@ void for_spans(int64_t n, F&& f) {
 
 /// y = x * (1 + erf(x / sqrt 2)) / 2 (the exact GELU).
 void gelu_span(const float* x, float* y, int64_t n);
+/// dx = dy (Phi(x) + x phi(x)), the exact GELU's derivative times the incoming gradient.
+void gelu_grad_span(const float* x, const float* dy, float* dx, int64_t n);
 /// y = erf(x).
 void erf_span(const float* x, float* y, int64_t n);
 /// One softmax (or log-softmax) over a contiguous row of `len` values.

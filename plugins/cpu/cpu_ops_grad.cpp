@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu_grad.h"
+#include "cpu_kernels.h"
 #include "cpu_math.h"
 
 namespace hp_cpu {
@@ -320,21 +321,9 @@ void sce_grad(OpCall& c) {
   });
 }
 
-/// dY (Phi(x) + x phi(x)) over [lo, hi): erf as the forward's gelu_f computes it (cpu_math.h),
-/// restrict pointers so GCC vectorises the loop.
-void gelu_grad_f32(const float* __restrict x, const float* __restrict dy, float* __restrict dx,
-                   int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; ++i) {
-    const float v = x[i];
-    const float e = 1.f - erfc_abs_f(v * 0.70710678118654752f);
-    const float cdf = 0.5f * (1.f + std::copysign(e, v));
-    const float pdf = 0.39894228040143267794f * exp_f(-0.5f * v * v);
-    dx[i] = dy[i] * (cdf + v * pdf);
-  }
-}
-
 /// GeluGrad(dY, X) = dY (Phi(x) + x phi(x)), the exact GELU's derivative in one pass (the
-/// exported five-node chain would take a dozen elementwise ops backward).
+/// exported five-node chain would take a dozen elementwise ops backward). Float32 goes through
+/// gelu_grad_span (cpu_kernels.cpp: erf as the forward's gelu_f computes it, built for AVX2 too).
 void gelu_grad(OpCall& c) {
   const View &dy = c.need(0), &x = c.need(1);
   if (dy.dims != x.dims)
@@ -344,7 +333,7 @@ void gelu_grad(OpCall& c) {
   const int64_t n = x.numel();
   if (x.dtype == HP_F32) {
     split_range(n, n, [&](int64_t lo, int64_t hi, int) {
-      gelu_grad_f32(x.as<float>(), dy.as<float>(), dx.as<float>(), lo, hi);
+      gelu_grad_span(x.as<float>() + lo, dy.as<float>() + lo, dx.as<float>() + lo, hi - lo);
     });
     return;
   }

@@ -18,8 +18,10 @@ bool any_dtype(const std::vector<int32_t>& d) {
   return !d.empty() && d[0] >= 0 && dtype_size(d[0]) > 0;
 }
 
+/// y = x's bytes; nothing when the executor gave y x's own buffer (a view whose input dies with
+/// it: libs/exec/src/exec_run.cpp, alloc_output).
 void copy_bytes(const View& x, View& y) {
-  if (x.numel() > 0)
+  if (x.numel() > 0 && y.data != x.data)
     std::memcpy(y.data, x.data, static_cast<size_t>(x.numel() * dtype_size(x.dtype)));
 }
 

@@ -63,6 +63,9 @@ struct PreparedNode {
   std::vector<std::int32_t> placed_dtypes;  ///< input dtypes of the last placement decision
   int placed_where = -1;                    ///< the backend slot chosen for them
   bool dead = false;                        ///< fused into a later node (exec_fuse.cpp): never runs
+  /// A view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) that is its data input's last
+  /// reader: on the cpu backend its output takes that input's buffer (exec_run.cpp alloc_output).
+  bool donate_input0 = false;
   int op_slot = 0;  ///< index of its op type in Impl::op_types (time accounting)
   /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes
   /// (or, for Shape/Size, only its input's dims), so its outputs stay alive between runs and it

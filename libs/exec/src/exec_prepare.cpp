@@ -20,6 +20,7 @@
 #include <fmt/core.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "exec_internal.h"
@@ -342,6 +343,20 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
         if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
             !impl->slots[static_cast<std::size_t>(t)].persistent)
           impl->nodes[k].release_after.push_back(t);
+  // A view op whose data input dies with it takes that input's buffer as its output instead of
+  // copying it (alloc_output in exec_run.cpp): the backward of a transformer reshapes whole
+  // activations and gradients back and forth.
+  if (!options.offload.enabled)
+    for (PreparedNode& n : impl->nodes) {
+      static const std::set<std::string> views{"Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                               "Identity"};
+      if (n.dead || !n.domain.empty() || !views.count(n.op_type) || n.inputs.empty() ||
+          n.inputs[0] < 0 || n.outputs.size() != 1)
+        continue;
+      const int x = n.inputs[0];
+      n.donate_input0 = std::count(n.release_after.begin(), n.release_after.end(), x) > 0 &&
+                        std::count(n.inputs.begin(), n.inputs.end(), x) == 1;
+    }
 
   for (int s = 0; s < 2; ++s) {
     if (!impl->be[s]) continue;

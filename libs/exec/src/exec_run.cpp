@@ -147,6 +147,23 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
   std::int64_t n = 1;
   for (int k = 0; k < rank; ++k) n *= dims[k];
   s.bytes = static_cast<std::size_t>(n * esz);
+  if (index == 0 && c->node->donate_input0 && c->where == 0) {
+    // The view's input dies here (PreparedNode::donate_input0): its cpu buffer changes hands and
+    // the cpu kernel, seeing the same address, copies nothing. Its slot stays live without the
+    // buffer until released after this node, so the pool's byte count is unchanged.
+    Slot& from = im.slots[static_cast<std::size_t>(c->node->inputs[0])];
+    if (from.live && !from.seq && from.ptr[0] && from.bytes == s.bytes && from.dtype == dtype) {
+      s.ptr[0] = from.ptr[0];
+      from.ptr[0] = nullptr;
+      s.live = true;
+      ++c->allocated;
+      out->dtype = dtype;
+      out->rank = rank;
+      for (int k = 0; k < rank; ++k) out->dims[k] = dims[k];
+      out->data = s.ptr[0];
+      return 1;
+    }
+  }
   auto p = im.alloc(c->where, s.bytes, id);
   if (!p) {
     c->error = std::move(p).error();
@@ -367,6 +384,7 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
     stats.offload_fetches = stats.offload_evictions = stats.offload_bytes = 0;
   }
   op_time.assign(op_types.size(), OpTime{});
+  stats.timeline.clear();
   for (std::size_t k = 0; k < nodes.size(); ++k) {
     PreparedNode& n = nodes[k];
     if (n.dead) continue;
@@ -376,8 +394,14 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
     if (Status st = run_or_reuse(n, &ran); !st) return fail_run(std::move(st).error());
     if (ran) {
       OpTime& ot = op_time[static_cast<std::size_t>(n.op_slot)];
+      const auto s1 = std::chrono::steady_clock::now();
       ++ot.nodes;
-      ot.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      ot.seconds += std::chrono::duration<double>(s1 - s0).count();
+      if (opts.profile) {
+        const std::string& op = op_types[static_cast<std::size_t>(n.op_slot)];
+        stats.timeline.push_back(
+            {n.name.empty() ? op + " #" + std::to_string(k) : n.name, op, s0, s1});
+      }
     } else {
       ++stats.nodes_cached;
     }

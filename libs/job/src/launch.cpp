@@ -189,23 +189,6 @@ Expected<JobOptions> job_options(const Job& job, const LaunchOptions& o) {
 
 namespace {
 
-nlohmann::ordered_json outputs_json(const std::vector<HostTensor>& outs) {
-  auto a = nlohmann::ordered_json::array();
-  for (const auto& t : outs) {
-    const exec::TensorSummary s = exec::summarize_tensor(t);
-    nlohmann::ordered_json o{{"name", s.name}, {"dtype", s.dtype}, {"shape", s.dims}};
-    if (s.counted > 0) {
-      o["min"] = s.min;
-      o["max"] = s.max;
-      o["mean"] = s.mean;
-    }
-    o["nan"] = s.nans;
-    o["first"] = s.first;
-    a.push_back(std::move(o));
-  }
-  return a;
-}
-
 // Each group's outputs from the lowest of its ranks that wrote any, in recipe group order; a name
 // already gathered from an earlier group is not taken again.
 Expected<std::vector<HostTensor>> gather_outputs(const recipe::Recipe& r, const JobPlan& plan) {
@@ -319,6 +302,9 @@ Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (!o.dtype.empty())
     return Error(Errc::usage, "--dtype applies to MODEL.onnx; a recipe's ranks compute in float32",
                  o.target.string());
+  if (o.profile)
+    return Error(Errc::usage, "--profile applies to MODEL.onnx", o.target.string(),
+                 "a recipe's ranks report their step times; a training recipe takes --trace FILE");
   // The checks `hp verify --static` and `hp shard` apply (the cluster, the ranks on it, the model
   // file), before any rank starts.
   HP_TRY(recipe::check_recipe_before_use(o.target, o.preset_dirs));
@@ -445,69 +431,7 @@ Expected<LaunchReport> launch(const LaunchOptions& o) {
   if (o.target.extension() != ".onnx")
     return Error(Errc::usage,
                  fmt::format("'{}' is neither a RECIPE.toml nor a MODEL.onnx", o.target.string()));
-  if (o.worker) return Error(Errc::usage, "--worker applies to RECIPE.toml");
-  if (auto flag = training_option_given(o); !flag.empty())
-    return Error(Errc::usage, flag + " applies to a recipe with a [train] table", o.target.string(),
-                 "a model runs forward; its recipe's [train] table trains it");
-  if (o.dry_run)
-    return Error(Errc::usage,
-                 "--dry-run applies to RECIPE.toml (a model runs on one rank, no mpirun)");
-  if (o.inputs.empty())
-    return Error(Errc::usage, "'hp launch MODEL.onnx' needs --inputs DIR", o.target.string(),
-                 "--outputs DIR writes the outputs; without it hp prints a summary of each");
-  if (o.steps < 0) return Error(Errc::usage, "--steps must be at least 1");
-  if (o.nproc_per_node > 0)
-    return Error(Errc::usage, "--nproc-per-node applies to a recipe; a model runs on one rank",
-                 o.target.string(),
-                 "`hp plan MODEL -o RECIPE.toml` writes a recipe that shards it over ranks");
-  if (!o.mpi_args.empty()) return Error(Errc::usage, "--mpi-args applies to a recipe (mpirun)");
-  const OutputDirOptions guard{"hp launch", {o.target, o.inputs}, {}, {}, o.force};
-  if (!o.outputs.empty()) HP_TRY(check_output_dir(o.outputs, guard));
-  std::vector<std::string> open_options;
-  if (o.dtype == "bf16" || o.dtype == "bfloat16")
-    open_options.push_back("compute=bf16");
-  else if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "fp32" && o.dtype != "float32")
-    return Error(Errc::usage, fmt::format("--dtype '{}' is not f32 or bf16", o.dtype));
-  HP_ASSIGN_OR_RETURN(auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads,
-                                                  o.plugin_paths, open_options));
-  // --steps N: the same inputs N times; the median is the figure to quote (the first run pays for
-  // first-run work: allocations, kernel selection).
-  const int runs = std::max(o.steps, 1);
-  std::vector<double> secs;
-  std::vector<HostTensor> outs;
-  for (int k = 0; k < runs; ++k) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto got = p.exec->run(p.inputs);
-    if (!got) return std::move(got).error();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    outs = std::move(*got);
-  }
-  if (!o.outputs.empty()) HP_TRY(write_tensor_dir(o.outputs, outs, "output", guard));
-  LaunchReport r;
-  r.stats = p.exec->stats();
-  r.summary = stats_line(r.stats, p.backends.primary->name());
-  std::vector<double> sorted = secs;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  if (runs > 1)
-    r.summary += fmt::format("{} runs: median {:.4g} s, min {:.4g} s, max {:.4g} s\n", runs, median,
-                             sorted.front(), sorted.back());
-  if (!o.outputs.empty())
-    r.summary += fmt::format("wrote {} output{} to {}\n", outs.size(), outs.size() == 1 ? "" : "s",
-                             o.outputs.string());
-  else
-    for (const auto& t : outs)
-      r.summary += "  " + exec::format_summary(exec::summarize_tensor(t)) + "\n";
-  nlohmann::ordered_json j{{"mode", "model"},
-                           {"backend", p.backends.primary->name()},
-                           {"nodes", r.stats.nodes},
-                           {"step_seconds", secs},
-                           {"median_seconds", median},
-                           {"peak_bytes", r.stats.peak_bytes},
-                           {"outputs", outputs_json(outs)}};
-  if (!o.outputs.empty()) j["outputs_dir"] = o.outputs.string();
-  r.json = j.dump();
-  return r;
+  return launch_model(o);
 }
 
 }  // namespace hp::job

@@ -26,6 +26,7 @@
 // the device budget (exec_offload.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -96,6 +97,8 @@ struct ExecOptions {
       cpu;                  ///< the cpu backend: fallback for unsupported ops; required
   CommOps* comm = nullptr;  ///< runs "hp"-domain nodes; not owned
   OffloadConfig offload{};  ///< host-pool offload under a device budget (offload_run.h)
+  /// Record every node's start and end in ExecStats::timeline (`hp launch --profile/--trace`).
+  bool profile = false;
 };
 
 /// A declared graph input or output.
@@ -119,6 +122,13 @@ struct OpTime {
   double seconds = 0;  ///< wall time in their kernels (copies to their backend included)
 };
 
+/// One node's run, when ExecOptions::profile is set: kernel time, copies to its backend included.
+struct NodeSpan {
+  std::string node;  ///< the ONNX node name, or "<op type> #<index>" for an unnamed one
+  std::string op;    ///< as in ExecStats::by_op
+  std::chrono::steady_clock::time_point start, end;
+};
+
 /// Figures of the last run.
 struct ExecStats {
   std::int64_t peak_bytes = 0;    ///< most bytes of tensors alive at once (weights included)
@@ -137,6 +147,7 @@ struct ExecStats {
   std::int64_t offload_planned_peak = 0;
   std::int64_t offload_fetches = 0, offload_evictions = 0;
   std::int64_t offload_bytes = 0;  ///< bytes copied between the host pool and the device
+  std::vector<NodeSpan> timeline;  ///< ExecOptions::profile: the nodes that ran, in order
 };
 
 class Executor {

@@ -26,6 +26,9 @@ struct LaunchOptions {
   /// --dtype, MODEL.onnx only: "bf16" runs float32 MatMul/Gemm/Conv in bfloat16 with float32
   /// accumulation (the cpu plugin's compute=bf16); "" or "f32": float32.
   std::string dtype;
+  /// MODEL.onnx: print where the last run's time went per op type (and "profile" in --json).
+  /// With --trace FILE, a model run writes each node of its last run as a Chrome trace event.
+  bool profile = false;
   bool dry_run = false;
   std::filesystem::path hostfile;
   double timeout_s = 0;
