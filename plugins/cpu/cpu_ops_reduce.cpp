@@ -22,6 +22,54 @@ namespace {
 
 enum class Red { sum, mean, max, min, prod, l1, l2, sumsq, logsumexp, logsum };
 
+/// ReduceSum/ReduceMean of float32/64 when the reduced dims (sizes 1 aside) all come before the
+/// kept ones (a bias gradient: [rows, n] -> [n]) or all after them ([n, row] -> [n]): then x is
+/// a plain [R, K] or [K, R] matrix, summed in double as the general loop does, column-wise or row
+/// by row, and split across threads. The general loop's index arithmetic per element took 3-5% of
+/// a GPT training step. False (nothing written) for other layouts.
+bool sum_contiguous(const View& x, const std::vector<bool>& red, bool mean, int64_t n_out,
+                    int64_t n_red, View& y) {
+  int last_red = -1, first_red = -1, last_kept = -1, first_kept = -1;
+  for (size_t d = 0; d < red.size(); ++d) {
+    if (x.dims[d] == 1) continue;
+    int& first = red[d] ? first_red : first_kept;
+    int& last = red[d] ? last_red : last_kept;
+    if (first < 0) first = static_cast<int>(d);
+    last = static_cast<int>(d);
+  }
+  const bool leading = last_red < first_kept || first_kept < 0;
+  const bool trailing = last_kept < first_red || first_red < 0;
+  if ((!leading && !trailing) || n_out == 0 || n_red == 0) return false;
+  const double scale = mean ? 1.0 / static_cast<double>(n_red) : 1.0;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    T* py = y.as<T>();
+    if (leading) {  // [R, K]: column sums, columns split across threads
+#pragma omp parallel for schedule(static) if (n_out * n_red >= (1 << 16) && n_out >= 64)
+      for (int64_t j0 = 0; j0 < n_out; j0 += 64) {
+        const int64_t j1 = std::min(n_out, j0 + 64);
+        double acc[64] = {};
+        for (int64_t i = 0; i < n_red; ++i)
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += static_cast<double>(px[i * n_out + j]);
+        for (int64_t j = j0; j < j1; ++j) py[j] = static_cast<T>(acc[j - j0] * scale);
+      }
+    } else {  // [K, R]: row sums
+#pragma omp parallel for schedule(static) if (n_out * n_red >= (1 << 16))
+      for (int64_t o = 0; o < n_out; ++o) {
+        double acc = 0;
+        for (int64_t k = 0; k < n_red; ++k) acc += static_cast<double>(px[o * n_red + k]);
+        py[o] = static_cast<T>(acc * scale);
+      }
+    }
+  };
+  if (x.dtype == HP_F64)
+    run(double{});
+  else
+    run(float{});
+  return true;
+}
+
 void reduce(OpCall& c, Red kind) {
   const View& x = c.need(0);
   const int64_t r = static_cast<int64_t>(x.dims.size());
@@ -56,6 +104,9 @@ void reduce(OpCall& c, Red kind) {
   }
   View y = c.out(0, x.dtype, out);
   const int64_t n_out = numel(kept_dims), n_red = numel(red_dims);
+  if ((kind == Red::sum || kind == Red::mean) && (x.dtype == HP_F32 || x.dtype == HP_F64) &&
+      sum_contiguous(x, red, kind == Red::mean, n_out, n_red, y))
+    return;
   dispatch_num(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.as<T>();
