@@ -454,3 +454,50 @@ TEST_CASE("constant and shape-only nodes run once and rerun when an input shape 
   CHECK((*ex)->stats().peak_bytes > 0);
   fs::remove_all(d);
 }
+
+TEST_CASE("view ops that are their input's last reader take its buffer; the values are the same",
+          "[exec]") {
+  // a = Relu(x); b = Reshape(a, [2, 3]) (a is read again below: b gets a copy);
+  // c = Unsqueeze(Relu(b), [0]) (the Relu's output dies there: c takes its buffer);
+  // e = Flatten(Identity(a + a)) (each view the last reader of its input); run twice, since the
+  // buffers a first run leaves in the pool are reused by the second.
+  fs::path d = temp_dir("views");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {6});
+  add_value(g->mutable_output(), "c", {1, 2, 3});
+  add_value(g->mutable_output(), "e", {6, 1});
+  for (const auto& [name, v] :
+       {std::pair<const char*, std::vector<std::int64_t>>{"shape", {2, 3}}, {"axes", {0}}}) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(v.size()));
+    for (auto k : v) t->add_int64_data(k);
+  }
+  add_node(g, "Relu", {"x"}, {"a"}, "relu_a");
+  add_node(g, "Reshape", {"a", "shape"}, {"b"}, "reshape");
+  add_node(g, "Relu", {"b"}, {"rb"}, "relu_b");
+  add_node(g, "Unsqueeze", {"rb", "axes"}, {"c"}, "unsqueeze");
+  add_node(g, "Add", {"a", "a"}, {"aa"}, "double");
+  add_node(g, "Identity", {"aa"}, {"ia"}, "identity");
+  add_node(g, "Flatten", {"ia"}, {"e"}, "flatten");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  for (float sign : {1.f, -1.f}) {
+    const std::vector<float> xs = {sign * 1, -2, sign * 3, -4, 5, sign * -6};
+    auto out = (*ex)->run({f32({6}, xs)});
+    REQUIRE(out.ok());
+    REQUIRE((*out)[0].dims == std::vector<std::int64_t>{1, 2, 3});
+    REQUIRE((*out)[1].dims == std::vector<std::int64_t>{6, 1});
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      CHECK((*out)[0].as<float>()[i] == std::max(xs[i], 0.f));
+      CHECK((*out)[1].as<float>()[i] == 2 * std::max(xs[i], 0.f));
+    }
+  }
+  fs::remove_all(d);
+}
