@@ -6,6 +6,8 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <dnnl.hpp>
 
@@ -18,7 +20,7 @@ namespace hp_cpu {
 
 /// Everything that makes two matmuls the same oneDNN primitive.
 using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, double, double, int, int, bool>;
+                           int64_t, int64_t, int64_t, double, double, int, int, bool, bool>;
 
 /// What a fused matmul does to C after the product (cpu_gemm.cpp): add a bias of n values (one per
 /// column, broadcast over rows and batch), then an activation.
@@ -26,15 +28,56 @@ enum class GemmAct { none = 0, relu = 1, gelu_erf = 2 };
 struct GemmEpilogue {
   const float* bias = nullptr;
   GemmAct act = GemmAct::none;
+  /// Nonzero: B is a weight that stays constant, so named by the executor (the node attribute
+  /// hp_weight_b, libs/exec/src/exec_fuse.cpp): it is packed into the kernel's layout once
+  /// (PackedWeights) instead of on every call.
+  int64_t weight_id = 0;
 };
 
 /// A cached matmul and the scratchpad it needs per execution (user-managed: see cpu_gemm.cpp).
 /// In bfloat16 (`a_cvt` set) A and B are converted first, into buffers of the descs a16 and b16.
+/// With `b_pack` set, B is a constant weight in the primitive's own layout `b_packed`, reordered
+/// (and converted) once into PackedWeights.
 struct CachedGemm {
   std::shared_ptr<dnnl::matmul> prim;
   dnnl::memory::desc scratchpad;
-  std::shared_ptr<dnnl::reorder> a_cvt, b_cvt;
-  dnnl::memory::desc a16, b16;
+  std::shared_ptr<dnnl::reorder> a_cvt, b_cvt, b_pack;
+  dnnl::memory::desc a16, b16, b_packed;
+};
+
+/// Constant weights in a kernel's layout, by the executor's weight id and that layout. Bounded:
+/// past kPackedWeightsLimit bytes everything is dropped and repacked on demand (executors that
+/// have gone leave their entries behind; ids are never reused).
+class PackedWeights {
+ public:
+  static constexpr std::size_t kPackedWeightsLimit = std::size_t{4} << 30;
+  /// The packed copy of weight `id` in layout `md`, made by `pack(buffer)` when missing.
+  template <class Pack>
+  std::shared_ptr<std::vector<unsigned char>> get(int64_t id, const dnnl::memory::desc& md,
+                                                  Pack&& pack) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& e : entries_[id])
+        if (e.first == md) return e.second;
+    }
+    auto buf = std::make_shared<std::vector<unsigned char>>(md.get_size());
+    pack(buf->data());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes_ + buf->size() > kPackedWeightsLimit) {
+      entries_.clear();
+      bytes_ = 0;
+    }
+    bytes_ += buf->size();
+    entries_[id].emplace_back(md, buf);
+    return buf;
+  }
+
+ private:
+  std::mutex mu_;
+  std::size_t bytes_ = 0;
+  std::map<int64_t,
+           std::vector<std::pair<dnnl::memory::desc, std::shared_ptr<std::vector<unsigned char>>>>>
+      entries_;
 };
 
 /// oneDNN matmul primitives by shape; creation is costly (JIT). Execution from several threads at
@@ -42,7 +85,7 @@ struct CachedGemm {
 class GemmCache {
  public:
   CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias = false,
-                 GemmAct act = GemmAct::none, bool bf16 = false);
+                 GemmAct act = GemmAct::none, bool bf16 = false, bool packed_b = false);
   std::size_t size();
 
  private:
@@ -81,6 +124,7 @@ struct hp_ctx {
   hp_cpu::GemmCache gemms;
   hp_cpu::ConvCache convs;
   hp_cpu::SoftmaxCache softmaxes;
+  hp_cpu::PackedWeights packed;
   bool bf16 = false;  ///< "compute=bf16": float32 MatMul/Gemm/Conv in bfloat16 (cpu_plugin.cpp)
   CpuArena arena;
 };

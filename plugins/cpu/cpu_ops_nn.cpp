@@ -70,7 +70,8 @@ void gemm_f64(const hp_gemm_desc& d) {
     }
 }
 
-void run_gemm(OpCall& c, const hp_gemm_desc& d) {
+/// `weight_id`: the executor's name for a constant B (node attribute hp_weight_b), packed once.
+void run_gemm(OpCall& c, const hp_gemm_desc& d, int64_t weight_id = 0) {
   if (d.m == 0 || d.n == 0) return;
   const size_t elem = d.type_c == HP_F64 ? sizeof(double) : sizeof(float);
   if (d.k == 0) {
@@ -78,7 +79,10 @@ void run_gemm(OpCall& c, const hp_gemm_desc& d) {
     return;
   }
   if (d.type_c == HP_F64) return gemm_f64(d);
-  if (hp_status* st = gemm(c.ctx(), c.stream(), &d)) {
+  GemmEpilogue e;
+  e.weight_id = weight_id;
+  if (hp_status* st =
+          weight_id != 0 ? gemm_fused(c.ctx(), c.stream(), d, e) : gemm(c.ctx(), c.stream(), &d)) {
     std::string m = st->message;
     delete st;
     c.fail(m);
@@ -109,7 +113,7 @@ View matmul_into(OpCall& c, View a, View b, Alloc&& alloc) {
   auto* py = static_cast<unsigned char*>(y.data);
   const int64_t nb = numel(batch);
   if (numel(bb) == 1 && numel(ab) == nb) {
-    run_gemm(c, gemm_desc(nb * m, n, k, false, false, pa, pb, py, 1.0, dt));
+    run_gemm(c, gemm_desc(nb * m, n, k, false, false, pa, pb, py, 1.0, dt), c.i("hp_weight_b", 0));
   } else if (ab == bb) {
     hp_gemm_desc d = gemm_desc(m, n, k, false, false, pa, pb, py, 1.0, dt);
     d.batch = nb;
@@ -162,9 +166,11 @@ void matmul_add(OpCall& c) {
     View y = c.out(0, HP_F32, out);
     const int64_t k = a.dims.back(), m = numel(a.dims) / k;
     if (m == 0) return;
-    const GemmEpilogue e{z.as<float>(), act == "Relu"   ? GemmAct::relu
-                                        : act == "Gelu" ? GemmAct::gelu_erf
-                                                        : GemmAct::none};
+    const GemmEpilogue e{z.as<float>(),
+                         act == "Relu"   ? GemmAct::relu
+                         : act == "Gelu" ? GemmAct::gelu_erf
+                                         : GemmAct::none,
+                         c.i("hp_weight_b", 0)};
     if (hp_status* st = gemm_fused(c.ctx(), c.stream(),
                                    gemm_desc(m, n, k, false, false, a.data, b.data, y.data), e)) {
       std::string msg = st->message;
@@ -208,7 +214,8 @@ void gemm_op(OpCall& c) {
   const int64_t n = tb ? b.dims[0] : b.dims[1];
   if ((tb ? b.dims[1] : b.dims[0]) != k) c.fail("inner dims differ");
   View y = c.out(0, a.dtype, {m, n});
-  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.data, b.data, y.data, c.f("alpha", 1.0), a.dtype));
+  run_gemm(c, gemm_desc(m, n, k, ta, tb, a.data, b.data, y.data, c.f("alpha", 1.0), a.dtype),
+           c.i("hp_weight_b", 0));
   if (!bias.present() || bias.numel() == 0) return;
   Dims st = broadcast_strides(bias.dims, {m, n});
   auto add_bias = [&](auto tag) {

@@ -24,8 +24,10 @@
 // here. The MatMul's and Add's outputs must be read only by the chain and not be graph outputs. In
 // a training graph the Add's output (a GELU's input) is also read by the backward, so only MatMul +
 // Add fuse there.
+#include <atomic>
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include "exec_internal.h"
 
@@ -275,6 +277,27 @@ int fuse_matmul_add(Graph& g) {
 }
 
 }  // namespace
+
+void tag_constant_weights(Executor::Impl& im) {
+  // Keys are unique in the process, never reused: a backend's packed copies of another
+  // executor's weights (ranks simulated as threads share one backend) can never be mistaken.
+  static std::atomic<std::int64_t> next_key{1};
+  std::set<int> weights;
+  for (const auto& [id, h] : im.weights) weights.insert(id);
+  for (PreparedNode& n : im.nodes) {
+    const bool gemm = (n.domain.empty() && (n.op_type == "MatMul" || n.op_type == "Gemm")) ||
+                      (n.domain == "hp.nn" && n.op_type == "MatMulAdd");
+    if (n.dead || !gemm || n.inputs.size() < 2 || !weights.count(n.inputs[1])) continue;
+    Slot& w = im.slots[static_cast<std::size_t>(n.inputs[1])];
+    if (w.weight_key == 0) w.weight_key = next_key++;
+    hp_op_attr a{};
+    a.name = n.store_strings.emplace_back("hp_weight_b").c_str();
+    a.kind = HP_ATTR_INT;
+    a.i = w.weight_key;
+    n.weight_attr = static_cast<int>(n.attrs.size());
+    n.attrs.push_back(a);
+  }
+}
 
 int fuse_nodes(Executor::Impl& im) {
   const plugin::Backend* be = im.be[1] ? im.be[1] : im.be[0];

@@ -66,6 +66,9 @@ struct PreparedNode {
   /// A view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) that is its data input's last
   /// reader: on the cpu backend its output takes that input's buffer (exec_run.cpp alloc_output).
   bool donate_input0 = false;
+  /// Index in `attrs` of hp_weight_b (a constant B's key, refreshed from Slot::weight_key before
+  /// each launch), -1 for none.
+  int weight_attr = -1;
   int op_slot = 0;  ///< index of its op type in Impl::op_types (time accounting)
   /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes
   /// (or, for Shape/Size, only its input's dims), so its outputs stay alive between runs and it
@@ -115,6 +118,9 @@ struct Slot {
   std::shared_ptr<const SeqValue> seq;  ///< set when the value is a sequence (no buffers then)
   bool persistent = false;    ///< a weight or a cached node's output: kept alive across runs
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
+  /// A weight read as a MatMul/Gemm B: a process-wide unique key under which the backend may keep
+  /// it packed; 0 once set_weight has changed it (tag_constant_weights, exec_fuse.cpp).
+  std::int64_t weight_key = 0;
 };
 
 /// Bytes a buffer of `bytes` takes from the pool and the backend (256-byte granules, 64 for empty).
@@ -242,6 +248,9 @@ int fuse_nodes(Executor::Impl& im);
 /// Keeps tensors between 2-D convolutions channels-last (exec_layout.cpp); returns the convolutions
 /// rewritten. Runs after fuse_nodes.
 int keep_channels_last(Executor::Impl& im);
+/// Names each weight that a MatMul, Gemm or hp.nn.MatMulAdd reads as B with a unique key (the
+/// node attribute hp_weight_b) so that the backend packs it once (exec_fuse.cpp). Needs the slots.
+void tag_constant_weights(Executor::Impl& im);
 
 /// Prepares the subgraphs of `np` (graph attributes) into `n.bodies` and `n.captured`; unsupported
 /// nodes inside them are appended to `unsupported` (exec_subgraph.cpp).

@@ -323,6 +323,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
       if (t >= 0) impl->slots[static_cast<std::size_t>(t)].persistent = true;
   }
 
+  if (options.pack_weights) tag_constant_weights(*impl);
+
   // Lifetimes: the last node reading each tensor releases it; persistent tensors are never
   // released.
   std::vector<int> last(impl->tensor_names.size(), -1);

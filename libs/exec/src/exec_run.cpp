@@ -249,6 +249,9 @@ Status Executor::Impl::launch_on(PreparedNode& n, int where) {
   desc.domain = dom;
   desc.opset = n.opset;
   desc.node_name = n.name.c_str();
+  if (n.weight_attr >= 0)  // a weight set_weight has changed is no longer packed (key 0)
+    n.attrs[static_cast<std::size_t>(n.weight_attr)].i =
+        slots[static_cast<std::size_t>(n.inputs[1])].weight_key;
   desc.attrs = n.attrs.data();
   desc.n_attrs = static_cast<std::int64_t>(n.attrs.size());
   desc.inputs = ins.data();

@@ -48,6 +48,7 @@ Status Executor::set_weight(const std::string& name, const HostTensor& value) {
     }
   }
   ++im.slots[static_cast<std::size_t>(id)].version;
+  im.slots[static_cast<std::size_t>(id)].weight_key = 0;  // no longer constant: never packed again
   return {};
 }
 

@@ -101,8 +101,11 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
           std::pair{&parts.weight, &c.weight}}) {
       dst->part = std::move(*part);
       if (dst->part.empty()) continue;
-      HP_ASSIGN_OR_RETURN(
-          dst->ex, exec::Executor::create(dst->part.model, {b.primary, b.cpu, s->comm_.get()}));
+      HP_ASSIGN_OR_RETURN(dst->ex, exec::Executor::create(dst->part.model, [&] {
+                            exec::ExecOptions eo{b.primary, b.cpu, s->comm_.get()};
+                            eo.pack_weights = false;  // rewritten every step
+                            return eo;
+                          }()));
     }
     // A weight two of this rank's chunks read (ZB-V's first and last stage: a tied embedding) is
     // one parameter of the rank; both chunks' gradient parts add into it.

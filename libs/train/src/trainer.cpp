@@ -212,7 +212,9 @@ Status Run::prepare() {
   std::vector<std::filesystem::path> paths(o.plugin_paths.begin(), o.plugin_paths.end());
   HP_ASSIGN_OR_RETURN(auto b,
                       exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
-  HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, {b.primary, b.cpu, comm_ops.get()}));
+  exec::ExecOptions eo{b.primary, b.cpu, comm_ops.get()};
+  eo.pack_weights = false;  // rewritten every step (ExecOptions::pack_weights)
+  HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, eo));
   for (const auto& p : gg.params) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(p));
     if (h.dtype != HP_F32)
