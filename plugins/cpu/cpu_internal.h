@@ -43,6 +43,7 @@ struct CachedGemm {
   dnnl::memory::desc scratchpad;
   std::shared_ptr<dnnl::reorder> a_cvt, b_cvt, b_pack;
   dnnl::memory::desc a16, b16, b_packed;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;  ///< the caller's float32 operands as described
 };
 
 /// Constant weights in a kernel's layout, by the executor's weight id and that layout. Bounded:
