@@ -197,7 +197,8 @@ void reference_gemm(const hp_gemm_desc& d) {
 namespace {
 
 /// Runs a cached primitive on this thread's scratchpad (see the file comment).
-void execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc& d,
+/// false (nothing run) when B should be packed but the packing budget is spent.
+bool execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc& d,
              const float* bias, int64_t weight_id) {
   thread_local std::vector<unsigned char> scratch, a16, b16;
   if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
@@ -210,6 +211,7 @@ void execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc&
       g.b_pack->execute(s->dnnl_stream, b, to);
       s->dnnl_stream.wait();
     });
+    if (!packed) return false;  // over the packing budget: the caller runs the unpacked product
     b = memory(g.b_packed, ctx->engine, packed->data());
   }
   if (g.a_cvt) {
@@ -231,6 +233,7 @@ void execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc&
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias_md, ctx->engine, const_cast<float*>(bias)));
   g.prim->execute(s->dnnl_stream, args);
   s->dnnl_stream.wait();
+  return true;
 }
 
 /// The epilogue on C after reference_gemm, for descriptors oneDNN rejects.
@@ -282,7 +285,9 @@ hp_status* gemm_fused(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc& d, const Ge
     return nullptr;
   }
   HP_PLUGIN_GUARD(kCpu, {
-    execute(ctx, s, g, d, e.bias, e.weight_id);
+    if (!execute(ctx, s, g, d, e.bias, e.weight_id))
+      execute(ctx, s, ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act, ctx->bf16), d,
+              e.bias, 0);
     return nullptr;
   })
 }

@@ -46,13 +46,16 @@ struct CachedGemm {
   dnnl::memory::desc a_md, b_md, c_md, bias_md;  ///< the caller's float32 operands as described
 };
 
-/// Constant weights in a kernel's layout, by the executor's weight id and that layout. Bounded:
-/// past kPackedWeightsLimit bytes everything is dropped and repacked on demand (executors that
-/// have gone leave their entries behind; ids are never reused).
+/// Constant weights in a kernel's layout, by the executor's weight id and that layout. The copies
+/// are kept for the process's life (an executor that has gone leaves its entries; ids are never
+/// reused), up to kPackedWeightsLimit bytes: past it a weight is not packed and its product runs
+/// on the weight as given (cpu_gemm.cpp), so a model larger than the budget never thrashes.
 class PackedWeights {
  public:
   static constexpr std::size_t kPackedWeightsLimit = std::size_t{4} << 30;
-  /// The packed copy of weight `id` in layout `md`, made by `pack(buffer)` when missing.
+  std::size_t limit = kPackedWeightsLimit;  ///< open option packed_weights_limit=BYTES
+  /// The packed copy of weight `id` in layout `md`, made by `pack(buffer)` when missing; null when
+  /// it would take the copies past the limit.
   template <class Pack>
   std::shared_ptr<std::vector<unsigned char>> get(int64_t id, const dnnl::memory::desc& md,
                                                   Pack&& pack) {
@@ -60,15 +63,12 @@ class PackedWeights {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& e : entries_[id])
         if (e.first == md) return e.second;
+      if (bytes_ + md.get_size() > limit) return nullptr;
+      bytes_ += md.get_size();  // reserved now: threads packing at once stay under the limit
     }
     auto buf = std::make_shared<std::vector<unsigned char>>(md.get_size());
     pack(buf->data());
     std::lock_guard<std::mutex> lock(mu_);
-    if (bytes_ + buf->size() > kPackedWeightsLimit) {
-      entries_.clear();
-      bytes_ = 0;
-    }
-    bytes_ += buf->size();
     entries_[id].emplace_back(md, buf);
     return buf;
   }

@@ -64,6 +64,9 @@ bool parse_count(const char* text, unsigned long long* out) {
 ///    allocations past it fail with HP_NO_MEMORY, so an offload schedule planned for a smaller
 ///    device is really exercised on this one (docs/offload.md, "Offload at run time"). 0 or absent:
 ///    no budget.
+///  - "packed_weights_limit=BYTES" (suffix K, M or G allowed; default 4G) bounds the constant
+///    weights kept in the kernels' layouts (PackedWeights, cpu_internal.h); past it weights are
+///    used as given.
 ///  - "compute=bf16" runs float32 MatMul, Gemm and Conv in bfloat16 with float32 accumulation and
 ///    outputs (cpu_gemm.cpp, cpu_conv.cpp), on CPUs with AVX512-BF16 or AMX only (refused
 ///    elsewhere: oneDNN would emulate it slower than float32). "compute=f32" (the default) keeps
@@ -73,9 +76,16 @@ hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
   HP_PLUGIN_GUARD(kCpu, {
     if (!out) return make_status(HP_INVALID, "cpu: open: null output");
     unsigned long long budget = 0;
+    unsigned long long pack_limit = hp_cpu::PackedWeights::kPackedWeightsLimit;
     bool bf16 = false;
     for (size_t i = 0; kv && i < n_kv; ++i) {
       if (!kv[i]) continue;
+      if (std::strncmp(kv[i], "packed_weights_limit=", 21) == 0) {
+        if (!parse_count(kv[i] + 21, &pack_limit))
+          return make_status(HP_INVALID,
+                             "cpu: open: bad option '%s' (want packed_weights_limit=BYTES)", kv[i]);
+        continue;
+      }
       if (std::strncmp(kv[i], "compute=", 8) == 0) {
         const std::string v = kv[i] + 8;
         if (v != "bf16" && v != "f32")
@@ -108,6 +118,7 @@ hp_status* cpu_open(const char* const* kv, size_t n_kv, hp_ctx** out) {
     *out = new hp_ctx();
     (*out)->arena.limit = budget;
     (*out)->bf16 = bf16;
+    (*out)->packed.limit = static_cast<std::size_t>(pack_limit);
     return nullptr;
   })
 }

@@ -447,3 +447,27 @@ TEST_CASE("a weight packed by the backend is repacked after set_weight changes i
   check(w);
   fs::remove_all(d);
 }
+
+TEST_CASE("past the packing budget a weight is used as given, with the same values", "[exec]") {
+  auto none = open_backends("cpu", 1, {}, {"packed_weights_limit=0"});
+  REQUIRE(none.ok());
+  Backends packed = cpu();
+  fs::path d = temp_dir("pack_budget");
+  const onnx::ModelProto m = linear_model("Gelu", false, false);
+  auto mm = load(write_model(d, m));
+  std::vector<float> xs(24);
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(static_cast<float>(i) * 0.7f);
+  std::vector<std::vector<float>> got;
+  for (const Backends* b : {&packed, &*none}) {
+    auto ex = Executor::create(mm, {b->primary, b->cpu, nullptr});
+    REQUIRE(ex.ok());
+    auto out = (*ex)->run({f32({2, 3, 4}, xs)});
+    REQUIRE(out.ok());
+    got.emplace_back((*out)[0].as<float>(), (*out)[0].as<float>() + (*out)[0].numel());
+  }
+  REQUIRE(got[0].size() == got[1].size());
+  for (std::size_t i = 0; i < got[0].size(); ++i)
+    CHECK(got[1][i] == Approx(got[0][i]).margin(1e-5));
+  CHECK(!open_backends("cpu", 1, {}, {"packed_weights_limit=lots"}).ok());
+  fs::remove_all(d);
+}
