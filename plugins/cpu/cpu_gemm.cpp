@@ -206,7 +206,7 @@ bool execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc&
   memory b(g.b_md, ctx->engine, const_cast<void*>(d.b));
   std::shared_ptr<std::vector<unsigned char>> packed;  // held until the primitive has run
   if (g.b_pack) {
-    packed = ctx->packed.get(weight_id, g.b_packed, [&](void* buf) {
+    packed = ctx->packed.get(weight_id, g.b_md, g.b_packed, [&](void* buf) {
       memory to(g.b_packed, ctx->engine, buf);
       g.b_pack->execute(s->dnnl_stream, b, to);
       s->dnnl_stream.wait();

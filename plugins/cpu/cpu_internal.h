@@ -54,31 +54,34 @@ class PackedWeights {
  public:
   static constexpr std::size_t kPackedWeightsLimit = std::size_t{4} << 30;
   std::size_t limit = kPackedWeightsLimit;  ///< open option packed_weights_limit=BYTES
-  /// The packed copy of weight `id` in layout `md`, made by `pack(buffer)` when missing; null when
-  /// it would take the copies past the limit.
+  /// The packed copy of weight `id`, read as `from` (a square weight is read both as itself and
+  /// transposed, which pack into equal layouts), in layout `md`; made by `pack(buffer)` when
+  /// missing; null when it would take the copies past the limit.
   template <class Pack>
-  std::shared_ptr<std::vector<unsigned char>> get(int64_t id, const dnnl::memory::desc& md,
-                                                  Pack&& pack) {
+  std::shared_ptr<std::vector<unsigned char>> get(int64_t id, const dnnl::memory::desc& from,
+                                                  const dnnl::memory::desc& md, Pack&& pack) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& e : entries_[id])
-        if (e.first == md) return e.second;
+        if (e.from == from && e.md == md) return e.buf;
       if (bytes_ + md.get_size() > limit) return nullptr;
       bytes_ += md.get_size();  // reserved now: threads packing at once stay under the limit
     }
     auto buf = std::make_shared<std::vector<unsigned char>>(md.get_size());
     pack(buf->data());
     std::lock_guard<std::mutex> lock(mu_);
-    entries_[id].emplace_back(md, buf);
+    entries_[id].push_back({from, md, buf});
     return buf;
   }
 
  private:
   std::mutex mu_;
   std::size_t bytes_ = 0;
-  std::map<int64_t,
-           std::vector<std::pair<dnnl::memory::desc, std::shared_ptr<std::vector<unsigned char>>>>>
-      entries_;
+  struct Entry {
+    dnnl::memory::desc from, md;
+    std::shared_ptr<std::vector<unsigned char>> buf;
+  };
+  std::map<int64_t, std::vector<Entry>> entries_;
 };
 
 /// oneDNN matmul primitives by shape; creation is costly (JIT). Execution from several threads at

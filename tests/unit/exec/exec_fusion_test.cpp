@@ -471,3 +471,42 @@ TEST_CASE("past the packing budget a weight is used as given, with the same valu
   CHECK(!open_backends("cpu", 1, {}, {"packed_weights_limit=lots"}).ok());
   fs::remove_all(d);
 }
+
+TEST_CASE("a square weight read as itself and transposed is packed once for each reading",
+          "[exec]") {
+  // y = x @ W + x @ W^T (MatMul, then Gemm with transB): both B operands are the constant W, and
+  // their packed layouts are equal descriptors; a copy packed for one must not serve the other.
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {3, 64});
+  add_value(g->mutable_output(), "y", {3, 64});
+  add_conv_init(g, "W", {64, 64}, 5, false);
+  add_node(g, "MatMul", {"x", "W"}, {"a"}, "matmul");
+  auto* gemm = add_node(g, "Gemm", {"x", "W"}, {"b"}, "gemm");
+  auto* tb = gemm->add_attribute();
+  tb->set_name("transB");
+  tb->set_type(onnx::AttributeProto::INT);
+  tb->set_i(1);
+  add_node(g, "Add", {"a", "b"}, {"y"}, "sum");
+  fs::path d = temp_dir("square");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  std::vector<float> xs(3 * 64);
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 5) - 2.0f;
+  const std::vector<double> w = init_values(m, "W");
+  for (int run = 0; run < 2; ++run) {
+    auto out = (*ex)->run({f32({3, 64}, xs)});
+    REQUIRE(out.ok());
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 64; ++j) {
+        double v = 0;
+        for (std::size_t k = 0; k < 64; ++k) v += xs[i * 64 + k] * (w[k * 64 + j] + w[j * 64 + k]);
+        CHECK((*out)[0].as<float>()[i * 64 + j] == Approx(v).margin(1e-4));
+      }
+  }
+  fs::remove_all(d);
+}
