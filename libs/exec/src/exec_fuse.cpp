@@ -210,20 +210,6 @@ int fuse_conv_relu(Graph& g) {
   return fused;
 }
 
-/// Sets string attribute `name` of `n` (added or replaced), its text in `n`'s own storage.
-void set_string_attr(PreparedNode& n, const char* name, const std::string& value) {
-  for (hp_op_attr& a : n.attrs)
-    if (a.kind == HP_ATTR_STRING && std::string(a.name) == name) {
-      a.s = n.store_strings.emplace_back(value).c_str();
-      return;
-    }
-  hp_op_attr a{};
-  a.name = n.store_strings.emplace_back(name).c_str();
-  a.kind = HP_ATTR_STRING;
-  a.s = n.store_strings.emplace_back(value).c_str();
-  n.attrs.push_back(a);
-}
-
 /// The exact-GELU or ReLU node that alone reads `t`: its activation name, else "".
 std::string activation_reading(Graph& g, int t, PreparedNode** node) {
   PreparedNode* r = g.sole_reader(t);
@@ -278,6 +264,37 @@ int fuse_matmul_add(Graph& g) {
 
 }  // namespace
 
+void set_string_attr(PreparedNode& n, const char* name, const std::string& value) {
+  for (hp_op_attr& a : n.attrs)
+    if (a.kind == HP_ATTR_STRING && std::string(a.name) == name) {
+      a.s = n.store_strings.emplace_back(value).c_str();
+      return;
+    }
+  hp_op_attr a{};
+  a.name = n.store_strings.emplace_back(name).c_str();
+  a.kind = HP_ATTR_STRING;
+  a.s = n.store_strings.emplace_back(value).c_str();
+  n.attrs.push_back(a);
+}
+
+int add_int_attr(PreparedNode& n, const char* name, std::int64_t value) {
+  hp_op_attr a{};
+  a.name = n.store_strings.emplace_back(name).c_str();
+  a.kind = HP_ATTR_INT;
+  a.i = value;
+  n.attrs.push_back(a);
+  return static_cast<int>(n.attrs.size()) - 1;
+}
+
+void add_ints_attr(PreparedNode& n, const char* name, std::vector<std::int64_t> values) {
+  hp_op_attr a{};
+  a.name = n.store_strings.emplace_back(name).c_str();
+  a.kind = HP_ATTR_INTS;
+  a.n = static_cast<std::int64_t>(values.size());
+  a.ints = n.store_ints.emplace_back(std::move(values)).data();
+  n.attrs.push_back(a);
+}
+
 void tag_constant_weights(Executor::Impl& im) {
   // Keys are unique in the process, never reused: a backend's packed copies of another
   // executor's weights (ranks simulated as threads share one backend) can never be mistaken.
@@ -290,12 +307,7 @@ void tag_constant_weights(Executor::Impl& im) {
     if (n.dead || !gemm || n.inputs.size() < 2 || !weights.count(n.inputs[1])) continue;
     Slot& w = im.slots[static_cast<std::size_t>(n.inputs[1])];
     if (w.weight_key == 0) w.weight_key = next_key++;
-    hp_op_attr a{};
-    a.name = n.store_strings.emplace_back("hp_weight_b").c_str();
-    a.kind = HP_ATTR_INT;
-    a.i = w.weight_key;
-    n.weight_attr = static_cast<int>(n.attrs.size());
-    n.attrs.push_back(a);
+    n.weight_attr = add_int_attr(n, "hp_weight_b", w.weight_key);
   }
 }
 

@@ -31,15 +31,6 @@ bool is_2d_conv(const PreparedNode& n, const std::map<int, std::size_t>& weight_
   return w != weight_rank.end() && w->second == 4;
 }
 
-void set_ints_attr(PreparedNode& n, const char* name, std::vector<std::int64_t> values) {
-  hp_op_attr a{};
-  a.name = n.store_strings.emplace_back(name).c_str();
-  a.kind = HP_ATTR_INTS;
-  a.n = static_cast<std::int64_t>(values.size());
-  a.ints = n.store_ints.emplace_back(std::move(values)).data();
-  n.attrs.push_back(a);
-}
-
 }  // namespace
 
 int keep_channels_last(Executor::Impl& im) {
@@ -87,7 +78,7 @@ int keep_channels_last(Executor::Impl& im) {
     n.op_type = "FusedConv";
     n.domain = "hp.nn";
     n.opset = 1;
-    set_ints_attr(n, "channels_last", {x, z, y});
+    add_ints_attr(n, "channels_last", {x, z, y});
     ++changed;
   }
   return changed;

@@ -147,35 +147,32 @@ int32_t alloc_output(void* user, int32_t index, int32_t dtype, int32_t rank, con
   std::int64_t n = 1;
   for (int k = 0; k < rank; ++k) n *= dims[k];
   s.bytes = static_cast<std::size_t>(n * esz);
+  void* p = nullptr;
   if (index == 0 && c->node->donate_input0 && c->where == 0) {
     // The view's input dies here (PreparedNode::donate_input0): its cpu buffer changes hands and
     // the cpu kernel, seeing the same address, copies nothing. Its slot stays live without the
     // buffer until released after this node, so the pool's byte count is unchanged.
     Slot& from = im.slots[static_cast<std::size_t>(c->node->inputs[0])];
     if (from.live && !from.seq && from.ptr[0] && from.bytes == s.bytes && from.dtype == dtype) {
-      s.ptr[0] = from.ptr[0];
+      p = from.ptr[0];
       from.ptr[0] = nullptr;
-      s.live = true;
-      ++c->allocated;
-      out->dtype = dtype;
-      out->rank = rank;
-      for (int k = 0; k < rank; ++k) out->dims[k] = dims[k];
-      out->data = s.ptr[0];
-      return 1;
     }
   }
-  auto p = im.alloc(c->where, s.bytes, id);
   if (!p) {
-    c->error = std::move(p).error();
-    return 0;
+    auto got = im.alloc(c->where, s.bytes, id);
+    if (!got) {
+      c->error = std::move(got).error();
+      return 0;
+    }
+    p = *got;
   }
-  s.ptr[c->where] = *p;
+  s.ptr[c->where] = p;
   s.live = true;
   ++c->allocated;
   out->dtype = dtype;
   out->rank = rank;
   for (int k = 0; k < rank; ++k) out->dims[k] = dims[k];
-  out->data = *p;
+  out->data = p;
   return 1;
 }
 

@@ -61,23 +61,27 @@ Status check_model_options(const LaunchOptions& o) {
                  o.target.string(),
                  "`hp plan MODEL -o RECIPE.toml` writes a recipe that shards it over ranks");
   if (!o.mpi_args.empty()) return Error(Errc::usage, "--mpi-args applies to a recipe (mpirun)");
-  if (!o.dtype.empty() && o.dtype != "bf16" && o.dtype != "bfloat16" && o.dtype != "f32" &&
-      o.dtype != "fp32" && o.dtype != "float32")
-    return Error(Errc::usage, fmt::format("--dtype '{}' is not f32 or bf16", o.dtype));
   if (!o.trace.empty() && std::filesystem::exists(o.trace) && !o.force)
     return Error(Errc::usage, fmt::format("--trace {} exists", o.trace.string()), "",
                  "--force replaces it");
   return {};
 }
 
+/// The cpu plugin's open options for --dtype: compute=bf16, or none for float32.
+Expected<std::vector<std::string>> dtype_options(const std::string& dtype) {
+  if (dtype == "bf16" || dtype == "bfloat16") return std::vector<std::string>{"compute=bf16"};
+  if (dtype.empty() || dtype == "f32" || dtype == "fp32" || dtype == "float32")
+    return std::vector<std::string>{};
+  return Error(Errc::usage, fmt::format("--dtype '{}' is not f32 or bf16", dtype));
+}
+
 }  // namespace
 
 Expected<LaunchReport> launch_model(const LaunchOptions& o) {
   HP_TRY(check_model_options(o));
+  HP_ASSIGN_OR_RETURN(const auto open_options, dtype_options(o.dtype));
   const OutputDirOptions guard{"hp launch", {o.target, o.inputs}, {}, {}, o.force};
   if (!o.outputs.empty()) HP_TRY(check_output_dir(o.outputs, guard));
-  std::vector<std::string> open_options;
-  if (o.dtype == "bf16" || o.dtype == "bfloat16") open_options.push_back("compute=bf16");
   const bool profile = o.profile || !o.trace.empty();
   HP_ASSIGN_OR_RETURN(auto p, prepare_single_rank(o.target, o.inputs, o.backend, o.threads,
                                                   o.plugin_paths, open_options, profile));
