@@ -93,7 +93,9 @@ Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions&
       for (auto s : slots_of[u])
         if (tl.slots[static_cast<std::size_t>(s)].type == Slot::backward) bw.push_back(s);
       if (!bw.empty() && x.gradients > 0) {
-        for (auto& b : tr.base) b[static_cast<int>(Kind::gradients)] -= x.gradients;
+        // The baseline holds them from the unit's first backward on (timeline.cpp).
+        for (auto s = bw.front(); s < S; ++s)
+          tr.base[static_cast<std::size_t>(s)][static_cast<int>(Kind::gradients)] -= x.gradients;
         Tracked g;
         g.kind = Kind::gradients;
         g.unit = static_cast<std::int64_t>(u);
@@ -103,7 +105,7 @@ Trace build_trace(const StageInput& in, const Timeline& tl, const PolicyOptions&
         g.uses = bw;
         g.evictable = false;
         g.stream_out = true;
-        // The whole-step subtraction above already removed them from the baseline: cancel track()'s
+        // The subtraction above already removed them from the baseline: cancel track()'s
         // subtraction over the live range.
         track(g);
         diff[static_cast<std::size_t>(g.created)][static_cast<int>(Kind::gradients)] -= x.gradients;

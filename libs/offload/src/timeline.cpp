@@ -1,7 +1,8 @@
-// The un-offloaded memory timeline of one stage (timeline.h). Model states are allocated for the
-// whole step (frameworks keep weight, gradient and optimizer buffers across steps); an activation
-// lives from its forward to the end of its backward; the KV cache of inference from its forward to
-// the end of the step.
+// The un-offloaded memory timeline of one stage (timeline.h). Weights and optimizer states are
+// allocated for the whole step; a unit's gradients from its first backward to the end of the step
+// (hp's executor writes them in the backward and the optimizer step consumes them, so none are held
+// through the forward); an activation lives from its forward to the end of its backward; the KV
+// cache of inference from its forward to the end of the step.
 #include "hp/offload/timeline.h"
 
 #include <algorithm>
@@ -34,12 +35,11 @@ Timeline simulate(const StageInput& in) {
   Breakdown fixed{};
   for (const auto& u : in.units) {
     fixed[static_cast<int>(Kind::parameters)] += u.parameters;
-    fixed[static_cast<int>(Kind::gradients)] += u.gradients;
     fixed[static_cast<int>(Kind::optimizer)] += u.optimizer;
   }
   fixed[static_cast<int>(Kind::buffers)] = in.buffers;
   fixed[static_cast<int>(Kind::workspace)] = in.workspace;
-  double acts = 0, kv = 0, clock = 0;
+  double acts = 0, kv = 0, grads = 0, clock = 0;
   auto push = [&](Slot::Type type, std::int64_t u, std::int64_t j, double dur,
                   double transient_act) {
     Slot s;
@@ -51,10 +51,12 @@ Timeline simulate(const StageInput& in) {
     s.memory = fixed;
     s.memory[static_cast<int>(Kind::activations)] = acts + transient_act;
     s.memory[static_cast<int>(Kind::kv_cache)] = kv;
+    s.memory[static_cast<int>(Kind::gradients)] = grads;
     clock += dur;
     t.slots.push_back(s);
   };
   const auto n = static_cast<std::int64_t>(in.units.size());
+  std::vector<bool> born(static_cast<std::size_t>(n), false);
   for (const Op& op : schedule_ops(in.schedule, in.stages, in.stage, in.micro_batches,
                                    in.virtual_stages, in.train)) {
     if (op.forward) {
@@ -71,6 +73,10 @@ Timeline simulate(const StageInput& in) {
       for (std::int64_t u = n - 1; u >= 0; --u) {
         const Unit& x = in.units[static_cast<std::size_t>(u)];
         if (x.chunk != op.chunk) continue;
+        if (!born[static_cast<std::size_t>(u)]) {
+          born[static_cast<std::size_t>(u)] = true;
+          grads += x.gradients;  // written by this backward, kept to the optimizer step
+        }
         push(Slot::backward, u, op.micro, x.bwd, x.act_transient);
         acts -= x.act;  // freed once its backward has run
       }

@@ -100,32 +100,70 @@ std::vector<std::vector<std::int64_t>> undominated(std::set<std::vector<std::int
   return kept;
 }
 
+// Each moment as a vector of 2 x chunks: micro-batches alive per chunk, then whether the chunk's
+// gradients exist (its first backward has started).
 LiveCounts reduce(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64_t m,
                   std::int64_t v) {
   LiveCounts out;
   out.chunks = s == recipe::Schedule::interleaved ? std::max<std::int64_t>(1, v) : 1;
-  std::vector<std::int64_t> live(static_cast<std::size_t>(out.chunks), 0);
+  const auto chunks = static_cast<std::size_t>(out.chunks);
+  std::vector<std::int64_t> live(2 * chunks, 0);
   std::set<std::vector<std::int64_t>> fwd;
-  std::vector<std::set<std::vector<std::int64_t>>> bwd(static_cast<std::size_t>(out.chunks));
+  std::vector<std::set<std::vector<std::int64_t>>> bwd(2 * chunks);  // [chunk][first]
   for (const Op& op : schedule_ops(s, p, k, m, v, true)) {
-    auto& n = live[static_cast<std::size_t>(op.chunk)];
+    const auto c = static_cast<std::size_t>(op.chunk);
+    auto& n = live[c];
     if (op.forward) {
       ++n;
       fwd.insert(live);
     } else {
-      bwd[static_cast<std::size_t>(op.chunk)].insert(live);
+      const bool first = live[chunks + c] == 0;
+      bwd[2 * c + (first ? 1 : 0)].insert(live);
+      live[chunks + c] = 1;
       --n;
     }
   }
-  out.after_forward = undominated(std::move(fwd));
-  for (std::int64_t c = 0; c < out.chunks; ++c)
-    for (auto& w : undominated(std::move(bwd[static_cast<std::size_t>(c)])))
-      out.before_backward.push_back({std::move(w), c});
-  for (const auto& n : out.after_forward)
-    for (auto x : n) out.forward_rows.push_back(static_cast<double>(x));
-  for (const auto& b : out.before_backward)
-    for (auto x : b.live) out.backward_rows.push_back(static_cast<double>(x));
+  auto rows = [&](const std::vector<std::int64_t>& x, std::vector<double>& to) {
+    for (auto n : x) to.push_back(static_cast<double>(n));
+  };
+  auto counts = [&](const std::vector<std::int64_t>& x) {
+    return std::vector<std::int64_t>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(chunks));
+  };
+  for (const auto& x : undominated(std::move(fwd))) {
+    rows(x, out.forward_rows);
+    out.after_forward.push_back(counts(x));
+  }
+  for (std::size_t c = 0; c < chunks; ++c)
+    for (int first = 0; first < 2; ++first)
+      for (const auto& x : undominated(std::move(bwd[2 * c + static_cast<std::size_t>(first)]))) {
+        rows(x, out.backward_rows);
+        out.before_backward.push_back({counts(x), static_cast<std::int64_t>(c), first == 1});
+      }
   return out;
+}
+
+// The peak from per-chunk figures: `coef` the bytes one micro-batch keeps per chunk, then each
+// chunk's gradient bytes (2 x chunks, against the rows); `worst[c]` the most chunk c's later
+// backwards add above what is alive at their start, `worst_first[c]` the same for its first
+// backward, gradients born included.
+double peak_of(const LiveCounts& live, const double* coef, const double* worst,
+               const double* worst_first) {
+  const auto width = 2 * static_cast<std::size_t>(live.chunks);
+  auto dot = [&](const double* n) {
+    double s = 0;
+    for (std::size_t c = 0; c < width; ++c) s += n[c] * coef[c];
+    return s;
+  };
+  double peak = 0;
+  for (std::size_t i = 0; i < live.after_forward.size(); ++i)
+    peak = std::max(peak, dot(live.forward_rows.data() + i * width));
+  for (std::size_t i = 0; i < live.before_backward.size(); ++i) {
+    const auto& b = live.before_backward[i];
+    const auto c = static_cast<std::size_t>(b.chunk);
+    peak = std::max(
+        peak, dot(live.backward_rows.data() + i * width) + (b.first ? worst_first[c] : worst[c]));
+  }
+  return peak;
 }
 
 }  // namespace
@@ -143,33 +181,26 @@ const LiveCounts& live_counts(recipe::Schedule s, std::int64_t p, std::int64_t k
 
 double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units) {
   const auto chunks = static_cast<std::size_t>(live.chunks);
-  // Per chunk: the bytes one micro-batch keeps, and the worst moment of its backward above them
-  // (units run backward last to first; each frees its kept bytes after its own backward).
-  std::vector<double> kept(chunks, 0), worst(chunks, 0), freed(chunks, 0);
-  for (const auto& u : units)
-    kept[std::min(static_cast<std::size_t>(u.chunk), chunks - 1)] += u.kept;
+  // Per chunk: the bytes one micro-batch keeps, its gradients, and the worst moments of its
+  // backward above them (units run backward last to first; each frees its kept bytes after its
+  // own backward, and in the chunk's first backward allocates its gradients before it runs).
+  std::vector<double> coef(2 * chunks, 0), worst(chunks, 0), worst_first(chunks, 0),
+      freed(chunks, 0), born(chunks, 0);
+  auto chunk_of = [&](const UnitActivations& u) {
+    return std::min(static_cast<std::size_t>(u.chunk), chunks - 1);
+  };
+  for (const auto& u : units) {
+    coef[chunk_of(u)] += u.kept;
+    coef[chunks + chunk_of(u)] += u.grads;
+  }
   for (auto u = units.rbegin(); u != units.rend(); ++u) {
-    const auto c = std::min(static_cast<std::size_t>(u->chunk), chunks - 1);
+    const auto c = chunk_of(*u);
+    born[c] += u->grads;
     worst[c] = std::max(worst[c], u->transient - freed[c]);
+    worst_first[c] = std::max(worst_first[c], u->transient + born[c] - freed[c]);
     freed[c] += u->kept;
   }
-  return activation_peak(live, kept.data(), worst.data());
-}
-
-double activation_peak(const LiveCounts& live, const double* kept, const double* worst) {
-  const auto chunks = static_cast<std::size_t>(live.chunks);
-  auto dot = [&](const double* n) {
-    double s = 0;
-    for (std::size_t c = 0; c < chunks; ++c) s += n[c] * kept[c];
-    return s;
-  };
-  double peak = 0;
-  for (std::size_t i = 0; i < live.after_forward.size(); ++i)
-    peak = std::max(peak, dot(live.forward_rows.data() + i * chunks));
-  for (std::size_t i = 0; i < live.before_backward.size(); ++i)
-    peak = std::max(peak, dot(live.backward_rows.data() + i * chunks) +
-                              worst[static_cast<std::size_t>(live.before_backward[i].chunk)]);
-  return peak;
+  return peak_of(live, coef.data(), worst.data(), worst_first.data());
 }
 
 PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> units)
@@ -178,12 +209,24 @@ PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> un
       members_(static_cast<std::size_t>(live.chunks)),
       forward_sums_(live.after_forward.size(), 0.0),
       backward_sums_(live.before_backward.size(), 0.0),
-      worst_(static_cast<std::size_t>(live.chunks), 0.0) {
-  const auto chunks = members_.size();
+      worst_(static_cast<std::size_t>(live.chunks), 0.0),
+      worst_first_(static_cast<std::size_t>(live.chunks), 0.0) {
+  const auto chunks = members_.size(), width = 2 * chunks;
+  // The gradients' share of every moment does not change with the recompute choice: summed once.
+  std::vector<double> grads(chunks, 0.0);
   for (std::size_t u = 0; u < units_.size(); ++u) {
     auto& c = units_[u].chunk;
     c = std::min<std::int64_t>(c, static_cast<std::int64_t>(chunks) - 1);
     members_[static_cast<std::size_t>(c)].push_back(u);
+    grads[static_cast<std::size_t>(c)] += units_[u].grads;
+  }
+  for (std::size_t c = 0; c < chunks; ++c) {
+    for (std::size_t i = 0; i < forward_sums_.size(); ++i)
+      forward_sums_[i] += live_.forward_rows[i * width + chunks + c] * grads[c];
+    for (std::size_t i = 0; i < backward_sums_.size(); ++i)
+      backward_sums_[i] += live_.backward_rows[i * width + chunks + c] * grads[c];
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) {
     const double k = units_[u].kept;
     units_[u].kept = 0;
     set(u, k, units_[u].transient);
@@ -193,13 +236,13 @@ PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> un
 
 void PeakTracker::set(std::size_t u, double kept, double transient) {
   UnitActivations& x = units_[u];
-  const auto c = static_cast<std::size_t>(x.chunk), chunks = members_.size();
+  const auto c = static_cast<std::size_t>(x.chunk), width = 2 * members_.size();
   const double delta = kept - x.kept;
   if (delta != 0) {
     for (std::size_t i = 0; i < forward_sums_.size(); ++i)
-      forward_sums_[i] += live_.forward_rows[i * chunks + c] * delta;
+      forward_sums_[i] += live_.forward_rows[i * width + c] * delta;
     for (std::size_t i = 0; i < backward_sums_.size(); ++i)
-      backward_sums_[i] += live_.backward_rows[i * chunks + c] * delta;
+      backward_sums_[i] += live_.backward_rows[i * width + c] * delta;
   }
   x.kept = kept;
   x.transient = transient;
@@ -207,21 +250,27 @@ void PeakTracker::set(std::size_t u, double kept, double transient) {
 }
 
 void PeakTracker::rescan(std::size_t chunk) {
-  double worst = 0, freed = 0;
+  double worst = 0, worst_first = 0, freed = 0, born = 0;
   const auto& m = members_[chunk];
   for (auto u = m.rbegin(); u != m.rend(); ++u) {
-    worst = std::max(worst, units_[*u].transient - freed);
-    freed += units_[*u].kept;
+    const UnitActivations& x = units_[*u];
+    born += x.grads;
+    worst = std::max(worst, x.transient - freed);
+    worst_first = std::max(worst_first, x.transient + born - freed);
+    freed += x.kept;
   }
   worst_[chunk] = worst;
+  worst_first_[chunk] = worst_first;
 }
 
 double PeakTracker::peak() const {
   double peak = 0;
   for (double s : forward_sums_) peak = std::max(peak, s);
-  for (std::size_t i = 0; i < backward_sums_.size(); ++i)
-    peak = std::max(
-        peak, backward_sums_[i] + worst_[static_cast<std::size_t>(live_.before_backward[i].chunk)]);
+  for (std::size_t i = 0; i < backward_sums_.size(); ++i) {
+    const auto& b = live_.before_backward[i];
+    const auto c = static_cast<std::size_t>(b.chunk);
+    peak = std::max(peak, backward_sums_[i] + (b.first ? worst_first_[c] : worst_[c]));
+  }
   return peak;
 }
 

@@ -1,10 +1,11 @@
 // One pipeline rank's cost, and the step time of a whole plan.
 //
-// A rank's peak memory is its model states, plus its activations at the schedule's busiest moment,
-// plus communication buffers and kernel workspace (stage_buffers, unit_workspace in cost.h). The
-// activations are priced per model chunk against the schedule's live micro-batch counts
-// (schedule.h: live_counts, activation_peak), which include what a recomputed block rebuilds during
-// its backward, so this is the peak hp offload-profile's timeline simulates from the same op order
+// A rank's peak memory is its weights and optimizer states, plus its activations and gradients at
+// the schedule's busiest moment, plus communication buffers and kernel workspace (stage_buffers,
+// unit_workspace in cost.h). The activations are priced per model chunk against the schedule's
+// live micro-batch counts (schedule.h: live_counts, activation_peak), which include what a
+// recomputed block rebuilds during its backward and the gradients each unit allocates in its first
+// backward, so this is the peak hp offload-profile's timeline simulates from the same op order
 // (docs/planner.md, "Memory"). It must fit the device memory less the transient margin (the
 // context, library buffers and fragmentation no model sees), which is kept free rather than added
 // to the prediction. Recompute choices are per block (none / selective / full): exact (every count
@@ -125,7 +126,8 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
   s.recompute = std::move(recompute);
   s.recompute.resize(s.blocks.size(), Recompute::none);
   const std::int64_t v = c.schedule == recipe::Schedule::interleaved ? c.virtual_stages : 1;
-  double states = 0, infer_peak = 0, grads = 0, a2a = 0, a2a_buffer = 0, biggest = 0, workspace = 0;
+  double states = 0, infer_peak = 0, grads = 0, a2a = 0, a2a_buffer = 0, biggest = 0, workspace = 0,
+         resident_grads = 0;
   std::vector<UnitActivations> units;
   units.reserve(s.blocks.size() + 2);
   auto add = [&](const BlockCost& b, const BlockProfile& p, Recompute r, std::int64_t chunk) {
@@ -147,7 +149,13 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
     // Training keeps act[level] per micro-batch in flight and rebuilds the rest during the
     // backward; inference holds one unit's activations at a time.
     const double kept = b.act[level(r)];
-    if (train) units.push_back({chunk, kept, b.act[0] - kept});
+    if (train) {
+      // The gradients are part of the model states but exist only from the unit's first
+      // backward to the optimizer step: the peak places them in time with the activations.
+      const double g = block_states(b, ctx.model, c, ctx.work).gradients;
+      resident_grads += g;
+      units.push_back({chunk, kept, b.act[0] - kept, g});
+    }
     infer_peak = std::max(infer_peak, b.act_infer);
   };
   // Model order (prologue first, epilogue last): the peak's backward transients depend on it.
@@ -168,10 +176,15 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
         sends * topology::send_recv_time(ctx.links.pp, msg) * (1.0 - ctx.machine.cal.overlap_pp);
   }
   s.states = states;
-  s.activations =
-      train ? activation_peak(live_counts(c.schedule, c.pp, stage, c.micro_batches, v), units)
-            : infer_peak;
-  s.memory = states + s.activations + workspace +
+  if (train) {
+    const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, v);
+    s.dynamic = activation_peak(live, units);
+    for (auto& u : units) u.grads = 0;
+    s.activations = activation_peak(live, units);
+  } else {
+    s.activations = s.dynamic = infer_peak;
+  }
+  s.memory = states - resident_grads + s.dynamic + workspace +
              stage_buffers(ctx.model, c, ctx.work, grads, a2a_buffer, biggest);
   s.feasible = s.memory <= usable_memory(ctx.machine);
   s.time = s.compute + s.recompute_time + s.tp_comm + s.ep_comm + s.pp_comm;
@@ -194,17 +207,20 @@ std::vector<Recompute> uniform_recompute(const StageContext& ctx, std::int64_t s
   // Only the activation peak changes with the choice (states, buffers and workspace do not), so a
   // choice is checked against the exact peak without re-costing the stage. Full blocks come
   // first, then selective ones, as the result lays them out.
-  const double fixed = base.memory - base.activations;
+  const double fixed = base.memory - base.dynamic;
   const std::int64_t v = c.schedule == recipe::Schedule::interleaved ? c.virtual_stages : 1;
   const auto chunk = chunks_of(blocks, v);
   const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, v);
   // The choice is changed block by block and the peak tracked incrementally (PeakTracker).
   const bool first = stage == 0, last = stage == c.pp - 1;
   std::vector<UnitActivations> units;
-  if (first) units.push_back({0, ctx.costs.prologue.act[0], 0});
+  auto grads = [&](const BlockCost& b) {
+    return block_states(b, ctx.model, c, ctx.work).gradients;
+  };
+  if (first) units.push_back({0, ctx.costs.prologue.act[0], 0, grads(ctx.costs.prologue)});
   const std::size_t off = units.size();
-  for (std::size_t i = 0; i < n; ++i) units.push_back({chunk[i], bc.act[0], 0});
-  if (last) units.push_back({v - 1, ctx.costs.epilogue.act[0], 0});
+  for (std::size_t i = 0; i < n; ++i) units.push_back({chunk[i], bc.act[0], 0, grads(bc)});
+  if (last) units.push_back({v - 1, ctx.costs.epilogue.act[0], 0, grads(ctx.costs.epilogue)});
   PeakTracker tracker(live, std::move(units));
   std::vector<int> current(n, 0);
   auto fits = [&](std::size_t nf, std::size_t ns) {

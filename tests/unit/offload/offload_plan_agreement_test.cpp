@@ -1,8 +1,8 @@
 // hp plan and hp offload-profile share one memory model: for every shipped recipe with a stage
 // layout, the peak of each stage's simulated timeline without offload equals the stage memory
 // planner::predict reports for the same recipe (within 2%), and planner::activation_peak equals the
-// timeline's activation peak for every schedule shape. A stage the planner calls feasible therefore
-// never peaks above the usable memory in the timeline.
+// timeline's peak of activations and gradients for every schedule shape. A stage the planner calls
+// feasible therefore never peaks above the usable memory in the timeline.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -28,7 +28,8 @@ struct Shape {
 
 }  // namespace
 
-TEST_CASE("offload: activation_peak equals the timeline's activation peak", "[offload]") {
+TEST_CASE("offload: activation_peak equals the timeline's activation and gradient peak",
+          "[offload]") {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> bytes(0.0, 100.0);
   std::vector<Shape> shapes;
@@ -53,13 +54,15 @@ TEST_CASE("offload: activation_peak equals the timeline's activation peak", "[of
           x.chunk = c;
           x.act = bytes(rng);
           x.act_transient = trial % 2 ? bytes(rng) * 3 : 0.0;  // recompute rebuilds, some large
+          x.gradients = trial % 3 ? bytes(rng) * (trial == 4 ? 10 : 1) : 0.0;  // some dominant
           in.units.push_back(x);
-          units.push_back({c, x.act, x.act_transient});
+          units.push_back({c, x.act, x.act_transient, x.gradients});
         }
       const offload::Timeline t = offload::simulate(in);
       double simulated = 0;
       for (const auto& s : t.slots)
-        simulated = std::max(simulated, s.memory[static_cast<int>(offload::Kind::activations)]);
+        simulated = std::max(simulated, s.memory[static_cast<int>(offload::Kind::activations)] +
+                                            s.memory[static_cast<int>(offload::Kind::gradients)]);
       const auto& live = planner::live_counts(sh.s, sh.p, sh.k, sh.m, sh.v);
       INFO("schedule " << recipe::schedule_name(sh.s) << " p " << sh.p << " k " << sh.k << " m "
                        << sh.m << " v " << sh.v << " trial " << trial);

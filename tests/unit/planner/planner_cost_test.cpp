@@ -58,6 +58,33 @@ TEST_CASE("planner: in-flight micro-batches per schedule", "[planner]") {
   CHECK(in_flight(c, 0) == 2.0);  // m < p: only m micro-batches exist
 }
 
+TEST_CASE("planner: gradients are born in the backward, not held through the forward",
+          "[planner]") {
+  // Two units of 10 bytes kept per micro-batch and 5 bytes of gradients each, one rank.
+  const std::vector<UnitActivations> units = {{0, 10, 0, 5}, {0, 10, 0, 5}};
+  // One micro-batch: the forward ends at 20; the last unit's backward adds its 5 gradient bytes on
+  // top (25); the first unit's runs after the last freed 10 (20 + 10 - 10). States + activations
+  // would say 30.
+  CHECK(activation_peak(live_counts(recipe::Schedule::gpipe, 1, 0, 1, 1), units) == 25.0);
+  // GPipe with two micro-batches: 40 after the forwards, 45 in the first backward; the second
+  // finds all 10 gradient bytes and 20 of activations (30).
+  CHECK(activation_peak(live_counts(recipe::Schedule::gpipe, 1, 0, 2, 1), units) == 45.0);
+  // Gradients larger than the activations: the peak is at the end of the backward, all of them
+  // plus the first unit's own activations (2 x 50 + 10).
+  const std::vector<UnitActivations> heavy = {{0, 10, 0, 50}, {0, 10, 0, 50}};
+  CHECK(activation_peak(live_counts(recipe::Schedule::gpipe, 1, 0, 1, 1), heavy) == 110.0);
+  // 1F1B with a rank ahead of it (p = 2, k = 0, m = 3): micro-batch 0's backward allocates the
+  // gradients, the forwards of micro-batch 2 then run on top of them (2 x 20 + 10).
+  CHECK(activation_peak(live_counts(recipe::Schedule::one_f_one_b, 2, 0, 3, 1), units) == 50.0);
+  // The incremental tracker agrees.
+  PeakTracker t(live_counts(recipe::Schedule::one_f_one_b, 2, 0, 3, 1), units);
+  CHECK(t.peak() == 50.0);
+  t.set(1, 2, 8);  // the second unit recomputed: keeps 2, rebuilds 8 in its backward
+  const std::vector<UnitActivations> changed = {{0, 10, 0, 5}, {0, 2, 8, 5}};
+  CHECK(t.peak() ==
+        activation_peak(live_counts(recipe::Schedule::one_f_one_b, 2, 0, 3, 1), changed));
+}
+
 TEST_CASE("planner: ZB-H1 holds p micro-batches on every stage, and its bubble model",
           "[planner]") {
   Config c;

@@ -61,14 +61,16 @@ TEST_CASE("planner: level 2 equals brute force over partitions and recompute set
             if (i == n) {
               // The stage memory of docs/planner.md, "Memory", from its public pieces: the
               // schedule's activation peak, buffers and workspace (1F1B: one chunk).
+              // Gradients leave the states for the peak, which places them in time.
               double states = 0, time = 0, grads = 0, workspace = 0;
               std::vector<UnitActivations> units;
               auto edge = [&](const BlockProfile& bp) {
                 BlockCost bc = block_cost(bp, m, c, w, mc, table_links);
-                states += bc.state_bytes;
+                const double g = block_states(bc, m, c, w).gradients;
+                states += bc.state_bytes - g;
                 grads += bc.grad_bytes;
                 workspace = std::max(workspace, unit_workspace(bp, c));
-                units.push_back({0, bc.act[0], 0});
+                units.push_back({0, bc.act[0], 0, g});
                 time += bc.fwd + bc.bwd + bc.tp_comm;
               };
               if (k == 0) edge(m.prologue);
@@ -76,10 +78,11 @@ TEST_CASE("planner: level 2 equals brute force over partitions and recompute set
                 const BlockProfile& bp =
                     m.blocks[static_cast<std::size_t>(split[static_cast<std::size_t>(k)][j])];
                 BlockCost bc = block_cost(bp, m, c, w, mc, table_links);
-                states += bc.state_bytes;
+                const double g = block_states(bc, m, c, w).gradients;
+                states += bc.state_bytes - g;
                 grads += bc.grad_bytes;
                 workspace = std::max(workspace, unit_workspace(bp, c));
-                units.push_back({0, bc.act[lv[j]], bc.act[0] - bc.act[lv[j]]});
+                units.push_back({0, bc.act[lv[j]], bc.act[0] - bc.act[lv[j]], g});
                 time += bc.fwd + bc.bwd + bc.tp_comm +
                         (lv[j] == 1   ? bc.rc_selective
                          : lv[j] == 2 ? bc.rc_full

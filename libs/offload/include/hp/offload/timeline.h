@@ -2,10 +2,11 @@
 // dp/tp, so a stage is simulated once. The step is a sequence of slots, each one unit (a block, or
 // the prologue/epilogue) running forward or backward for one micro-batch, or the optimizer step of
 // one unit, in the order the schedule runs them (schedule_ops). Memory at a slot is what is
-// allocated while it runs: model states, the activations of every micro-batch in flight, the KV
-// cache, the transient of that slot (a recompute rebuild), buffers and workspace. Its peak without
-// offload is, by construction, the stage memory `hp plan` reports (planner::activation_peak over
-// the same op order, the same buffers and workspace; docs/planner.md, "Memory").
+// allocated while it runs: weights and optimizer states, the gradients of every unit whose
+// backward has begun, the activations of every micro-batch in flight, the KV cache, the transient
+// of that slot (a recompute rebuild), buffers and workspace. Its peak without offload is, by
+// construction, the stage memory `hp plan` reports (planner::activation_peak over the same op
+// order, the same buffers and workspace; docs/planner.md, "Memory").
 #pragma once
 
 #include <array>

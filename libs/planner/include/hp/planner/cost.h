@@ -201,9 +201,13 @@ struct StagePlan {
   double recompute_flops = 0;                ///< extra forward FLOPs per micro-batch on one device
   double time = 0;  ///< per micro-batch: fwd + bwd + recompute + TP + p2p seconds
   double compute = 0, recompute_time = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0;
-  double forward = 0;  ///< the forward part of `compute` (ZB-H1's bubble scales with it)
-  double memory = 0;   ///< peak bytes: states + activations (peak) + buffers + workspace
-  double states = 0, activations = 0;
+  double forward = 0;      ///< the forward part of `compute` (ZB-H1's bubble scales with it)
+  double memory = 0;       ///< peak bytes: states + activations (peak) + buffers + workspace
+  double states = 0;       ///< model states, gradients included
+  double activations = 0;  ///< the activation peak alone (the report's figure)
+  /// The peak of activations and gradients together (the gradients exist from each unit's first
+  /// backward; schedule.h activation_peak): memory counts this instead of the states' gradients.
+  double dynamic = 0;
 };
 
 /// The predicted step of a full plan.

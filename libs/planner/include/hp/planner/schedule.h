@@ -46,21 +46,25 @@ std::vector<Op> schedule_ops(recipe::Schedule s, std::int64_t p, std::int64_t k,
 double bubble_seconds(recipe::Schedule s, std::int64_t p, std::int64_t m, std::int64_t v, double f,
                       double b, double w);
 
-/// The moments at which a rank's activation memory can peak, as micro-batches alive per chunk:
-/// after each forward (`after_forward`), and at the start of each backward together with the chunk
-/// it runs (`before_backward`: a backward may rebuild recomputed activations on top of what is
-/// alive). Vectors dominated by another of the same kind (every count <=) are dropped: with
-/// non-negative bytes per chunk they never hold the maximum.
+/// The moments at which a rank's activation and gradient memory can peak, as micro-batches alive
+/// per chunk: after each forward (`after_forward`), and at the start of each backward together
+/// with the chunk it runs (`before_backward`: a backward may rebuild recomputed activations on top
+/// of what is alive, and a chunk's first backward of the step allocates its gradients, which then
+/// stay to the optimizer step). Vectors dominated by another of the same kind (every count and
+/// every gradient flag <=) are dropped: with non-negative bytes per chunk they never hold the
+/// maximum.
 struct LiveCounts {
   std::int64_t chunks = 1;
   std::vector<std::vector<std::int64_t>> after_forward;
   struct Backward {
     std::vector<std::int64_t> live;
     std::int64_t chunk = 0;
+    bool first = false;  ///< the chunk's first backward of the step: its gradients are born in it
   };
   std::vector<Backward> before_backward;
-  /// The same counts as doubles, one row of `chunks` per vector (after_forward, then
-  /// before_backward), for activation_peak's inner loop.
+  /// The same moments as doubles, one row of 2 x `chunks` per vector (after_forward, then
+  /// before_backward): the live counts, then per chunk 1 where its gradients exist (its first
+  /// backward has run before that moment), for activation_peak's inner loop.
   std::vector<double> forward_rows, backward_rows;
 };
 
@@ -75,17 +79,18 @@ struct UnitActivations {
   std::int64_t chunk = 0;
   double kept = 0;       ///< bytes kept per micro-batch from its forward to its backward
   double transient = 0;  ///< extra bytes while its backward runs (recompute rebuilds)
+  double grads = 0;      ///< gradient bytes, allocated at its first backward, kept to the step end
 };
 
-/// The peak activation bytes of a training rank: max over the live-count vectors of
-/// sum_c count_c x kept_c, and over backward starts of the same plus the worst moment of that
-/// chunk's backward (a unit's transient on top of what the units after it in the chunk, already
-/// run backward and freed, no longer hold). Equals the maximum over every slot of the timeline
-/// libs/offload simulates from schedule_ops.
+/// The peak bytes of a training rank's activations and gradients together: max over the
+/// live-count vectors of sum_c count_c x kept_c plus the gradients of the chunks whose backward has
+/// begun, and over backward starts of the same plus the worst moment of that chunk's backward (a
+/// unit's transient and, in the chunk's first backward, the gradients born so far, on top of what
+/// the units after it in the chunk, already run backward and freed, no longer hold). Equals the
+/// maximum over every slot of the timeline libs/offload simulates from schedule_ops. Gradients are
+/// not held through the forward: the executor allocates them in the backward and the optimizer
+/// step consumes them (docs/planner.md, "Memory").
 double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units);
-/// The same from per-chunk figures (live.chunks entries each): `kept[c]` the bytes one micro-batch
-/// keeps in chunk c, `worst[c]` the most its backward adds above what is alive at its start.
-double activation_peak(const LiveCounts& live, const double* kept, const double* worst);
 
 /// activation_peak of a rank whose units change one at a time (the recompute search tries many
 /// choices of the same blocks): a change updates each live-count vector's sum for the changed
@@ -98,11 +103,11 @@ class PeakTracker {
   double peak() const;
 
  private:
-  void rescan(std::size_t chunk);  // the chunk's worst backward moment
+  void rescan(std::size_t chunk);  // the chunk's worst backward moments
   const LiveCounts& live_;
   std::vector<UnitActivations> units_;
   std::vector<std::vector<std::size_t>> members_;  ///< unit indices per chunk, in model order
-  std::vector<double> forward_sums_, backward_sums_, worst_;
+  std::vector<double> forward_sums_, backward_sums_, worst_, worst_first_;
 };
 
 }  // namespace hp::planner
