@@ -6,9 +6,10 @@ additive causal mask, GELU MLP, LayerNorm, lm head tied to the embedding), a Lla
 out, RoPE from cos/sin buffers, grouped-query attention through repeat_kv's expand + reshape,
 SwiGLU), an MLP regressor (mse), a ViT (Conv2d patches, class token, encoder blocks, a classifier)
 a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices; the "scatter"
-variant scatters the routing weights into a dense gate instead) and a ResNet-style CNN (Conv2d and
+variant scatters the routing weights into a dense gate instead), a ResNet-style CNN (Conv2d and
 BatchNorm2d in training mode, whose running statistics the forward updates, max pooling, a residual
-block, global average pooling).
+block, global average pooling) and a "zoo" of the layers beyond those (instance norm, PReLU,
+transposed convolution, ELU, Hardswish, PixelShuffle, cumsum, logsumexp, amax).
 
 `export(name, path)` writes the model in TRAINING mode (torch.onnx.TrainingMode.TRAINING, no constant
 folding, opset 14, a dynamic batch axis): the parameters stay initializers named as in
@@ -192,6 +193,35 @@ class Cnn(nn.Module):
         return self.fc(x)
 
 
+# --- ops beyond the transformer core ------------------------------------------------------------
+class Zoo(nn.Module):
+    """An image classifier built from the layers an encoder-decoder or GAN user reaches for: a
+    strided Conv2d, InstanceNorm2d (affine), PReLU per channel, ConvTranspose2d with
+    output_padding, ELU, Hardswish, a 1x1 conv into PixelShuffle (DepthToSpace, CRD mode), a
+    cumulative sum along the width, then logsumexp and amax pooling of each channel (ReduceLogSumExp,
+    ReduceMax) into a linear classifier."""
+
+    def __init__(self, ch=8):
+        super().__init__()
+        # No bias before the norm: the norm removes it, so its gradient is rounding noise that
+        # AdamW's normalisation would turn into full-size (and unreproducible) updates.
+        self.conv = nn.Conv2d(3, ch, 3, stride=2, padding=1, bias=False)
+        self.norm = nn.InstanceNorm2d(ch, affine=True)
+        self.act = nn.PReLU(ch)
+        self.up = nn.ConvTranspose2d(ch, ch, 3, stride=2, padding=1, output_padding=1)
+        self.expand = nn.Conv2d(ch, 4 * ch, 1)
+        self.shuffle = nn.PixelShuffle(2)
+        self.fc = nn.Linear(2 * ch, CLASSES)
+
+    def forward(self, img):
+        x = self.act(self.norm(self.conv(img)))                 # N x ch x IMAGE/2 x IMAGE/2
+        x = F.hardswish(F.elu(self.up(x), alpha=0.7))           # N x ch x IMAGE x IMAGE
+        x = self.shuffle(self.expand(x))                        # N x ch x 2 IMAGE x 2 IMAGE
+        x = torch.cumsum(x, dim=-1) * (1.0 / x.shape[-1])
+        pooled = torch.cat([torch.logsumexp(x.flatten(2), dim=-1), x.amax(dim=(2, 3))], dim=1)
+        return self.fc(pooled)
+
+
 # --- ViT ---------------------------------------------------------------------------------------
 class VitBlock(nn.Module):
     def __init__(self):
@@ -292,6 +322,7 @@ MODELS = {
     "moe": Spec(Moe, "tokens", "cross_entropy", "input_ids"),
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
     "cnn": Spec(Cnn, "image", "cross_entropy", "pixel_values"),
+    "zoo": Spec(Zoo, "image", "cross_entropy", "pixel_values"),
 }
 # Four blocks, for four pipeline stages (run_pipeline.py); not in the other tests' default lists.
 DEEP = {

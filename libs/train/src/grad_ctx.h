@@ -181,10 +181,20 @@ void register_elementwise_rules(RuleTable& t);
 void register_shape_rules(RuleTable& t);
 void register_linalg_rules(RuleTable& t);
 void register_nn_rules(RuleTable& t);
+void register_reduce_rules(RuleTable& t);
+void register_activation_rules(RuleTable& t);
 /// The "hp"-domain collectives of a tensor-parallel partition (rules_comm.cpp).
 void register_comm_rules(RuleTable& t);
 /// Emits hp.AllReduce(sum) of `g` over the global ranks `group`; returns its output.
 std::string all_reduce(GradCtx& c, const std::string& g, const std::vector<std::int64_t>& group);
+
+/// ReduceSum or ReduceMean (or another Reduce*) of `x` over `axes` (every axis when empty), in the
+/// form the model's opset takes: the axes are an input of ReduceSum from opset 13 and of the others
+/// from opset 18, an attribute before (rules_reduce.cpp).
+std::string reduce_over(GradCtx& c, const std::string& type, const std::string& x,
+                        const std::vector<std::int64_t>& axes, bool keepdims);
+/// Input elements per output element of a reduction or pooling `x -> y`, in x's float type.
+std::string fan_in(GradCtx& c, const std::string& x, const std::string& y);
 
 /// Op type (ai.onnx) -> rule, built once.
 const RuleTable& rules();

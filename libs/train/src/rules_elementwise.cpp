@@ -268,6 +268,8 @@ const RuleTable& rules() {
     register_shape_rules(t);
     register_linalg_rules(t);
     register_nn_rules(t);
+    register_reduce_rules(t);
+    register_activation_rules(t);
     register_comm_rules(t);
     return t;
   }();

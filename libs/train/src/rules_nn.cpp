@@ -1,6 +1,6 @@
-// Gradient rules of the neural-network ops: softmax and log-softmax, layer and batch normalization,
-// the mean and sum reductions, convolution and pooling (hp.train kernels, docs/training.md) and
-// TopK's values.
+// Gradient rules of the neural-network ops: softmax and log-softmax, layer, batch and instance
+// normalization, convolution and its transpose, pooling (hp.train kernels, docs/training.md), the
+// depth/space rearrangements and TopK's values. The reductions are in rules_reduce.cpp.
 #include <fmt/core.h>
 
 #include "grad_ctx.h"
@@ -8,12 +8,6 @@
 namespace hp::train::detail {
 
 namespace {
-
-/// Input elements per output element of a reduction or pooling `x -> y`, in x's float type.
-std::string fan_in(GradCtx& c, const std::string& x, const std::string& y) {
-  std::string count = c.op("Div", {c.op("Size", {x}), c.op("Size", {y})});
-  return c.op("Cast", {count}, {{"to", static_cast<std::int64_t>(c.elem_type(x))}});
-}
 
 Status softmax(GradCtx& c) {
   c.grad(0, c.hp(c.op_type() == "Softmax" ? "SoftmaxGrad" : "LogSoftmaxGrad", {c.dout(0), c.out(0)},
@@ -28,51 +22,6 @@ Status layer_norm(GradCtx& c) {
                     kTrainDomain);
   for (int i = 0; i < 3; ++i) c.grad(i, g[static_cast<std::size_t>(i)]);
   return {};
-}
-
-/// ReduceSum / ReduceMean: dY brought back to the reduced axes and broadcast over them.
-Status reduce(GradCtx& c) {
-  const bool axes_input = c.op_type() == "ReduceSum" || c.opset() >= 18;
-  std::optional<std::vector<std::int64_t>> axes;
-  if (axes_input) {
-    if (!c.in(1).empty()) {
-      axes = c.const_ints(c.in(1));
-      if (!axes) return c.fail("the reduction axes must be constant for the gradient");
-    }
-  } else if (c.has("axes")) {
-    axes = c.attr_ints("axes");
-  }
-  if (axes && axes->empty()) axes.reset();
-  if (!axes && c.attr_i("noop_with_empty_axes", 0)) {
-    c.grad(0, c.dout(0));
-    return {};
-  }
-  std::string g = c.dout(0);
-  if (axes && c.attr_i("keepdims", 1) == 0) {
-    const int r = c.rank(c.in(0));
-    if (r < 0) return c.fail("the reduction's gradient needs its input's rank, unknown here");
-    std::vector<std::int64_t> norm;
-    for (auto a : *axes) norm.push_back(a < 0 ? a + r : a);
-    std::sort(norm.begin(), norm.end());
-    g = c.op("Unsqueeze", {g, c.i64s(norm)});
-  }
-  g = c.op("Expand", {g, c.shape_of(c.in(0))});
-  if (c.op_type() == "ReduceMean") {
-    g = c.op("Div", {g, fan_in(c, c.in(0), c.out(0))});
-  }
-  c.grad(0, g);
-  return {};
-}
-
-/// ReduceSum or ReduceMean of `x` over `axes`, in the form the model's opset takes: the axes are an
-/// input of ReduceSum from opset 13 and of ReduceMean from opset 18, an attribute before.
-std::string reduce_over(GradCtx& c, const std::string& type, const std::string& x,
-                        const std::vector<std::int64_t>& axes, bool keepdims) {
-  const bool as_input = type == "ReduceSum" ? c.opset() >= 13 : c.opset() >= 18;
-  std::vector<Attr> attrs = {{"keepdims", static_cast<std::int64_t>(keepdims)}};
-  if (as_input) return c.op(type, {x, c.i64s(axes)}, attrs);
-  attrs.push_back({"axes", axes});
-  return c.op(type, {x}, attrs);
 }
 
 /// BatchNormalization, y = (x - mean) * inv * scale + B per channel (dim 1), inv = 1/sqrt(var+eps).
@@ -123,14 +72,91 @@ Status conv(GradCtx& c) {
   return {};
 }
 
-Status pool(GradCtx& c) {
-  c.grad(0, c.hp(c.op_type() + "Grad", {c.dout(0), c.in(0)}, c.all_attrs()));
+/// ConvTranspose is Conv's input gradient, so its own gradients are Conv's other two products:
+/// dX = Conv(dY, W) with the same strides, pads, dilations and groups (output_padding only adds
+/// rows the Conv's floor drops), and dW the weight gradient of that Conv, i.e. ConvGrad with dY as
+/// the input and X as the output gradient. W's layout (C_in x C_out/group x k) is that Conv's.
+Status conv_transpose(GradCtx& c) {
+  if (c.attr_s("auto_pad", "NOTSET") != "NOTSET" || c.has("output_shape"))
+    return c.fail(
+        "the gradient of a ConvTranspose needs explicit pads (no auto_pad or output_shape)");
+  std::vector<Attr> attrs;
+  for (const char* a : {"strides", "pads", "dilations", "kernel_shape"})
+    if (c.has(a)) attrs.push_back({a, c.attr_ints(a)});
+  attrs.push_back({"group", c.attr_i("group", 1)});
+  const std::string& dy = c.dout(0);
+  if (c.wants(0)) c.grad(0, c.op("Conv", {dy, c.in(1)}, attrs));
+  if (c.wants(1))
+    c.grad(1, c.op_opt("ConvGrad", {c.in(0), dy, c.in(1)}, {false, true, false}, attrs,
+                       kTrainDomain)[1]);
+  if (c.n_in() > 2 && c.wants(2)) {
+    const int r = c.rank(c.out(0));
+    if (r < 3) return c.fail("the bias gradient needs the output's rank, unknown here");
+    std::vector<std::int64_t> axes = {0};
+    for (int d = 2; d < r; ++d) axes.push_back(d);
+    c.grad(2, reduce_over(c, "ReduceSum", dy, axes, false));
+  }
   return {};
 }
 
-Status global_average_pool(GradCtx& c) {
-  std::string g = c.op("Div", {c.dout(0), fan_in(c, c.in(0), c.out(0))});
-  c.grad(0, c.op("Expand", {g, c.shape_of(c.in(0))}));
+/// InstanceNormalization, y = scale_c (x - mean) / sqrt(var + eps) + B_c with the statistics over
+/// each (n, c)'s spatial positions: batch normalization's training-mode gradient with the means
+/// taken per instance, and scale's and B's gradients summed over the batch too.
+Status instance_norm(GradCtx& c) {
+  const std::string& dy = c.dout(0);
+  const std::string& x = c.in(0);
+  const int r = c.rank(x);
+  if (r < 3) return c.fail("the gradient needs the input's rank (N x C x spatial), unknown here");
+  std::vector<std::int64_t> spatial, channel = {0};
+  for (int d = 2; d < r; ++d) spatial.push_back(d), channel.push_back(d);
+  const std::string centred = c.op("Sub", {x, reduce_over(c, "ReduceMean", x, spatial, true)});
+  const std::string var =
+      reduce_over(c, "ReduceMean", c.op("Mul", {centred, centred}), spatial, true);
+  const std::string inv = c.op(
+      "Reciprocal", {c.op("Sqrt", {c.op("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5), x)})})});
+  const std::string xhat = c.op("Mul", {centred, inv});
+  const std::string dy_xhat = c.op("Mul", {dy, xhat});
+  if (c.wants(1)) c.grad(1, reduce_over(c, "ReduceSum", dy_xhat, channel, false));
+  if (c.wants(2)) c.grad(2, reduce_over(c, "ReduceSum", dy, channel, false));
+  if (c.wants(0)) {
+    const std::string g =
+        c.op("Sub", {c.op("Sub", {dy, reduce_over(c, "ReduceMean", dy, spatial, true)}),
+                     c.op("Mul", {xhat, reduce_over(c, "ReduceMean", dy_xhat, spatial, true)})});
+    const std::string scale = c.op("Unsqueeze", {c.in(1), c.i64s(channel)});
+    c.grad(0, c.op("Mul", {g, c.op("Mul", {scale, inv})}));
+  }
+  return {};
+}
+
+/// DepthToSpace and SpaceToDepth permute elements, so each one's gradient is its inverse
+/// permutation: SpaceToDepth undoes DepthToSpace in DCR mode and DepthToSpace (DCR) undoes
+/// SpaceToDepth. CRD mode (PyTorch's PixelShuffle) has no inverse op, so its gradient is written
+/// out: dY [N, C, H b, W b] -> [N, C, H, b, W, b] -> [N, C, b, b, H, W] -> X's shape.
+Status depth_space(GradCtx& c) {
+  const std::int64_t b = c.attr_i("blocksize", 1);
+  const std::string& dy = c.dout(0);
+  if (c.op_type() == "SpaceToDepth") {
+    c.grad(0, c.op("DepthToSpace", {dy}, {{"blocksize", b}, {"mode", std::string("DCR")}}));
+    return {};
+  }
+  if (c.attr_s("mode", "DCR") == "DCR") {
+    c.grad(0, c.op("SpaceToDepth", {dy}, {{"blocksize", b}}));
+    return {};
+  }
+  const std::string sx = c.shape_of(c.in(0));  // [N, C b^2, H, W]
+  auto dim = [&](std::int64_t k) { return c.op("Slice", {sx, c.i64s({k}), c.i64s({k + 1})}); };
+  const std::string split = c.op(
+      "Concat",
+      {dim(0), c.op("Div", {dim(1), c.i64s({b * b})}), dim(2), c.i64s({b}), dim(3), c.i64s({b})},
+      {{"axis", std::int64_t{0}}});
+  const std::string t = c.op("Transpose", {c.op("Reshape", {dy, split})},
+                             {{"perm", std::vector<std::int64_t>{0, 1, 3, 5, 2, 4}}});
+  c.grad(0, c.op("Reshape", {t, sx}));
+  return {};
+}
+
+Status pool(GradCtx& c) {
+  c.grad(0, c.hp(c.op_type() + "Grad", {c.dout(0), c.in(0)}, c.all_attrs()));
   return {};
 }
 
@@ -147,12 +173,13 @@ void register_nn_rules(RuleTable& t) {
   t["LogSoftmax"] = softmax;
   t["LayerNormalization"] = layer_norm;
   t["BatchNormalization"] = batch_norm;
-  t["ReduceSum"] = reduce;
-  t["ReduceMean"] = reduce;
   t["Conv"] = conv;
+  t["ConvTranspose"] = conv_transpose;
+  t["InstanceNormalization"] = instance_norm;
+  t["DepthToSpace"] = depth_space;
+  t["SpaceToDepth"] = depth_space;
   t["MaxPool"] = pool;
   t["AveragePool"] = pool;
-  t["GlobalAveragePool"] = global_average_pool;
   t["TopK"] = topk;
 }
 

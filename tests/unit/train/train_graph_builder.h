@@ -86,6 +86,27 @@ inline void attr_i(onnx::NodeProto* n, const std::string& name, std::int64_t v) 
   a->set_i(v);
 }
 
+inline void attr_f(onnx::NodeProto* n, const std::string& name, float v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(v);
+}
+
+inline void attr_s(onnx::NodeProto* n, const std::string& name, const std::string& v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(v);
+}
+
+inline void attr_ints(onnx::NodeProto* n, const std::string& name, std::vector<std::int64_t> v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (auto x : v) a->add_ints(x);
+}
+
 inline exec::HostTensor tensor(std::vector<std::int64_t> dims, int dtype, std::mt19937& rng,
                                std::int64_t classes = 0) {
   exec::HostTensor t;

@@ -19,23 +19,11 @@
 
 using namespace hp;
 using test::attr_i;
+using test::attr_ints;
+using test::attr_s;
 using test::Builder;
 
 namespace {
-
-void attr_ints(onnx::NodeProto* n, const std::string& name, const std::vector<std::int64_t>& v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (auto x : v) a->add_ints(x);
-}
-
-void attr_s(onnx::NodeProto* n, const std::string& name, const std::string& v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::STRING);
-  a->set_s(v);
-}
 
 // An "hp"-domain collective over members {0, 1}.
 onnx::NodeProto* collective(Builder& b, const std::string& op, const std::string& in,

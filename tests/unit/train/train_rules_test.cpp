@@ -1,0 +1,307 @@
+// Gradient rules beyond the transformer core (libs/train/src/rules_activation.cpp,
+// rules_reduce.cpp, rules_nn.cpp): each op PyTorch exports for activations, trigonometric and
+// hyperbolic functions, reductions, global pooling, instance normalization, depth/space
+// rearrangement and transposed convolution, differentiated inside a small graph with trainable
+// tensors before it, and checked against central differences of the loss in float64
+// (train::check_gradients) or, for ConvTranspose (float32 only on the cpu backend) and Mish, in
+// float32.
+#include <onnx/onnx_pb.h>
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "hp/train/gradcheck.h"
+#include "train_differences.h"
+#include "train_graph_builder.h"
+
+namespace fs = std::filesystem;
+using namespace hp;
+using test::attr_f;
+using test::attr_i;
+using test::attr_ints;
+using test::attr_s;
+using test::Builder;
+
+namespace {
+
+const fs::path& model_dir() {
+  static const fs::path dir =
+      fs::temp_directory_path() / ("hp_rules_test_" + std::to_string(::getpid()));
+  // Removed when the test program ends.
+  static const struct Cleanup {
+    ~Cleanup() { fs::remove_all(dir); }
+  } cleanup;
+  (void)cleanup;
+  return dir;
+}
+
+fs::path save(Builder& b, const std::string& name) {
+  const fs::path& dir = model_dir();
+  fs::create_directories(dir);
+  const fs::path p = dir / (name + ".onnx");
+  std::ofstream out(p, std::ios::binary);
+  b.m.SerializeToOstream(&out);
+  return p;
+}
+
+/// A rank-0 int64 initializer (CumSum's axis, Trilu's k).
+void scalar_i64(Builder& b, const std::string& name, std::int64_t v) {
+  auto* t = b.g().add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::INT64);
+  t->add_int64_data(v);
+}
+
+/// Gradients of `b` (output "y", mean squared error against generated targets) against float64
+/// central differences along random directions.
+void check(Builder& b, const std::string& name) {
+  train::GradCheckOptions o;
+  o.model = save(b, name);
+  o.grad.logits = "y";
+  o.grad.loss = train::LossKind::mse;
+  o.threads = 1;
+  o.directions = 4;
+  auto r = train::check_gradients(o);
+  INFO(name << ": " << (r ? r->text() : r.error().str()));
+  REQUIRE(r);
+  CHECK(r->ok());
+  CHECK(r->worst() < 1e-6);
+}
+
+struct Pointwise {
+  std::string op;
+  /// Maps h (any real) into the op's domain: "" none, "unit" into (-0.9, 0.9), "above1" into
+  /// [1.5, inf).
+  std::string domain;
+  std::function<void(Builder&, onnx::NodeProto*)> setup = [](Builder&, onnx::NodeProto*) {};
+};
+
+}  // namespace
+
+TEST_CASE("pointwise ops' gradients match float64 differences", "[train]") {
+  const std::vector<Pointwise> cases = {
+      {"Tan", "unit"},
+      {"Asin", "unit"},
+      {"Acos", "unit"},
+      {"Atan", ""},
+      {"Sinh", ""},
+      {"Cosh", ""},
+      {"Asinh", ""},
+      {"Acosh", "above1"},
+      {"Atanh", "unit"},
+      {"Elu", "", [](Builder&, onnx::NodeProto* n) { attr_f(n, "alpha", 0.7f); }},
+      {"Celu", "", [](Builder&, onnx::NodeProto* n) { attr_f(n, "alpha", 1.3f); }},
+      {"Selu", ""},
+      // PyTorch's nn.Hardsigmoid as exported: alpha 1/6.
+      {"HardSigmoid", "", [](Builder&, onnx::NodeProto* n) { attr_f(n, "alpha", 1.f / 6); }},
+      {"HardSigmoid", ""},  // ONNX's default slope 0.2: some inputs on each flat part
+      {"HardSwish", ""},
+      {"Softsign", ""},
+      {"ThresholdedRelu", "", [](Builder&, onnx::NodeProto* n) { attr_f(n, "alpha", 0.2f); }},
+      {"Shrink", "",
+       [](Builder&, onnx::NodeProto* n) {
+         attr_f(n, "lambd", 0.3f);
+         attr_f(n, "bias", 0.1f);
+       }},
+      {"PRelu", "",
+       [](Builder& b, onnx::NodeProto* n) {
+         b.weight("slope", {5}, 0.3);
+         n->add_input("slope");
+       }},
+      {"Mean", "",
+       [](Builder& b, onnx::NodeProto* n) {
+         b.weight("other", {5});
+         n->add_input("other");
+       }},
+      {"CastLike", "", [](Builder&, onnx::NodeProto* n) { n->add_input("p"); }},
+      {"CumSum", "",
+       [](Builder& b, onnx::NodeProto* n) {
+         scalar_i64(b, "axis", 1);
+         n->add_input("axis");
+       }},
+      {"CumSum", "",
+       [](Builder& b, onnx::NodeProto* n) {
+         scalar_i64(b, "axis", -1);
+         n->add_input("axis");
+         attr_i(n, "reverse", 1);
+         attr_i(n, "exclusive", 1);
+       }},
+      {"Trilu", "",
+       [](Builder& b, onnx::NodeProto* n) {
+         scalar_i64(b, "k", 1);
+         n->add_input("k");
+         attr_i(n, "upper", 0);
+       }},
+  };
+  int index = 0;
+  for (const auto& pc : cases) {
+    Builder b;
+    b.input("x", {3, 4});
+    b.weight("W", {4, 5});
+    b.weight("V", {5, 2});
+    b.node("MatMul", {"x", "W"}, {"h"});
+    if (pc.domain == "unit") {
+      b.node("Tanh", {"h"}, {"t"});
+      b.weight("shrink", {1});
+      b.g().mutable_initializer(b.g().initializer_size() - 1)->set_float_data(0, 0.9f);
+      b.node("Mul", {"t", "shrink"}, {"p"});
+    } else if (pc.domain == "above1") {
+      b.node("Mul", {"h", "h"}, {"h2"});
+      b.weight("lift", {1});
+      b.g().mutable_initializer(b.g().initializer_size() - 1)->set_float_data(0, 1.5f);
+      b.node("Add", {"h2", "lift"}, {"p"});
+    } else {
+      b.node("Identity", {"h"}, {"p"});
+    }
+    auto* n = b.node(pc.op, {"p"}, {"q"});
+    pc.setup(b, n);
+    b.node("MatMul", {"q", "V"}, {"y"});
+    b.output("y", {3, 2});
+    check(b, pc.op + "_" + std::to_string(index++));
+  }
+}
+
+TEST_CASE("reductions' gradients match float64 differences, axes as attribute and input",
+          "[train]") {
+  const char* const ops[] = {"ReduceSum",       "ReduceMean", "ReduceSumSquare",
+                             "ReduceL1",        "ReduceL2",   "ReduceLogSum",
+                             "ReduceLogSumExp", "ReduceMax",  "ReduceMin"};
+  for (const char* op : ops)
+    for (int opset : {17, 18})
+      for (int keep : {0, 1})
+        for (std::int64_t axis : {1, -1}) {
+          Builder b(opset);
+          b.input("x", {2, 3, 4});
+          b.weight("W", {4, 4});
+          b.weight("V", {axis == 1 ? 4 : 3, 2});
+          b.node("MatMul", {"x", "W"}, {"h"});
+          // ReduceLogSum needs positive inputs; ReduceMax over ReLU outputs meets ties at zero.
+          const std::string pre = std::string(op) == "ReduceLogSum" ? "Softplus"
+                                  : std::string(op) == "ReduceMax"  ? "Relu"
+                                                                    : "Identity";
+          b.node(pre, {"h"}, {"p"});
+          onnx::NodeProto* n = nullptr;
+          const bool as_input = std::string(op) == "ReduceSum" ? opset >= 13 : opset >= 18;
+          if (as_input) {
+            b.ints("axes", {axis});
+            n = b.node(op, {"p", "axes"}, {"r"});
+          } else {
+            n = b.node(op, {"p"}, {"r"});
+            attr_ints(n, "axes", {axis});
+          }
+          attr_i(n, "keepdims", keep);
+          attr_i(b.node("Flatten", {"r"}, {"f"}), "axis", 1);
+          b.node("MatMul", {"f", "V"}, {"y"});
+          b.output("y", {2, 2});
+          INFO(op << " opset " << opset << " keepdims " << keep << " axis " << axis);
+          check(b, std::string(op) + std::to_string(opset) + std::to_string(keep) +
+                       std::to_string(axis + 1));
+        }
+}
+
+TEST_CASE("spatial ops' gradients match float64 differences", "[train]") {
+  struct Spatial {
+    std::string op;
+    std::int64_t flat;  // elements per sample of the op's output
+    std::function<void(Builder&, onnx::NodeProto*)> setup = [](Builder&, onnx::NodeProto*) {};
+    std::string pre = "Identity";
+  };
+  const std::vector<Spatial> cases = {
+      {"GlobalMaxPool", 4},
+      {"GlobalMaxPool", 4, [](Builder&, onnx::NodeProto*) {}, "Relu"},
+      {"InstanceNormalization", 64,
+       [](Builder& b, onnx::NodeProto* n) {
+         b.weight("gamma", {4}, 0.5);
+         b.weight("beta", {4}, 0.5);
+         n->add_input("gamma");
+         n->add_input("beta");
+         attr_f(n, "epsilon", 1e-3f);
+       }},
+      {"DepthToSpace", 64, [](Builder&, onnx::NodeProto* n) { attr_i(n, "blocksize", 2); }},
+      {"DepthToSpace", 64,
+       [](Builder&, onnx::NodeProto* n) {
+         attr_i(n, "blocksize", 2);
+         attr_s(n, "mode", "CRD");  // PyTorch's PixelShuffle
+       }},
+      {"SpaceToDepth", 64, [](Builder&, onnx::NodeProto* n) { attr_i(n, "blocksize", 2); }},
+  };
+  int index = 0;
+  for (const auto& sc : cases) {
+    Builder b;
+    b.input("x", {2, 4, 4, 4});
+    b.weight("s", {1, 4, 1, 1});
+    b.weight("V", {sc.flat, 2}, 0.2);
+    b.node("Mul", {"x", "s"}, {"h"});
+    b.node(sc.pre, {"h"}, {"p"});
+    auto* n = b.node(sc.op, {"p"}, {"q"});
+    sc.setup(b, n);
+    attr_i(b.node("Flatten", {"q"}, {"f"}), "axis", 1);
+    b.node("MatMul", {"f", "V"}, {"y"});
+    b.output("y", {2, 2});
+    check(b, sc.op + "_" + std::to_string(index++));
+  }
+}
+
+TEST_CASE("Mish's gradient matches float32 differences", "[train]") {
+  // An opset 18 op that ONNX 1.12's shape inference, which the float64 check runs, does not know.
+  Builder b(18);
+  b.input("x", {3, 4});
+  b.weight("W", {4, 5});
+  b.weight("V", {5});
+  b.node("MatMul", {"x", "W"}, {"h"});
+  b.node("Mish", {"h"}, {"q"});
+  b.node("Mul", {"q", "V"}, {"y"});  // q's shape is not inferred: no rule after it may need it
+  b.output("y", {3, 5});
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  std::mt19937 rng(4);
+  test::check_against_differences(
+      b, spec, {test::tensor({3, 4}, HP_F32, rng), test::tensor({3, 5}, HP_F32, rng)});
+}
+
+TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
+  for (int group : {1, 2}) {
+    INFO("group " << group);
+    Builder b;
+    b.input("x", {2, 4, 5, 5});
+    b.weight("s", {1, 4, 1, 1});
+    b.weight("W", {4, 4 / group, 3, 3}, 0.3);
+    b.weight("B", {4}, 0.3);
+    b.weight("V", {4 * 10 * 10, 2}, 0.05);
+    b.node("Mul", {"x", "s"}, {"h"});
+    auto* n = b.node("ConvTranspose", {"h", "W", "B"}, {"c"});
+    attr_ints(n, "strides", {2, 2});
+    attr_ints(n, "pads", {1, 1, 1, 1});
+    attr_ints(n, "output_padding", {1, 1});
+    attr_i(n, "group", group);
+    attr_i(b.node("Flatten", {"c"}, {"f"}), "axis", 1);
+    b.node("MatMul", {"f", "V"}, {"y"});
+    b.output("y", {2, 2});
+    train::GradSpec spec;
+    spec.logits = "y";
+    spec.loss = train::LossKind::mse;
+    std::mt19937 rng(3);
+    test::check_against_differences(
+        b, spec, {test::tensor({2, 4, 5, 5}, HP_F32, rng), test::tensor({2, 2}, HP_F32, rng)});
+  }
+  SECTION("auto_pad is refused with the node named") {
+    Builder b;
+    b.input("x", {1, 2, 3, 3});
+    b.weight("W", {2, 2, 3, 3});
+    auto* n = b.node("ConvTranspose", {"x", "W"}, {"y"}, "the_deconv");
+    attr_s(n, "auto_pad", "SAME_UPPER");
+    b.output("y", {1, 2, 3, 3});
+    train::GradSpec spec;
+    spec.logits = "y";
+    spec.loss = train::LossKind::mse;
+    auto r = train::build_grad_graph(b.model(), spec);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().where().find("the_deconv") != std::string::npos);
+    CHECK(r.error().message().find("explicit pads") != std::string::npos);
+  }
+}
