@@ -144,6 +144,8 @@ void register_random_ops(OpTable& t);
 /// the pool gradients of cpu_ops_grad_conv.cpp through register_grad_conv_ops.
 void register_grad_ops(OpTable& t);
 void register_grad_conv_ops(OpTable& t);
+/// RecurrentGrad, the LSTM / GRU / RNN gradient (cpu_ops_grad_rnn.cpp).
+void register_grad_rnn_ops(OpTable& t);
 /// SliceGrad, GatherGrad, GatherElementsGrad (cpu_ops_grad_index.cpp).
 void register_grad_index_ops(OpTable& t);
 

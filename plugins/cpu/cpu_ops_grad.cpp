@@ -364,6 +364,7 @@ void register_grad_ops(OpTable& t) {
   t["hp.train.SoftmaxCrossEntropyGrad"] = {sce_grad, types("ffi")};
   register_grad_index_ops(t);
   register_grad_conv_ops(t);
+  register_grad_rnn_ops(t);
 }
 
 }  // namespace hp_cpu

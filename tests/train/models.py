@@ -8,8 +8,9 @@ SwiGLU), an MLP regressor (mse), a ViT (Conv2d patches, class token, encoder blo
 a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices; the "scatter"
 variant scatters the routing weights into a dense gate instead), a ResNet-style CNN (Conv2d and
 BatchNorm2d in training mode, whose running statistics the forward updates, max pooling, a residual
-block, global average pooling) and a "zoo" of the layers beyond those (instance norm, PReLU,
-transposed convolution, ELU, Hardswish, PixelShuffle, cumsum, logsumexp, amax).
+block, global average pooling), a "zoo" of the layers beyond those (instance norm, PReLU,
+transposed convolution, ELU, Hardswish, PixelShuffle, cumsum, logsumexp, amax) and recurrent
+language models (a 2-layer nn.LSTM, a bidirectional nn.GRU).
 
 `export(name, path)` writes the model in TRAINING mode (torch.onnx.TrainingMode.TRAINING, no constant
 folding, opset 14, a dynamic batch axis): the parameters stay initializers named as in
@@ -222,6 +223,22 @@ class Zoo(nn.Module):
         return self.fc(pooled)
 
 
+# --- recurrent ---------------------------------------------------------------------------------
+class Recurrent(nn.Module):
+    """A character-level language model in the pre-transformer idiom: an embedding, a 2-layer
+    nn.LSTM (or a bidirectional nn.GRU), a linear head over every step."""
+
+    def __init__(self, gru=False):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.rnn = (nn.GRU(HIDDEN, HIDDEN, batch_first=True, bidirectional=True) if gru
+                    else nn.LSTM(HIDDEN, HIDDEN, num_layers=2, batch_first=True))
+        self.head = nn.Linear(2 * HIDDEN if gru else HIDDEN, VOCAB)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.tok(ids))[0])
+
+
 # --- ViT ---------------------------------------------------------------------------------------
 class VitBlock(nn.Module):
     def __init__(self):
@@ -312,6 +329,8 @@ class Spec:
     loss: str             # "cross_entropy" | "mse"
     input_name: str
     seq: int = SEQ        # tokens: sequence length (static in the export)
+    recompute: bool = True  # whether recomputing its layers can lower the peak
+    recompute_why: str = ""
 
 
 MODELS = {
@@ -323,6 +342,10 @@ MODELS = {
     "moe-scatter": Spec(lambda: Moe(scatter=True), "tokens", "cross_entropy", "input_ids"),
     "cnn": Spec(Cnn, "image", "cross_entropy", "pixel_values"),
     "zoo": Spec(Zoo, "image", "cross_entropy", "pixel_values"),
+    "lstm": Spec(Recurrent, "tokens", "cross_entropy", "input_ids", recompute=False,
+                 recompute_why="a recurrent layer keeps only its output, which the next layer "
+                 "reads anyway: recomputing it frees nothing and rebuilds its weight reordering"),
+    "gru": Spec(lambda: Recurrent(gru=True), "tokens", "cross_entropy", "input_ids"),
 }
 # Four blocks, for four pipeline stages (run_pipeline.py); not in the other tests' default lists.
 DEEP = {

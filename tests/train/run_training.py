@@ -498,6 +498,9 @@ def main():
                 report(False, f"{name} adamw static", describe(e))
             for dynamic in (True, False):  # at a batch whose activations outweigh hp's 0.1 MiB
                 label = f"{name} adamw recompute" + ("" if dynamic else " static")
+                if not models.MODELS[name].recompute:
+                    print(f"{'skip':8} {label:35} {models.MODELS[name].recompute_why}", flush=True)
+                    continue
                 try:
                     _, base = fixed_batch(a.hp, a.work, name, "adamw", log, "none",
                                           RECOMPUTE_BATCH, dynamic)

@@ -20,6 +20,12 @@ void set_attr(onnx::AttributeProto& a, const Attr& at) {
   } else if (auto* s = std::get_if<std::string>(&at.value)) {
     a.set_type(onnx::AttributeProto::STRING);
     a.set_s(*s);
+  } else if (auto* fs = std::get_if<std::vector<double>>(&at.value)) {
+    a.set_type(onnx::AttributeProto::FLOATS);
+    for (double v : *fs) a.add_floats(static_cast<float>(v));
+  } else if (auto* ss = std::get_if<std::vector<std::string>>(&at.value)) {
+    a.set_type(onnx::AttributeProto::STRINGS);
+    for (const auto& v : *ss) a.add_strings(v);
   } else {
     a.set_type(onnx::AttributeProto::INTS);
     for (std::int64_t v : std::get<std::vector<std::int64_t>>(at.value)) a.add_ints(v);
@@ -331,6 +337,12 @@ std::vector<Attr> GradCtx::all_attrs() const {
       case onnx::AttributeProto::STRING: out.push_back({a.name(), a.s()}); break;
       case onnx::AttributeProto::INTS:
         out.push_back({a.name(), std::vector<std::int64_t>(a.ints().begin(), a.ints().end())});
+        break;
+      case onnx::AttributeProto::FLOATS:  // a recurrent layer's activation_alpha / _beta
+        out.push_back({a.name(), std::vector<double>(a.floats().begin(), a.floats().end())});
+        break;
+      case onnx::AttributeProto::STRINGS:  // a recurrent layer's activations
+        out.push_back({a.name(), std::vector<std::string>(a.strings().begin(), a.strings().end())});
         break;
       default: break;
     }

@@ -27,7 +27,9 @@ inline constexpr const char* kTrainDomain = "hp.train";
 /// One attribute of an emitted node.
 struct Attr {
   std::string name;
-  std::variant<std::int64_t, double, std::string, std::vector<std::int64_t>> value;
+  std::variant<std::int64_t, double, std::string, std::vector<std::int64_t>, std::vector<double>,
+               std::vector<std::string>>
+      value;
 };
 
 /// The state shared by every rule of one transformation (autodiff.cpp owns it).
@@ -183,6 +185,7 @@ void register_linalg_rules(RuleTable& t);
 void register_nn_rules(RuleTable& t);
 void register_reduce_rules(RuleTable& t);
 void register_activation_rules(RuleTable& t);
+void register_recurrent_rules(RuleTable& t);
 /// The "hp"-domain collectives of a tensor-parallel partition (rules_comm.cpp).
 void register_comm_rules(RuleTable& t);
 /// Emits hp.AllReduce(sum) of `g` over the global ranks `group`; returns its output.

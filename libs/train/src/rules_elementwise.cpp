@@ -270,6 +270,7 @@ const RuleTable& rules() {
     register_nn_rules(t);
     register_reduce_rules(t);
     register_activation_rules(t);
+    register_recurrent_rules(t);
     register_comm_rules(t);
     return t;
   }();

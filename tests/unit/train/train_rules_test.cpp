@@ -305,3 +305,86 @@ TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
     CHECK(r.error().message().find("explicit pads") != std::string::npos);
   }
 }
+
+TEST_CASE("recurrent layers' gradients match float64 differences", "[train]") {
+  struct Rnn {
+    std::string op;
+    std::string direction;
+    int layout;
+    bool states;  // initial states (and LSTM peepholes) as trainable initializers
+    std::function<void(onnx::NodeProto*)> setup = [](onnx::NodeProto*) {};
+  };
+  const std::vector<Rnn> cases = {
+      {"LSTM", "forward", 0, false},
+      {"LSTM", "bidirectional", 1, true},
+      {"LSTM", "reverse", 0, true,
+       [](onnx::NodeProto* n) {
+         auto* a = n->add_attribute();
+         a->set_name("activations");
+         a->set_type(onnx::AttributeProto::STRINGS);
+         for (const char* f : {"Sigmoid", "Relu", "Tanh"}) a->add_strings(f);
+       }},
+      {"GRU", "forward", 0, true, [](onnx::NodeProto* n) { attr_i(n, "linear_before_reset", 1); }},
+      {"GRU", "bidirectional", 1, false},  // linear_before_reset = 0
+      {"RNN", "bidirectional", 0, true},
+      {"RNN", "forward", 1, false},
+      {"RNN", "forward", 0, false,
+       [](onnx::NodeProto* n) {
+         auto* a = n->add_attribute();
+         a->set_name("activations");
+         a->set_type(onnx::AttributeProto::STRINGS);
+         a->add_strings("Relu");
+       }},
+  };
+  const std::int64_t T = 3, N = 2, I = 4, H = 3;
+  int index = 0;
+  for (const auto& rc : cases) {
+    INFO(rc.op << " " << rc.direction << " layout " << rc.layout);
+    const std::int64_t dirs = rc.direction == "bidirectional" ? 2 : 1;
+    const std::int64_t G = rc.op == "LSTM" ? 4 : rc.op == "GRU" ? 3 : 1;
+    const bool lstm = rc.op == "LSTM";
+    Builder b;
+    b.input("x",
+            rc.layout ? std::vector<std::int64_t>{N, T, I} : std::vector<std::int64_t>{T, N, I});
+    b.weight("s", {I});
+    b.weight("W", {dirs, G * H, I});
+    b.weight("R", {dirs, G * H, H});
+    b.weight("B", {dirs, 2 * G * H}, 0.2);
+    b.node("Mul", {"x", "s"}, {"xs"});  // a trainable tensor before the layer: dX is checked
+    const std::vector<std::int64_t> state =
+        rc.layout ? std::vector<std::int64_t>{N, dirs, H} : std::vector<std::int64_t>{dirs, N, H};
+    std::vector<std::string> ins = {"xs", "W", "R", "B", "", "", ""};
+    if (rc.states) {
+      b.weight("h0", state);
+      ins[5] = "h0";
+      if (lstm) {
+        b.weight("c0", state);
+        b.weight("P", {dirs, 3 * H});
+        ins[6] = "c0";
+        ins.push_back("P");
+      }
+    }
+    while (ins.back().empty()) ins.pop_back();
+    std::vector<std::string> outs = {"Y", "Y_h"};
+    if (lstm) outs.push_back("Y_c");
+    auto* n = b.node(rc.op, ins, outs);
+    attr_i(n, "hidden_size", H);
+    attr_s(n, "direction", rc.direction);
+    if (rc.layout) attr_i(n, "layout", 1);
+    rc.setup(n);
+    // Every output reaches the loss: Y and the final states, stacked along the sequence axis.
+    const std::int64_t seq_axis = rc.layout ? 1 : 0;
+    b.ints("seq_axis", {seq_axis});
+    std::vector<std::string> parts = {"Y"};
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      const std::string u = outs[k] + "_u";
+      b.node("Unsqueeze", {outs[k], "seq_axis"}, {u});
+      parts.push_back(u);
+    }
+    attr_i(b.node("Concat", parts, {"y"}), "axis", seq_axis);
+    const std::int64_t len = T + static_cast<std::int64_t>(outs.size()) - 1;
+    b.output("y", rc.layout ? std::vector<std::int64_t>{N, len, dirs, H}
+                            : std::vector<std::int64_t>{len, dirs, N, H});
+    check(b, rc.op + "_" + std::to_string(index++));
+  }
+}
