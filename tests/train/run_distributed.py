@@ -102,8 +102,8 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
 
 
 def check_trace(path, ranks, buckets_expected=True):
-    """--trace: one Chrome trace with every rank's steps and (data parallelism) its gradient
-    buckets, parts merged."""
+    """--trace: one Chrome trace with every rank's steps, the gradient model's nodes and (data
+    parallelism) its gradient buckets, parts merged."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
     for r in range(ranks):
@@ -114,6 +114,14 @@ def check_trace(path, ranks, buckets_expected=True):
                              "reductions")
         if any(e["dur"] < 0 for e in events):
             raise rt.Failure("trace: an event of negative duration")
+        # The gradient model's nodes, each inside one of the rank's forward+backward spans.
+        nodes = [e for e in events if e["pid"] == r and e["tid"] == 2]
+        inside = [n for n in nodes if any(s["ts"] <= n["ts"] and n["ts"] + n["dur"] <=
+                                          s["ts"] + s["dur"] + 1 for s in steps)]
+        if not nodes or len(inside) != len(nodes) or not all("op" in n.get("args", {})
+                                                             for n in nodes):
+            raise rt.Failure(f"trace: rank {r} has {len(nodes)} node events, {len(inside)} of "
+                             "them inside a step, or one without its op")
     parts = [p for p in os.listdir(os.path.dirname(path)) if ".trace.json.rank-" in p]
     if parts:
         raise rt.Failure(f"trace: part files left behind: {parts}")

@@ -32,12 +32,15 @@ Status TraceLog::write(const std::filesystem::path& path, int rank) const {
                     {"ph", "M"},
                     {"pid", rank},
                     {"args", {{"name", fmt::format("rank {}", rank)}}}});
-  for (int tid : {0, 1})
+  for (int tid : {0, 1, 2})
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
                       {"pid", rank},
                       {"tid", tid},
-                      {"args", {{"name", tid == 0 ? "step" : "gradient reduction"}}}});
+                      {"args",
+                       {{"name", tid == 0   ? "step"
+                                 : tid == 1 ? "gradient reduction"
+                                            : "gradient model nodes"}}}});
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Event& e : events_) {

@@ -213,7 +213,8 @@ Status Run::prepare() {
   HP_ASSIGN_OR_RETURN(auto b,
                       exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
   exec::ExecOptions eo{b.primary, b.cpu, comm_ops.get()};
-  eo.pack_weights = false;  // rewritten every step (ExecOptions::pack_weights)
+  eo.pack_weights = false;        // rewritten every step (ExecOptions::pack_weights)
+  eo.profile = !o.trace.empty();  // each node of the gradient model in the trace
   HP_ASSIGN_OR_RETURN(ex, exec::Executor::create(gg.model, eo));
   for (const auto& p : gg.params) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(p));
@@ -409,6 +410,8 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   if (!o.trace.empty()) {
     const auto t3 = std::chrono::steady_clock::now();
     trace.add(fmt::format("forward+backward {}", k), "compute", 0, t0, t1);
+    for (const exec::NodeSpan& n : ex->stats().timeline)  // its nodes, on a lane of their own
+      trace.add(n.node, "node", 2, n.start, n.end, nlohmann::json{{"op", n.op}}.dump());
     if (sync)
       trace.add(fmt::format("reduction after the backward {}", k), "dp exposed", 0, t1, t_reduced);
     trace.add(fmt::format("optimizer {}", k),
