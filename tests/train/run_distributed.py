@@ -22,7 +22,9 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
 more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
-the same from tp=2 (to one rank and tp=2) and from dp2 x ep2 (to one rank, dp4 x ep4 and dp=2);
+the same from tp=2 (to one rank and tp=2), from dp2 x tp2 ZeRO-1 over 4 ranks (a sharded
+checkpoint: to tp=4, one rank and dp2 ZeRO-2; then a flipped byte and a missing rank's files are
+refused naming the tensor) and from dp2 x ep2 (to one rank, dp4 x ep4 and dp=2);
 `hp verify` of a dp2 x ep2 MoE recipe; expert parallelism refused (exit 3) on a model without
 expert layers and where ep does not divide the experts; and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
@@ -203,6 +205,59 @@ def tp_resharded(hp, work, log):
     return "tp2 x3 -> " + "; ".join(details)
 
 
+def grid_resharded(hp, work, log):
+    """3 steps at dp2 x tp2 with ZeRO-1 (4 ranks, mpirun): a sharded checkpoint, each rank's pieces
+    only. Resumed for 2 at tp=4, at one rank and at dp2 x ZeRO-2: the 5 steps torch ran."""
+    details = checkpoint_then_resume(
+        hp, fresh(work, "reshard-grid"), "gpt2", {"dp": 2, "tp": 2, "optimizer_shard": 1},
+        [("tp4", {"tp": 4}, "simulate"), ("one-rank", {}, "one"),
+         ("dp2-zero2", {"dp": 2, "optimizer_shard": 2}, "simulate")], log)
+    ckpt = os.path.join(work, "reshard-grid", "ckpt")
+    files = sorted(f for f in os.listdir(ckpt) if f.startswith("rank-"))
+    if files != [f"rank-{r:05}.{x}" for r in range(4) for x in ("bin", "json")]:
+        raise rt.Failure(f"the sharded checkpoint's files: {files}")
+    return "dp2 x tp2 zero1 x3 -> " + "; ".join(details)
+
+
+def damaged_refused(hp, work, log):
+    """A sharded checkpoint with a flipped byte, or a rank's files missing, is refused (exit 3)
+    with the tensor named, and nothing is trained."""
+    src = os.path.join(work, "reshard-grid", "ckpt")
+    if not os.path.isdir(src):
+        raise rt.Failure("no sharded checkpoint to damage (the resharded resume failed)")
+    d = fresh(work, "damaged")
+    ref = reference.make("gpt2", VARIANT, d)
+    recipe = os.path.join(d, "one.toml")
+    rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH})
+    seen = []
+    for case in ("flipped", "missing"):
+        ckpt = os.path.join(d, case)
+        shutil.copytree(src, ckpt)
+        if case == "flipped":
+            with open(os.path.join(ckpt, "rank-00001.bin"), "r+b") as f:
+                f.seek(100)
+                b = f.read(1)
+                f.seek(100)
+                f.write(bytes([b[0] ^ 0xFF]))
+        else:
+            for x in ("bin", "json"):
+                os.remove(os.path.join(ckpt, f"rank-00003.{x}"))
+            with open(os.path.join(ckpt, "state.json")) as f:
+                state = json.load(f)
+            state["ranks"] = 3  # as if rank 3 had never written: its slices are missing
+            with open(os.path.join(ckpt, "state.json"), "w") as f:
+                json.dump(state, f)
+        m = os.path.join(d, f"{case}.jsonl")
+        rc, out = rt.launch(hp, recipe, ["--inputs", ref.inputs, "--steps", "1", "--resume", ckpt,
+                                         "--metrics", m], log)
+        err = rt.first_error(out)
+        want = "corrupt" if case == "flipped" else "incomplete"
+        if rc != 3 or "tensor '" not in err or want not in err or os.path.exists(m):
+            raise rt.Failure(f"{case} checkpoint: exit {rc}: {err}")
+        seen.append(f"{case}: {err.split(': ', 1)[-1][:70]}")
+    return "; ".join(seen)
+
+
 def ep_resharded(hp, work, log):
     """3 steps of the MoE at dp2 x ep2 (mpirun), resumed for 2 at one rank, at dp4 x ep4 and at plain
     dp=2: the 5 steps torch ran. The checkpoint holds every expert, gathered from its holder."""
@@ -349,6 +404,8 @@ def main():
                            lambda h, w, lg: verified(h, w, lg, {"tp": 2})),
                           ("resharded resume", resharded),
                           ("resharded resume from tp=2", tp_resharded),
+                          ("resharded resume from dp2 x tp2", grid_resharded),
+                          ("damaged sharded checkpoint refused", damaged_refused),
                           ("hp verify dp2 x ep2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},
                                                      "moe")),

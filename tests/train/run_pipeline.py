@@ -165,7 +165,8 @@ def check_trace(path, extra, ranks, chunks=1):
 
 
 def resumed(hp, work, log):
-    """3 steps at pp=2 resumed for 2 at one rank, and 3 at one rank resumed for 2 at pp=2."""
+    """3 steps at pp=2 resumed for 2 at one rank, and 3 at one rank resumed for 2 at pp=2; the other
+    layouts below, among them a sharded dp2 x tp2 checkpoint resumed by a pipeline."""
     d = os.path.join(work, "resume")
     shutil.rmtree(d, ignore_errors=True)
     ref = reference.make("gpt2", VARIANT, d)
@@ -178,12 +179,16 @@ def resumed(hp, work, log):
                                    "micro_batches": 1})
     rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
     rt.write_recipe(tp4, ref.model, ref.train, {"batch": models.BATCH}, parallel={"tp": 4})
+    dptp = os.path.join(d, "dptp.toml")  # writes a sharded checkpoint, each rank its pieces
+    rt.write_recipe(dptp, ref.model, ref.train, {"batch": models.BATCH},
+                    parallel={"dp": 2, "tp": 2, "optimizer_shard": 1})
     details = []
     for tag, first, then in [("pp2 -> one rank", pp, one), ("one rank -> pp2", one, pp),
                              ("tp2 x pp2 -> one rank", tppp, one),
                              ("pp2 -> tp2 x pp2", pp, tppp),
                              ("dp2 x tp2 x pp2 (zero 2) -> tp4", three, tp4),
-                             ("dp2 x tp2 x pp2 (zero 2) -> one rank", three, one)]:
+                             ("dp2 x tp2 x pp2 (zero 2) -> one rank", three, one),
+                             ("dp2 x tp2 (zero 1, sharded) -> tp2 x pp2", dptp, tppp)]:
         ckpt = os.path.join(d, f"ckpt-{len(details)}")
         m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
         saved = os.path.join(d, f"s{len(details)}.onnx")

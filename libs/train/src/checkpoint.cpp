@@ -20,6 +20,9 @@
 #include "hp/core/interrupt.h"
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/checkpoint.h"
+#include "hp/train/sharded_checkpoint.h"
+
+#include "checkpoint_dir.h"
 #include "initializer_bytes.h"
 
 namespace hp::train {
@@ -166,6 +169,19 @@ Status save_checkpoint(const model::Model& forward, const Checkpoint& c, const f
     fs::remove_all(tmp, ec);
     return st;
   }
+  return detail::swap_checkpoint_into_place(tmp, dir);
+}
+
+namespace detail {
+
+fs::path checkpoint_aside(const fs::path& dir, const char* what) { return aside_dir(dir, what); }
+
+Status check_checkpoint_guard(const fs::path& dir, bool force) {
+  return check_output_dir(dir, checkpoint_guard(force, {}));
+}
+
+Status swap_checkpoint_into_place(const fs::path& tmp, const fs::path& dir) {
+  std::error_code ec;
   // The swap: old aside, new in, old removed.
   const fs::path old = aside_dir(dir, "old");
   fs::remove_all(old, ec);
@@ -187,6 +203,8 @@ Status save_checkpoint(const model::Model& forward, const Checkpoint& c, const f
   fs::remove_all(old, ec);
   return {};
 }
+
+}  // namespace detail
 
 namespace {
 
@@ -325,6 +343,10 @@ Expected<Checkpoint> load_checkpoint(const fs::path& requested) {
   if (!fs::exists(dir, ec) && fs::is_directory(aside_dir(requested, "old"), ec))
     dir = aside_dir(requested, "old");
   if (!fs::is_directory(dir, ec)) return bad(requested, "no checkpoint directory here");
+  if (is_sharded_checkpoint(dir)) {  // read whole (the callers pick tensors by name)
+    HP_ASSIGN_OR_RETURN(auto sharded, ShardedCheckpoint::open(dir));
+    return sharded.whole();
+  }
   Index index;
   HP_ASSIGN_OR_RETURN(Checkpoint c, read_state(dir, index));
   HP_TRY(read_params(dir, index, c));

@@ -177,6 +177,41 @@ Expected<exec::HostTensor> TensorParallelSync::slice(std::size_t param,
   return s;
 }
 
+std::vector<Extent> TensorParallelSync::runs(std::size_t param) const {
+  std::int64_t n = 1;
+  for (auto d : local_dims_[param]) n *= d;
+  if (!cuts_[param]) return {{0, n}};
+  const ParamCut& c = *cuts_[param];
+  const Ranges& r = c.ranges[static_cast<std::size_t>(index_)];
+  const std::size_t nd = c.view.size();
+  if (nd == 0 || n == 0) return n ? std::vector<Extent>{{0, n}} : std::vector<Extent>{};
+  // copy_block's walk: one run of the last dim per index of the others, minor first.
+  std::vector<std::int64_t> stride(nd, 1), idx(nd);
+  for (std::size_t d = nd - 1; d > 0; --d) stride[d - 1] = stride[d] * c.view[d];
+  for (std::size_t d = 0; d < nd; ++d) idx[d] = r[d].first;
+  const std::int64_t run = r[nd - 1].second - r[nd - 1].first;
+  std::vector<Extent> out;
+  while (true) {
+    std::int64_t at = 0;
+    for (std::size_t d = 0; d < nd; ++d) at += idx[d] * stride[d];
+    if (!out.empty() && out.back().begin + out.back().count == at)
+      out.back().count += run;
+    else
+      out.push_back({at, run});
+    int d = static_cast<int>(nd) - 2;
+    for (; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      if (++idx[u] < r[u].second) break;
+      idx[u] = r[u].first;
+    }
+    if (d < 0) return out;
+  }
+}
+
+std::vector<std::int64_t> TensorParallelSync::whole_dims(std::size_t param) const {
+  return cuts_[param] ? cuts_[param]->shape : local_dims_[param];
+}
+
 namespace detail {
 
 Status recv_send_to_io(onnx::ModelProto& m) {

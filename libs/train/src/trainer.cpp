@@ -26,6 +26,7 @@
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 #include "run_summary.h"
+#include "sharded_run.h"
 
 namespace hp::train {
 
@@ -73,6 +74,8 @@ struct Run {
   }
   Status prepare();
   Status resume();
+  Status resume_sharded();  ///< from a sharded checkpoint (sharded_run.h)
+  detail::ShardedLayout layout() const;
   Expected<StepMetrics> step(const detail::BatchSource& data);
   Status checkpoint();  ///< write_checkpoint(), traced
   Status write_checkpoint();
@@ -266,7 +269,42 @@ Status Run::prepare() {
   return {};
 }
 
+detail::ShardedLayout Run::layout() const {
+  detail::ShardedLayout l;
+  l.transport = o.dp.active() ? o.dp.transport : o.tp.active() ? o.tp.transport : nullptr;
+  l.tps = tps.get();
+  l.sync = sync.get();
+  l.dp_index = std::max(0, o.dp.index());
+  l.tp_index = std::max(0, o.tp.index());
+  l.lead = lead();
+  return l;
+}
+
+Status Run::resume_sharded() {
+  HP_ASSIGN_OR_RETURN(auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers));
+  if (r.header.optimizer != optimizer_name(o.optimizer.kind))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             r.header.optimizer),
+                 o.resume_dir.string());
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
+    params[k] = std::move(r.params[k]);
+  }
+  for (std::size_t j = 0; j < buffers.size(); ++j) {
+    HP_TRY(ex->set_weight(buffers[j].name, r.buffers[j]));
+    buffers[j] = std::move(r.buffers[j]);
+  }
+  state = std::move(r.state);
+  data_position = r.header.data_position;
+  report.first_step = r.header.step + 1;
+  return {};
+}
+
 Status Run::resume() {
+  // Expert-parallel members pick whole tensors by name: they read a sharded one whole.
+  if (!eps && is_sharded_checkpoint(o.resume_dir)) return resume_sharded();
   HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
   if (eps) return resume_by_name(std::move(c));
   if (c.params.size() != params.size())
@@ -446,6 +484,16 @@ Status Run::checkpoint() {
 }
 
 Status Run::write_checkpoint() {
+  if (!eps && (tps || sync)) {  // several ranks: each writes its own pieces
+    ShardedState h;
+    h.step = state.step;
+    h.optimizer_step = state.step;
+    h.data_position = data_position;
+    h.seed = o.seed;
+    h.optimizer = optimizer_name(o.optimizer.kind);
+    return detail::save_sharded(layout(), h, params, state, buffers, o.checkpoint_dir,
+                                o.force_checkpoint);
+  }
   OptimizerState whole_state = state;
   if (sync) {
     HP_ASSIGN_OR_RETURN(whole_state, sync->gather_state(state, params));

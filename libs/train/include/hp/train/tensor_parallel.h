@@ -23,6 +23,7 @@
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
 #include "hp/train/optimizer.h"
+#include "hp/train/sharded_checkpoint.h"
 
 namespace hp::train {
 
@@ -85,6 +86,11 @@ class TensorParallelSync {
   /// This member's slice of each whole tensor (named as the parameters, in their order).
   Expected<exec::HostTensor> slice(std::size_t param, const exec::HostTensor& whole) const;
   bool split(std::size_t param) const { return cuts_[param] != nullptr; }
+  /// Where this member's slice of parameter `param` lies in the whole tensor, as runs of its
+  /// row-major elements in the slice's order (a whole one: one run), and the whole tensor's dims:
+  /// what a sharded checkpoint records and reads (sharded_checkpoint.h).
+  std::vector<Extent> runs(std::size_t param) const;
+  std::vector<std::int64_t> whole_dims(std::size_t param) const;
   /// Partial addends (ParamCut::partial): `params` as read from the executor become the values
   /// trained (times the addend count), and stored() is what goes back to the executor.
   void to_trained(std::vector<exec::HostTensor>& params) const;
