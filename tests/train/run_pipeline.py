@@ -34,7 +34,9 @@ over tensor-parallel ranks (tp = 2 x pp = 2, 4 ranks, each training hp shard's p
 stage) train every model under 1f1b and zb-h1 in process and GPT-2 under gpipe over mpirun, and the
 four-block models under ZB-V (in process and over mpirun) and interleaved 1F1B; a tp = 2 x pp = 2
 checkpoint resumes at one rank, a pp = 2 one at tp = 2 x pp = 2, and 3 steps at dp = 2 x tp = 2 x pp = 2
-(ZeRO-2) resumed for 2 at tp = 4 and at one rank equal the uninterrupted 5. dp = 2 x tp = 2 x pp = 2 (8 ranks)
+(ZeRO-2) resumed for 2 at tp = 4 and at one rank equal the uninterrupted 5, as does a sharded
+checkpoint of dp = 2 x tp = 2 (ZeRO-1) resumed at tp = 2 x pp = 2 (pipeline checkpoints are sharded
+too: each rank writes its stage's pieces, docs/training.md). dp = 2 x tp = 2 x pp = 2 (8 ranks)
 trains every model under 1f1b, and under zb-h1 with optimizer_shard 2, in process.
 
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]

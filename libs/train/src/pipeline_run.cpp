@@ -4,10 +4,10 @@
 // token stream, drawn as one rank draws them) and cuts it into the micro-batches along axis 0 (as
 // batches.cpp's slice_rows cuts a data-parallel rank's rows); its stage runs its schedule's actions
 // on them (pipeline_stage.h), then updates its own parameters with the whole model's gradient norm.
-// The first stage's rank is the lead: it prints, writes the metrics, and for checkpoints and the
-// saved model gathers the other stages' parameters and optimizer state into the one-rank format, in
-// the one-rank order (the forward model's initializer order), so a checkpoint resumes at any
-// layout.
+// The first stage's rank is the lead: it prints, writes the metrics, and for the saved model
+// gathers the other stages' parameters into the one-rank order (the forward model's initializer
+// order). Checkpoints are sharded (sharded_run.h): every rank writes its stage's pieces, and a
+// resume at any layout reads the pieces its own stage needs.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "metrics_file.h"
 #include "pipeline_stage.h"
 #include "run_summary.h"
+#include "sharded_run.h"
 
 namespace hp::train::detail {
 
@@ -70,6 +71,8 @@ struct PipeRun {
   Status take(std::vector<exec::HostTensor> batch, const std::filesystem::path& where);
   Status prepare();
   Status resume();
+  Status resume_sharded();  ///< each rank its stage's pieces (sharded_run.h)
+  ShardedLayout layout() const;
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
 };
@@ -179,7 +182,35 @@ Status PipeRun::take(std::vector<exec::HostTensor> batch, const std::filesystem:
   return {};
 }
 
+ShardedLayout PipeRun::layout() const {
+  ShardedLayout l;
+  l.transport = o.pp.transport;
+  l.tps = tps.get();
+  l.sync = dp.get();
+  l.dp_index = std::max(0, o.dp.index());
+  l.tp_index = std::max(0, o.tp.index());
+  l.lead = lead();
+  return l;
+}
+
+Status PipeRun::resume_sharded() {
+  HP_ASSIGN_OR_RETURN(auto r, load_sharded(layout(), o.resume_dir, params, {}));
+  if (r.header.optimizer != optimizer_name(o.optimizer.kind))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             r.header.optimizer),
+                 o.resume_dir.string());
+  params = std::move(r.params);
+  state = std::move(r.state);
+  HP_TRY(set_weights());
+  report.first_step = r.header.step + 1;
+  data_position = r.header.data_position;
+  return {};
+}
+
 Status PipeRun::resume() {
+  if (is_sharded_checkpoint(o.resume_dir)) return resume_sharded();
   HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
   std::map<std::string, std::size_t> at;
   for (std::size_t k = 0; k < c.params.size(); ++k) at[c.params[k].name] = k;
@@ -389,6 +420,15 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
                            r.report.first_step));
   const std::int64_t last = r.report.first_step + o.steps - 1;
   auto checkpoint = [&]() -> Status {
+    if (o.pp.transport && o.pp.transport->size() > 1) {  // each rank its stage's pieces
+      ShardedState h;
+      h.step = h.optimizer_step = r.state.step;
+      h.data_position = r.data_position;
+      h.seed = o.seed;
+      h.optimizer = optimizer_name(o.optimizer.kind);
+      return save_sharded(r.layout(), h, r.params, r.state, {}, o.checkpoint_dir,
+                          o.force_checkpoint);
+    }
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
     if (!r.lead()) return {};
     c.data_position = r.data_position;
