@@ -260,7 +260,7 @@ def damaged_refused(hp, work, log):
 
 def ep_resharded(hp, work, log):
     """3 steps of the MoE at dp2 x ep2 (mpirun), resumed for 2 at one rank, at dp4 x ep4 and at plain
-    dp=2: the 5 steps torch ran. The checkpoint holds every expert, gathered from its holder."""
+    dp=2: the 5 steps torch ran. The sharded checkpoint holds every expert, written by its holder."""
     details = checkpoint_then_resume(
         hp, fresh(work, "reshard-ep"), "moe", {"dp": 2, "expert_parallel": 2},
         [("one-rank", {}, "one"), ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),

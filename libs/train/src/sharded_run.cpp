@@ -48,18 +48,21 @@ Status save_sharded(const ShardedLayout& l, const ShardedState& header,
   auto shape = [&](std::size_t k) { return l.tps ? l.tps->whole_dims(k) : params[k].dims; };
   // A tensor every tensor-parallel member holds whole is written by the first.
   auto owner = [&](std::size_t k) { return (l.tps && l.tps->split(k)) || l.tp_index == 0; };
+  // An expert by its holders (the replicas of an expert in other groups write equal copies), the
+  // rest by the first data-parallel replica.
+  auto writes = [&](std::size_t k) {
+    return (l.eps && l.eps->expert(k)) || (l.dp_index == 0 && owner(k));
+  };
   std::vector<Shard> shards;
   for (std::size_t k = 0; k < params.size(); ++k)
-    if (l.dp_index == 0 && owner(k))
-      shards.push_back({params[k].name, "param", shape(k), runs(k), &params[k]});
+    if (writes(k)) shards.push_back({params[k].name, "param", shape(k), runs(k), &params[k]});
   const bool zero = l.sync && l.sync->sharded();
   for (int m = 0; m < 2; ++m) {
     const auto& list = moments(state, m);
     if (list.empty()) continue;
     if (!zero) {
       for (std::size_t k = 0; k < params.size(); ++k)
-        if (l.dp_index == 0 && owner(k))
-          shards.push_back({params[k].name, kMoments[m], shape(k), runs(k), &list[k]});
+        if (writes(k)) shards.push_back({params[k].name, kMoments[m], shape(k), runs(k), &list[k]});
       continue;
     }
     // ZeRO: this rank's flat pieces of its parameters (HSDP replicas write theirs too: the reader

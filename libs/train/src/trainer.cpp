@@ -271,10 +271,14 @@ Status Run::prepare() {
 
 detail::ShardedLayout Run::layout() const {
   detail::ShardedLayout l;
-  l.transport = o.dp.active() ? o.dp.transport : o.tp.active() ? o.tp.transport : nullptr;
+  l.transport = o.dp.active()   ? o.dp.transport
+                : o.tp.active() ? o.tp.transport
+                : o.ep.active() ? o.ep.transport
+                                : nullptr;
   l.tps = tps.get();
   l.sync = sync.get();
-  l.dp_index = std::max(0, o.dp.index());
+  l.eps = eps.get();
+  l.dp_index = std::max(0, part);  // the data-parallel position (expert parallelism's too)
   l.tp_index = std::max(0, o.tp.index());
   l.lead = lead();
   return l;
@@ -303,8 +307,7 @@ Status Run::resume_sharded() {
 }
 
 Status Run::resume() {
-  // Expert-parallel members pick whole tensors by name: they read a sharded one whole.
-  if (!eps && is_sharded_checkpoint(o.resume_dir)) return resume_sharded();
+  if (is_sharded_checkpoint(o.resume_dir)) return resume_sharded();
   HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
   if (eps) return resume_by_name(std::move(c));
   if (c.params.size() != params.size())
@@ -484,7 +487,7 @@ Status Run::checkpoint() {
 }
 
 Status Run::write_checkpoint() {
-  if (!eps && (tps || sync)) {  // several ranks: each writes its own pieces
+  if (tps || sync || eps) {  // several ranks: each writes its own pieces
     ShardedState h;
     h.step = state.step;
     h.optimizer_step = state.step;
