@@ -407,7 +407,16 @@ void register_elementwise_ops(OpTable& t) {
   binary_num(t, "Sub", [](auto a, auto b) { return a - b; });
   binary_num(t, "Mul", [](auto a, auto b) { return a * b; });
   binary_num(t, "Div", [](auto a, auto b) {
-    return b == decltype(b)(0) && std::is_integral_v<decltype(b)> ? decltype(a)(0) : a / b;
+    using T = decltype(a);
+    if constexpr (std::is_integral_v<T>) {
+      if (b == T(0)) return T(0);
+      // min / -1 overflows, and x86 traps on it (SIGFPE): wrap as two's complement does.
+      if constexpr (std::is_signed_v<T>)
+        if (b == T(-1)) return static_cast<T>(T(0) - static_cast<std::make_unsigned_t<T>>(a));
+      return static_cast<T>(a / b);
+    } else {
+      return a / b;
+    }
   });
   t["Pow"] = {
       [](OpCall& c) {
@@ -437,6 +446,8 @@ void register_elementwise_ops(OpTable& t) {
                   binary_bcast<T, T, T>(a, b, y, [&](T p, T q) -> T {
                     if constexpr (std::is_integral_v<T>) {
                       if (q == 0) return 0;
+                      if constexpr (std::is_signed_v<T>)
+                        if (q == T(-1)) return 0;  // min % -1 traps on x86 (SIGFPE)
                       T r = p % q;
                       if (!fmod_mode && r != 0 && ((r < 0) != (q < 0))) r += q;
                       return r;

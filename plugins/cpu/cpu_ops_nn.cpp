@@ -217,7 +217,15 @@ void gemm_op(OpCall& c) {
   run_gemm(c, gemm_desc(m, n, k, ta, tb, a.data, b.data, y.data, c.f("alpha", 1.0), a.dtype),
            c.i("hp_weight_b", 0));
   if (!bias.present() || bias.numel() == 0) return;
-  Dims st = broadcast_strides(bias.dims, {m, n});
+  // C must broadcast to [M, N] one way (ONNX's unidirectional broadcasting).
+  const Dims mn = {m, n};
+  bool fits = bias.dims.size() <= 2;
+  for (size_t d = 0; fits && d < bias.dims.size(); ++d) {
+    const int64_t have = bias.dims[bias.dims.size() - 1 - d], want = mn[1 - d];
+    fits = have == 1 || have == want;
+  }
+  if (!fits) c.fail("C " + dims_str(bias.dims) + " does not broadcast to " + dims_str(mn));
+  Dims st = broadcast_strides(bias.dims, mn);
   auto add_bias = [&](auto tag) {
     using T = decltype(tag);
     const T beta = static_cast<T>(c.f("beta", 1.0));

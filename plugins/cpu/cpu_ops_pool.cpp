@@ -47,9 +47,14 @@ Window window_of(OpCall& c, const View& x, bool dilations) {
   w.pad_begin.assign(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(sp));
   w.pad_end.assign(pads.begin() + static_cast<std::ptrdiff_t>(sp), pads.end());
   w.out.resize(sp);
+  // Bounded so that the window arithmetic below cannot overflow (a file may say anything).
+  constexpr int64_t kMax = int64_t{1} << 31;
   for (size_t d = 0; d < sp; ++d) {
     if (w.kernel[d] < 1 || w.strides[d] < 1 || w.dil[d] < 1)
       c.fail("kernel, strides and dilations must be >= 1");
+    if (w.kernel[d] > kMax || w.strides[d] > kMax || w.dil[d] > kMax || w.pad_begin[d] < 0 ||
+        w.pad_end[d] < 0 || w.pad_begin[d] > kMax || w.pad_end[d] > kMax)
+      c.fail("kernel, strides, dilations and pads must lie in [0, 2^31]");
     const int64_t in = x.dims[2 + d], span = (w.kernel[d] - 1) * w.dil[d] + 1;
     if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
       const int64_t o = (in + w.strides[d] - 1) / w.strides[d];

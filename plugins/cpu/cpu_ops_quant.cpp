@@ -59,6 +59,8 @@ void quantize(OpCall& c) {
   const View &x = c.need(0), &scale = c.need(1), &zp = c.in(2);
   const int qt = zp.present() ? zp.dtype : HP_U8;
   const PerAxis pa = per_axis(c, x, scale);
+  if (zp.present() && zp.numel() != scale.numel())
+    c.fail("the zero point must have as many values as the scale");
   View y = c.out(0, qt, x.dims);
   dispatch_q(qt, [&](auto tag) {
     using Q = decltype(tag);
@@ -73,6 +75,8 @@ void quantize(OpCall& c) {
 void dequantize(OpCall& c) {
   const View &x = c.need(0), &scale = c.need(1), &zp = c.in(2);
   const PerAxis pa = per_axis(c, x, scale);
+  if (zp.present() && (zp.numel() != scale.numel() || zp.dtype != x.dtype))
+    c.fail("the zero point must have the input's type and as many values as the scale");
   View y = c.out(0, HP_F32, x.dims);
   dispatch(x.dtype, [&](auto tag) {
     using Q = decltype(tag);
@@ -121,6 +125,9 @@ std::vector<int32_t> int_matmul(const OpCall& c, const View& a, const View& b, c
   const std::vector<int64_t> av = a.ints(), bv = b.ints();
   const std::vector<int64_t> az = azp.present() ? azp.ints() : std::vector<int64_t>{0};
   const std::vector<int64_t> bz = bzp.present() ? bzp.ints() : std::vector<int64_t>{0};
+  if ((az.size() != 1 && static_cast<int64_t>(az.size()) != m) ||
+      (bz.size() != 1 && static_cast<int64_t>(bz.size()) != n))
+    c.fail("a zero point holds one value, or one per row of A (column of B)");
   for (int64_t q = 0; q < nb; ++q) {
     int64_t oa = 0, ob = 0, rest = q;
     for (size_t d = batch.size(); d-- > 0;) {

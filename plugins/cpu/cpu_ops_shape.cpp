@@ -100,7 +100,11 @@ void unsqueeze(OpCall& c) {
   std::vector<int64_t> axes = axes_of(c, 1);
   const int64_t r = static_cast<int64_t>(x.dims.size() + axes.size());
   std::vector<bool> ins(static_cast<size_t>(r), false);
-  for (int64_t a : axes) ins[static_cast<size_t>(c.axis(a, r))] = true;
+  for (int64_t a : axes) {
+    auto&& at = ins[static_cast<size_t>(c.axis(a, r))];
+    if (at) c.fail("axis " + std::to_string(a) + " is given twice");  // else dims run out below
+    at = true;
+  }
   Dims out;
   size_t src = 0;
   for (int64_t k = 0; k < r; ++k) out.push_back(ins[static_cast<size_t>(k)] ? 1 : x.dims[src++]);
@@ -329,14 +333,19 @@ void slice(OpCall& c) {
 void trilu(OpCall& c) {
   const View& x = c.need(0);
   if (x.dims.size() < 2) c.fail("input must have rank >= 2");
-  const int64_t k = c.in(1).present() ? static_cast<int64_t>(c.in(1).scalar()) : 0;
+  int64_t k = 0;
+  if (c.in(1).present()) {
+    const auto ks = c.in(1).ints();  // as integers: INT64_MAX does not survive a double
+    if (ks.size() != 1) c.fail("k must hold one value");
+    k = ks[0];
+  }
   const bool upper = c.i("upper", 1) != 0;
   View y = c.out(0, x.dtype, x.dims);
   const int64_t rows = x.dims[x.dims.size() - 2], cols = x.dims.back();
   const int es = dtype_size(x.dtype);
   copy_bytes(x, y);
   char* p = static_cast<char*>(y.data);
-  for (int64_t m = 0, n = rows ? x.numel() / (rows * cols) : 0; m < n; ++m)
+  for (int64_t m = 0, n = rows * cols ? x.numel() / (rows * cols) : 0; m < n; ++m)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j)
         if (upper ? j - i < k : j - i > k)
