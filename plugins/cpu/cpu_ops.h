@@ -17,6 +17,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -148,6 +149,18 @@ void register_grad_conv_ops(OpTable& t);
 void register_grad_rnn_ops(OpTable& t);
 /// SliceGrad, GatherGrad, GatherElementsGrad (cpu_ops_grad_index.cpp).
 void register_grad_index_ops(OpTable& t);
+
+/// op(a, b) for floats; for integers the bits two's complement arithmetic gives (what numpy and
+/// ONNX Runtime return), without the undefined behaviour of signed overflow.
+template <class T, class Op>
+T wrapping(T a, T b, Op op) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(op(static_cast<U>(a), static_cast<U>(b))));
+  } else {
+    return static_cast<T>(op(a, b));
+  }
+}
 
 /// The 16-bit float type among the input dtypes, or -1.
 int half_input_type(const int32_t* dtypes, int64_t n);

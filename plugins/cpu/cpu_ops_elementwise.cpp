@@ -6,6 +6,7 @@
 // the reference outputs of the ONNX backend tests within their tolerances. Integer Div truncates
 // toward zero, as C and ONNX Runtime do.
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <type_traits>
 
@@ -389,8 +390,9 @@ void register_elementwise_ops(OpTable& t) {
   unary_float(t, "HardSwish", hswish_d, nullptr, 0, nullptr, 0);
   unary_float(t, "ThresholdedRelu", thresh_d, "alpha", 1.0, nullptr, 0);
   unary_float(t, "Mish", mish_d, nullptr, 0, nullptr, 0);
-  unary_num(t, "Abs", [](auto x) { return x < 0 ? -x : x; });
-  unary_num(t, "Neg", [](auto x) { return -x; });
+  unary_num(t, "Abs",
+            [](auto x) { return x < 0 ? wrapping(decltype(x)(0), x, std::minus<>()) : x; });
+  unary_num(t, "Neg", [](auto x) { return wrapping(decltype(x)(0), x, std::minus<>()); });
   unary_num(t, "Relu", [](auto x) { return x > 0 ? x : decltype(x)(0); });
   unary_num(t, "Sign", [](auto x) { return (x > 0) - (x < 0); });
   t["Gelu"] = {gelu, [](const std::vector<int32_t>& d) { return d.size() == 1 && f32_or_f64(d); }};
@@ -403,9 +405,11 @@ void register_elementwise_ops(OpTable& t) {
               },
               [](const std::vector<int32_t>& d) { return d.size() == 1 && all_bool(d); }};
 
-  binary_num(t, "Add", [](auto a, auto b) { return a + b; });
-  binary_num(t, "Sub", [](auto a, auto b) { return a - b; });
-  binary_num(t, "Mul", [](auto a, auto b) { return a * b; });
+  // Integers wrap as two's complement (numpy's and ONNX Runtime's results), computed unsigned:
+  // signed overflow is undefined in C++.
+  binary_num(t, "Add", [](auto a, auto b) { return wrapping(a, b, std::plus<>()); });
+  binary_num(t, "Sub", [](auto a, auto b) { return wrapping(a, b, std::minus<>()); });
+  binary_num(t, "Mul", [](auto a, auto b) { return wrapping(a, b, std::multiplies<>()); });
   binary_num(t, "Div", [](auto a, auto b) {
     using T = decltype(a);
     if constexpr (std::is_integral_v<T>) {

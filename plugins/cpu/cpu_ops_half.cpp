@@ -36,7 +36,8 @@ int32_t widened_alloc(void* user, int32_t index, int32_t dtype, int32_t rank, co
   o.buf.assign(static_cast<size_t>(std::max<int64_t>(numel(o.dims), 1)), 0.f);
   out->dtype = HP_F32;
   out->rank = rank;
-  std::memcpy(out->dims, dims, sizeof(int64_t) * static_cast<size_t>(rank));
+  if (rank > 0)  // a scalar's dims may be null
+    std::memcpy(out->dims, dims, sizeof(int64_t) * static_cast<size_t>(rank));
   out->data = o.buf.data();
   return 1;
 }

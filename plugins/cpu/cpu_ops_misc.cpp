@@ -186,7 +186,7 @@ void depth_space(OpCall& c, bool to_space) {
   const View& x = c.need(0);
   if (x.dims.size() != 4) c.fail("input must be 4-D [N,C,H,W], got " + dims_str(x.dims));
   const int64_t b = c.i("blocksize", 0);
-  if (b <= 0) c.fail("blocksize must be positive");
+  if (b <= 0 || b > (int64_t{1} << 20)) c.fail("blocksize must lie in [1, 2^20]");
   const int64_t N = x.dims[0], C = x.dims[1], H = x.dims[2], W = x.dims[3];
   const bool crd = c.s("mode", "DCR") == "CRD";
   Dims od;

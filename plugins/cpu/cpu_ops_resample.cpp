@@ -14,6 +14,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <functional>
+
 #include "cpu_ops.h"
 
 namespace hp_cpu {
@@ -133,9 +135,9 @@ void cumsum(OpCall& c) {
           const int64_t at = (o * len + i) * inner + in;
           if (exclusive) {
             py[at] = acc;
-            acc += px[at];
+            acc = wrapping(acc, px[at], std::plus<>());
           } else {
-            acc += px[at];
+            acc = wrapping(acc, px[at], std::plus<>());
             py[at] = acc;
           }
         }
@@ -215,6 +217,9 @@ void resize(OpCall& c) {
   std::vector<double> scales, roi;
   std::vector<int64_t> sizes;
   const View& sc = c.in(v10 ? 1 : 2);
+  for (const View* v : {&sc, &c.in(1)})
+    if (v->present() && v->dtype != HP_F32 && v->dtype != HP_F64)
+      c.fail("scales and roi must be float32 or float64");  // read as such below
   if (sc.present() && sc.numel() > 0) {
     for (int64_t k = 0; k < sc.numel(); ++k)
       scales.push_back(sc.dtype == HP_F64 ? sc.as<double>()[k]

@@ -46,8 +46,8 @@ void reshape(OpCall& c) {
     if (shape[k] == -1) {
       if (infer >= 0) c.fail("more than one -1 in the shape");
       infer = static_cast<int64_t>(k);
-    } else {
-      known *= shape[k];
+    } else if (shape[k] < 0 || __builtin_mul_overflow(known, shape[k], &known)) {
+      c.fail("cannot reshape " + dims_str(x.dims) + " to " + dims_str(shape));
     }
   }
   if (infer >= 0) {
@@ -345,7 +345,7 @@ void trilu(OpCall& c) {
   const int es = dtype_size(x.dtype);
   copy_bytes(x, y);
   char* p = static_cast<char*>(y.data);
-  for (int64_t m = 0, n = rows * cols ? x.numel() / (rows * cols) : 0; m < n; ++m)
+  for (int64_t m = 0, n = rows > 0 && cols > 0 ? x.numel() / (rows * cols) : 0; m < n; ++m)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j)
         if (upper ? j - i < k : j - i > k)
