@@ -26,7 +26,7 @@
 #include "hp/train/trainer.h"
 #include "metrics_file.h"
 #include "run_summary.h"
-#include "sharded_run.h"
+#include "trainer_run.h"
 
 namespace hp::train {
 
@@ -36,61 +36,18 @@ std::string mib(std::int64_t b) {
   return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
 }
 
-struct Run {
-  explicit Run(const TrainOptions& options) : o(options) {}
-  const TrainOptions& o;
-  model::Model forward;
-  std::map<std::string, ParamCut> cuts;  ///< tensor parallelism: the split weights
-  std::vector<exec::HostTensor> batch;   ///< the --inputs tensors, read once
-  GradGraph gg;
-  std::unique_ptr<exec::Executor> ex;
-  std::vector<exec::HostTensor> params;
-  /// Buffers the forward updates (GradGraph::buffer_updates), as of the last step. With data
-  /// parallelism each rank's follow its own rows and the lead's are saved, as DDP broadcasts
-  /// rank 0's.
-  std::vector<exec::HostTensor> buffers;
-  OptimizerState state;  ///< with data parallelism: of this rank's pieces (data_parallel.h)
-  std::int64_t data_position = 0;
-  TrainReport report;
-  // Data parallelism: this rank's part of every global batch, and the gradient reduction.
-  int part = 0, parts = 1;
-  std::unique_ptr<DataParallelSync> sync;
-  // Tensor parallelism: this member's partition of the model, its collectives, and where each of
-  // its parameters is among the forward model's (the one-rank order of checkpoints).
-  model::Model part_model;
-  std::unique_ptr<comm::TransportCommOps> comm_ops;
-  std::unique_ptr<TensorParallelSync> tps;
-  /// Expert parallelism: which member holds which experts, and the reductions.
-  std::vector<std::vector<std::string>> experts_of;
-  std::unique_ptr<ExpertParallelSync> eps;
-  TraceLog trace;
+// The rows of a batch: those of its labels tensor (by name, else the last tensor).
+std::int64_t batch_rows(const std::vector<exec::HostTensor>& batch, const std::string& labels) {
+  for (const auto& t : batch)
+    if (t.name == labels && !t.dims.empty()) return t.dims[0];
+  return batch.empty() || batch.back().dims.empty() ? 0 : batch.back().dims[0];
+}
 
-  /// The rank that prints and writes files (the first of the data-parallel group, the first
-  /// member of the tensor-parallel group).
-  bool lead() const { return part == 0 && o.tp.index() <= 0; }
-  bool partitioned() const { return o.tp.active() || o.ep.active(); }
-  void say(bool err, const std::string& line) const {
-    if (o.sink && lead()) o.sink(err, line);
-  }
-  Status prepare();
-  Status resume();
-  Status resume_sharded();  ///< from a sharded checkpoint (sharded_run.h)
-  detail::ShardedLayout layout() const;
-  Expected<StepMetrics> step(const detail::BatchSource& data);
-  Status checkpoint();  ///< write_checkpoint(), traced
-  Status write_checkpoint();
-  Status prepare_tensor_parallel(GradSpec& spec);
-  Status prepare_expert_parallel(GradSpec& spec);
-  /// Tensor or expert parallelism: this member's parameters (slices, or its experts and the shared
-  /// weights) and their state, picked by name from the whole model's.
-  Status resume_by_name(Checkpoint c);
-  Status resume_buffers(const Checkpoint& c);
-  /// The whole model's parameters (or state shaped like them) in the forward model's order, from
-  /// this rank's (tensor parallelism: gathered, a collective).
-  Expected<std::vector<exec::HostTensor>> whole(const std::vector<exec::HostTensor>& mine) const;
-};
+}  // namespace
 
-Status Run::prepare_tensor_parallel(GradSpec& spec) {
+namespace detail {
+
+Status TrainRun::prepare_tensor_parallel(GradSpec& spec) {
   if (o.pp.active())
     return Error(Errc::not_implemented,
                  "tensor parallelism is trained without pipeline parallelism for now");
@@ -111,7 +68,7 @@ Status Run::prepare_tensor_parallel(GradSpec& spec) {
   return {};
 }
 
-Status Run::prepare_expert_parallel(GradSpec& spec) {
+Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
   if (o.dp.active())
     return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
   const int me = o.ep.index();
@@ -133,7 +90,7 @@ Status Run::prepare_expert_parallel(GradSpec& spec) {
   return {};
 }
 
-Expected<std::vector<exec::HostTensor>> Run::whole(
+Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     const std::vector<exec::HostTensor>& mine) const {
   if (eps) return eps->gather(mine, forward);
   if (!tps) return mine;
@@ -156,14 +113,7 @@ Expected<std::vector<exec::HostTensor>> Run::whole(
   return out;
 }
 
-// The rows of a batch: those of its labels tensor (by name, else the last tensor).
-std::int64_t batch_rows(const std::vector<exec::HostTensor>& batch, const std::string& labels) {
-  for (const auto& t : batch)
-    if (t.name == labels && !t.dims.empty()) return t.dims[0];
-  return batch.empty() || batch.back().dims.empty() ? 0 : batch.back().dims[0];
-}
-
-Status Run::prepare() {
+Status TrainRun::prepare() {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(forward, model::load_model(o.model, lo));
@@ -269,123 +219,7 @@ Status Run::prepare() {
   return {};
 }
 
-detail::ShardedLayout Run::layout() const {
-  detail::ShardedLayout l;
-  l.transport = o.dp.active()   ? o.dp.transport
-                : o.tp.active() ? o.tp.transport
-                : o.ep.active() ? o.ep.transport
-                                : nullptr;
-  l.tps = tps.get();
-  l.sync = sync.get();
-  l.eps = eps.get();
-  l.dp_index = std::max(0, part);  // the data-parallel position (expert parallelism's too)
-  l.tp_index = std::max(0, o.tp.index());
-  l.lead = lead();
-  return l;
-}
-
-Status Run::resume_sharded() {
-  HP_ASSIGN_OR_RETURN(auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers));
-  if (r.header.optimizer != optimizer_name(o.optimizer.kind))
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
-                             "optimizer",
-                             r.header.optimizer),
-                 o.resume_dir.string());
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
-    params[k] = std::move(r.params[k]);
-  }
-  for (std::size_t j = 0; j < buffers.size(); ++j) {
-    HP_TRY(ex->set_weight(buffers[j].name, r.buffers[j]));
-    buffers[j] = std::move(r.buffers[j]);
-  }
-  state = std::move(r.state);
-  data_position = r.header.data_position;
-  report.first_step = r.header.step + 1;
-  return {};
-}
-
-Status Run::resume() {
-  if (is_sharded_checkpoint(o.resume_dir)) return resume_sharded();
-  HP_ASSIGN_OR_RETURN(auto c, load_checkpoint(o.resume_dir, o.optimizer.kind));
-  if (eps) return resume_by_name(std::move(c));
-  if (c.params.size() != params.size())
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint holds {} parameters, the model trains {}",
-                             c.params.size(), params.size()),
-                 o.resume_dir.string());
-  if (tps) return resume_by_name(std::move(c));
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    if (c.params[k].name != params[k].name || c.params[k].dims != params[k].dims)
-      return Error(Errc::bad_input,
-                   fmt::format("checkpoint parameter '{}' does not match the model's '{}'",
-                               c.params[k].name, params[k].name),
-                   o.resume_dir.string());
-    HP_TRY(ex->set_weight(params[k].name, c.params[k]));
-    params[k] = std::move(c.params[k]);
-  }
-  state = sync ? sync->slice_state(c.state) : std::move(c.state);
-  HP_TRY(resume_buffers(c));
-  data_position = c.data_position;
-  report.first_step = c.step + 1;
-  return {};
-}
-
-Status Run::resume_buffers(const Checkpoint& c) {
-  for (const auto& b : c.buffers) {
-    auto mine = std::find_if(buffers.begin(), buffers.end(),
-                             [&](const exec::HostTensor& t) { return t.name == b.name; });
-    if (mine == buffers.end())
-      return Error(
-          Errc::bad_input,
-          fmt::format("the checkpoint holds buffer '{}', which this run does not update", b.name),
-          o.resume_dir.string());
-    HP_TRY(ex->set_weight(b.name, b));
-    *mine = b;
-  }
-  return {};
-}
-
-Status Run::resume_by_name(Checkpoint c) {
-  std::map<std::string, std::size_t> at;
-  for (std::size_t j = 0; j < c.params.size(); ++j) at.emplace(c.params[j].name, j);
-  // This member's part of a whole tensor of the checkpoint: its slice under tensor parallelism,
-  // the tensor itself under expert parallelism.
-  auto mine_of = [&](std::size_t k, const exec::HostTensor& whole) -> Expected<exec::HostTensor> {
-    if (tps) return tps->slice(k, whole);
-    if (whole.dims != params[k].dims)
-      return Error(Errc::bad_input,
-                   fmt::format("checkpoint parameter '{}' is {}, the model's is {}", whole.name,
-                               exec::dims_label(whole.dims), exec::dims_label(params[k].dims)),
-                   o.resume_dir.string());
-    return whole;
-  };
-  OptimizerState mine;
-  mine.step = c.state.step;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    auto it = at.find(params[k].name);
-    if (it == at.end())
-      return Error(Errc::bad_input,
-                   fmt::format("the checkpoint has no parameter '{}'", params[k].name),
-                   o.resume_dir.string());
-    HP_ASSIGN_OR_RETURN(auto p, mine_of(k, c.params[it->second]));
-    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
-    params[k] = std::move(p);
-    for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
-      if (!(c.state.*list).empty()) {
-        HP_ASSIGN_OR_RETURN(auto m, mine_of(k, (c.state.*list).at(it->second)));
-        (mine.*list).push_back(std::move(m));
-      }
-  }
-  state = sync ? sync->slice_state(mine) : std::move(mine);
-  HP_TRY(resume_buffers(c));
-  data_position = c.data_position;
-  report.first_step = c.step + 1;
-  return {};
-}
-
-Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
+Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t k = state.step + 1;
   HP_ASSIGN_OR_RETURN(auto batch, data.batch(data_position));
@@ -477,53 +311,12 @@ Expected<StepMetrics> Run::step(const detail::BatchSource& data) {
   return m;
 }
 
-Status Run::checkpoint() {
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = write_checkpoint();
-  if (!o.trace.empty())
-    trace.add(fmt::format("checkpoint {}", state.step), "checkpoint", 0, t0,
-              std::chrono::steady_clock::now());
-  return st;
-}
-
-Status Run::write_checkpoint() {
-  if (tps || sync || eps) {  // several ranks: each writes its own pieces
-    ShardedState h;
-    h.step = state.step;
-    h.optimizer_step = state.step;
-    h.data_position = data_position;
-    h.seed = o.seed;
-    h.optimizer = optimizer_name(o.optimizer.kind);
-    return detail::save_sharded(layout(), h, params, state, buffers, o.checkpoint_dir,
-                                o.force_checkpoint);
-  }
-  OptimizerState whole_state = state;
-  if (sync) {
-    HP_ASSIGN_OR_RETURN(whole_state, sync->gather_state(state, params));
-  }
-  HP_ASSIGN_OR_RETURN(auto whole_params, whole(params));
-  if (tps || eps) {
-    HP_ASSIGN_OR_RETURN(whole_state.exp_avg, whole(whole_state.exp_avg));
-    HP_ASSIGN_OR_RETURN(whole_state.exp_avg_sq, whole(whole_state.exp_avg_sq));
-  }
-  if (!lead()) return {};
-  Checkpoint c;
-  c.step = state.step;
-  c.data_position = data_position;
-  c.seed = o.seed;
-  c.optimizer = optimizer_name(o.optimizer.kind);
-  c.params = std::move(whole_params);
-  c.state = std::move(whole_state);
-  c.buffers = buffers;
-  return save_checkpoint(forward, c, o.checkpoint_dir, o.force_checkpoint);
-}
-
-}  // namespace
+}  // namespace detail
 
 Expected<TrainReport> train(const TrainOptions& o) {
   if (o.steps < 1) return Error(Errc::usage, "the number of steps must be at least 1");
   if (o.pp.active()) return detail::train_pipeline(o);
-  Run r{o};
+  detail::TrainRun r{o};
   HP_TRY(r.prepare());
   HP_ASSIGN_OR_RETURN(auto data,
                       detail::BatchSource::open(o, *r.ex, o.grad.labels, std::move(r.batch)));
