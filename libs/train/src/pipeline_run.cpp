@@ -194,13 +194,7 @@ ShardedLayout PipeRun::layout() const {
 }
 
 Status PipeRun::resume_sharded() {
-  HP_ASSIGN_OR_RETURN(auto r, load_sharded(layout(), o.resume_dir, params, {}));
-  if (r.header.optimizer != optimizer_name(o.optimizer.kind))
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
-                             "optimizer",
-                             r.header.optimizer),
-                 o.resume_dir.string());
+  HP_ASSIGN_OR_RETURN(auto r, load_sharded(layout(), o.resume_dir, params, {}, o.optimizer.kind));
   params = std::move(r.params);
   state = std::move(r.state);
   HP_TRY(set_weights());

@@ -90,10 +90,16 @@ Status save_sharded(const ShardedLayout& l, const ShardedState& header,
 
 Expected<ShardedResume> load_sharded(const ShardedLayout& l, const fs::path& dir,
                                      const std::vector<HostTensor>& params,
-                                     const std::vector<HostTensor>& buffers) {
+                                     const std::vector<HostTensor>& buffers, OptimizerKind kind) {
   HP_ASSIGN_OR_RETURN(auto ck, ShardedCheckpoint::open(dir));
   ShardedResume r;
   r.header = ck.state();
+  if (r.header.optimizer != optimizer_name(kind))
+    return Error(Errc::bad_input,
+                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
+                             "optimizer",
+                             r.header.optimizer),
+                 dir.string());
   r.state.step = r.header.optimizer_step;
   auto runs = [&](std::size_t k) { return l.tps ? l.tps->runs(k) : whole_runs(params[k]); };
   auto shape = [&](std::size_t k) { return l.tps ? l.tps->whole_dims(k) : params[k].dims; };

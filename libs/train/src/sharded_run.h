@@ -45,9 +45,11 @@ struct ShardedResume {
 };
 
 /// This rank's parameters (like `params`: its slices), optimizer state and buffers, read from
-/// the pieces of a sharded checkpoint written at any layout.
+/// the pieces of a sharded checkpoint written at any layout by a run of optimizer `kind`
+/// (Errc::bad_input when another optimizer wrote it: its state would be read as the wrong moments).
 Expected<ShardedResume> load_sharded(const ShardedLayout& l, const std::filesystem::path& dir,
                                      const std::vector<exec::HostTensor>& params,
-                                     const std::vector<exec::HostTensor>& buffers);
+                                     const std::vector<exec::HostTensor>& buffers,
+                                     OptimizerKind kind);
 
 }  // namespace hp::train::detail

@@ -27,13 +27,8 @@ detail::ShardedLayout TrainRun::layout() const {
 }
 
 Status TrainRun::resume_sharded() {
-  HP_ASSIGN_OR_RETURN(auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers));
-  if (r.header.optimizer != optimizer_name(o.optimizer.kind))
-    return Error(Errc::bad_input,
-                 fmt::format("the checkpoint was written by {}, the recipe trains with another "
-                             "optimizer",
-                             r.header.optimizer),
-                 o.resume_dir.string());
+  HP_ASSIGN_OR_RETURN(
+      auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers, o.optimizer.kind));
   for (std::size_t k = 0; k < params.size(); ++k) {
     HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
     params[k] = std::move(r.params[k]);
