@@ -147,6 +147,11 @@ void register_grad_ops(OpTable& t);
 void register_grad_conv_ops(OpTable& t);
 /// RecurrentGrad, the LSTM / GRU / RNN gradient (cpu_ops_grad_rnn.cpp).
 void register_grad_rnn_ops(OpTable& t);
+/// The activation names of an LSTM, GRU or RNN node (`op`), lower case, one list per direction:
+/// its `activations` attribute (one direction's list serves both) or the op's defaults
+/// (cpu_ops_rnn.cpp; the gradient kernel reads the same list).
+std::vector<std::string> recurrent_activation_names(const OpCall& c, const std::string& op,
+                                                    int dirs);
 /// SliceGrad, GatherGrad, GatherElementsGrad (cpu_ops_grad_index.cpp).
 void register_grad_index_ops(OpTable& t);
 

@@ -13,7 +13,6 @@
 // input_forget are refused (the gradient rule, libs/train/src/rules_recurrent.cpp, says so before
 // anything runs). Gate order and sequence_lens handling are the forward's (cpu_ops_rnn.cpp).
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 
 #include "cpu_ops.h"
@@ -43,19 +42,10 @@ double slope(Fn f, double y) {
   return 1;
 }
 
-std::vector<Fn> functions(const OpCall& c, std::size_t per_dir, int dirs,
-                          const std::vector<std::string>& defaults) {
-  std::vector<std::string> names = c.strings("activations");
-  if (names.empty())
-    for (int d = 0; d < dirs; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
-  if (names.size() == per_dir && dirs == 2) names.insert(names.end(), names.begin(), names.end());
-  if (names.size() != per_dir * static_cast<std::size_t>(dirs))
-    c.fail("expected " + std::to_string(per_dir * static_cast<std::size_t>(dirs)) +
-           " activations, got " + std::to_string(names.size()));
+/// The node's activations (recurrent_activation_names: the forward's list and defaults).
+std::vector<Fn> functions(const OpCall& c, const std::string& op, int dirs) {
   std::vector<Fn> out;
-  for (std::string n : names) {
-    std::transform(n.begin(), n.end(), n.begin(),
-                   [](unsigned char ch) { return std::tolower(ch); });
+  for (const std::string& n : recurrent_activation_names(c, op, dirs)) {
     if (n == "sigmoid")
       out.push_back(Fn::sigmoid);
     else if (n == "tanh")
@@ -122,10 +112,7 @@ void recurrent_grad(OpCall& c) {
       lens[static_cast<size_t>(b)] = v;
     }
   }
-  const std::vector<Fn> fns = cell == Cell::lstm
-                                  ? functions(c, 3, dirs, {"Sigmoid", "Tanh", "Tanh"})
-                              : cell == Cell::gru ? functions(c, 2, dirs, {"Sigmoid", "Tanh"})
-                                                  : functions(c, 1, dirs, {"Tanh"});
+  const std::vector<Fn> fns = functions(c, kind, dirs);
   const std::size_t per_dir = fns.size() / static_cast<std::size_t>(dirs);
   const bool lbr = c.i("linear_before_reset", 0) != 0;
   const auto GH = static_cast<size_t>(G * H), Hs = static_cast<size_t>(H);

@@ -42,24 +42,14 @@ struct Act {
   }
 };
 
-/// The activation list of the node: `per_dir` functions per direction, from `activations` (with
-/// activation_alpha / activation_beta consumed in order by the functions that take them) or the
-/// op's defaults.
-std::vector<Act> activations(const OpCall& c, std::size_t per_dir, int dirs,
-                             const std::vector<std::string>& defaults) {
-  std::vector<std::string> names = c.strings("activations");
-  if (names.empty())
-    for (int d = 0; d < dirs; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
-  if (names.size() == per_dir && dirs == 2) names.insert(names.end(), names.begin(), names.end());
-  if (names.size() != per_dir * static_cast<std::size_t>(dirs))
-    c.fail("expected " + std::to_string(per_dir * static_cast<std::size_t>(dirs)) +
-           " activations, got " + std::to_string(names.size()));
+/// The activation list of the node (recurrent_activation_names), with activation_alpha /
+/// activation_beta consumed in order by the functions that take them.
+std::vector<Act> activations(const OpCall& c, const std::string& op, int dirs) {
+  const std::vector<std::string> names = recurrent_activation_names(c, op, dirs);
   const auto alphas = c.floats("activation_alpha"), betas = c.floats("activation_beta");
   std::size_t ai = 0, bi = 0;
   std::vector<Act> out;
-  for (std::string n : names) {
-    std::transform(n.begin(), n.end(), n.begin(),
-                   [](unsigned char ch) { return std::tolower(ch); });
+  for (const std::string& n : names) {
     Act a;
     a.name = n;
     double da = 0, db = 0;
@@ -137,10 +127,11 @@ void recurrent(OpCall& c, Cell cell) {
       lens[static_cast<size_t>(b)] = l[static_cast<size_t>(b)];
     }
   }
-  const std::vector<Act> acts = cell == Cell::lstm
-                                    ? activations(c, 3, dirs, {"Sigmoid", "Tanh", "Tanh"})
-                                : cell == Cell::gru ? activations(c, 2, dirs, {"Sigmoid", "Tanh"})
-                                                    : activations(c, 1, dirs, {"Tanh"});
+  const std::vector<Act> acts = activations(c,
+                                            cell == Cell::lstm  ? "LSTM"
+                                            : cell == Cell::gru ? "GRU"
+                                                                : "RNN",
+                                            dirs);
   const std::size_t per_dir = acts.size() / static_cast<std::size_t>(dirs);
   const bool has_clip = c.has("clip");
   const double clip = c.f("clip", 0);
@@ -271,6 +262,26 @@ bool recurrent_dtypes(const std::vector<int32_t>& d) {
 }
 
 }  // namespace
+
+std::vector<std::string> recurrent_activation_names(const OpCall& c, const std::string& op,
+                                                    int dirs) {
+  const std::vector<std::string> defaults =
+      op == "LSTM"  ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+      : op == "GRU" ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                    : std::vector<std::string>{"Tanh"};
+  const std::size_t per_dir = defaults.size();
+  std::vector<std::string> names = c.strings("activations");
+  if (names.empty())
+    for (int d = 0; d < dirs; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
+  if (names.size() == per_dir && dirs == 2) names.insert(names.end(), names.begin(), names.end());
+  if (names.size() != per_dir * static_cast<std::size_t>(dirs))
+    c.fail("expected " + std::to_string(per_dir * static_cast<std::size_t>(dirs)) +
+           " activations, got " + std::to_string(names.size()));
+  for (auto& n : names)
+    std::transform(n.begin(), n.end(), n.begin(),
+                   [](unsigned char ch) { return std::tolower(ch); });
+  return names;
+}
 
 void register_rnn_ops(OpTable& t) {
   t["LSTM"] = {[](OpCall& c) { run(c, Cell::lstm); }, recurrent_dtypes};

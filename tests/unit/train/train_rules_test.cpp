@@ -56,13 +56,20 @@ void scalar_i64(Builder& b, const std::string& name, std::int64_t v) {
   t->add_int64_data(v);
 }
 
+/// Mean squared error on output "y".
+train::GradSpec mse_on_y() {
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  return spec;
+}
+
 /// Gradients of `b` (output "y", mean squared error against generated targets) against float64
 /// central differences along random directions.
 void check(Builder& b, const std::string& name) {
   train::GradCheckOptions o;
   o.model = save(b, name);
-  o.grad.logits = "y";
-  o.grad.loss = train::LossKind::mse;
+  o.grad = mse_on_y();
   o.threads = 1;
   o.directions = 4;
   auto r = train::check_gradients(o);
@@ -70,6 +77,14 @@ void check(Builder& b, const std::string& name) {
   REQUIRE(r);
   CHECK(r->ok());
   CHECK(r->worst() < 1e-6);
+}
+
+/// `b`'s gradients against float32 central differences, on random inputs x and targets.
+void check_f32(Builder& b, std::vector<std::int64_t> x, std::vector<std::int64_t> y, int seed) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  test::check_against_differences(
+      b, mse_on_y(),
+      {test::tensor(std::move(x), HP_F32, rng), test::tensor(std::move(y), HP_F32, rng)});
 }
 
 struct Pointwise {
@@ -256,12 +271,7 @@ TEST_CASE("Mish's gradient matches float32 differences", "[train]") {
   b.node("Mish", {"h"}, {"q"});
   b.node("Mul", {"q", "V"}, {"y"});  // q's shape is not inferred: no rule after it may need it
   b.output("y", {3, 5});
-  train::GradSpec spec;
-  spec.logits = "y";
-  spec.loss = train::LossKind::mse;
-  std::mt19937 rng(4);
-  test::check_against_differences(
-      b, spec, {test::tensor({3, 4}, HP_F32, rng), test::tensor({3, 5}, HP_F32, rng)});
+  check_f32(b, {3, 4}, {3, 5}, 4);
 }
 
 TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
@@ -282,12 +292,7 @@ TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
     attr_i(b.node("Flatten", {"c"}, {"f"}), "axis", 1);
     b.node("MatMul", {"f", "V"}, {"y"});
     b.output("y", {2, 2});
-    train::GradSpec spec;
-    spec.logits = "y";
-    spec.loss = train::LossKind::mse;
-    std::mt19937 rng(3);
-    test::check_against_differences(
-        b, spec, {test::tensor({2, 4, 5, 5}, HP_F32, rng), test::tensor({2, 2}, HP_F32, rng)});
+    check_f32(b, {2, 4, 5, 5}, {2, 2}, 3);
   }
   SECTION("auto_pad is refused with the node named") {
     Builder b;
@@ -296,10 +301,7 @@ TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
     auto* n = b.node("ConvTranspose", {"x", "W"}, {"y"}, "the_deconv");
     attr_s(n, "auto_pad", "SAME_UPPER");
     b.output("y", {1, 2, 3, 3});
-    train::GradSpec spec;
-    spec.logits = "y";
-    spec.loss = train::LossKind::mse;
-    auto r = train::build_grad_graph(b.model(), spec);
+    auto r = train::build_grad_graph(b.model(), mse_on_y());
     REQUIRE_FALSE(r);
     CHECK(r.error().where().find("the_deconv") != std::string::npos);
     CHECK(r.error().message().find("explicit pads") != std::string::npos);
