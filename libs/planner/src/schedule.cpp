@@ -147,22 +147,26 @@ LiveCounts reduce(recipe::Schedule s, std::int64_t p, std::int64_t k, std::int64
 // backwards add above what is alive at their start, `worst_first[c]` the same for its first
 // backward, gradients born included.
 double peak_of(const LiveCounts& live, const double* coef, const double* worst,
-               const double* worst_first) {
-  const auto width = 2 * static_cast<std::size_t>(live.chunks);
-  auto dot = [&](const double* n) {
-    double s = 0;
-    for (std::size_t c = 0; c < width; ++c) s += n[c] * coef[c];
-    return s;
+               const double* worst_first, double* alone) {
+  const auto chunks = static_cast<std::size_t>(live.chunks), width = 2 * chunks;
+  // One pass gives both peaks: `alone` sums only the live counts (the activations), each row's
+  // first `chunks` entries.
+  double peak = 0, acts = 0;
+  auto row = [&](const double* n, double worst_all, double worst_acts) {
+    double a = 0, g = 0;
+    for (std::size_t c = 0; c < chunks; ++c) a += n[c] * coef[c];
+    for (std::size_t c = chunks; c < width; ++c) g += n[c] * coef[c];
+    peak = std::max(peak, a + g + worst_all);
+    acts = std::max(acts, a + worst_acts);
   };
-  double peak = 0;
   for (std::size_t i = 0; i < live.after_forward.size(); ++i)
-    peak = std::max(peak, dot(live.forward_rows.data() + i * width));
+    row(live.forward_rows.data() + i * width, 0, 0);
   for (std::size_t i = 0; i < live.before_backward.size(); ++i) {
     const auto& b = live.before_backward[i];
     const auto c = static_cast<std::size_t>(b.chunk);
-    peak = std::max(
-        peak, dot(live.backward_rows.data() + i * width) + (b.first ? worst_first[c] : worst[c]));
+    row(live.backward_rows.data() + i * width, b.first ? worst_first[c] : worst[c], worst[c]);
   }
+  if (alone) *alone = acts;
   return peak;
 }
 
@@ -179,7 +183,8 @@ const LiveCounts& live_counts(recipe::Schedule s, std::int64_t p, std::int64_t k
   return it->second;
 }
 
-double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units) {
+double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units,
+                       double* alone) {
   const auto chunks = static_cast<std::size_t>(live.chunks);
   // Per chunk: the bytes one micro-batch keeps, its gradients, and the worst moments of its
   // backward above them (units run backward last to first; each frees its kept bytes after its
@@ -200,7 +205,7 @@ double activation_peak(const LiveCounts& live, const std::vector<UnitActivations
     worst_first[c] = std::max(worst_first[c], u->transient + born[c] - freed[c]);
     freed[c] += u->kept;
   }
-  return peak_of(live, coef.data(), worst.data(), worst_first.data());
+  return peak_of(live, coef.data(), worst.data(), worst_first.data(), alone);
 }
 
 PeakTracker::PeakTracker(const LiveCounts& live, std::vector<UnitActivations> units)

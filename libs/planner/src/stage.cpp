@@ -178,9 +178,7 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
   s.states = states;
   if (train) {
     const LiveCounts& live = live_counts(c.schedule, c.pp, stage, c.micro_batches, v);
-    s.dynamic = activation_peak(live, units);
-    for (auto& u : units) u.grads = 0;
-    s.activations = activation_peak(live, units);
+    s.dynamic = activation_peak(live, units, &s.activations);
   } else {
     s.activations = s.dynamic = infer_peak;
   }

@@ -89,8 +89,10 @@ struct UnitActivations {
 /// the units after it in the chunk, already run backward and freed, no longer hold). Equals the
 /// maximum over every slot of the timeline libs/offload simulates from schedule_ops. Gradients are
 /// not held through the forward: the executor allocates them in the backward and the optimizer
-/// step consumes them (docs/planner.md, "Memory").
-double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units);
+/// step consumes them (docs/planner.md, "Memory"). `alone`, when given, receives the peak of the
+/// activations by themselves (what `hp plan` reports as activation bytes), from the same pass.
+double activation_peak(const LiveCounts& live, const std::vector<UnitActivations>& units,
+                       double* alone = nullptr);
 
 /// activation_peak of a rank whose units change one at a time (the recompute search tries many
 /// choices of the same blocks): a change updates each live-count vector's sum for the changed
