@@ -9,8 +9,9 @@ a top-k MoE (softmax router, topk, expert outputs gathered by the chosen indices
 variant scatters the routing weights into a dense gate instead), a ResNet-style CNN (Conv2d and
 BatchNorm2d in training mode, whose running statistics the forward updates, max pooling, a residual
 block, global average pooling), a "zoo" of the layers beyond those (instance norm, PReLU,
-transposed convolution, ELU, Hardswish, PixelShuffle, cumsum, logsumexp, amax) and recurrent
-language models (a 2-layer nn.LSTM, a bidirectional nn.GRU).
+transposed convolution, ELU, Hardswish, PixelShuffle, cumsum, logsumexp, amax), recurrent
+language models (a 2-layer nn.LSTM, a bidirectional nn.GRU) and a refinement loop scripted with
+torch.jit.script (a while loop the data stops and an if, exported as ONNX Loop and If).
 
 `export(name, path)` writes the model in TRAINING mode (torch.onnx.TrainingMode.TRAINING, no constant
 folding, opset 14, a dynamic batch axis): the parameters stay initializers named as in
@@ -321,6 +322,33 @@ class Moe(nn.Module):
         return self.head(x)
 
 
+# --- control flow ------------------------------------------------------------------------------
+class Refine(nn.Module):
+    """Iterative refinement with a stop the data decides and a data-dependent branch, written for
+    torch.jit.script, whose export keeps them as an ONNX Loop (its condition computed by the body)
+    and an If, both reading the weights from the outer graph."""
+
+    def __init__(self, steps: int = 3):
+        super().__init__()
+        self.steps = steps
+        self.inp = nn.Linear(16, HIDDEN)
+        self.step = nn.Linear(HIDDEN, HIDDEN)
+        self.gate = nn.Linear(HIDDEN, HIDDEN)
+        self.out = nn.Linear(HIDDEN, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        i = 0
+        while i < self.steps and bool(h.abs().mean() > 1e-3):
+            h = h + torch.tanh(self.step(h)) * torch.sigmoid(self.gate(h))
+            i += 1
+        if bool(h.mean() > 0):
+            y = self.out(h)
+        else:
+            y = self.out(h * 0.5)
+        return y
+
+
 # --- registry and export -----------------------------------------------------------------------
 @dataclasses.dataclass
 class Spec:
@@ -331,6 +359,7 @@ class Spec:
     seq: int = SEQ        # tokens: sequence length (static in the export)
     recompute: bool = True  # whether recomputing its layers can lower the peak
     recompute_why: str = ""
+    script: bool = False  # exported through torch.jit.script (control flow kept as If / Loop)
 
 
 MODELS = {
@@ -346,6 +375,7 @@ MODELS = {
                  recompute_why="a recurrent layer keeps only its output, which the next layer "
                  "reads anyway: recomputing it frees nothing and rebuilds its weight reordering"),
     "gru": Spec(lambda: Recurrent(gru=True), "tokens", "cross_entropy", "input_ids"),
+    "control": Spec(Refine, "vector", "mse", "x", script=True),
 }
 # Four blocks, for four pipeline stages (run_pipeline.py); not in the other tests' default lists.
 DEEP = {
@@ -400,7 +430,8 @@ def export(spec, model, path, batch=BATCH, dynamic=True):
     g = torch.Generator().manual_seed(123)
     x, _ = example(spec, batch + 1 if dynamic else batch, g)
     axes = {spec.input_name: {0: "batch"}, OUTPUT: {0: "batch"}} if dynamic else None
-    torch.onnx.export(model, (x,), path, input_names=[spec.input_name], output_names=[OUTPUT],
+    traced = torch.jit.script(model) if spec.script else model
+    torch.onnx.export(traced, (x,), path, input_names=[spec.input_name], output_names=[OUTPUT],
                       dynamic_axes=axes,
                       opset_version=OPSET, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False)

@@ -198,7 +198,15 @@ void add_subgraph_cost(const Model& model, const onnx::NodeProto& p, const Graph
   } else if (op == "Loop") {
     const onnx::GraphProto* b = graph_attr(p, "body");
     if (!b) return;
-    std::vector<std::function<void(onnx::ValueInfoProto&)>> types(2);
+    // The iteration number and the condition are scalars (exporters often declare no shape).
+    auto scalar = [](std::int32_t elem) {
+      return [elem](onnx::ValueInfoProto& v) {
+        v.mutable_type()->mutable_tensor_type()->set_elem_type(elem);
+        v.mutable_type()->mutable_tensor_type()->mutable_shape()->clear_dim();
+      };
+    };
+    std::vector<std::function<void(onnx::ValueInfoProto&)>> types = {
+        scalar(onnx::TensorProto::INT64), scalar(onnx::TensorProto::BOOL)};
     for (std::size_t j = 2; j < n.inputs.size(); ++j) types.push_back(typed(j));
     const NodeCost bc = body_cost(model, *b, types, g);
     std::optional<std::int64_t> trips;

@@ -226,7 +226,10 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   for (const auto& t : g.initializer()) inits.insert(t.name());
   std::set<std::string> used, unbound;
   for (auto& in : *g.mutable_input()) {
-    if (inits.count(in.name()) || !in.type().has_tensor_type()) continue;
+    // An input without a shape stays one: mutable_shape() would declare it a scalar.
+    if (inits.count(in.name()) || !in.type().has_tensor_type() ||
+        !in.type().tensor_type().has_shape())
+      continue;
     auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
     for (auto& d : *shape->mutable_dim()) {
       if (!d.has_dim_param()) continue;
@@ -275,6 +278,7 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
     progress += fix_einsum_shapes(g, result.shapes, fixed);
     progress += fix_onehot_shapes(g, result.shapes, values, fixed);
     progress += fix_hp_domain_shapes(g, result.shapes, fixed);
+    progress += bind_loop_body_inputs(g, result.shapes);
     progress += fix_loop_shapes(g, result.shapes, fixed);
     if (progress == 0) break;
   }

@@ -8,7 +8,9 @@
 // ONNX also leaves a Loop's carried outputs without a shape, since a carried value may change shape
 // from one iteration to the next. When the body's inferred output has exactly the carried input's
 // (fully known) shape, it cannot change, and the output gets that shape (an If then infers from its
-// branches as usual).
+// branches as usual). A body declares its carried inputs with the exporter's symbols, which the
+// outer graph's bindings do not reach; bind_loop_body_inputs gives them the initial value's static
+// shape (the first iteration's), so the body's shapes, and then the output's, come out bound.
 #include "shape_infer.h"
 
 namespace hp::model {
@@ -64,6 +66,44 @@ int fix_loop_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap&
     }
   }
   return added;
+}
+
+int bind_loop_body_inputs(onnx::GraphProto& g, const ShapeMap& shapes) {
+  int changed = 0;
+  for (auto& n : *g.mutable_node()) {
+    if (n.op_type() != "Loop") continue;
+    onnx::GraphProto* body = nullptr;
+    for (auto& a : *n.mutable_attribute())
+      if (a.name() == "body" && a.type() == onnx::AttributeProto::GRAPH) body = a.mutable_g();
+    if (!body) continue;
+    for (int k = 2; k < n.input_size() && k < body->input_size(); ++k) {
+      auto in = shapes.find(n.input(k));
+      if (in == shapes.end() || !in->second.has_shape) continue;
+      bool known = true;
+      for (const auto& d : in->second.dims) known = known && d.known();
+      auto* tt = body->mutable_input(k)->mutable_type();
+      if (!known || !tt->has_tensor_type()) continue;
+      const bool declared = tt->tensor_type().has_shape();
+      const auto& shape = tt->tensor_type().shape();
+      // Only symbols are replaced (the exporter's invented ones, or the graph's own dim names,
+      // which the outer graph has bound): a declared number must be the initial value's, and a
+      // declaration of numbers only is the static shape already.
+      const auto& dims = in->second.dims;
+      bool agrees = !declared || shape.dim_size() == static_cast<int>(dims.size());
+      bool symbols = !declared;
+      for (int d = 0; agrees && declared && d < shape.dim_size(); ++d) {
+        const auto& dim = shape.dim(d);
+        agrees = !dim.has_dim_value() || dim.dim_value() == dims[static_cast<std::size_t>(d)].value;
+        symbols = symbols || !dim.has_dim_value();
+      }
+      if (!agrees || !symbols) continue;
+      auto* out = tt->mutable_tensor_type()->mutable_shape();
+      out->clear_dim();
+      for (const auto& d : dims) out->add_dim()->set_dim_value(d.value);
+      ++changed;
+    }
+  }
+  return changed;
 }
 
 }  // namespace hp::model

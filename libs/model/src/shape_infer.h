@@ -65,6 +65,10 @@ void strip_subgraph_output_shapes(onnx::GraphProto& g);
 /// Shapes of Loop-carried outputs whose body keeps the carried input's static shape, added to
 /// `fixed`; returns how many (shape_control.cpp).
 int fix_loop_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed);
+/// Declares the carried inputs of each Loop body with their initial value's static shape where the
+/// body declares them with symbols only, so that inference of the body (and fix_loop_shapes after
+/// it) sees bound dims; returns how many it changed (shape_control.cpp).
+int bind_loop_body_inputs(onnx::GraphProto& g, const ShapeMap& shapes);
 
 /// A small tensor value computed from shapes and constants (what the exporter's
 /// Shape/Gather/Concat arithmetic produces). Values are doubles: exact for any realistic dim.

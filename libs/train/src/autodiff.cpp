@@ -3,7 +3,8 @@
 // Which nodes get a backward: a tensor "requires grad" when it is a trainable initializer or a
 // floating-point output of a node reading one (forward pass over the node list); it "reaches the
 // loss" when the logits depend on it (backward pass). Nodes with an output in both sets are
-// differentiated, in reverse order, each by its op's rule (rules_*.cpp); the gradient arriving at a
+// differentiated, in reverse order, each by its op's rule (rules_*.cpp; If and Loop by
+// control_grad.cpp, as their subgraphs read outer tensors); the gradient arriving at a
 // tensor read by several nodes is the Sum of their contributions. Integer tensors carry no
 // gradient, which cuts Shape arithmetic, masks and indices without rules.
 //
@@ -22,7 +23,7 @@
 #include <map>
 #include <set>
 
-#include "grad_ctx.h"
+#include "autodiff_engine.h"
 #include "graph_parts.h"
 #include "hp/model/layers.h"
 #include "loss_graph.h"
@@ -48,51 +49,9 @@ bool is_float_type(std::int32_t t) {
 
 using detail::collect_reads;
 
-struct Engine {
-  Engine(const model::Model& m, const GradSpec& s, model::Graph g)
-      : model(m), spec(s), fg(std::move(g)), proto(std::make_shared<onnx::ModelProto>(*m.proto)) {}
-  const model::Model& model;
-  const GradSpec& spec;
-  const onnx::GraphProto* exported = nullptr;  ///< the forward before rewrites (rewrite.h)
-  model::Graph fg;
-  std::shared_ptr<onnx::ModelProto> proto;
-  GraphWriter w;
-  std::vector<std::set<std::string>> reads;  ///< per forward node
-  std::set<std::string> requires_grad, reaches_loss;
-  std::map<std::string, std::vector<std::string>> contrib;
-  std::map<std::string, std::string> rename;  ///< forward tensor -> recomputed clone
-  std::map<int, int> block_of;                ///< forward node -> recomputed block
-  std::map<int, std::vector<int>> block_nodes;
-  std::set<int> recomputed;
-  int forward_nodes = 0;
-  int clones = 0;
-  std::vector<std::string> notes;
+}  // namespace
 
-  const std::string& renamed(const std::string& t) const {
-    auto it = rename.find(t);
-    return it == rename.end() ? t : it->second;
-  }
-
-  /// The gradient of `t` (Sum of its contributions), "" when none.
-  std::string accumulated(const std::string& t) {
-    auto it = contrib.find(t);
-    if (it == contrib.end() || it->second.empty()) return "";
-    if (it->second.size() == 1) return it->second.front();
-    std::string s = w.emit("Sum", it->second, 1)[0];
-    it->second = {s};
-    return s;
-  }
-
-  std::map<int, std::string> gelu_tail;  ///< forward node ending an exact-GELU chain -> its x
-
-  Status check_loss_names() const;
-  Status check_and_mark(GradGraph& out);
-  Status recompute_setup();
-  void emit_clones(int block);
-  void replay_dropout(const onnx::NodeProto& n);
-  Status backward(std::vector<Diagnostic>& errors);
-  Status finish(GradGraph& out, const std::string& loss);
-};
+namespace detail {
 
 Status Engine::check_loss_names() const {
   const auto& pg = model.proto->graph();
@@ -141,8 +100,13 @@ Status Engine::check_and_mark(GradGraph& out) {
     bool any = false;
     for (const auto& i : reads[static_cast<std::size_t>(k)]) any = any || requires_grad.count(i);
     if (!any) continue;
-    for (const auto& o : n.output())
-      if (!o.empty() && is_float_type(w.elem_type(o))) requires_grad.insert(o);
+    for (const auto& o : n.output()) {
+      // A sequence may hold float tensors: it carries their gradient, and an op of it without a
+      // rule is then an error rather than a weight silently left untrained.
+      const int t = o.empty() ? -1 : fg.find_tensor(o);
+      if (!o.empty() && (is_float_type(w.elem_type(o)) || (t >= 0 && fg.tensor(t).sequence)))
+        requires_grad.insert(o);
+    }
   }
   if (!spec.logits.empty()) reaches_loss.insert(spec.logits);
   reaches_loss.insert(spec.output_grads.begin(), spec.output_grads.end());
@@ -250,6 +214,16 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
     const std::string key = n.domain().empty() || n.domain() == "ai.onnx"
                                 ? n.op_type()
                                 : n.domain() + "." + n.op_type();
+    if (key == "If" || key == "Loop") {  // their subgraphs read outer tensors: control_grad.h
+      auto b = block_of.find(k);
+      if (b != block_of.end() && recomputed.insert(b->second).second) emit_clones(b->second);
+      auto r = detail::control_flow_grad(w, k, douts, control);
+      if (!r)
+        for (auto& d : r.error().all()) errors.push_back(std::move(d));
+      else
+        for (auto& [t, g] : *r) contrib[t].push_back(g);
+      continue;
+    }
     auto rule = table.find(key);
     const std::string where =
         fmt::format("node '{}' ({})", n.name().empty() ? n.output(0) : n.name(), key);
@@ -280,136 +254,7 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
   return {};
 }
 
-/// Removes the nodes whose outputs nothing reads: forward outputs the loss does not need, and
-/// gradient nodes a later rule superseded (a Gemm folded into its transpose's). `keep` names
-/// tensors kept although no output reads them (a stage's forward outputs, which its forward part
-/// sends on). Returns how many of the first `forward_nodes` nodes remain.
-int remove_dead(onnx::GraphProto& g, int forward_nodes, std::vector<std::string> keep) {
-  for (const auto& o : g.output()) keep.push_back(o.name());
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  int kept_forward = 0;
-  for (int k : detail::needed_nodes(g, keep, {})) {
-    kept.Add()->Swap(g.mutable_node(k));
-    kept_forward += k < forward_nodes;
-  }
-  g.mutable_node()->Swap(&kept);
-  return kept_forward;
-}
-
-/// Readers of a tensor through Identity aliases (what "tied" counts).
-int readers(const onnx::GraphProto& g, const std::string& t, int depth = 0) {
-  int r = 0;
-  for (const auto& n : g.node())
-    for (const auto& i : n.input())
-      if (i == t) {
-        r += n.op_type() == "Identity" && depth < 16 ? readers(g, n.output(0), depth + 1) : 1;
-        break;
-      }
-  return r;
-}
-
-Status Engine::finish(GradGraph& out, const std::string& loss) {
-  onnx::GraphProto& g = *w.graph;
-  g.clear_output();
-  if (!loss.empty()) {
-    auto* lo = g.add_output();
-    lo->set_name(loss);
-    lo->mutable_type()->mutable_tensor_type()->set_elem_type(w.elem_type(spec.logits));
-    lo->mutable_type()->mutable_tensor_type()->mutable_shape();
-  }
-  const auto stats = detail::batch_norm_buffers(g, forward_nodes, out.untrained);
-  std::vector<std::string> kept;
-  std::vector<std::pair<std::string, std::string>> finals;  ///< gradient tensor, output name
-  std::set<std::string> taken;
-  for (const auto& n : g.node())
-    for (const auto& o : n.output()) taken.insert(o);
-  for (const auto& t : g.initializer()) taken.insert(t.name());
-  for (const auto& p : out.params) {
-    std::string gsum = accumulated(p);
-    if (gsum.empty()) {
-      out.untrained.emplace(p, "no path to the loss (its gradient is zero)");
-      continue;
-    }
-    std::string name = p + "_grad";
-    while (taken.count(name)) name += "_";
-    taken.insert(name);
-    finals.emplace_back(gsum, name);
-    auto* vo = g.add_output();
-    vo->set_name(name);
-    auto* tt = vo->mutable_type()->mutable_tensor_type();
-    int idx = fg.find_tensor(p);
-    tt->set_elem_type(fg.tensor(idx).elem_type);
-    auto* sh = tt->mutable_shape();
-    for (const auto& d : fg.tensor(idx).dims) sh->add_dim()->set_dim_value(d.value);
-    kept.push_back(p);
-    out.grads.push_back(name);
-    // Readers in the model as exported: the rewritten forward reads a folded weight twice (its
-    // Gemm and the Transpose the backward keeps), which is no tie.
-    if (int r = readers(*exported, p); r > 1) {
-      out.tied[p] = r;
-      for (const auto& n : exported->node())
-        if (n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == p) {
-          out.aliased.push_back(p);
-          break;
-        }
-    }
-  }
-  out.params = kept;
-  for (const auto& in : spec.input_grads) {
-    // An input without a path to the loss still sends its (zero) gradient back, so the previous
-    // stage's backward runs as for any other.
-    std::string gsum = accumulated(in);
-    if (gsum.empty())
-      gsum = w.emit("Expand", {w.scalar(0.0, w.elem_type(in)), w.shape_of(in)}, 1)[0];
-    const std::string name = detail::stage_grad_name(in);
-    finals.emplace_back(gsum, name);
-    w.declare_like(*g.add_output(), w.elem_type(in), in);
-    g.mutable_output(g.output_size() - 1)->set_name(name);
-    out.input_grad_outputs.push_back(name);
-  }
-  if (spec.update_buffers)
-    for (const auto& [stat, value] : stats) {
-      w.declare_like(*g.add_output(), w.elem_type(stat), stat);
-      g.mutable_output(g.output_size() - 1)->set_name(value);
-      out.buffer_updates.emplace_back(stat, value);
-    }
-  // A gradient that an emitted node writes and nothing else reads becomes the output by renaming
-  // that node's output; otherwise (a forward tensor, or one shared with another gradient) an
-  // Identity copies it out.
-  std::map<std::string, int> reads_of;
-  for (const auto& n : g.node())
-    for (const auto& i : n.input()) ++reads_of[i];
-  std::map<std::string, std::string>
-      moved;  ///< renamed gradient tensors (two params may share one)
-  for (const auto& [gsum, name] : finals) {
-    if (auto m = moved.find(gsum); m != moved.end()) {
-      w.emit("Identity", {m->second}, 1, {}, "", {name});
-      continue;
-    }
-    onnx::NodeProto* maker = nullptr;
-    if (w.made.count(gsum) && reads_of[gsum] == 0)
-      for (int k = forward_nodes; k < g.node_size() && !maker; ++k)
-        for (int j = 0; j < g.node(k).output_size(); ++j)
-          if (g.node(k).output(j) == gsum) {
-            maker = g.mutable_node(k);
-            maker->set_output(j, name);
-            moved[gsum] = name;
-            break;
-          }
-    if (!maker) w.emit("Identity", {gsum}, 1, {}, "", {name});
-  }
-  w.made.clear();  // the pointers do not survive the removal
-  if (!spec.logits.empty()) out.forward_outputs.push_back(spec.logits);
-  for (const auto& o : spec.output_grads)
-    if (std::find(out.forward_outputs.begin(), out.forward_outputs.end(), o) ==
-        out.forward_outputs.end())
-      out.forward_outputs.push_back(o);
-  out.forward_nodes =
-      detail::hoist_shape_reads(g, remove_dead(g, forward_nodes, out.forward_outputs));
-  return {};
-}
-
-}  // namespace
+}  // namespace detail
 
 Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& spec) {
   auto opset_it = model.opsets.find("");
@@ -436,7 +281,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   }
   fwd.proto = rewritten;
   HP_ASSIGN_OR_RETURN(model::Graph fg, model::build_graph(fwd, spec.dims));
-  Engine e(fwd, spec, std::move(fg));
+  detail::Engine e(fwd, spec, std::move(fg));
   e.exported = &model.proto->graph();
   e.w.graph = e.proto->mutable_graph();
   e.w.fwd = &e.fg;

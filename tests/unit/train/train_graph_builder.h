@@ -3,6 +3,7 @@
 #pragma once
 
 #include <onnx/onnx_pb.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -122,6 +123,18 @@ inline exec::HostTensor tensor(std::vector<std::int64_t> dims, int dtype, std::m
     for (std::int64_t k = 0; k < n; ++k) t.as<std::int64_t>()[k] = ud(rng);
   }
   return t;
+}
+
+/// A directory for one test program's models, named after `prefix` and the process, removed when
+/// the program ends.
+inline const std::filesystem::path& scratch_dir(const std::string& prefix) {
+  static const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  static const struct Cleanup {
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup;
+  (void)cleanup;
+  return dir;
 }
 
 /// The "loss" of every line of a training run's --metrics file, in order.

@@ -28,16 +28,7 @@ using test::Builder;
 
 namespace {
 
-const fs::path& model_dir() {
-  static const fs::path dir =
-      fs::temp_directory_path() / ("hp_rules_test_" + std::to_string(::getpid()));
-  // Removed when the test program ends.
-  static const struct Cleanup {
-    ~Cleanup() { fs::remove_all(dir); }
-  } cleanup;
-  (void)cleanup;
-  return dir;
-}
+const fs::path& model_dir() { return test::scratch_dir("hp_rules_test"); }
 
 fs::path save(Builder& b, const std::string& name) {
   const fs::path& dir = model_dir();
