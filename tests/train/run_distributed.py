@@ -129,6 +129,17 @@ def check_trace(path, ranks, buckets_expected=True):
         raise rt.Failure(f"trace: part files left behind: {parts}")
 
 
+def control_tp(hp, work, log):
+    """The scripted refinement model (an ONNX Loop and If reading weights from the outer graph) at
+    tp=2: hp shard keeps what the subgraphs read whole, and training equals torch's. (Its
+    conditions read the whole batch, so under dp each rank would branch on its own rows, as DDP
+    does, and torch's single-process numbers would not apply.)"""
+    d = os.path.join(work, "control")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("control", VARIANT, d)
+    return layout_run(hp, d, ref, "tp2", {"tp": 2}, "simulate", log)
+
+
 def verified(hp, work, log, parallel=None, name="gpt2"):
     """`hp verify` of a dp=2 ZeRO-1 (or `parallel`) training recipe over mpirun: 3 steps against
     one rank."""
@@ -410,6 +421,7 @@ def main():
                            lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},
                                                      "moe")),
                           ("resharded resume from ep=2", ep_resharded),
+                          ("control flow at tp=2", control_tp),
                           ("expert parallelism refused", ep_refused)] + (
                 [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
             try:

@@ -39,25 +39,6 @@ std::optional<std::int64_t> known_dim(const Tensor* t, std::size_t i) {
   return t->dims[i].value;
 }
 
-/// Names `g` reads from enclosing scopes (nested subgraphs included).
-std::set<std::string> outer_reads(const onnx::GraphProto& g) {
-  std::set<std::string> defined, read;
-  for (const auto& v : g.input()) defined.insert(v.name());
-  for (const auto& t : g.initializer()) defined.insert(t.name());
-  for (const auto& n : g.node()) {
-    for (const auto& o : n.output()) defined.insert(o);
-    for (const auto& i : n.input()) read.insert(i);
-    for (const auto& a : n.attribute())
-      if (a.type() == onnx::AttributeProto::GRAPH)
-        for (const auto& name : outer_reads(a.g())) read.insert(name);
-  }
-  for (const auto& v : g.output()) read.insert(v.name());
-  std::set<std::string> out;
-  for (const auto& name : read)
-    if (!name.empty() && !defined.count(name)) out.insert(name);
-  return out;
-}
-
 /// Sets `v`'s type to a tensor of `t`'s element type and dims (symbolic where unknown), or, with
 /// `drop_axis` >= 0, those dims without that axis (a Scan slice).
 void set_type(onnx::ValueInfoProto& v, const Tensor& t, int drop_axis = -1) {
@@ -240,6 +221,27 @@ void add_subgraph_cost(const Model& model, const onnx::NodeProto& p, const Graph
       add_scaled(c, body_cost(model, *b, {}, g), 1);
     c.known = false;
   }
+}
+
+std::set<std::string> outer_reads(const onnx::GraphProto& g) {
+  std::set<std::string> defined, read;
+  for (const auto& v : g.input()) defined.insert(v.name());
+  for (const auto& t : g.initializer()) defined.insert(t.name());
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) defined.insert(o);
+    for (const auto& i : n.input()) read.insert(i);
+    for (const auto& a : n.attribute()) {
+      if (a.has_g())
+        for (const auto& name : outer_reads(a.g())) read.insert(name);
+      for (const auto& sg : a.graphs())
+        for (const auto& name : outer_reads(sg)) read.insert(name);
+    }
+  }
+  for (const auto& v : g.output()) read.insert(v.name());
+  std::set<std::string> out;
+  for (const auto& name : read)
+    if (!name.empty() && !defined.count(name)) out.insert(name);
+  return out;
 }
 
 }  // namespace hp::model

@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -37,9 +38,19 @@ Expected<RankPartition> Builder::build() {
   out_->set_name(fmt::format("{}.rank{}", pg_.name().empty() ? "hp" : pg_.name(), result_.rank));
 
   in_stage_ = std::set<int>(stage_.nodes.begin(), stage_.nodes.end());
-  for (int i : stage_.nodes)
+  for (int i : stage_.nodes) {
     for (int t : g_.node(i).inputs)
       if (t >= 0) used_.insert(t);
+    // What a subgraph reads counts too: a graph input only an If branch reads is still an input.
+    for (const auto& a : pg_.node(i).attribute()) {
+      std::vector<const onnx::GraphProto*> subs;
+      if (a.has_g()) subs.push_back(&a.g());
+      for (const auto& sg : a.graphs()) subs.push_back(&sg);
+      for (const auto* sg : subs)
+        for (const auto& name : model::outer_reads(*sg))
+          if (int t = g_.find_tensor(name); t >= 0) used_.insert(t);
+    }
+  }
   add_inputs_and_recvs();
   plan_renames();
   for (int i : stage_.nodes) {
@@ -156,6 +167,7 @@ Status Builder::add_node(int i) {
     }
     n.set_input(static_cast<int>(k), name);
   }
+  HP_TRY(add_captured(n));
   for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
   // Reshape/Expand targets: the local output shape.
   if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 &&
@@ -173,6 +185,52 @@ Status Builder::add_node(int i) {
       g_.tensor(node.inputs[0]).kind == model::TensorKind::initializer)
     return vocab_parallel_gather(i, n);
   *out_->add_node() = std::move(n);
+  return {};
+}
+
+Status Builder::add_captured(onnx::NodeProto& n) {
+  std::vector<onnx::GraphProto*> subs;
+  for (auto& a : *n.mutable_attribute()) {
+    if (a.has_g()) subs.push_back(a.mutable_g());
+    for (auto& sg : *a.mutable_graphs()) subs.push_back(&sg);
+  }
+  if (subs.empty()) return {};
+  const std::string where = n.name().empty() ? n.op_type() : n.name();
+  std::map<std::string, std::string> names;
+  for (const auto* sg : subs)
+    for (const auto& name : model::outer_reads(*sg)) {
+      const int t = g_.find_tensor(name);
+      if (t < 0) continue;
+      const Sharding& s = prop_.layout[static_cast<std::size_t>(t)];
+      bool whole = s.partial.empty();
+      for (const auto& d : s.dims) whole = whole && d.empty();
+      const int producer = g_.tensor(t).producer;
+      if (!whole || (producer >= 0 && !in_stage_.count(producer)))
+        return Error(Errc::not_implemented,
+                     fmt::format("node '{}' ({}): its subgraph reads '{}', which this plan {}; a "
+                                 "subgraph reads the values around it whole, on its own stage",
+                                 where, n.op_type(), name,
+                                 whole ? "computes on another pipeline stage" : "splits"),
+                     where,
+                     "keep the tensors a control-flow node reads replicated and on its stage");
+      if (g_.tensor(t).kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
+      if (renamed(name) != name) names[name] = renamed(name);
+    }
+  // Outer values renamed in the partition are read under their new names.
+  std::function<void(onnx::GraphProto&)> rename = [&](onnx::GraphProto& g) {
+    for (auto& node : *g.mutable_node()) {
+      for (auto& in : *node.mutable_input())
+        if (auto it = names.find(in); it != names.end()) in = it->second;
+      for (auto& a : *node.mutable_attribute()) {
+        if (a.has_g()) rename(*a.mutable_g());
+        for (auto& sg : *a.mutable_graphs()) rename(sg);
+      }
+    }
+    for (auto& o : *g.mutable_output())
+      if (auto it = names.find(o.name()); it != names.end()) o.set_name(it->second);
+  };
+  if (!names.empty())
+    for (auto* sg : subs) rename(*sg);
   return {};
 }
 

@@ -90,9 +90,13 @@ class Builder {
   void plan_renames();  ///< graph outputs whose layout changes get a ".hp_pre" name where produced
   void add_shape_constant(int i);  ///< Shape/Size as a constant of the global shape
   Status add_node(int i);  ///< one node: inputs redistributed, outputs renamed, local targets
-  Status add_outputs();    ///< graph outputs produced here, in the layout asked of them
-  void add_sends();        ///< hp.Send of activations later stages read
-  void find_varying();     ///< RankPartition::varying
+  /// The outer values a node's subgraphs read (`n`: the node as written): weights added whole,
+  /// anything split or from another stage refused (Errc::not_implemented), renamed values renamed
+  /// inside.
+  Status add_captured(onnx::NodeProto& n);
+  Status add_outputs();  ///< graph outputs produced here, in the layout asked of them
+  void add_sends();      ///< hp.Send of activations later stages read
+  void find_varying();   ///< RankPartition::varying
   std::string renamed(const std::string& s) const {
     auto it = rename_.find(s);
     return it == rename_.end() ? s : it->second;

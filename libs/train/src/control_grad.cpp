@@ -18,29 +18,6 @@ bool is_float(std::int32_t t) {
          t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
 }
 
-/// Outer tensors a graph reads: read by its nodes (and their subgraphs) or named as its outputs,
-/// and defined neither as its inputs, initializers nor node outputs.
-std::set<std::string> free_names(const onnx::GraphProto& g) {
-  std::set<std::string> defined, read;
-  for (const auto& v : g.input()) defined.insert(v.name());
-  for (const auto& t : g.initializer()) defined.insert(t.name());
-  for (const auto& n : g.node()) {
-    defined.insert(n.output().begin(), n.output().end());
-    read.insert(n.input().begin(), n.input().end());
-    for (const auto& a : n.attribute()) {
-      if (a.has_g())
-        for (const auto& f : free_names(a.g())) read.insert(f);
-      for (const auto& sg : a.graphs())
-        for (const auto& f : free_names(sg)) read.insert(f);
-    }
-  }
-  for (const auto& v : g.output()) read.insert(v.name());
-  std::set<std::string> out;
-  for (const auto& r : read)
-    if (!r.empty() && !defined.count(r)) out.insert(r);
-  return out;
-}
-
 onnx::GraphProto* graph_attr(onnx::NodeProto& n, const char* name) {
   for (auto& a : *n.mutable_attribute())
     if (a.name() == name && a.type() == onnx::AttributeProto::GRAPH) return a.mutable_g();
@@ -222,7 +199,7 @@ onnx::AttributeProto& graph_attribute(onnx::NodeProto& n, const char* name) {
 /// The outer tensors a subgraph reads that take a gradient, sorted.
 void wanted_reads(const GraphWriter& w, const ControlContext& cx, const onnx::GraphProto& g,
                   std::set<std::string>& out) {
-  for (const auto& name : free_names(g))
+  for (const auto& name : model::outer_reads(g))
     if (cx.requires_grad(name) && is_float(w.elem_type(name))) out.insert(name);
 }
 
@@ -245,7 +222,7 @@ Expected<std::vector<Contribution>> if_grad(GraphWriter& w, onnx::NodeProto& n,
   for (const auto& o : outs) node->add_output(o);
   const char* attr[2] = {"then_branch", "else_branch"};
   for (int b = 0; b < 2; ++b) {
-    std::set<std::string> reads = free_names(*branch[b]);
+    std::set<std::string> reads = model::outer_reads(*branch[b]);
     reads.insert(wrt.begin(), wrt.end());
     std::vector<SubInput> inputs;
     for (const auto& name : reads)
@@ -362,7 +339,7 @@ Expected<std::vector<Contribution>> loop_grad(GraphWriter& w, onnx::NodeProto& n
                       w.elem_type(n.input(2 + j)), n.input(2 + j)});
   std::set<std::string> body_inputs;
   for (const auto& v : body.input()) body_inputs.insert(v.name());
-  for (const auto& name : free_names(body))
+  for (const auto& name : model::outer_reads(body))
     if (!body_inputs.count(name))
       inputs.push_back({name, cx.renamed(name), w.elem_type(name), name});
   std::vector<SubOutput> seeds;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,10 @@ Status check_dim_bindings(const DimBindings& dims);
 /// external data. Errors: Errc::bad_input for a binding check_dim_bindings refuses, a tensor whose
 /// inferred shape exceeds the limits of hp/core/checked.h, or a graph inference rejects.
 Expected<Graph> build_graph(const Model& model, const DimBindings& dims);
+
+/// Names a subgraph (an If branch, a Loop or Scan body) reads from the scopes around it, nested
+/// subgraphs' included: the values a control-flow node captures besides its inputs.
+std::set<std::string> outer_reads(const onnx::GraphProto& g);
 
 /// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown
 /// (strings, undefined, 4-bit types).

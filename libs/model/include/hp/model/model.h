@@ -12,8 +12,9 @@
 #include "hp/core/expected.h"
 
 namespace onnx {
+class GraphProto;
 class ModelProto;
-}
+}  // namespace onnx
 
 namespace hp::model {
 
