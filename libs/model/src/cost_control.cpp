@@ -230,17 +230,21 @@ std::set<std::string> outer_reads(const onnx::GraphProto& g) {
   for (const auto& n : g.node()) {
     for (const auto& o : n.output()) defined.insert(o);
     for (const auto& i : n.input()) read.insert(i);
-    for (const auto& a : n.attribute()) {
-      if (a.has_g())
-        for (const auto& name : outer_reads(a.g())) read.insert(name);
-      for (const auto& sg : a.graphs())
-        for (const auto& name : outer_reads(sg)) read.insert(name);
-    }
+    for (const auto& name : outer_reads(n)) read.insert(name);
   }
   for (const auto& v : g.output()) read.insert(v.name());
   std::set<std::string> out;
   for (const auto& name : read)
     if (!name.empty() && !defined.count(name)) out.insert(name);
+  return out;
+}
+
+std::set<std::string> outer_reads(const onnx::NodeProto& n) {
+  std::set<std::string> out;
+  for (const auto& a : n.attribute()) {
+    if (a.has_g()) out.merge(outer_reads(a.g()));
+    for (const auto& sg : a.graphs()) out.merge(outer_reads(sg));
+  }
   return out;
 }
 

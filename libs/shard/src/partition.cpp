@@ -42,14 +42,8 @@ Expected<RankPartition> Builder::build() {
     for (int t : g_.node(i).inputs)
       if (t >= 0) used_.insert(t);
     // What a subgraph reads counts too: a graph input only an If branch reads is still an input.
-    for (const auto& a : pg_.node(i).attribute()) {
-      std::vector<const onnx::GraphProto*> subs;
-      if (a.has_g()) subs.push_back(&a.g());
-      for (const auto& sg : a.graphs()) subs.push_back(&sg);
-      for (const auto* sg : subs)
-        for (const auto& name : model::outer_reads(*sg))
-          if (int t = g_.find_tensor(name); t >= 0) used_.insert(t);
-    }
+    for (const auto& name : model::outer_reads(pg_.node(i)))
+      if (int t = g_.find_tensor(name); t >= 0) used_.insert(t);
   }
   add_inputs_and_recvs();
   plan_renames();
@@ -189,48 +183,45 @@ Status Builder::add_node(int i) {
 }
 
 Status Builder::add_captured(onnx::NodeProto& n) {
-  std::vector<onnx::GraphProto*> subs;
-  for (auto& a : *n.mutable_attribute()) {
-    if (a.has_g()) subs.push_back(a.mutable_g());
-    for (auto& sg : *a.mutable_graphs()) subs.push_back(&sg);
-  }
-  if (subs.empty()) return {};
   const std::string where = n.name().empty() ? n.op_type() : n.name();
   std::map<std::string, std::string> names;
-  for (const auto* sg : subs)
-    for (const auto& name : model::outer_reads(*sg)) {
-      const int t = g_.find_tensor(name);
-      if (t < 0) continue;
-      const Sharding& s = prop_.layout[static_cast<std::size_t>(t)];
-      bool whole = s.partial.empty();
-      for (const auto& d : s.dims) whole = whole && d.empty();
-      const int producer = g_.tensor(t).producer;
-      if (!whole || (producer >= 0 && !in_stage_.count(producer)))
-        return Error(Errc::not_implemented,
-                     fmt::format("node '{}' ({}): its subgraph reads '{}', which this plan {}; a "
-                                 "subgraph reads the values around it whole, on its own stage",
-                                 where, n.op_type(), name,
-                                 whole ? "computes on another pipeline stage" : "splits"),
-                     where,
-                     "keep the tensors a control-flow node reads replicated and on its stage");
-      if (g_.tensor(t).kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
-      if (renamed(name) != name) names[name] = renamed(name);
-    }
-  // Outer values renamed in the partition are read under their new names.
-  std::function<void(onnx::GraphProto&)> rename = [&](onnx::GraphProto& g) {
-    for (auto& node : *g.mutable_node()) {
-      for (auto& in : *node.mutable_input())
-        if (auto it = names.find(in); it != names.end()) in = it->second;
-      for (auto& a : *node.mutable_attribute()) {
-        if (a.has_g()) rename(*a.mutable_g());
-        for (auto& sg : *a.mutable_graphs()) rename(sg);
+  for (const auto& name : model::outer_reads(n)) {
+    const int t = g_.find_tensor(name);
+    if (t < 0) continue;
+    const Sharding& s = prop_.layout[static_cast<std::size_t>(t)];
+    bool whole = s.partial.empty();
+    for (const auto& d : s.dims) whole = whole && d.empty();
+    const int producer = g_.tensor(t).producer;
+    if (!whole || (producer >= 0 && !in_stage_.count(producer)))
+      return Error(Errc::not_implemented,
+                   fmt::format("node '{}' ({}): its subgraph reads '{}', which this plan {}; a "
+                               "subgraph reads the values around it whole, on its own stage",
+                               where, n.op_type(), name,
+                               whole ? "computes on another pipeline stage" : "splits"),
+                   where, "keep the tensors a control-flow node reads replicated and on its stage");
+    if (g_.tensor(t).kind == model::TensorKind::initializer) HP_TRY(add_initializer(t));
+    if (renamed(name) != name) names[name] = renamed(name);
+  }
+  if (names.empty()) return {};
+  // Outer values renamed in the partition are read under their new names, at any depth (the
+  // node's own inputs are the caller's).
+  std::function<void(onnx::NodeProto&)> rename_inside = [&](onnx::NodeProto& node) {
+    auto rename = [&](std::string& s) {
+      if (auto it = names.find(s); it != names.end()) s = it->second;
+    };
+    auto graph = [&](onnx::GraphProto& g) {
+      for (auto& inner : *g.mutable_node()) {
+        for (auto& in : *inner.mutable_input()) rename(in);
+        rename_inside(inner);
       }
+      for (auto& o : *g.mutable_output()) rename(*o.mutable_name());
+    };
+    for (auto& a : *node.mutable_attribute()) {
+      if (a.has_g()) graph(*a.mutable_g());
+      for (auto& sg : *a.mutable_graphs()) graph(sg);
     }
-    for (auto& o : *g.mutable_output())
-      if (auto it = names.find(o.name()); it != names.end()) o.set_name(it->second);
   };
-  if (!names.empty())
-    for (auto* sg : subs) rename(*sg);
+  rename_inside(n);
   return {};
 }
 

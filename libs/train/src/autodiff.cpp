@@ -42,12 +42,8 @@ bool glob_match(const char* p, const char* s) {
   return *s && (*p == '?' || *p == *s) && glob_match(p + 1, s + 1);
 }
 
-bool is_float_type(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
-
 using detail::collect_reads;
+using detail::is_float_type;
 
 }  // namespace
 

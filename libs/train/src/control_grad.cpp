@@ -13,11 +13,6 @@ namespace hp::train::detail {
 
 namespace {
 
-bool is_float(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
-
 onnx::GraphProto* graph_attr(onnx::NodeProto& n, const char* name) {
   for (auto& a : *n.mutable_attribute())
     if (a.name() == name && a.type() == onnx::AttributeProto::GRAPH) return a.mutable_g();
@@ -200,7 +195,7 @@ onnx::AttributeProto& graph_attribute(onnx::NodeProto& n, const char* name) {
 void wanted_reads(const GraphWriter& w, const ControlContext& cx, const onnx::GraphProto& g,
                   std::set<std::string>& out) {
   for (const auto& name : model::outer_reads(g))
-    if (cx.requires_grad(name) && is_float(w.elem_type(name))) out.insert(name);
+    if (cx.requires_grad(name) && is_float_type(w.elem_type(name))) out.insert(name);
 }
 
 Expected<std::vector<Contribution>> if_grad(GraphWriter& w, onnx::NodeProto& n,
@@ -271,7 +266,7 @@ Expected<std::vector<Contribution>> loop_grad(GraphWriter& w, onnx::NodeProto& n
   }
   std::vector<int> floats;  // carried values that carry a gradient
   for (int j = 0; j < carried; ++j)
-    if (is_float(w.elem_type(n.input(2 + j)))) floats.push_back(j);
+    if (is_float_type(w.elem_type(n.input(2 + j)))) floats.push_back(j);
   std::set<std::string> wanted;
   wanted_reads(w, cx, body, wanted);
   bool any = !wanted.empty();

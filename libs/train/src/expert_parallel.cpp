@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "graph_parts.h"
 #include "hp/core/hp_domain.h"
 
 namespace hp::train {
@@ -17,11 +18,6 @@ namespace hp::train {
 namespace {
 
 namespace dom = hp::domain;
-
-bool is_float(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
 
 std::vector<std::int64_t> tensor_ints(const onnx::TensorProto& t) {
   std::vector<std::int64_t> v(t.int64_data().begin(), t.int64_data().end());
@@ -60,7 +56,8 @@ struct Index {
     return std::nullopt;
   }
   bool constant(const std::string& t) const {
-    if (auto it = inits.find(t); it != inits.end()) return !is_float(it->second->data_type());
+    if (auto it = inits.find(t); it != inits.end())
+      return !detail::is_float_type(it->second->data_type());
     auto p = producer.find(t);
     return p != producer.end() && g.node(p->second).op_type() == "Constant";
   }
@@ -128,7 +125,8 @@ std::optional<ExpertLayer> expert_layer_at(const Index& ix, int c) {
         if (x.empty()) continue;
         if (auto p = ix.producer.find(x); p != ix.producer.end() && in_branch.count(p->second))
           continue;
-        if (auto it = ix.inits.find(x); it != ix.inits.end() && is_float(it->second->data_type())) {
+        if (auto it = ix.inits.find(x);
+            it != ix.inits.end() && detail::is_float_type(it->second->data_type())) {
           for (int r : ix.readers.at(x))
             if (!in_branch.count(r)) return std::nullopt;  // a weight another node reads too
           if (std::find(weights.begin(), weights.end(), x) == weights.end()) weights.push_back(x);

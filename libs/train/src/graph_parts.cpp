@@ -19,15 +19,6 @@ void collect_reads(const onnx::NodeProto& n, std::set<std::string>& out) {
   }
 }
 
-namespace {
-
-bool is_float(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
-
-}  // namespace
-
 TensorInfo::TensorInfo(const model::Model& m, const model::Graph* fg) {
   const onnx::GraphProto& g = m.proto->graph();
   for (const auto& t : g.initializer()) types_[t.name()] = t.data_type();
@@ -45,7 +36,7 @@ TensorInfo::TensorInfo(const model::Model& m, const model::Graph* fg) {
     std::int32_t from = 0;
     for (const auto& i : n.input()) {
       auto it = types_.find(i);
-      if (it != types_.end() && is_float(it->second)) {
+      if (it != types_.end() && is_float_type(it->second)) {
         from = it->second;
         break;
       }

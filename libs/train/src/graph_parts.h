@@ -15,6 +15,12 @@
 
 namespace hp::train::detail {
 
+/// Floating-point element types: the tensors that carry a gradient.
+inline bool is_float_type(std::int32_t t) {
+  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
+         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
+}
+
 /// Names a node reads, its subgraphs' reads of outer-scope tensors included.
 void collect_reads(const onnx::NodeProto& n, std::set<std::string>& out);
 

@@ -2,18 +2,10 @@
 // a tensor every member holds whole is summed over the members' parts.
 #include <fmt/core.h>
 
+#include "graph_parts.h"
 #include "rewrite.h"
 
 namespace hp::train::detail {
-
-namespace {
-
-bool is_float(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
-
-}  // namespace
 
 int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
                           const std::set<std::string>& original,
@@ -22,11 +14,11 @@ int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
   // Integer constants (shapes, indices, axes) carry no gradient: no entry for them.
   std::set<std::string> no_grad;
   for (const auto& t : g.initializer())
-    if (!is_float(t.data_type())) no_grad.insert(t.name());
+    if (!is_float_type(t.data_type())) no_grad.insert(t.name());
   for (const auto& n : g.node())
     if (n.op_type() == "Constant" && n.output_size() == 1)
       for (const auto& a : n.attribute())
-        if (a.name() != "value" || !is_float(a.t().data_type())) no_grad.insert(n.output(0));
+        if (a.name() != "value" || !is_float_type(a.t().data_type())) no_grad.insert(n.output(0));
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   nodes.Swap(g.mutable_node());
   std::map<std::string, std::string> entry;  // same-valued tensor -> its entry

@@ -10,14 +10,11 @@
 #include <cctype>
 #include <set>
 
+#include "graph_parts.h"
+
 namespace hp::train::detail {
 
 namespace {
-
-bool is_float(std::int32_t t) {
-  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE ||
-         t == onnx::TensorProto::FLOAT16 || t == onnx::TensorProto::BFLOAT16;
-}
 
 std::string type_label(std::int32_t t) {
   if (!onnx::TensorProto::DataType_IsValid(t) || t == 0) return "untyped";
@@ -73,7 +70,7 @@ Status check_stage_spec(const GraphWriter& w, const GradSpec& spec, const std::s
                        joined(outputs)));
       continue;
     }
-    if (const std::int32_t t = w.elem_type(o); !is_float(t)) {
+    if (const std::int32_t t = w.elem_type(o); !is_float_type(t)) {
       fail(
           fmt::format("output_grads names '{}', an output of type {}: only floating-point outputs "
                       "carry a gradient",
@@ -92,7 +89,7 @@ Status check_stage_spec(const GraphWriter& w, const GradSpec& spec, const std::s
                              joined(inputs)));
       continue;
     }
-    if (const std::int32_t t = w.elem_type(i); !is_float(t)) {
+    if (const std::int32_t t = w.elem_type(i); !is_float_type(t)) {
       fail(
           fmt::format("input_grads names '{}', an input of type {}: only floating-point inputs "
                       "carry a gradient",

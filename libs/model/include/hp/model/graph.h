@@ -124,6 +124,8 @@ Expected<Graph> build_graph(const Model& model, const DimBindings& dims);
 /// Names a subgraph (an If branch, a Loop or Scan body) reads from the scopes around it, nested
 /// subgraphs' included: the values a control-flow node captures besides its inputs.
 std::set<std::string> outer_reads(const onnx::GraphProto& g);
+/// What a node's subgraphs read from around the node (empty for a node without subgraphs).
+std::set<std::string> outer_reads(const onnx::NodeProto& n);
 
 /// Element size in bytes of an onnx data type (hp::dtype_size of its DType), 0 when unknown
 /// (strings, undefined, 4-bit types).

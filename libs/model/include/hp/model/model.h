@@ -14,6 +14,7 @@
 namespace onnx {
 class GraphProto;
 class ModelProto;
+class NodeProto;
 }  // namespace onnx
 
 namespace hp::model {
