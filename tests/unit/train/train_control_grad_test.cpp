@@ -6,41 +6,16 @@
 #include <onnx/onnx_pb.h>
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-#include <filesystem>
-#include <fstream>
+#include "train_differences.h"
 
-#include "hp/train/autodiff.h"
-#include "hp/train/gradcheck.h"
-#include "train_graph_builder.h"
-
-namespace fs = std::filesystem;
 using namespace hp;
 using onnx::TensorProto;
 using test::Builder;
 
 namespace {
 
-const fs::path& model_dir() { return test::scratch_dir("hp_control_grad_test"); }
-
 void check(Builder& b, const std::string& name) {
-  fs::create_directories(model_dir());
-  const fs::path p = model_dir() / (name + ".onnx");
-  {
-    std::ofstream out(p, std::ios::binary);
-    b.m.SerializeToOstream(&out);
-  }
-  train::GradCheckOptions o;
-  o.model = p;
-  o.grad.logits = "y";
-  o.grad.loss = train::LossKind::mse;
-  o.threads = 1;
-  o.directions = 4;
-  auto r = train::check_gradients(o);
-  INFO(name << ": " << (r ? r->text() : r.error().str()));
-  REQUIRE(r);
-  CHECK(r->ok());
-  CHECK(r->worst() < 1e-6);
+  test::check_float64(b, test::scratch_dir("hp_control_grad_test"), name);
 }
 
 void scalar(Builder& b, const std::string& name, int type, std::int64_t v) {
@@ -197,10 +172,7 @@ TEST_CASE("Loop's gradient matches float64 differences", "[train]") {
 TEST_CASE("the gradient model of a Loop stacks its carried values once", "[train]") {
   Builder b;
   write_loop(b, 3);
-  train::GradSpec spec;
-  spec.logits = "y";
-  spec.loss = train::LossKind::mse;
-  auto r = train::build_grad_graph(b.model(), spec);
+  auto r = train::build_grad_graph(b.model(), test::mse_on_y());
   INFO((r ? "" : r.error().str()));
   REQUIRE(r);
   int loops = 0;
@@ -226,10 +198,7 @@ TEST_CASE("a random op inside a subgraph on the trainable path is refused", "[tr
       d->add_output("t3");
       g->mutable_output(0)->set_name("t3");
     }
-  train::GradSpec spec;
-  spec.logits = "y";
-  spec.loss = train::LossKind::mse;
-  auto r = train::build_grad_graph(b.model(), spec);
+  auto r = train::build_grad_graph(b.model(), test::mse_on_y());
   REQUIRE(!r);
   CHECK(r.error().code == Errc::bad_input);
   CHECK(r.error().where().find("If") != std::string::npos);
@@ -246,10 +215,7 @@ TEST_CASE("a sequence on the trainable path is refused, not left untrained", "[t
   b.node("MatMul", {"x", "W0"}, {"h"});
   b.node("SplitToSequence", {"h"}, {"seq"});
   test::attr_i(b.node("ConcatFromSequence", {"seq"}, {"y"}), "axis", 0);
-  train::GradSpec spec;
-  spec.logits = "y";
-  spec.loss = train::LossKind::mse;
-  auto r = train::build_grad_graph(b.model(), spec);
+  auto r = train::build_grad_graph(b.model(), test::mse_on_y());
   REQUIRE(!r);
   CHECK(r.error().where().find("ConcatFromSequence") != std::string::npos);
   CHECK(r.error().message().find("no gradient rule") != std::string::npos);

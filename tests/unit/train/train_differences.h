@@ -1,11 +1,14 @@
-// The float32 gradient check of the training tests: a gradient model run through the executor and
-// the cpu backend, against central differences of its own loss (train_autodiff_test.cpp,
-// train_rules_test.cpp). For ops the float64 check (hp/train/gradcheck.h) cannot run.
+// The gradient checks of the training tests: the float64 one (hp/train/gradcheck.h, as hp verify
+// --grad runs it) on a model saved to a file, and a float32 one, a gradient model run through the
+// executor and the cpu backend against central differences of its own loss, for ops the float64
+// check cannot run (train_autodiff_test.cpp, train_rules_test.cpp, train_control_grad_test.cpp).
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,9 +16,38 @@
 #include "hp/exec/backends.h"
 #include "hp/exec/executor.h"
 #include "hp/train/autodiff.h"
+#include "hp/train/gradcheck.h"
 #include "train_graph_builder.h"
 
 namespace hp::test {
+
+/// Mean squared error on output "y".
+inline train::GradSpec mse_on_y() {
+  train::GradSpec spec;
+  spec.logits = "y";
+  spec.loss = train::LossKind::mse;
+  return spec;
+}
+
+/// Gradients of `b` (output "y", mean squared error against generated targets), saved as
+/// `dir`/`name`.onnx, against float64 central differences along four random directions.
+inline void check_float64(Builder& b, const std::filesystem::path& dir, const std::string& name) {
+  std::filesystem::create_directories(dir);
+  train::GradCheckOptions o;
+  o.model = dir / (name + ".onnx");
+  {
+    std::ofstream out(o.model, std::ios::binary);
+    b.m.SerializeToOstream(&out);
+  }
+  o.grad = mse_on_y();
+  o.threads = 1;
+  o.directions = 4;
+  auto r = train::check_gradients(o);
+  INFO(name << ": " << (r ? r->text() : r.error().str()));
+  REQUIRE(r);
+  CHECK(r->ok());
+  CHECK(r->worst() < 1e-6);
+}
 
 /// Checks the gradient model of `b` against central differences of its own loss along random
 /// directions, one trainable tensor at a time.

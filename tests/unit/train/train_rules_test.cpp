@@ -8,17 +8,11 @@
 #include <onnx/onnx_pb.h>
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <random>
 
-#include "hp/train/gradcheck.h"
 #include "train_differences.h"
-#include "train_graph_builder.h"
 
-namespace fs = std::filesystem;
 using namespace hp;
 using test::attr_f;
 using test::attr_i;
@@ -28,17 +22,6 @@ using test::Builder;
 
 namespace {
 
-const fs::path& model_dir() { return test::scratch_dir("hp_rules_test"); }
-
-fs::path save(Builder& b, const std::string& name) {
-  const fs::path& dir = model_dir();
-  fs::create_directories(dir);
-  const fs::path p = dir / (name + ".onnx");
-  std::ofstream out(p, std::ios::binary);
-  b.m.SerializeToOstream(&out);
-  return p;
-}
-
 /// A rank-0 int64 initializer (CumSum's axis, Trilu's k).
 void scalar_i64(Builder& b, const std::string& name, std::int64_t v) {
   auto* t = b.g().add_initializer();
@@ -47,34 +30,15 @@ void scalar_i64(Builder& b, const std::string& name, std::int64_t v) {
   t->add_int64_data(v);
 }
 
-/// Mean squared error on output "y".
-train::GradSpec mse_on_y() {
-  train::GradSpec spec;
-  spec.logits = "y";
-  spec.loss = train::LossKind::mse;
-  return spec;
-}
-
-/// Gradients of `b` (output "y", mean squared error against generated targets) against float64
-/// central differences along random directions.
 void check(Builder& b, const std::string& name) {
-  train::GradCheckOptions o;
-  o.model = save(b, name);
-  o.grad = mse_on_y();
-  o.threads = 1;
-  o.directions = 4;
-  auto r = train::check_gradients(o);
-  INFO(name << ": " << (r ? r->text() : r.error().str()));
-  REQUIRE(r);
-  CHECK(r->ok());
-  CHECK(r->worst() < 1e-6);
+  test::check_float64(b, test::scratch_dir("hp_rules_test"), name);
 }
 
 /// `b`'s gradients against float32 central differences, on random inputs x and targets.
 void check_f32(Builder& b, std::vector<std::int64_t> x, std::vector<std::int64_t> y, int seed) {
   std::mt19937 rng(static_cast<unsigned>(seed));
   test::check_against_differences(
-      b, mse_on_y(),
+      b, test::mse_on_y(),
       {test::tensor(std::move(x), HP_F32, rng), test::tensor(std::move(y), HP_F32, rng)});
 }
 
@@ -292,7 +256,7 @@ TEST_CASE("ConvTranspose's gradients match float32 differences", "[train]") {
     auto* n = b.node("ConvTranspose", {"x", "W"}, {"y"}, "the_deconv");
     attr_s(n, "auto_pad", "SAME_UPPER");
     b.output("y", {1, 2, 3, 3});
-    auto r = train::build_grad_graph(b.model(), mse_on_y());
+    auto r = train::build_grad_graph(b.model(), test::mse_on_y());
     REQUIRE_FALSE(r);
     CHECK(r.error().where().find("the_deconv") != std::string::npos);
     CHECK(r.error().message().find("explicit pads") != std::string::npos);
