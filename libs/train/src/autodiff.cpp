@@ -267,6 +267,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   for (const auto& n : model.proto->graph().node())
     original.insert(n.output().begin(), n.output().end());
   detail::fold_weight_transposes(*rewritten->mutable_graph());
+  HP_TRY(detail::scans_to_loops(*rewritten->mutable_graph(), opset));
   // After the fold: its Reshape -> Gemm -> Reshape reads the weight as stored, and the region's
   // entry is the reshaped input (so no Shape node reads an entry: libonnx's data propagation
   // crashes on Shape(Identity(LayerNormalization)) in the tiny GPT-2's partition).

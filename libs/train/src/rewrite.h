@@ -19,6 +19,15 @@ namespace hp::train::detail {
 /// n]), which reads W as stored, forward and backward. Returns how many MatMuls it rewrote.
 int fold_weight_transposes(onnx::GraphProto& g);
 
+/// Every Scan of `g` (not of its subgraphs: a subgraph's backward is built from it as a model of
+/// its own, which this rewrites in turn) as the Loop computing the same: trip count the first scan
+/// input's length, each scan input sliced at the iteration by a Gather inside the body (from the
+/// end for a reversed one), scan outputs stacked by the Loop and a reversed one gathered back.
+/// Its gradient is then the Loop's (control_grad.h). Errc::bad_input naming the node for what the
+/// Loop cannot express this way: opset 8's Scan (sequence_lens), an output stacked along an axis
+/// other than 0 (scan_loop.cpp).
+Status scans_to_loops(onnx::GraphProto& g, std::int64_t opset);
+
 /// PyTorch exports the exact GELU as Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(.,
 /// 0.5): differentiated as one hp.train.GeluGrad(dY, x). Among the first `forward_nodes` nodes of
 /// w.graph (`reads`: what each reads), the chains whose intermediates nothing else reads: the

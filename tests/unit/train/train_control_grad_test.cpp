@@ -1,6 +1,7 @@
 // Gradients through control flow (libs/train/src/control_grad.cpp): If on either branch, Loop with
 // carried values, scan outputs, an early exit, no iteration at all, and an If nested in a Loop's
-// body, each reading trainable tensors from the outer graph; checked against float64 central
+// body, each reading trainable tensors from the outer graph, and Scan in both directions along
+// two axes (rewritten as a Loop); checked against float64 central
 // differences of the loss (train::check_gradients). A random op inside a subgraph on the trainable
 // path is refused before anything runs.
 #include <onnx/onnx_pb.h>
@@ -136,7 +137,96 @@ void write_loop(Builder& b, std::int64_t trips, bool early_exit = false, bool ne
   b.node("Tanh", {"y0"}, {"y"});
 }
 
+/// x [2,3] -> h0 = x W0; xs [4,2,3] (or [2,4,3] with `axis` 1); Scan carrying h with
+/// h' = tanh(h W1 + x_t) and scanning s = h' * w2; y = h_final + sum of s.
+/// `reverse_in`/`reverse_out` set the directions.
+void write_scan(Builder& b, std::int64_t axis, bool reverse_in, bool reverse_out) {
+  b.input("x", {2, 3});
+  b.input("xs",
+          axis == 0 ? std::vector<std::int64_t>{4, 2, 3} : std::vector<std::int64_t>{2, 4, 3});
+  b.output("y", {2, 3});
+  b.weight("W0", {3, 3});
+  b.weight("W1", {3, 3}, 0.4);
+  b.weight("w2", {3});
+  b.ints("axis0", {0});
+  b.node("MatMul", {"x", "W0"}, {"h0"});
+  Sub body("scan_body");
+  body.input("h_in", TensorProto::FLOAT, {2, 3});
+  body.input("x_t", TensorProto::FLOAT, {2, 3});
+  body.node("MatMul", {"h_in", "W1"}, {"hw"});
+  body.node("Add", {"hw", "x_t"}, {"pre"});
+  body.node("Tanh", {"pre"}, {"h_out"});
+  body.node("Mul", {"h_out", "w2"}, {"s"});
+  body.output("h_out", TensorProto::FLOAT, {2, 3});
+  body.output("s", TensorProto::FLOAT, {2, 3});
+  auto* n = b.node("Scan", {"h0", "xs"}, {"h_final", "scan"});
+  attr_graph(n, "body", body.g);
+  test::attr_i(n, "num_scan_inputs", 1);
+  test::attr_ints(n, "scan_input_axes", {axis});
+  test::attr_ints(n, "scan_input_directions", {reverse_in ? 1 : 0});
+  test::attr_ints(n, "scan_output_directions", {reverse_out ? 1 : 0});
+  b.node("ReduceSum", {"scan", "axis0"}, {"scan_sum"});
+  test::attr_i(b.g().mutable_node(b.g().node_size() - 1), "keepdims", 0);
+  // The first stacked slice counts twice: an output stacked in the wrong order would show.
+  scalar(b, "first", TensorProto::INT64, 0);
+  b.node("Gather", {"scan", "first"}, {"scan_first"});
+  b.node("Add", {"h_final", "scan_sum"}, {"y0"});
+  b.node("Add", {"y0", "scan_first"}, {"y1"});
+  b.node("Tanh", {"y1"}, {"y"});
+}
+
 }  // namespace
+
+TEST_CASE("Scan's gradient (as the Loop computing the same) matches float64 differences",
+          "[train]") {
+  for (std::int64_t axis : {0, 1})
+    for (bool reverse_in : {false, true})
+      for (bool reverse_out : {false, true}) {
+        Builder b;
+        write_scan(b, axis, reverse_in, reverse_out);
+        check(b, "scan_a" + std::to_string(axis) + (reverse_in ? "_ri" : "") +
+                     (reverse_out ? "_ro" : ""));
+      }
+}
+
+TEST_CASE("the Loop a Scan becomes computes the Scan's loss", "[train]") {
+  // The gradient check differentiates the rewritten graph, so the rewrite's forward is compared
+  // with the executor's own Scan here.
+  auto be = exec::open_backends("cpu", 1, {});
+  REQUIRE(be);
+  for (std::int64_t axis : {0, 1})
+    for (bool reverse_in : {false, true})
+      for (bool reverse_out : {false, true}) {
+        INFO("axis " << axis << ", reversed input " << reverse_in << ", output " << reverse_out);
+        Builder b;
+        write_scan(b, axis, reverse_in, reverse_out);
+        std::mt19937 rng(5);
+        const std::vector<exec::HostTensor> data = {
+            test::tensor({2, 3}, HP_F32, rng),
+            test::tensor(
+                axis == 0 ? std::vector<std::int64_t>{4, 2, 3} : std::vector<std::int64_t>{2, 4, 3},
+                HP_F32, rng)};
+        const exec::HostTensor target = test::tensor({2, 3}, HP_F32, rng);
+        auto fwd = exec::Executor::create(b.model(), {be->primary, be->cpu, nullptr});
+        REQUIRE(fwd);
+        auto y = (*fwd)->run(data);
+        REQUIRE(y);
+        double want = 0;
+        for (int k = 0; k < 6; ++k) {
+          const double d = double((*y)[0].as<float>()[k]) - target.as<float>()[k];
+          want += d * d / 6;
+        }
+        auto gg = train::build_grad_graph(b.model(), test::mse_on_y());
+        REQUIRE(gg);
+        auto ex = exec::Executor::create(gg->model, {be->primary, be->cpu, nullptr});
+        REQUIRE(ex);
+        std::vector<exec::HostTensor> in = data;
+        in.push_back(target);
+        auto got = (*ex)->run(in);
+        REQUIRE(got);
+        CHECK((*got)[0].as<float>()[0] == Approx(want).epsilon(1e-5));
+      }
+}
 
 TEST_CASE("If's gradient matches float64 differences on either branch", "[train]") {
   for (bool cond : {true, false}) {
@@ -219,4 +309,16 @@ TEST_CASE("a sequence on the trainable path is refused, not left untrained", "[t
   REQUIRE(!r);
   CHECK(r.error().where().find("ConcatFromSequence") != std::string::npos);
   CHECK(r.error().message().find("no gradient rule") != std::string::npos);
+}
+
+TEST_CASE("a Scan stacking an output along another axis is refused naming it", "[train]") {
+  Builder b;
+  write_scan(b, 0, false, false);
+  for (auto& n : *b.g().mutable_node())
+    if (n.op_type() == "Scan") test::attr_ints(&n, "scan_output_axes", {1});
+  auto r = train::build_grad_graph(b.model(), test::mse_on_y());
+  REQUIRE(!r);
+  CHECK(r.error().code == Errc::bad_input);
+  CHECK(r.error().where().find("Scan") != std::string::npos);
+  CHECK(r.error().message().find("axis other than 0") != std::string::npos);
 }
