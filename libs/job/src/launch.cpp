@@ -285,18 +285,25 @@ Status prepare_shards(Job& job, const LaunchOptions& o, const std::filesystem::p
   return {};
 }
 
+// One rank of the job: a rank of a training job trains (train_run.h); any other rank runs its
+// forward schedule.
+Expected<LaunchReport> run_rank(const LaunchOptions& o) {
+  if (auto job = load_job(o.target, o.preset_dirs); job && job->recipe.train)
+    return launch_train(*job, o);
+  WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, std::max(o.steps, 1)};
+  HP_ASSIGN_OR_RETURN(auto rep, run_worker(w));
+  LaunchReport r;
+  r.stats = rep.stats;
+  r.summary = rep.summary();
+  return r;
+}
+
 Expected<LaunchReport> launch_recipe(const LaunchOptions& o) {
   if (o.worker) {
     // A rank must not outlive its launcher: if mpirun (or orted) dies, even by SIGKILL, it stops.
     start_parent_watchdog();
-    // A rank of a training job trains (train_run.h); any other rank runs its forward schedule.
-    if (auto job = load_job(o.target, o.preset_dirs); job && job->recipe.train)
-      return launch_train(*job, o);
-    WorkerOptions w{o.target, o.run_dir, o.inputs, o.threads, o.plugin_paths, std::max(o.steps, 1)};
-    HP_ASSIGN_OR_RETURN(auto rep, run_worker(w));
-    LaunchReport r;
-    r.stats = rep.stats;
-    r.summary = rep.summary();
+    auto r = run_rank(o);
+    if (!r) record_rank_exit(o.run_dir, r.error());
     return r;
   }
   if (!o.dtype.empty())

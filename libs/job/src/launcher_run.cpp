@@ -3,8 +3,9 @@
 //
 // Why the pieces: mpirun --tag-output gives "[jobid,rank]<stdout>:text", from which the rank is
 // read (srun -l gives "rank: text"). Logs are flushed per line so a killed job still has its tail.
-// The first failing rank is the first that printed "hp: error:" (workers print their error, then
-// MPI_Abort with their hp exit code); a rank that crashed is named by mpirun's own message instead.
+// The first failing rank is the first that printed "hp: error:" (workers print their error, record
+// their hp exit code under RUN/exits, then MPI_Abort with it); a rank that crashed is named by
+// mpirun's own message instead.
 // Timeouts: mpirun's --timeout ends the ranks; if mpirun itself is still alive a few seconds after
 // the limit, hp sends SIGTERM to its process group, then SIGKILL, then SIGKILLs the rank PIDs the
 // workers recorded under RUN/pids (ranks may live in their own process groups), so nothing is left
@@ -26,6 +27,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <vector>
 
@@ -167,6 +169,14 @@ std::vector<pid_t> recorded_ranks(const fs::path& run_dir) {
   return pids;
 }
 
+// The exit code rank `rank` recorded under RUN/exits before aborting, if it did.
+std::optional<int> recorded_exit(const fs::path& run_dir, int rank) {
+  std::ifstream in(run_dir / "exits" / fmt::format("rank-{}.code", rank));
+  int code = 0;
+  if (in >> code && code > 0 && code < 128) return code;
+  return std::nullopt;
+}
+
 // SIGKILLs the recorded ranks that still run.
 void kill_recorded_ranks(const fs::path& run_dir) {
   for (pid_t pid : recorded_ranks(run_dir)) ::kill(pid, SIGKILL);
@@ -198,6 +208,7 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   const fs::path log_dir = plan.run_dir / "logs";
   fs::create_directories(log_dir, ec);
   fs::create_directories(plan.run_dir / "pids", ec);
+  fs::remove_all(plan.run_dir / "exits", ec);  // a rerun in the same directory starts clean
   if (ec)
     return Error(Errc::runtime, fmt::format("cannot create the run directory: {}", ec.message()),
                  plan.run_dir.string());
@@ -337,8 +348,11 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
     if (std::regex_search(launcher_text, m, named) || std::regex_search(launcher_text, m, procname))
       rank = std::stoi(m[1]);
   }
-  const std::string how =
-      rc > 128 ? fmt::format("killed by signal {}", rc - 128) : fmt::format("exit code {}", rc);
+  // The code the failing rank recorded before aborting outranks mpirun's status, which a peer
+  // killed during teardown can turn into a signal (worker_internal.h, record_rank_exit).
+  const int code = recorded_exit(plan.run_dir, rank).value_or(rc);
+  const std::string how = code > 128 ? fmt::format("killed by signal {}", code - 128)
+                                     : fmt::format("exit code {}", code);
   if (rank < 0)
     return Error(Errc::runtime,
                  fmt::format("the job failed ({}) without naming a rank{}", how,
@@ -350,7 +364,7 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   if (!sup.first_error.empty() && sup.first_error_rank == rank)
     msg += ": " + sup.first_error.substr(11);
   msg += fmt::format("\n  last lines of {}:{}", log.string(), tail_of(log, 10));
-  return Error(rc > 128 ? Errc::runtime : errc_of_exit(rc), msg, o.recipe.string(), logs_hint);
+  return Error(code > 128 ? Errc::runtime : errc_of_exit(code), msg, o.recipe.string(), logs_hint);
 }
 
 }  // namespace hp::job

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "hp/comm/comm.h"
+#include "hp/core/exit_code.h"
 #include "hp/core/fs.h"
 #include "hp/job/group_flow.h"
 #include "hp/job/launch.h"
@@ -144,6 +145,16 @@ Status record_rank_pid(const fs::path& run_dir, int rank) {
   fs::create_directories(run_dir / "pids", ec);
   return write_file_atomic(run_dir / "pids" / fmt::format("rank-{}.pid", rank),
                            std::to_string(::getpid()));
+}
+
+void record_rank_exit(const fs::path& run_dir, const Error& e) {
+  if (run_dir.empty()) return;
+  auto world = comm::mpi_world();
+  if (!world) return;
+  std::error_code ec;
+  fs::create_directories(run_dir / "exits", ec);
+  (void)write_file_atomic(run_dir / "exits" / fmt::format("rank-{}.code", (*world)->rank()),
+                          std::to_string(static_cast<int>(exit_code_for(e.code))));
 }
 
 Expected<WorkerReport> run_worker(const WorkerOptions& o) {

@@ -32,6 +32,12 @@ Expected<GroupModule> load_group_module(const WorkerOptions& o, const Job& job,
 /// group and training ranks.
 Status record_rank_pid(const std::filesystem::path& run_dir, int rank);
 
+/// Records under `run_dir`/exits the exit code this rank is about to abort with. mpirun's own exit
+/// status is a poor witness: a peer it kills while tearing the job down can make it report a
+/// signal instead, so the launcher reads the first failing rank's code from here
+/// (launcher_run.cpp).
+void record_rank_exit(const std::filesystem::path& run_dir, const Error& e);
+
 /// The shard directory of a run: RUN/shard (written by hp launch before it starts the ranks).
 std::filesystem::path shard_dir_of(const std::filesystem::path& run_dir);
 /// A temporary directory (hp-verify-<pid>-<time> under the system's), removed on scope exit unless

@@ -233,3 +233,46 @@ TEST_CASE("launcher: launcher args follow hp's global options, before the contex
   const auto& s = slurm->argv;
   CHECK(std::find(s.begin(), s.end(), "--mca") < std::find(s.begin(), s.end(), "--multi-prog"));
 }
+
+namespace {
+
+// A stand-in for mpirun: rank 1 prints its hp error (and records its exit code when `recorded`),
+// then the launcher itself dies by SIGSEGV, as mpirun may while tearing a failed job down.
+JobPlan crashing_launcher(const fs::path& run_dir, bool recorded) {
+  JobPlan p;
+  p.total_ranks = 2;
+  p.run_dir = run_dir;
+  p.app_file_name = "app.txt";
+  AppContext c;
+  c.argv = {"/bin/sh"};
+  p.contexts = {c};
+  std::string script = "echo '[7,1]<stderr>:hp: error: in: the requests lack audio' >&2; ";
+  if (recorded)
+    script += "mkdir -p '" + (run_dir / "exits").string() + "' && echo 3 > '" +
+              (run_dir / "exits" / "rank-1.code").string() + "'; ";
+  script += "echo '[7,0]<stderr>:hp: error: interrupted by SIGTERM' >&2; kill -SEGV $$";
+  p.argv = {"/bin/sh", "-c", script};
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("launcher: the failing rank's recorded exit code outranks mpirun's crash", "[launcher]") {
+  TempDir d;
+  auto o = options(d);
+  o.allow_run_as_root = true;
+  std::vector<std::string> lines;
+  auto sink = [&](bool, const std::string& l) { lines.push_back(l); };
+  // Recorded: the rank's own code (3: bad input) and its message, not the launcher's signal.
+  auto r = run_job(crashing_launcher(d.path / "run", true), o, sink);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == hp::Errc::bad_input);
+  CHECK(r.error().what.message.find("rank 1 (group") != std::string::npos);
+  CHECK(r.error().what.message.find("failed first (exit code 3): in: the requests lack audio") !=
+        std::string::npos);
+  // A rerun in the same run directory forgets the old record: the signal is all there is.
+  auto again = run_job(crashing_launcher(d.path / "run", false), o, sink);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().code == hp::Errc::runtime);
+  CHECK(again.error().what.message.find("failed first (killed by signal 11)") != std::string::npos);
+}
