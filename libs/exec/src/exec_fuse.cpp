@@ -9,6 +9,9 @@
 // weights or Constant nodes with those values (within float rounding). Fused-away nodes are marked
 // dead: the run skips them, lifetimes ignore them.
 //
+// Layer norm exported as primitives (below opset 17): one LayerNormalization node
+// (exec_fuse_norm.cpp).
+//
 // Conv + Relu and Conv + Add + Relu (the residual blocks of CNNs): the Relu node becomes ONNX
 // Runtime's com.microsoft FusedConv (the Conv's inputs and attributes, activation "Relu", the Add's
 // other operand as the fourth input Z), which the cpu backend runs as one oneDNN convolution with
@@ -29,89 +32,13 @@
 #include <optional>
 #include <set>
 
-#include "exec_internal.h"
+#include "exec_fuse_graph.h"
 
 namespace hp::exec {
 
 namespace {
 
-struct Graph {
-  Executor::Impl& im;
-  std::vector<int> producer;  ///< tensor id -> node index, -1 for none
-  std::vector<int> readers;   ///< tensor id -> number of reading nodes (+1 when a graph output)
-
-  explicit Graph(Executor::Impl& impl) : im(impl) {
-    producer.assign(im.tensor_names.size(), -1);
-    readers.assign(im.tensor_names.size(), 0);
-    for (std::size_t k = 0; k < im.nodes.size(); ++k) {
-      const PreparedNode& n = im.nodes[k];
-      if (n.dead) continue;  // fused away by an earlier pass: reads nothing any more
-      for (int t : n.outputs)
-        if (t >= 0) producer[static_cast<std::size_t>(t)] = static_cast<int>(k);
-      for (const auto* list : {&n.inputs, &n.captured})
-        for (int t : *list)
-          if (t >= 0) ++readers[static_cast<std::size_t>(t)];
-    }
-    for (int t : im.output_ids) ++readers[static_cast<std::size_t>(t)];
-  }
-
-  /// The node producing `t` when `t` has exactly one reader, else null.
-  PreparedNode* sole_producer(int t) {
-    if (t < 0 || readers[static_cast<std::size_t>(t)] != 1) return nullptr;
-    const int p = producer[static_cast<std::size_t>(t)];
-    return p < 0 || im.nodes[static_cast<std::size_t>(p)].dead
-               ? nullptr
-               : &im.nodes[static_cast<std::size_t>(p)];
-  }
-
-  /// The one node reading `t` (which has exactly one reader and is no graph output), else null.
-  PreparedNode* sole_reader(int t) {
-    if (t < 0 || readers[static_cast<std::size_t>(t)] != 1) return nullptr;
-    for (int o : im.output_ids)
-      if (o == t) return nullptr;
-    for (PreparedNode& n : im.nodes)
-      if (!n.dead)
-        for (int i : n.inputs)
-          if (i == t) return &n;
-    return nullptr;
-  }
-
-  /// The value of a float32 scalar (any rank, one element) weight or Constant-node output.
-  std::optional<float> scalar(int t) {
-    if (t < 0) return std::nullopt;
-    for (const auto& [id, h] : im.weights)
-      if (id == t)
-        return h.dtype == HP_F32 && h.numel() == 1 ? std::optional<float>(h.as<float>()[0])
-                                                   : std::nullopt;
-    const int p = producer[static_cast<std::size_t>(t)];
-    if (p < 0) return std::nullopt;
-    const PreparedNode& n = im.nodes[static_cast<std::size_t>(p)];
-    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1)
-      return std::nullopt;
-    const HostTensor& h = n.store_tensors.front();
-    if (h.dtype != HP_F32 || h.numel() != 1) return std::nullopt;
-    return h.as<float>()[0];
-  }
-
-  /// For a binary node with a constant scalar `value` on one side: the other input, else -1.
-  int other_than_const(const PreparedNode& n, const char* op, float value, bool commutes) {
-    if (n.op_type != op || !n.domain.empty() || n.inputs.size() != 2) return -1;
-    auto near = [&](int t) {
-      auto v = scalar(t);
-      return v && std::fabs(*v - value) <= 1e-6f * std::fabs(value);
-    };
-    if (near(n.inputs[1])) return n.inputs[0];
-    if (commutes && near(n.inputs[0])) return n.inputs[1];
-    return -1;
-  }
-};
-
-bool is_unary(const PreparedNode& n, const char* op) {
-  return n.op_type == op && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1 &&
-         n.inputs[0] >= 0;
-}
-
-int fuse_gelu(Graph& g) {
+int fuse_gelu(FuseGraph& g) {
   int fused = 0;
   for (PreparedNode& erf : g.im.nodes) {
     if (erf.dead || !is_unary(erf, "Erf")) continue;
@@ -170,7 +97,7 @@ bool copy_attrs(const PreparedNode& from, PreparedNode& to) {
   return true;
 }
 
-int fuse_conv_relu(Graph& g) {
+int fuse_conv_relu(FuseGraph& g) {
   int fused = 0;
   for (PreparedNode& relu : g.im.nodes) {
     if (relu.dead || !is_unary(relu, "Relu") || relu.outputs[0] < 0) continue;
@@ -211,7 +138,7 @@ int fuse_conv_relu(Graph& g) {
 }
 
 /// The exact-GELU or ReLU node that alone reads `t`: its activation name, else "".
-std::string activation_reading(Graph& g, int t, PreparedNode** node) {
+std::string activation_reading(FuseGraph& g, int t, PreparedNode** node) {
   PreparedNode* r = g.sole_reader(t);
   if (!r || r->outputs.size() != 1 || r->outputs[0] < 0) return "";
   if (is_unary(*r, "Relu")) {
@@ -227,7 +154,7 @@ std::string activation_reading(Graph& g, int t, PreparedNode** node) {
   return "Gelu";
 }
 
-int fuse_matmul_add(Graph& g) {
+int fuse_matmul_add(FuseGraph& g) {
   int fused = 0;
   for (PreparedNode& add : g.im.nodes) {
     if (add.dead || add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 ||
@@ -286,6 +213,14 @@ int add_int_attr(PreparedNode& n, const char* name, std::int64_t value) {
   return static_cast<int>(n.attrs.size()) - 1;
 }
 
+void add_float_attr(PreparedNode& n, const char* name, double value) {
+  hp_op_attr a{};
+  a.name = n.store_strings.emplace_back(name).c_str();
+  a.kind = HP_ATTR_FLOAT;
+  a.f = value;
+  n.attrs.push_back(a);
+}
+
 void add_ints_attr(PreparedNode& n, const char* name, std::vector<std::int64_t> values) {
   hp_op_attr a{};
   a.name = n.store_strings.emplace_back(name).c_str();
@@ -315,15 +250,19 @@ int fuse_nodes(Executor::Impl& im) {
   const plugin::Backend* be = im.be[1] ? im.be[1] : im.be[0];
   int fused = 0;
   if (be->supports_op_type(0, "Gelu", "", 20)) {
-    Graph g(im);
+    FuseGraph g(im);
     fused += fuse_gelu(g);
   }
   if (be->supports_op_type(0, "FusedConv", "com.microsoft", 1)) {
-    Graph g(im);
+    FuseGraph g(im);
     fused += fuse_conv_relu(g);
   }
+  if (be->supports_op_type(0, "LayerNormalization", "", 17)) {
+    FuseGraph g(im);
+    fused += fuse_layer_norm(g);
+  }
   if (be->supports_op_type(0, "MatMulAdd", "hp.nn", 1)) {
-    Graph g(im);
+    FuseGraph g(im);
     fused += fuse_matmul_add(g);
   }
   return fused;

@@ -246,10 +246,11 @@ void read_device_peak(Executor::Impl& im, bool reset);
 /// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
 int fuse_nodes(Executor::Impl& im);
 /// Attributes the rewrites give a node, their data in the node's own storage (exec_fuse.cpp):
-/// a string (added, or replaced when present), an int (added; returns its index in `attrs`) and
-/// ints (added).
+/// a string (added, or replaced when present), an int (added; returns its index in `attrs`), a
+/// float and ints (added).
 void set_string_attr(PreparedNode& n, const char* name, const std::string& value);
 int add_int_attr(PreparedNode& n, const char* name, std::int64_t value);
+void add_float_attr(PreparedNode& n, const char* name, double value);
 void add_ints_attr(PreparedNode& n, const char* name, std::vector<std::int64_t> values);
 /// Keeps tensors between 2-D convolutions channels-last (exec_layout.cpp); returns the convolutions
 /// rewritten. Runs after fuse_nodes.

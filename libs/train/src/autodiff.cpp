@@ -188,7 +188,9 @@ Status Engine::backward(std::vector<Diagnostic>& errors) {
   const auto& pg = *w.graph;
   const auto& table = detail::rules();
   for (int k = forward_nodes - 1; k >= 0; --k) {
-    const auto& n = pg.node(k);
+    // A layer-norm chain is differentiated at its last node as the one op it computes.
+    auto ln = norm_tail.find(k);
+    const auto& n = ln != norm_tail.end() ? ln->second : pg.node(k);
     bool active = false;
     for (const auto& o : n.output())
       active = active || (requires_grad.count(o) && reaches_loss.count(o));
@@ -295,6 +297,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   GradGraph out;
   HP_TRY(e.check_and_mark(out));
   e.gelu_tail = detail::find_gelu_chains(e.w, e.forward_nodes, e.reads);
+  e.norm_tail = detail::find_layer_norm_chains(e.w, e.forward_nodes, e.reads);
   HP_TRY(e.recompute_setup());
   detail::LossNodes loss;
   if (!spec.logits.empty()) {

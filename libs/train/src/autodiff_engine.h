@@ -52,6 +52,8 @@ struct Engine {
   }
 
   std::map<int, std::string> gelu_tail;  ///< forward node ending an exact-GELU chain -> its x
+  /// Forward node ending a primitive layer-norm chain -> the LayerNormalization it computes.
+  std::map<int, onnx::NodeProto> norm_tail;
   detail::ControlContext control{
       &model, &spec, [this](const std::string& t) { return requires_grad.count(t) > 0; },
       [this](const std::string& t) { return renamed(t); }};

@@ -104,7 +104,7 @@ int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
     if (n.op_type() != "Shape" || !n.domain().empty() || n.input_size() != 1) continue;
     auto it = producer.find(n.input(0));
     const int from = it == producer.end() ? -1 : it->second;
-    if (from >= forward_nodes) continue;
+    if (from >= k - 1) continue;  // nothing to gain
     after[from].push_back(k);
     hoisted[static_cast<std::size_t>(k)] = true;
   }
@@ -119,10 +119,11 @@ int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
   for (int k = 0; k < g.node_size(); ++k) {
     if (hoisted[static_cast<std::size_t>(k)]) continue;
     order.Add()->Swap(g.mutable_node(k));
-    if (k < forward_nodes) place(k);
+    place(k);
   }
-  int moved = 0;
-  for (const auto& [from, nodes] : after) moved += static_cast<int>(nodes.size());
+  int moved = 0;  // into the forward part
+  for (const auto& [from, nodes] : after)
+    if (from < forward_nodes) moved += static_cast<int>(nodes.size());
   g.mutable_node()->Swap(&order);
   return forward_nodes + moved;
 }

@@ -35,14 +35,27 @@ Status scans_to_loops(onnx::GraphProto& g, std::int64_t opset);
 std::map<int, std::string> find_gelu_chains(const GraphWriter& w, int forward_nodes,
                                             const std::vector<std::set<std::string>>& reads);
 
+/// PyTorch exports nn.LayerNorm below opset 17 as ReduceMean -> Sub -> Pow(., 2) -> ReduceMean ->
+/// Add(eps) -> Sqrt -> Div -> Mul(gamma) [-> Add(beta)]: differentiated node by node, a dozen
+/// passes and as many saved tensors. Among the first `forward_nodes` nodes of w.graph (`reads`:
+/// what each reads), the chains over the last axes of an input whose normalised dims are known,
+/// gamma (and beta) of exactly those dims, whose intermediates nothing else reads: the index of
+/// each chain's last node -> the LayerNormalization node computing the same (its output the last
+/// node's), whose gradient is one hp.train.LayerNormGrad. The executor fuses the forward chain into
+/// that node (libs/exec/src/exec_fuse_norm.cpp).
+std::map<int, onnx::NodeProto> find_layer_norm_chains(
+    const GraphWriter& w, int forward_nodes, const std::vector<std::set<std::string>>& reads);
+
 /// After differentiation: moves every backward Shape node that reads a forward tensor (or a graph
 /// input or weight) to just after that tensor's producer, into the forward part. A rule asks for
 /// shapes at backward time (a Reshape's gradient reshapes back to its input's shape, SumTo reduces
 /// to a broadcast input's); left among the backward nodes, the Shape node kept its whole input
 /// alive until then, although only eight bytes per dim are needed. The executor runs nodes in file
 /// order where it can (libs/exec/src/exec_prepare.cpp), so a hoisted Shape node runs as soon as its
-/// input exists and the tensor is freed after its last forward reader. Returns the new forward node
-/// count.
+/// input exists and the tensor is freed after its last forward reader. A Shape node of a backward
+/// tensor moves to just after its producer as well: a recomputed block's clones (emitted together
+/// before the block's backward) would otherwise stay alive through that backward for their shapes.
+/// Returns the new forward node count.
 int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes);
 
 /// BatchNormalization's running statistics among the first `forward_nodes` nodes of `g`: buffers,

@@ -289,3 +289,66 @@ TEST_CASE("shapes the backward needs are taken in the forward, so their tensors 
   std::mt19937 rng(5);
   check_against_differences(b, spec, {tensor({4, 8}, HP_F32, rng), tensor({4, 2}, HP_F32, rng)});
 }
+
+namespace {
+
+// x -> MatMul(w) -> nn.LayerNorm(6) as PyTorch exports it below opset 17 -> y; with `var_read`
+// the variance also feeds a second output, so the chain is not one op any more.
+Builder primitive_layer_norm(bool var_read) {
+  Builder b;
+  b.input("x", {3, 4, 5});
+  b.weight("w", {5, 6});
+  b.weight("gamma", {6}, 1.0);
+  b.weight("beta", {6});
+  for (auto [name, v] : {std::pair<const char*, float>{"two", 2.f}, {"eps", 1e-5f}}) {
+    auto* k = b.node("Constant", {}, {name});
+    auto* a = k->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    a->mutable_t()->add_float_data(v);
+  }
+  b.node("MatMul", {"x", "w"}, {"h"});
+  auto axes = [](onnx::NodeProto* n) {
+    auto* a = n->add_attribute();
+    a->set_name("axes");
+    a->set_type(onnx::AttributeProto::INTS);
+    a->add_ints(-1);
+  };
+  axes(b.node("ReduceMean", {"h"}, {"mean"}));
+  b.node("Sub", {"h", "mean"}, {"d"});
+  b.node("Pow", {"d", "two"}, {"p"});
+  axes(b.node("ReduceMean", {"p"}, {"var"}));
+  b.node("Add", {"var", "eps"}, {"ve"});
+  b.node("Sqrt", {"ve"}, {"s"});
+  b.node("Div", {"d", "s"}, {"n"});
+  b.node("Mul", {"n", "gamma"}, {"scaled"});
+  b.node("Add", {"scaled", "beta"}, {var_read ? "ln" : "y"});
+  if (var_read) b.node("Mul", {"ln", "var"}, {"y"});
+  b.output("y", {3, 4, 6});
+  return b;
+}
+
+int count_op(const train::GradGraph& gg, const std::string& op) {
+  int n = 0;
+  for (const auto& node : gg.model.proto->graph().node()) n += node.op_type() == op;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a layer norm exported as primitives is differentiated as one LayerNormGrad", "[train]") {
+  Builder b = primitive_layer_norm(false);
+  auto gg = train::build_grad_graph(b.model(), test::mse_on_y());
+  REQUIRE(gg);
+  CHECK(count_op(*gg, "LayerNormGrad") == 1);
+  CHECK(count_op(*gg, "Sqrt") == 1);  // the forward's: the chain is not differentiated node by node
+  CHECK(gg->params == std::vector<std::string>{"w", "gamma", "beta"});
+  test::check_float64(b, test::scratch_dir("hp_autodiff_test"), "primitive_layer_norm");
+  // A chain whose variance someone else reads is differentiated node by node, as exported.
+  Builder seen = primitive_layer_norm(true);
+  auto sg = train::build_grad_graph(seen.model(), test::mse_on_y());
+  REQUIRE(sg);
+  CHECK(count_op(*sg, "LayerNormGrad") == 0);
+  test::check_float64(seen, test::scratch_dir("hp_autodiff_test"), "primitive_layer_norm_seen");
+}
