@@ -52,6 +52,28 @@ Status Executor::set_weight(const std::string& name, const HostTensor& value) {
   return {};
 }
 
+float* Executor::host_weight(const std::string& name) {
+  Impl& im = *impl_;
+  auto [id, host] = find_weight(im, name);
+  // Slot 0 is the cpu backend, whose device memory is host memory; a weight with a replica on the
+  // primary device (slot 1) would be read from there.
+  if (id < 0 || host->dtype != HP_F32 || !im.weights_loaded || offload_keeps_on_host(im, id))
+    return nullptr;
+  Slot& s = im.slots[static_cast<std::size_t>(id)];
+  if (!s.ptr[0] || s.ptr[1] || s.bytes != static_cast<std::size_t>(host->numel()) * sizeof(float))
+    return nullptr;
+  return static_cast<float*>(s.ptr[0]);
+}
+
+Status Executor::weight_written(const std::string& name) {
+  Impl& im = *impl_;
+  auto [id, host] = find_weight(im, name);
+  if (id < 0) return Error(Errc::bad_input, "the model has no initializer of this name", name);
+  ++im.slots[static_cast<std::size_t>(id)].version;
+  im.slots[static_cast<std::size_t>(id)].weight_key = 0;  // no longer constant: never packed again
+  return {};
+}
+
 Expected<HostTensor> Executor::weight(const std::string& name) {
   Impl& im = *impl_;
   auto [id, host] = find_weight(im, name);

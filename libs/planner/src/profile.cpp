@@ -111,9 +111,39 @@ Saves saved_by(const std::string& op) {
   return Saves::inputs;
 }
 
+// The intermediates of a layer norm exported as primitives (below opset 17): the centred input
+// d = Sub(x, ReduceMean(x)), Pow(d, 2), its mean, + eps and the Sqrt. hp differentiates the chain
+// as one LayerNormalization reading x (libs/train/src/norm_chain.cpp), so none of them is kept.
+std::set<int> layer_norm_intermediates(const Graph& g, const model::Block& b) {
+  std::set<int> inner;
+  auto producer_op = [&](int ti) -> const model::Node* {
+    for (int ni : b.nodes)
+      for (int o : g.node(ni).outputs)
+        if (o == ti) return &g.node(ni);
+    return nullptr;
+  };
+  for (int ni : b.nodes) {  // nodes are in graph order: a chain's producers come first
+    const auto& n = g.node(ni);
+    if (n.inputs.empty() || n.outputs.empty() || n.outputs[0] < 0) continue;
+    const bool reads_inner =
+        std::any_of(n.inputs.begin(), n.inputs.end(), [&](int ti) { return inner.count(ti) > 0; });
+    if (n.op_type == "Sub" && n.inputs.size() == 2) {
+      const model::Node* mean = producer_op(n.inputs[1]);
+      if (mean && mean->op_type == "ReduceMean" && !mean->inputs.empty() &&
+          mean->inputs[0] == n.inputs[0])
+        inner.insert(n.outputs[0]);
+    } else if (reads_inner && (n.op_type == "Pow" || n.op_type == "ReduceMean" ||
+                               n.op_type == "Add" || n.op_type == "Sqrt")) {
+      inner.insert(n.outputs[0]);
+    }
+  }
+  return inner;
+}
+
 BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq,
                            double dtype_bytes) {
   BlockProfile p;
+  const std::set<int> ln_inner = layer_norm_intermediates(g, b);
   p.name = b.name;
   p.parameters = static_cast<double>(b.parameters);
   p.fwd_flops = b.flops;
@@ -124,7 +154,8 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
     const auto& n = g.node(ni);
     bool quad = false, kernel = false;
     auto keep = [&](int ti) {
-      if (ti >= 0 && g.tensor(ti).kind == model::TensorKind::activation) saved.insert(ti);
+      if (ti >= 0 && g.tensor(ti).kind == model::TensorKind::activation && !ln_inner.count(ti))
+        saved.insert(ti);
     };
     auto is_act = [&](std::size_t i) {
       return i < n.inputs.size() && n.inputs[i] >= 0 &&

@@ -272,14 +272,15 @@ Status DataParallelSync::allgather_bucket(const Bucket& b) {
 
 Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& params,
-                                            std::vector<HostTensor>& grads, OptimizerState& state) {
+                                            std::vector<HostTensor>& grads, OptimizerState& state,
+                                            const Mirror& mirror) {
   if (grads.size() != pieces_.size())
     return Error(Errc::internal, "DataParallelSync::update before finish_step");
   // This rank's part of the squared norm: its pieces (every parameter at shard 1), those counted.
   std::vector<char> counted;
   if (!dp_.counted.empty())
     for (const FlatPiece& p : pieces_) counted.push_back(dp_.counted.at(p.param));
-  double sq = sum_of_squares(grads, counted);
+  double sq = sum_of_squares(grads, counted, c.threads);
   if (shard_ > 1)
     HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   if (!dp_.norm_group.empty())
@@ -287,7 +288,7 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
   if (shard_ == 1) {
     // Every rank updates every parameter (its pieces are the whole tensors, in order): in place,
     // without copies of the model.
-    return optimizer_step(c, params, grads, state, std::sqrt(sq));
+    return optimizer_step(c, params, grads, state, std::sqrt(sq), mirror);
   }
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
   std::vector<HostTensor> mine;

@@ -9,8 +9,12 @@
 // gradient norm) leaves weights, gradients and state as they were.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/optimizer.h"
@@ -36,26 +40,87 @@ Expected<LrSchedule> parse_lr_schedule(const std::string& name) {
                fmt::format("unknown learning-rate schedule '{}' (constant or cosine)", name));
 }
 
-double global_norm(const std::vector<HostTensor>& grads) {
-  return std::sqrt(sum_of_squares(grads));
+namespace {
+
+std::int64_t numel_f32(const HostTensor& t) {
+  return static_cast<std::int64_t>(t.data.size() / sizeof(float));
 }
 
-double sum_of_squares(const std::vector<HostTensor>& grads, const std::vector<char>& counted) {
-  // Eight partial sums keep the additions independent (the loop pipelines; a single double
-  // accumulator would serialize 27M dependent adds for a 108 MB model).
-  double total = 0;
-  for (std::size_t t = 0; t < grads.size(); ++t) {
-    if (!counted.empty() && !counted[t]) continue;
-    const HostTensor& g = grads[t];
-    const float* p = g.as<float>();
-    const std::int64_t n = static_cast<std::int64_t>(g.data.size() / sizeof(float));
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(p[i + k]) * p[i + k];
-    for (; i < n; ++i) acc[0] += static_cast<double>(p[i]) * p[i];
-    for (double a : acc) total += a;
+/// Runs body(t) for t in [0, threads), the calling thread being t = 0.
+void on_threads(int threads, const std::function<void(int)>& body) {
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+}
+
+/// Threads worth starting for tensors of these element counts: one below 64K elements in all,
+/// where starting a thread costs more than it saves.
+int threads_for(const std::vector<std::int64_t>& sizes, int threads) {
+  std::int64_t total = 0;
+  for (auto n : sizes) total += n;
+  return total < (1 << 16) ? 1 : std::max(1, threads);
+}
+
+/// The thread that sums tensor t whole: the one whose share of the concatenated elements holds
+/// the tensor's first element.
+int owner_of(const std::vector<std::int64_t>& sizes, std::size_t t, int threads) {
+  std::int64_t total = 0, start = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (k < t) start += sizes[k];
+    total += sizes[k];
   }
+  return total == 0 ? 0 : static_cast<int>(start * threads / total);
+}
+
+/// Calls fn(k, lo, hi) for the pieces [lo, hi) of tensors k that thread `me`'s contiguous share of
+/// the concatenated elements covers.
+template <class Fn>
+void for_share(const std::vector<std::int64_t>& sizes, int me, int threads, Fn fn) {
+  std::int64_t total = 0;
+  for (auto n : sizes) total += n;
+  const std::int64_t lo = total * me / threads, hi = total * (me + 1) / threads;
+  std::int64_t start = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const std::int64_t a = std::max(lo, start), b = std::min(hi, start + sizes[k]);
+    if (a < b) fn(k, a - start, b - start);
+    start += sizes[k];
+  }
+}
+
+}  // namespace
+
+double global_norm(const std::vector<HostTensor>& grads, int threads) {
+  return std::sqrt(sum_of_squares(grads, {}, threads));
+}
+
+double sum_of_squares(const std::vector<HostTensor>& grads, const std::vector<char>& counted,
+                      int threads) {
+  // Eight partial sums per tensor keep the additions independent (the loop pipelines; a single
+  // double accumulator would serialize 27M dependent adds for a 108 MB model). Each tensor's sums
+  // are one thread's, and they are added in tensor order: the same bits on any thread count.
+  std::vector<std::array<double, 8>> acc(grads.size());
+  std::vector<std::int64_t> sizes;
+  for (std::size_t t = 0; t < grads.size(); ++t)
+    sizes.push_back(counted.empty() || counted[t] ? numel_f32(grads[t]) : 0);
+  const int nt = threads_for(sizes, threads);
+  on_threads(nt, [&](int me) {
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      if (owner_of(sizes, t, nt) != me || sizes[t] == 0) continue;
+      const float* p = grads[t].as<float>();
+      const std::int64_t n = sizes[t];
+      double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) a[k] += static_cast<double>(p[i + k]) * p[i + k];
+      for (; i < n; ++i) a[0] += static_cast<double>(p[i]) * p[i];
+      std::copy(a, a + 8, acc[t].begin());
+    }
+  });
+  double total = 0;
+  for (std::size_t t = 0; t < grads.size(); ++t)
+    if (sizes[t] > 0)
+      for (double a : acc[t]) total += a;
   return total;
 }
 
@@ -120,17 +185,15 @@ HostTensor zeros_like(const HostTensor& p) {
   return t;
 }
 
-std::int64_t numel_f32(const HostTensor& t) {
-  return static_cast<std::int64_t>(t.data.size() / sizeof(float));
-}
-
 /// torch.optim.AdamW (amsgrad, maximize, capturable off), step k >= 1:
 ///   param.mul_(1 - lr*wd); exp_avg.mul_(b1).add_(g, alpha=1-b1);
 ///   exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2);
 ///   denom = (exp_avg_sq.sqrt() / sqrt(1-b2^k)).add_(eps);
 ///   param.addcdiv_(exp_avg, denom, value=-lr/(1-b1^k)).
+/// Over elements [lo, hi), the new values also written to `q` when not null.
 void adamw_update(const OptimizerConfig& c, double lr, std::int64_t k, HostTensor& param,
-                  const HostTensor& grad, HostTensor& exp_avg, HostTensor& exp_avg_sq) {
+                  const HostTensor& grad, HostTensor& exp_avg, HostTensor& exp_avg_sq,
+                  std::int64_t lo, std::int64_t hi, float* __restrict q) {
   const double bc1 = 1 - std::pow(c.beta1, static_cast<double>(k));
   const double bc2 = 1 - std::pow(c.beta2, static_cast<double>(k));
   const float decay = static_cast<float>(1 - lr * c.weight_decay);
@@ -143,8 +206,7 @@ void adamw_update(const OptimizerConfig& c, double lr, std::int64_t k, HostTenso
   const float* __restrict g = grad.as<float>();
   float* __restrict m = exp_avg.as<float>();
   float* __restrict v = exp_avg_sq.as<float>();
-  const std::int64_t n = numel_f32(param);
-  for (std::int64_t i = 0; i < n; ++i) {
+  auto one = [&](std::int64_t i) {
     const float gi = g[i];
     const float pi = p[i] * decay;
     const float mi = m[i] * b1 + one_minus_b1 * gi;
@@ -152,39 +214,37 @@ void adamw_update(const OptimizerConfig& c, double lr, std::int64_t k, HostTenso
     const float denom = std::sqrt(vi) / bc2_sqrt + eps;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi + neg_step * mi / denom;  // addcdiv: self + value * t1 / t2
+    return pi + neg_step * mi / denom;  // addcdiv: self + value * t1 / t2
+  };
+  if (q) {
+    for (std::int64_t i = lo; i < hi; ++i) q[i] = p[i] = one(i);
+  } else {
+    for (std::int64_t i = lo; i < hi; ++i) p[i] = one(i);
   }
 }
 
 /// torch.optim.SGD (dampening 0, nesterov and maximize off):
 ///   d_p = g + wd*param; buf = d_p on the first step, else buf.mul_(mu).add_(d_p);
 ///   param.add_(buf or d_p, alpha=-lr).
+/// Over elements [lo, hi), the new values also written to `q` when not null.
 void sgd_update(const OptimizerConfig& c, double lr, HostTensor& param, const HostTensor& grad,
-                HostTensor* buffer, bool first) {
+                HostTensor* buffer, bool first, std::int64_t lo, std::int64_t hi,
+                float* __restrict q) {
   const float wd = static_cast<float>(c.weight_decay);
   const float mu = static_cast<float>(c.momentum);
   const float neg_lr = static_cast<float>(-lr);
   float* __restrict p = param.as<float>();
   const float* __restrict g = grad.as<float>();
-  const std::int64_t n = numel_f32(param);
-  if (!buffer) {
-    for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] + neg_lr * (g[i] + wd * p[i]);
-    return;
-  }
-  float* __restrict b = buffer->as<float>();
-  if (first) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + wd * p[i];
-      b[i] = d;
-      p[i] = p[i] + neg_lr * d;
-    }
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i) {
+  float* __restrict b = buffer ? buffer->as<float>() : nullptr;
+  for (std::int64_t i = lo; i < hi; ++i) {
     const float d = g[i] + wd * p[i];
-    const float bi = b[i] * mu + d;
-    b[i] = bi;
-    p[i] = p[i] + neg_lr * bi;
+    float step = d;
+    if (b) {
+      step = first ? d : b[i] * mu + d;
+      b[i] = step;
+    }
+    p[i] = p[i] + neg_lr * step;
+    if (q) q[i] = p[i];
   }
 }
 
@@ -193,13 +253,25 @@ void sgd_update(const OptimizerConfig& c, double lr, HostTensor& param, const Ho
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTensor>& params,
                                   std::vector<HostTensor>& grads, OptimizerState& state) {
   HP_TRY(validate(c, params, grads, state));
-  return optimizer_step(c, params, grads, state, global_norm(grads));
+  return optimizer_step(c, params, grads, state, global_norm(grads, c.threads), Mirror{});
 }
 
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTensor>& params,
                                   std::vector<HostTensor>& grads, OptimizerState& state,
                                   double grad_norm) {
+  return optimizer_step(c, params, grads, state, grad_norm, Mirror{});
+}
+
+Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTensor>& params,
+                                  std::vector<HostTensor>& grads, OptimizerState& state,
+                                  double grad_norm, const Mirror& mirror) {
   HP_TRY(validate(c, params, grads, state));
+  if (!mirror.to.empty() && mirror.to.size() != params.size())
+    return Error(Errc::internal,
+                 fmt::format("{} mirrors for {} parameters", mirror.to.size(), params.size()));
+  std::vector<std::int64_t> sizes;
+  for (const HostTensor& p : params) sizes.push_back(numel_f32(p));
+  const int nt = threads_for(sizes, c.threads);
   StepInfo info;
   info.grad_norm = grad_norm;
   if (!std::isfinite(info.grad_norm))
@@ -214,32 +286,42 @@ Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<HostTens
     if (coef < 1) {
       info.clip_scale = coef;
       const float s = static_cast<float>(coef);
-      for (HostTensor& g : grads) {
-        float* p = g.as<float>();
-        const std::int64_t n = numel_f32(g);
-        for (std::int64_t i = 0; i < n; ++i) p[i] *= s;
-      }
+      on_threads(nt, [&](int me) {
+        for_share(sizes, me, nt, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
+          float* p = grads[t].as<float>();
+          for (std::int64_t i = lo; i < hi; ++i) p[i] *= s;
+        });
+      });
     }
   }
   const std::int64_t k = state.step + 1;
   info.lr = learning_rate(c, k);
-  if (c.kind == OptimizerKind::adamw) {
-    if (state.exp_avg.empty()) {
-      for (const HostTensor& p : params) {
-        state.exp_avg.push_back(zeros_like(p));
-        state.exp_avg_sq.push_back(zeros_like(p));
-      }
+  if (c.kind == OptimizerKind::adamw && state.exp_avg.empty()) {
+    for (const HostTensor& p : params) {
+      state.exp_avg.push_back(zeros_like(p));
+      state.exp_avg_sq.push_back(zeros_like(p));
     }
-    for (std::size_t i = 0; i < params.size(); ++i)
-      adamw_update(c, info.lr, k, params[i], grads[i], state.exp_avg[i], state.exp_avg_sq[i]);
+  }
+  auto to = [&](std::size_t t) { return mirror.to.empty() ? nullptr : mirror.to[t]; };
+  if (c.kind == OptimizerKind::adamw) {
+    on_threads(nt, [&](int me) {
+      for_share(sizes, me, nt, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
+        adamw_update(c, info.lr, k, params[t], grads[t], state.exp_avg[t], state.exp_avg_sq[t], lo,
+                     hi, to(t));
+      });
+    });
   } else {
     // The momentum buffer is created from the first step's gradient (torch: buf = clone(d_p)).
     const bool momentum = c.momentum != 0;
     const bool first = momentum && state.exp_avg.empty();
     if (first)
       for (const HostTensor& p : params) state.exp_avg.push_back(zeros_like(p));
-    for (std::size_t i = 0; i < params.size(); ++i)
-      sgd_update(c, info.lr, params[i], grads[i], momentum ? &state.exp_avg[i] : nullptr, first);
+    on_threads(nt, [&](int me) {
+      for_share(sizes, me, nt, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
+        sgd_update(c, info.lr, params[t], grads[t], momentum ? &state.exp_avg[t] : nullptr, first,
+                   lo, hi, to(t));
+      });
+    });
   }
   state.step = k;
   return info;

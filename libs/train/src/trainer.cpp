@@ -14,6 +14,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "batches.h"
 #include "hp/core/fs.h"
@@ -262,20 +263,31 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
     return Error(Errc::runtime,
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
                              o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
+  OptimizerConfig oc = o.optimizer;
+  oc.threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  // Where the executor's copy of a weight can be written in place, the update writes it there in
+  // the same pass (whole parameters only: not a ZeRO shard, nor a tensor-parallel slice).
+  Mirror mirror;
+  const bool whole = !tps && !eps && !(sync && sync->sharded());
+  for (std::size_t j = 0; whole && j < params.size(); ++j)
+    mirror.to.push_back(ex->host_weight(params[j].name));
   Expected<StepInfo> info = StepInfo{};
   if (sync) {
-    info = sync->update(o.optimizer, params, grads, state);
+    info = sync->update(oc, params, grads, state, mirror);
   } else if (tps || eps) {
     auto norm = tps ? tps->global_norm(grads) : eps->global_norm(grads);
     if (!norm) return std::move(norm).error();
-    info = optimizer_step(o.optimizer, params, grads, state, *norm);
+    info = optimizer_step(oc, params, grads, state, *norm);
   } else {
-    info = optimizer_step(o.optimizer, params, grads, state);
+    info = optimizer_step(oc, params, grads, state, global_norm(grads, oc.threads), mirror);
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   const auto t2 = std::chrono::steady_clock::now();
   for (std::size_t j = 0; j < params.size(); ++j)
-    HP_TRY(ex->set_weight(params[j].name, tps ? tps->stored(j, params[j]) : params[j]));
+    if (j < mirror.to.size() && mirror.to[j])
+      HP_TRY(ex->weight_written(params[j].name));
+    else
+      HP_TRY(ex->set_weight(params[j].name, tps ? tps->stored(j, params[j]) : params[j]));
   for (std::size_t j = 0; j < new_buffers.size(); ++j) {
     new_buffers[j].name = buffers[j].name;
     HP_TRY(ex->set_weight(buffers[j].name, new_buffers[j]));

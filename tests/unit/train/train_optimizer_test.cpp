@@ -238,3 +238,54 @@ TEST_CASE("plain SGD keeps no state; momentum SGD starts its buffer from the gra
   CHECK(values(state.exp_avg[0]) == std::vector<float>{3, -6});  // 0.5 * buf + g
   CHECK(values(params[0]) == std::vector<float>{-2.5f, 9});
 }
+
+TEST_CASE("threads and a mirror give the same bits as one thread", "[train][optimizer]") {
+  // Tensors of uneven sizes (past the 64K elements below which one thread runs), so the threads'
+  // shares split tensors in the middle; clipping on, so the norm, the clipping and the update all
+  // run threaded.
+  const std::vector<std::int64_t> sizes = {70001, 3, 40000, 1};
+  auto fill = [&](float a, float b, float scale) {
+    std::vector<HostTensor> ts;
+    for (std::int64_t n : sizes) {
+      std::vector<float> v;
+      for (std::int64_t i = 0; i < n; ++i)
+        v.push_back(std::sin(a * static_cast<float>(i) + b) * scale);
+      ts.push_back(f32({n}, v));
+    }
+    return ts;
+  };
+  for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.momentum = 0.9;
+    c.clip_norm = 1.0;
+    std::vector<HostTensor> p1 = fill(0.37f, 0.f, 1.f), p3 = p1;
+    OptimizerState s1, s3;
+    for (int step = 0; step < 2; ++step) {  // the second step reads the first's state
+      std::vector<HostTensor> g1 = fill(0.11f, static_cast<float>(step), 3.f), g3 = g1;
+      c.threads = 1;
+      auto one = optimizer_step(c, p1, g1, s1);
+      REQUIRE(one);
+      c.threads = 3;
+      std::vector<std::vector<float>> copies(sizes.size());
+      Mirror m;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        copies[k].assign(static_cast<std::size_t>(sizes[k]), -7.f);
+        m.to.push_back(k == 1 ? nullptr : copies[k].data());  // a parameter without a mirror
+      }
+      auto three = optimizer_step(c, p3, g3, s3, global_norm(g3, 3), m);
+      REQUIRE(three);
+      CHECK(one->grad_norm == three->grad_norm);
+      CHECK(one->clip_scale == three->clip_scale);
+      CHECK(one->clip_scale < 1);
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        CHECK(values(p1[k]) == values(p3[k]));
+        CHECK(values(s1.exp_avg[k]) == values(s3.exp_avg[k]));
+        if (kind == OptimizerKind::adamw)
+          CHECK(values(s1.exp_avg_sq[k]) == values(s3.exp_avg_sq[k]));
+        if (k != 1) CHECK(copies[k] == values(p3[k]));
+      }
+      CHECK(copies[1] == std::vector<float>(3, -7.f));
+    }
+  }
+}

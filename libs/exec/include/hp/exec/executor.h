@@ -189,6 +189,15 @@ class Executor {
   Status set_weight(const std::string& name, const HostTensor& value);
   /// The current value of initializer `name` (a host copy). Errc::bad_input for an unknown name.
   Expected<HostTensor> weight(const std::string& name);
+  /// The executor's own storage of float32 initializer `name`, when the caller may write it in
+  /// place: after the first run, on the cpu backend (host memory), not kept by offload. Null
+  /// otherwise (unknown name included): use set_weight. Valid until set_weight replaces the weight
+  /// or the executor goes. Whoever writes it calls weight_written(name) before the next run.
+  float* host_weight(const std::string& name);
+  /// Tells the executor that `name`'s value changed in place (host_weight): nodes cached from it
+  /// rerun, and the backend never uses a packed copy of it again. Errc::bad_input for an unknown
+  /// name.
+  Status weight_written(const std::string& name);
 
   struct Impl;
 

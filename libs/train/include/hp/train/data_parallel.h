@@ -91,9 +91,11 @@ class DataParallelSync {
 
   /// Collective over the shard group: clips and updates this rank's pieces of `params` from
   /// `grads` as finish_step left them (optimizer_step with the global norm), then all-gathers the
-  /// updated parameters into `params`. `state` holds the pieces' state.
+  /// updated parameters into `params`. `state` holds the pieces' state. `mirror` (optimizer.h)
+  /// applies at level 0 only, where every rank updates whole parameters.
   Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
-                            std::vector<exec::HostTensor>& grads, OptimizerState& state);
+                            std::vector<exec::HostTensor>& grads, OptimizerState& state,
+                            const Mirror& mirror = {});
 
   /// Collective: `state` (this rank's pieces) gathered into one state per parameter, shaped like
   /// `params` (the single-rank checkpoint format). Every rank receives it.

@@ -35,6 +35,10 @@ struct OptimizerConfig {
   std::int64_t warmup_steps = 0;  ///< cosine: linear from lr/warmup to lr over these steps
   std::int64_t total_steps = 0;   ///< cosine: lr reaches min_lr at this step
   double min_lr = 0.0;            ///< cosine floor
+  /// Threads for the update, the clipping and the norm. The elements are split between them and
+  /// each element's arithmetic is unchanged (the norm's partial sums are taken per tensor and added
+  /// in tensor order), so every thread count gives the same bits.
+  int threads = 1;
 };
 
 /// Learning rate of 1-based step `step` under the schedule. constant: lr. cosine (W =
@@ -44,11 +48,11 @@ struct OptimizerConfig {
 double learning_rate(const OptimizerConfig& c, std::int64_t step);
 
 /// sqrt(sum of squares) over every gradient, accumulated in double.
-double global_norm(const std::vector<exec::HostTensor>& grads);
+double global_norm(const std::vector<exec::HostTensor>& grads, int threads = 1);
 /// The sum of squares global_norm takes the root of, over the gradients k with counted[k] (every
-/// one when `counted` is empty).
+/// one when `counted` is empty); the same bits on any number of threads.
 double sum_of_squares(const std::vector<exec::HostTensor>& grads,
-                      const std::vector<char>& counted = {});
+                      const std::vector<char>& counted = {}, int threads = 1);
 
 /// Per-parameter state, beside the weights and saved with them (checkpoint.h).
 struct OptimizerState {
@@ -80,5 +84,16 @@ Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::Ho
 Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                                   std::vector<exec::HostTensor>& grads, OptimizerState& state,
                                   double grad_norm);
+
+/// Where else each updated parameter goes: `to[k]`, when not null, receives parameter k's new
+/// values (float32, its element count) in the same pass that computes them. The training loop
+/// points it at the executor's own copy of the weight (Executor::host_weight), which saves a second
+/// pass over every weight after the update.
+struct Mirror {
+  std::vector<float*> to;
+};
+Expected<StepInfo> optimizer_step(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
+                                  std::vector<exec::HostTensor>& grads, OptimizerState& state,
+                                  double grad_norm, const Mirror& mirror);
 
 }  // namespace hp::train
