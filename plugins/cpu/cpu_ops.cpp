@@ -263,6 +263,7 @@ const OpTable& op_table() {
     register_scatter_ops(t);
     register_rnn_ops(t);
     register_loss_ops(t);
+    register_attention_ops(t);
     register_misc_ops(t);
     register_convt_ops(t);
     register_quant_ops(t);

@@ -123,6 +123,7 @@ void register_elementwise_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_index_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
+void register_attention_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);

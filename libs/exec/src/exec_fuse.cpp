@@ -10,7 +10,8 @@
 // dead: the run skips them, lifetimes ignore them.
 //
 // Layer norm exported as primitives (below opset 17): one LayerNormalization node
-// (exec_fuse_norm.cpp).
+// (exec_fuse_norm.cpp). Attention's scale -> mask -> Softmax: one hp.nn.MaskedSoftmax node
+// (exec_fuse_softmax.cpp).
 //
 // Conv + Relu and Conv + Add + Relu (the residual blocks of CNNs): the Relu node becomes ONNX
 // Runtime's com.microsoft FusedConv (the Conv's inputs and attributes, activation "Relu", the Add's
@@ -260,6 +261,10 @@ int fuse_nodes(Executor::Impl& im) {
   if (be->supports_op_type(0, "LayerNormalization", "", 17)) {
     FuseGraph g(im);
     fused += fuse_layer_norm(g);
+  }
+  if (be->supports_op_type(0, "MaskedSoftmax", "hp.nn", 1)) {
+    FuseGraph g(im);
+    fused += fuse_masked_softmax(g);
   }
   if (be->supports_op_type(0, "MatMulAdd", "hp.nn", 1)) {
     FuseGraph g(im);

@@ -67,6 +67,18 @@ struct FuseGraph {
     return h.as<float>()[0];
   }
 
+  /// scalar(t) when that constant has rank 0 or 1: one that broadcasts without raising the rank of
+  /// the other operand (a [1, 1, 1, 1] constant would), else nullopt.
+  std::optional<float> low_rank_scalar(int t) {
+    auto v = scalar(t);
+    if (!v) return v;
+    for (const auto& [id, h] : im.weights)
+      if (id == t) return h.dims.size() <= 1 ? v : std::nullopt;
+    const PreparedNode& n =
+        im.nodes[static_cast<std::size_t>(producer[static_cast<std::size_t>(t)])];
+    return n.store_tensors.front().dims.size() <= 1 ? v : std::nullopt;
+  }
+
   /// For a binary node with a constant scalar `value` on one side: the other input, else -1.
   int other_than_const(const PreparedNode& n, const char* op, float value, bool commutes) {
     if (n.op_type != op || !n.domain.empty() || n.inputs.size() != 2) return -1;
@@ -88,5 +100,7 @@ inline bool is_unary(const PreparedNode& n, const char* op) {
 /// Primitive layer-norm chains as one LayerNormalization node (exec_fuse_norm.cpp); returns how
 /// many it fused.
 int fuse_layer_norm(FuseGraph& g);
+/// Scale -> Where(mask) -> Softmax as one hp.nn.MaskedSoftmax node (exec_fuse_softmax.cpp).
+int fuse_masked_softmax(FuseGraph& g);
 
 }  // namespace hp::exec

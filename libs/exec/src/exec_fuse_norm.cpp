@@ -7,11 +7,11 @@
 // Fused only when it computes the same: the axes are the last ones (negative, as PyTorch writes
 // them, since the rank is not known here), both means keep their dims, the exponent is 2 and eps a
 // constant scalar, every intermediate is read by the chain alone (d by the Pow and the Div) and is
-// no graph output, and gamma and beta are weights either of one element or of as many dims as
-// axes, none of them 1 (so that the Mul and Add broadcast them exactly as LayerNormalization
-// applies them, over the normalised dims). The chain's last node becomes the fused one; the others
-// are marked dead. The training graph's backward reads only x and gamma of the chain
-// (libs/train/src/norm_chain.cpp), so it fuses there too.
+// no graph output, eps and the exponent are of rank 0 or 1, and gamma and beta are weights either
+// of one element (rank 0 or 1) or of as many dims as axes, none of them 1 (so that the Mul and Add
+// broadcast them exactly as LayerNormalization applies them, over the normalised dims). The chain's
+// last node becomes the fused one; the others are marked dead. The training graph's backward reads
+// only x and gamma of the chain (libs/train/src/norm_chain.cpp), so it fuses there too.
 #include <algorithm>
 #include <cstring>
 
@@ -70,7 +70,7 @@ std::size_t trailing_mean_axes(FuseGraph& g, const PreparedNode& n) {
 bool affine_ok(FuseGraph& g, int t, std::size_t k) {
   const HostTensor* h = weight_of(g, t);
   if (!h || (h->dtype != HP_F32 && h->dtype != HP_F64)) return false;
-  if (h->numel() == 1) return true;
+  if (h->numel() == 1) return h->dims.size() <= 1;  // a higher rank would broadcast x up
   return h->dims.size() == k &&
          std::all_of(h->dims.begin(), h->dims.end(), [](std::int64_t d) { return d > 1; });
 }
@@ -100,13 +100,15 @@ int fuse_layer_norm(FuseGraph& g) {
         pow = &n;
       else if (!n.dead && is_binary(&n, "Div") && n.inputs[0] == d && n.inputs[1] != d)
         div = &n;
-    if (!pow || !div || g.other_than_const(*pow, "Pow", 2.0f, false) != d) continue;
+    if (!pow || !div || g.other_than_const(*pow, "Pow", 2.0f, false) != d ||
+        !g.low_rank_scalar(pow->inputs[1]))
+      continue;
     PreparedNode* var = g.sole_reader(pow->outputs[0]);
     if (!var || var->inputs[0] != pow->outputs[0] || trailing_mean_axes(g, *var) != k) continue;
     PreparedNode* add = g.sole_reader(var->outputs[0]);
     if (!is_binary(add, "Add")) continue;
     const int eps_t = add->inputs[0] == var->outputs[0] ? add->inputs[1] : add->inputs[0];
-    const std::optional<float> eps = g.scalar(eps_t);
+    const std::optional<float> eps = g.low_rank_scalar(eps_t);
     if (!eps || !(*eps >= 0)) continue;
     PreparedNode* sqrt = g.sole_reader(add->outputs[0]);
     if (!sqrt || !is_unary(*sqrt, "Sqrt") || g.sole_reader(sqrt->outputs[0]) != div ||

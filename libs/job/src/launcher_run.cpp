@@ -208,7 +208,8 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   const fs::path log_dir = plan.run_dir / "logs";
   fs::create_directories(log_dir, ec);
   fs::create_directories(plan.run_dir / "pids", ec);
-  fs::remove_all(plan.run_dir / "exits", ec);  // a rerun in the same directory starts clean
+  std::error_code stale;
+  fs::remove_all(plan.run_dir / "exits", stale);  // a rerun in the same directory starts clean
   if (ec)
     return Error(Errc::runtime, fmt::format("cannot create the run directory: {}", ec.message()),
                  plan.run_dir.string());

@@ -2,6 +2,8 @@
 // (rewrite.h).
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <set>
 
 #include "hp/model/graph.h"
 #include "rewrite.h"
@@ -46,6 +48,15 @@ std::map<int, onnx::NodeProto> find_layer_norm_chains(
     auto r = readers_of(t);
     return r.size() == 1 ? &g.node(r[0]) : nullptr;
   };
+  // A constant the chain reads: a Constant node's output of rank 0 or 1. An initializer would be
+  // trained as a parameter of its own, which LayerNormalization's eps cannot be.
+  std::set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  auto constant = [&](const std::string& t) -> std::optional<double> {
+    auto dims = w.static_shape(t);
+    if (inits.count(t) || !dims || dims->size() > 1) return std::nullopt;
+    return w.const_scalar(t);
+  };
   auto is = [](const onnx::NodeProto* n, const char* op, int inputs) {
     return n && n->op_type() == op && (n->domain().empty() || n->domain() == "ai.onnx") &&
            n->input_size() == inputs && n->output_size() == 1;
@@ -83,15 +94,15 @@ std::map<int, onnx::NodeProto> find_layer_norm_chains(
     const onnx::NodeProto* pow = &g.node(dr[0]);
     const onnx::NodeProto* div = &g.node(dr[1]);
     if (pow->op_type() == "Div") std::swap(pow, div);
-    auto two = is(pow, "Pow", 2) && pow->input(0) == d ? w.const_scalar(pow->input(1))
-                                                       : std::optional<double>();
+    auto two =
+        is(pow, "Pow", 2) && pow->input(0) == d ? constant(pow->input(1)) : std::optional<double>();
     if (!two || *two != 2.0) continue;
     const onnx::NodeProto* var = sole_reader(pow->output(0));
     if (!var || mean_axes(w, *var) != axes || var->input(0) != pow->output(0)) continue;
     const onnx::NodeProto* add = sole_reader(var->output(0));
     if (!is(add, "Add", 2)) continue;
     const std::string& eps_name = add->input(0) == var->output(0) ? add->input(1) : add->input(0);
-    auto eps = w.const_scalar(eps_name);
+    auto eps = constant(eps_name);
     if (!eps || *eps < 0) continue;
     const onnx::NodeProto* sqrt = sole_reader(add->output(0));
     if (!is(sqrt, "Sqrt", 1) || sole_reader(sqrt->output(0)) != div) continue;

@@ -1,6 +1,7 @@
 // fold_weight_transposes, hoist_shape_reads and batch_norm_buffers (rewrite.h).
 #include "rewrite.h"
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -104,16 +105,20 @@ int hoist_shape_reads(onnx::GraphProto& g, int forward_nodes) {
     if (n.op_type() != "Shape" || !n.domain().empty() || n.input_size() != 1) continue;
     auto it = producer.find(n.input(0));
     const int from = it == producer.end() ? -1 : it->second;
-    if (from >= k - 1) continue;  // nothing to gain
+    if (from >= forward_nodes && from == k - 1) continue;  // next to its producer already
     after[from].push_back(k);
     hoisted[static_cast<std::size_t>(k)] = true;
   }
   if (after.empty()) return forward_nodes;
   google::protobuf::RepeatedPtrField<onnx::NodeProto> order;
-  auto place = [&](int from) {
+  // Recursive: a hoisted Shape node may itself be the input of another (Shape of a Shape).
+  std::function<void(int)> place = [&](int from) {
     auto it = after.find(from);
-    if (it != after.end())
-      for (int h : it->second) order.Add()->Swap(g.mutable_node(h));
+    if (it == after.end()) return;
+    for (int h : it->second) {
+      order.Add()->Swap(g.mutable_node(h));
+      place(h);
+    }
   };
   place(-1);
   for (int k = 0; k < g.node_size(); ++k) {

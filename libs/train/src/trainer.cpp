@@ -264,7 +264,12 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
                  fmt::format("step {}: the loss is {} (diverged); nothing was updated{}", k, loss,
                              o.checkpoint_dir.empty() ? "" : ", the last checkpoint is kept"));
   OptimizerConfig oc = o.optimizer;
-  oc.threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  // The rank's threads; with no count given, every core for a lone rank and one for each of
+  // several (ranks simulated in one process share the cores).
+  const bool lone = !o.dp.active() && !o.tp.active() && !o.ep.active();
+  oc.threads = o.threads > 0 ? o.threads
+               : lone        ? static_cast<int>(std::thread::hardware_concurrency())
+                             : 1;
   // Where the executor's copy of a weight can be written in place, the update writes it there in
   // the same pass (whole parameters only: not a ZeRO shard, nor a tensor-parallel slice).
   Mirror mirror;

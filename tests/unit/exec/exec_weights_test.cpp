@@ -1,7 +1,7 @@
-// Writing a weight in place (Executor::host_weight / weight_written, libs/exec/src/exec_weights.cpp):
-// what a training step's optimizer does instead of set_weight. The next run must see the new values
-// through a node cached from the weight (a Transpose) and through a MatMul whose B the backend may
-// keep packed.
+// Writing a weight in place (Executor::host_weight / weight_written,
+// libs/exec/src/exec_weights.cpp): what a training step's optimizer does instead of set_weight. The
+// next run must see the new values through a node cached from the weight (a Transpose) and through
+// a MatMul whose B the backend may keep packed.
 #include <catch2/catch.hpp>
 
 #include <onnx/onnx_pb.h>

@@ -1,0 +1,86 @@
+// hp.nn.MaskedSoftmax: the middle of exported attention in one pass per row (the executor fuses
+// Mul(scores, scale) -> Where(mask, fill, .) -> Softmax into it:
+// libs/exec/src/exec_fuse_softmax.cpp).
+//
+//   Y = Softmax(Where(C, fill, scale * X)) along the last axis     (fill_where = 1)
+//   Y = Softmax(Where(C, scale * X, fill)) along the last axis     (fill_where = 0)
+//
+// C (bool, optional: without it only the scale applies) and X broadcast together as the Where's
+// operands do. Each row is written masked and scaled into Y, then softmaxed in place while it is in
+// cache: three passes over the scores become one.
+#include <array>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "cpu_bcast.h"
+#include "cpu_internal.h"
+#include "cpu_kernels.h"
+#include "cpu_ops.h"
+
+namespace hp_cpu {
+namespace {
+
+template <class T>
+void softmax_row_generic(T* y, int64_t len) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < len; ++i) mx = std::max(mx, y[i]);
+  if (mx == -std::numeric_limits<T>::infinity()) mx = 0;  // an all -inf row: NaNs, as Softmax
+  T sum = 0;
+  for (int64_t i = 0; i < len; ++i) sum += (y[i] = std::exp(y[i] - mx));
+  for (int64_t i = 0; i < len; ++i) y[i] /= sum;
+}
+
+void masked_softmax(OpCall& c) {
+  const View &x = c.need(0), &cond = c.in(1);
+  if (cond.present() && cond.dtype != HP_BOOL) c.fail("the mask must be bool");
+  const double scale = c.f("scale", 1.0), fill = c.f("fill", 0.0);
+  const bool fill_where = c.i("fill_where", 1) != 0;
+  // The Where's broadcast: the output takes X's and the mask's dims together.
+  const Dims out = cond.present() ? broadcast_shapes(x.dims, cond.dims, c) : x.dims;
+  if (out.empty()) c.fail("X must have rank >= 1");
+  View y = c.out(0, x.dtype, out);
+  if (y.numel() == 0) return;
+  const Dims none(out.size(), 0);
+  std::array<Dims, 2> st{broadcast_strides(x.dims, out),
+                         cond.present() ? broadcast_strides(cond.dims, out) : none};
+  const auto* mask = cond.present() ? static_cast<const unsigned char*>(cond.data) : nullptr;
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* px = x.as<T>();
+      T* py = y.as<T>();
+      const T s = static_cast<T>(scale), f = static_cast<T>(fill);
+      bcast_rows<2>(out, st,
+                    [&](int64_t o, const std::array<int64_t, 2>& off, int64_t n,
+                        const std::array<int64_t, 2>& in) {
+                      const T* xr = px + off[0];
+                      T* yr = py + o;
+                      if (mask) {
+                        const unsigned char* mr = mask + off[1];
+                        for (int64_t i = 0; i < n; ++i)
+                          yr[i] = (mr[i * in[1]] != 0) == fill_where ? f : s * xr[i * in[0]];
+                      } else {
+                        for (int64_t i = 0; i < n; ++i) yr[i] = s * xr[i * in[0]];
+                      }
+                      if constexpr (std::is_same_v<T, float>)
+                        softmax_row(yr, yr, n, false);
+                      else
+                        softmax_row_generic(yr, n);
+                    });
+    }
+  });
+}
+
+bool masked_softmax_types(const std::vector<int32_t>& d) {
+  if (d.empty() || (d[0] != HP_F32 && d[0] != HP_F64)) return false;
+  return d.size() < 2 || d[1] == -1 || d[1] == HP_BOOL;
+}
+
+}  // namespace
+
+void register_attention_ops(OpTable& t) {
+  t["hp.nn.MaskedSoftmax"] = {masked_softmax, masked_softmax_types};
+}
+
+}  // namespace hp_cpu
