@@ -6,8 +6,9 @@
 //   Y = Softmax(Where(C, scale * X, fill)) along the last axis     (fill_where = 0)
 //
 // C (bool, optional: without it only the scale applies) and X broadcast together as the Where's
-// operands do. Each row is written masked and scaled into Y, then softmaxed in place while it is in
-// cache: three passes over the scores become one.
+// operands do. The masked, scaled scores are written into Y in one pass and softmaxed there in
+// place (float32 by oneDNN's softmax): two passes over the scores instead of three, and two kernel
+// launches fewer.
 #include <array>
 #include <cmath>
 #include <limits>
@@ -56,18 +57,30 @@ void masked_softmax(OpCall& c) {
                         const std::array<int64_t, 2>& in) {
                       const T* xr = px + off[0];
                       T* yr = py + o;
-                      if (mask) {
+                      if (mask && in[0] == 1 && in[1] == 1) {  // the usual case: vectorises
+                        const unsigned char* mr = mask + off[1];
+                        const unsigned char fw = fill_where ? 1 : 0;
+                        for (int64_t i = 0; i < n; ++i)
+                          yr[i] = (mr[i] != 0 ? 1 : 0) == fw ? f : s * xr[i];
+                      } else if (mask) {
                         const unsigned char* mr = mask + off[1];
                         for (int64_t i = 0; i < n; ++i)
                           yr[i] = (mr[i * in[1]] != 0) == fill_where ? f : s * xr[i * in[0]];
                       } else {
                         for (int64_t i = 0; i < n; ++i) yr[i] = s * xr[i * in[0]];
                       }
-                      if constexpr (std::is_same_v<T, float>)
-                        softmax_row(yr, yr, n, false);
-                      else
-                        softmax_row_generic(yr, n);
+                      if constexpr (!std::is_same_v<T, float>) softmax_row_generic(yr, n);
                     });
+      // Float32 rows go through oneDNN's softmax in place, twice as fast as a per-row loop
+      // (cpu_softmax.cpp).
+      if constexpr (std::is_same_v<T, float>) {
+        const int64_t len = out.back(), rows = y.numel() / len;
+        if (!c.ctx()->softmaxes.run(c.ctx()->engine, c.stream()->dnnl_stream, py, py, rows, len,
+                                    false)) {
+#pragma omp parallel for schedule(static) if (y.numel() >= (1 << 15))
+          for (int64_t o = 0; o < rows; ++o) softmax_row(py + o * len, py + o * len, len, false);
+        }
+      }
     }
   });
 }
