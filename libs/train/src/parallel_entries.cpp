@@ -11,14 +11,16 @@ int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
                           const std::set<std::string>& original,
                           const std::vector<std::int64_t>& group,
                           std::map<std::string, std::vector<std::int64_t>>& reduce_grad) {
-  // Integer constants (shapes, indices, axes) carry no gradient: no entry for them.
+  // Integer initializers (shapes, indices, axes) and Constant nodes carry no gradient: no entry
+  // for them. A float Constant (GELU's sqrt 2, attention's scale) would otherwise be read through
+  // an Identity, hiding it from the rewrites that look for constants (find_gelu_chains, the
+  // executor's fusions) and all-reducing a gradient nobody uses.
   std::set<std::string> no_grad;
   for (const auto& t : g.initializer())
     if (!is_float_type(t.data_type())) no_grad.insert(t.name());
   for (const auto& n : g.node())
-    if (n.op_type() == "Constant" && n.output_size() == 1)
-      for (const auto& a : n.attribute())
-        if (a.name() != "value" || !is_float_type(a.t().data_type())) no_grad.insert(n.output(0));
+    if (n.op_type() == "Constant" && (n.domain().empty() || n.domain() == "ai.onnx"))
+      for (const auto& o : n.output()) no_grad.insert(o);
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   nodes.Swap(g.mutable_node());
   std::map<std::string, std::string> entry;  // same-valued tensor -> its entry

@@ -212,7 +212,7 @@ TEST_CASE("an entry of a parallel region gets an all-reduced gradient", "[train]
   }
 }
 
-TEST_CASE("a same-valued tensor read by several parts enters once; integers do not enter",
+TEST_CASE("a same-valued tensor read by several parts enters once; constants do not enter",
           "[train][tp]") {
   Builder b;
   b.input("x", {3, 4});
@@ -222,10 +222,19 @@ TEST_CASE("a same-valued tensor read by several parts enters once; integers do n
   b.node("MatMul", {"x", "Wa"}, {"ha"});
   b.node("MatMul", {"x", "Wb"}, {"hb"});
   b.node("Reshape", {"ha", "shape"}, {"ra"});
-  b.node("Add", {"ra", "hb"}, {"s"});
+  // A float Constant (a GELU's sqrt 2, attention's scale) does not enter either: read through an
+  // entry it would hide from the rewrites that look for constants.
+  auto* half = b.node("Constant", {}, {"half"});
+  auto* v = half->add_attribute();
+  v->set_name("value");
+  v->set_type(onnx::AttributeProto::TENSOR);
+  v->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+  v->mutable_t()->add_float_data(0.5f);
+  b.node("Mul", {"ra", "half"}, {"rh"});
+  b.node("Add", {"rh", "hb"}, {"s"});
   attr_s(collective(b, "AllReduce", "s", "y"), "op", "sum");
   b.output("y", {3, 3});
-  auto gg = differentiate(b, tp_spec(1, {"Wa", "Wb", "ha", "hb", "ra", "s"}));
+  auto gg = differentiate(b, tp_spec(1, {"Wa", "Wb", "ha", "hb", "ra", "rh", "s"}));
   CHECK(gg.parallel_entries == 1);
   const auto& g = gg.model.proto->graph();
   int entries = 0, readers = 0;
@@ -234,6 +243,7 @@ TEST_CASE("a same-valued tensor read by several parts enters once; integers do n
     if (n.op_type() == "Identity") entries += n.output(0) == "x.tp_entry";
     for (const auto& i : n.input()) {
       CHECK(i != "shape.tp_entry");
+      CHECK(i != "half.tp_entry");
       if (n.output(0) != "x.tp_entry") CHECK(i != "x");  // the other readers read the entry
       readers += i == "x.tp_entry";
     }
