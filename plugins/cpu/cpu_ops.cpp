@@ -275,6 +275,7 @@ const OpTable& op_table() {
     register_text_ops(t);
     register_random_ops(t);
     register_grad_ops(t);
+    register_vocab_ops(t);
     return t;
   }();
   return table;

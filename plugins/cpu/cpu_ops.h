@@ -145,6 +145,8 @@ void register_random_ops(OpTable& t);
 /// The "hp.train" gradient ops (docs/training.md): cpu_ops_grad.cpp, which registers ConvGrad and
 /// the pool gradients of cpu_ops_grad_conv.cpp through register_grad_conv_ops.
 void register_grad_ops(OpTable& t);
+/// The vocabulary-parallel cross entropy's row kernels (cpu_ops_vocab.cpp).
+void register_vocab_ops(OpTable& t);
 void register_grad_conv_ops(OpTable& t);
 /// RecurrentGrad, the LSTM / GRU / RNN gradient (cpu_ops_grad_rnn.cpp).
 void register_grad_rnn_ops(OpTable& t);

@@ -302,7 +302,8 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
   detail::LossNodes loss;
   if (!spec.logits.empty()) {
     HP_ASSIGN_OR_RETURN(loss, detail::emit_loss(e.w, spec));
-    e.contrib[spec.logits].push_back(loss.dlogits);
+    e.contrib[loss.dlogits_of].push_back(loss.dlogits);
+    e.loss_reads = loss.dlogits_of;
   }
   out.output_grad_inputs = detail::declare_output_grads(e.w, spec);
   for (std::size_t k = 0; k < spec.output_grads.size(); ++k)
@@ -313,7 +314,7 @@ Expected<GradGraph> build_grad_graph(const model::Model& model, const GradSpec& 
     in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
     in->mutable_type()->mutable_tensor_type()->mutable_shape();
     e.w.types[spec.loss_scale] = onnx::TensorProto::FLOAT;
-    e.contrib[spec.logits].front() = e.w.emit("Mul", {loss.dlogits, spec.loss_scale}, 1)[0];
+    e.contrib[loss.dlogits_of].front() = e.w.emit("Mul", {loss.dlogits, spec.loss_scale}, 1)[0];
   }
   std::vector<Diagnostic> errors;
   HP_TRY(e.backward(errors));

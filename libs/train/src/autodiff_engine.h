@@ -51,6 +51,9 @@ struct Engine {
     return s;
   }
 
+  /// What the loss reads of the forward: the logits, or this member's block of them under a
+  /// vocabulary-parallel loss (loss_graph.h); kept as a forward output.
+  std::string loss_reads;
   std::map<int, std::string> gelu_tail;  ///< forward node ending an exact-GELU chain -> its x
   /// Forward node ending a primitive layer-norm chain -> the LayerNormalization it computes.
   std::map<int, onnx::NodeProto> norm_tail;

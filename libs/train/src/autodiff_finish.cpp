@@ -135,7 +135,8 @@ Status Engine::finish(GradGraph& out, const std::string& loss) {
     if (!maker) w.emit("Identity", {gsum}, 1, {}, "", {name});
   }
   w.made.clear();  // the pointers do not survive the removal
-  if (!spec.logits.empty()) out.forward_outputs.push_back(spec.logits);
+  if (!spec.logits.empty())
+    out.forward_outputs.push_back(loss_reads.empty() ? spec.logits : loss_reads);
   for (const auto& o : spec.output_grads)
     if (std::find(out.forward_outputs.begin(), out.forward_outputs.end(), o) ==
         out.forward_outputs.end())

@@ -30,7 +30,9 @@ Expected<LossNodes> emit_loss(GraphWriter& w, const GradSpec& spec) {
   if (et != onnx::TensorProto::FLOAT && et != onnx::TensorProto::DOUBLE)
     return Error(Errc::bad_input,
                  fmt::format("the loss reads '{}', which is not a float32/float64 tensor", y));
+  if (auto vocab = emit_vocab_parallel_loss(w, spec)) return std::move(*vocab);
   LossNodes out;
+  out.dlogits_of = y;
   if (spec.loss == LossKind::mse) {
     declare_input(w, spec.labels, et, y, false);
     std::string d = w.emit("Sub", {y, spec.labels}, 1)[0];

@@ -392,3 +392,75 @@ TEST_CASE("two members' gradients equal the whole model's, sliced", "[train][tp]
     CHECK(max_diff(no_entry[1], (*ref)[1]) > 1e-3);
   }
 }
+
+TEST_CASE("cross entropy of vocabulary-split logits equals the gathered logits' loss",
+          "[train][tp]") {
+  // logits = x W, W [4, 8] split by columns (the vocabulary) over two members, whose blocks hp
+  // shard all-gathers along the last axis. The loss is then computed on the blocks (three row
+  // all-reduces, libs/train/src/loss_vocab.cpp) and the all-gather leaves the training graph.
+  std::mt19937 rng(23);
+  const exec::HostTensor x = random({6, 4}, rng), w = random({4, 8}, rng);
+  exec::HostTensor labels = test::tensor({6}, HP_I64, rng, 8);
+  labels.as<std::int64_t>()[1] = 2;     // owned by member 0
+  labels.as<std::int64_t>()[2] = 7;     // by member 1
+  labels.as<std::int64_t>()[4] = -100;  // ignored
+  auto build = [&](int rank) {
+    Builder b;
+    b.input("x", {6, 4});
+    weight(b, "W", rank < 0 ? w : cut(w, false, 4 * rank, 4 * rank + 4));
+    if (rank < 0) {
+      b.node("MatMul", {"x", "W"}, {"logits"});
+    } else {
+      b.node("MatMul", {"x", "W"}, {"part"});
+      attr_i(collective(b, "AllGather", "part", "gathered"), "axis", -1);
+      b.node("Identity", {"gathered"}, {"logits"});
+    }
+    b.output("logits", {6, 8});
+    return b;
+  };
+  auto spec_for = [](int rank) {
+    train::GradSpec s = tp_spec(rank, {"W", "part"});
+    s.loss = train::LossKind::cross_entropy;
+    s.logits = "logits";
+    if (rank < 0) s.tp = {};
+    return s;
+  };
+  auto be = exec::open_backends("cpu", 1, {});
+  REQUIRE(be);
+  Builder whole = build(-1);
+  auto gg = differentiate(whole, spec_for(-1));
+  auto ex = exec::Executor::create(gg.model, {be->primary, be->cpu, nullptr});
+  REQUIRE(ex);
+  auto ref = (*ex)->run({x, labels});
+  REQUIRE(ref);
+  std::mutex mu;
+  std::vector<std::vector<exec::HostTensor>> got(2);
+  auto st = comm::run_in_process(2, [&](int rank, comm::Transport& t) -> Status {
+    Builder part = build(rank);
+    HP_ASSIGN_OR_RETURN(auto pg, train::build_grad_graph(part.model(), spec_for(rank)));
+    int gathers = 0, row_stats = 0;
+    for (const auto& n : pg.model.proto->graph().node()) {
+      gathers += n.op_type() == "AllGather";
+      row_stats += n.op_type() == "RowMaxSumExp";
+    }
+    if (gathers != 0 || row_stats != 1)
+      return Error(Errc::runtime, "the loss was not computed on the vocabulary blocks");
+    comm::TransportCommOps ops(t);
+    HP_ASSIGN_OR_RETURN(auto pex, exec::Executor::create(pg.model, {be->primary, be->cpu, &ops}));
+    HP_ASSIGN_OR_RETURN(auto out, pex->run({x, labels}));
+    std::lock_guard<std::mutex> lock(mu);
+    got[static_cast<std::size_t>(rank)] = std::move(out);
+    return {};
+  });
+  INFO((st ? std::string() : st.error().str()));
+  REQUIRE(st);
+  for (int rank : {0, 1}) {
+    INFO("rank " << rank);
+    const auto& out = got[static_cast<std::size_t>(rank)];
+    CHECK(out[0].as<float>()[0] == Approx((*ref)[0].as<float>()[0]).epsilon(1e-6));
+    const exec::HostTensor want = cut((*ref)[1], false, 4 * rank, 4 * rank + 4);
+    REQUIRE(out[1].dims == want.dims);
+    for (std::int64_t i = 0; i < want.numel(); ++i)
+      CHECK(out[1].as<float>()[i] == Approx(want.as<float>()[i]).margin(1e-6));
+  }
+}

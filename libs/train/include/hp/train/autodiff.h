@@ -106,7 +106,8 @@ struct GradGraph {
   std::vector<std::string> output_grad_inputs;
   /// "<input>.grad" for each GradSpec::input_grads entry, in its order (the last graph outputs).
   std::vector<std::string> input_grad_outputs;
-  /// The forward outputs the gradient model still computes: the logits (with a loss), then the
+  /// The forward outputs the gradient model still computes: the logits (with a loss; under a
+  /// vocabulary-parallel loss this member's block of them, before their all-gather), then the
   /// output_grads names not already listed. A forward output neither names is pruned with the
   /// other nodes nothing reads.
   std::vector<std::string> forward_outputs;
