@@ -108,7 +108,14 @@ def hp_step(hp, d, threads, steps, warmup, work):
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     peak = max(r.get("peak_bytes", 0) for r in rows)
+    # hp launch prints the plan's prediction for the same recipe (hp plan's cost model on the
+    # recipe's cluster, here the conservative local-cpu preset).
+    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", p.stdout)
+    PREDICTED[threads] = float(m.group(1)) if m else None
     return statistics.median(r["seconds"] for r in rows[warmup:]), rows[-1]["loss"], peak
+
+
+PREDICTED = {}  # threads -> hp launch's "plan's prediction" of the step, seconds
 
 
 def ort_forward(d, threads, steps, warmup, cache):
@@ -218,6 +225,10 @@ def main():
         print(f"peak memory: measured {measured / 2**20:.1f} MiB (executor {peak / 2**20:.1f} MiB + "
               f"AdamW moments {8 * params / 2**20:.1f} MiB), hp plan predicts {pred / 2**20:.1f} MiB: "
               f"measured/predicted {measured / pred:.3f}")
+    for t, step in sorted(PREDICTED.items()):
+        if step:
+            print(f"step at {t} thread(s): the plan predicts {step:.4f} s on the recipe's cluster "
+                  f"preset (local-cpu, table figures)")
 
 
 if __name__ == "__main__":
