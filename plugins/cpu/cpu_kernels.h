@@ -33,4 +33,14 @@ void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, i
                     const float* bias, int64_t bias_stride, float eps, float* mean_out,
                     float* rstd_out);
 
+/// log_softmax of a contiguous row into y (the sum of exponentials accumulated in double, the
+/// outputs x - lse rounded once); returns lse.
+double log_softmax_row_f64sum(const float* x, float* y, int64_t n);
+/// y = k * exp(x) over a row (SoftmaxCrossEntropyGrad's softmax from the log-probabilities).
+void scaled_exp_row(const float* x, float* y, int64_t n, float k);
+/// One row of LayerNormGrad (cpu_ops_grad.cpp) in double, as its generic loop: dX into `out`, and
+/// when `ps` is not null, the row's dScale and dBias terms added to ps and pb.
+void layer_norm_grad_row(const float* x, const float* g, const float* w, float* out, int64_t len,
+                         double eps, double* ps, double* pb);
+
 }  // namespace hp_cpu

@@ -231,6 +231,10 @@ void layer_norm_grad(OpCall& c) {
         for (int64_t o = lo; o < hi; ++o) {
           const T *xr = px + o * len, *g = pg + o * len;
           T* out = dx.as<T>() + o * len;
+          if constexpr (std::is_same_v<T, float>) {  // the loop built for AVX2 too
+            layer_norm_grad_row(xr, g, pw, out, len, eps, ps, pb);
+            continue;
+          }
           double mean = 0, var = 0, sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : mean)
           for (int64_t i = 0; i < len; ++i) mean += xr[i];
@@ -313,8 +317,12 @@ void sce_grad(OpCall& c) {
         }
         const T k = static_cast<T>((red == "none" ? pd[n] : pd[0]) / count);
         const T* lr = pl + n * C;
+        if constexpr (std::is_same_v<T, float>) {
+          scaled_exp_row(lr, row, C, k);  // the loop built for AVX2 too
+        } else {
 #pragma omp simd
-        for (int64_t j = 0; j < C; ++j) row[j] = k * exp_of(lr[j]);
+          for (int64_t j = 0; j < C; ++j) row[j] = k * exp_of(lr[j]);
+        }
         row[label] -= k;
       }
     });

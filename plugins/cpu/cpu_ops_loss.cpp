@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "cpu_math.h"
 #include "cpu_ops.h"
 
@@ -93,6 +94,12 @@ void nll_loss(OpCall& c) {
 template <class T>
 void log_softmax_row(const T* px, T* lp, const LossShape& s, int64_t n, int64_t d) {
   const int64_t base = n * s.c * s.d + d;
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.d == 1) {  // the usual [N, C] layout: the loop built for AVX2 too (cpu_kernels.cpp)
+      log_softmax_row_f64sum(px + base, lp + base, s.c);
+      return;
+    }
+  }
   T mx = -std::numeric_limits<T>::infinity();
   for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, px[base + k * s.d]);
   double se = 0;
