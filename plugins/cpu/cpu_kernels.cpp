@@ -87,33 +87,7 @@ HP_CPU_CLONES void layer_norm_row(const float* x, float* y, int64_t len, const f
 
 HP_CPU_CLONES void layer_norm_grad_row(const float* x, const float* g, const float* w, float* out,
                                        int64_t len, double eps, double* ps, double* pb) {
-  double mean = 0, var = 0, sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : mean)
-  for (int64_t i = 0; i < len; ++i) mean += x[i];
-  mean /= static_cast<double>(len);
-#pragma omp simd reduction(+ : var)
-  for (int64_t i = 0; i < len; ++i) var += (x[i] - mean) * (x[i] - mean);
-  const double rstd = 1.0 / std::sqrt(var / static_cast<double>(len) + eps);
-#pragma omp simd reduction(+ : sg, sgx)
-  for (int64_t i = 0; i < len; ++i) {
-    const double gw = static_cast<double>(g[i]) * w[i];
-    sg += gw;
-    sgx += gw * (x[i] - mean) * rstd;
-  }
-  sg /= static_cast<double>(len);
-  sgx /= static_cast<double>(len);
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) {
-    const double xh = (x[i] - mean) * rstd;
-    out[i] = static_cast<float>(rstd * (static_cast<double>(g[i]) * w[i] - sg - xh * sgx));
-  }
-  if (ps) {
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      ps[i] += static_cast<double>(g[i]) * (x[i] - mean) * rstd;
-      pb[i] += g[i];
-    }
-  }
+  layer_norm_grad_row_t(x, g, w, out, len, eps, ps, pb);
 }
 
 HP_CPU_CLONES double log_softmax_row_f64sum(const float* x, float* y, int64_t n) {

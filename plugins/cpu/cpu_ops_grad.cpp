@@ -231,37 +231,10 @@ void layer_norm_grad(OpCall& c) {
         for (int64_t o = lo; o < hi; ++o) {
           const T *xr = px + o * len, *g = pg + o * len;
           T* out = dx.as<T>() + o * len;
-          if constexpr (std::is_same_v<T, float>) {  // the loop built for AVX2 too
-            layer_norm_grad_row(xr, g, pw, out, len, eps, ps, pb);
-            continue;
-          }
-          double mean = 0, var = 0, sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : mean)
-          for (int64_t i = 0; i < len; ++i) mean += xr[i];
-          mean /= static_cast<double>(len);
-#pragma omp simd reduction(+ : var)
-          for (int64_t i = 0; i < len; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-          const double rstd = 1.0 / std::sqrt(var / static_cast<double>(len) + eps);
-#pragma omp simd reduction(+ : sg, sgx)
-          for (int64_t i = 0; i < len; ++i) {
-            const double gw = static_cast<double>(g[i]) * pw[i];
-            sg += gw;
-            sgx += gw * (xr[i] - mean) * rstd;
-          }
-          sg /= static_cast<double>(len);
-          sgx /= static_cast<double>(len);
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) {
-            const double xh = (xr[i] - mean) * rstd;
-            out[i] = static_cast<T>(rstd * (static_cast<double>(g[i]) * pw[i] - sg - xh * sgx));
-          }
-          if (params) {
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) {
-              ps[i] += static_cast<double>(g[i]) * (xr[i] - mean) * rstd;
-              pb[i] += g[i];
-            }
-          }
+          if constexpr (std::is_same_v<T, float>)
+            layer_norm_grad_row(xr, g, pw, out, len, eps, ps, pb);  // built for AVX2 too
+          else
+            layer_norm_grad_row_t(xr, g, pw, out, len, eps, ps, pb);
         }
       });
     for (int64_t i = 0; i < len && params; ++i) {

@@ -249,26 +249,26 @@ void tag_constant_weights(Executor::Impl& im) {
 
 int fuse_nodes(Executor::Impl& im) {
   const plugin::Backend* be = im.be[1] ? im.be[1] : im.be[0];
+  // Each pass runs when the backend implements the node it writes, on a fresh view of the graph
+  // (an earlier pass may have made nodes dead).
+  struct Pass {
+    const char* op;
+    const char* domain;
+    int opset;
+    int (*run)(FuseGraph&);
+  };
+  static constexpr Pass passes[] = {
+      {"Gelu", "", 20, fuse_gelu},
+      {"FusedConv", "com.microsoft", 1, fuse_conv_relu},
+      {"LayerNormalization", "", 17, fuse_layer_norm},
+      {"MaskedSoftmax", "hp.nn", 1, fuse_masked_softmax},
+      {"MatMulAdd", "hp.nn", 1, fuse_matmul_add},
+  };
   int fused = 0;
-  if (be->supports_op_type(0, "Gelu", "", 20)) {
+  for (const Pass& p : passes) {
+    if (!be->supports_op_type(0, p.op, p.domain, p.opset)) continue;
     FuseGraph g(im);
-    fused += fuse_gelu(g);
-  }
-  if (be->supports_op_type(0, "FusedConv", "com.microsoft", 1)) {
-    FuseGraph g(im);
-    fused += fuse_conv_relu(g);
-  }
-  if (be->supports_op_type(0, "LayerNormalization", "", 17)) {
-    FuseGraph g(im);
-    fused += fuse_layer_norm(g);
-  }
-  if (be->supports_op_type(0, "MaskedSoftmax", "hp.nn", 1)) {
-    FuseGraph g(im);
-    fused += fuse_masked_softmax(g);
-  }
-  if (be->supports_op_type(0, "MatMulAdd", "hp.nn", 1)) {
-    FuseGraph g(im);
-    fused += fuse_matmul_add(g);
+    fused += p.run(g);
   }
   return fused;
 }

@@ -50,33 +50,36 @@ struct FuseGraph {
     return nullptr;
   }
 
-  /// The value of a float32 scalar (any rank, one element) weight or Constant-node output.
-  std::optional<float> scalar(int t) {
-    if (t < 0) return std::nullopt;
+  /// The initializer `t`, else null.
+  const HostTensor* weight(int t) const {
     for (const auto& [id, h] : im.weights)
-      if (id == t)
-        return h.dtype == HP_F32 && h.numel() == 1 ? std::optional<float>(h.as<float>()[0])
-                                                   : std::nullopt;
+      if (id == t) return &h;
+    return nullptr;
+  }
+
+  /// The value of `t` when it is a weight or a Constant node's output, else null.
+  const HostTensor* constant(int t) const {
+    if (t < 0) return nullptr;
+    if (const HostTensor* h = weight(t)) return h;
     const int p = producer[static_cast<std::size_t>(t)];
-    if (p < 0) return std::nullopt;
+    if (p < 0) return nullptr;
     const PreparedNode& n = im.nodes[static_cast<std::size_t>(p)];
-    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1)
-      return std::nullopt;
-    const HostTensor& h = n.store_tensors.front();
-    if (h.dtype != HP_F32 || h.numel() != 1) return std::nullopt;
-    return h.as<float>()[0];
+    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1) return nullptr;
+    return &n.store_tensors.front();
+  }
+
+  /// The value of a float32 scalar (any rank, one element) weight or Constant-node output.
+  std::optional<float> scalar(int t) const {
+    const HostTensor* h = constant(t);
+    if (!h || h->dtype != HP_F32 || h->numel() != 1) return std::nullopt;
+    return h->as<float>()[0];
   }
 
   /// scalar(t) when that constant has rank 0 or 1: one that broadcasts without raising the rank of
   /// the other operand (a [1, 1, 1, 1] constant would), else nullopt.
-  std::optional<float> low_rank_scalar(int t) {
+  std::optional<float> low_rank_scalar(int t) const {
     auto v = scalar(t);
-    if (!v) return v;
-    for (const auto& [id, h] : im.weights)
-      if (id == t) return h.dims.size() <= 1 ? v : std::nullopt;
-    const PreparedNode& n =
-        im.nodes[static_cast<std::size_t>(producer[static_cast<std::size_t>(t)])];
-    return n.store_tensors.front().dims.size() <= 1 ? v : std::nullopt;
+    return v && constant(t)->dims.size() <= 1 ? v : std::nullopt;
   }
 
   /// For a binary node with a constant scalar `value` on one side: the other input, else -1.

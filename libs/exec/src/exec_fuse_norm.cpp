@@ -21,25 +21,10 @@ namespace hp::exec {
 
 namespace {
 
-const HostTensor* weight_of(FuseGraph& g, int t) {
-  for (const auto& [id, h] : g.im.weights)
-    if (id == t) return &h;
-  return nullptr;
-}
-
 /// The int64 values of a weight or Constant-node output, else nullopt.
-std::optional<std::vector<std::int64_t>> const_ints(FuseGraph& g, int t) {
-  if (t < 0) return std::nullopt;
-  const HostTensor* h = weight_of(g, t);
-  if (!h) {
-    const int p = g.producer[static_cast<std::size_t>(t)];
-    if (p < 0) return std::nullopt;
-    const PreparedNode& n = g.im.nodes[static_cast<std::size_t>(p)];
-    if (n.op_type != "Constant" || !n.domain.empty() || n.store_tensors.size() != 1)
-      return std::nullopt;
-    h = &n.store_tensors.front();
-  }
-  if (h->dtype != HP_I64) return std::nullopt;
+std::optional<std::vector<std::int64_t>> const_ints(const FuseGraph& g, int t) {
+  const HostTensor* h = g.constant(t);
+  if (!h || h->dtype != HP_I64) return std::nullopt;
   std::vector<std::int64_t> v(static_cast<std::size_t>(h->numel()));
   if (!v.empty()) std::memcpy(v.data(), h->data.data(), v.size() * sizeof(std::int64_t));
   return v;
@@ -68,7 +53,7 @@ std::size_t trailing_mean_axes(FuseGraph& g, const PreparedNode& n) {
 
 /// gamma or beta: a float weight of one element, or of `k` dims none of which is 1.
 bool affine_ok(FuseGraph& g, int t, std::size_t k) {
-  const HostTensor* h = weight_of(g, t);
+  const HostTensor* h = g.weight(t);
   if (!h || (h->dtype != HP_F32 && h->dtype != HP_F64)) return false;
   if (h->numel() == 1) return h->dims.size() <= 1;  // a higher rank would broadcast x up
   return h->dims.size() == k &&

@@ -62,15 +62,17 @@ int threads_for(const std::vector<std::int64_t>& sizes, int threads) {
   return total < (1 << 16) ? 1 : std::max(1, threads);
 }
 
-/// The thread that sums tensor t whole: the one whose share of the concatenated elements holds
-/// the tensor's first element.
-int owner_of(const std::vector<std::int64_t>& sizes, std::size_t t, int threads) {
+/// For each tensor, the thread that sums it whole: the one whose share of the concatenated
+/// elements holds the tensor's first element.
+std::vector<int> owners(const std::vector<std::int64_t>& sizes, int threads) {
   std::int64_t total = 0, start = 0;
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    if (k < t) start += sizes[k];
-    total += sizes[k];
+  for (auto n : sizes) total += n;
+  std::vector<int> who;
+  for (auto n : sizes) {
+    who.push_back(total == 0 ? 0 : static_cast<int>(start * threads / total));
+    start += n;
   }
-  return total == 0 ? 0 : static_cast<int>(start * threads / total);
+  return who;
 }
 
 /// Calls fn(k, lo, hi) for the pieces [lo, hi) of tensors k that thread `me`'s contiguous share of
@@ -104,9 +106,10 @@ double sum_of_squares(const std::vector<HostTensor>& grads, const std::vector<ch
   for (std::size_t t = 0; t < grads.size(); ++t)
     sizes.push_back(counted.empty() || counted[t] ? numel_f32(grads[t]) : 0);
   const int nt = threads_for(sizes, threads);
+  const std::vector<int> owner = owners(sizes, nt);
   on_threads(nt, [&](int me) {
     for (std::size_t t = 0; t < grads.size(); ++t) {
-      if (owner_of(sizes, t, nt) != me || sizes[t] == 0) continue;
+      if (owner[t] != me || sizes[t] == 0) continue;
       const float* p = grads[t].as<float>();
       const std::int64_t n = sizes[t];
       double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};

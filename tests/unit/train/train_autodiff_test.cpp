@@ -112,14 +112,8 @@ TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
   attr_i(ln, "axis", -1);
   // The exact GELU as PyTorch exports it (differentiated as one hp.train.GeluGrad).
   for (auto [name, v] :
-       {std::pair<const char*, float>{"sqrt2", 1.41421356f}, {"one", 1.f}, {"half", 0.5f}}) {
-    auto* k = b.node("Constant", {}, {name});
-    auto* a = k->add_attribute();
-    a->set_name("value");
-    a->set_type(onnx::AttributeProto::TENSOR);
-    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-    a->mutable_t()->add_float_data(v);
-  }
+       {std::pair<const char*, float>{"sqrt2", 1.41421356f}, {"one", 1.f}, {"half", 0.5f}})
+    b.constant(name, v);
   b.node("Div", {"h2", "sqrt2"}, {"g1"});
   b.node("Erf", {"g1"}, {"g2"});
   b.node("Add", {"g2", "one"}, {"g3"});
@@ -127,14 +121,8 @@ TEST_CASE("an MLP classifier's gradients match finite differences", "[train]") {
   b.node("Mul", {"g4", "half"}, {"gelu"});
   b.node("Tanh", {"gelu"}, {"h3"});
   b.node("Softmax", {"h3"}, {"h4"});
-  for (auto [name, e] : {std::pair<const char*, float>{"two", 2.f}, {"three", 3.f}}) {
-    auto* k = b.node("Constant", {}, {name});  // exponents as exporters write them
-    auto* a = k->add_attribute();
-    a->set_name("value");
-    a->set_type(onnx::AttributeProto::TENSOR);
-    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-    a->mutable_t()->add_float_data(e);
-  }
+  for (auto [name, e] : {std::pair<const char*, float>{"two", 2.f}, {"three", 3.f}})
+    b.constant(name, e);  // exponents as exporters write them
   b.node("Pow", {"h3", "two"}, {"h3sq"});
   b.node("Pow", {"h3sq", "three"}, {"h3p"});
   b.node("Mul", {"h4", "h3p"}, {"h5"});
@@ -300,14 +288,8 @@ Builder primitive_layer_norm(bool var_read) {
   b.weight("w", {5, 6});
   b.weight("gamma", {6}, 1.0);
   b.weight("beta", {6});
-  for (auto [name, v] : {std::pair<const char*, float>{"two", 2.f}, {"eps", 1e-5f}}) {
-    auto* k = b.node("Constant", {}, {name});
-    auto* a = k->add_attribute();
-    a->set_name("value");
-    a->set_type(onnx::AttributeProto::TENSOR);
-    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-    a->mutable_t()->add_float_data(v);
-  }
+  for (auto [name, v] : {std::pair<const char*, float>{"two", 2.f}, {"eps", 1e-5f}})
+    b.constant(name, v);
   b.node("MatMul", {"x", "w"}, {"h"});
   auto axes = [](onnx::NodeProto* n) {
     auto* a = n->add_attribute();

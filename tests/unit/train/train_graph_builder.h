@@ -61,6 +61,17 @@ struct Builder {
     t->add_dims(static_cast<std::int64_t>(v.size()));
     for (auto x : v) t->add_int64_data(x);
   }
+  /// A Constant node writing the float32 scalar `v` (rank 0) to `name`, as exporters write
+  /// GELU's sqrt 2, exponents and epsilons.
+  onnx::NodeProto* constant(const std::string& name, float v) {
+    auto* k = node("Constant", {}, {name});
+    auto* a = k->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    a->mutable_t()->add_float_data(v);
+    return k;
+  }
   onnx::NodeProto* node(const std::string& op, std::vector<std::string> ins,
                         std::vector<std::string> outs, const std::string& name = "") {
     auto* n = g().add_node();

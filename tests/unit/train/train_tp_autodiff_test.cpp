@@ -224,12 +224,7 @@ TEST_CASE("a same-valued tensor read by several parts enters once; constants do 
   b.node("Reshape", {"ha", "shape"}, {"ra"});
   // A float Constant (a GELU's sqrt 2, attention's scale) does not enter either: read through an
   // entry it would hide from the rewrites that look for constants.
-  auto* half = b.node("Constant", {}, {"half"});
-  auto* v = half->add_attribute();
-  v->set_name("value");
-  v->set_type(onnx::AttributeProto::TENSOR);
-  v->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-  v->mutable_t()->add_float_data(0.5f);
+  b.constant("half", 0.5f);
   b.node("Mul", {"ra", "half"}, {"rh"});
   b.node("Add", {"rh", "hb"}, {"s"});
   attr_s(collective(b, "AllReduce", "s", "y"), "op", "sum");
