@@ -6,11 +6,13 @@
 // The first failing rank is the first that printed "hp: error:" (workers print their error, record
 // their hp exit code under RUN/exits, then MPI_Abort with it); a rank that crashed is named by
 // mpirun's own message instead.
-// Timeouts: mpirun's --timeout ends the ranks; if mpirun itself is still alive a few seconds after
-// the limit, hp sends SIGTERM to its process group, then SIGKILL, then SIGKILLs the rank PIDs the
-// workers recorded under RUN/pids (ranks may live in their own process groups), so nothing is left
-// behind. SIGINT/SIGTERM/SIGHUP to hp are forwarded the same way (SIGKILL after a few seconds);
-// mpirun itself dies with hp (PR_SET_PDEATHSIG), and each rank with mpirun (worker.h's watchdog).
+// A failing job whose teardown stalls (a rank printed its error, yet ranks or mpirun linger) is
+// ended the same way 10 s after that first error. Timeouts: mpirun's --timeout ends the ranks; if
+// mpirun itself is still alive a few seconds after the limit, hp sends SIGTERM to its process
+// group, then SIGKILL, then SIGKILLs the rank PIDs the workers recorded under RUN/pids (ranks may
+// live in their own process groups), so nothing is left behind. SIGINT/SIGTERM/SIGHUP to hp are
+// forwarded the same way (SIGKILL after a few seconds); mpirun itself dies with hp
+// (PR_SET_PDEATHSIG), and each rank with mpirun (worker.h's watchdog).
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <poll.h>
@@ -260,6 +262,13 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
   int interrupted = 0, irq_stage = 0;
   std::size_t stopped = 0;
   Clock::time_point irq_at;
+  // A failing job: once a rank has printed its error (and aborted), mpirun ends the others within
+  // a second or two. Open MPI 4.1 has been seen to crash or hang in that teardown, leaving ranks
+  // that hold the output pipes until --timeout; kFailGrace after the first error hp ends the job
+  // itself (SIGTERM to mpirun's group, then SIGKILL to it and the recorded ranks).
+  constexpr double kFailGrace = 10;
+  int fail_stage = 0;
+  Clock::time_point failed_at;
   while (out_open || err_open) {
     pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0},
                      {err_open ? err_pipe[0] : -1, POLLIN, 0}};
@@ -287,6 +296,23 @@ Expected<JobReport> run_job(const JobPlan& plan, const JobOptions& o, const Line
         break;  // pipes held open by something we cannot kill: stop reading
       }
       continue;
+    }
+    if (sup.first_error_rank >= 0 && term_stage == 0) {
+      if (fail_stage == 0) {
+        failed_at = Clock::now();
+        fail_stage = 1;
+      }
+      const double since = std::chrono::duration<double>(Clock::now() - failed_at).count();
+      if (fail_stage == 1 && since > kFailGrace) {
+        ::kill(-pid, SIGTERM);
+        fail_stage = 2;
+      } else if (fail_stage == 2 && since > kFailGrace + kStopGrace) {
+        ::kill(-pid, SIGKILL);
+        kill_recorded_ranks(plan.run_dir);
+        fail_stage = 3;
+      } else if (fail_stage == 3 && since > kFailGrace + kStopGrace + 2) {
+        break;  // pipes held open by something we cannot kill: stop reading
+      }
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (o.timeout_s > 0 && elapsed > o.timeout_s + grace && term_stage == 0) {

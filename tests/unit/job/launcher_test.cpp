@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 
@@ -238,7 +239,7 @@ namespace {
 
 // A stand-in for mpirun: rank 1 prints its hp error (and records its exit code when `recorded`),
 // then the launcher itself dies by SIGSEGV, as mpirun may while tearing a failed job down.
-JobPlan crashing_launcher(const fs::path& run_dir, bool recorded) {
+JobPlan crashing_launcher(const fs::path& run_dir, bool recorded, bool hang = false) {
   JobPlan p;
   p.total_ranks = 2;
   p.run_dir = run_dir;
@@ -250,7 +251,8 @@ JobPlan crashing_launcher(const fs::path& run_dir, bool recorded) {
   if (recorded)
     script += "mkdir -p '" + (run_dir / "exits").string() + "' && echo 3 > '" +
               (run_dir / "exits" / "rank-1.code").string() + "'; ";
-  script += "echo '[7,0]<stderr>:hp: error: interrupted by SIGTERM' >&2; kill -SEGV $$";
+  script += hang ? "exec sleep 60"  // a teardown that never ends, the pipes held open
+                 : "echo '[7,0]<stderr>:hp: error: interrupted by SIGTERM' >&2; kill -SEGV $$";
   p.argv = {"/bin/sh", "-c", script};
   return p;
 }
@@ -275,4 +277,20 @@ TEST_CASE("launcher: the failing rank's recorded exit code outranks mpirun's cra
   REQUIRE_FALSE(again);
   CHECK(again.error().code == hp::Errc::runtime);
   CHECK(again.error().what.message.find("failed first (killed by signal 11)") != std::string::npos);
+}
+
+TEST_CASE("a failing job whose teardown hangs is ended soon after the first error", "[launcher]") {
+  TempDir d;
+  auto o = options(d);
+  o.allow_run_as_root = true;
+  o.timeout_s = 120;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r =
+      run_job(crashing_launcher(d.path / "run", true, true), o, [](bool, const std::string&) {});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(r);
+  CHECK(took < 30);  // the first error's grace, not the 120 s timeout
+  CHECK(r.error().code == hp::Errc::bad_input);
+  CHECK(r.error().what.message.find("failed first (exit code 3)") != std::string::npos);
+  CHECK(r.error().what.message.find("timeout") == std::string::npos);
 }
