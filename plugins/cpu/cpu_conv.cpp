@@ -3,11 +3,13 @@
 //
 // The primitive is created with "any" layouts, so oneDNN picks its fastest direct implementation
 // (blocked nChw8c/16c activations and weights for the JIT kernels on AVX2/AVX-512). The algorithm
-// is direct, not auto: Winograd changes the rounding by more than the 1e-5 that outputs are held to
-// against the reference loop. The caller's plain NC(D)HW tensors are reordered into those layouts
-// and the result back, each a memory-bound pass that costs little beside the convolution. Weights
-// are reordered on every call: the ABI passes them as ordinary inputs, so a kernel cannot tell they
-// are constant (they are small beside the activations of a convolution).
+// is direct, not auto: oneDNN's Winograd (F(4x4, 3x3)) changes the rounding by more than the 1e-5
+// that outputs are held to against the reference loop; the 3x3 convolutions it would speed up run
+// on cpu_winograd.cpp's F(2x2, 3x3) before reaching here. The caller's plain NC(D)HW tensors are
+// reordered into those layouts and the result back, each a memory-bound pass that costs little
+// beside the convolution. Weights are reordered on every call: the ABI passes them as ordinary
+// inputs, so a kernel cannot tell they are constant (they are small beside the activations of a
+// convolution).
 //
 // Operands may be stored channels-last (ConvShape::x_nhwc and the others), the layout oneDNN's
 // f32 kernels on AVX2/AVX-512 pick for most shapes: then their reorders vanish (reorder_if finds

@@ -1,7 +1,9 @@
 // Conv on the cpu backend, and the fused convolutions the executor writes
 // (libs/exec/src/exec_fuse.cpp, exec_layout.cpp).
 //
-// Conv in float32 runs on oneDNN's convolution primitive (cpu_conv.cpp); float64, and any geometry
+// Conv in float32 runs as Winograd F(2x2, 3x3) where that applies (3x3, stride 1, channels in
+// multiples of 16, AVX-512: cpu_winograd.cpp), else on oneDNN's convolution primitive
+// (cpu_conv.cpp); float64, and any geometry
 // oneDNN rejects, run a direct loop (any spatial rank, groups, dilations, explicit or auto padding)
 // that accumulates in double. com.microsoft's FusedConv (ONNX Runtime's contrib op, which the
 // executor's fusion pass writes for Conv [+ Add] + Relu, libs/exec/src/exec_fuse.cpp) is the same
@@ -15,6 +17,7 @@
 #include "cpu_bcast.h"
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
+#include "cpu_winograd.h"
 
 namespace hp_cpu {
 namespace {
@@ -152,6 +155,9 @@ void conv(OpCall& c, bool fused, bool channels_last = false) {
     s.z_nhwc = sum && cl[1];
     s.y_nhwc = cl[2];
     s.bf16 = c.ctx()->bf16;
+    if (conv_forward_winograd(s, x.as<float>(), w.as<float>(), s.bias ? bias.as<float>() : nullptr,
+                              sum ? z.as<float>() : nullptr, y.as<float>()))
+      return;
     if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
                           s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
                           y.as<float>()))

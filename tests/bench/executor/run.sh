@@ -8,7 +8,8 @@
 # Env: HP_BENCH_DIR (model + input cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/executor),
 #      HP_BENCH_ORT_DIR (where onnxruntime-node is installed; default $HP_BENCH_DIR/ort),
 #      HP_BENCH_MODELS ("gpt cnn"), HP_BENCH_THREADS ("1 2"), HP_BENCH_WARMUP (3), HP_BENCH_ITERS (10), HP_BENCH_OPS=1 (hp's time per op type),
-#      HP_BENCH_BF16=1 (also hp with --dtype bf16: MatMul/Conv in bfloat16, a separate column).
+#      HP_BENCH_BF16=1 (also hp with --dtype bf16: MatMul/Conv in bfloat16, a separate column),
+#      HP_BENCH_DIRECT=1 (also hp with HP_CPU_WINOGRAD=0: every convolution on oneDNN's direct kernel).
 # Needs /usr/bin/python3 with torch and onnx (Debian python3-torch, python3-onnx) to generate the models
 # and node + npm for ONNX Runtime (`npm install --ignore-scripts onnxruntime-node`, a benchmark peer only).
 set -euo pipefail
@@ -53,7 +54,7 @@ bench() {
   fi
   local model=$model_dir/$name-bench.onnx io=$model_dir/$name-bench.io dims t line
   dims=$(/usr/bin/python3 -c "import onnx; t = onnx.load_tensor('$io/input_0.pb'); print(*t.dims)")
-  declare -A hp ort bf
+  declare -A hp ort bf direct
   for t in $threads; do
     ops=()
     [ "${HP_BENCH_OPS:-0}" = 1 ] && ops=(--ops)
@@ -63,6 +64,11 @@ bench() {
     line=$(NODE_PATH=$ort_dir/node_modules node "$here/ort_bench.js" "$model" "$io/$raw" "$t" "$warmup" "$iters" $dims)
     echo "$line" >&2
     ort[$t]=$(echo "$line" | sed -n 's/^ort .*median_ms=\([0-9.]*\).*/\1/p')
+    if [ "${HP_BENCH_DIRECT:-0}" = 1 ]; then
+      line=$(HP_CPU_WINOGRAD=0 "$exe" "$model" "$io" --threads "$t" --warmup "$warmup" --iters "$iters" --expected "$io")
+      echo "direct convolutions: $line" >&2
+      direct[$t]=$(echo "$line" | sed -n 's/^hp .*median_ms=\([0-9.]*\).*/\1/p')
+    fi
     if [ "${HP_BENCH_BF16:-0}" = 1 ]; then
       line=$("$exe" "$model" "$io" --threads "$t" --warmup "$warmup" --iters "$iters" --expected "$io" --dtype bf16)
       echo "$line" >&2
@@ -73,10 +79,12 @@ bench() {
   echo "$name model ($(basename "$model_dir"), input ${dims// /x}), median of $iters runs after $warmup warm-up"
   printf '%-8s %12s %12s %10s' threads hp_ms ort_ms hp/ort
   [ "${HP_BENCH_BF16:-0}" = 1 ] && printf ' %12s %14s' hp_bf16_ms hp_bf16/ort
+  [ "${HP_BENCH_DIRECT:-0}" = 1 ] && printf ' %14s %16s' hp_direct_ms hp_direct/ort
   echo
   for t in $threads; do
     printf '%-8s %12s %12s %10s' "$t" "${hp[$t]}" "${ort[$t]}" "$(awk -v a="${hp[$t]}" -v b="${ort[$t]}" 'BEGIN { printf "%.2f", a / b }')"
     [ "${HP_BENCH_BF16:-0}" = 1 ] && printf ' %12s %14s' "${bf[$t]}" "$(awk -v a="${bf[$t]}" -v b="${ort[$t]}" 'BEGIN { printf "%.2f", a / b }')"
+    [ "${HP_BENCH_DIRECT:-0}" = 1 ] && printf ' %14s %16s' "${direct[$t]}" "$(awk -v a="${direct[$t]}" -v b="${ort[$t]}" 'BEGIN { printf "%.2f", a / b }')"
     echo
   done
 }

@@ -18,7 +18,10 @@ collectives, tp_comm_seconds, all exposed) and in the update
 machine with fewer free cores than ranks the speedup measures the oversubscription, not hp.
 
     tests/bench/train/bench_dp.py [BUILD_DIR] [--steps 6] [--warmup 2] [--batch 8] [--zero 0,1,2]
-                                  [--tp 2]   (an empty list skips that part)
+                                  [--tp 2]   (an empty list skips that part) [--ceiling]
+
+--ceiling also runs two independent one-rank jobs on half the batch each, at the same time: the
+speedup dp=2 would reach with no communication at all, which bounds it on the machine at hand.
 
 Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train).
 """
@@ -55,8 +58,8 @@ def prepare(cache, batch):
     return d
 
 
-def run(hp, d, work, batch, steps, warmup, parallel):
-    tag = "-".join(f"{k}{v}" for k, v in parallel.items()) or "one"
+def start(hp, d, work, batch, steps, parallel, tag=None):
+    tag = tag or "-".join(f"{k}{v}" for k, v in parallel.items()) or "one"
     recipe = os.path.join(work, f"{tag}.toml")
     train = {"loss": "cross_entropy", "logits": bt.models.OUTPUT, "labels": "labels",
              "optimizer": "adamw", "lr": bt.LR, "betas": list(bt.BETAS), "eps": 1e-8,
@@ -65,17 +68,35 @@ def run(hp, d, work, batch, steps, warmup, parallel):
                                  parallel=parallel)
     metrics = os.path.join(work, f"{tag}.jsonl")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    p = subprocess.run([hp, "launch", recipe, "--inputs",
-                        os.path.join(d, "inputs"), "--metrics", metrics, "--threads", "1",
-                        "--steps", str(steps)] + root
-                       + (["--run-dir", os.path.join(work, f"run-{tag}")] if parallel else []),
-                       capture_output=True, text=True)
+    p = subprocess.Popen([hp, "launch", recipe, "--inputs",
+                          os.path.join(d, "inputs"), "--metrics", metrics, "--threads", "1",
+                          "--steps", str(steps)] + root
+                         + (["--run-dir", os.path.join(work, f"run-{tag}")] if parallel else []),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return p, metrics
+
+
+def finish(job, warmup):
+    p, metrics = job
+    out, _ = p.communicate()
     if p.returncode != 0:
-        sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+        sys.exit(f"hp launch failed (exit {p.returncode}):\n{out}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
     return (med("seconds"), med("reduce_seconds") + med("tp_comm_seconds"), med("update_seconds"),
             rows[-1]["loss"])
+
+
+def run(hp, d, work, batch, steps, warmup, parallel):
+    return finish(start(hp, d, work, batch, steps, parallel), warmup)
+
+
+def ceiling(hp, cache, work, batch, steps, warmup):
+    """Two independent one-rank jobs on half the batch each, at the same time: what dp=2 would take
+    with no communication at all, on this machine (shared memory bandwidth, caches, clocks)."""
+    d = prepare(cache, batch // 2)
+    jobs = [start(hp, d, work, batch // 2, steps, {}, tag=f"half{i}") for i in range(2)]
+    return max(finish(j, warmup)[0] for j in jobs)
 
 
 def main():
@@ -86,6 +107,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--zero", default="0,1,2")
     ap.add_argument("--tp", default="2")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also run two one-rank jobs on half batches at once (dp=2 without comm)")
     a = ap.parse_args()
     hp = os.path.join(a.build, "bin", "hp")
     cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
@@ -96,6 +119,10 @@ def main():
         base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {})
         print(f"{'one rank, 1 thread':34} {base:8.3f} s/step  (update {base_upd:.3f} s)  "
               f"loss {base_loss:.5f}")
+        if a.ceiling:
+            t = ceiling(hp, cache, work, a.batch, a.steps, a.warmup)
+            print(f"{'2 x one rank, half batch, at once':34} {t:8.3f} s/step  speedup "
+                  f"{base / t:4.2f}x  (no communication: this machine's ceiling for dp=2)")
         for z in [int(x) for x in a.zero.split(",") if x]:
             t, red, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup,
                                     {"dp": 2, "optimizer_shard": z})

@@ -1,0 +1,18 @@
+// Winograd F(2x2, 3x3) convolution for the cpu backend (cpu_winograd.cpp).
+#pragma once
+
+#include "cpu_conv.h"
+
+namespace hp_cpu {
+
+/// Whether conv_forward_winograd runs `s`: 2-D float32, 3x3, stride 1, no dilation, one group,
+/// pads <= 2, input and output channels multiples of 16, an AVX-512 CPU, and HP_CPU_WINOGRAD not
+/// "0" (the switch the executor benchmark compares with).
+bool winograd_applies(const ConvShape& s);
+
+/// y = act(conv(x, w) + b + z) as cpu_conv.h's conv_forward_dnnl, by Winograd F(2x2, 3x3); false
+/// (nothing written) where winograd_applies(s) does not hold.
+bool conv_forward_winograd(const ConvShape& s, const float* x, const float* w, const float* b,
+                           const float* z, float* y);
+
+}  // namespace hp_cpu
