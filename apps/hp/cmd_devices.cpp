@@ -3,12 +3,15 @@
 // rendering live in libs/plugin (hp/plugin/devices.h); this file binds flags and maps the outcome
 // to exit codes: 0 when at least one plugin loads, 7 (unavailable) when none does, and an error
 // located at the file when a plugin file named with --plugin-path is rejected (3 for a bad file, 7
-// for a missing runtime).
+// for a missing runtime). `--measure` instead measures one backend's GEMM rate and copy bandwidth
+// and with `--cluster-out` writes a cluster file of them (libs/offload,
+// hp/offload/local_cluster.h).
 #include <fmt/core.h>
 
 #include <memory>
 
 #include "commands.h"
+#include "hp/offload/local_cluster.h"
 #include "hp/plugin/devices.h"
 
 namespace hp::cli {
@@ -22,7 +25,37 @@ void add_devices_command(CLI::App& app, Context& ctx) {
                   "the build tree")
       ->type_name("DIR");
   sub->add_flag("--json", opts->json, "print one JSON object instead of text");
-  sub->callback([opts, &ctx] {
+  auto m = std::make_shared<offload::LocalClusterOptions>();
+  auto on = std::make_shared<bool>(false);
+  CLI::Option* measure = sub->add_flag("--measure", *on,
+                                       "measure a backend's f32 GEMM rate and copy bandwidth "
+                                       "(one rank alone) instead of listing");
+  sub->add_option("--backend", m->backend, "the backend --measure probes")
+      ->default_str("cpu")
+      ->needs(measure);
+  sub->add_option("--ranks", m->ranks, "ranks the machine will run (the cluster's per_node)")
+      ->default_str("1")
+      ->needs(measure);
+  sub->add_option("--threads", m->threads, "threads per rank (default: the cores / --ranks)")
+      ->needs(measure);
+  sub->add_option(
+         "--cluster-out", m->out,
+         "write a cluster TOML of the measured figures (for hp plan --cluster and recipes)")
+      ->type_name("FILE")
+      ->needs(measure);
+  sub->callback([opts, m, on, &ctx] {
+    if (*on) {
+      m->json = opts->json;
+      auto r = offload::measure_local_cluster(*m);
+      if (!r) {
+        ctx.exit_code = report_error(r.error());
+        return;
+      }
+      fmt::print("{}", offload::render_local_cluster(*r, m->json));
+      std::fflush(stdout);
+      ctx.exit_code = 0;
+      return;
+    }
     opts->verbose = ctx.verbose;
     auto reg = plugin::list_devices(*opts);
     if (!reg) {

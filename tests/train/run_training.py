@@ -119,18 +119,21 @@ def toml_value(v):
 
 
 def write_recipe(path, model, train, dims, layers=None, recompute="none", workload=None,
-                 parallel=None):
+                 parallel=None, cluster=None, ranks_per_node=1):
     """A one-rank recipe on the local-cpu preset (dp = tp = pp = 1) with a [train] table; `layers`
     (a "0-N" range) adds the single [[stages]] entry that carries `recompute`, a list of ranges one
     [[stages]] entry per range (pipeline stages, run_distributed.py); a [workload] sets
     micro_batch_size to its global_batch (hp verify checks they agree); `parallel` overrides
-    [parallel] keys (dp, optimizer_shard, shard_group: run_distributed.py)."""
+    [parallel] keys (dp, optimizer_shard, shard_group: run_distributed.py). `cluster` names
+    another cluster (a preset or a file, e.g. `hp devices --measure --cluster-out`'s) with
+    `ranks_per_node` ranks a node."""
     lines = ["[recipe]", "version = 1", f"name = {toml_value(os.path.basename(path)[:-5])}",
              f"model = {toml_value(os.path.relpath(model, os.path.dirname(path)))}",
-             'cluster = "local-cpu"']
+             f"cluster = {toml_value(cluster or 'local-cpu')}"]
     par = dict({"dp": 1, "tp": 1, "pp": 1}, **(parallel or {}))
     # local-cpu has one rank per node: as many nodes as ranks (hp verify checks they agree).
-    lines += [f"nodes = {par['dp'] * par['tp'] * par['pp']}", "", "[model]",
+    ranks = par['dp'] * par['tp'] * par['pp']
+    lines += [f"nodes = {max(1, ranks // ranks_per_node)}", "", "[model]",
               f"dims = {toml_value(dims)}", "", "[parallel]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in par.items()]
     if workload:

@@ -13,35 +13,15 @@
 #include <fmt/core.h>
 
 #include "hp/plugin/registry.h"
+#include "probe_util.h"
 
 namespace hp::offload {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
-// Frees plugin memory on every path out.
-struct PluginBuffer {
-  const plugin::Backend* b = nullptr;
-  void* p = nullptr;
-  int kind = HP_MEM_DEVICE;
-  ~PluginBuffer() {
-    if (p) (void)b->free_mem(0, p, kind);
-  }
-};
+using detail::median;
+using detail::PluginBuffer;
+using detail::today;
 
 }  // namespace
 

@@ -241,7 +241,11 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   out.seq = seq;
   planner::Machine& mc = pr.mc;
   mc.peak_flops = out.device.peak_flops.of(o.dtype);
-  if (mc.peak_flops <= 0) mc.peak_flops = out.device.peak_flops.fp32;
+  mc.sustained_flops = out.device.sustained_flops.of(o.dtype);
+  if (mc.peak_flops <= 0) {
+    mc.peak_flops = out.device.peak_flops.fp32;
+    mc.sustained_flops = out.device.sustained_flops.fp32;
+  }
   if (mc.peak_flops <= 0)
     return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s", out.device.name),
                  cluster.name, "set peak_flops in the cluster file");

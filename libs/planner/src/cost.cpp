@@ -235,7 +235,9 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   const double t = static_cast<double>(c.tp);
   const double width =
       m.hidden_bytes / (static_cast<double>(std::max<std::int64_t>(1, m.seq)) * m.dtype_bytes) / t;
-  const double rate = mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
+  const double rate = mc.sustained_flops > 0
+                          ? mc.sustained_flops
+                          : mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
   r.fwd = mb * b.fwd_flops / t / rate + b.kernels * mc.cal.kernel_overhead;
   r.bwd = w.train ? 2.0 * r.fwd : 0.0;
   r.rc_selective = mb * b.quadratic_flops / t / rate;

@@ -157,11 +157,13 @@ Expected<Machine> machine_for(const topology::Topology& topo, const std::string&
   Machine mc;
   const auto& dev = topo.device();
   mc.peak_flops = dev.peak_flops.of(dtype);
+  mc.sustained_flops = dev.sustained_flops.of(dtype);
   if (mc.peak_flops <= 0 && dev.peak_flops.fp32 > 0) {
     warnings.push_back(
         fmt::format("{} has no {} peak in the cluster file; planning compute at its fp32 peak",
                     dev.name, dtype));
     mc.peak_flops = dev.peak_flops.fp32;
+    mc.sustained_flops = dev.sustained_flops.fp32;
   }
   if (mc.peak_flops <= 0)
     return Error(Errc::bad_input,

@@ -36,8 +36,8 @@ void read_peak(TomlReader& rd, const toml::table& t, const std::string& path, Pe
 
 void read_device(TomlReader& rd, const toml::table& t, const std::string& path, DeviceType& d) {
   rd.check_keys(t, path,
-                {"name", "kind", "per_node", "peak_flops", "memory", "memory_bandwidth",
-                 "h2d_bandwidth", "d2h_bandwidth"});
+                {"name", "kind", "per_node", "peak_flops", "sustained_flops", "memory",
+                 "memory_bandwidth", "h2d_bandwidth", "d2h_bandwidth"});
   if (auto v = rd.get_string(t, "name", path, true)) d.name = *v;
   if (auto v = rd.get_string(t, "kind", path, true)) {
     if (auto k = parse_kind(*v)) {
@@ -51,6 +51,8 @@ void read_device(TomlReader& rd, const toml::table& t, const std::string& path, 
   if (auto v = rd.get_int(t, "per_node", path, true)) d.per_node = *v;
   if (auto p = rd.get_table(t, "peak_flops", path, true))
     read_peak(rd, *p, TomlReader::join(path, "peak_flops"), d.peak_flops);
+  if (auto p = rd.get_table(t, "sustained_flops", path, false))
+    read_peak(rd, *p, TomlReader::join(path, "sustained_flops"), d.sustained_flops);
   if (auto v = rd.get_bytes(t, "memory", path, true)) d.memory = *v;
   if (auto v = rd.get_rate(t, "memory_bandwidth", path, true)) d.memory_bandwidth = *v;
   if (auto v = rd.get_rate(t, "h2d_bandwidth", path, true)) d.h2d_bandwidth = *v;

@@ -49,6 +49,13 @@ void check_device(Checker& ck, const DeviceType& d, std::size_t i) {
     ck.fail(p + ".peak_flops",
             fmt::format("device type '{}' has no peak FLOP/s for any dtype", d.name),
             "give at least fp32 (FLOP/s)");
+  const PeakFlops& m = d.sustained_flops;
+  for (double v : {m.fp32, m.tf32, m.bf16, m.fp16, m.fp8, m.int8})
+    if (!(v >= 0) || !std::isfinite(v)) {
+      ck.fail(p + ".sustained_flops",
+              fmt::format("'{}.sustained_flops' values must be finite and not negative", p));
+      break;
+    }
 }
 
 void check_tiers(Checker& ck, const Cluster& c) {

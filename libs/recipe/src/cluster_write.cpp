@@ -70,6 +70,14 @@ std::string format_cluster(const Cluster& c) {
                                              {"fp16", toml_float(f.fp16)},
                                              {"fp8", toml_float(f.fp8)},
                                              {"int8", toml_float(f.int8)}}));
+    const PeakFlops& m = d.sustained_flops;
+    if (m != PeakFlops{})
+      w.value("sustained_flops", toml_inline_table({{"fp32", toml_float(m.fp32)},
+                                                    {"tf32", toml_float(m.tf32)},
+                                                    {"bf16", toml_float(m.bf16)},
+                                                    {"fp16", toml_float(m.fp16)},
+                                                    {"fp8", toml_float(m.fp8)},
+                                                    {"int8", toml_float(m.int8)}}));
   }
   for (const auto& t : c.tiers) {
     w.array_table("tiers").string("name", t.name);

@@ -145,6 +145,9 @@ constexpr KeyDoc kCluster[] = {
     {"[[device_types]]", "per_node", "integer >= 1", "yes", "devices of this type in one node"},
     {"[[device_types]]", "peak_flops", "table dtype -> FLOP/s", "yes",
      "dense peak per dtype: fp32, tf32, bf16, fp16, fp8, int8 (0 = unsupported/unknown)"},
+    {"[[device_types]]", "sustained_flops", "table dtype -> FLOP/s", "no",
+     "measured dense GEMM rate per dtype (hp devices --measure); hp plan prices matmuls at it "
+     "instead of peak x efficiency"},
     {"[[device_types]]", "memory", "bytes", "yes", "device memory, e.g. \"80 GiB\""},
     {"[[device_types]]", "memory_bandwidth", "bandwidth", "yes",
      "device memory bandwidth, e.g. \"3.35 TB/s\""},

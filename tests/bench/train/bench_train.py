@@ -93,12 +93,40 @@ def batch():
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
+def measured_cluster(hp, threads, work):
+    """`hp devices --measure` at this thread count: a cluster file of this machine's measured GEMM
+    rate and copy bandwidth (one rank), for the plan's prediction beside the measured step."""
+    out = os.path.join(work, f"measured-{threads}.toml")
+    p = subprocess.run([hp, "devices", "--measure", "--threads", str(threads), "--cluster-out",
+                        out], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"hp devices --measure failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    print(p.stdout.strip())
+    return out
+
+
+def predicted_on(hp, d, cluster, work):
+    """The plan's prediction of the step on `cluster` (hp launch prints it after a 1-step run)."""
+    recipe = os.path.join(work, "predict.toml")
+    train = {"loss": "cross_entropy", "logits": models.OUTPUT, "labels": "labels",
+             "optimizer": "adamw", "lr": LR, "steps": 1, "frozen": []}
+    run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": BATCH},
+                              cluster=cluster)
+    p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"), "--steps",
+                        "1"], capture_output=True, text=True)
+    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", p.stdout)
+    return float(m.group(1)) if m else None
+
+
 def hp_step(hp, d, threads, steps, warmup, work):
     recipe = os.path.join(work, f"bench-{threads}.toml")
     train = {"loss": "cross_entropy", "logits": models.OUTPUT, "labels": "labels",
              "optimizer": "adamw", "lr": LR, "betas": list(BETAS), "eps": 1e-8,
              "weight_decay": WD, "clip_norm": 0.0, "steps": steps, "frozen": []}
-    run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": BATCH})
+    # The recipe's cluster is this machine measured at this thread count, so the plan's prediction
+    # that hp launch prints is on measured figures (the local-cpu preset's table one is below).
+    run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": BATCH},
+                              cluster=measured_cluster(hp, threads, work))
     metrics = os.path.join(work, f"m-{threads}.jsonl")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"), "--metrics",
@@ -109,13 +137,14 @@ def hp_step(hp, d, threads, steps, warmup, work):
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     peak = max(r.get("peak_bytes", 0) for r in rows)
     # hp launch prints the plan's prediction for the same recipe (hp plan's cost model on the
-    # recipe's cluster, here the conservative local-cpu preset).
+    # recipe's cluster, the measured one).
     m = re.search(r"plan's prediction: ([0-9.]+) s per training step", p.stdout)
     PREDICTED[threads] = float(m.group(1)) if m else None
     return statistics.median(r["seconds"] for r in rows[warmup:]), rows[-1]["loss"], peak
 
 
 PREDICTED = {}  # threads -> hp launch's "plan's prediction" of the step, seconds
+MEASURED = {}  # threads -> hp's measured median step, seconds
 
 
 def ort_forward(d, threads, steps, warmup, cache):
@@ -203,9 +232,12 @@ def main():
           f"{'torch_fwd_s':>12} {'torch_step_s':>13} {'hp/torch_step':>14} {'hp_loss':>8} "
           f"{'torch_loss':>10}")
     peak = 0
+    table = None
     with tempfile.TemporaryDirectory() as work:
+        table = predicted_on(hp, d, "local-cpu", work)
         for t in (int(s) for s in a.threads.split(",")):
             hp_s, hp_loss, peak = hp_step(hp, d, t, a.steps, a.warmup, work)
+            MEASURED[t] = hp_s
             ort_s = ort_forward(d, t, a.steps, a.warmup, cache)
             ort_txt = (f"{ort_s:>10.4f} {hp_s / ort_s:>11.2f}" if ort_s else f"{'-':>10} {'-':>11}")
             if a.no_torch:
@@ -227,8 +259,12 @@ def main():
               f"measured/predicted {measured / pred:.3f}")
     for t, step in sorted(PREDICTED.items()):
         if step:
-            print(f"step at {t} thread(s): the plan predicts {step:.4f} s on the recipe's cluster "
-                  f"preset (local-cpu, table figures)")
+            print(f"step at {t} thread(s): the plan predicts {step:.4f} s on this machine measured "
+                  f"(hp devices --measure --threads {t}): measured/predicted "
+                  f"{MEASURED[t] / step:.2f}")
+    if table:
+        print(f"on the local-cpu preset (table figures) the plan predicts {table:.4f} s at any "
+              f"thread count")
 
 
 if __name__ == "__main__":

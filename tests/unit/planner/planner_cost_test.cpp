@@ -173,6 +173,27 @@ TEST_CASE("planner: activation bytes follow Korthikanti Table 2", "[planner]") {
   CHECK(sp.state_bytes == Approx(12 * h * h / t * 16));
 }
 
+TEST_CASE("planner: a measured sustained GEMM rate replaces peak x efficiency", "[planner]") {
+  const double s = 1024, h = 4096, a = 32;
+  ModelProfile m;
+  m.seq = 1024;
+  m.hidden_bytes = 4 * s * h;
+  m.dtype_bytes = 4;
+  Config c;
+  Workload w;
+  Machine mc;
+  mc.peak_flops = 1e12;
+  mc.cal = calibration_for(recipe::DeviceKind::cpu);
+  AxisLinks links;
+  const BlockCost table = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
+  mc.sustained_flops = 1.5e12;  // measured above the table peak, as on a CPU that boosts
+  const BlockCost measured = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
+  const double flops = 24 * s * h * h + 4 * s * s * h;
+  // The CPU calibration is a flat 0.5 of peak; the measured rate is used as it is, at any width.
+  CHECK(table.fwd - measured.fwd == Approx(flops / 0.5e12 - flops / 1.5e12));
+  CHECK(measured.bwd == Approx(2 * measured.fwd));
+}
+
 TEST_CASE("planner: the 175B skeleton's parameters and FLOPs match 12 l h^2", "[planner]") {
   model::SummaryOptions so;
   so.model = std::string(HP_SOURCE_DIR) + "/tests/data/models/gpt-175b-skeleton.onnx";

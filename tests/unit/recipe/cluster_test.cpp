@@ -258,3 +258,30 @@ TEST_CASE("cluster: non-finite and absurd figures are refused", "[recipe]") {
   CHECK(has(doc.problems, "c.toml:4:", "'cluster.nodes' must be 1..1048576"));
   CHECK(!scale_cluster(parse_cluster(kSmall, "c").cluster, std::int64_t{1} << 40).ok());
 }
+
+TEST_CASE("cluster: a measured sustained GEMM rate is optional, round-trips and is checked",
+          "[recipe]") {
+  std::string text = kSmall;
+  text.replace(text.find("peak_flops = { fp32 = 1e13, bf16 = 1e14 }"), 41,
+               "peak_flops = { fp32 = 1e13, bf16 = 1e14 }\nsustained_flops = { fp32 = 7.5e12 }");
+  ClusterDocument doc = parse_cluster(text, "c.toml");
+  INFO(dump(doc.problems));
+  REQUIRE(doc.problems.empty());
+  CHECK(doc.cluster.device_types[0].sustained_flops.of("fp32") == 7.5e12);
+  CHECK(doc.cluster.device_types[0].sustained_flops.of("bf16") == 0);
+  ClusterDocument back = parse_cluster(format_cluster(doc.cluster), "written.toml");
+  REQUIRE(back.problems.empty());
+  CHECK(back.cluster == doc.cluster);
+  // Without it (every preset) nothing is written for it.
+  CHECK(format_cluster(parse_cluster(kSmall, "c").cluster).find("sustained") == std::string::npos);
+
+  for (const char* bad : {"{ fp32 = -1.0 }", "{ fp32 = inf }", "{ fp33 = 1e12 }", "\"fast\""}) {
+    std::string t = kSmall;
+    t.replace(t.find("peak_flops = { fp32 = 1e13, bf16 = 1e14 }"), 41,
+              std::string("peak_flops = { fp32 = 1e13 }\nsustained_flops = ") + bad);
+    ClusterDocument d = parse_cluster(t, "c.toml");
+    INFO(bad << "\n" << dump(d.problems));
+    CHECK(!d.problems.empty());
+    CHECK(has(d.problems, "c.toml:", "sustained_flops"));
+  }
+}

@@ -119,7 +119,10 @@ struct Workload {
 /// The machine: device figures and the links each parallel axis gets under a placement.
 struct Machine {
   double peak_flops = 0;  ///< dense, planned dtype
-  double memory = 0;      ///< bytes per device
+  /// Measured GEMM rate of the planned dtype (the cluster's sustained_flops), 0 when not measured:
+  /// where set, matrix products are priced at it, flat, instead of peak x eff(width).
+  double sustained_flops = 0;
+  double memory = 0;  ///< bytes per device
   double memory_bandwidth = 0;
   Calibration cal;
 };

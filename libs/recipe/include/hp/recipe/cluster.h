@@ -51,6 +51,10 @@ struct DeviceType {
   DeviceKind kind = DeviceKind::cpu;
   std::int64_t per_node = 1;  ///< devices of this type in one node
   PeakFlops peak_flops;
+  /// Measured dense GEMM throughput per data type (`hp devices --measure`); where nonzero for the
+  /// planned dtype, hp plan prices matrix products at it instead of peak x its calibrated
+  /// efficiency (docs/planner.md, "Calibration"). 0 = not measured.
+  PeakFlops sustained_flops;
   double memory = 0;            ///< device memory, bytes
   double memory_bandwidth = 0;  ///< device memory bandwidth, bytes/s
   double h2d_bandwidth = 0;     ///< host -> device, bytes/s, one direction
