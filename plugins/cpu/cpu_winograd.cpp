@@ -101,18 +101,21 @@ HP_AVX512 void input_transform(const Geometry& g, const float* x, int64_t t0, in
     }
     const int64_t n = t / (g.th * g.tw), rest = t % (g.th * g.tw);
     const int64_t iy0 = (rest / g.tw) * 2 - g.pt, ix0 = (rest % g.tw) * 2 - g.pl;
-    const float* row[4];
+    // Element offsets of the patch's rows; a row or column outside the image is padding, read as
+    // zero (its offset is never turned into a pointer).
+    int64_t row[4];
     bool in_y[4], in_x[4];
     for (int i = 0; i < 4; ++i) {
       in_y[i] = iy0 + i >= 0 && iy0 + i < g.H;
       in_x[i] = ix0 + i >= 0 && ix0 + i < g.W;
-      row[i] = x + ((n * g.H + (iy0 + i)) * g.W + ix0) * C;
+      row[i] = ((n * g.H + (iy0 + i)) * g.W + ix0) * C;
     }
     for (int64_t c = 0; c < C; c += 16) {
       __m512 d[4][4];
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j)
-          d[i][j] = in_y[i] && in_x[j] ? _mm512_loadu_ps(row[i] + j * C + c) : _mm512_setzero_ps();
+          d[i][j] =
+              in_y[i] && in_x[j] ? _mm512_loadu_ps(x + (row[i] + j * C + c)) : _mm512_setzero_ps();
       __m512 t[4][4];  // B^T d, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
       for (int j = 0; j < 4; ++j) {
         t[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);

@@ -11,7 +11,8 @@ steps; the figure is the median step of the metrics after the warm-up steps:
     dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter)
     tp=2 over mpirun, 1 thread per rank each rank trains hp shard's partition (--tp 2)
 
-and prints speedup = baseline / configuration (ideal: dp or tp), the share of a step spent in the
+and prints speedup = baseline / configuration (ideal: dp or tp), the plan's prediction of each step
+on this machine measured by `hp devices --measure` (the recipes' cluster), the share of a step spent in the
 gradient reduction that is left after the backward (reduce_seconds; tp: the tensor-parallel
 collectives, tp_comm_seconds, all exposed) and in the update
 (update_seconds, which with ZeRO includes the parameters' all-gather). Each rank gets one core: on a
@@ -29,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -58,14 +60,17 @@ def prepare(cache, batch):
     return d
 
 
-def start(hp, d, work, batch, steps, parallel, tag=None):
+def start(hp, d, work, batch, steps, parallel, tag=None, cluster=None):
     tag = tag or "-".join(f"{k}{v}" for k, v in parallel.items()) or "one"
     recipe = os.path.join(work, f"{tag}.toml")
     train = {"loss": "cross_entropy", "logits": bt.models.OUTPUT, "labels": "labels",
              "optimizer": "adamw", "lr": bt.LR, "betas": list(bt.BETAS), "eps": 1e-8,
              "weight_decay": bt.WD, "clip_norm": 1.0, "steps": steps, "frozen": []}
+    ranks = 1
+    for k in ("dp", "tp", "pp"):
+        ranks *= parallel.get(k, 1)
     bt.run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": batch},
-                                 parallel=parallel)
+                                 parallel=parallel, cluster=cluster, ranks_per_node=ranks)
     metrics = os.path.join(work, f"{tag}.jsonl")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     p = subprocess.Popen([hp, "launch", recipe, "--inputs",
@@ -83,12 +88,33 @@ def finish(job, warmup):
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{out}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
+    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", out)
+    PREDICTED[os.path.basename(metrics)[:-6]] = float(m.group(1)) if m else None
     return (med("seconds"), med("reduce_seconds") + med("tp_comm_seconds"), med("update_seconds"),
             rows[-1]["loss"])
 
 
-def run(hp, d, work, batch, steps, warmup, parallel):
-    return finish(start(hp, d, work, batch, steps, parallel), warmup)
+PREDICTED = {}  # configuration tag -> the plan's prediction hp launch printed (s), or None
+
+
+def run(hp, d, work, batch, steps, warmup, parallel, cluster=None):
+    return finish(start(hp, d, work, batch, steps, parallel, cluster=cluster), warmup)
+
+
+def measured_cluster(hp, work, ranks):
+    """`hp devices --measure` for `ranks` ranks of 1 thread: the recipes' cluster, so that the plan's
+    prediction hp launch prints is on this machine's measured figures."""
+    out = os.path.join(work, f"measured-{ranks}.toml")
+    p = subprocess.run([hp, "devices", "--measure", "--ranks", str(ranks), "--threads", "1",
+                        "--cluster-out", out], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"hp devices --measure failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    return out
+
+
+def prediction(tag, t):
+    p = PREDICTED.get(tag)
+    return f"  plan {p:.3f} s (measured/predicted {t / p:.2f})" if p else ""
 
 
 def ceiling(hp, cache, work, batch, steps, warmup):
@@ -116,24 +142,26 @@ def main():
     d = prepare(cache, a.batch)
     print(f"model {d}/model.onnx, global batch {a.batch} x {bt.SEQ}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as work:
-        base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {})
+        one, two = measured_cluster(hp, work, 1), measured_cluster(hp, work, 2)
+        base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {}, one)
         print(f"{'one rank, 1 thread':34} {base:8.3f} s/step  (update {base_upd:.3f} s)  "
-              f"loss {base_loss:.5f}")
+              f"loss {base_loss:.5f}{prediction('one', base)}")
         if a.ceiling:
             t = ceiling(hp, cache, work, a.batch, a.steps, a.warmup)
             print(f"{'2 x one rank, half batch, at once':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  (no communication: this machine's ceiling for dp=2)")
         for z in [int(x) for x in a.zero.split(",") if x]:
             t, red, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup,
-                                    {"dp": 2, "optimizer_shard": z})
+                                    {"dp": 2, "optimizer_shard": z}, two)
             print(f"{f'dp=2 zero {z} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  reduction {red:.3f} s ({100 * red / t:.0f}%)  update "
-                  f"{upd:.3f} s  loss {loss:.5f}")
+                  f"{upd:.3f} s  loss {loss:.5f}{prediction(f'dp2-optimizer_shard{z}', t)}")
         for tp in [int(x) for x in a.tp.split(",") if x]:
-            t, comm, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp})
+            t, comm, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp},
+                                     measured_cluster(hp, work, tp))
             print(f"{f'tp={tp} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  tp collectives {comm:.3f} s ({100 * comm / t:.0f}%)  update "
-                  f"{upd:.3f} s  loss {loss:.5f}")
+                  f"{upd:.3f} s  loss {loss:.5f}{prediction(f'tp{tp}', t)}")
 
 
 if __name__ == "__main__":
