@@ -155,8 +155,9 @@ void conv(OpCall& c, bool fused, bool channels_last = false) {
     s.z_nhwc = sum && cl[1];
     s.y_nhwc = cl[2];
     s.bf16 = c.ctx()->bf16;
-    if (conv_forward_winograd(s, x.as<float>(), w.as<float>(), s.bias ? bias.as<float>() : nullptr,
-                              sum ? z.as<float>() : nullptr, y.as<float>()))
+    if (conv_forward_winograd(c.ctx(), s, x.as<float>(), w.as<float>(),
+                              s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
+                              y.as<float>(), c.i("hp_weight_b", 0)))
       return;
     if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
                           s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,

@@ -7,8 +7,8 @@
 // 2x2 output tile and channel pair where the direct convolution multiplies 36 times, and its
 // transforms use only 1, -1 and 1/2, so its results stay within a few ulps of a direct sum.
 //
-// One convolution, with U = G g G^T the 4x4 transform of each 3x3 filter (computed per call: the
-// plugin ABI passes weights as ordinary inputs, and it costs ~1/(2 N H W) of the convolution):
+// One convolution, with U = G g G^T the 4x4 transform of each 3x3 filter (kept for a constant
+// weight the executor names, hp_weight_b as for the packed GEMM weights; else computed per call):
 //   for each block of output tiles (2x2 outputs each) on one thread:
 //     V[p][t][c]   = (B^T d B)[p] of tile t's 4x4 input patch, channel c   (p = one of 16 points)
 //     Mt[p][t][m]  = sum_c V[p][t][c] U[p][c][m]                           (16 small GEMMs)
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -65,10 +66,12 @@ void to_channels_first(const float* from, float* to, int64_t N, int64_t C, int64
 }
 
 /// U[p][c][m] = (G g G^T)[p] for g = w[m][c] (3x3), G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+/// Input channels outer and output channels inner, so each of the 16 planes is written in order
+/// (the other way round every store lands on another cache line: 10 ms for 256 x 256 filters).
 void transform_weights(const float* w, float* u, int64_t M, int64_t C) {
 #pragma omp parallel for schedule(static) if (M * C >= 4096)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < C; ++c) {
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t m = 0; m < M; ++m) {
       const float* g = w + (m * C + c) * 9;
       float t[4][3];  // G g
       for (int j = 0; j < 3; ++j) {
@@ -257,15 +260,31 @@ bool winograd_applies(const ConvShape& s) {
   return s.y[0] * s.y[2] * s.y[3] >= 64;
 }
 
-bool conv_forward_winograd(const ConvShape& s, const float* x, const float* w, const float* b,
-                           const float* z, float* y) {
+bool conv_forward_winograd(hp_ctx* ctx, const ConvShape& s, const float* x, const float* w,
+                           const float* b, const float* z, float* y, int64_t weight_id) {
   if (!winograd_applies(s)) return false;
   Geometry g{s.x[0], s.x[1], s.x[2], s.x[3], s.w[0], s.y[2], s.y[3], s.pads[0], s.pads[1], 0, 0};
   g.th = (g.OH + 1) / 2;
   g.tw = (g.OW + 1) / 2;
   thread_local FloatBuf ub, xb, zb, yb;
-  float* u = ub.get(static_cast<size_t>(16 * g.C * g.M));
-  transform_weights(w, u, g.M, g.C);
+  const float* u = nullptr;
+  std::shared_ptr<std::vector<unsigned char>> kept;
+  if (weight_id != 0 && ctx) {
+    // A constant filter: transformed once, kept under the executor's id (keyed also by the filter
+    // and transform shapes, as the packed GEMM weights are by their layouts).
+    using dnnl::memory;
+    const memory::desc from({g.M, g.C, 3, 3}, memory::data_type::f32, memory::format_tag::oihw);
+    const memory::desc md({16, g.C, g.M}, memory::data_type::f32, memory::format_tag::abc);
+    kept = ctx->packed.get(weight_id, from, md, [&](void* buf) {
+      transform_weights(w, static_cast<float*>(buf), g.M, g.C);
+    });
+    if (kept) u = reinterpret_cast<const float*>(kept->data());
+  }
+  if (!u) {
+    float* t = ub.get(static_cast<size_t>(16 * g.C * g.M));
+    transform_weights(w, t, g.M, g.C);
+    u = t;
+  }
   const int64_t out_n = g.N * g.OH * g.OW * g.M;
   if (!s.x_nhwc) {
     float* t = xb.get(static_cast<size_t>(g.N * g.H * g.W * g.C));
@@ -293,8 +312,8 @@ bool conv_forward_winograd(const ConvShape& s, const float* x, const float* w, c
 #else
 
 bool winograd_applies(const ConvShape&) { return false; }
-bool conv_forward_winograd(const ConvShape&, const float*, const float*, const float*, const float*,
-                           float*) {
+bool conv_forward_winograd(hp_ctx*, const ConvShape&, const float*, const float*, const float*,
+                           const float*, float*, int64_t) {
   return false;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cpu_conv.h"
+#include "cpu_internal.h"
 
 namespace hp_cpu {
 
@@ -12,7 +13,9 @@ bool winograd_applies(const ConvShape& s);
 
 /// y = act(conv(x, w) + b + z) as cpu_conv.h's conv_forward_dnnl, by Winograd F(2x2, 3x3); false
 /// (nothing written) where winograd_applies(s) does not hold.
-bool conv_forward_winograd(const ConvShape& s, const float* x, const float* w, const float* b,
-                           const float* z, float* y);
+/// `weight_id` nonzero: w is a constant weight the executor named (node attribute hp_weight_b),
+/// whose transform is kept (PackedWeights) instead of made on every call.
+bool conv_forward_winograd(hp_ctx* ctx, const ConvShape& s, const float* x, const float* w,
+                           const float* b, const float* z, float* y, int64_t weight_id = 0);
 
 }  // namespace hp_cpu

@@ -115,21 +115,40 @@ TEST_CASE("3x3 convolutions with channels in multiples of 16 give the direct sum
   add_node(g, "Relu", {"a"}, {"y"}, "relu2");
   fs::path d = temp_dir("winograd_chain");
   auto mm = load(write_model(d, m));
-  Backends b = cpu();
-  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
-  REQUIRE(ex.ok());
   const auto xs = values(static_cast<std::size_t>(N * C * H * W), 6, 1.f);
-  auto out = (*ex)->run({f32({N, C, H, W}, xs)});
-  REQUIRE(out.ok());
   Tensor4 x{{N, C, H, W}, std::vector<double>(xs.begin(), xs.end())};
-  Tensor4 r1 = conv_ref(x, w1, b1, 48, 1);
-  for (double& v : r1.v) v = std::max(v, 0.0);
-  const Tensor4 c2 = conv_ref(r1, w2, {}, 32, 0);
-  Tensor4 y = conv_ref(c2, w3, b3, 32, 1);
-  for (std::size_t i = 0; i < y.v.size(); ++i) y.v[i] = std::max(y.v[i] + c2.v[i], 0.0);
-  // A direct float sum is off by ~1e-7 of the largest value here; F(2x2, 3x3) by a few times that.
-  CHECK(rel_error((*out)[0], y) < 2e-6);
-  CHECK((*ex)->stats().by_op.at("hp.nn.FusedConv").nodes == 3);
+  auto expected = [&](const std::vector<float>& w3v) {
+    Tensor4 r1 = conv_ref(x, w1, b1, 48, 1);
+    for (double& v : r1.v) v = std::max(v, 0.0);
+    const Tensor4 c2 = conv_ref(r1, w2, {}, 32, 0);
+    Tensor4 y = conv_ref(c2, w3v, b3, 32, 1);
+    for (std::size_t i = 0; i < y.v.size(); ++i) y.v[i] = std::max(y.v[i] + c2.v[i], 0.0);
+    return y;
+  };
+  // With constant weights packed (the filters' transforms kept across runs) and without (made on
+  // every call, as in training).
+  for (bool pack : {true, false}) {
+    INFO("pack_weights " << pack);
+    Backends b = cpu();
+    ExecOptions eo{b.primary, b.cpu, nullptr};
+    eo.pack_weights = pack;
+    auto ex = Executor::create(mm, eo);
+    REQUIRE(ex.ok());
+    for (int run = 0; run < 2; ++run) {  // the second run reads the kept transforms
+      auto out = (*ex)->run({f32({N, C, H, W}, xs)});
+      REQUIRE(out.ok());
+      // A direct float sum is off by ~1e-7 of the largest value; F(2x2, 3x3) by a few times that.
+      CHECK(rel_error((*out)[0], expected(w3)) < 2e-6);
+    }
+    CHECK((*ex)->stats().by_op.at("hp.nn.FusedConv").nodes == 3);
+    // A filter replaced after runs: the next run uses the new values, not a kept transform.
+    const auto w3b = values(32 * 32 * 9, 11, 0.2f);
+    HostTensor t = f32({32, 32, 3, 3}, w3b, "w3");
+    REQUIRE((*ex)->set_weight("w3", t).ok());
+    auto out = (*ex)->run({f32({N, C, H, W}, xs)});
+    REQUIRE(out.ok());
+    CHECK(rel_error((*out)[0], expected(w3b)) < 2e-6);
+  }
   fs::remove_all(d);
 }
 

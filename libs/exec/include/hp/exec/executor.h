@@ -100,8 +100,9 @@ struct ExecOptions {
   /// Record every node's start and end in ExecStats::timeline (`hp launch --profile/--trace`).
   bool profile = false;
   /// Let the backend keep constant weights in its kernels' layout (MatMul/Gemm B operands, packed
-  /// once: exec_fuse.cpp tag_constant_weights). Off where every step rewrites the weights
-  /// (training): a packed copy would only cost memory. set_weight stops it for that weight.
+  /// once, and 3x3 filters' Winograd transforms: exec_fuse.cpp tag_constant_weights). Off where
+  /// every step rewrites the weights (training): a packed copy would only cost memory. set_weight
+  /// stops it for that weight.
   bool pack_weights = true;
 };
 
