@@ -7,9 +7,9 @@
 // that outputs are held to against the reference loop; the 3x3 convolutions it would speed up run
 // on cpu_winograd.cpp's F(2x2, 3x3) before reaching here. The caller's plain NC(D)HW tensors are
 // reordered into those layouts and the result back, each a memory-bound pass that costs little
-// beside the convolution. Weights are reordered on every call: the ABI passes them as ordinary
-// inputs, so a kernel cannot tell they are constant (they are small beside the activations of a
-// convolution).
+// beside the convolution. A filter the executor names as constant (hp_weight_b,
+// libs/exec/src/exec_fuse.cpp) is reordered once and kept (PackedWeights, as a MatMul's B); any
+// other is reordered on every call.
 //
 // Operands may be stored channels-last (ConvShape::x_nhwc and the others), the layout oneDNN's
 // f32 kernels on AVX2/AVX-512 pick for most shapes: then their reorders vanish (reorder_if finds
@@ -192,7 +192,8 @@ bool pool_forward_dnnl(hp_ctx* ctx, hp_stream* st, const PoolShape& s, const flo
 }
 
 bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const float* x,
-                       const float* w, const float* b, const float* z, float* y) {
+                       const float* w, const float* b, const float* z, float* y,
+                       int64_t weight_id) {
   const dnnl::engine& eng = ctx->engine;
   dnnl::stream& ds = st->dnnl_stream;
   CachedConv c;
@@ -212,7 +213,14 @@ bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const flo
     return m;
   };
   memory xm = in(c.x_in, c.x_plain, c.x_md, x, xb);
-  memory wm = in(c.w_in, c.w_plain, c.w_md, w, wb);
+  std::shared_ptr<std::vector<unsigned char>> packed;  // held until the primitive has run
+  if (weight_id != 0 && c.w_in)
+    packed = ctx->packed.get(weight_id, c.w_plain, c.w_md, [&](void* buf) {
+      memory user(c.w_plain, eng, const_cast<float*>(w)), to(c.w_md, eng, buf);
+      c.w_in->execute(ds, user, to);
+      ds.wait();
+    });
+  memory wm = packed ? memory(c.w_md, eng, packed->data()) : in(c.w_in, c.w_plain, c.w_md, w, wb);
   memory ym = c.y_out ? memory(c.y_md, eng, yb.get(c.y_md.get_size())) : memory(c.y_plain, eng, y);
   if (s.sum) {
     memory zm(c.z_plain, eng, const_cast<float*>(z));

@@ -67,8 +67,10 @@ class ConvCache {
 
 /// Runs the convolution y = act(conv(x, w) + b + z) on oneDNN; false when oneDNN rejects the
 /// geometry (nothing written then). z may be null unless s.sum; b null unless s.bias.
+/// `weight_id` nonzero: w is a constant filter the executor named, reordered once and kept.
 bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const float* x,
-                       const float* w, const float* b, const float* z, float* y);
+                       const float* w, const float* b, const float* z, float* y,
+                       int64_t weight_id = 0);
 
 /// Runs the pooling on oneDNN; false when oneDNN rejects it (nothing written then).
 bool pool_forward_dnnl(hp_ctx* ctx, hp_stream* st, const PoolShape& s, const float* x, float* y);

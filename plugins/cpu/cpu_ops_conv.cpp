@@ -161,7 +161,7 @@ void conv(OpCall& c, bool fused, bool channels_last = false) {
       return;
     if (conv_forward_dnnl(c.ctx(), c.stream(), s, x.as<float>(), w.as<float>(),
                           s.bias ? bias.as<float>() : nullptr, sum ? z.as<float>() : nullptr,
-                          y.as<float>()))
+                          y.as<float>(), c.i("hp_weight_b", 0)))
       return;
   }
   auto loop = [&](auto tag) {

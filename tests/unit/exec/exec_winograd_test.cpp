@@ -2,7 +2,8 @@
 // executor, on shapes it takes (channels in multiples of 16, 3x3, stride 1): against a
 // double-precision direct convolution, with odd image sizes (tiles past the edge), pads 0, 1 and
 // 2, a batch whose tiles span images, each of its GEMM kernels (output channels 48, 32 and 64),
-// the fused bias, residual and Relu, and channels-first and channels-last operands. On a CPU
+// the fused bias, residual and Relu, and channels-first and channels-last operands; and constant
+// filters kept in a kernel's layout across runs until set_weight replaces them. On a CPU
 // without AVX-512 the same graphs run on oneDNN and must give the same values.
 #include <catch2/catch.hpp>
 
@@ -178,5 +179,37 @@ TEST_CASE("a lone 3x3 convolution with pads 2 and 64 outputs gives the direct su
   const Tensor4 want =
       conv_ref({{N, C, H, W}, std::vector<double>(xs.begin(), xs.end())}, w, bias, M, 2);
   CHECK(rel_error((*out)[0], want) < 2e-6);
+  fs::remove_all(d);
+}
+
+TEST_CASE("a constant filter oneDNN reorders is kept, and a replaced one is not", "[exec]") {
+  // 3 input channels: not a Winograd shape, so oneDNN's direct kernel runs it, on a filter
+  // reordered into its blocked layout once (the executor tags it hp_weight_b) until set_weight.
+  const std::int64_t N = 2, C = 3, H = 6, W = 5, M = 16;
+  const auto w = values(M * C * 9, 12, 0.3f), w2 = values(M * C * 9, 13, 0.3f);
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {N, C, H, W});
+  add_value(g->mutable_output(), "y", {N, M, H, W});
+  add_f32_init(g, "w", {M, C, 3, 3}, w);
+  add_conv(g, "x", "w", "", "y", 1);
+  fs::path d = temp_dir("conv_kept_filter");
+  auto mm = load(write_model(d, m));
+  Backends b = cpu();
+  auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
+  REQUIRE(ex.ok());
+  const auto xs = values(static_cast<std::size_t>(N * C * H * W), 14, 1.f);
+  const Tensor4 x{{N, C, H, W}, std::vector<double>(xs.begin(), xs.end())};
+  for (int run = 0; run < 2; ++run) {
+    auto out = (*ex)->run({f32({N, C, H, W}, xs)});
+    REQUIRE(out.ok());
+    CHECK(rel_error((*out)[0], conv_ref(x, w, {}, M, 1)) < 2e-6);
+  }
+  REQUIRE((*ex)->set_weight("w", f32({M, C, 3, 3}, w2, "w")).ok());
+  auto out = (*ex)->run({f32({N, C, H, W}, xs)});
+  REQUIRE(out.ok());
+  CHECK(rel_error((*out)[0], conv_ref(x, w2, {}, M, 1)) < 2e-6);
   fs::remove_all(d);
 }
