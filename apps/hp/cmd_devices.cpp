@@ -46,6 +46,7 @@ void add_devices_command(CLI::App& app, Context& ctx) {
   sub->callback([opts, m, on, &ctx] {
     if (*on) {
       m->json = opts->json;
+      m->plugin_paths = opts->plugin_paths;
       auto r = offload::measure_local_cluster(*m);
       if (!r) {
         ctx.exit_code = report_error(r.error());

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <unordered_map>
 
 #include "cpu_internal.h"
@@ -49,15 +50,19 @@ std::vector<int64_t> key_of(const ConvShape& s) {
   return k;
 }
 
-/// A 64-byte aligned buffer of a thread's own that only grows.
+/// A 64-byte aligned buffer of a thread's own that only grows; std::bad_alloc (HP_NO_MEMORY at the
+/// op entry) when the allocation fails, leaving it empty.
 struct Buffer {
   void* p = nullptr;
   size_t n = 0;
   void* get(size_t bytes) {
     if (bytes > n) {
       std::free(p);
-      n = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, n);
+      n = 0;
+      const size_t want = (bytes + 63) / 64 * 64;
+      p = std::aligned_alloc(64, want);
+      if (!p) throw std::bad_alloc();
+      n = want;
     }
     return p;
   }
@@ -214,12 +219,17 @@ bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const flo
   };
   memory xm = in(c.x_in, c.x_plain, c.x_md, x, xb);
   std::shared_ptr<std::vector<unsigned char>> packed;  // held until the primitive has run
-  if (weight_id != 0 && c.w_in)
-    packed = ctx->packed.get(weight_id, c.w_plain, c.w_md, [&](void* buf) {
-      memory user(c.w_plain, eng, const_cast<float*>(w)), to(c.w_md, eng, buf);
-      c.w_in->execute(ds, user, to);
-      ds.wait();
-    });
+  if (weight_id != 0 && c.w_in) {
+    try {
+      packed = ctx->packed.get(weight_id, c.w_plain, c.w_md, [&](void* buf) {
+        memory user(c.w_plain, eng, const_cast<float*>(w)), to(c.w_md, eng, buf);
+        c.w_in->execute(ds, user, to);
+        ds.wait();
+      });
+    } catch (const dnnl::error&) {
+      packed = nullptr;  // reordered per call below instead
+    }
+  }
   memory wm = packed ? memory(c.w_md, eng, packed->data()) : in(c.w_in, c.w_plain, c.w_md, w, wb);
   memory ym = c.y_out ? memory(c.y_md, eng, yb.get(c.y_md.get_size())) : memory(c.y_plain, eng, y);
   if (s.sum) {

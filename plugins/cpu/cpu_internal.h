@@ -67,8 +67,15 @@ class PackedWeights {
       if (bytes_ + md.get_size() > limit) return nullptr;
       bytes_ += md.get_size();  // reserved now: threads packing at once stay under the limit
     }
-    auto buf = std::make_shared<std::vector<unsigned char>>(md.get_size());
-    pack(buf->data());
+    std::shared_ptr<std::vector<unsigned char>> buf;
+    try {
+      buf = std::make_shared<std::vector<unsigned char>>(md.get_size());
+      pack(buf->data());
+    } catch (...) {  // nothing kept: give the reservation back
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ -= md.get_size();
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     entries_[id].push_back({from, md, buf});
     return buf;

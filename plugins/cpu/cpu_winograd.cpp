@@ -20,9 +20,11 @@
 #include "cpu_winograd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -36,20 +38,30 @@ namespace hp_cpu {
 #ifdef HP_WINO
 namespace {
 
-/// A 64-byte aligned float buffer of a thread's own that only grows.
+/// A 64-byte aligned float buffer of a thread's own that only grows; null when the allocation
+/// fails (the buffer is then empty, and a later call tries again).
 struct FloatBuf {
   float* p = nullptr;
   size_t n = 0;
   float* get(size_t count) {
     if (count > n) {
       std::free(p);
-      n = (count + 15) / 16 * 16;
-      p = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+      const size_t want = (count + 15) / 16 * 16;
+      p = static_cast<float*>(std::aligned_alloc(64, want * sizeof(float)));
+      n = p ? want : 0;
     }
     return p;
   }
   ~FloatBuf() { std::free(p); }
 };
+
+/// get() or std::bad_alloc (which the plugin's op entry turns into HP_NO_MEMORY): for buffers
+/// taken outside a parallel region.
+float* need(FloatBuf& b, size_t count) {
+  float* p = b.get(count);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
 
 /// N x C x H x W <-> N x H x W x C.
 void to_channels_last(const float* from, float* to, int64_t N, int64_t C, int64_t HW) {
@@ -219,17 +231,25 @@ void run(const Geometry& g, const float* x, const float* u, const float* bias, c
   // About 32 tiles a block (of 16, 32, 64 and 128 the fastest on the benchmark CNN): V and Mt of
   // a block (16 x tb x (C + M) floats) stay in L1/L2.
   const int64_t tb = std::max<int64_t>(1, 32 / RB) * RB, blocks = (tiles + tb - 1) / tb;
+  // An exception cannot leave an OpenMP region: a thread whose scratch allocation fails skips its
+  // blocks and the failure is thrown after the region.
+  std::atomic<bool> out_of_memory{false};
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     thread_local FloatBuf vb, mb;
     float* v = vb.get(static_cast<size_t>(16 * tb * g.C));
     float* mt = mb.get(static_cast<size_t>(16 * tb * g.M));
+    if (!v || !mt) {
+      out_of_memory = true;
+      continue;
+    }
     const int64_t t0 = blk * tb;
     input_transform(g, x, t0, tb, tb, v);
     for (int p = 0; p < 16; ++p)
       gemm<RB, NV>(v + p * tb * g.C, u + p * g.C * g.M, mt + p * tb * g.M, tb, g.C, g.M);
     output_transform(g, mt, t0, tb, tb, bias, z, relu, y);
   }
+  if (out_of_memory) throw std::bad_alloc();
 }
 
 bool cpu_has_avx512() {
@@ -281,22 +301,22 @@ bool conv_forward_winograd(hp_ctx* ctx, const ConvShape& s, const float* x, cons
     if (kept) u = reinterpret_cast<const float*>(kept->data());
   }
   if (!u) {
-    float* t = ub.get(static_cast<size_t>(16 * g.C * g.M));
+    float* t = need(ub, static_cast<size_t>(16 * g.C * g.M));
     transform_weights(w, t, g.M, g.C);
     u = t;
   }
   const int64_t out_n = g.N * g.OH * g.OW * g.M;
   if (!s.x_nhwc) {
-    float* t = xb.get(static_cast<size_t>(g.N * g.H * g.W * g.C));
+    float* t = need(xb, static_cast<size_t>(g.N * g.H * g.W * g.C));
     to_channels_last(x, t, g.N, g.C, g.H * g.W);
     x = t;
   }
   if (s.sum && !s.z_nhwc) {
-    float* t = zb.get(static_cast<size_t>(out_n));
+    float* t = need(zb, static_cast<size_t>(out_n));
     to_channels_last(z, t, g.N, g.M, g.OH * g.OW);
     z = t;
   }
-  float* yd = s.y_nhwc ? y : yb.get(static_cast<size_t>(out_n));
+  float* yd = s.y_nhwc ? y : need(yb, static_cast<size_t>(out_n));
   const float* bias = s.bias ? b : nullptr;
   const float* zz = s.sum ? z : nullptr;
   if (g.M % 64 == 0)

@@ -66,8 +66,8 @@ struct PreparedNode {
   /// A view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) that is its data input's last
   /// reader: on the cpu backend its output takes that input's buffer (exec_run.cpp alloc_output).
   bool donate_input0 = false;
-  /// Index in `attrs` of hp_weight_b (a constant B's key, refreshed from Slot::weight_key before
-  /// each launch), -1 for none.
+  /// Index in `attrs` of hp_weight_b (a constant B's or filter's key, refreshed from
+  /// Slot::weight_key before each launch), -1 for none.
   int weight_attr = -1;
   int op_slot = 0;  ///< index of its op type in Impl::op_types (time accounting)
   /// Constant folding across runs. A `cached` node reads only weights and outputs of cached nodes
@@ -118,8 +118,9 @@ struct Slot {
   std::shared_ptr<const SeqValue> seq;  ///< set when the value is a sequence (no buffers then)
   bool persistent = false;    ///< a weight or a cached node's output: kept alive across runs
   std::uint64_t version = 0;  ///< bumped whenever a cached node rewrites it (memo keys)
-  /// A weight read as a MatMul/Gemm B: a process-wide unique key under which the backend may keep
-  /// it packed; 0 once set_weight has changed it (tag_constant_weights, exec_fuse.cpp).
+  /// A weight read as a MatMul/Gemm B or a convolution's filter: a process-wide unique key under
+  /// which the backend may keep it packed; 0 once set_weight has changed it (tag_constant_weights,
+  /// exec_fuse.cpp). The backend keeps the copies it made under an older key.
   std::int64_t weight_key = 0;
 };
 

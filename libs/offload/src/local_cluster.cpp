@@ -20,9 +20,11 @@ namespace {
 using detail::median;
 using detail::PluginBuffer;
 
-Expected<std::shared_ptr<plugin::Backend>> open_backend(const std::string& name, int threads) {
+Expected<std::shared_ptr<plugin::Backend>> open_backend(
+    const std::string& name, int threads, const std::vector<std::filesystem::path>& paths) {
   plugin::SearchOptions search;
   search.only = {name};
+  search.plugin_paths = paths;
   if (threads > 0) search.open_options.push_back(fmt::format("threads={}", threads));
   HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(search));
   auto backend = reg.find(name);
@@ -51,14 +53,15 @@ double rank_share(double peak, const plugin::DeviceInfo& info, int threads) {
 Expected<ComputeReport> measure_gemm(const ComputeOptions& opt) {
   if (opt.sizes.empty() || opt.repeats < 1)
     return Error(Errc::usage, "the GEMM probe needs at least one size and one repeat");
-  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, opt.threads));
+  for (std::int64_t n : opt.sizes)
+    if (n < 1 || n > 8192)
+      return Error(Errc::usage, fmt::format("GEMM probe size {} is outside 1..8192", n));
+  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, opt.threads, opt.plugin_paths));
   if (!backend->supports(0, HP_OP_GEMM, HP_F32))
     return Error(Errc::unavailable,
                  fmt::format("backend '{}' has no float32 gemm to measure", opt.backend));
   HP_ASSIGN_OR_RETURN(auto info, backend->device_info(0));
   const std::int64_t largest = *std::max_element(opt.sizes.begin(), opt.sizes.end());
-  if (largest < 1 || largest > 8192)
-    return Error(Errc::usage, fmt::format("GEMM probe size {} is outside 1..8192", largest));
   const auto bytes = static_cast<std::size_t>(largest * largest) * sizeof(float);
   PluginBuffer a(backend.get(), nullptr, HP_MEM_DEVICE), b(backend.get(), nullptr, HP_MEM_DEVICE),
       c(backend.get(), nullptr, HP_MEM_DEVICE);
@@ -129,7 +132,7 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
                    fmt::format("--cluster-out: directory '{}' does not exist", dir.string()),
                    opt.out.string());
   }
-  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, 0));
+  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, 0, opt.plugin_paths));
   HP_ASSIGN_OR_RETURN(const plugin::DeviceInfo info, backend->device_info(0));
   backend.reset();
   LocalCluster out;
@@ -139,10 +142,12 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
       opt.threads > 0 ? opt.threads : std::max(1, cpu ? info.compute_units / opt.ranks : 1);
   ComputeOptions co = opt.compute;
   co.backend = opt.backend;
+  co.plugin_paths = opt.plugin_paths;
   co.threads = cpu ? out.threads : 0;
   HP_ASSIGN_OR_RETURN(out.compute, measure_gemm(co));
   MeasureOptions mo = opt.copies;
   mo.backend = opt.backend;
+  mo.plugin_paths = opt.plugin_paths;
   HP_ASSIGN_OR_RETURN(out.bandwidth, measure_bandwidth(mo));
 
   recipe::Cluster& c = out.cluster;
@@ -159,8 +164,9 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
   d.per_node = out.ranks;
   auto peak = [&](int dt) { return rank_share(info.peak_flops[dt].value, info, out.threads); };
   d.peak_flops = {peak(HP_F32), 0.0, peak(HP_BF16), peak(HP_F16), 0.0, 0.0};
-  // A plugin without a table peak: the measured rate is the best figure there is.
-  if (d.peak_flops.fp32 <= 0) d.peak_flops.fp32 = out.compute.fp32;
+  // A table peak below what was measured (a CPU's nominal clock where it boosts) would put MFU
+  // above 1; and a plugin without one: the measured rate is the best figure there is.
+  d.peak_flops.fp32 = std::max(d.peak_flops.fp32, out.compute.fp32);
   d.sustained_flops.fp32 = out.compute.fp32;
   // The ranks of a CPU share its memory; an accelerator's is its own.
   d.memory = static_cast<double>(info.mem_total) / (cpu ? out.ranks : 1);

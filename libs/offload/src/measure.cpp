@@ -28,6 +28,7 @@ using detail::today;
 Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
   plugin::SearchOptions search;
   search.only = {opt.backend};  // a broken plugin it does not measure cannot end the run
+  search.plugin_paths = opt.plugin_paths;
   HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(search));
   auto backend = reg.find(opt.backend);
   if (!backend)

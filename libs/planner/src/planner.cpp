@@ -169,6 +169,11 @@ Expected<Machine> machine_for(const topology::Topology& topo, const std::string&
     return Error(Errc::bad_input,
                  fmt::format("device '{}' has no peak FLOP/s for {}", dev.name, dtype),
                  cluster_name, "set peak_flops in the cluster file");
+  if (mc.sustained_flops <= 0 && dev.sustained_flops != recipe::PeakFlops{})
+    warnings.push_back(fmt::format(
+        "{} has a measured rate (sustained_flops) but not for {}; planning {} at peak x "
+        "efficiency",
+        dev.name, dtype, dtype));
   mc.memory = dev.memory;
   mc.memory_bandwidth = dev.memory_bandwidth;
   mc.cal = calibration_for(dev.kind);

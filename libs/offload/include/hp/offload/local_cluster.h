@@ -36,6 +36,7 @@ struct ComputeReport {
 
 struct ComputeOptions {
   std::string backend = "cpu";
+  std::vector<std::filesystem::path> plugin_paths;  ///< searched first (hp devices --plugin-path)
   int threads = 0;  ///< plugin "threads=N"; 0 = the plugin's default
   std::vector<std::int64_t> sizes = {256, 512, 1024};
   int repeats = 5;
@@ -46,6 +47,7 @@ Expected<ComputeReport> measure_gemm(const ComputeOptions& opt);
 
 struct LocalClusterOptions {
   std::string backend = "cpu";
+  std::vector<std::filesystem::path> plugin_paths;  ///< searched first (hp devices --plugin-path)
   int ranks = 1;              ///< ranks on this machine (the cluster's per_node)
   int threads = 0;            ///< threads per rank; 0 = the device's cores / ranks (at least 1)
   std::filesystem::path out;  ///< --cluster-out; empty = measure and report only

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,8 @@ struct BandwidthReport {
 };
 
 struct MeasureOptions {
-  std::string backend = "cpu";  ///< plugin name
+  std::string backend = "cpu";                      ///< plugin name
+  std::vector<std::filesystem::path> plugin_paths;  ///< searched first (hp devices --plugin-path)
   std::vector<double> sizes = {4.0 * (1 << 20), 16.0 * (1 << 20), 64.0 * (1 << 20)};
   int repeats = 9;
 };
