@@ -63,15 +63,15 @@ float* need(FloatBuf& b, size_t count) {
   return p;
 }
 
-/// N x C x H x W <-> N x H x W x C.
+/// N x C x H x W <-> N x H x W x C (threads split images and channels, so batch 1 splits too).
 void to_channels_last(const float* from, float* to, int64_t N, int64_t C, int64_t HW) {
-#pragma omp parallel for schedule(static) if (N * C * HW >= (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) if (N * C * HW >= (1 << 16))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = 0; ch < C; ++ch)
       for (int64_t p = 0; p < HW; ++p) to[(n * HW + p) * C + ch] = from[(n * C + ch) * HW + p];
 }
 void to_channels_first(const float* from, float* to, int64_t N, int64_t C, int64_t HW) {
-#pragma omp parallel for schedule(static) if (N * C * HW >= (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) if (N * C * HW >= (1 << 16))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = 0; ch < C; ++ch)
       for (int64_t p = 0; p < HW; ++p) to[(n * C + ch) * HW + p] = from[(n * HW + p) * C + ch];

@@ -180,9 +180,11 @@ class ResBlock(nn.Module):
 class Cnn(nn.Module):
     """torchvision's ResNet idiom at toy size: conv-BN-ReLU stem, max pool, a basic residual block,
     global average pooling, a linear classifier. BatchNorm2d trains on the batch's statistics and
-    updates its running_mean / running_var buffers."""
+    updates its running_mean / running_var buffers. 16 channels: the residual block's 3x3
+    convolutions are then of the shape the cpu plugin runs by Winograd (plugins/cpu/cpu_winograd.cpp),
+    so its forward is compared with torch's too."""
 
-    def __init__(self, ch=8):
+    def __init__(self, ch=16):
         super().__init__()
         self.conv1 = nn.Conv2d(3, ch, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(ch)
