@@ -24,11 +24,10 @@
 #include "cpu_conv.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <new>
 #include <unordered_map>
 
 #include "cpu_internal.h"
+#include "cpu_scratch.h"
 
 namespace hp_cpu {
 namespace {
@@ -50,24 +49,7 @@ std::vector<int64_t> key_of(const ConvShape& s) {
   return k;
 }
 
-/// A 64-byte aligned buffer of a thread's own that only grows; std::bad_alloc (HP_NO_MEMORY at the
-/// op entry) when the allocation fails, leaving it empty.
-struct Buffer {
-  void* p = nullptr;
-  size_t n = 0;
-  void* get(size_t bytes) {
-    if (bytes > n) {
-      std::free(p);
-      n = 0;
-      const size_t want = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, want);
-      if (!p) throw std::bad_alloc();
-      n = want;
-    }
-    return p;
-  }
-  ~Buffer() { std::free(p); }
-};
+using Buffer = ScratchBuffer;
 
 std::shared_ptr<dnnl::reorder> reorder_if(const dnnl::engine& eng, const memory::desc& from,
                                           const memory::desc& to) {

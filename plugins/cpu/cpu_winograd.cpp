@@ -27,6 +27,8 @@
 #include <new>
 #include <vector>
 
+#include "cpu_scratch.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HP_WINO 1
@@ -38,29 +40,13 @@ namespace hp_cpu {
 #ifdef HP_WINO
 namespace {
 
-/// A 64-byte aligned float buffer of a thread's own that only grows; null when the allocation
-/// fails (the buffer is then empty, and a later call tries again).
-struct FloatBuf {
-  float* p = nullptr;
-  size_t n = 0;
-  float* get(size_t count) {
-    if (count > n) {
-      std::free(p);
-      const size_t want = (count + 15) / 16 * 16;
-      p = static_cast<float*>(std::aligned_alloc(64, want * sizeof(float)));
-      n = p ? want : 0;
-    }
-    return p;
-  }
-  ~FloatBuf() { std::free(p); }
-};
-
-/// get() or std::bad_alloc (which the plugin's op entry turns into HP_NO_MEMORY): for buffers
-/// taken outside a parallel region.
-float* need(FloatBuf& b, size_t count) {
-  float* p = b.get(count);
-  if (!p) throw std::bad_alloc();
-  return p;
+/// `count` floats of a thread's scratch buffer: try_f (null on failure, inside OpenMP regions) or
+/// need (std::bad_alloc).
+float* try_f(ScratchBuffer& b, size_t count) {
+  return static_cast<float*>(b.try_get(count * sizeof(float)));
+}
+float* need(ScratchBuffer& b, size_t count) {
+  return static_cast<float*>(b.get(count * sizeof(float)));
 }
 
 /// N x C x H x W <-> N x H x W x C (threads split images and channels, so batch 1 splits too).
@@ -236,9 +222,9 @@ void run(const Geometry& g, const float* x, const float* u, const float* bias, c
   std::atomic<bool> out_of_memory{false};
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    thread_local FloatBuf vb, mb;
-    float* v = vb.get(static_cast<size_t>(16 * tb * g.C));
-    float* mt = mb.get(static_cast<size_t>(16 * tb * g.M));
+    thread_local ScratchBuffer vb, mb;
+    float* v = try_f(vb, static_cast<size_t>(16 * tb * g.C));
+    float* mt = try_f(mb, static_cast<size_t>(16 * tb * g.M));
     if (!v || !mt) {
       out_of_memory = true;
       continue;
@@ -286,7 +272,7 @@ bool conv_forward_winograd(hp_ctx* ctx, const ConvShape& s, const float* x, cons
   Geometry g{s.x[0], s.x[1], s.x[2], s.x[3], s.w[0], s.y[2], s.y[3], s.pads[0], s.pads[1], 0, 0};
   g.th = (g.OH + 1) / 2;
   g.tw = (g.OW + 1) / 2;
-  thread_local FloatBuf ub, xb, zb, yb;
+  thread_local ScratchBuffer ub, xb, zb, yb;
   const float* u = nullptr;
   std::shared_ptr<std::vector<unsigned char>> kept;
   if (weight_id != 0 && ctx) {

@@ -48,6 +48,20 @@ std::int64_t Cluster::ranks_per_node() const {
 
 std::int64_t Cluster::ranks() const { return nodes * ranks_per_node(); }
 
+namespace {
+
+/// `{ fp32 = ..., tf32 = ..., ... }`: every dtype, so the written file says what is unsupported.
+std::string flops_table(const PeakFlops& f) {
+  return toml_inline_table({{"fp32", toml_float(f.fp32)},
+                            {"tf32", toml_float(f.tf32)},
+                            {"bf16", toml_float(f.bf16)},
+                            {"fp16", toml_float(f.fp16)},
+                            {"fp8", toml_float(f.fp8)},
+                            {"int8", toml_float(f.int8)}});
+}
+
+}  // namespace
+
 std::string format_cluster(const Cluster& c) {
   TomlWriter w;
   w.comment("hp cluster description (see hp-recipe(5)); bandwidths in bytes/s, latencies in s");
@@ -63,21 +77,9 @@ std::string format_cluster(const Cluster& c) {
         .number("memory_bandwidth", d.memory_bandwidth)
         .number("h2d_bandwidth", d.h2d_bandwidth)
         .number("d2h_bandwidth", d.d2h_bandwidth);
-    const PeakFlops& f = d.peak_flops;
-    w.value("peak_flops", toml_inline_table({{"fp32", toml_float(f.fp32)},
-                                             {"tf32", toml_float(f.tf32)},
-                                             {"bf16", toml_float(f.bf16)},
-                                             {"fp16", toml_float(f.fp16)},
-                                             {"fp8", toml_float(f.fp8)},
-                                             {"int8", toml_float(f.int8)}}));
-    const PeakFlops& m = d.sustained_flops;
-    if (m != PeakFlops{})
-      w.value("sustained_flops", toml_inline_table({{"fp32", toml_float(m.fp32)},
-                                                    {"tf32", toml_float(m.tf32)},
-                                                    {"bf16", toml_float(m.bf16)},
-                                                    {"fp16", toml_float(m.fp16)},
-                                                    {"fp8", toml_float(m.fp8)},
-                                                    {"int8", toml_float(m.int8)}}));
+    w.value("peak_flops", flops_table(d.peak_flops));
+    if (d.sustained_flops != PeakFlops{})
+      w.value("sustained_flops", flops_table(d.sustained_flops));
   }
   for (const auto& t : c.tiers) {
     w.array_table("tiers").string("name", t.name);
