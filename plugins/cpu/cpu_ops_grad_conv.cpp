@@ -2,14 +2,15 @@
 // backend, f32 and f64.
 //
 // ConvGrad takes the forward Conv's attributes and recomputes its geometry (as cpu_ops_nn.cpp's
-// Conv does), checking that dY has the forward's output shape. f32 runs on oneDNN's backward
-// convolution primitives (created per call: a cache like cpu_gemm.cpp's would save their JIT time).
-// f64, which oneDNN lacks, and any geometry oneDNN rejects run direct loops that treat 1-, 2- and
-// 3-D convolutions as 3-D ones with unit leading dims: dX split across threads by (n, input
-// channel), dW and dB by output channel, so no two threads write one element. For each kernel tap
-// the range of output positions that read inside the input is computed up front, so the innermost
-// loop has no bounds test. The ABI gives a kernel no way to tell an output the node names with ""
-// from a used one, so ConvGrad computes every output up to the node's count.
+// Conv does), checking that dY has the forward's output shape. f32 dX of a 3x3, stride-1
+// convolution runs by Winograd where cpu_winograd.cpp takes the shape; the rest of f32 runs on
+// oneDNN's backward convolution primitives (created per call: a cache like cpu_gemm.cpp's would
+// save their JIT time). f64, which oneDNN lacks, and any geometry oneDNN rejects run direct loops
+// that treat 1-, 2- and 3-D convolutions as 3-D ones with unit leading dims: dX split across
+// threads by (n, input channel), dW and dB by output channel, so no two threads write one element.
+// For each kernel tap the range of output positions that read inside the input is computed up
+// front, so the innermost loop has no bounds test. The ABI gives a kernel no way to tell an output
+// the node names with "" from a used one, so ConvGrad computes every output up to the node's count.
 //
 // The pool gradients walk the forward's windows (cpu_pool_window.h): MaxPoolGrad adds dY at each
 // window's first maximum (the element the forward's Indices output names), AveragePoolGrad spreads
@@ -25,6 +26,7 @@
 #include "cpu_grad.h"
 #include "cpu_ops.h"
 #include "cpu_pool_window.h"
+#include "cpu_winograd.h"
 
 namespace hp_cpu {
 namespace {
@@ -201,10 +203,40 @@ void conv_grad_typed(OpCall& c, const ConvGeom& g, const View& dy, const View& x
   }
 }
 
+/// dX of a float32 3x3, stride-1 convolution by Winograd (cpu_winograd.cpp): the correlation of dY
+/// with the filters turned half a turn and their two channel axes swapped, padded 2 - p on each
+/// side, is the input gradient. False (nothing written) where the Winograd kernel does not take
+/// the geometry.
+bool conv_grad_x_winograd(OpCall& c, const ConvGeom& g, const View& dy, const View& x,
+                          const View& w) {
+  if (g.sp != 2 || g.group != 1 || c.n_outputs() < 1) return false;
+  for (size_t q = 1; q < 3; ++q)
+    if (g.k[q] != 3 || g.s[q] != 1 || g.d[q] != 1 || g.p[q] > 2 || g.pe[q] > 2) return false;
+  ConvShape s;
+  s.x = {g.N, g.M, g.out[1], g.out[2]};
+  s.w = {g.C, g.M, 3, 3};
+  s.y = {g.N, g.C, g.in[1], g.in[2]};
+  s.strides = {1, 1};
+  s.dilations = {1, 1};
+  s.pads = {2 - g.p[1], 2 - g.p[2], 2 - g.pe[1], 2 - g.pe[2]};
+  if (!winograd_applies(s)) return false;
+  thread_local std::vector<float> turned;
+  turned.resize(static_cast<size_t>(g.C * g.M * 9));
+  const float* wf = w.as<float>();
+  for (int64_t m = 0; m < g.M; ++m)
+    for (int64_t ch = 0; ch < g.C; ++ch)
+      for (int64_t t = 0; t < 9; ++t)
+        turned[static_cast<size_t>((ch * g.M + m) * 9 + t)] = wf[(m * g.C + ch) * 9 + (8 - t)];
+  View dx = c.out(0, x.dtype, x.dims);
+  return conv_forward_winograd(c.ctx(), s, dy.as<float>(), turned.data(), nullptr, nullptr,
+                               dx.as<float>());
+}
+
 /// The f32 gradients by oneDNN's backward convolution primitives (plain layouts, so no reorders):
-/// dX by backward data, dW and dB by backward weights. Returns false when oneDNN rejects the
-/// geometry, and the direct loops run instead.
-bool conv_grad_dnnl(OpCall& c, const ConvGeom& g, const View& dy, const View& x, const View& w) {
+/// dX by backward data (unless `have_x`: Winograd wrote it), dW and dB by backward weights.
+/// Returns false when oneDNN rejects the geometry, and the direct loops run instead.
+bool conv_grad_dnnl(OpCall& c, const ConvGeom& g, const View& dy, const View& x, const View& w,
+                    bool have_x) {
   using dnnl::memory;
   using tag = memory::format_tag;
   const size_t lead = 3 - g.sp;
@@ -234,7 +266,8 @@ bool conv_grad_dnnl(OpCall& c, const ConvGeom& g, const View& dy, const View& x,
       bia_md({g.M}, f32, tag::x);
   const dnnl::engine& eng = c.ctx()->engine;
   dnnl::stream& st = c.stream()->dnnl_stream;
-  const bool want_x = c.n_outputs() > 0, want_w = c.n_outputs() > 1, want_b = c.n_outputs() > 2;
+  const bool want_x = !have_x && c.n_outputs() > 0, want_w = c.n_outputs() > 1,
+             want_b = c.n_outputs() > 2;
   try {
     const dnnl::convolution_forward::primitive_desc fwd(
         {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_md, wei_md,
@@ -293,7 +326,10 @@ void conv_grad(OpCall& c) {
   if (dy.dims != g.out_dims)
     c.fail("dY dims " + dims_str(dy.dims) + " differ from the convolution's output " +
            dims_str(g.out_dims));
-  if (x.dtype == HP_F32 && conv_grad_dnnl(c, g, dy, x, w)) return;
+  if (x.dtype == HP_F32) {
+    const bool have_x = conv_grad_x_winograd(c, g, dy, x, w);
+    if (conv_grad_dnnl(c, g, dy, x, w, have_x)) return;
+  }
   dispatch_float(x.dtype, [&](auto tag) { conv_grad_typed<decltype(tag)>(c, g, dy, x, w); });
 }
 

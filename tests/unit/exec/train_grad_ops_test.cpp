@@ -702,6 +702,29 @@ TEST_CASE("ConvGrad's dX, dW, dB match central differences", "[exec][train]") {
     OneNode w32("ConvGrad", "hp.train", {"dy", "x", "w"}, in32, {"", "dw"}, s.attrs(), HP_F32);
     check_close(w32.values_of(in32), values((*r)[1]), 1e-5);
   }
+  SECTION("float32 dX by Winograd (3x3, stride 1, channels in multiples of 16) agrees") {
+    // dX of these shapes runs as a Winograd correlation with the turned filters
+    // (plugins/cpu/cpu_winograd.cpp): pads 1, asymmetric pads (0 before, 2 after) and 0.
+    for (const ConvSpec& s :
+         {ConvSpec{{2, 16, 6, 7}, {32, 16, 3, 3}, 1, {1, 1}, {1, 1, 1, 1}, {1, 1}},
+          ConvSpec{{2, 32, 6, 6}, {16, 32, 3, 3}, 1, {1, 1}, {0, 2, 2, 0}, {1, 1}},
+          ConvSpec{{3, 16, 8, 7}, {16, 16, 3, 3}, 1, {1, 1}, {0, 0, 0, 0}, {1, 1}}}) {
+      INFO("x " << s.x[1] << " channels, w " << s.w[0] << " x " << s.w[1] << ", pads " << s.pads[0]
+                << s.pads[1] << s.pads[2] << s.pads[3]);
+      const Vec x = random(count(s.x), 5), w = random(count(s.w), 6),
+                dyv = random(count(s.out()), 7);
+      std::vector<HostTensor> in{f64(s.out(), dyv), f64(s.x, x), f64(s.w, w)},
+          in32{tensor(HP_F32, s.out(), dyv), tensor(HP_F32, s.x, x), tensor(HP_F32, s.w, w)};
+      OneNode e("ConvGrad", "hp.train", {"dy", "x", "w"}, in, {"dx", "dw", "db"}, s.attrs(),
+                HP_F64);
+      OneNode a("ConvGrad", "hp.train", {"dy", "x", "w"}, in32, {"dx", "dw", "db"}, s.attrs(),
+                HP_F32);
+      for (std::size_t k = 0; k < 3; ++k)
+        check_close(a.values_of(in32, k), e.values_of(in, k), 1e-5);
+      OneNode x_only("ConvGrad", "hp.train", {"dy", "x", "w"}, in32, {"dx"}, s.attrs(), HP_F32);
+      check_close(x_only.values_of(in32), e.values_of(in, 0), 1e-5);
+    }
+  }
   SECTION("auto_pad SAME_UPPER and float32 agree with the explicit-pad float64 result") {
     // in 7, k 3, s 2: out 4, total pad 2 -> 1 before, 1 after.
     const ConvSpec s{{1, 2, 7, 7}, {3, 2, 3, 3}, 1, {2, 2}, {1, 1, 1, 1}, {1, 1}};
