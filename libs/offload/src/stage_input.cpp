@@ -239,19 +239,11 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   BuiltStages out;
   out.device = topo.device();
   out.seq = seq;
-  planner::Machine& mc = pr.mc;
-  mc.peak_flops = out.device.peak_flops.of(o.dtype);
-  mc.sustained_flops = out.device.sustained_flops.of(o.dtype);
-  if (mc.peak_flops <= 0) {
-    mc.peak_flops = out.device.peak_flops.fp32;
-    mc.sustained_flops = out.device.sustained_flops.fp32;
-  }
-  if (mc.peak_flops <= 0)
-    return Error(Errc::bad_input, fmt::format("device '{}' has no peak FLOP/s", out.device.name),
-                 cluster.name, "set peak_flops in the cluster file");
-  mc.memory = out.device.memory;
-  mc.memory_bandwidth = out.device.memory_bandwidth;
-  mc.cal = planner::calibration_for(out.device.kind);
+  // The planner's own view of the device; its warnings (a dtype priced at the fp32 peak) are hp
+  // plan's to print, not the memory timeline's.
+  std::vector<std::string> planner_warnings;
+  HP_ASSIGN_OR_RETURN(
+      pr.mc, planner::machine_for(topo, dtype_name(o.dtype), cluster.name, planner_warnings));
   pr.w.train = o.train;
   pr.w.global_batch = p.dp * p.micro_batch_size * p.micro_batches;
   pr.w.grad_bytes = db;
@@ -267,7 +259,7 @@ Expected<BuiltStages> build_stages(const recipe::Recipe& r, const recipe::Cluste
   std::vector<planner::StagePlan> plans;
   for (std::int64_t k = 0; k < p.pp; ++k)
     pr.build_stage(k, ranks[static_cast<std::size_t>(k)], out, plans);
-  out.predicted_step = planner::predict(prof, c, pr.w, mc, pr.links, plans).iteration;
+  out.predicted_step = planner::predict(prof, c, pr.w, pr.mc, pr.links, plans).iteration;
   out.capacity.context = seq;
   out.capacity.batch = p.micro_batch_size * p.micro_batches;
   return out;

@@ -22,12 +22,6 @@ double dtype_bytes(const std::string& dtype);
 Workload workload_for(bool train, const std::string& dtype, const std::string& optimizer,
                       std::int64_t global_batch);
 
-/// The device of `topo` as the cost model sees it: its peak for `dtype` (the fp32 peak, with a line
-/// in `warnings`, when the cluster file gives none for the dtype), memory, bandwidth and
-/// calibration. A device with no peak at all is Errc::bad_input located at `cluster_name`.
-Expected<Machine> machine_for(const topology::Topology& topo, const std::string& dtype,
-                              const std::string& cluster_name, std::vector<std::string>& warnings);
-
 /// Every placement of the three axes, innermost first, in the order the search visits them (so ties
 /// between equivalent placements resolve alike everywhere).
 inline constexpr Axis kAxisOrders[6][3] = {

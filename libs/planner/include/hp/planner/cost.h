@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/core/expected.h"
 #include "hp/recipe/cluster.h"
 #include "hp/recipe/recipe.h"
 #include "hp/topology/topology.h"
@@ -128,6 +129,12 @@ struct Machine {
 };
 /// The memory a plan may use: the device's minus the transient margin kept free.
 double usable_memory(const Machine& mc);
+/// The device of `topo` as the cost model sees it: its peak and measured rate for `dtype` (the fp32
+/// ones, with a line in `warnings`, when the cluster file gives no peak for the dtype), memory,
+/// bandwidth and calibration. A device with no peak at all is Errc::bad_input located at
+/// `cluster_name`.
+Expected<Machine> machine_for(const topology::Topology& topo, const std::string& dtype,
+                              const std::string& cluster_name, std::vector<std::string>& warnings);
 
 /// Links of the TP, DP and PP groups of a configuration (from topology::group_link).
 struct AxisLinks {
