@@ -39,23 +39,19 @@ void check_device(Checker& ck, const DeviceType& d, std::size_t i) {
                         {"d2h_bandwidth", d.d2h_bandwidth}})
     if (!(v >= 0) || !std::isfinite(v))
       ck.fail(p + "." + key, fmt::format("'{}.{}' must be a finite, non-negative number", p, key));
-  const PeakFlops& f = d.peak_flops;
-  double all[] = {f.fp32, f.tf32, f.bf16, f.fp16, f.fp8, f.int8};
-  if (std::any_of(std::begin(all), std::end(all),
-                  [](double v) { return !(v >= 0) || !std::isfinite(v); }))
-    ck.fail(p + ".peak_flops",
-            fmt::format("'{}.peak_flops' values must be finite and not negative", p));
-  else if (std::all_of(std::begin(all), std::end(all), [](double v) { return v == 0; }))
-    ck.fail(p + ".peak_flops",
-            fmt::format("device type '{}' has no peak FLOP/s for any dtype", d.name),
-            "give at least fp32 (FLOP/s)");
-  const PeakFlops& m = d.sustained_flops;
-  for (double v : {m.fp32, m.tf32, m.bf16, m.fp16, m.fp8, m.int8})
-    if (!(v >= 0) || !std::isfinite(v)) {
-      ck.fail(p + ".sustained_flops",
-              fmt::format("'{}.sustained_flops' values must be finite and not negative", p));
-      break;
-    }
+  // Each per-dtype table: finite, non-negative values; the peak also needs one dtype.
+  for (auto [key, f] : {std::pair<const char*, const PeakFlops*>{"peak_flops", &d.peak_flops},
+                        {"sustained_flops", &d.sustained_flops}}) {
+    const double all[] = {f->fp32, f->tf32, f->bf16, f->fp16, f->fp8, f->int8};
+    if (std::any_of(std::begin(all), std::end(all),
+                    [](double v) { return !(v >= 0) || !std::isfinite(v); }))
+      ck.fail(p + "." + key, fmt::format("'{}.{}' values must be finite and not negative", p, key));
+    else if (f == &d.peak_flops &&
+             std::all_of(std::begin(all), std::end(all), [](double v) { return v == 0; }))
+      ck.fail(p + ".peak_flops",
+              fmt::format("device type '{}' has no peak FLOP/s for any dtype", d.name),
+              "give at least fp32 (FLOP/s)");
+  }
 }
 
 void check_tiers(Checker& ck, const Cluster& c) {
