@@ -20,21 +20,6 @@ namespace {
 using detail::median;
 using detail::PluginBuffer;
 
-Expected<std::shared_ptr<plugin::Backend>> open_backend(
-    const std::string& name, int threads, const std::vector<std::filesystem::path>& paths) {
-  plugin::SearchOptions search;
-  search.only = {name};
-  search.plugin_paths = paths;
-  if (threads > 0) search.open_options.push_back(fmt::format("threads={}", threads));
-  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(search));
-  auto backend = reg.find(name);
-  if (!backend)
-    return Error(Errc::unavailable,
-                 fmt::format("backend '{}' is not available for --measure", name), "",
-                 "run 'hp devices -v' to see which plugins were found");
-  return backend;
-}
-
 recipe::DeviceKind kind_of(hp_device_kind k) {
   return k == HP_DEVICE_GPU   ? recipe::DeviceKind::gpu
          : k == HP_DEVICE_NPU ? recipe::DeviceKind::npu
@@ -56,7 +41,8 @@ Expected<ComputeReport> measure_gemm(const ComputeOptions& opt) {
   for (std::int64_t n : opt.sizes)
     if (n < 1 || n > 8192)
       return Error(Errc::usage, fmt::format("GEMM probe size {} is outside 1..8192", n));
-  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, opt.threads, opt.plugin_paths));
+  HP_ASSIGN_OR_RETURN(auto backend,
+                      detail::open_probe_backend(opt.backend, opt.threads, opt.plugin_paths));
   if (!backend->supports(0, HP_OP_GEMM, HP_F32))
     return Error(Errc::unavailable,
                  fmt::format("backend '{}' has no float32 gemm to measure", opt.backend));
@@ -132,7 +118,7 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
                    fmt::format("--cluster-out: directory '{}' does not exist", dir.string()),
                    opt.out.string());
   }
-  HP_ASSIGN_OR_RETURN(auto backend, open_backend(opt.backend, 0, opt.plugin_paths));
+  HP_ASSIGN_OR_RETURN(auto backend, detail::open_probe_backend(opt.backend, 0, opt.plugin_paths));
   HP_ASSIGN_OR_RETURN(const plugin::DeviceInfo info, backend->device_info(0));
   backend.reset();
   LocalCluster out;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <functional>
 #include <memory>
 
@@ -26,15 +25,7 @@ using detail::today;
 }  // namespace
 
 Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
-  plugin::SearchOptions search;
-  search.only = {opt.backend};  // a broken plugin it does not measure cannot end the run
-  search.plugin_paths = opt.plugin_paths;
-  HP_ASSIGN_OR_RETURN(auto reg, plugin::discover(search));
-  auto backend = reg.find(opt.backend);
-  if (!backend)
-    return Error(Errc::unavailable,
-                 fmt::format("backend '{}' is not available for --measure", opt.backend), "",
-                 "run 'hp devices -v' to see which plugins were found");
+  HP_ASSIGN_OR_RETURN(auto backend, detail::open_probe_backend(opt.backend, 0, opt.plugin_paths));
   HP_ASSIGN_OR_RETURN(auto info, backend->device_info(0));
   const double largest = *std::max_element(opt.sizes.begin(), opt.sizes.end());
   const auto bytes = static_cast<std::size_t>(largest);
