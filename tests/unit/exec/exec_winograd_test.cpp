@@ -73,6 +73,24 @@ void add_conv(onnx::GraphProto* g, const std::string& in, const std::string& w,
   for (int k = 0; k < 4; ++k) p->add_ints(pad);
 }
 
+/// y = Conv(x [N, C, H, W], w [M, C, 3, 3], b [M] when given, the same pad on every side): one
+/// node, its filter (and bias) initializers.
+onnx::ModelProto one_conv_model(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
+                                std::int64_t pad, const std::vector<float>& w,
+                                const std::vector<float>& bias) {
+  const std::int64_t M = static_cast<std::int64_t>(w.size()) / (C * 9);
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  add_value(g->mutable_input(), "x", {N, C, H, W});
+  add_value(g->mutable_output(), "y", {N, M, H + 2 * pad - 2, W + 2 * pad - 2});
+  add_f32_init(g, "w", {M, C, 3, 3}, w);
+  if (!bias.empty()) add_f32_init(g, "b", {M}, bias);
+  add_conv(g, "x", "w", bias.empty() ? "" : "b", "y", pad);
+  return m;
+}
+
 /// The largest |got - want| over the largest |want|.
 double rel_error(const HostTensor& got, const Tensor4& want) {
   REQUIRE(got.dims == want.dims);
@@ -159,17 +177,8 @@ TEST_CASE("a lone 3x3 convolution with pads 2 and 64 outputs gives the direct su
   // is larger than the input, so whole tiles read only padding.
   const std::int64_t N = 4, C = 16, H = 5, W = 6, M = 64;
   const auto w = values(M * C * 9, 7, 0.3f), bias = values(M, 8, 0.5f);
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {N, C, H, W});
-  add_value(g->mutable_output(), "y", {N, M, H + 2, W + 2});
-  add_f32_init(g, "w", {M, C, 3, 3}, w);
-  add_f32_init(g, "b", {M}, bias);
-  add_conv(g, "x", "w", "b", "y", 2);
   fs::path d = temp_dir("winograd_lone");
-  auto mm = load(write_model(d, m));
+  auto mm = load(write_model(d, one_conv_model(N, C, H, W, 2, w, bias)));
   Backends b = cpu();
   auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
   REQUIRE(ex.ok());
@@ -187,16 +196,8 @@ TEST_CASE("a constant filter oneDNN reorders is kept, and a replaced one is not"
   // reordered into its blocked layout once (the executor tags it hp_weight_b) until set_weight.
   const std::int64_t N = 2, C = 3, H = 6, W = 5, M = 16;
   const auto w = values(M * C * 9, 12, 0.3f), w2 = values(M * C * 9, 13, 0.3f);
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
-  auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {N, C, H, W});
-  add_value(g->mutable_output(), "y", {N, M, H, W});
-  add_f32_init(g, "w", {M, C, 3, 3}, w);
-  add_conv(g, "x", "w", "", "y", 1);
   fs::path d = temp_dir("conv_kept_filter");
-  auto mm = load(write_model(d, m));
+  auto mm = load(write_model(d, one_conv_model(N, C, H, W, 1, w, {})));
   Backends b = cpu();
   auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
   REQUIRE(ex.ok());
