@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -88,8 +87,7 @@ def finish(job, warmup):
         sys.exit(f"hp launch failed (exit {p.returncode}):\n{out}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
-    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", out)
-    PREDICTED[os.path.basename(metrics)[:-6]] = float(m.group(1)) if m else None
+    PREDICTED[os.path.basename(metrics)[:-6]] = bt.plan_prediction(out)
     return (med("seconds"), med("reduce_seconds") + med("tp_comm_seconds"), med("update_seconds"),
             rows[-1]["loss"])
 
@@ -99,17 +97,6 @@ PREDICTED = {}  # configuration tag -> the plan's prediction hp launch printed (
 
 def run(hp, d, work, batch, steps, warmup, parallel, cluster=None):
     return finish(start(hp, d, work, batch, steps, parallel, cluster=cluster), warmup)
-
-
-def measured_cluster(hp, work, ranks):
-    """`hp devices --measure` for `ranks` ranks of 1 thread: the recipes' cluster, so that the plan's
-    prediction hp launch prints is on this machine's measured figures."""
-    out = os.path.join(work, f"measured-{ranks}.toml")
-    p = subprocess.run([hp, "devices", "--measure", "--ranks", str(ranks), "--threads", "1",
-                        "--cluster-out", out], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"hp devices --measure failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
-    return out
 
 
 def prediction(tag, t):
@@ -142,7 +129,8 @@ def main():
     d = prepare(cache, a.batch)
     print(f"model {d}/model.onnx, global batch {a.batch} x {bt.SEQ}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as work:
-        one, two = measured_cluster(hp, work, 1), measured_cluster(hp, work, 2)
+        one = bt.measured_cluster(hp, work, show=False)
+        two = bt.measured_cluster(hp, work, ranks=2, show=False)
         base, _, base_upd, base_loss = run(hp, d, work, a.batch, a.steps, a.warmup, {}, one)
         print(f"{'one rank, 1 thread':34} {base:8.3f} s/step  (update {base_upd:.3f} s)  "
               f"loss {base_loss:.5f}{prediction('one', base)}")
@@ -158,7 +146,7 @@ def main():
                   f"{upd:.3f} s  loss {loss:.5f}{prediction(f'dp2-optimizer_shard{z}', t)}")
         for tp in [int(x) for x in a.tp.split(",") if x]:
             t, comm, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp},
-                                     measured_cluster(hp, work, tp))
+                                     bt.measured_cluster(hp, work, ranks=tp, show=False))
             print(f"{f'tp={tp} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  tp collectives {comm:.3f} s ({100 * comm / t:.0f}%)  update "
                   f"{upd:.3f} s  loss {loss:.5f}{prediction(f'tp{tp}', t)}")

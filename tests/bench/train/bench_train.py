@@ -93,16 +93,24 @@ def batch():
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-def measured_cluster(hp, threads, work):
-    """`hp devices --measure` at this thread count: a cluster file of this machine's measured GEMM
-    rate and copy bandwidth (one rank), for the plan's prediction beside the measured step."""
-    out = os.path.join(work, f"measured-{threads}.toml")
-    p = subprocess.run([hp, "devices", "--measure", "--threads", str(threads), "--cluster-out",
-                        out], capture_output=True, text=True)
+def measured_cluster(hp, work, threads=1, ranks=1, show=True):
+    """`hp devices --measure` for `ranks` ranks of `threads` threads: a cluster file of this
+    machine's measured GEMM rate and copy bandwidth, for the plan's prediction beside the measured
+    step."""
+    out = os.path.join(work, f"measured-{ranks}x{threads}.toml")
+    p = subprocess.run([hp, "devices", "--measure", "--ranks", str(ranks), "--threads",
+                        str(threads), "--cluster-out", out], capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"hp devices --measure failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
-    print(p.stdout.strip())
+    if show:
+        print(p.stdout.strip())
     return out
+
+
+def plan_prediction(stdout):
+    """The plan's prediction of a training step that hp launch printed (s), or None."""
+    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", stdout)
+    return float(m.group(1)) if m else None
 
 
 def predicted_on(hp, d, cluster, work):
@@ -114,8 +122,7 @@ def predicted_on(hp, d, cluster, work):
                               cluster=cluster)
     p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"), "--steps",
                         "1"], capture_output=True, text=True)
-    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", p.stdout)
-    return float(m.group(1)) if m else None
+    return plan_prediction(p.stdout)
 
 
 def hp_step(hp, d, threads, steps, warmup, work):
@@ -126,7 +133,7 @@ def hp_step(hp, d, threads, steps, warmup, work):
     # The recipe's cluster is this machine measured at this thread count, so the plan's prediction
     # that hp launch prints is on measured figures (the local-cpu preset's table one is below).
     run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": BATCH},
-                              cluster=measured_cluster(hp, threads, work))
+                              cluster=measured_cluster(hp, work, threads))
     metrics = os.path.join(work, f"m-{threads}.jsonl")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"), "--metrics",
@@ -138,8 +145,7 @@ def hp_step(hp, d, threads, steps, warmup, work):
     peak = max(r.get("peak_bytes", 0) for r in rows)
     # hp launch prints the plan's prediction for the same recipe (hp plan's cost model on the
     # recipe's cluster, the measured one).
-    m = re.search(r"plan's prediction: ([0-9.]+) s per training step", p.stdout)
-    PREDICTED[threads] = float(m.group(1)) if m else None
+    PREDICTED[threads] = plan_prediction(p.stdout)
     return statistics.median(r["seconds"] for r in rows[warmup:]), rows[-1]["loss"], peak
 
 
