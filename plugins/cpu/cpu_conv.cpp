@@ -49,8 +49,6 @@ std::vector<int64_t> key_of(const ConvShape& s) {
   return k;
 }
 
-using Buffer = ScratchBuffer;
-
 std::shared_ptr<dnnl::reorder> reorder_if(const dnnl::engine& eng, const memory::desc& from,
                                           const memory::desc& to) {
   if (from == to) return nullptr;
@@ -166,7 +164,7 @@ bool pool_forward_dnnl(hp_ctx* ctx, hp_stream* st, const PoolShape& s, const flo
   } catch (const dnnl::error&) {
     return false;
   }
-  thread_local Buffer sb;
+  thread_local ScratchBuffer sb;
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(c.x_md, ctx->engine, const_cast<float*>(x))},
       {DNNL_ARG_DST, memory(c.y_md, ctx->engine, y)}};
@@ -190,9 +188,9 @@ bool conv_forward_dnnl(hp_ctx* ctx, hp_stream* st, const ConvShape& s, const flo
     return false;
   }
   // This thread's buffers for the blocked operands and the scratchpad (see the file comment).
-  thread_local Buffer xb, wb, yb, sb;
+  thread_local ScratchBuffer xb, wb, yb, sb;
   auto in = [&](const std::shared_ptr<dnnl::reorder>& r, const memory::desc& plain,
-                const memory::desc& md, const void* p, Buffer& buf) {
+                const memory::desc& md, const void* p, ScratchBuffer& buf) {
     memory user(plain, eng, const_cast<void*>(p));
     if (!r) return user;
     memory m(md, eng, buf.get(md.get_size()));

@@ -3,11 +3,11 @@
 //
 // Conv in float32 runs as Winograd F(2x2, 3x3) where that applies (3x3, stride 1, channels in
 // multiples of 16, AVX-512: cpu_winograd.cpp), else on oneDNN's convolution primitive
-// (cpu_conv.cpp); float64, and any geometry
-// oneDNN rejects, run a direct loop (any spatial rank, groups, dilations, explicit or auto padding)
-// that accumulates in double. com.microsoft's FusedConv (ONNX Runtime's contrib op, which the
-// executor's fusion pass writes for Conv [+ Add] + Relu, libs/exec/src/exec_fuse.cpp) is the same
-// kernel with an optional fourth input Z added to the convolution and an activation after it.
+// (cpu_conv.cpp); float64, and any geometry oneDNN rejects, run a direct loop (any spatial rank,
+// groups, dilations, explicit or auto padding) that accumulates in double. com.microsoft's
+// FusedConv (ONNX Runtime's contrib op, which the executor's fusion pass writes for Conv [+ Add] +
+// Relu, libs/exec/src/exec_fuse.cpp) is the same kernel with an optional fourth input Z added to
+// the convolution and an activation after it.
 //
 // hp.nn.FusedConv is FusedConv with channels-last operands (see conv()).
 #include <algorithm>

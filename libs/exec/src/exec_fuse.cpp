@@ -238,14 +238,14 @@ void tag_constant_weights(Executor::Impl& im) {
   std::set<int> weights;
   for (const auto& [id, h] : im.weights) weights.insert(id);
   for (PreparedNode& n : im.nodes) {
-    // Convolutions too: the cpu plugin keeps a constant filter's Winograd transform
-    // (plugins/cpu/cpu_winograd.cpp).
-    const bool gemm =
+    // Convolutions too: the cpu plugin keeps a constant filter's Winograd transform or its
+    // reorder into oneDNN's layout (plugins/cpu/cpu_winograd.cpp, cpu_conv.cpp).
+    const bool packable =
         (n.domain.empty() &&
          (n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "Conv")) ||
         (n.domain == "hp.nn" && (n.op_type == "MatMulAdd" || n.op_type == "FusedConv")) ||
         (n.domain == "com.microsoft" && n.op_type == "FusedConv");
-    if (n.dead || !gemm || n.inputs.size() < 2 || !weights.count(n.inputs[1])) continue;
+    if (n.dead || !packable || n.inputs.size() < 2 || !weights.count(n.inputs[1])) continue;
     Slot& w = im.slots[static_cast<std::size_t>(n.inputs[1])];
     if (w.weight_key == 0) w.weight_key = next_key++;
     n.weight_attr = add_int_attr(n, "hp_weight_b", w.weight_key);
