@@ -10,7 +10,7 @@
 #include "cpu_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define HP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define HP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define HP_CPU_CLONES
 #endif
@@ -57,6 +57,39 @@ HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) 
     sum += e;
   }
   const float inv = 1.f / sum;
+  for (int64_t i = 0; i < len; ++i) y[i] *= inv;
+}
+
+HP_CPU_CLONES void masked_softmax_row(const float* __restrict x,
+                                      const unsigned char* __restrict mask, bool fill_where,
+                                      float scale, float fill, float* __restrict y, int64_t len) {
+  float mx = -std::numeric_limits<float>::infinity();
+  if (mask) {
+    const unsigned char fw = fill_where ? 1 : 0;
+#pragma omp simd reduction(max : mx)
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = scale * x[i];  // read unconditionally, so the select vectorises
+      const float w = static_cast<unsigned char>(mask[i] != 0) == fw ? fill : v;
+      y[i] = w;
+      mx = std::max(mx, w);
+    }
+  } else {
+#pragma omp simd reduction(max : mx)
+    for (int64_t i = 0; i < len; ++i) {
+      y[i] = scale * x[i];
+      mx = std::max(mx, y[i]);
+    }
+  }
+  if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // an all -inf row: NaNs, as Softmax
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) {
+    const float e = exp_f(y[i] - mx);
+    y[i] = e;
+    sum += e;
+  }
+  const float inv = 1.f / sum;
+#pragma omp simd
   for (int64_t i = 0; i < len; ++i) y[i] *= inv;
 }
 

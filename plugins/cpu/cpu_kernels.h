@@ -28,6 +28,10 @@ void gelu_grad_span(const float* x, const float* dy, float* dx, int64_t n);
 void erf_span(const float* x, float* y, int64_t n);
 /// One softmax (or log-softmax) over a contiguous row of `len` values.
 void softmax_row(const float* x, float* y, int64_t len, bool log);
+/// Softmax over a row of Where(hit, fill, scale * x), where hit is (mask[i] != 0) == fill_where
+/// (mask null: no hits): hp.nn.MaskedSoftmax's row in one call, so the row stays in cache.
+void masked_softmax_row(const float* x, const unsigned char* mask, bool fill_where, float scale,
+                        float fill, float* y, int64_t len);
 /// One LayerNormalization row: y = (x - mean) * rstd * scale + bias, where scale and bias are `len`
 /// long, or one value when their stride is 0, and bias may be null. Returns mean and rstd.
 void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,

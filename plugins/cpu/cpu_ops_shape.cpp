@@ -118,6 +118,40 @@ void strided_row(const char* src, char* dst, int64_t n, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
 }
 
+/// The strided copy of a (merged) shape whose innermost output dim reads with stride `strides[r-1]`
+/// and whose dim `j` reads contiguously: a 2-D transpose of dims j and r-1 for every index of the
+/// others (attention's key transpose [b,t,h,d] -> [b,h,d,t]). Done in square tiles, so that the
+/// cache lines a tile reads and writes are all used before they are evicted; a row-at-a-time
+/// strided loop touched a new source line for every element.
+template <class T>
+void transpose_tiles(const char* src, char* dst, const Dims& dims, const Dims& strides, size_t j,
+                     int64_t base) {
+  constexpr int64_t kTile = 64 / sizeof(T) < 8 ? 8 : 64 / sizeof(T) * 2;
+  const size_t r = dims.size();
+  Dims dst_st(r, 1);
+  for (size_t d = r - 1; d-- > 0;) dst_st[d] = dst_st[d + 1] * dims[d + 1];
+  const int64_t na = dims[j], nb = dims[r - 1], sb = strides[r - 1], da = dst_st[j];
+  const int64_t ta = (na + kTile - 1) / kTile, tb = (nb + kTile - 1) / kTile;
+  const int64_t outer = numel(dims) / (na * nb), units = outer * ta * tb;
+  const T* s = reinterpret_cast<const T*>(src);
+  T* y = reinterpret_cast<T*>(dst);
+#pragma omp parallel for schedule(static) if (numel(dims) >= (1 << 16) && units > 1)
+  for (int64_t u = 0; u < units; ++u) {
+    int64_t rest = u / (ta * tb);
+    const int64_t a0 = (u / tb % ta) * kTile, b0 = u % tb * kTile;
+    int64_t so = base, doff = 0;
+    for (size_t d = r - 1; d-- > 0;) {  // the outer index over every dim but j and r-1
+      if (d == j) continue;
+      so += (rest % dims[d]) * strides[d];
+      doff += (rest % dims[d]) * dst_st[d];
+      rest /= dims[d];
+    }
+    const int64_t a1 = std::min(na, a0 + kTile), b1 = std::min(nb, b0 + kTile);
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t a = a0; a < a1; ++a) y[doff + a * da + b] = s[so + a + b * sb];
+  }
+}
+
 /// Copies `x` into `y` where y[i] = x[base + sum(idx_k * st_k)] over y's shape (general strided
 /// gather: Transpose, Expand, Slice). Dims of size 1 are dropped and neighbours that are contiguous
 /// in the source too are merged, so a Transpose that keeps the innermost dim (attention's [b,t,h,d]
@@ -146,6 +180,18 @@ void strided_copy(const View& x, View& y, const Dims& st, int64_t base = 0) {
   }
   const size_t r = dims.size();
   const int64_t len = dims[r - 1], inner = strides[r - 1], rows = n / len;
+  if (inner != 1 && len >= 8) {
+    for (size_t j = 0; j + 1 < r; ++j) {
+      if (strides[j] != 1 || dims[j] < 8) continue;
+      switch (es) {
+        case 1: return transpose_tiles<uint8_t>(px, py, dims, strides, j, base);
+        case 2: return transpose_tiles<uint16_t>(px, py, dims, strides, j, base);
+        case 4: return transpose_tiles<uint32_t>(px, py, dims, strides, j, base);
+        case 8: return transpose_tiles<uint64_t>(px, py, dims, strides, j, base);
+        default: break;
+      }
+    }
+  }
   auto row = [&](int64_t q) {
     int64_t off = base, rest = q;
     for (size_t d = r - 1; d-- > 0;) {

@@ -27,18 +27,22 @@ struct Chain {
   bool masked = true;
   int axis = -1;  ///< the Softmax's
   bool scaled_is_output = false;
+  // Scores [batch, q, k]; the mask [q, k], or [q, 1] (one bit per query row) with column_mask.
+  std::int64_t batch = 2, q = 3, k = 4;
+  bool column_mask = false;
 };
 
-// scores x [2, 3, 4] (batch, query, key), a causal mask [3, 4] (key > query + 1 is masked).
+// scores x [batch, q, k], a causal mask [q, k] (key > query + 1 is masked), or with column_mask a
+// [q, 1] mask that masks whole rows where q is odd.
 onnx::ModelProto chain_model(const Chain& c) {
   onnx::ModelProto m;
   m.set_ir_version(8);
   m.add_opset_import()->set_version(14);
   auto* g = m.mutable_graph();
-  add_value(g->mutable_input(), "x", {2, 3, 4});
-  add_value(g->mutable_input(), "mask", {3, 4}, onnx::TensorProto::BOOL);
-  add_value(g->mutable_output(), "y", {2, 3, 4});
-  if (c.scaled_is_output) add_value(g->mutable_output(), "s", {2, 3, 4});
+  add_value(g->mutable_input(), "x", {c.batch, c.q, c.k});
+  add_value(g->mutable_input(), "mask", {c.q, c.column_mask ? 1 : c.k}, onnx::TensorProto::BOOL);
+  add_value(g->mutable_output(), "y", {c.batch, c.q, c.k});
+  if (c.scaled_is_output) add_value(g->mutable_output(), "s", {c.batch, c.q, c.k});
   add_scalar_constant(g, "k", c.div ? 8.f : 0.125f);
   add_scalar_constant(g, "fill", -std::numeric_limits<float>::infinity());
   add_node(g, c.div ? "Div" : "Mul", {"x", "k"}, {"s"}, "scale");
@@ -68,29 +72,42 @@ bool run_and_check(const Chain& c) {
   Backends b = cpu();
   auto ex = Executor::create(mm, {b.primary, b.cpu, nullptr});
   REQUIRE(ex.ok());
-  std::vector<float> x(24);
+  const std::int64_t n = c.batch * c.q * c.k, mk = c.column_mask ? 1 : c.k;
+  std::vector<float> x(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(1.3f * static_cast<float>(i)) * 6.f;
+  auto masked_at = [&](std::int64_t q, std::int64_t k) {
+    return c.column_mask ? q % 2 == 1 : k > q + 1;
+  };
   HostTensor mask;
   mask.name = "mask";
   mask.dtype = HP_BOOL;
-  mask.dims = {3, 4};
-  mask.data.resize(12);
-  for (int q = 0; q < 3; ++q)
-    for (int k = 0; k < 4; ++k) mask.data[static_cast<std::size_t>(q * 4 + k)] = k > q + 1;
-  auto out = (*ex)->run({f32({2, 3, 4}, x), mask});
+  mask.dims = {c.q, mk};
+  mask.data.resize(static_cast<std::size_t>(c.q * mk));
+  for (std::int64_t q = 0; q < c.q; ++q)
+    for (std::int64_t k = 0; k < mk; ++k)
+      mask.data[static_cast<std::size_t>(q * mk + k)] = masked_at(q, k);
+  auto out = (*ex)->run({f32({c.batch, c.q, c.k}, x), mask});
   REQUIRE(out.ok());
   const bool last = c.axis == -1 || c.axis == 2;
-  for (int bq = 0; bq < 6 && last; ++bq) {  // rows of 4 along the last axis
-    const int q = bq % 3;
-    double row[4], mx = -1e30, sum = 0;
-    for (int k = 0; k < 4; ++k) {
-      const bool masked = c.masked && k > q + 1;
-      row[k] = masked ? -INFINITY : x[static_cast<std::size_t>(bq * 4 + k)] / 8.0;
+  const float* y = (*out)[0].as<float>();
+  for (std::int64_t bq = 0; bq < c.batch * c.q && last; ++bq) {  // rows along the last axis
+    const std::int64_t q = bq % c.q;
+    std::vector<double> row(static_cast<std::size_t>(c.k));
+    double mx = -INFINITY, sum = 0;
+    for (std::int64_t k = 0; k < c.k; ++k) {
+      const bool masked = c.masked && masked_at(q, k);
+      row[k] = masked ? -INFINITY : x[static_cast<std::size_t>(bq * c.k + k)] / 8.0;
       mx = std::max(mx, row[k]);
     }
     for (double& v : row) sum += (v = std::exp(v - mx));
-    for (int k = 0; k < 4; ++k)
-      CHECK((*out)[0].as<float>()[bq * 4 + k] == Approx(row[k] / sum).margin(1e-6));
+    for (std::int64_t k = 0; k < c.k; ++k) {
+      const float got = y[bq * c.k + k];
+      if (mx == -INFINITY) {  // a row masked everywhere: NaNs, as Softmax of all -inf gives
+        CHECK(std::isnan(got));
+      } else {
+        CHECK(got == Approx(row[static_cast<std::size_t>(k)] / sum).margin(1e-6));
+      }
+    }
   }
   const bool fused = (*ex)->stats().by_op.count("hp.nn.MaskedSoftmax") == 1;
   if (fused) CHECK((*ex)->stats().by_op.count("Softmax") == 0);
@@ -111,6 +128,24 @@ TEST_CASE("scale, mask and Softmax run as one hp.nn.MaskedSoftmax with the same 
   Chain unmasked;  // scale and Softmax alone
   unmasked.masked = false;
   CHECK(run_and_check(unmasked));
+  // Rows long enough for the vector loops and their remainders, and enough of them that the rows
+  // are split across threads; both sides of the Where, and no mask.
+  for (int variant = 0; variant < 3; ++variant) {
+    Chain big;
+    big.batch = 24;
+    big.q = 40;
+    big.k = 77;
+    big.fill_first = variant != 1;
+    big.masked = variant != 2;
+    CHECK(run_and_check(big));
+  }
+  // A mask that broadcasts along the rows (stride 0 along the key axis): rows masked everywhere
+  // give NaNs, the others are unmasked.
+  Chain per_row;
+  per_row.q = 6;
+  per_row.k = 20;
+  per_row.column_mask = true;
+  CHECK(run_and_check(per_row));
 }
 
 TEST_CASE("a masked Softmax not along the last axis, or with an exposed input, is not fused",
