@@ -29,7 +29,7 @@ void add_devices_command(CLI::App& app, Context& ctx) {
   auto on = std::make_shared<bool>(false);
   CLI::Option* measure = sub->add_flag("--measure", *on,
                                        "measure a backend's f32 GEMM rate and copy bandwidth "
-                                       "(one rank alone) instead of listing");
+                                       "instead of listing (a CPU's --ranks all at once)");
   sub->add_option("--backend", m->backend, "the backend --measure probes")
       ->default_str("cpu")
       ->needs(measure);
@@ -37,6 +37,10 @@ void add_devices_command(CLI::App& app, Context& ctx) {
       ->default_str("1")
       ->needs(measure);
   sub->add_option("--threads", m->threads, "threads per rank (default: the cores / --ranks)")
+      ->needs(measure);
+  sub->add_flag("--alone", m->alone,
+                "probe one rank by itself, not a CPU's --ranks at once (figures without the "
+                "ranks' contention)")
       ->needs(measure);
   sub->add_option(
          "--cluster-out", m->out,

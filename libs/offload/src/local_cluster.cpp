@@ -3,10 +3,13 @@
 #include "hp/offload/local_cluster.h"
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -31,6 +34,41 @@ recipe::DeviceKind kind_of(hp_device_kind k) {
 double rank_share(double peak, const plugin::DeviceInfo& info, int threads) {
   if (info.kind != HP_DEVICE_CPU || info.compute_units <= 0) return peak;
   return peak * std::min(threads, info.compute_units) / info.compute_units;
+}
+
+/// Runs probe(together) in `n` threads at once, `together` a barrier of the n; every thread leaves
+/// it when its probe ends (arrive_and_drop), so a probe that fails early holds no one up. A probe
+/// that throws (std::bad_alloc of its buffers) is an error like the others.
+template <class T, class Probe>
+std::vector<Expected<T>> run_at_once(int n, Probe probe) {
+  std::barrier<> gate(n);
+  std::vector<std::optional<Expected<T>>> got(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        got[static_cast<std::size_t>(i)].emplace(probe([&] { gate.arrive_and_wait(); }));
+      } catch (const std::exception& e) {
+        got[static_cast<std::size_t>(i)].emplace(
+            Error(Errc::runtime, fmt::format("probe of rank {}: {}", i, e.what())));
+      }
+      gate.arrive_and_drop();
+    });
+  for (auto& t : threads) t.join();
+  std::vector<Expected<T>> out;
+  for (auto& g : got) out.push_back(std::move(*g));
+  return out;
+}
+
+/// The first error of `results`, or the result whose key is smallest (the slowest rank).
+template <class T, class Key>
+Expected<T> slowest(std::vector<Expected<T>> results, Key key) {
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) return results[i].error();
+    if (key(*results[i]) < key(*results[best])) best = i;
+  }
+  return std::move(results[best]);
 }
 
 }  // namespace
@@ -87,6 +125,7 @@ Expected<ComputeReport> measure_gemm(const ComputeOptions& opt) {
     d.a = a.p;
     d.b = b.p;
     d.c = c.p;
+    if (opt.together) opt.together();
     std::vector<double> rates;
     for (int i = -1; i < opt.repeats; ++i) {  // i = -1 warms up (JIT, page faults)
       const auto t0 = std::chrono::steady_clock::now();
@@ -130,18 +169,40 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
   co.backend = opt.backend;
   co.plugin_paths = opt.plugin_paths;
   co.threads = cpu ? out.threads : 0;
-  HP_ASSIGN_OR_RETURN(out.compute, measure_gemm(co));
   MeasureOptions mo = opt.copies;
   mo.backend = opt.backend;
   mo.plugin_paths = opt.plugin_paths;
-  HP_ASSIGN_OR_RETURN(out.bandwidth, measure_bandwidth(mo));
+  // A CPU's ranks are probed all at once (local_cluster.h); at most 64 threads of probes.
+  out.at_once = cpu && !opt.alone ? std::min(opt.ranks, 64) : 1;
+  if (out.at_once == 1) {
+    HP_ASSIGN_OR_RETURN(out.compute, measure_gemm(co));
+    HP_ASSIGN_OR_RETURN(out.bandwidth, measure_bandwidth(mo));
+  } else {
+    HP_ASSIGN_OR_RETURN(out.compute,
+                        slowest(run_at_once<ComputeReport>(out.at_once,
+                                                           [&](std::function<void()> together) {
+                                                             ComputeOptions o = co;
+                                                             o.together = std::move(together);
+                                                             return measure_gemm(o);
+                                                           }),
+                                [](const ComputeReport& r) { return r.fp32; }));
+    HP_ASSIGN_OR_RETURN(out.bandwidth,
+                        slowest(run_at_once<BandwidthReport>(out.at_once,
+                                                             [&](std::function<void()> together) {
+                                                               MeasureOptions o = mo;
+                                                               o.together = std::move(together);
+                                                               return measure_bandwidth(o);
+                                                             }),
+                                [](const BandwidthReport& r) { return r.memcpy; }));
+  }
 
   recipe::Cluster& c = out.cluster;
   c.name = "local-measured";
   c.description = fmt::format(
       "this machine ({}) as {} rank(s) x {} thread(s): GEMM rate and copy bandwidths measured by "
-      "hp devices --measure on {}",
-      info.name, out.ranks, out.threads, out.compute.date);
+      "hp devices --measure on {}{}",
+      info.name, out.ranks, out.threads, out.compute.date,
+      out.at_once > 1 ? fmt::format(", {} ranks at once (the slowest)", out.at_once) : "");
   c.nodes = 1;
   recipe::DeviceType d;
   d.kind = kind_of(info.kind);
@@ -189,6 +250,7 @@ std::string render_local_cluster(const LocalCluster& c, bool json) {
     j["date"] = k.date;
     j["ranks"] = c.ranks;
     j["threads"] = c.threads;
+    j["ranks_at_once"] = c.at_once;
     j["gemm_fp32"] = nlohmann::json::array();
     for (const GemmProbe& p : k.sizes) j["gemm_fp32"].push_back({{"n", p.n}, {"flops", p.flops}});
     j["sustained_flops_fp32"] = k.fp32;
@@ -198,8 +260,14 @@ std::string render_local_cluster(const LocalCluster& c, bool json) {
     j["cluster_file"] = c.written.empty() ? nlohmann::json() : nlohmann::json(c.written);
     return j.dump(2) + "\n";
   }
-  std::string o = fmt::format("measured {} ({} plugin) on {}, one rank of {} with {} thread(s):\n",
-                              k.device, k.backend, k.date, c.ranks, c.threads);
+  std::string o =
+      c.at_once > 1
+          ? fmt::format(
+                "measured {} ({} plugin) on {}, {} ranks at once with {} thread(s) each (the "
+                "slowest rank):\n",
+                k.device, k.backend, k.date, c.at_once, c.threads)
+          : fmt::format("measured {} ({} plugin) on {}, one rank of {} with {} thread(s):\n",
+                        k.device, k.backend, k.date, c.ranks, c.threads);
   o += "  f32 GEMM   ";
   for (std::size_t i = 0; i < k.sizes.size(); ++i)
     o += fmt::format("{}{}^3 {:.1f} GFLOP/s", i ? ", " : "", k.sizes[i].n, k.sizes[i].flops / 1e9);

@@ -66,6 +66,7 @@ Expected<BandwidthReport> measure_bandwidth(const MeasureOptions& opt) {
   for (double size : opt.sizes) {
     const auto n = static_cast<std::size_t>(size);
     std::vector<double> h2d, d2h, mc, h2d_ratio, d2h_ratio;
+    if (opt.together) opt.together();
     for (int i = -1; i < opt.repeats; ++i) {  // i = -1 warms up
       Status st;
       auto h2d_copy = [&] {

@@ -69,9 +69,27 @@ TEST_CASE("--measure: the local cluster is one node of the ranks asked for", "[o
   CHECK(*back == c);
   fs::remove(out);
 
+  // A CPU's three ranks were probed at once; the cluster holds the slowest one's figures.
+  CHECK(r->at_once == 3);
+  CHECK(c.description.find("3 ranks at once") != std::string::npos);
   const std::string text = render_local_cluster(*r, false);
-  CHECK(text.find("one rank of 3 with 1 thread(s)") != std::string::npos);
+  CHECK(text.find("3 ranks at once with 1 thread(s) each") != std::string::npos);
   CHECK(text.find("wrote cluster 'local-measured'") != std::string::npos);
+
+  o.out.clear();
+  o.alone = true;  // one rank by itself
+  auto alone = measure_local_cluster(o);
+  REQUIRE(alone.ok());
+  CHECK(alone->at_once == 1);
+  CHECK(render_local_cluster(*alone, false).find("one rank of 3 with 1 thread(s)") !=
+        std::string::npos);
+  o.alone = false;
+  // A probe failing in every rank's thread is the error, and no thread is left waiting for the
+  // others at the sizes' barrier.
+  o.compute.sizes = {0};
+  CHECK(measure_local_cluster(o).error().code == Errc::usage);
+  o.compute.sizes = {32, 64};
+  o.out = out;
 
   o.ranks = 0;
   CHECK(measure_local_cluster(o).error().code == Errc::usage);

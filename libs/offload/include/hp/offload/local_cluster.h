@@ -5,12 +5,16 @@
 // with the thread count one rank will use, and keeps the median rate per size; the median over the
 // sizes is the device type's `sustained_flops.fp32`, which hp plan then prices matrix products at
 // instead of peak x its calibrated efficiency (docs/planner.md, "Calibration"). The bandwidth
-// probes are measure.h's. Both run one rank alone: ranks running at once share the memory
-// bandwidth and the caches, which tests/bench/train/bench_dp.py --ceiling measures.
+// probes are measure.h's. On a CPU of several ranks the probes run in every rank's place at once
+// (one thread each, opening its own plugin instance with the rank's threads, waiting for the others
+// before each size): the ranks of a job share the memory bandwidth and the caches, and a figure
+// measured alone would price a two-rank copy at twice what it gets. The slowest rank's figures go
+// into the cluster, since a synchronous step waits for it. `alone` measures one rank by itself.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +44,8 @@ struct ComputeOptions {
   int threads = 0;  ///< plugin "threads=N"; 0 = the plugin's default
   std::vector<std::int64_t> sizes = {256, 512, 1024};
   int repeats = 5;
+  /// Called before each size's timed repeats (MeasureOptions::together).
+  std::function<void()> together;
 };
 
 /// Runs the GEMM probe. A backend that is not installed or has no f32 gemm is Errc::unavailable.
@@ -50,6 +56,7 @@ struct LocalClusterOptions {
   std::vector<std::filesystem::path> plugin_paths;  ///< searched first (hp devices --plugin-path)
   int ranks = 1;              ///< ranks on this machine (the cluster's per_node)
   int threads = 0;            ///< threads per rank; 0 = the device's cores / ranks (at least 1)
+  bool alone = false;         ///< a CPU's ranks probed one alone, not all at once
   std::filesystem::path out;  ///< --cluster-out; empty = measure and report only
   bool json = false;
   ComputeOptions compute;  ///< sizes and repeats (backend and threads are set from the above)
@@ -61,6 +68,7 @@ struct LocalCluster {
   BandwidthReport bandwidth;
   recipe::Cluster cluster;  ///< "local-measured": one node of `ranks` ranks
   int ranks = 1, threads = 1;
+  int at_once = 1;  ///< ranks probed at the same time (the figures are the slowest one's)
   std::string written;  ///< the file written, if any
 };
 

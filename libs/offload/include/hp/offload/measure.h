@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct MeasureOptions {
   std::vector<std::filesystem::path> plugin_paths;  ///< searched first (hp devices --plugin-path)
   std::vector<double> sizes = {4.0 * (1 << 20), 16.0 * (1 << 20), 64.0 * (1 << 20)};
   int repeats = 9;
+  /// Called before each size's timed repeats. Probes run at once (local_cluster.h, one per rank of
+  /// a shared CPU) wait there for each other, so that their timed copies overlap.
+  std::function<void()> together;
 };
 
 /// Runs the probes. A backend that is not installed or cannot copy is Errc::unavailable.
