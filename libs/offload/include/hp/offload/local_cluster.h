@@ -68,7 +68,7 @@ struct LocalCluster {
   BandwidthReport bandwidth;
   recipe::Cluster cluster;  ///< "local-measured": one node of `ranks` ranks
   int ranks = 1, threads = 1;
-  int at_once = 1;  ///< ranks probed at the same time (the figures are the slowest one's)
+  int at_once = 1;      ///< ranks probed at the same time (the figures are the slowest one's)
   std::string written;  ///< the file written, if any
 };
 
