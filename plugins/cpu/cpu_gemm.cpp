@@ -47,7 +47,8 @@ namespace {
 using dnnl::memory;
 using Dims = memory::dims;
 
-GemmKey key_of(const hp_gemm_desc& d, bool bias, GemmAct act, bool bf16, bool packed) {
+GemmKey key_of(const hp_gemm_desc& d, bool bias, GemmAct act, bool bf16, bool packed,
+               bool residual) {
   return GemmKey{d.trans_a != 0,
                  d.trans_b != 0,
                  d.m,
@@ -65,7 +66,8 @@ GemmKey key_of(const hp_gemm_desc& d, bool bias, GemmAct act, bool bf16, bool pa
                  bias,
                  static_cast<int>(act),
                  bf16,
-                 packed};
+                 packed,
+                 residual};
 }
 
 /// The bias as oneDNN's matmul takes it: one row of n values broadcast over batch and rows.
@@ -95,8 +97,8 @@ memory::desc c_desc(const hp_gemm_desc& d) {
 }  // namespace
 
 CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias, GemmAct act,
-                          bool bf16, bool packed_b) {
-  GemmKey key = key_of(d, bias, act, bf16, packed_b);
+                          bool bf16, bool packed_b, bool residual) {
+  GemmKey key = key_of(d, bias, act, bf16, packed_b, residual);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
@@ -116,7 +118,6 @@ CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d, bool b
   if (act == GemmAct::relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
   if (act == GemmAct::gelu_erf)
     ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
-  attr.set_post_ops(ops);
   CachedGemm built;
   // A constant B of a single product (batch 1: a linear layer's, the batch folded into M) is
   // described in 2-D: there oneDNN's "any" picks a blocked weight layout (BA16a64b-like), whose
@@ -131,6 +132,11 @@ CachedGemm GemmCache::get(const dnnl::engine& eng, const hp_gemm_desc& d, bool b
   built.b_md = flat ? two_d(d.k, d.n, d.ldb, d.trans_b, f32) : b_desc(d);
   built.c_md = flat ? two_d(d.m, d.n, d.ldc, false, f32) : c_desc(d);
   built.bias_md = flat ? memory::desc(Dims{1, d.n}, f32, Dims{d.n, 1}) : bias_desc(d);
+  if (residual) {  // read as C is laid out
+    built.residual_post_op = ops.len();
+    ops.append_binary(dnnl::algorithm::binary_add, built.c_md);
+  }
+  attr.set_post_ops(ops);
   // bfloat16: A and B in bfloat16 with their float32 strides (a converting reorder each), C and
   // the accumulation float32.
   const memory::data_type in = bf16 ? memory::data_type::bf16 : f32;
@@ -199,7 +205,7 @@ namespace {
 /// Runs a cached primitive on this thread's scratchpad (see the file comment).
 /// false (nothing run) when B should be packed but the packing budget is spent.
 bool execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc& d,
-             const float* bias, int64_t weight_id) {
+             const float* bias, int64_t weight_id, const float* residual = nullptr) {
   thread_local std::vector<unsigned char> scratch, a16, b16;
   if (scratch.size() < g.scratchpad.get_size()) scratch.resize(g.scratchpad.get_size());
   memory a(g.a_md, ctx->engine, const_cast<void*>(d.a));
@@ -231,6 +237,9 @@ bool execute(hp_ctx* ctx, hp_stream* s, const CachedGemm& g, const hp_gemm_desc&
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, sp}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias_md, ctx->engine, const_cast<float*>(bias)));
+  if (g.residual_post_op >= 0)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(g.residual_post_op) | DNNL_ARG_SRC_1,
+                 memory(g.c_md, ctx->engine, const_cast<float*>(residual)));
   g.prim->execute(s->dnnl_stream, args);
   s->dnnl_stream.wait();
   return true;
@@ -247,6 +256,10 @@ void reference_epilogue(const hp_gemm_desc& d, const GemmEpilogue& e) {
       if (e.act == GemmAct::relu)
         for (int64_t j = 0; j < d.n; ++j) row[j] = std::max(row[j], 0.0f);
       if (e.act == GemmAct::gelu_erf) gelu_span(row, row, d.n);
+      if (e.residual) {
+        const float* r = e.residual + q * d.stride_c + i * d.ldc;
+        for (int64_t j = 0; j < d.n; ++j) row[j] += r[j];
+      }
     }
 }
 
@@ -273,21 +286,23 @@ hp_status* gemm_fused(hp_ctx* ctx, hp_stream* s, const hp_gemm_desc& d, const Ge
   if (hp_status* st = hp_common::check_gemm(kCpu, d)) return st;
   if (d.beta != 0.0 || d.type_c != HP_F32)
     return hp_common::make_status(HP_INVALID, "cpu: fused gemm needs float32 and beta 0");
-  if (!e.bias && e.act == GemmAct::none && e.weight_id == 0) return gemm(ctx, s, &d);
+  if (!e.bias && e.act == GemmAct::none && e.weight_id == 0 && !e.residual) return gemm(ctx, s, &d);
+  const bool residual = e.residual != nullptr;
   CachedGemm g;
   try {
     // Packing applies to one B shared by every row of A (a weight): batch 1, or a broadcast B.
     const bool pack = e.weight_id != 0 && (d.batch == 1 || d.stride_b == 0);
-    g = ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act, ctx->bf16, pack);
+    g = ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act, ctx->bf16, pack, residual);
   } catch (const dnnl::error&) {
     reference_gemm(d);
     reference_epilogue(d, e);
     return nullptr;
   }
   HP_PLUGIN_GUARD(kCpu, {
-    if (!execute(ctx, s, g, d, e.bias, e.weight_id))
-      execute(ctx, s, ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act, ctx->bf16), d,
-              e.bias, 0);
+    if (!execute(ctx, s, g, d, e.bias, e.weight_id, e.residual))
+      execute(ctx, s,
+              ctx->gemms.get(ctx->engine, d, e.bias != nullptr, e.act, ctx->bf16, false, residual),
+              d, e.bias, 0, e.residual);
     return nullptr;
   })
 }

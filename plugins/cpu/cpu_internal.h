@@ -20,10 +20,10 @@ namespace hp_cpu {
 
 /// Everything that makes two matmuls the same oneDNN primitive.
 using GemmKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, double, double, int, int, bool, bool>;
+                           int64_t, int64_t, int64_t, double, double, int, int, bool, bool, bool>;
 
 /// What a fused matmul does to C after the product (cpu_gemm.cpp): add a bias of n values (one per
-/// column, broadcast over rows and batch), then an activation.
+/// column, broadcast over rows and batch), then an activation, then a residual shaped like C.
 enum class GemmAct { none = 0, relu = 1, gelu_erf = 2 };
 struct GemmEpilogue {
   const float* bias = nullptr;
@@ -32,6 +32,9 @@ struct GemmEpilogue {
   /// hp_weight_b, libs/exec/src/exec_fuse.cpp): it is packed into the kernel's layout once
   /// (PackedWeights) instead of on every call.
   int64_t weight_id = 0;
+  /// Added last (a oneDNN binary post-op): a tensor laid out as C, read in the product's epilogue
+  /// instead of in a pass of its own (a transformer block's residual connection).
+  const float* residual = nullptr;
 };
 
 /// A cached matmul and the scratchpad it needs per execution (user-managed: see cpu_gemm.cpp).
@@ -44,6 +47,7 @@ struct CachedGemm {
   std::shared_ptr<dnnl::reorder> a_cvt, b_cvt, b_pack;
   dnnl::memory::desc a16, b16, b_packed;
   dnnl::memory::desc a_md, b_md, c_md, bias_md;  ///< the caller's float32 operands as described
+  int residual_post_op = -1;  ///< index of the residual's binary post-op, -1 for none
 };
 
 /// Constant weights in a kernel's layout, by the executor's weight id and that layout. The copies
@@ -96,7 +100,8 @@ class PackedWeights {
 class GemmCache {
  public:
   CachedGemm get(const dnnl::engine& eng, const hp_gemm_desc& d, bool bias = false,
-                 GemmAct act = GemmAct::none, bool bf16 = false, bool packed_b = false);
+                 GemmAct act = GemmAct::none, bool bf16 = false, bool packed_b = false,
+                 bool residual = false);
   std::size_t size();
 
  private:

@@ -70,7 +70,14 @@ void masked_softmax(OpCall& c) {
                         const std::array<int64_t, 2>& in) {
                       const T* xr = px + off[0];
                       T* yr = py + o;
-                      if (mask) {
+                      if (mask && in[0] == 1 && in[1] == 1) {  // float64's contiguous rows
+                        const unsigned char* mr = mask + off[1];
+                        const unsigned char fw = fill_where ? 1 : 0;
+                        for (int64_t i = 0; i < n; ++i) {
+                          const T v = s * xr[i];
+                          yr[i] = static_cast<unsigned char>(mr[i] != 0) == fw ? f : v;
+                        }
+                      } else if (mask) {
                         const unsigned char* mr = mask + off[1];
                         for (int64_t i = 0; i < n; ++i)
                           yr[i] = (mr[i * in[1]] != 0) == fill_where ? f : s * xr[i * in[0]];

@@ -146,31 +146,35 @@ void matmul(OpCall& c) {
   matmul_into(c, c.need(0), c.need(1), [&](int dt, const Dims& d) { return c.out(0, dt, d); });
 }
 
-/// hp.nn.MatMulAdd: Y = activation(MatMul(A, B) + Z), activation "" / "Relu" / "Gelu" (exact),
-/// which the executor writes for a linear layer's MatMul -> Add [-> Gelu | Relu] chain
-/// (libs/exec/src/exec_fuse.cpp). When B is a matrix and Z one value per column (a bias), as
-/// exported linear layers are, it is one oneDNN matmul with a bias and an eltwise post-op; any
-/// other shapes (and float64) run the MatMul, the broadcast Add and the activation in turn, so the
-/// node means exactly the chain it replaced.
+/// hp.nn.MatMulAdd: Y = activation(MatMul(A, B) + Z) [+ R], activation "" / "Relu" / "Gelu"
+/// (exact), which the executor writes for a linear layer's MatMul -> Add [-> Gelu | Relu] chain
+/// [-> Add(., R)], the last Add a residual connection (libs/exec/src/exec_fuse.cpp). When B is a
+/// matrix, Z one value per column (a bias), as exported linear layers are, and R absent or shaped
+/// as the product, it is one oneDNN matmul with bias, eltwise and binary post-ops; any other shapes
+/// (and float64) run the MatMul, the broadcast Adds and the activation in turn, so the node means
+/// exactly the chain it replaced.
 void matmul_add(OpCall& c) {
-  const View &a = c.need(0), &b = c.need(1), &z = c.need(2);
+  const View &a = c.need(0), &b = c.need(1), &z = c.need(2), &r = c.in(3);
   const std::string act = c.s("activation", "");
   if (!act.empty() && act != "Relu" && act != "Gelu")
     c.fail("MatMulAdd activation '" + act + "' not supported");
   const int64_t n = b.dims.empty() ? 0 : b.dims.back();
-  const bool bias = z.dims.size() >= 1 && z.dims.size() <= a.dims.size() && z.numel() == n;
+  // One value per column: Z's last dim is n and any before it 1 (a [n, 1] Z holds one per row).
+  bool bias = z.dims.size() >= 1 && z.dims.size() <= a.dims.size() && z.dims.back() == n;
+  for (size_t d = 0; bias && d + 1 < z.dims.size(); ++d) bias = z.dims[d] == 1;
+  Dims prod = a.dims;
+  if (!prod.empty()) prod.back() = n;
   if (a.dtype == HP_F32 && b.dtype == HP_F32 && z.dtype == HP_F32 && a.dims.size() >= 2 &&
-      b.dims.size() == 2 && b.dims[0] == a.dims.back() && bias && n > 0 && b.dims[0] > 0) {
-    Dims out = a.dims;
-    out.back() = n;
-    View y = c.out(0, HP_F32, out);
+      b.dims.size() == 2 && b.dims[0] == a.dims.back() && bias && n > 0 && b.dims[0] > 0 &&
+      (!r.present() || (r.dtype == HP_F32 && r.dims == prod))) {
+    View y = c.out(0, HP_F32, prod);
     const int64_t k = a.dims.back(), m = numel(a.dims) / k;
     if (m == 0) return;
     const GemmEpilogue e{z.as<float>(),
                          act == "Relu"   ? GemmAct::relu
                          : act == "Gelu" ? GemmAct::gelu_erf
                                          : GemmAct::none,
-                         c.i("hp_weight_b", 0)};
+                         c.i("hp_weight_b", 0), r.present() ? r.as<float>() : nullptr};
     if (hp_status* st = gemm_fused(c.ctx(), c.stream(),
                                    gemm_desc(m, n, k, false, false, a.data, b.data, y.data), e)) {
       std::string msg = st->message;
@@ -180,24 +184,37 @@ void matmul_add(OpCall& c) {
     return;
   }
   if (a.dtype != z.dtype) c.fail("MatMulAdd's Z differs from A in dtype");
-  std::vector<unsigned char> tmp;
+  if (r.present() && r.dtype != a.dtype) c.fail("MatMulAdd's R differs from A in dtype");
+  std::vector<unsigned char> tmp, tmp2;
   const View t = matmul_into(c, a, b, [&](int dt, const Dims& d) {
     tmp.resize(static_cast<size_t>(numel(d)) * (dt == HP_F64 ? sizeof(double) : sizeof(float)));
     return View{dt, d, tmp.data()};
   });
-  View y = c.out(0, t.dtype, broadcast_shapes(t.dims, z.dims, c));
+  const Dims biased = broadcast_shapes(t.dims, z.dims, c);
+  // Without R the activation's result is the output; with R an intermediate it is added to.
+  View u{t.dtype, biased, nullptr};
+  if (r.present()) {
+    tmp2.resize(static_cast<size_t>(numel(biased)) * dtype_size(t.dtype));
+    u.data = tmp2.data();
+  } else {
+    u = c.out(0, t.dtype, biased);
+  }
   auto finish = [&](auto tag) {
     using T = decltype(tag);
-    binary_bcast<T, T, T>(t, z, y, [](T p, T q) { return p + q; });
-    T* py = y.as<T>();
-    const int64_t len = y.numel();
+    binary_bcast<T, T, T>(t, z, u, [](T p, T q) { return p + q; });
+    T* pu = u.as<T>();
+    const int64_t len = u.numel();
     if (act == "Relu")
-      for (int64_t i = 0; i < len; ++i) py[i] = std::max(py[i], T(0));
+      for (int64_t i = 0; i < len; ++i) pu[i] = std::max(pu[i], T(0));
     if (act == "Gelu") {
       if constexpr (std::is_same_v<T, float>)
-        gelu_span(py, py, len);
+        gelu_span(pu, pu, len);
       else
-        for (int64_t i = 0; i < len; ++i) py[i] = 0.5 * py[i] * (1 + std::erf(py[i] * M_SQRT1_2));
+        for (int64_t i = 0; i < len; ++i) pu[i] = 0.5 * pu[i] * (1 + std::erf(pu[i] * M_SQRT1_2));
+    }
+    if (r.present()) {
+      View y = c.out(0, t.dtype, broadcast_shapes(u.dims, r.dims, c));
+      binary_bcast<T, T, T>(u, r, y, [](T p, T q) { return p + q; });
     }
   };
   if (t.dtype == HP_F64)

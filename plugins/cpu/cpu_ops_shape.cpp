@@ -126,7 +126,8 @@ void strided_row(const char* src, char* dst, int64_t n, int64_t stride) {
 template <class T>
 void transpose_tiles(const char* src, char* dst, const Dims& dims, const Dims& strides, size_t j,
                      int64_t base) {
-  constexpr int64_t kTile = 64 / sizeof(T) < 8 ? 8 : 64 / sizeof(T) * 2;
+  // Two cache lines of elements a side (16 x 16 for 8-byte elements up to 128 x 128 for bytes).
+  constexpr int64_t kTile = 128 / sizeof(T);
   const size_t r = dims.size();
   Dims dst_st(r, 1);
   for (size_t d = r - 1; d-- > 0;) dst_st[d] = dst_st[d + 1] * dims[d + 1];
@@ -180,7 +181,7 @@ void strided_copy(const View& x, View& y, const Dims& st, int64_t base = 0) {
   }
   const size_t r = dims.size();
   const int64_t len = dims[r - 1], inner = strides[r - 1], rows = n / len;
-  if (inner != 1 && len >= 8) {
+  if (inner != 1 && inner != 0 && len >= 8) {  // (stride 0: Expand's broadcast rows, a fill)
     for (size_t j = 0; j + 1 < r; ++j) {
       if (strides[j] != 1 || dims[j] < 8) continue;
       switch (es) {

@@ -27,7 +27,9 @@
 // is a bias (one value per column) and as the three steps otherwise, so no shape needs to be known
 // here. The MatMul's and Add's outputs must be read only by the chain and not be graph outputs. In
 // a training graph the Add's output (a GELU's input) is also read by the backward, so only MatMul +
-// Add fuse there.
+// Add fuse there. A MatMulAdd read only by a further Add (a residual connection, x + proj(h)) takes
+// the Add's other operand as a fourth input R, added in the same oneDNN matmul (a binary post-op)
+// instead of in a pass over the activation of its own.
 #include <atomic>
 #include <cmath>
 #include <optional>
@@ -190,6 +192,38 @@ int fuse_matmul_add(FuseGraph& g) {
   return fused;
 }
 
+/// hp.nn.MatMulAdd -> Add(., R): the Add becomes hp.nn.MatMulAdd (A, B, Z, R), the residual
+/// connection read in the matmul's epilogue. The Add node is the one kept: R may be computed
+/// after the MatMulAdd in the node order, every input of the MatMulAdd before it.
+int fuse_residual_add(FuseGraph& g) {
+  int fused = 0;
+  for (PreparedNode& add : g.im.nodes) {
+    if (add.dead || add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 ||
+        add.outputs.size() != 1 || add.outputs[0] < 0 || add.inputs[0] == add.inputs[1])
+      continue;
+    for (std::size_t side : {0u, 1u}) {
+      PreparedNode* mm = g.sole_producer(add.inputs[side]);
+      const int r = add.inputs[1 - side];
+      if (!mm || mm->op_type != "MatMulAdd" || mm->domain != "hp.nn" || mm->inputs.size() != 3 ||
+          r < 0)
+        continue;
+      std::string act;
+      for (const hp_op_attr& a : mm->attrs)
+        if (a.kind == HP_ATTR_STRING && std::string(a.name) == "activation") act = a.s;
+      add.inputs = {mm->inputs[0], mm->inputs[1], mm->inputs[2], r};
+      add.op_type = "MatMulAdd";
+      add.domain = "hp.nn";
+      add.opset = 1;
+      add.attrs.clear();
+      set_string_attr(add, "activation", act);
+      mm->dead = true;
+      ++fused;
+      break;
+    }
+  }
+  return fused;
+}
+
 }  // namespace
 
 void set_string_attr(PreparedNode& n, const char* name, const std::string& value) {
@@ -268,6 +302,7 @@ int fuse_nodes(Executor::Impl& im) {
       {"LayerNormalization", "", 17, fuse_layer_norm},
       {"MaskedSoftmax", "hp.nn", 1, fuse_masked_softmax},
       {"MatMulAdd", "hp.nn", 1, fuse_matmul_add},
+      {"MatMulAdd", "hp.nn", 1, fuse_residual_add},
   };
   int fused = 0;
   for (const Pass& p : passes) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include <fmt/core.h>
@@ -44,16 +45,28 @@ std::vector<Expected<T>> run_at_once(int n, Probe probe) {
   std::barrier<> gate(n);
   std::vector<std::optional<Expected<T>>> got(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
-      try {
-        got[static_cast<std::size_t>(i)].emplace(probe([&] { gate.arrive_and_wait(); }));
-      } catch (const std::exception& e) {
-        got[static_cast<std::size_t>(i)].emplace(
-            Error(Errc::runtime, fmt::format("probe of rank {}: {}", i, e.what())));
-      }
-      gate.arrive_and_drop();
-    });
+  threads.reserve(static_cast<std::size_t>(n));
+  int started = 0;
+  try {
+    for (; started < n; ++started) {
+      const int i = started;
+      threads.emplace_back([&, i] {
+        try {
+          got[static_cast<std::size_t>(i)].emplace(probe([&] { gate.arrive_and_wait(); }));
+        } catch (const std::exception& e) {
+          got[static_cast<std::size_t>(i)].emplace(
+              Error(Errc::runtime, fmt::format("probe of rank {}: {}", i, e.what())));
+        }
+        gate.arrive_and_drop();
+      });
+    }
+  } catch (const std::system_error& e) {  // no thread for rank `started` and after
+    for (int i = started; i < n; ++i) {
+      gate.arrive_and_drop();  // the started probes stop waiting for it
+      got[static_cast<std::size_t>(i)].emplace(Error(
+          Errc::runtime, fmt::format("could not start the probe of rank {}: {}", i, e.what())));
+    }
+  }
   for (auto& t : threads) t.join();
   std::vector<Expected<T>> out;
   for (auto& g : got) out.push_back(std::move(*g));
