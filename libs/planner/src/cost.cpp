@@ -239,6 +239,16 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
                           ? mc.sustained_flops
                           : mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
   r.fwd = mb * b.fwd_flops / t / rate + b.kernels * mc.cal.kernel_overhead;
+  // Activations a rank holds: TP splits all but the replicated share (LayerNorms, dropout and
+  // residual adds without sequence parallelism).
+  const double replicated = c.sequence_parallel || c.tp == 1 ? 0.0 : 10.0 / 34.0;
+  r.act_infer = mb * b.act_bytes * (replicated + (1.0 - replicated) / t);
+  // A measured rate is the GEMMs' own (hp devices --measure), with nothing of the memory-bound
+  // work between them in it, as a table peak times its calibrated efficiency has: there every
+  // activation byte is written once and read once more, which a memcpy bandwidth (a byte read
+  // and written) prices at bytes / bandwidth. The backward's twice the forward covers its reads
+  // of the activations and its gradients' writes (docs/planner.md, "Calibration").
+  if (mc.sustained_flops > 0 && mc.memory_bandwidth > 0) r.fwd += r.act_infer / mc.memory_bandwidth;
   r.bwd = w.train ? 2.0 * r.fwd : 0.0;
   r.rc_selective = mb * b.quadratic_flops / t / rate;
   r.rc_full = r.fwd;
@@ -253,14 +263,12 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   }
   const double quad = mb * b.quadratic_act_bytes / t;
   const double lin_total = mb * (b.act_bytes - b.quadratic_act_bytes);
-  const double replicated = c.sequence_parallel || c.tp == 1 ? 0.0 : 10.0 / 34.0;
   const double lin = lin_total * (replicated + (1.0 - replicated) / t);
   if (w.train) {
     r.act[0] = lin + quad;
     r.act[1] = lin;
     r.act[2] = mb * b.boundary_bytes / (c.sequence_parallel ? t : 1.0);
   }
-  r.act_infer = mb * b.act_bytes * (replicated + (1.0 - replicated) / t);
   // Routed experts are split over ep (and TP inside each expert, ETP = TP); their optimizer states
   // shard over the dp/ep ranks that hold the same experts. The rest is Megatron-TP split.
   const std::int64_t ep = b.experts > 0 ? std::max<std::int64_t>(1, c.ep) : 1;

@@ -192,6 +192,15 @@ TEST_CASE("planner: a measured sustained GEMM rate replaces peak x efficiency", 
   // The CPU calibration is a flat 0.5 of peak; the measured rate is used as it is, at any width.
   CHECK(table.fwd - measured.fwd == Approx(flops / 0.5e12 - flops / 1.5e12));
   CHECK(measured.bwd == Approx(2 * measured.fwd));
+  // With a memory bandwidth the measured rate's forward also moves its activations once more (a
+  // table rate's efficiency already has that work in it); the backward stays twice the forward.
+  mc.memory_bandwidth = 1e11;
+  const BlockCost moved = block_cost(gpt_layer(s, h, a), m, c, w, mc, links);
+  REQUIRE(moved.act_infer > 0);
+  CHECK(moved.fwd - measured.fwd == Approx(moved.act_infer / 1e11));
+  CHECK(moved.bwd == Approx(2 * moved.fwd));
+  mc.sustained_flops = 0;
+  CHECK(block_cost(gpt_layer(s, h, a), m, c, w, mc, links).fwd == Approx(table.fwd));
 }
 
 TEST_CASE("planner: the 175B skeleton's parameters and FLOPs match 12 l h^2", "[planner]") {
