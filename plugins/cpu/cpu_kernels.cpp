@@ -36,20 +36,11 @@ HP_CPU_CLONES void erf_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = erf_f(x[i]);
 }
 
-HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[i]);
-  if (mx == -std::numeric_limits<float>::infinity())
-    mx = 0;  // an all -inf row: NaNs, as libm gives
+/// y = exp(x - mx) / sum over the row (x may be y): the second half of a softmax row, inlined into
+/// each clone of its callers.
+__attribute__((always_inline)) inline void exp_normalize(const float* x, float* y, int64_t len,
+                                                         float mx) {
   float sum = 0;
-  if (log) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < len; ++i) sum += exp_f(x[i] - mx);
-    const float ls = std::log(sum);
-    for (int64_t i = 0; i < len; ++i) y[i] = x[i] - mx - ls;
-    return;
-  }
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < len; ++i) {
     const float e = exp_f(x[i] - mx);
@@ -57,7 +48,25 @@ HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) 
     sum += e;
   }
   const float inv = 1.f / sum;
+#pragma omp simd
   for (int64_t i = 0; i < len; ++i) y[i] *= inv;
+}
+
+HP_CPU_CLONES void softmax_row(const float* x, float* y, int64_t len, bool log) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[i]);
+  if (mx == -std::numeric_limits<float>::infinity())
+    mx = 0;  // an all -inf row: NaNs, as libm gives
+  if (log) {
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < len; ++i) sum += exp_f(x[i] - mx);
+    const float ls = std::log(sum);
+    for (int64_t i = 0; i < len; ++i) y[i] = x[i] - mx - ls;
+    return;
+  }
+  exp_normalize(x, y, len, mx);
 }
 
 HP_CPU_CLONES void masked_softmax_row(const float* __restrict x,
@@ -81,16 +90,7 @@ HP_CPU_CLONES void masked_softmax_row(const float* __restrict x,
     }
   }
   if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // an all -inf row: NaNs, as Softmax
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < len; ++i) {
-    const float e = exp_f(y[i] - mx);
-    y[i] = e;
-    sum += e;
-  }
-  const float inv = 1.f / sum;
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) y[i] *= inv;
+  exp_normalize(y, y, len, mx);
 }
 
 HP_CPU_CLONES void layer_norm_row(const float* x, float* y, int64_t len, const float* scale,

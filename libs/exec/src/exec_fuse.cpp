@@ -157,12 +157,17 @@ std::string activation_reading(FuseGraph& g, int t, PreparedNode** node) {
   return "Gelu";
 }
 
+/// A live ONNX Add of two different tensors with one output: what the linear-layer and residual
+/// rewrites take over.
+bool two_operand_add(const PreparedNode& n) {
+  return !n.dead && n.op_type == "Add" && n.domain.empty() && n.inputs.size() == 2 &&
+         n.outputs.size() == 1 && n.outputs[0] >= 0 && n.inputs[0] != n.inputs[1];
+}
+
 int fuse_matmul_add(FuseGraph& g) {
   int fused = 0;
   for (PreparedNode& add : g.im.nodes) {
-    if (add.dead || add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 ||
-        add.outputs.size() != 1 || add.outputs[0] < 0 || add.inputs[0] == add.inputs[1])
-      continue;
+    if (!two_operand_add(add)) continue;
     PreparedNode* mm = nullptr;
     int z = -1;
     for (std::size_t side : {0u, 1u}) {
@@ -198,9 +203,7 @@ int fuse_matmul_add(FuseGraph& g) {
 int fuse_residual_add(FuseGraph& g) {
   int fused = 0;
   for (PreparedNode& add : g.im.nodes) {
-    if (add.dead || add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 ||
-        add.outputs.size() != 1 || add.outputs[0] < 0 || add.inputs[0] == add.inputs[1])
-      continue;
+    if (!two_operand_add(add)) continue;
     for (std::size_t side : {0u, 1u}) {
       PreparedNode* mm = g.sole_producer(add.inputs[side]);
       const int r = add.inputs[1 - side];

@@ -73,9 +73,18 @@ std::vector<Expected<T>> run_at_once(int n, Probe probe) {
   return out;
 }
 
-/// The first error of `results`, or the result whose key is smallest (the slowest rank).
-template <class T, class Key>
-Expected<T> slowest(std::vector<Expected<T>> results, Key key) {
+/// measure(options) for one rank, or in `n` threads at once, each with its own copy of the options
+/// whose `together` is their barrier: the first error, or the report whose key is smallest (the
+/// slowest rank's).
+template <class Report, class Options, class Measure, class Key>
+Expected<Report> probe_ranks(int n, const Options& options, Measure measure, Key key) {
+  if (n == 1) return measure(options);
+  std::vector<Expected<Report>> results =
+      run_at_once<Report>(n, [&](std::function<void()> together) {
+        Options o = options;
+        o.together = std::move(together);
+        return measure(o);
+      });
   std::size_t best = 0;
   for (std::size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) return results[i].error();
@@ -187,27 +196,12 @@ Expected<LocalCluster> measure_local_cluster(const LocalClusterOptions& opt) {
   mo.plugin_paths = opt.plugin_paths;
   // A CPU's ranks are probed all at once (local_cluster.h); at most 64 threads of probes.
   out.at_once = cpu && !opt.alone ? std::min(opt.ranks, 64) : 1;
-  if (out.at_once == 1) {
-    HP_ASSIGN_OR_RETURN(out.compute, measure_gemm(co));
-    HP_ASSIGN_OR_RETURN(out.bandwidth, measure_bandwidth(mo));
-  } else {
-    HP_ASSIGN_OR_RETURN(out.compute,
-                        slowest(run_at_once<ComputeReport>(out.at_once,
-                                                           [&](std::function<void()> together) {
-                                                             ComputeOptions o = co;
-                                                             o.together = std::move(together);
-                                                             return measure_gemm(o);
-                                                           }),
-                                [](const ComputeReport& r) { return r.fp32; }));
-    HP_ASSIGN_OR_RETURN(out.bandwidth,
-                        slowest(run_at_once<BandwidthReport>(out.at_once,
-                                                             [&](std::function<void()> together) {
-                                                               MeasureOptions o = mo;
-                                                               o.together = std::move(together);
-                                                               return measure_bandwidth(o);
-                                                             }),
-                                [](const BandwidthReport& r) { return r.memcpy; }));
-  }
+  HP_ASSIGN_OR_RETURN(out.compute,
+                      probe_ranks<ComputeReport>(out.at_once, co, measure_gemm,
+                                                 [](const ComputeReport& r) { return r.fp32; }));
+  HP_ASSIGN_OR_RETURN(out.bandwidth, probe_ranks<BandwidthReport>(
+                                         out.at_once, mo, measure_bandwidth,
+                                         [](const BandwidthReport& r) { return r.memcpy; }));
 
   recipe::Cluster& c = out.cluster;
   c.name = "local-measured";
