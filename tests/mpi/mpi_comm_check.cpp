@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hp/comm/comm.h"
@@ -145,6 +146,38 @@ int main() {
     const std::vector<int> sub = me % 2 ? std::vector<int>{3, 1} : std::vector<int>{2, 0};
     check_group(ops, sub, me);
     check_group(ops, sub, me);  // again: the cached communicator
+  }
+
+  // Two threads at once, as a training rank runs them: a patient reduction thread's all-reduces
+  // over the column {c, c + 2} (its communicator connected here first) while this thread runs the
+  // row {2 q, 2 q + 1}'s gathers and all-reduces. MPI_THREAD_SERIALIZED allows one call at a time;
+  // the transport's lock must make them take turns without deadlocking across ranks.
+  if (n == 4) {
+    const std::vector<int> row{me / 2 * 2, me / 2 * 2 + 1}, column{me % 2, me % 2 + 2};
+    require(t.connect(column), "connect");
+    constexpr int kRounds = 300;
+    std::string side;
+    std::thread reducer([&] {
+      set_patient_waits(true);
+      std::vector<float> x(50000), y(50000);
+      for (int k = 0; k < kRounds && side.empty(); ++k) {
+        std::fill(x.begin(), x.end(), static_cast<float>(me + k));
+        if (auto s = t.allreduce(column, x.data(), y.data(), 50000, HP_F32, ReduceOp::sum); !s.ok())
+          side = s.error().str();
+        else if (y[49999] != static_cast<float>(2 * (me % 2) + 2 + 2 * k))
+          side = fmt::format("column sum {} in round {}", y[49999], k);
+      }
+    });
+    for (int k = 0; k < kRounds; ++k) {
+      double x[2] = {static_cast<double>(me), static_cast<double>(k)}, y[4] = {};
+      require(t.allgather(row, x, y, sizeof x), "row allgather");
+      expect(y[0] == row[0] && y[2] == row[1] && y[3] == k, "row allgather beside a reducer");
+      double v = me, sum = 0;
+      require(t.allreduce(row, &v, &sum, 1, HP_F64, ReduceOp::sum), "row allreduce");
+      expect(sum == row[0] + row[1], "row allreduce beside a reducer");
+    }
+    reducer.join();
+    expect(side.empty(), "the reduction thread: " + side);
   }
 
   // CollectivePermute around a ring (rank r -> r+1), leaving rank 0 without a source when open.

@@ -18,13 +18,17 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 x tp=2 (--simulate), and with optimizer_shard 2 (mpirun)
     dp=2 x ep=2 (mpirun, --simulate), dp=4 x ep=2 and x ep=4 (--simulate): the MoE's experts shared
                                         out (expert_parallel.h); also the scatter-routed MoE
+    dp=2 x ep=2 optimizer_shard 1 (mpirun), dp=4 x ep=2 optimizer_shard 2 (--simulate) and 3
+                                        (mpirun): ZeRO over the shared weights' and the experts'
+                                        groups, buckets reduced while the backward runs
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
 more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
 the same from tp=2 (to one rank and tp=2), from dp2 x tp2 ZeRO-1 over 4 ranks (a sharded
 checkpoint: to tp=4, one rank and dp2 ZeRO-2; then a flipped byte and a missing rank's files are
-refused naming the tensor) and from dp2 x ep2 (to one rank, dp4 x ep4 and dp=2);
+refused naming the tensor) and from dp2 x ep2 ZeRO-1 (to one rank, dp4 x ep4, dp4 x ep2 ZeRO-2
+and dp=2);
 `hp verify` of a dp2 x ep2 MoE recipe; expert parallelism refused (exit 3) on a model without
 expert layers and where ep does not divide the experts; and a rank killed (SIGKILL) in the middle of a long mpirun training on a token stream must end the
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
@@ -74,6 +78,9 @@ EP_LAYOUTS = [
     ("dp2-ep2", {"dp": 2, "expert_parallel": 2}, "simulate"),
     ("dp4-ep2", {"dp": 4, "expert_parallel": 2}, "simulate"),
     ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
+    ("dp2-ep2-zero1", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1}, "mpirun"),
+    ("dp4-ep2-zero2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2}, "simulate"),
+    ("dp4-ep2-zero3", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3}, "mpirun"),
 ]
 EXPERT_MODELS = {"moe", "moe-scatter"}
 VARIANT = "adamw-clip"
@@ -97,9 +104,10 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
-    # Expert parallelism reduces after the backward, in no bucket.
+    # Buckets reduced during the backward: not where ep = dp, whose backward runs the experts'
+    # collectives over the data-parallel group itself (and each expert has one holder).
     check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1),
-                "dp" in parallel and "expert_parallel" not in parallel)
+                "dp" in parallel and parallel.get("expert_parallel", 1) != parallel["dp"])
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 
@@ -270,13 +278,15 @@ def damaged_refused(hp, work, log):
 
 
 def ep_resharded(hp, work, log):
-    """3 steps of the MoE at dp2 x ep2 (mpirun), resumed for 2 at one rank, at dp4 x ep4 and at plain
-    dp=2: the 5 steps torch ran. The sharded checkpoint holds every expert, written by its holder."""
+    """3 steps of the MoE at dp2 x ep2 with ZeRO-1 (mpirun), resumed for 2 at one rank, at dp4 x ep4,
+    at dp4 x ep2 ZeRO-2 and at plain dp=2: the 5 steps torch ran. The sharded checkpoint holds every
+    expert and its whole optimizer state, written by its holder."""
     details = checkpoint_then_resume(
-        hp, fresh(work, "reshard-ep"), "moe", {"dp": 2, "expert_parallel": 2},
+        hp, fresh(work, "reshard-ep"), "moe", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1},
         [("one-rank", {}, "one"), ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
+         ("dp4-ep2-zero2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2}, "simulate"),
          ("dp2", {"dp": 2}, "simulate")], log)
-    return "dp2 x ep2 x3 -> " + "; ".join(details)
+    return "dp2 x ep2 zero1 x3 -> " + "; ".join(details)
 
 
 def ep_refused(hp, work, log):

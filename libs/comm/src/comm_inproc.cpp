@@ -186,9 +186,11 @@ class InProcessTransport : public Transport {
     const std::int64_t pos = position(group);
     if (pos < 0)
       return Error(Errc::internal, fmt::format("{}: rank {} is not in its group", what, rank_));
+    // Two threads of a rank may call at once on different groups (a training rank's reduction
+    // thread): the call counts are kept under the world's lock too.
+    std::unique_lock lock(w_.mu);
     const long seq = calls_[group]++;
     const auto key = std::make_pair(group, seq);
-    std::unique_lock lock(w_.mu);
     auto& c = w_.colls[key];
     if (c.in.empty()) c.in.resize(group.size());
     const auto* b = static_cast<const unsigned char*>(in);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "hp/comm/comm.h"
@@ -64,21 +65,32 @@ Expected<int> count_of(std::int64_t n) {
 // Collectives called from a thread that set this wait without spinning (set_patient_waits).
 thread_local bool t_patient = false;
 
-// Completes `req`: MPI_Wait, or, for a patient thread, MPI_Test polls that yield the core in
-// between, so that a rank's background reduction thread leaves the core to the compute thread
-// while its peers are still computing (MPI's blocking calls poll at full speed). Sleeping instead
-// of yielding starves the transfer itself: a large message moves in fragments, each progressed by
-// a poll (measured: 0.11 s instead of 0.05 s left after the backward for 108 MB).
-Status finish(MPI_Request& req, const char* what) {
+// Completes `req`, started under `lock` (the transport's): MPI_Wait holding it, or, for a patient
+// thread, MPI_Test polls that let go of the lock and yield the core in between, so that a rank's
+// background reduction thread leaves the core to the compute thread while its peers are still
+// computing (MPI's blocking calls poll at full speed), and leaves the transport to it: the compute
+// thread's own blocking calls progress the patient thread's request too. Sleeping instead of
+// yielding starves the transfer itself: a large message moves in fragments, each progressed by a
+// poll (measured: 0.11 s instead of 0.05 s left after the backward for 108 MB).
+Status finish(MPI_Request& req, const char* what, std::unique_lock<std::mutex>& lock) {
   if (!t_patient) return check(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
   for (int spins = 0;; ++spins) {
     int done = 0;
     HP_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what));
     if (done) return {};
+    lock.unlock();
     if (spins > 64) std::this_thread::yield();
+    lock.lock();
   }
 }
 
+// Two threads of a rank may use the transport at once (a training rank's gradient-reduction thread
+// beside the compute thread's tensor- or expert-parallel collectives), while MPI_THREAD_SERIALIZED
+// allows one MPI call at a time: every call is made holding mu_. Only the compute thread blocks
+// inside MPI holding it; a patient thread holds it for one call at a time (finish), so no rank's
+// lock ever waits on another rank's thread that waits on a lock (which, with two threads per rank,
+// could close a cycle across ranks). A patient thread therefore must not create a communicator
+// (MPI_Comm_create_group blocks): its groups are connect()ed by the compute thread beforehand.
 class MpiTransport : public Transport {
  public:
   bool serialized = false;  ///< MPI granted MPI_THREAD_SERIALIZED
@@ -93,6 +105,7 @@ class MpiTransport : public Transport {
 
   Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count,
                    int dtype, ReduceOp op) override {
+    std::unique_lock<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
@@ -102,13 +115,14 @@ class MpiTransport : public Transport {
       MPI_Request req = MPI_REQUEST_NULL;
       HP_TRY(check(MPI_Iallreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c, &req),
                    "MPI_Iallreduce"));
-      return finish(req, "MPI_Iallreduce");
+      return finish(req, "MPI_Iallreduce", lock);
     }
     return check(MPI_Allreduce(in == buf ? MPI_IN_PLACE : in, buf, *n, *t, mpi_op(op), c),
                  "MPI_Allreduce");
   }
   Status allgather(const std::vector<int>& group, const void* in, void* out,
                    std::int64_t bytes) override {
+    std::unique_lock<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
@@ -116,6 +130,7 @@ class MpiTransport : public Transport {
   }
   Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,
                         std::int64_t count, int dtype, ReduceOp op) override {
+    std::unique_lock<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
@@ -125,19 +140,21 @@ class MpiTransport : public Transport {
       MPI_Request req = MPI_REQUEST_NULL;
       HP_TRY(check(MPI_Ireduce_scatter_block(in, out, *n, *t, mpi_op(op), c, &req),
                    "MPI_Ireduce_scatter_block"));
-      return finish(req, "MPI_Ireduce_scatter_block");
+      return finish(req, "MPI_Ireduce_scatter_block", lock);
     }
     return check(MPI_Reduce_scatter_block(in, out, *n, *t, mpi_op(op), c),
                  "MPI_Reduce_scatter_block");
   }
   Status alltoall(const std::vector<int>& group, const void* in, void* out,
                   std::int64_t bytes) override {
+    std::unique_lock<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
     return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Alltoall");
   }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     HP_TRY(reap(false));
     auto& p = pending_.emplace_back();
@@ -147,6 +164,7 @@ class MpiTransport : public Transport {
                  "MPI_Isend");
   }
   Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     MPI_Status st;
     HP_TRY(check(MPI_Recv(buf, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st), "MPI_Recv"));
@@ -160,19 +178,31 @@ class MpiTransport : public Transport {
   }
   Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes,
                   int tag) override {
+    std::lock_guard<std::mutex> lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag,
                               rbuf, src < 0 ? 0 : n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag,
                               MPI_COMM_WORLD, MPI_STATUS_IGNORE),
                  "MPI_Sendrecv");
   }
-  Status flush() override { return reap(true); }
+  Status flush() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reap(true);
+  }
   Expected<bool> progress() override {
+    std::lock_guard<std::mutex> lock(mu_);
     HP_TRY(reap(false));
     return !pending_.empty();
   }
+  Status connect(const std::vector<int>& group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
+    (void)c;
+    return {};
+  }
 
   void free_comms() {
+    std::lock_guard<std::mutex> lock(mu_);
     (void)reap(true);
     for (auto& [g, c] : comms_)
       if (c != MPI_COMM_WORLD && c != MPI_COMM_NULL) MPI_Comm_free(&c);
@@ -226,6 +256,7 @@ class MpiTransport : public Transport {
     return c;
   }
 
+  std::mutex mu_;
   int rank_ = 0, size_ = 1;
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::list<Pending> pending_;

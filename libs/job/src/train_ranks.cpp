@@ -37,6 +37,7 @@ train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transpor
     if (k % size == me % size) ep.replicas.push_back(k);
   }
   for (int k = first; k < first + size; ++k) ep.group.push_back(k);
+  ep.zero = r.parallel.optimizer_shard;
   return ep;
 }
 

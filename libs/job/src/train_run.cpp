@@ -115,16 +115,16 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
                  "[[groups]]",
                  where, "remove [[groups]], or remove [train] to run the model forward");
   if (const auto& p = r.parallel; p.expert_parallel > 1) {
-    const char* other = p.tp > 1                ? "tp > 1"
-                        : p.pp > 1              ? "pp > 1"
-                        : p.optimizer_shard > 0 ? "optimizer_shard > 0"
-                                                : nullptr;
+    const char* other = p.tp > 1            ? "tp > 1"
+                        : p.pp > 1          ? "pp > 1"
+                        : p.shard_group > 0 ? "shard_group (HSDP)"
+                                            : nullptr;
     if (other)
       return Error(Errc::not_implemented,
-                   fmt::format("expert parallelism trains beside data parallelism only for now: "
-                               "the recipe has expert_parallel = {} and {}",
+                   fmt::format("expert parallelism trains beside data parallelism and ZeRO only "
+                               "for now: the recipe has expert_parallel = {} and {}",
                                p.expert_parallel, other),
-                   where, "set tp = pp = 1 and optimizer_shard = 0, or expert_parallel = 1");
+                   where, "set tp = pp = 1 and no shard_group, or expert_parallel = 1");
     if (p.dp % p.expert_parallel != 0)
       return Error(Errc::bad_input,
                    fmt::format("expert_parallel = {} must divide dp = {}: the expert groups are "

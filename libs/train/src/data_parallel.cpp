@@ -145,7 +145,11 @@ Expected<std::unique_ptr<DataParallelSync>> DataParallelSync::create(
     }
   }
   s->ready_.assign(params.size(), 0);
-  if (dp.active() && dp.transport->any_thread()) {
+  if (dp.active() && dp.overlap && dp.transport->any_thread()) {
+    // The communication thread's groups are set up here, on the thread that owns the transport
+    // (Transport::connect).
+    for (const auto* g : {&s->dp_.group, &s->shard_group_, &s->replica_group_})
+      if (g->size() > 1) HP_TRY(dp.transport->connect(*g));
     s->w_ = std::make_unique<Worker>();
     s->w_->thread = std::thread([p = s.get()] { p->worker(); });
   }
@@ -184,6 +188,10 @@ Status DataParallelSync::begin_step(std::int64_t count) {
   double n = static_cast<double>(count);
   if (dp_.active())
     HP_TRY(dp_.transport->allreduce(dp_.group, &n, &n, 1, HP_F64, comm::ReduceOp::sum));
+  return begin_step(count, n);
+}
+
+Status DataParallelSync::begin_step(std::int64_t count, double n) {
   if (n <= 0)
     return Error(Errc::runtime, "the global batch has no label position to train on (all -100)");
   count_ = count;
@@ -206,7 +214,9 @@ void DataParallelSync::gradient_ready(std::size_t k, const HostTensor& grad) {
     return;  // finish_step takes it from the returned outputs (and checks it there)
   const float* g = f32(grad);
   float* out = flat_.data() + offsets_[k];
-  if (count_ > 0)
+  if (dp_.weighted)
+    std::memcpy(out, g, static_cast<std::size_t>(numel_[k]) * sizeof(float));
+  else if (count_ > 0)
     for (std::int64_t i = 0; i < numel_[k]; ++i) out[i] = g[i] * scale_;
   else
     std::fill(out, out + numel_[k], 0.0f);
@@ -274,21 +284,36 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                                             std::vector<HostTensor>& params,
                                             std::vector<HostTensor>& grads, OptimizerState& state,
                                             const Mirror& mirror) {
+  HP_ASSIGN_OR_RETURN(const double sq, squared_norm(grads, c.threads));
+  return update_with_norm(c, params, grads, state, std::sqrt(sq), mirror);
+}
+
+Expected<double> DataParallelSync::squared_norm(const std::vector<HostTensor>& grads, int threads) {
   if (grads.size() != pieces_.size())
-    return Error(Errc::internal, "DataParallelSync::update before finish_step");
-  // This rank's part of the squared norm: its pieces (every parameter at shard 1), those counted.
+    return Error(Errc::internal, "DataParallelSync::squared_norm before finish_step");
+  // This rank's part: its pieces (every parameter at shard 1), those counted.
   std::vector<char> counted;
   if (!dp_.counted.empty())
     for (const FlatPiece& p : pieces_) counted.push_back(dp_.counted.at(p.param));
-  double sq = sum_of_squares(grads, counted, c.threads);
+  double sq = sum_of_squares(grads, counted, threads);
   if (shard_ > 1)
     HP_TRY(dp_.transport->allreduce(shard_group_, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   if (!dp_.norm_group.empty())
     HP_TRY(dp_.transport->allreduce(dp_.norm_group, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
+  return sq;
+}
+
+Expected<StepInfo> DataParallelSync::update_with_norm(const OptimizerConfig& c,
+                                                      std::vector<HostTensor>& params,
+                                                      std::vector<HostTensor>& grads,
+                                                      OptimizerState& state, double norm,
+                                                      const Mirror& mirror) {
+  if (grads.size() != pieces_.size())
+    return Error(Errc::internal, "DataParallelSync::update before finish_step");
   if (shard_ == 1) {
     // Every rank updates every parameter (its pieces are the whole tensors, in order): in place,
     // without copies of the model.
-    return optimizer_step(c, params, grads, state, std::sqrt(sq), mirror);
+    return optimizer_step(c, params, grads, state, norm, mirror);
   }
   // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
   std::vector<HostTensor> mine;
@@ -301,7 +326,7 @@ Expected<StepInfo> DataParallelSync::update(const OptimizerConfig& c,
                 static_cast<std::size_t>(p.count) * sizeof(float));
     mine.push_back(std::move(t));
   }
-  HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, std::sqrt(sq)));
+  HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, norm));
   for (std::size_t k = 0; k < pieces_.size(); ++k)
     std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(mine[k]),
                 static_cast<std::size_t>(pieces_[k].count) * sizeof(float));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "hp/plugin/hp_plugin.h"
 #include "hp/train/expert_parallel.h"
@@ -37,44 +38,89 @@ Expected<std::unique_ptr<ExpertParallelSync>> ExpertParallelSync::create(
   std::unique_ptr<ExpertParallelSync> s(new ExpertParallelSync());
   s->ep_ = ep;
   const auto& mine = experts_of[static_cast<std::size_t>(me)];
+  std::vector<exec::HostTensor> shapes[2];  // the shared weights', the experts'
   for (const auto& p : params) {
     if (p.dtype != HP_F32)
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p.name);
+    const bool expert = std::find(mine.begin(), mine.end(), p.name) != mine.end();
     s->names_.push_back(p.name);
-    s->expert_.push_back(std::find(mine.begin(), mine.end(), p.name) != mine.end());
-    s->shared_.push_back(!s->expert_.back());
+    s->expert_.push_back(expert);
+    s->at_.push_back(shapes[expert].size());
+    exec::HostTensor t;  // DataParallelSync lays out names, dims and sizes only
+    t.name = p.name;
+    t.dtype = p.dtype;
+    t.dims = p.dims;
+    shapes[expert].push_back(std::move(t));
   }
   s->experts_of_ = std::move(experts_of);
+  DataParallel shared;
+  shared.transport = ep.transport;
+  shared.group = ep.data;
+  shared.zero = ep.zero;
+  shared.bucket_bytes = ep.bucket_bytes;
+  shared.weighted = true;
+  // With ep = dp the backward's own dispatch and combine run over the same ranks.
+  shared.overlap = ep.data != ep.group;
+  DataParallel experts = shared;
+  experts.group = ep.replicas;
+  experts.overlap = true;  // the replicas meet the expert-parallel group in this rank only
+  HP_ASSIGN_OR_RETURN(s->shared_, DataParallelSync::create(shared, shapes[0]));
+  HP_ASSIGN_OR_RETURN(s->experts_, DataParallelSync::create(experts, shapes[1]));
   return s;
 }
 
-Expected<double> ExpertParallelSync::begin_step(std::int64_t count) {
-  double counts[1] = {static_cast<double>(count)}, total[1] = {0};
-  HP_TRY(ep_.transport->allreduce(ep_.data, counts, total, 1, HP_F64, comm::ReduceOp::sum));
-  // No label anywhere: every rank's loss is 0 over 0 positions; an even share keeps it finite.
-  share_ = total[0] > 0 ? counts[0] / total[0] : 1.0 / static_cast<double>(ep_.data.size());
-  return share_;
+ExpertParallelSync::~ExpertParallelSync() = default;
+
+template <class T>
+std::pair<std::vector<T>, std::vector<T>> ExpertParallelSync::split(std::vector<T> all) const {
+  std::pair<std::vector<T>, std::vector<T>> out;
+  for (std::size_t k = 0; k < all.size() && k < expert_.size(); ++k)
+    (expert_[k] ? out.second : out.first).push_back(std::move(all[k]));
+  return out;
 }
 
-Status ExpertParallelSync::sum(const std::vector<int>& group, std::vector<exec::HostTensor>& grads,
-                               bool experts) {
-  if (group.size() < 2) return {};
-  std::vector<float> flat;
-  for (std::size_t k = 0; k < grads.size(); ++k)
-    if ((expert_[k] != 0) == experts)
-      flat.insert(flat.end(), grads[k].as<float>(), grads[k].as<float>() + grads[k].numel());
-  if (flat.empty()) return {};
-  HP_TRY(ep_.transport->allreduce(group, flat.data(), flat.data(),
-                                  static_cast<std::int64_t>(flat.size()), HP_F32,
-                                  comm::ReduceOp::sum));
-  std::size_t at = 0;
-  for (std::size_t k = 0; k < grads.size(); ++k)
-    if ((expert_[k] != 0) == experts) {
-      const auto n = static_cast<std::size_t>(grads[k].numel());
-      std::memcpy(grads[k].as<float>(), flat.data() + at, n * sizeof(float));
-      at += n;
-    }
-  return {};
+namespace {
+
+// The inverse of split: the two lists back in parameter order.
+template <class T>
+std::vector<T> merge(const std::vector<char>& expert, std::vector<T> shared,
+                     std::vector<T> experts) {
+  std::vector<T> out;
+  std::size_t a = 0, b = 0;
+  for (char e : expert) out.push_back(std::move(e ? experts.at(b++) : shared.at(a++)));
+  return out;
+}
+
+// The first `n` entries of each list of `s`, and the rest.
+std::pair<OptimizerState, OptimizerState> cut_state(OptimizerState s, std::size_t n) {
+  std::pair<OptimizerState, OptimizerState> out;
+  out.first.step = out.second.step = s.step;
+  for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq}) {
+    auto& v = s.*list;
+    if (v.empty()) continue;
+    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size()));
+    (out.first.*list).assign(std::make_move_iterator(v.begin()), std::make_move_iterator(mid));
+    (out.second.*list).assign(std::make_move_iterator(mid), std::make_move_iterator(v.end()));
+  }
+  return out;
+}
+
+OptimizerState join_state(OptimizerState a, OptimizerState b) {
+  for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
+    for (auto& t : b.*list) (a.*list).push_back(std::move(t));
+  return a;
+}
+
+}  // namespace
+
+Expected<double> ExpertParallelSync::begin_step(std::int64_t count) {
+  HP_TRY(shared_->begin_step(count));
+  HP_TRY(experts_->begin_step(count, shared_->total()));  // the data-parallel group's count
+  return shared_->share();
+}
+
+void ExpertParallelSync::gradient_ready(std::size_t k, const exec::HostTensor& grad) {
+  if (k < expert_.size()) (expert_[k] ? experts_ : shared_)->gradient_ready(at_[k], grad);
 }
 
 Expected<double> ExpertParallelSync::finish_step(double loss,
@@ -82,17 +128,70 @@ Expected<double> ExpertParallelSync::finish_step(double loss,
   if (grads.size() != names_.size())
     return Error(Errc::internal, fmt::format("{} gradients for {} expert-parallel parameters",
                                              grads.size(), names_.size()));
-  double mine[1] = {loss * share_}, all[1] = {0};
-  HP_TRY(ep_.transport->allreduce(ep_.data, mine, all, 1, HP_F64, comm::ReduceOp::sum));
-  HP_TRY(sum(ep_.data, grads, false));
-  HP_TRY(sum(ep_.replicas, grads, true));
-  return all[0];
+  auto [shared, experts] = split(std::move(grads));
+  HP_ASSIGN_OR_RETURN(const double all, shared_->finish_step(loss, shared));
+  if (auto e = experts_->finish_step(loss, experts); !e) return std::move(e).error();
+  shared_pieces_ = shared.size();
+  grads = std::move(shared);
+  for (auto& g : experts) grads.push_back(std::move(g));
+  return all;
 }
 
-Expected<double> ExpertParallelSync::global_norm(const std::vector<exec::HostTensor>& grads) const {
-  double experts[1] = {sum_of_squares(grads, expert_)}, total[1] = {0};
-  HP_TRY(ep_.transport->allreduce(ep_.group, experts, total, 1, HP_F64, comm::ReduceOp::sum));
-  return std::sqrt(sum_of_squares(grads, shared_) + total[0]);
+Expected<StepInfo> ExpertParallelSync::update(const OptimizerConfig& c,
+                                              std::vector<exec::HostTensor>& params,
+                                              std::vector<exec::HostTensor>& grads,
+                                              OptimizerState& state) {
+  if (grads.size() != shared_->pieces().size() + experts_->pieces().size())
+    return Error(Errc::internal, "ExpertParallelSync::update before finish_step");
+  std::vector<exec::HostTensor> gs(std::make_move_iterator(grads.begin()),
+                                   std::make_move_iterator(grads.begin() + shared_pieces_));
+  std::vector<exec::HostTensor> ge(std::make_move_iterator(grads.begin() + shared_pieces_),
+                                   std::make_move_iterator(grads.end()));
+  grads.clear();
+  // The whole model's norm: the shared weights once, every member's experts.
+  HP_ASSIGN_OR_RETURN(const double sq_shared, shared_->squared_norm(gs, c.threads));
+  HP_ASSIGN_OR_RETURN(double sq_experts, experts_->squared_norm(ge, c.threads));
+  HP_TRY(ep_.transport->allreduce(ep_.group, &sq_experts, &sq_experts, 1, HP_F64,
+                                  comm::ReduceOp::sum));
+  const double norm = std::sqrt(sq_shared + sq_experts);
+  auto [ps, pe] = split(std::move(params));
+  auto [ss, se] = cut_state(std::move(state), shared_->pieces().size());
+  auto a = shared_->update_with_norm(c, ps, gs, ss, norm);
+  auto b = a ? experts_->update_with_norm(c, pe, ge, se, norm) : a;
+  params = merge(expert_, std::move(ps), std::move(pe));
+  state = join_state(std::move(ss), std::move(se));
+  if (!b) return std::move(b).error();
+  return a;
+}
+
+Expected<OptimizerState> ExpertParallelSync::gather_state(
+    const OptimizerState& state, const std::vector<exec::HostTensor>& params) {
+  // Even unsharded, the state lists the shared weights first: put it back in parameter order.
+  auto [ss, se] = cut_state(state, shared_->pieces().size());
+  auto [ps, pe] = split(params);
+  HP_ASSIGN_OR_RETURN(OptimizerState ws, shared_->gather_state(ss, ps));
+  HP_ASSIGN_OR_RETURN(OptimizerState we, experts_->gather_state(se, pe));
+  OptimizerState whole;
+  whole.step = state.step;
+  for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
+    if (!(ws.*list).empty() || !(we.*list).empty())
+      whole.*list = merge(expert_, std::move(ws.*list), std::move(we.*list));
+  return whole;
+}
+
+OptimizerState ExpertParallelSync::slice_state(const OptimizerState& whole) const {
+  OptimizerState ws, we;
+  ws.step = we.step = whole.step;
+  for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
+    if (!(whole.*list).empty()) std::tie(ws.*list, we.*list) = split(whole.*list);
+  return join_state(shared_->slice_state(ws), experts_->slice_state(we));
+}
+
+bool ExpertParallelSync::sharded() const { return shared_->sharded() || experts_->sharded(); }
+
+void ExpertParallelSync::set_trace(TraceLog* trace) {
+  shared_->set_trace(trace);
+  experts_->set_trace(trace);
 }
 
 Expected<std::vector<exec::HostTensor>> ExpertParallelSync::gather(

@@ -135,6 +135,11 @@ Status PipeRun::prepare() {
       group.counted.push_back(stage->owns(params[k].name) &&
                               (!tps || tps->split(k) || o.tp.index() == 0));
     HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(group, params));
+    // A gradient is reduced while the schedule goes on from the action that finished it: the last
+    // stage's while the earlier ones still run their backwards (the cooldown's bubble).
+    stage->set_gradient_hook(
+        [d = dp.get()](std::size_t k, const exec::HostTensor& g) { d->gradient_ready(k, g); });
+    if (!o.trace.empty()) dp->set_trace(&trace);
   }
   std::int64_t n = 0;
   for (const auto& p : params) {
@@ -247,6 +252,8 @@ Expected<StepMetrics> PipeRun::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t k = state.step + 1;
   if (stream) HP_TRY(draw());
+  // Data parallelism: each replica's weight first, so gradients can be handed over as they finish.
+  if (dp) HP_TRY(dp->begin_step(total_labels));
   HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
   // The replicas' gradients of this stage, each a mean over its rows' labels, weighted by their
   // label counts and summed (data_parallel.h): the whole batch's.
@@ -255,7 +262,7 @@ Expected<StepMetrics> PipeRun::step() {
   std::vector<exec::HostTensor> reduced;
   if (dp) {
     reduced = stage->grads();
-    HP_ASSIGN_OR_RETURN(loss, dp->reduce(loss, total_labels, reduced));
+    HP_ASSIGN_OR_RETURN(loss, dp->finish_step(loss, reduced));
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))

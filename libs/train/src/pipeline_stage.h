@@ -4,6 +4,7 @@
 // micro-batches.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +60,13 @@ class PipelineStage {
   /// stage in args; the wait for its input before it as "wait F 3.1", category "wait") into
   /// `trace` (not owned; null = none).
   void set_trace(TraceLog* trace) { trace_ = trace; }
+  /// Called during run_step with each parameter's gradient (params() order) as soon as the step's
+  /// last action adding to it has run, so that data parallelism can reduce it while the rest of
+  /// the schedule runs. Weights several stages share are not handed over (they are summed over
+  /// those stages at the end of the step).
+  void set_gradient_hook(std::function<void(std::size_t, const exec::HostTensor&)> hook) {
+    hook_ = std::move(hook);
+  }
   /// Seconds the last step spent in the parts' "hp"-domain collectives (tensor parallelism).
   double comm_seconds() const { return comm_seconds_; }
 
@@ -90,6 +98,8 @@ class PipelineStage {
   }
   bool mine(int virtual_stage) const { return role_.position(virtual_stage) == role_.stage; }
   Chunk* chunk(int virtual_stage);
+  /// Per action of the step: the parameters whose gradient is final after it (the hook's).
+  std::vector<std::vector<std::size_t>> finals();
 
   /// The executors' collectives of a tensor-parallel stage, each taking the transport's turn
   /// (hold()) as the boundary messages do.
@@ -130,6 +140,7 @@ class PipelineStage {
   double loss_ = 0;
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;
+  std::function<void(std::size_t, const exec::HostTensor&)> hook_;
   SendProgress* progress_ = nullptr;  ///< during run_step
   std::int64_t step_ = 0;             ///< steps run (trace names)
   std::int64_t held_peak_ = 0;        ///< most bytes held in the micro-batches' tensors, last step

@@ -137,6 +137,28 @@ Status PipelineStage::run_action(const PipelineAction& a, std::vector<std::vecto
   return {};
 }
 
+std::vector<std::vector<std::size_t>> PipelineStage::finals() {
+  const auto& actions = role_.actions;
+  std::vector<std::vector<std::size_t>> out(actions.size());
+  std::vector<long> last(grads_.size(), -1);
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& a = actions[i];
+    Chunk* c = chunk(a.stage >= 0 ? a.stage : chunks_.front().stage);
+    if (!c) continue;
+    const Part& p = a.kind == PipelineAction::Kind::forward    ? c->forward
+                    : a.kind == PipelineAction::Kind::backward ? c->backward
+                                                               : c->weight;
+    if (!p.ex) continue;
+    for (const auto& name : p.part.outputs)
+      if (auto g = c->grad_index.find(name); g != c->grad_index.end())
+        last[g->second] = static_cast<long>(i);
+  }
+  for (std::size_t k = 0; k < last.size(); ++k)
+    if (last[k] >= 0 && !shared_.count(params_[k]))
+      out[static_cast<std::size_t>(last[k])].push_back(k);
+  return out;
+}
+
 Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::HostTensor>>& micro,
                                          std::int64_t total_labels) {
   const int m = static_cast<int>(micro.size());
@@ -169,8 +191,11 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   // schedule adds to them.
   std::set<std::string> data;
   for (const auto& t : micro[0]) data.insert(t.name);
-  for (const PipelineAction& a : role_.actions) {
-    HP_TRY(run_action(a, env, scale));
+  const auto final_after = hook_ ? finals() : std::vector<std::vector<std::size_t>>{};
+  for (std::size_t i = 0; i < role_.actions.size(); ++i) {
+    HP_TRY(run_action(role_.actions[i], env, scale));
+    if (hook_)
+      for (std::size_t k : final_after[i]) hook_(k, grads_[k]);
     std::int64_t held = 0;
     for (const auto& per_chunk : env)
       for (const auto& each : per_chunk)

@@ -187,6 +187,11 @@ Status TrainRun::prepare() {
       if (trained.count(t.name()))
         report.params +=
             std::accumulate(t.dims().begin(), t.dims().end(), std::int64_t{1}, std::multiplies<>());
+    ex->set_output_hook(
+        [s = eps.get(), n = params.size()](std::size_t k, const exec::HostTensor& t) {
+          if (k > 0 && k <= n) s->gradient_ready(k - 1, t);  // output 0 is the loss, buffers last
+        });
+    if (!o.trace.empty()) eps->set_trace(&trace);
   }
   for (const auto& [name, value] : gg.buffer_updates) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(name));
@@ -279,8 +284,10 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
   Expected<StepInfo> info = StepInfo{};
   if (sync) {
     info = sync->update(oc, params, grads, state, mirror);
-  } else if (tps || eps) {
-    auto norm = tps ? tps->global_norm(grads) : eps->global_norm(grads);
+  } else if (eps) {
+    info = eps->update(oc, params, grads, state);
+  } else if (tps) {
+    auto norm = tps->global_norm(grads);
     if (!norm) return std::move(norm).error();
     info = optimizer_step(oc, params, grads, state, *norm);
   } else {
@@ -304,10 +311,11 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
     trace.add(fmt::format("forward+backward {}", k), "compute", 0, t0, t1);
     for (const exec::NodeSpan& n : ex->stats().timeline)  // its nodes, on a lane of their own
       trace.add(n.node, "node", 2, n.start, n.end, nlohmann::json{{"op", n.op}}.dump());
-    if (sync)
+    if (sync || eps)
       trace.add(fmt::format("reduction after the backward {}", k), "dp exposed", 0, t1, t_reduced);
-    trace.add(fmt::format("optimizer {}", k),
-              sync && sync->sharded() ? "optimizer+zero" : "optimizer", 0, t_reduced, t2);
+    const bool zero = (sync && sync->sharded()) || (eps && eps->sharded());
+    trace.add(fmt::format("optimizer {}", k), zero ? "optimizer+zero" : "optimizer", 0, t_reduced,
+              t2);
     trace.add(fmt::format("weights to the executor {}", k), "copy", 0, t2, t3);
   }
   StepMetrics m;

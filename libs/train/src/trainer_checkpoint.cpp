@@ -37,7 +37,7 @@ Status TrainRun::resume_sharded() {
     HP_TRY(ex->set_weight(buffers[j].name, r.buffers[j]));
     buffers[j] = std::move(r.buffers[j]);
   }
-  state = std::move(r.state);
+  state = eps ? eps->slice_state(r.state) : std::move(r.state);
   data_position = r.header.data_position;
   report.first_step = r.header.step + 1;
   return {};
@@ -115,7 +115,7 @@ Status TrainRun::resume_by_name(Checkpoint c) {
         (mine.*list).push_back(std::move(m));
       }
   }
-  state = sync ? sync->slice_state(mine) : std::move(mine);
+  state = sync ? sync->slice_state(mine) : eps ? eps->slice_state(mine) : std::move(mine);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
   report.first_step = c.step + 1;
@@ -139,6 +139,11 @@ Status TrainRun::write_checkpoint() {
     h.data_position = data_position;
     h.seed = o.seed;
     h.optimizer = optimizer_name(o.optimizer.kind);
+    if (eps) {  // each member writes its parameters' state whole, in their order
+      HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state, params));
+      return detail::save_sharded(layout(), h, params, whole_state, buffers, o.checkpoint_dir,
+                                  o.force_checkpoint);
+    }
     return detail::save_sharded(layout(), h, params, state, buffers, o.checkpoint_dir,
                                 o.force_checkpoint);
   }

@@ -2,9 +2,11 @@
 // unpacked axes), non-ascending group orders, f32 and i64, the zero-copy run_into form and its plan
 // cache, attribute errors, and that a failing rank makes its peers fail instead of hanging.
 // Expected values are computed here from each rank's input formula.
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <thread>
 
 #include "hp/comm/comm.h"
 
@@ -258,6 +260,37 @@ TEST_CASE("comm: Send/Recv with micro-batch tags do not cross", "[comm]") {
   });
   REQUIRE(s.ok());
   CHECK(got == std::vector<float>{x_at(6, 0, 2), x_at(5, 0, 2)});
+}
+
+TEST_CASE("comm: two threads of each rank run collectives on different groups at once", "[comm]") {
+  // As a training rank does: its reduction thread over the data-parallel column {c, c + 2} while
+  // its compute thread runs the tensor-parallel row {2 q, 2 q + 1}'s collectives.
+  constexpr int kRounds = 200;
+  Status s = run_in_process(4, [&](int r, Transport& t) -> Status {
+    const std::vector<int> row{r / 2 * 2, r / 2 * 2 + 1}, column{r % 2, r % 2 + 2};
+    Status side;
+    std::thread reducer([&] {
+      for (int k = 0; k < kRounds && side.ok(); ++k) {
+        float x[64], y[64];
+        for (int i = 0; i < 64; ++i) x[i] = static_cast<float>(r * 1000 + k + i);
+        side = t.allreduce(column, x, y, 64, HP_F32, ReduceOp::sum);
+        const float want = static_cast<float>((r % 2) * 1000 * 2 + 2000 + 2 * (k + 5));
+        if (side.ok() && y[5] != want)
+          side = hp::Error(hp::Errc::internal, fmt::format("column sum {} != {}", y[5], want));
+      }
+    });
+    Status main;
+    for (int k = 0; k < kRounds && main.ok(); ++k) {
+      double x[2] = {static_cast<double>(r), static_cast<double>(k)}, y[4] = {};
+      main = t.allgather(row, x, y, sizeof x);
+      if (main.ok() && (y[0] != row[0] || y[2] != row[1] || y[3] != k))
+        main = hp::Error(hp::Errc::internal, "row gather out of order");
+    }
+    reducer.join();
+    HP_TRY(main);
+    return side;
+  });
+  REQUIRE(s.ok());
 }
 
 TEST_CASE("comm: malformed attributes are bad input naming the node", "[comm]") {

@@ -203,7 +203,7 @@ TEST_CASE("train_run: what is refused before training", "[job]") {
   REQUIRE(!tpo);
   CHECK(tpo.error().code == hp::Errc::bad_input);
   CHECK_THAT(tpo.error().where(), Catch::Contains("m.onnx"));
-  // Expert parallelism beside data parallelism trains; with tp or ZeRO not yet.
+  // Expert parallelism beside data parallelism and ZeRO trains; with tp or HSDP not yet.
   Job ep = job_of(d, "", "", "dp = 2\ntp = 1\npp = 1\nexpert_parallel = 2\n");
   auto e = train_options(ep, o);  // refused, if at all, for what this test leaves out, not ep
   CHECK((e || e.error().code != hp::Errc::not_implemented));
@@ -216,8 +216,14 @@ TEST_CASE("train_run: what is refused before training", "[job]") {
   Job ep_zero =
       job_of(d, "", "", "dp = 2\ntp = 1\npp = 1\nexpert_parallel = 2\noptimizer_shard = 1\n");
   auto z = train_options(ep_zero, o);
-  REQUIRE(!z);
-  CHECK_THAT(z.error().message(), Catch::Contains("optimizer_shard > 0"));
+  CHECK((z || z.error().code != hp::Errc::not_implemented));
+  Job ep_hsdp = job_of(d, "", "",
+                       "dp = 4\ntp = 1\npp = 1\nexpert_parallel = 2\noptimizer_shard = 2\n"
+                       "shard_group = 2\n");
+  auto h = train_options(ep_hsdp, o);
+  REQUIRE(!h);
+  CHECK(h.error().code == hp::Errc::not_implemented);
+  CHECK_THAT(h.error().message(), Catch::Contains("shard_group (HSDP)"));
 }
 
 TEST_CASE("train_run: training options are named when given", "[job]") {

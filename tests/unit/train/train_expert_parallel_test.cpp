@@ -201,6 +201,9 @@ TEST_CASE("expert parallelism refuses models it cannot split", "[train][ep]") {
 }
 
 TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]") {
+  // ZeRO-2 as well: the shared weights' state and gradients sharded over the two ranks.
+  const int zero = GENERATE(0, 2);
+  INFO("optimizer_shard " << zero);
   const fs::path d = fresh_dir("train");
   train::TrainOptions one = options(d);
   one.metrics = d / "one.jsonl";
@@ -219,6 +222,7 @@ TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]")
     mine.ep.group = {0, 1};
     mine.ep.data = {0, 1};
     mine.ep.replicas = {rank};
+    mine.ep.zero = zero;
     HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
     (void)rep;
     return {};

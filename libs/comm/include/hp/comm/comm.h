@@ -78,6 +78,13 @@ class Transport {
   /// Whether calls may come from a thread other than the one that created the transport, one
   /// thread at a time (a training rank's gradient-reduction thread; MPI_THREAD_SERIALIZED).
   virtual bool any_thread() const { return true; }
+  /// Collective over `group`: sets up what later calls on it need (an MPI communicator), so that a
+  /// background thread's first call on the group cannot block inside the transport while another
+  /// thread of the rank waits to use it. Calls on a group not connected do this themselves.
+  virtual Status connect(const std::vector<int>& group) {
+    (void)group;
+    return {};
+  }
 };
 
 struct CommPlan;

@@ -24,9 +24,10 @@
 // backward), gradient_ready for each gradient as the executor finishes it (Executor's output
 // hook), finish_step. A bucket whose gradients are all in is reduced at once by this object's
 // communication thread while the backward goes on; every rank completes buckets in the same order
-// (the same graph runs everywhere), so the collectives match. The main thread calls the transport
-// only between steps, never while the thread may: the transport must allow calls from another
-// thread one at a time (Transport::any_thread(); otherwise the buckets are reduced in finish_step).
+// (the same graph runs everywhere), so the collectives match. The transport must allow calls from
+// another thread (Transport::any_thread(); otherwise the buckets are reduced in finish_step), and
+// the compute thread's own collectives during the run (tensor or expert parallelism) must use other
+// groups than this object's (DataParallel::overlap).
 //
 // The global gradient norm (for clipping) is the square root of the shard group's sum of every
 // member's sum of squares over its shard, so clipping is the single-rank clipping. Checkpoints are
@@ -57,6 +58,13 @@ struct DataParallel {
   /// counts on the first only). Empty: the group's parameters are the whole model.
   std::vector<int> norm_group;
   std::vector<char> counted;
+  /// The gradients arrive weighted already (the gradient model scales the loss's gradient by the
+  /// rank's share: expert parallelism), so they are summed as they come.
+  bool weighted = false;
+  /// Reduce buckets on the communication thread while the backward runs. Off when the executor's
+  /// own collectives use one of this object's groups during the run: two threads of a rank calling
+  /// collectives on one group could pair up differently on different ranks.
+  bool overlap = true;
   bool active() const { return transport != nullptr && group.size() > 1; }
   /// Position of this rank in `group` (-1 when absent).
   int index() const;
@@ -86,6 +94,12 @@ class DataParallelSync {
   /// afterwards `grads` holds this rank's pieces of the reduced gradients (pieces(): its shard, or
   /// everything at level 0) and the return value is the group's loss.
   Expected<double> finish_step(double loss, std::vector<exec::HostTensor>& grads);
+  /// begin_step with the group's label count already known (no collective).
+  Status begin_step(std::int64_t count, double total);
+  /// This rank's share of the group's mean loss (its gradients' weight), after begin_step.
+  double share() const { return scale_; }
+  /// The group's label positions, after begin_step.
+  double total() const { return total_; }
   /// begin_step + finish_step without overlap.
   Expected<double> reduce(double loss, std::int64_t count, std::vector<exec::HostTensor>& grads);
 
@@ -96,6 +110,14 @@ class DataParallelSync {
   Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                             std::vector<exec::HostTensor>& grads, OptimizerState& state,
                             const Mirror& mirror = {});
+  /// Collective over the shard group: the squared norm of the gradients this object's group holds
+  /// (the counted ones), from `grads` as finish_step left them. Adds norm_group's when it is set.
+  Expected<double> squared_norm(const std::vector<exec::HostTensor>& grads, int threads);
+  /// update() clipping with `norm`, the whole model's gradient norm found by the caller.
+  Expected<StepInfo> update_with_norm(const OptimizerConfig& c,
+                                      std::vector<exec::HostTensor>& params,
+                                      std::vector<exec::HostTensor>& grads, OptimizerState& state,
+                                      double norm, const Mirror& mirror = {});
 
   /// Collective: `state` (this rank's pieces) gathered into one state per parameter, shaped like
   /// `params` (the single-rank checkpoint format). Every rank receives it.

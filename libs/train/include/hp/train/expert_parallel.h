@@ -21,6 +21,9 @@
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
 #include "hp/model/model.h"
+#include "hp/train/data_parallel.h"
+#include "hp/train/optimizer.h"
+#include "hp/train/trace.h"
 
 namespace onnx {
 class GraphProto;
@@ -73,16 +76,23 @@ struct ExpertParallel {
   std::vector<int> group;                ///< this rank's expert-parallel group, member order
   std::vector<int> data;                 ///< every data-parallel rank (the shared weights' group)
   std::vector<int> replicas;             ///< the ranks holding this rank's experts (it included)
+  int zero = 0;  ///< optimizer_shard level: the shared weights shard over `data`, experts over
+                 ///< `replicas` (data_parallel.h)
+  std::int64_t bucket_bytes = std::int64_t{16} << 20;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
   int part() const;   ///< this rank's position in `data`: which rows of a batch it trains on
 };
 
-/// The reductions of one member's parameters (f32, in its gradient model's order). The loss's
-/// gradient on each rank is scaled by its share of the group's label positions (GradSpec::
-/// loss_scale) before the experts' gradients of several ranks' tokens mix, so summing is all that
-/// is left: the shared weights' gradients over `data`, the experts' over `replicas`. The clip norm
-/// adds the experts' squares over the group and counts the shared weights once.
+/// The reductions and the optimizer of one member's parameters (f32, in its gradient model's
+/// order). The loss's gradient on each rank is scaled by its share of the group's label positions
+/// (GradSpec::loss_scale) before the experts' gradients of several ranks' tokens mix, so summing is
+/// all that is left: the shared weights' gradients over `data`, the experts' over `replicas`. Each
+/// of the two is a DataParallelSync (data_parallel.h) with weighted gradients: buckets reduced
+/// while the backward runs, and ZeRO's levels within its group. The shared weights' buckets wait
+/// for the end of the backward when `data` is the expert-parallel group itself, whose collectives
+/// the backward runs. The clip norm adds the experts' squares over the group and counts the shared
+/// weights once.
 class ExpertParallelSync {
  public:
   /// `experts_of` as partition_experts gives it. Errc::bad_input when a parameter is not f32.
@@ -92,25 +102,43 @@ class ExpertParallelSync {
   /// Collective over `data`: this rank's loss is a mean over `count` label positions; returns its
   /// share of the group's (the loss scale to feed the step).
   Expected<double> begin_step(std::int64_t count);
-  /// Collective: the group's loss (the shares' weighted sum) and the gradients summed.
+  /// Gradient `k` (parameter order) is final (the executor's output hook, during the run).
+  void gradient_ready(std::size_t k, const exec::HostTensor& grad);
+  /// Collective: the group's loss (the shares' weighted sum); `grads` becomes this rank's pieces of
+  /// the summed gradients (the shared weights' first, then the experts'), as update() takes them.
   Expected<double> finish_step(double loss, std::vector<exec::HostTensor>& grads);
-  /// Collective over the group: sqrt of the whole model's sum of squared gradients.
-  Expected<double> global_norm(const std::vector<exec::HostTensor>& grads) const;
+  /// Collective: clips with the whole model's gradient norm and updates this rank's pieces;
+  /// `params` afterwards hold the member's updated parameters. `state` holds the pieces' state.
+  Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
+                            std::vector<exec::HostTensor>& grads, OptimizerState& state);
+  /// Collective over the shard groups: the member's whole state, in parameter order and shaped
+  /// like `params`, from this rank's (its pieces, the shared weights' first); slice_state is the
+  /// inverse (no collective).
+  Expected<OptimizerState> gather_state(const OptimizerState& state,
+                                        const std::vector<exec::HostTensor>& params);
+  OptimizerState slice_state(const OptimizerState& whole) const;
   /// Collective over the group: the whole model's tensors from every member's (`mine`: shaped
   /// like its parameters, which name them), in the order of `forward`'s initializers, whose dims
   /// give the other members' experts.
   Expected<std::vector<exec::HostTensor>> gather(const std::vector<exec::HostTensor>& mine,
                                                  const model::Model& forward) const;
   bool expert(std::size_t param) const { return expert_[param] != 0; }
+  bool sharded() const;
+  void set_trace(TraceLog* trace);
+  ~ExpertParallelSync();
 
  private:
   ExpertParallelSync() = default;
-  Status sum(const std::vector<int>& group, std::vector<exec::HostTensor>& grads, bool experts);
+  /// Splits a list in parameter order into the shared weights' and the experts'.
+  template <class T>
+  std::pair<std::vector<T>, std::vector<T>> split(std::vector<T> all) const;
   ExpertParallel ep_;
   std::vector<std::string> names_;
-  std::vector<char> expert_, shared_;  ///< per parameter: one of this member's experts, or not
+  std::vector<char> expert_;     ///< per parameter: one of this member's experts, or not
+  std::vector<std::size_t> at_;  ///< per parameter: its index in its own sync's list
   std::vector<std::vector<std::string>> experts_of_;
-  double share_ = 0;
+  std::unique_ptr<DataParallelSync> shared_, experts_;
+  std::size_t shared_pieces_ = 0;  ///< after finish_step: the shared weights' pieces come first
 };
 
 }  // namespace hp::train
