@@ -32,6 +32,13 @@ void softmax_row(const float* x, float* y, int64_t len, bool log);
 /// (mask null: no hits): hp.nn.MaskedSoftmax's row in one call, so the row stays in cache.
 void masked_softmax_row(const float* x, const unsigned char* mask, bool fill_where, float scale,
                         float fill, float* y, int64_t len);
+/// hp.nn.Attention's products (cpu_attention_kernels.cpp), on 4 rows at a time of packed operands
+/// zero-padded to multiples of 16 columns: s[r][0, cols) = sum_{k < d} q[r][k] kt[k][0, cols) (q's
+/// rows qs apart, kt's ldk, s's lds), and o[r][0, cols) = sum_{j < n} p[r][j] v[j][0, cols).
+void attention_scores(const float* q, int64_t qs, const float* kt, int64_t ldk, int64_t d, float* s,
+                      int64_t lds, int64_t cols);
+void attention_values(const float* p, int64_t lds, const float* v, int64_t ldv, int64_t n, float* o,
+                      int64_t ldo, int64_t cols);
 /// One LayerNormalization row: y = (x - mean) * rstd * scale + bias, where scale and bias are `len`
 /// long, or one value when their stride is 0, and bias may be null. Returns mean and rstd.
 void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,

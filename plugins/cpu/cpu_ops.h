@@ -124,6 +124,8 @@ void register_shape_ops(OpTable& t);
 void register_index_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
+/// hp.nn.Attention (cpu_ops_sdpa.cpp), registered by register_attention_ops.
+void attention(OpCall& c);
 void register_conv_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_pool_ops(OpTable& t);

@@ -1,6 +1,6 @@
 // hp.nn.MaskedSoftmax: the middle of exported attention in one pass per row (the executor fuses
 // Mul(scores, scale) -> Where(mask, fill, .) -> Softmax into it:
-// libs/exec/src/exec_fuse_softmax.cpp).
+// libs/exec/src/exec_fuse_softmax.cpp). hp.nn.Attention, the whole of it (cpu_ops_sdpa.cpp).
 //
 //   Y = Softmax(Where(C, fill, scale * X)) along the last axis     (fill_where = 1)
 //   Y = Softmax(Where(C, scale * X, fill)) along the last axis     (fill_where = 0)
@@ -11,6 +11,8 @@
 // launches fewer.
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -104,10 +106,20 @@ bool masked_softmax_types(const std::vector<int32_t>& d) {
   return d.size() < 2 || d[1] == -1 || d[1] == HP_BOOL;
 }
 
+bool attention_types(const std::vector<int32_t>& d) {
+  if (d.size() < 3 || (d[0] != HP_F32 && d[0] != HP_F64) || d[1] != d[0] || d[2] != d[0])
+    return false;
+  return d.size() < 4 || d[3] == -1 || d[3] == HP_BOOL;
+}
+
 }  // namespace
 
 void register_attention_ops(OpTable& t) {
   t["hp.nn.MaskedSoftmax"] = {masked_softmax, masked_softmax_types};
+  // HP_CPU_ATTENTION=0 leaves exported attention unfused (the executor fuses only what the
+  // backend implements): the benchmark's baseline (tests/bench/executor/run.sh).
+  const char* e = std::getenv("HP_CPU_ATTENTION");
+  if (!(e && std::strcmp(e, "0") == 0)) t["hp.nn.Attention"] = {attention, attention_types};
 }
 
 }  // namespace hp_cpu

@@ -11,7 +11,8 @@
 //
 // Layer norm exported as primitives (below opset 17): one LayerNormalization node
 // (exec_fuse_norm.cpp). Attention's scale -> mask -> Softmax: one hp.nn.MaskedSoftmax node
-// (exec_fuse_softmax.cpp).
+// (exec_fuse_softmax.cpp); with the two matmuls around it and the heads' Transposes, one
+// hp.nn.Attention node (exec_fuse_attention.cpp).
 //
 // Conv + Relu and Conv + Add + Relu (the residual blocks of CNNs): the Relu node becomes ONNX
 // Runtime's com.microsoft FusedConv (the Conv's inputs and attributes, activation "Relu", the Add's
@@ -304,6 +305,7 @@ int fuse_nodes(Executor::Impl& im) {
       {"FusedConv", "com.microsoft", 1, fuse_conv_relu},
       {"LayerNormalization", "", 17, fuse_layer_norm},
       {"MaskedSoftmax", "hp.nn", 1, fuse_masked_softmax},
+      {"Attention", "hp.nn", 1, fuse_attention},
       {"MatMulAdd", "hp.nn", 1, fuse_matmul_add},
       {"MatMulAdd", "hp.nn", 1, fuse_residual_add},
   };

@@ -105,5 +105,8 @@ inline bool is_unary(const PreparedNode& n, const char* op) {
 int fuse_layer_norm(FuseGraph& g);
 /// Scale -> Where(mask) -> Softmax as one hp.nn.MaskedSoftmax node (exec_fuse_softmax.cpp).
 int fuse_masked_softmax(FuseGraph& g);
+/// MatMul -> hp.nn.MaskedSoftmax -> MatMul, with the heads' Transposes around them, as one
+/// hp.nn.Attention node (exec_fuse_attention.cpp).
+int fuse_attention(FuseGraph& g);
 
 }  // namespace hp::exec

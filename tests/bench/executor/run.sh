@@ -9,7 +9,8 @@
 #      HP_BENCH_ORT_DIR (where onnxruntime-node is installed; default $HP_BENCH_DIR/ort),
 #      HP_BENCH_MODELS ("gpt cnn"), HP_BENCH_THREADS ("1 2"), HP_BENCH_WARMUP (3), HP_BENCH_ITERS (10), HP_BENCH_OPS=1 (hp's time per op type),
 #      HP_BENCH_BF16=1 (also hp with --dtype bf16: MatMul/Conv in bfloat16, a separate column),
-#      HP_BENCH_DIRECT=1 (also hp with HP_CPU_WINOGRAD=0: every convolution on oneDNN's direct kernel).
+#      HP_BENCH_DIRECT=1 (also hp with HP_CPU_WINOGRAD=0: every convolution on oneDNN's direct kernel);
+#      HP_CPU_ATTENTION=0 in the environment runs hp with exported attention unfused (no hp.nn.Attention).
 # Needs /usr/bin/python3 with torch and onnx (Debian python3-torch, python3-onnx) to generate the models
 # and node + npm for ONNX Runtime (`npm install --ignore-scripts onnxruntime-node`, a benchmark peer only).
 set -euo pipefail
