@@ -9,12 +9,6 @@
 
 #include "cpu_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define HP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HP_CPU_CLONES
-#endif
-
 namespace hp_cpu {
 
 HP_CPU_CLONES void gelu_span(const float* x, float* y, int64_t n) {

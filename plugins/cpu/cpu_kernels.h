@@ -1,12 +1,19 @@
-// Hot float32 loops of the cpu kernels, compiled twice (GCC target_clones): for x86-64-v3 (AVX2,
-// FMA) and for the baseline, picked once at load time by the CPU the plugin runs on. The plugin is
-// built for baseline x86-64 (a distribution binary), where these loops run 3-4x slower; everything
-// else stays baseline. The loops are serial over a span; callers split work across OpenMP threads.
+// Hot float32 loops of the cpu kernels, compiled three times (GCC target_clones, HP_CPU_CLONES):
+// for x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the baseline, picked once at load time by the
+// CPU the plugin runs on. The plugin is built for baseline x86-64 (a distribution binary), where
+// these loops run 3-4x slower; everything else stays baseline. The loops are serial over a span;
+// callers split work across OpenMP threads.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define HP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HP_CPU_CLONES
+#endif
 
 namespace hp_cpu {
 
@@ -32,13 +39,12 @@ void softmax_row(const float* x, float* y, int64_t len, bool log);
 /// (mask null: no hits): hp.nn.MaskedSoftmax's row in one call, so the row stays in cache.
 void masked_softmax_row(const float* x, const unsigned char* mask, bool fill_where, float scale,
                         float fill, float* y, int64_t len);
-/// hp.nn.Attention's products (cpu_attention_kernels.cpp), on 4 rows at a time of packed operands
-/// zero-padded to multiples of 16 columns: s[r][0, cols) = sum_{k < d} q[r][k] kt[k][0, cols) (q's
-/// rows qs apart, kt's ldk, s's lds), and o[r][0, cols) = sum_{j < n} p[r][j] v[j][0, cols).
-void attention_scores(const float* q, int64_t qs, const float* kt, int64_t ldk, int64_t d, float* s,
-                      int64_t lds, int64_t cols);
-void attention_values(const float* p, int64_t lds, const float* v, int64_t ldv, int64_t n, float* o,
-                      int64_t ldo, int64_t cols);
+/// hp.nn.Attention's two products (cpu_attention_kernels.cpp), on 4 rows at a time of packed
+/// operands zero-padded to multiples of 16 columns: c[r][0, cols) = sum_{k < n} a[r][k] b[k][0,
+/// cols) for r < 4 (rows lda, ldb and ldc apart). Q K'^T with a = Q's rows and b = K' packed as
+/// [d, keys]; P V' with a = the probabilities and b = V'.
+void rows4_product(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n, float* c,
+                   int64_t ldc, int64_t cols);
 /// One LayerNormalization row: y = (x - mean) * rstd * scale + bias, where scale and bias are `len`
 /// long, or one value when their stride is 0, and bias may be null. Returns mean and rstd.
 void layer_norm_row(const float* x, float* y, int64_t len, const float* scale, int64_t scale_stride,

@@ -144,11 +144,11 @@ void rows_f32(const Shapes& s, const Params& p, const float* q, const float* kt,
     int64_t jmax = lim ? 0 : s.Tk;
     for (int64_t r = 0; r < rows && lim; ++r)
       jmax = lim[r0 + r] == 0 ? s.Tk : std::max(jmax, lim[r0 + r]);
-    attention_scores(qb, D, kt, Tkp, D, sb, Tkp, round16(jmax));
+    rows4_product(qb, D, kt, Tkp, D, sb, Tkp, round16(jmax));  // the scores
     for (int64_t r = 0; r < rows; ++r)
       masked_softmax_row(sb + r * Tkp, mask_row(r), p.fill_where, static_cast<float>(p.scale),
                          static_cast<float>(p.fill), pb + r * Tkp, jmax);
-    attention_values(pb, Tkp, vp, Dvp, jmax, ob, Dvp, Dvp);
+    rows4_product(pb, Tkp, vp, Dvp, jmax, ob, Dvp, Dvp);  // times V'
     for (int64_t r = 0; r < rows; ++r) {
       float* yr = y + (r0 + r) * ot;
       if (od == 1)

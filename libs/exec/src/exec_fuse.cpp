@@ -185,11 +185,7 @@ int fuse_matmul_add(FuseGraph& g) {
     PreparedNode* act_node = nullptr;
     const std::string act = activation_reading(g, add.outputs[0], &act_node);
     PreparedNode& keep = act_node ? *act_node : add;
-    keep.inputs = {mm->inputs[0], mm->inputs[1], z};
-    keep.op_type = "MatMulAdd";
-    keep.domain = "hp.nn";
-    keep.opset = 1;
-    keep.attrs.clear();
+    rewrite_as(keep, "MatMulAdd", {mm->inputs[0], mm->inputs[1], z});
     set_string_attr(keep, "activation", act);
     mm->dead = true;
     if (act_node) add.dead = true;
@@ -214,11 +210,7 @@ int fuse_residual_add(FuseGraph& g) {
       std::string act;
       for (const hp_op_attr& a : mm->attrs)
         if (a.kind == HP_ATTR_STRING && std::string(a.name) == "activation") act = a.s;
-      add.inputs = {mm->inputs[0], mm->inputs[1], mm->inputs[2], r};
-      add.op_type = "MatMulAdd";
-      add.domain = "hp.nn";
-      add.opset = 1;
-      add.attrs.clear();
+      rewrite_as(add, "MatMulAdd", {mm->inputs[0], mm->inputs[1], mm->inputs[2], r});
       set_string_attr(add, "activation", act);
       mm->dead = true;
       ++fused;

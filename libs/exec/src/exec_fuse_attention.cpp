@@ -76,13 +76,7 @@ int fuse_attention(FuseGraph& g) {
     sm->dead = true;
     qk->dead = true;
     if (keep != pv) pv->dead = true;
-    const int output = keep->outputs[0];
-    keep->op_type = "Attention";
-    keep->domain = "hp.nn";
-    keep->opset = 1;
-    keep->inputs = inputs;
-    keep->outputs = {output};
-    keep->attrs.clear();
+    rewrite_as(*keep, "Attention", std::move(inputs));
     for (const hp_op_attr& a : softmax_attrs) {
       const std::string name = a.name;
       if (name == "scale" || name == "fill") add_float_attr(*keep, a.name, a.f);

@@ -95,6 +95,16 @@ struct FuseGraph {
   }
 };
 
+/// Turns `n` into the hp.nn node `op` (opset 1) reading `inputs`, its attributes cleared for the
+/// caller to set; its outputs stay.
+inline void rewrite_as(PreparedNode& n, const char* op, std::vector<int> inputs) {
+  n.op_type = op;
+  n.domain = "hp.nn";
+  n.opset = 1;
+  n.inputs = std::move(inputs);
+  n.attrs.clear();
+}
+
 inline bool is_unary(const PreparedNode& n, const char* op) {
   return n.op_type == op && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1 &&
          n.inputs[0] >= 0;

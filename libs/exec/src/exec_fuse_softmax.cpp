@@ -74,12 +74,8 @@ int fuse_masked_softmax(FuseGraph& g) {
     if (!where && !mul) continue;
     if (where) where->dead = true;
     if (mul) mul->dead = true;
-    sm.op_type = "MaskedSoftmax";
-    sm.domain = "hp.nn";
-    sm.opset = 1;
-    sm.inputs = {scores};
-    if (mask >= 0) sm.inputs.push_back(mask);
-    sm.attrs.clear();
+    rewrite_as(sm, "MaskedSoftmax",
+               mask >= 0 ? std::vector<int>{scores, mask} : std::vector<int>{scores});
     add_float_attr(sm, "scale", scale);
     add_float_attr(sm, "fill", fill);
     add_int_attr(sm, "fill_where", fill_where ? 1 : 0);

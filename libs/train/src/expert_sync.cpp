@@ -38,7 +38,7 @@ Expected<std::unique_ptr<ExpertParallelSync>> ExpertParallelSync::create(
   std::unique_ptr<ExpertParallelSync> s(new ExpertParallelSync());
   s->ep_ = ep;
   const auto& mine = experts_of[static_cast<std::size_t>(me)];
-  std::vector<exec::HostTensor> shapes[2];  // the shared weights', the experts'
+  auto& shapes = s->shapes_;
   for (const auto& p : params) {
     if (p.dtype != HP_F32)
       return Error(Errc::bad_input, "only float32 parameters are trained for now", p.name);
@@ -164,13 +164,11 @@ Expected<StepInfo> ExpertParallelSync::update(const OptimizerConfig& c,
   return a;
 }
 
-Expected<OptimizerState> ExpertParallelSync::gather_state(
-    const OptimizerState& state, const std::vector<exec::HostTensor>& params) {
+Expected<OptimizerState> ExpertParallelSync::gather_state(const OptimizerState& state) {
   // Even unsharded, the state lists the shared weights first: put it back in parameter order.
   auto [ss, se] = cut_state(state, shared_->pieces().size());
-  auto [ps, pe] = split(params);
-  HP_ASSIGN_OR_RETURN(OptimizerState ws, shared_->gather_state(ss, ps));
-  HP_ASSIGN_OR_RETURN(OptimizerState we, experts_->gather_state(se, pe));
+  HP_ASSIGN_OR_RETURN(OptimizerState ws, shared_->gather_state(ss, shapes_[0]));
+  HP_ASSIGN_OR_RETURN(OptimizerState we, experts_->gather_state(se, shapes_[1]));
   OptimizerState whole;
   whole.step = state.step;
   for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})

@@ -66,6 +66,7 @@ class PipelineStage {
   /// those stages at the end of the step).
   void set_gradient_hook(std::function<void(std::size_t, const exec::HostTensor&)> hook) {
     hook_ = std::move(hook);
+    finals_ = finals();  // the action lists are the same every step
   }
   /// Seconds the last step spent in the parts' "hp"-domain collectives (tensor parallelism).
   double comm_seconds() const { return comm_seconds_; }
@@ -141,10 +142,11 @@ class PipelineStage {
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;
   std::function<void(std::size_t, const exec::HostTensor&)> hook_;
-  SendProgress* progress_ = nullptr;  ///< during run_step
-  std::int64_t step_ = 0;             ///< steps run (trace names)
-  std::int64_t held_peak_ = 0;        ///< most bytes held in the micro-batches' tensors, last step
-  double comm_seconds_ = 0;           ///< in collectives, last step
+  std::vector<std::vector<std::size_t>> finals_;  ///< finals(), once the hook is set
+  SendProgress* progress_ = nullptr;              ///< during run_step
+  std::int64_t step_ = 0;                         ///< steps run (trace names)
+  std::int64_t held_peak_ = 0;  ///< most bytes held in the micro-batches' tensors, last step
+  double comm_seconds_ = 0;     ///< in collectives, last step
 };
 
 }  // namespace hp::train::detail

@@ -191,11 +191,10 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
   // schedule adds to them.
   std::set<std::string> data;
   for (const auto& t : micro[0]) data.insert(t.name);
-  const auto final_after = hook_ ? finals() : std::vector<std::vector<std::size_t>>{};
   for (std::size_t i = 0; i < role_.actions.size(); ++i) {
     HP_TRY(run_action(role_.actions[i], env, scale));
     if (hook_)
-      for (std::size_t k : final_after[i]) hook_(k, grads_[k]);
+      for (std::size_t k : finals_[i]) hook_(k, grads_[k]);
     std::int64_t held = 0;
     for (const auto& per_chunk : env)
       for (const auto& each : per_chunk)

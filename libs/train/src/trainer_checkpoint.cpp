@@ -140,7 +140,7 @@ Status TrainRun::write_checkpoint() {
     h.seed = o.seed;
     h.optimizer = optimizer_name(o.optimizer.kind);
     if (eps) {  // each member writes its parameters' state whole, in their order
-      HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state, params));
+      HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state));
       return detail::save_sharded(layout(), h, params, whole_state, buffers, o.checkpoint_dir,
                                   o.force_checkpoint);
     }

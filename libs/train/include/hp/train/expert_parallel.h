@@ -112,10 +112,9 @@ class ExpertParallelSync {
   Expected<StepInfo> update(const OptimizerConfig& c, std::vector<exec::HostTensor>& params,
                             std::vector<exec::HostTensor>& grads, OptimizerState& state);
   /// Collective over the shard groups: the member's whole state, in parameter order and shaped
-  /// like `params`, from this rank's (its pieces, the shared weights' first); slice_state is the
-  /// inverse (no collective).
-  Expected<OptimizerState> gather_state(const OptimizerState& state,
-                                        const std::vector<exec::HostTensor>& params);
+  /// like its parameters, from this rank's (its pieces, the shared weights' first); slice_state is
+  /// the inverse (no collective).
+  Expected<OptimizerState> gather_state(const OptimizerState& state);
   OptimizerState slice_state(const OptimizerState& whole) const;
   /// Collective over the group: the whole model's tensors from every member's (`mine`: shaped
   /// like its parameters, which name them), in the order of `forward`'s initializers, whose dims
@@ -136,6 +135,8 @@ class ExpertParallelSync {
   std::vector<std::string> names_;
   std::vector<char> expert_;     ///< per parameter: one of this member's experts, or not
   std::vector<std::size_t> at_;  ///< per parameter: its index in its own sync's list
+  /// The shared weights' and the experts' names and dims (no data), as each sync lays them out.
+  std::vector<exec::HostTensor> shapes_[2];
   std::vector<std::vector<std::string>> experts_of_;
   std::unique_ptr<DataParallelSync> shared_, experts_;
   std::size_t shared_pieces_ = 0;  ///< after finish_step: the shared weights' pieces come first
