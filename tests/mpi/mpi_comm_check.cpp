@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -178,6 +179,48 @@ int main() {
     }
     reducer.join();
     expect(side.empty(), "the reduction thread: " + side);
+  }
+
+  // Threads at once on the same ranks, each on its own channel, as an expert-parallel rank under
+  // HSDP runs them: two patient reducers (the shared weights' and the experts', whose replica
+  // groups coincide) beside the main thread's gathers. Rank 0's second reducer starts late, so
+  // the threads' calls interleave differently on different ranks.
+  {
+    std::vector<int> world;
+    for (int r = 0; r < n; ++r) world.push_back(r);
+    for (int c : {1, 2}) {
+      const ScopedChannel channel(c);
+      require(t.connect(world), "connect on a channel");
+    }
+    constexpr int kRounds = 200;
+    std::string side[2];
+    auto reduce = [&](int which) {
+      set_patient_waits(true);
+      set_channel(1 + which);
+      if (me == 0 && which == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      const std::size_t len = which == 0 ? 1000 : 10;
+      std::vector<float> x(len), y(len);
+      for (int k = 0; k < kRounds && side[which].empty(); ++k) {
+        std::fill(x.begin(), x.end(), static_cast<float>(k + 1000 * which));
+        if (auto s = t.allreduce(world, x.data(), y.data(), static_cast<std::int64_t>(len), HP_F32,
+                                 ReduceOp::sum);
+            !s.ok())
+          side[which] = s.error().str();
+        else if (y[len - 1] != static_cast<float>(n * (k + 1000 * which)))
+          side[which] = fmt::format("sum {} in round {}", y[len - 1], k);
+      }
+    };
+    std::thread first(reduce, 0), second(reduce, 1);
+    for (int k = 0; k < kRounds; ++k) {
+      double x[2] = {static_cast<double>(me), static_cast<double>(k)};
+      std::vector<double> y(2 * static_cast<std::size_t>(n));
+      require(t.allgather(world, x, y.data(), sizeof x), "channel 0 allgather");
+      expect(y[1] == k && y[2 * (n - 1)] == n - 1, "channel 0 allgather beside channels 1, 2");
+    }
+    first.join();
+    second.join();
+    expect(side[0].empty(), "the channel 1 reducer: " + side[0]);
+    expect(side[1].empty(), "the channel 2 reducer: " + side[1]);
   }
 
   // CollectivePermute around a ring (rank r -> r+1), leaving rank 0 without a source when open.

@@ -21,6 +21,8 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 x ep=2 optimizer_shard 1 (mpirun), dp=4 x ep=2 optimizer_shard 2 (--simulate) and 3
                                         (mpirun): ZeRO over the shared weights' and the experts'
                                         groups, buckets reduced while the backward runs
+    dp=4 x ep=2 and x ep=4 with shard_group 2 (--simulate; ZeRO-3 over mpirun): HSDP beside
+                                        expert parallelism
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
@@ -81,6 +83,12 @@ EP_LAYOUTS = [
     ("dp2-ep2-zero1", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1}, "mpirun"),
     ("dp4-ep2-zero2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2}, "simulate"),
     ("dp4-ep2-zero3", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3}, "mpirun"),
+    ("dp4-ep2-hsdp2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2, "shard_group": 2},
+     "simulate"),
+    ("dp4-ep4-hsdp2", {"dp": 4, "expert_parallel": 4, "optimizer_shard": 2, "shard_group": 2},
+     "simulate"),
+    ("dp4-ep2-hsdp2-zero3",
+     {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "shard_group": 2}, "mpirun"),
 ]
 EXPERT_MODELS = {"moe", "moe-scatter"}
 VARIANT = "adamw-clip"
@@ -104,10 +112,9 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
-    # Buckets reduced during the backward: not where ep = dp, whose backward runs the experts'
-    # collectives over the data-parallel group itself (and each expert has one holder).
-    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1),
-                "dp" in parallel and parallel.get("expert_parallel", 1) != parallel["dp"])
+    # Buckets reduced during the backward, on the communication thread: also where ep = dp, whose
+    # backward runs the experts' collectives over the same ranks (on another channel).
+    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel)
     return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
 
 

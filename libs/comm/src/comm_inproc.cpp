@@ -68,7 +68,7 @@ struct World {
     std::vector<std::vector<unsigned char>> in;
     int arrived = 0, read = 0;
   };
-  std::map<std::pair<std::vector<int>, long>, Coll> colls;
+  std::map<std::tuple<int, std::vector<int>, long>, Coll> colls;  ///< by channel, group, call
   std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>>
       mail;  // (src, dst, tag)
 
@@ -189,8 +189,9 @@ class InProcessTransport : public Transport {
     // Two threads of a rank may call at once on different groups (a training rank's reduction
     // thread): the call counts are kept under the world's lock too.
     std::unique_lock lock(w_.mu);
-    const long seq = calls_[group]++;
-    const auto key = std::make_pair(group, seq);
+    const int ch = channel();
+    const long seq = calls_[{ch, group}]++;
+    const auto key = std::make_tuple(ch, group, seq);
     auto& c = w_.colls[key];
     if (c.in.empty()) c.in.resize(group.size());
     const auto* b = static_cast<const unsigned char*>(in);
@@ -212,7 +213,7 @@ class InProcessTransport : public Transport {
 
   World& w_;
   const int rank_;
-  std::map<std::vector<int>, long> calls_;
+  std::map<std::pair<int, std::vector<int>>, long> calls_;  ///< by channel, group
 };
 
 }  // namespace

@@ -1,8 +1,9 @@
-// The MPI transport. One communicator per ordered group, built with MPI_Group_incl in the group's
-// member order (so communicator rank == member position and collectives need no permutation) and
-// MPI_Comm_create_group (collective over the members only: ranks outside the group need not take
-// part). Communicators are cached for the life of the process. Errors come back as values
-// (MPI_ERRORS_RETURN on every communicator); the worker turns them into MPI_Abort.
+// The MPI transport. One communicator per ordered group and channel (comm::set_channel), built with
+// MPI_Group_incl in the group's member order (so communicator rank == member position and
+// collectives need no permutation) and MPI_Comm_create_group (collective over the members only:
+// ranks outside the group need not take part). Communicators are cached for the life of the
+// process. Errors come back as values (MPI_ERRORS_RETURN on every communicator); the worker turns
+// them into MPI_Abort.
 //
 // Sends are MPI_Isend from a private copy kept until completion: a pipeline stage can send a
 // micro-batch and go on computing the next one while the message is in flight, and two neighbours
@@ -10,6 +11,7 @@
 #include <fmt/core.h>
 #include <mpi.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -65,6 +67,34 @@ Expected<int> count_of(std::int64_t n) {
 // Collectives called from a thread that set this wait without spinning (set_patient_waits).
 thread_local bool t_patient = false;
 
+// Threads of this process that are not patient and wait for, or are about to take, the transport's
+// lock. A patient thread lets them go first (Access below): an unlock followed at once by a lock
+// wins the mutex again nearly every time, so without this, a compute thread woken on each unlock
+// of a polling reduction thread could wait for its whole collective (seen as runs that took
+// minutes, or did not end, with 4 ranks on 2 cores under AddressSanitizer).
+std::atomic<int> g_eager{0};
+
+// The transport's lock, taken fairly between a rank's threads (see g_eager).
+class Access {
+ public:
+  explicit Access(std::mutex& mu) : lock_(mu, std::defer_lock) { acquire(); }
+  std::unique_lock<std::mutex>& lock() { return lock_; }
+  void release() { lock_.unlock(); }
+  void acquire() {
+    if (!t_patient) {
+      g_eager.fetch_add(1, std::memory_order_acq_rel);
+      lock_.lock();
+      g_eager.fetch_sub(1, std::memory_order_acq_rel);
+      return;
+    }
+    while (g_eager.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    lock_.lock();
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
 // Completes `req`, started under `lock` (the transport's): MPI_Wait holding it, or, for a patient
 // thread, MPI_Test polls that let go of the lock and yield the core in between, so that a rank's
 // background reduction thread leaves the core to the compute thread while its peers are still
@@ -72,15 +102,15 @@ thread_local bool t_patient = false;
 // thread's own blocking calls progress the patient thread's request too. Sleeping instead of
 // yielding starves the transfer itself: a large message moves in fragments, each progressed by a
 // poll (measured: 0.11 s instead of 0.05 s left after the backward for 108 MB).
-Status finish(MPI_Request& req, const char* what, std::unique_lock<std::mutex>& lock) {
+Status finish(MPI_Request& req, const char* what, Access& access) {
   if (!t_patient) return check(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
   for (int spins = 0;; ++spins) {
     int done = 0;
     HP_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what));
     if (done) return {};
-    lock.unlock();
+    access.release();
     if (spins > 64) std::this_thread::yield();
-    lock.lock();
+    access.acquire();
   }
 }
 
@@ -105,7 +135,7 @@ class MpiTransport : public Transport {
 
   Status allreduce(const std::vector<int>& group, const void* in, void* buf, std::int64_t count,
                    int dtype, ReduceOp op) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
@@ -122,7 +152,7 @@ class MpiTransport : public Transport {
   }
   Status allgather(const std::vector<int>& group, const void* in, void* out,
                    std::int64_t bytes) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
@@ -130,7 +160,7 @@ class MpiTransport : public Transport {
   }
   Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,
                         std::int64_t count, int dtype, ReduceOp op) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto t = mpi_type(dtype);
     if (!t) return std::move(t).error();
@@ -147,14 +177,14 @@ class MpiTransport : public Transport {
   }
   Status alltoall(const std::vector<int>& group, const void* in, void* out,
                   std::int64_t bytes) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
     return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Alltoall");
   }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     HP_TRY(reap(false));
     auto& p = pending_.emplace_back();
@@ -164,7 +194,7 @@ class MpiTransport : public Transport {
                  "MPI_Isend");
   }
   Status recv(int peer, int tag, void* buf, std::int64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     MPI_Status st;
     HP_TRY(check(MPI_Recv(buf, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st), "MPI_Recv"));
@@ -178,7 +208,7 @@ class MpiTransport : public Transport {
   }
   Status sendrecv(int dst, const void* sbuf, int src, void* rbuf, std::int64_t bytes,
                   int tag) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));
     return check(MPI_Sendrecv(sbuf, dst < 0 ? 0 : n, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, tag,
                               rbuf, src < 0 ? 0 : n, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, tag,
@@ -186,23 +216,23 @@ class MpiTransport : public Transport {
                  "MPI_Sendrecv");
   }
   Status flush() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     return reap(true);
   }
   Expected<bool> progress() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_TRY(reap(false));
     return !pending_.empty();
   }
   Status connect(const std::vector<int>& group) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     (void)c;
     return {};
   }
 
   void free_comms() {
-    std::lock_guard<std::mutex> lock(mu_);
+    Access lock(mu_);
     (void)reap(true);
     for (auto& [g, c] : comms_)
       if (c != MPI_COMM_WORLD && c != MPI_COMM_NULL) MPI_Comm_free(&c);
@@ -232,9 +262,10 @@ class MpiTransport : public Transport {
   }
 
   Expected<MPI_Comm> comm(const std::vector<int>& group) {
-    auto it = comms_.find(group);
+    const int ch = channel();
+    auto it = comms_.find({ch, group});
     if (it != comms_.end()) return it->second;
-    bool identity = static_cast<int>(group.size()) == size_;
+    bool identity = ch == 0 && static_cast<int>(group.size()) == size_;
     for (std::size_t i = 0; identity && i < group.size(); ++i)
       identity = group[i] == static_cast<int>(i);
     MPI_Comm c = MPI_COMM_WORLD;
@@ -244,7 +275,7 @@ class MpiTransport : public Transport {
       HP_TRY(check(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g),
                    "MPI_Group_incl"));
       // The tag separates creations of different groups that share members.
-      int tag = 0;
+      int tag = ch % 30000;
       for (int r : group) tag = (tag * 131 + r + 1) % 30000;
       Status s = check(MPI_Comm_create_group(MPI_COMM_WORLD, g, tag, &c), "MPI_Comm_create_group");
       MPI_Group_free(&g);
@@ -252,13 +283,13 @@ class MpiTransport : public Transport {
       HP_TRY(s);
       MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     }
-    comms_.emplace(group, c);
+    comms_.emplace(std::make_pair(ch, group), c);
     return c;
   }
 
   std::mutex mu_;
   int rank_ = 0, size_ = 1;
-  std::map<std::vector<int>, MPI_Comm> comms_;
+  std::map<std::pair<int, std::vector<int>>, MPI_Comm> comms_;  ///< by channel, group
   std::list<Pending> pending_;
 };
 

@@ -38,6 +38,7 @@ train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transpor
   }
   for (int k = first; k < first + size; ++k) ep.group.push_back(k);
   ep.zero = r.parallel.optimizer_shard;
+  ep.shard = static_cast<int>(r.parallel.shard_group);
   return ep;
 }
 

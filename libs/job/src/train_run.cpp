@@ -115,16 +115,21 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
                  "[[groups]]",
                  where, "remove [[groups]], or remove [train] to run the model forward");
   if (const auto& p = r.parallel; p.expert_parallel > 1) {
-    const char* other = p.tp > 1            ? "tp > 1"
-                        : p.pp > 1          ? "pp > 1"
-                        : p.shard_group > 0 ? "shard_group (HSDP)"
-                                            : nullptr;
+    const char* other = p.tp > 1 ? "tp > 1" : p.pp > 1 ? "pp > 1" : nullptr;
     if (other)
       return Error(Errc::not_implemented,
-                   fmt::format("expert parallelism trains beside data parallelism and ZeRO only "
-                               "for now: the recipe has expert_parallel = {} and {}",
+                   fmt::format("expert parallelism trains beside data parallelism, ZeRO and HSDP "
+                               "only for now: the recipe has expert_parallel = {} and {}",
                                p.expert_parallel, other),
-                   where, "set tp = pp = 1 and no shard_group, or expert_parallel = 1");
+                   where, "set tp = pp = 1, or expert_parallel = 1");
+    if (p.shard_group > 0 && p.shard_group % p.expert_parallel != 0 &&
+        p.expert_parallel % p.shard_group != 0)
+      return Error(Errc::bad_input,
+                   fmt::format("shard_group = {} must be a multiple or a divisor of "
+                               "expert_parallel = {}: each expert's holders are sharded within "
+                               "the shard groups",
+                               p.shard_group, p.expert_parallel),
+                   where);
     if (p.dp % p.expert_parallel != 0)
       return Error(Errc::bad_input,
                    fmt::format("expert_parallel = {} must divide dp = {}: the expert groups are "

@@ -40,14 +40,18 @@ float* f32(HostTensor& t) { return reinterpret_cast<float*>(t.data.data()); }
 
 }  // namespace
 
-/// The communication thread: reduces the buckets in the order they complete. An error is kept and
-/// reported by finish_step; the buckets after it are still taken off the queue (not reduced), so
-/// finish_step never waits for work that will not come.
+/// The communication thread: reduces the buckets last to first, each once it is complete. The
+/// order is fixed, not the order buckets complete in: collectives on one communicator must be
+/// started in the same order on every member, and members need not complete gradients in the same
+/// order (expert-parallel members hold different experts, so their graphs and schedules differ).
+/// Last to first is the order a backward completes them in. An error is kept and reported by
+/// finish_step; the buckets after it are still taken (not reduced), so finish_step never waits for
+/// work that will not come.
 struct DataParallelSync::Worker {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::size_t> queue;
-  std::size_t done = 0;  ///< buckets finished this step
+  std::vector<char> complete;  ///< per bucket, this step
+  std::size_t done = 0;        ///< buckets finished this step (the last `done` ones)
   bool stop = false;
   Status failed;
   std::thread thread;
@@ -55,15 +59,16 @@ struct DataParallelSync::Worker {
 
 void DataParallelSync::worker() {
   comm::set_patient_waits(true);
+  comm::set_channel(dp_.channel);
   Worker& w = *w_;
   for (;;) {
     std::size_t b = 0;
     {
       std::unique_lock<std::mutex> lock(w.mu);
-      w.cv.wait(lock, [&] { return w.stop || !w.queue.empty(); });
-      if (w.queue.empty()) return;
-      b = w.queue.front();
-      w.queue.pop_front();
+      const auto next = [&] { return buckets_.size() - 1 - w.done; };
+      w.cv.wait(lock, [&] { return w.stop || (w.done < buckets_.size() && w.complete[next()]); });
+      if (w.stop) return;
+      b = next();
     }
     const auto t0 = TraceLog::Clock::now();
     Status st = w.failed ? reduce_bucket(buckets_[b]) : Status{};
@@ -148,9 +153,11 @@ Expected<std::unique_ptr<DataParallelSync>> DataParallelSync::create(
   if (dp.active() && dp.overlap && dp.transport->any_thread()) {
     // The communication thread's groups are set up here, on the thread that owns the transport
     // (Transport::connect).
+    const comm::ScopedChannel channel(dp.channel);
     for (const auto* g : {&s->dp_.group, &s->shard_group_, &s->replica_group_})
       if (g->size() > 1) HP_TRY(dp.transport->connect(*g));
     s->w_ = std::make_unique<Worker>();
+    s->w_->complete.assign(s->buckets_.size(), 0);
     s->w_->thread = std::thread([p = s.get()] { p->worker(); });
   }
   return s;
@@ -168,7 +175,7 @@ DataParallelSync::~DataParallelSync() {
 
 Status DataParallelSync::reduce_bucket(const Bucket& b) {
   float* data = flat_.data() + b.start;
-  if (dp_.zero <= 1) {
+  if (dp_.zero <= 1 || shard_ == 1) {  // every rank keeps the whole sum
     return dp_.transport->allreduce(dp_.group, data, data, b.length, HP_F32, comm::ReduceOp::sum);
   }
   // Reduce-scatter into scratch (the transport's in and out must not overlap), then the replicas
@@ -205,6 +212,7 @@ Status DataParallelSync::begin_step(std::int64_t count, double n) {
     std::lock_guard<std::mutex> lock(w_->mu);
     w_->done = 0;
     w_->failed = {};
+    std::fill(w_->complete.begin(), w_->complete.end(), 0);
   }
   return {};
 }
@@ -225,7 +233,7 @@ void DataParallelSync::gradient_ready(std::size_t k, const HostTensor& grad) {
   if (--pending_[b] != 0 || !w_) return;
   {
     std::lock_guard<std::mutex> lock(w_->mu);
-    w_->queue.push_back(b);
+    w_->complete[b] = 1;
   }
   w_->cv.notify_all();
 }

@@ -21,6 +21,33 @@ int position(const std::vector<int>& v, int x) {
   return it == v.end() ? -1 : static_cast<int>(it - v.begin());
 }
 
+// Under HSDP, an expert's shard group: the ranks of `replicas` inside this rank's shard group of
+// `data` (a consecutive block of ep.shard ranks there). They must be a consecutive block of
+// `replicas` too, as DataParallelSync cuts its group into blocks; with expert groups laid
+// consecutively in `data` they are whenever the expert group's size divides the shard group's or
+// the reverse.
+Expected<int> expert_shard(const ExpertParallel& ep) {
+  if (ep.shard <= 0) return 0;
+  const int me = position(ep.data, ep.transport->rank());
+  const int first = me / ep.shard * ep.shard;
+  std::vector<int> inside;
+  for (int k = first; k < first + ep.shard && k < static_cast<int>(ep.data.size()); ++k)
+    if (position(ep.replicas, ep.data[static_cast<std::size_t>(k)]) >= 0)
+      inside.push_back(ep.data[static_cast<std::size_t>(k)]);
+  const int n = static_cast<int>(inside.size());
+  const int at = position(ep.replicas, ep.transport->rank());
+  const int start = at / n * n;
+  const bool block = static_cast<int>(ep.replicas.size()) % n == 0 &&
+                     std::equal(inside.begin(), inside.end(), ep.replicas.begin() + start);
+  if (!block)
+    return Error(Errc::bad_input,
+                 fmt::format("shard groups of {} ranks do not split the {} ranks holding each "
+                             "expert into equal blocks: make shard_group a multiple or a divisor "
+                             "of expert_parallel = {}",
+                             ep.shard, ep.replicas.size(), ep.group.size()));
+  return n;
+}
+
 }  // namespace
 
 int ExpertParallel::index() const { return transport ? position(group, transport->rank()) : -1; }
@@ -59,11 +86,12 @@ Expected<std::unique_ptr<ExpertParallelSync>> ExpertParallelSync::create(
   shared.zero = ep.zero;
   shared.bucket_bytes = ep.bucket_bytes;
   shared.weighted = true;
-  // With ep = dp the backward's own dispatch and combine run over the same ranks.
-  shared.overlap = ep.data != ep.group;
+  shared.shard = ep.shard;
   DataParallel experts = shared;
   experts.group = ep.replicas;
-  experts.overlap = true;  // the replicas meet the expert-parallel group in this rank only
+  // Under HSDP the two syncs' groups can coincide (both replicate across shard groups).
+  experts.channel = shared.channel + 1;
+  HP_ASSIGN_OR_RETURN(experts.shard, expert_shard(ep));
   HP_ASSIGN_OR_RETURN(s->shared_, DataParallelSync::create(shared, shapes[0]));
   HP_ASSIGN_OR_RETURN(s->experts_, DataParallelSync::create(experts, shapes[1]));
   return s;

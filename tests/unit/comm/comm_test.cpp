@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "hp/comm/comm.h"
@@ -291,6 +292,45 @@ TEST_CASE("comm: two threads of each rank run collectives on different groups at
     return side;
   });
   REQUIRE(s.ok());
+}
+
+TEST_CASE("comm: two threads of each rank run collectives on one group on their own channels",
+          "[comm]") {
+  // As an expert-parallel rank does where ep = dp: its reduction thread all-reduces over the very
+  // ranks whose all-gathers its compute thread runs. Rank 1's reducer starts late, so the two
+  // threads' calls interleave differently on the two ranks: only the channels keep them apart.
+  constexpr int kRounds = 100;
+  Status s = run_in_process(2, [&](int r, Transport& t) -> Status {
+    const std::vector<int> both{0, 1};
+    Status side;
+    std::thread reducer([&] {
+      set_channel(1);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int k = 0; k < kRounds && side.ok(); ++k) {
+        float x[64], y[64];
+        for (int i = 0; i < 64; ++i) x[i] = static_cast<float>(r + k);
+        side = t.allreduce(both, x, y, 64, HP_F32, ReduceOp::sum);
+        if (side.ok() && y[7] != static_cast<float>(1 + 2 * k))
+          side = hp::Error(hp::Errc::internal, fmt::format("sum {} in round {}", y[7], k));
+      }
+    });
+    Status main;
+    for (int k = 0; k < kRounds && main.ok(); ++k) {
+      double x[2] = {static_cast<double>(r), static_cast<double>(k)}, y[4] = {};
+      main = t.allgather(both, x, y, sizeof x);
+      if (main.ok() && (y[0] != 0 || y[2] != 1 || y[3] != k))
+        main = hp::Error(hp::Errc::internal, "gather out of order");
+    }
+    reducer.join();
+    if (channel() != 0)  // the reducer's channel is its own thread's
+      return hp::Error(hp::Errc::internal, "a thread's channel leaked into another's");
+    HP_TRY(main);
+    return side;
+  });
+  INFO((s ? std::string() : s.error().str()));
+  REQUIRE(s.ok());
+  const ScopedChannel scoped(3);
+  CHECK(channel() == 3);
 }
 
 TEST_CASE("comm: malformed attributes are bad input naming the node", "[comm]") {

@@ -87,6 +87,27 @@ class Transport {
   }
 };
 
+/// Collectives this thread calls from now on use the communicators of `channel` (0 until set).
+/// Each member of a group must make its calls on the group in one order. Two threads of a rank that
+/// run collectives on the same group at once (a training rank's two gradient-reduction threads,
+/// whose groups coincide under HSDP) therefore take different channels: the calls of one (group,
+/// channel) keep one order. Every transport honours it, connect() included.
+void set_channel(int channel);
+/// This thread's channel.
+int channel();
+
+/// Sets this thread's channel for a scope.
+class ScopedChannel {
+ public:
+  explicit ScopedChannel(int c) : old_(channel()) { set_channel(c); }
+  ~ScopedChannel() { set_channel(old_); }
+  ScopedChannel(const ScopedChannel&) = delete;
+  ScopedChannel& operator=(const ScopedChannel&) = delete;
+
+ private:
+  int old_;
+};
+
 struct CommPlan;
 
 /// The CommOps of a rank on `transport` (not owned; must outlive the result). Each node's

@@ -22,12 +22,12 @@
 //
 // Overlap: a step is begin_step (the label counts, so every rank knows its weight before the
 // backward), gradient_ready for each gradient as the executor finishes it (Executor's output
-// hook), finish_step. A bucket whose gradients are all in is reduced at once by this object's
-// communication thread while the backward goes on; every rank completes buckets in the same order
-// (the same graph runs everywhere), so the collectives match. The transport must allow calls from
-// another thread (Transport::any_thread(); otherwise the buckets are reduced in finish_step), and
-// the compute thread's own collectives during the run (tensor or expert parallelism) must use other
-// groups than this object's (DataParallel::overlap).
+// hook), finish_step. This object's communication thread reduces the buckets while the backward
+// goes on, last to first, each once its gradients are all in: a fixed order, so the collectives
+// match on every member whatever order they complete in. The transport must allow calls from
+// another thread (Transport::any_thread(); otherwise the buckets are reduced in finish_step). The
+// thread's collectives run on their own channel (DataParallel::channel), so the compute thread's
+// (tensor or expert parallelism) may use the same ranks meanwhile.
 //
 // The global gradient norm (for clipping) is the square root of the shard group's sum of every
 // member's sum of squares over its shard, so clipping is the single-rank clipping. Checkpoints are
@@ -61,10 +61,12 @@ struct DataParallel {
   /// The gradients arrive weighted already (the gradient model scales the loss's gradient by the
   /// rank's share: expert parallelism), so they are summed as they come.
   bool weighted = false;
-  /// Reduce buckets on the communication thread while the backward runs. Off when the executor's
-  /// own collectives use one of this object's groups during the run: two threads of a rank calling
-  /// collectives on one group could pair up differently on different ranks.
+  /// Reduce buckets on the communication thread while the backward runs.
   bool overlap = true;
+  /// The communication thread's channel (comm::set_channel): its communicators are its own, so
+  /// the executor's collectives (channel 0) may use the same ranks during the run. Two
+  /// DataParallelSyncs of one rank whose groups may coincide take different channels.
+  int channel = 1;
   bool active() const { return transport != nullptr && group.size() > 1; }
   /// Position of this rank in `group` (-1 when absent).
   int index() const;
@@ -169,7 +171,7 @@ class DataParallelSync {
   std::vector<std::size_t> pending_;  ///< per bucket: gradients still missing
   double exposed_ = 0;
   TraceLog* trace_ = nullptr;
-  // The communication thread and its queue of complete buckets.
+  // The communication thread, and which buckets are complete this step.
   struct Worker;
   std::unique_ptr<Worker> w_;
 };

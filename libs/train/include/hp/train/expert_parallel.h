@@ -78,6 +78,10 @@ struct ExpertParallel {
   std::vector<int> replicas;             ///< the ranks holding this rank's experts (it included)
   int zero = 0;  ///< optimizer_shard level: the shared weights shard over `data`, experts over
                  ///< `replicas` (data_parallel.h)
+  /// HSDP (`shard_group`): the shared weights shard within consecutive groups of this many ranks of
+  /// `data` (0: all of them) and replicate across groups; an expert shards over the ranks holding
+  /// it within the same group. It must be a multiple or a divisor of the group's size.
+  int shard = 0;
   std::int64_t bucket_bytes = std::int64_t{16} << 20;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
@@ -89,10 +93,9 @@ struct ExpertParallel {
 /// (GradSpec::loss_scale) before the experts' gradients of several ranks' tokens mix, so summing is
 /// all that is left: the shared weights' gradients over `data`, the experts' over `replicas`. Each
 /// of the two is a DataParallelSync (data_parallel.h) with weighted gradients: buckets reduced
-/// while the backward runs, and ZeRO's levels within its group. The shared weights' buckets wait
-/// for the end of the backward when `data` is the expert-parallel group itself, whose collectives
-/// the backward runs. The clip norm adds the experts' squares over the group and counts the shared
-/// weights once.
+/// while the backward runs (each on its own channel, so neither meets the backward's collectives
+/// nor the other's where their ranks coincide), and ZeRO's levels within its group. The clip norm
+/// adds the experts' squares over the group and counts the shared weights once.
 class ExpertParallelSync {
  public:
   /// `experts_of` as partition_experts gives it. Errc::bad_input when a parameter is not f32.
