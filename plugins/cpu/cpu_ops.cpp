@@ -246,17 +246,17 @@ bool same_float(const std::vector<int32_t>& d) {
 const OpTable& op_table() {
   static const OpTable table = [] {
     OpTable t;
-    // The float math families also take f16/bf16 through their f32 kernels; Cast and CastLike
-    // convert 16-bit floats themselves.
+    // The float math families also take f16/bf16 through their f32 kernels.
     for (auto reg : {register_elementwise_ops, register_nn_ops, register_conv_ops,
                      register_reduce_ops, register_pool_ops, register_norm_ops}) {
       OpTable part;
       reg(part);
       for (auto& [name, e] : part) {
-        e.halves = name != "Cast" && name != "CastLike";
+        e.halves = true;
         t[name] = e;
       }
     }
+    register_cast_ops(t);  // converts 16-bit floats itself
     register_shape_ops(t);
     register_index_ops(t);
     register_resample_ops(t);

@@ -120,6 +120,8 @@ bool same_float(const std::vector<int32_t>& d);
 using OpTable = std::map<std::string, OpEntry>;
 
 void register_elementwise_ops(OpTable& t);
+/// Cast and CastLike (cpu_ops_cast.cpp).
+void register_cast_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_index_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
