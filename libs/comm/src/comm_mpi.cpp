@@ -69,16 +69,15 @@ thread_local bool t_patient = false;
 
 // Threads of this process that are not patient and wait for, or are about to take, the transport's
 // lock. A patient thread lets them go first (Access below): an unlock followed at once by a lock
-// wins the mutex again nearly every time, so without this, a compute thread woken on each unlock
-// of a polling reduction thread could wait for its whole collective (seen as runs that took
-// minutes, or did not end, with 4 ranks on 2 cores under AddressSanitizer).
+// wins the mutex again nearly every time, so without this a compute thread, woken on each unlock
+// of a polling reduction thread, can wait out that thread's whole collective while its peers wait
+// for it; worst with more ranks than cores, where the woken thread runs late.
 std::atomic<int> g_eager{0};
 
 // The transport's lock, taken fairly between a rank's threads (see g_eager).
 class Access {
  public:
   explicit Access(std::mutex& mu) : lock_(mu, std::defer_lock) { acquire(); }
-  std::unique_lock<std::mutex>& lock() { return lock_; }
   void release() { lock_.unlock(); }
   void acquire() {
     if (!t_patient) {
