@@ -39,4 +39,11 @@ if [[ ${HP_SKIP_TSAN:-0} != 1 ]]; then
     python3 "$root/tests/stress/simulate_repeat.py" "$root/build-tsan/bin/hp" 20 \
       "$root/recipes/cpu-dp2-tp2.toml" "$root/recipes/cpu-tp2.toml" "$shard/gpt2-dp2-tp2-pp2.toml" \
       "$shard/llama-tp4.toml" "$shard/moe-dp2-tp2-pp2.toml" "$shard/vit-dp2-tp2.toml"
+  # Training ranks as threads: each rank's compute and gradient-reduction threads beside its peers'
+  # (ZeRO, HSDP, tensor and expert parallelism), against torch (needs python3-torch, else skipped).
+  echo "== simulated training under ThreadSanitizer"
+  HP_PLUGIN_PATH= TSAN_OPTIONS="suppressions=$root/tests/stress/tsan.supp" \
+    /usr/bin/python3 "$root/tests/train/run_distributed.py" "$root/build-tsan/bin/hp" \
+      "$root/build-tsan/train-tsan" --models gpt2,moe --simulate-only ||
+    [[ $? == 77 ]]
 fi

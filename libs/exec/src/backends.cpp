@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <cstdlib>
+#include <mutex>
 
 #include "hp/plugin/registry.h"
 
@@ -19,9 +20,14 @@ Expected<Backends> open_backends(const std::string& name, int threads,
   // costs a futex wake per region instead: the small CNN of tests/bench/executor took 6-9 ms at 2
   // threads against 3.9 ms with a short spin, idle or busy. So workers spin about 0.1 ms (10,000
   // iterations) and then sleep. Set before the plugin loads libgomp; a user's OMP_WAIT_POLICY or
-  // GOMP_SPINCOUNT wins.
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT"))
-    ::setenv("GOMP_SPINCOUNT", "10000", 0);
+  // GOMP_SPINCOUNT wins. Once per process, and every caller after it is done: the ranks of a
+  // simulated run call this on their threads, and one's setenv must not run while another's
+  // dlopen starts libgomp, which reads the environment.
+  static std::once_flag wait_policy;
+  std::call_once(wait_policy, [] {
+    if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT"))
+      ::setenv("GOMP_SPINCOUNT", "10000", 0);
+  });
   plugin::SearchOptions so;
   so.plugin_paths = plugin_paths;
   if (threads > 0) so.open_options.push_back(fmt::format("threads={}", threads));

@@ -18,6 +18,8 @@ Status check_node_schemas(const onnx::GraphProto& g,
                           const std::map<std::string, std::int64_t>& opsets,
                           const std::string& where) {
   const auto& registry = *onnx::OpSchemaRegistry::Instance();
+  // Let go while a subgraph is checked (the recursion takes it itself).
+  std::unique_lock<std::mutex> lock(onnx_registry_mutex());
   for (int i = 0; i < g.node_size(); ++i) {
     const onnx::NodeProto& n = g.node(i);
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
@@ -39,10 +41,12 @@ Status check_node_schemas(const onnx::GraphProto& g,
           fmt::format("node {} ({}) does not match its schema: {}", label, n.op_type(), e.what()),
           where);
     }
+    lock.unlock();  // the recursion takes it again
     for (const auto& a : n.attribute()) {
       if (a.has_g()) HP_TRY(check_node_schemas(a.g(), opsets, where));
       for (const auto& sub : a.graphs()) HP_TRY(check_node_schemas(sub, opsets, where));
     }
+    lock.lock();
   }
   return Status::success();
 }

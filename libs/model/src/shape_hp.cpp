@@ -73,6 +73,7 @@ namespace hp::model {
 
 int add_type_stubs(onnx::GraphProto& g, const ShapeMap& fixed, const ShapeMap& shapes, int opset) {
   std::vector<std::pair<std::string, std::int32_t>> stubs;
+  const std::lock_guard<std::mutex> registry(onnx_registry_mutex());
   for (const auto& n : g.node()) {
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
     if (onnx::OpSchemaRegistry::Schema(n.op_type(), domain.empty() ? opset : 1, domain)) continue;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -40,6 +41,11 @@ struct InferResult {
 Status check_node_schemas(const onnx::GraphProto& g,
                           const std::map<std::string, std::int64_t>& opsets,
                           const std::string& where);
+
+/// Held around every use of libonnx's schema registry on a thread of a process with several (the
+/// ranks of a simulated run each build their gradient graph): libonnx fills some of its global maps
+/// lazily, during inference, without a lock of its own.
+std::mutex& onnx_registry_mutex();
 
 /// ONNX shape inference of `copy` in place, in a forked child so that a crash inside libonnx is an
 /// Errc::bad_input naming `where` instead of a dead process (shape_isolated.cpp).

@@ -63,6 +63,11 @@ int thread_count() {
 
 }  // namespace
 
+std::mutex& onnx_registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 Status infer_shapes_isolated(onnx::ModelProto& copy, const onnx::ShapeInferenceOptions& options,
                              const std::string& where) {
   // A forked child holds only the forking thread: a lock another thread held at the fork (inside
@@ -72,6 +77,7 @@ Status infer_shapes_isolated(onnx::ModelProto& copy, const onnx::ShapeInferenceO
   // command already loaded through this path, and infer in place.
   if (thread_count() != 1) {
     try {
+      const std::lock_guard<std::mutex> lock(onnx_registry_mutex());
       onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), options);
     } catch (const std::exception& e) {
       return Error(Errc::bad_input, fmt::format("shape inference failed: {}", e.what()), where);
