@@ -256,14 +256,15 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   int opset = 0;
   for (const auto& op : copy.opset_import())
     if (op.domain().empty() || op.domain() == "ai.onnx") opset = static_cast<int>(op.version());
-  std::unique_lock<std::mutex> registry(onnx_registry_mutex());
-  const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
-  if (auto it = known.find(""); it != known.end() && opset > it->second.second)
-    result.warnings.push_back(
-        fmt::format("the model's opset {} is newer than this build's onnx library knows ({}); "
-                    "ops changed since may have unknown shapes",
-                    opset, it->second.second));
-  registry.unlock();
+  {
+    const std::lock_guard<std::mutex> registry(onnx_registry_mutex());
+    const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+    if (auto it = known.find(""); it != known.end() && opset > it->second.second)
+      result.warnings.push_back(
+          fmt::format("the model's opset {} is newer than this build's onnx library knows ({}); "
+                      "ops changed since may have unknown shapes",
+                      opset, it->second.second));
+  }
   onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   int serial = 0;
   ShapeMap fixed;

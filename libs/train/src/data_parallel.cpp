@@ -150,7 +150,7 @@ Expected<std::unique_ptr<DataParallelSync>> DataParallelSync::create(
     }
   }
   s->ready_.assign(params.size(), 0);
-  if (dp.active() && dp.overlap && dp.transport->any_thread()) {
+  if (dp.active() && dp.transport->any_thread()) {
     // The communication thread's groups are set up here, on the thread that owns the transport
     // (Transport::connect).
     const comm::ScopedChannel channel(dp.channel);

@@ -61,8 +61,6 @@ struct DataParallel {
   /// The gradients arrive weighted already (the gradient model scales the loss's gradient by the
   /// rank's share: expert parallelism), so they are summed as they come.
   bool weighted = false;
-  /// Reduce buckets on the communication thread while the backward runs.
-  bool overlap = true;
   /// The communication thread's channel (comm::set_channel): its communicators are its own, so
   /// the executor's collectives (channel 0) may use the same ranks during the run. Two
   /// DataParallelSyncs of one rank whose groups may coincide take different channels.
