@@ -13,6 +13,8 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
     dp=2 (mpirun)                       plain data parallelism, gradients all-reduced
     dp=2 optimizer_shard 1/2 (--simulate) and 3 (mpirun)
     dp=4 optimizer_shard 2, shard_group 2 (--simulate): HSDP, one row per rank
+    dp=2 and dp=4 HSDP at optimizer_shard 3 in 50 KiB buckets (--simulate): the parameters
+                                        gathered for each use (tid 3 of the trace)
     tp=2 (--simulate, and mpirun)       each rank trains hp shard's partition of the recipe
     tp=4 (--simulate)                   (Llama's two kv heads: k/v projections replicated)
     dp=2 x tp=2 (--simulate), and with optimizer_shard 2 (mpirun)
@@ -26,7 +28,9 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
-more at one rank and at dp=4 HSDP, must equal the uninterrupted 5 (losses and weights as above);
+more at one rank, at dp=4 HSDP and at dp=2 ZeRO-3, must equal the uninterrupted 5 (losses and
+weights as above), and so must 3 at dp=4 HSDP ZeRO-3 resumed at one rank and at dp=2 ZeRO-1 (and
+ZeRO-3's peak must be below ZeRO-2's);
 the same from tp=2 (to one rank and tp=2), from dp2 x tp2 ZeRO-1 over 4 ranks (a sharded
 checkpoint: to tp=4, one rank and dp2 ZeRO-2; then a flipped byte and a missing rank's files are
 refused naming the tensor) and from dp2 x ep2 ZeRO-1 (to one rank, dp4 x ep4, dp4 x ep2 ZeRO-2
@@ -67,6 +71,10 @@ LAYOUTS = [
     ("dp2-zero2", {"dp": 2, "optimizer_shard": 2}, "simulate"),
     ("dp2-zero3", {"dp": 2, "optimizer_shard": 3}, "mpirun"),
     ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
+    # ZeRO-3 in buckets of 50 KiB: these models' parameters gathered for each use in many parts
+    ("dp2-zero3-buckets", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05}, "simulate"),
+    ("dp4-hsdp2-zero3", {"dp": 4, "optimizer_shard": 3, "shard_group": 2, "bucket_mb": 0.05},
+     "simulate"),
     ("tp2", {"tp": 2}, "simulate"),
     ("tp2", {"tp": 2}, "mpirun"),
     ("tp4", {"tp": 4}, "simulate"),
@@ -114,16 +122,34 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     detail, (worst, name) = rt.compare(ref, rows, saved)
     # Buckets reduced during the backward, on the communication thread: also where ep = dp, whose
     # backward runs the experts' collectives over the same ranks (on another channel).
-    check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel)
-    return f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})"
+    # ZeRO-3 without tensor or expert parallelism: parameters gathered for the executor's uses.
+    gathers = (parallel.get("optimizer_shard") == 3 and parallel.get("tp", 1) == 1 and
+               parallel.get("expert_parallel", 1) == 1)
+    counted = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel,
+                          gathers)
+    return (f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})" +
+            (f"  {counted} gathers a step" if gathers else ""))
 
 
-def check_trace(path, ranks, buckets_expected=True):
-    """--trace: one Chrome trace with every rank's steps, the gradient model's nodes and (data
-    parallelism) its gradient buckets, parts merged."""
+def check_trace(path, ranks, buckets_expected=True, gathers_expected=False):
+    """--trace: one Chrome trace with every rank's steps, the gradient model's nodes, (data
+    parallelism) its gradient buckets and (ZeRO-3) its parameter gathers, parts merged. Returns the
+    gathers of a step (0 when none are expected)."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    per_step = 0
     for r in range(ranks):
+        gathers = [e for e in events if e["pid"] == r and e["tid"] == 3]
+        if gathers_expected:
+            # Every bucket at least once a step (the forward's use; the backward's too where a
+            # bucket is read far apart), and the same number on every rank (collectives).
+            if not gathers or len(gathers) % reference.STEPS or (per_step and
+                                                                  len(gathers) != per_step * reference.STEPS):
+                raise rt.Failure(f"trace: rank {r} has {len(gathers)} parameter gathers over "
+                                 f"{reference.STEPS} steps")
+            per_step = len(gathers) // reference.STEPS
+        elif gathers:
+            raise rt.Failure(f"trace: rank {r} gathers parameters without ZeRO-3")
         steps = [e for e in events if e["pid"] == r and e["name"].startswith("forward+backward")]
         buckets = [e for e in events if e["pid"] == r and e["tid"] == 1]
         if len(steps) != reference.STEPS or (buckets_expected and not buckets):
@@ -142,6 +168,7 @@ def check_trace(path, ranks, buckets_expected=True):
     parts = [p for p in os.listdir(os.path.dirname(path)) if ".trace.json.rank-" in p]
     if parts:
         raise rt.Failure(f"trace: part files left behind: {parts}")
+    return per_step
 
 
 def control_tp(hp, work, log):
@@ -216,8 +243,32 @@ def resharded(hp, work, log):
         hp, fresh(work, "reshard"), "gpt2", {"dp": 2, "optimizer_shard": 2},
         [("one-rank", {}, "one"),
          ("dp4-hsdp2", {"dp": 4, "optimizer_shard": 2, "shard_group": 2}, "simulate"),
+         ("dp2-zero3", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05}, "simulate"),
          ("tp2", {"tp": 2}, "simulate")], log)
     return "dp2 zero2 x3 -> " + "; ".join(details)
+
+
+def zero3_resharded(hp, work, log):
+    """3 steps at dp4 HSDP ZeRO-3 in 50 KiB buckets (mpirun: the parameters gathered for every
+    use, the checkpoint's all-gathered once), resumed for 2 at one rank and at dp=2 ZeRO-1: the 5
+    steps torch ran. Then ZeRO-3's executor peak is below ZeRO-2's on the same layout."""
+    d = fresh(work, "reshard-zero3")
+    details = checkpoint_then_resume(
+        hp, d, "gpt2", {"dp": 4, "optimizer_shard": 3, "shard_group": 2, "bucket_mb": 0.05},
+        [("one-rank", {}, "one"), ("dp2-zero1", {"dp": 2, "optimizer_shard": 1}, "simulate")],
+        log)
+    peaks = {}
+    for tag in ("dp2-zero2-simulate", "dp2-zero3-buckets-simulate"):
+        path = os.path.join(work, "gpt2", f"{tag}.jsonl")
+        if not os.path.exists(path):  # --models without gpt2
+            return "dp4 hsdp2 zero3 x3 -> " + "; ".join(details) + "; peaks not compared"
+        with open(path) as f:
+            peaks[tag] = max(json.loads(line)["peak_bytes"] for line in f if line.strip())
+    zero2, zero3 = peaks["dp2-zero2-simulate"], peaks["dp2-zero3-buckets-simulate"]
+    if not zero3 < zero2:
+        raise rt.Failure(f"ZeRO-3's peak {zero3} B is not below ZeRO-2's {zero2} B at dp=2")
+    return (f"dp4 hsdp2 zero3 x3 -> " + "; ".join(details) +
+            f"; peak at dp=2: ZeRO-3 {zero3} B, ZeRO-2 {zero2} B")
 
 
 def tp_resharded(hp, work, log):
@@ -439,6 +490,7 @@ def main():
                           ("hp verify tp=2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"tp": 2})),
                           ("resharded resume", resharded),
+                          ("ZeRO-3 resumed elsewhere; its memory", zero3_resharded),
                           ("resharded resume from tp=2", tp_resharded),
                           ("resharded resume from dp2 x tp2", grid_resharded),
                           ("damaged sharded checkpoint refused", damaged_refused),

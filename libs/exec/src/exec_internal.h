@@ -131,6 +131,8 @@ inline std::size_t pool_size(std::size_t bytes) {
 
 /// Offload state and schedule of an executor (exec_offload.cpp); null when offload is off.
 struct OffloadState;
+/// Weights lent by a WeightSource and their uses (exec_gather.cpp); null without a source.
+struct GatherState;
 
 /// Size-keyed free lists per backend slot: freed buffers are reused by later allocations. Vectors,
 /// not a multimap, so that once warm, releasing and reusing a buffer allocates nothing.
@@ -168,6 +170,7 @@ struct Executor::Impl {
   std::vector<unsigned char> comm_discard;  ///< where a comm node writes an output nobody reads
 
   std::shared_ptr<OffloadState> off;
+  std::shared_ptr<GatherState> gather;
 
   int id_of(const std::string& name);
 
@@ -243,6 +246,21 @@ void offload_after_node(Executor::Impl& im, std::size_t k);
 void offload_end_run(Executor::Impl& im);
 /// The primary device's peak allocation (mem_stats) into stats; resets it when `reset`.
 void read_device_peak(Executor::Impl& im, bool reset);
+
+/// Which nodes are cached (constant-folded across runs), which tensors persist between runs and
+/// which node releases each of the others (exec_prepare.cpp). Rerun by set_weight_source, whose
+/// weights stop being persistent.
+void plan_lifetimes(Executor::Impl& im);
+
+// exec_gather.cpp: weights lent by a WeightSource (Executor::set_weight_source).
+/// True when weight `id` comes from the weight source (not loaded with the others).
+bool gathered_weight(const Executor::Impl& im, int id);
+/// At the start of a run: asks the source for the first use's group.
+void gather_begin_run(Executor::Impl& im);
+/// Fetches the groups whose use begins at node k, and asks for the next use's.
+Status gather_before_node(Executor::Impl& im, std::size_t k);
+/// Frees the groups whose use ended with node k.
+void gather_after_node(Executor::Impl& im, std::size_t k);
 
 /// Rewrites node chains into fused nodes the backend implements (exec_fuse.cpp); returns how many.
 int fuse_nodes(Executor::Impl& im);

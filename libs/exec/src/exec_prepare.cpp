@@ -251,6 +251,64 @@ Status prepare_nodes(Executor::Impl& im, const onnx::GraphProto& g, const model:
   return {};
 }
 
+void plan_lifetimes(Executor::Impl& im) {
+  for (Slot& s : im.slots) s.persistent = false;
+  // Weights persist, except those a weight source lends for their uses (exec_gather.cpp).
+  for (const auto& [id, h] : im.weights)
+    if (!gathered_weight(im, id)) im.slots[static_cast<std::size_t>(id)].persistent = true;
+  for (PreparedNode& n : im.nodes) {
+    n.cached = n.memo_valid = n.donate_input0 = false;
+    n.release_after.clear();
+    if (n.dead || n.comm || n.builtin != Builtin::none || !deterministic(n.op_type)) continue;
+    bool all_const = true;
+    if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
+      all_const = true;  // depends on its input's dims only
+    } else {
+      for (int t : n.inputs)
+        if (t >= 0 && !im.slots[static_cast<std::size_t>(t)].persistent) all_const = false;
+    }
+    if (!all_const) continue;
+    n.cached = true;
+    for (int t : n.outputs)
+      if (t >= 0) im.slots[static_cast<std::size_t>(t)].persistent = true;
+  }
+
+  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never
+  // released.
+  std::vector<int> last(im.tensor_names.size(), -1);
+  for (std::size_t k = 0; k < im.nodes.size(); ++k)
+    if (!im.nodes[k].dead)
+      for (const auto* list : {&im.nodes[k].inputs, &im.nodes[k].captured})
+        for (int t : *list)
+          if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
+  std::set<int> keep(im.output_ids.begin(), im.output_ids.end());
+  for (std::size_t t = 0; t < last.size(); ++t)
+    if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !im.slots[t].persistent)
+      im.nodes[static_cast<std::size_t>(last[t])].release_after.push_back(static_cast<int>(t));
+  // Outputs nobody reads (unused optional outputs, dead ends) are released right after their
+  // producer.
+  for (std::size_t k = 0; k < im.nodes.size(); ++k)
+    if (!im.nodes[k].dead)
+      for (int t : im.nodes[k].outputs)
+        if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
+            !im.slots[static_cast<std::size_t>(t)].persistent)
+          im.nodes[k].release_after.push_back(t);
+  // A view op whose data input dies with it takes that input's buffer as its output instead of
+  // copying it (alloc_output in exec_run.cpp): the backward of a transformer reshapes whole
+  // activations and gradients back and forth.
+  if (im.opts.offload.enabled) return;
+  for (PreparedNode& n : im.nodes) {
+    static const std::set<std::string> views{"Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                             "Identity"};
+    if (n.dead || !n.domain.empty() || !views.count(n.op_type) || n.inputs.empty() ||
+        n.inputs[0] < 0 || n.outputs.size() != 1)
+      continue;
+    const int x = n.inputs[0];
+    n.donate_input0 = std::count(n.release_after.begin(), n.release_after.end(), x) > 0 &&
+                      std::count(n.inputs.begin(), n.inputs.end(), x) == 1;
+  }
+}
+
 Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
                                                      const ExecOptions& options) {
   if (!options.cpu) return Error(Errc::internal, "the executor needs the cpu backend");
@@ -299,66 +357,16 @@ Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,
   fuse_nodes(*impl);
   keep_channels_last(*impl);
 
-  // Cached (constant-folded across runs) nodes and persistent tensors.
-  impl->slots.resize(impl->tensor_names.size());
-  for (const auto& [id, h] : impl->weights)
-    impl->slots[static_cast<std::size_t>(id)].persistent = true;
   std::map<std::string, int> op_slots;
   for (PreparedNode& n : impl->nodes) {
     const std::string label = n.domain.empty() ? n.op_type : n.domain + "." + n.op_type;
     auto [it, added] = op_slots.emplace(label, static_cast<int>(impl->op_types.size()));
     if (added) impl->op_types.push_back(label);
     n.op_slot = it->second;
-    if (n.dead || n.comm || n.builtin != Builtin::none || !deterministic(n.op_type)) continue;
-    bool all_const = true;
-    if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) {
-      all_const = true;  // depends on its input's dims only
-    } else {
-      for (int t : n.inputs)
-        if (t >= 0 && !impl->slots[static_cast<std::size_t>(t)].persistent) all_const = false;
-    }
-    if (!all_const) continue;
-    n.cached = true;
-    for (int t : n.outputs)
-      if (t >= 0) impl->slots[static_cast<std::size_t>(t)].persistent = true;
   }
-
+  impl->slots.resize(impl->tensor_names.size());
+  plan_lifetimes(*impl);
   if (options.pack_weights) tag_constant_weights(*impl);
-
-  // Lifetimes: the last node reading each tensor releases it; persistent tensors are never
-  // released.
-  std::vector<int> last(impl->tensor_names.size(), -1);
-  for (std::size_t k = 0; k < impl->nodes.size(); ++k)
-    if (!impl->nodes[k].dead)
-      for (const auto* list : {&impl->nodes[k].inputs, &impl->nodes[k].captured})
-        for (int t : *list)
-          if (t >= 0) last[static_cast<std::size_t>(t)] = static_cast<int>(k);
-  std::set<int> keep(impl->output_ids.begin(), impl->output_ids.end());
-  for (std::size_t t = 0; t < last.size(); ++t)
-    if (last[t] >= 0 && !keep.count(static_cast<int>(t)) && !impl->slots[t].persistent)
-      impl->nodes[static_cast<std::size_t>(last[t])].release_after.push_back(static_cast<int>(t));
-  // Outputs nobody reads (unused optional outputs, dead ends) are released right after their
-  // producer.
-  for (std::size_t k = 0; k < impl->nodes.size(); ++k)
-    if (!impl->nodes[k].dead)
-      for (int t : impl->nodes[k].outputs)
-        if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
-            !impl->slots[static_cast<std::size_t>(t)].persistent)
-          impl->nodes[k].release_after.push_back(t);
-  // A view op whose data input dies with it takes that input's buffer as its output instead of
-  // copying it (alloc_output in exec_run.cpp): the backward of a transformer reshapes whole
-  // activations and gradients back and forth.
-  if (!options.offload.enabled)
-    for (PreparedNode& n : impl->nodes) {
-      static const std::set<std::string> views{"Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                                               "Identity"};
-      if (n.dead || !n.domain.empty() || !views.count(n.op_type) || n.inputs.empty() ||
-          n.inputs[0] < 0 || n.outputs.size() != 1)
-        continue;
-      const int x = n.inputs[0];
-      n.donate_input0 = std::count(n.release_after.begin(), n.release_after.end(), x) > 0 &&
-                        std::count(n.inputs.begin(), n.inputs.end(), x) == 1;
-    }
 
   for (int s = 0; s < 2; ++s) {
     if (!impl->be[s]) continue;

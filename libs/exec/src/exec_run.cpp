@@ -356,8 +356,8 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
                  fmt::format("the graph has {} inputs, {} were given", input_ids.size(), n_inputs));
   if (!weights_loaded) {
     for (auto& [id, h] : weights)
-      if (offload_keeps_on_host(*this, id))
-        continue;  // copied in before its readers (exec_offload.cpp)
+      if (offload_keeps_on_host(*this, id) || gathered_weight(*this, id))
+        continue;  // copied in before its readers (exec_offload.cpp, exec_gather.cpp)
       else if (Status st = load_tensor(id, h); !st)
         return fail_run(std::move(st).error());
     weights_loaded = true;
@@ -385,10 +385,12 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
   }
   op_time.assign(op_types.size(), OpTime{});
   stats.timeline.clear();
+  gather_begin_run(*this);
   for (std::size_t k = 0; k < nodes.size(); ++k) {
     PreparedNode& n = nodes[k];
     if (n.dead) continue;
     if (Status st = offload_before_node(*this, k); !st) return fail_run(std::move(st).error());
+    if (Status st = gather_before_node(*this, k); !st) return fail_run(std::move(st).error());
     const auto s0 = std::chrono::steady_clock::now();
     bool ran = false;
     if (Status st = run_or_reuse(n, &ran); !st) return fail_run(std::move(st).error());
@@ -421,6 +423,7 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
         }
     for (int t : n.release_after) free_slot(t);
     offload_after_node(*this, k);
+    gather_after_node(*this, k);
   }
   for (std::size_t k = 0; k < op_types.size(); ++k)
     if (op_time[k].nodes) stats.by_op[op_types[k]] = op_time[k];

@@ -23,12 +23,19 @@ std::pair<int, HostTensor*> find_weight(Executor::Impl& im, const std::string& n
   return {-1, nullptr};
 }
 
+/// A weight the executor does not hold (exec_gather.cpp): its value is the source's.
+Error lent(const std::string& name) {
+  return Error(Errc::bad_input,
+               "the weight comes from the executor's weight source, which holds its value", name);
+}
+
 }  // namespace
 
 Status Executor::set_weight(const std::string& name, const HostTensor& value) {
   Impl& im = *impl_;
   auto [id, host] = find_weight(im, name);
   if (id < 0) return Error(Errc::bad_input, "the model has no initializer of this name", name);
+  if (gathered_weight(im, id)) return lent(name);
   if (value.dtype != host->dtype || value.dims != host->dims)
     return Error(
         Errc::bad_input,
@@ -57,7 +64,8 @@ float* Executor::host_weight(const std::string& name) {
   auto [id, host] = find_weight(im, name);
   // Slot 0 is the cpu backend, whose device memory is host memory; a weight with a replica on the
   // primary device (slot 1) would be read from there.
-  if (id < 0 || host->dtype != HP_F32 || !im.weights_loaded || offload_keeps_on_host(im, id))
+  if (id < 0 || host->dtype != HP_F32 || !im.weights_loaded || offload_keeps_on_host(im, id) ||
+      gathered_weight(im, id))
     return nullptr;
   Slot& s = im.slots[static_cast<std::size_t>(id)];
   if (!s.ptr[0] || s.ptr[1] || s.bytes != static_cast<std::size_t>(host->numel()) * sizeof(float))
@@ -78,6 +86,7 @@ Expected<HostTensor> Executor::weight(const std::string& name) {
   Impl& im = *impl_;
   auto [id, host] = find_weight(im, name);
   if (id < 0) return Error(Errc::bad_input, "the model has no initializer of this name", name);
+  if (gathered_weight(im, id)) return lent(name);
   if (!im.weights_loaded || offload_keeps_on_host(im, id)) return *host;
   HP_ASSIGN_OR_RETURN(HostTensor h, im.to_host(id));
   h.name = name;

@@ -18,12 +18,21 @@
 namespace hp::job {
 namespace fs = std::filesystem;
 
+namespace {
+
+std::int64_t bucket_bytes(const recipe::Parallel& p) {
+  return std::max<std::int64_t>(4, static_cast<std::int64_t>(p.bucket_mb * 1024 * 1024));
+}
+
+}  // namespace
+
 train::DataParallel data_parallel_of(const recipe::Recipe& r, comm::Transport& t) {
   train::DataParallel dp;
   dp.transport = &t;
   for (int k = 0; k < t.size(); ++k) dp.group.push_back(k);
   dp.zero = r.parallel.optimizer_shard;
   dp.shard = static_cast<int>(r.parallel.shard_group);
+  dp.bucket_bytes = bucket_bytes(r.parallel);
   return dp;
 }
 
@@ -39,6 +48,7 @@ train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transpor
   for (int k = first; k < first + size; ++k) ep.group.push_back(k);
   ep.zero = r.parallel.optimizer_shard;
   ep.shard = static_cast<int>(r.parallel.shard_group);
+  ep.bucket_bytes = bucket_bytes(r.parallel);
   return ep;
 }
 

@@ -83,7 +83,7 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   rd.check_keys(
       t, path,
       {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size", "micro_batches",
-       "schedule", "virtual_stages", "sequence_parallel", "expert_parallel"});
+       "schedule", "virtual_stages", "sequence_parallel", "expert_parallel", "bucket_mb"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
   if (auto v = rd.get_int(t, "pp", path, true)) p.pp = *v;
@@ -100,6 +100,7 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
         "levels: 0 none, 1 optimizer, 2 gradients, 3 parameters");
   }
   if (auto v = rd.get_int(t, "shard_group", path, false)) p.shard_group = *v;
+  if (auto v = rd.get_number(t, "bucket_mb", path, false)) p.bucket_mb = *v;
   if (auto v = rd.get_int(t, "micro_batch_size", path, false)) p.micro_batch_size = *v;
   if (auto v = rd.get_int(t, "micro_batches", path, false)) p.micro_batches = *v;
   if (auto v = get_enum(rd, t, "schedule", path, kSchedules)) p.schedule = *v;

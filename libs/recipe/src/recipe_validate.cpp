@@ -75,6 +75,11 @@ void check_parallel(Checker& ck, const Parallel& p) {
                         "none)",
                         p.shard_group),
             "HSDP needs optimizer_shard 1..3, or remove shard_group");
+  if (!(p.bucket_mb > 0) || p.bucket_mb > 1 << 20)
+    ck.fail("parallel.bucket_mb",
+            fmt::format("'parallel.bucket_mb' must be more than 0 MiB and at most 1 TiB, got {}",
+                        p.bucket_mb),
+            "the gradient bucket size in MiB; 16 by default, PyTorch DDP's default is 25");
   if (p.schedule == Schedule::zbv && p.virtual_stages != 2)
     ck.fail("parallel.virtual_stages",
             fmt::format("the zbv schedule runs 2 model chunks per rank, but "

@@ -125,6 +125,7 @@ std::string format_recipe(const Recipe& r) {
       .integer("pp", p.pp)
       .string("optimizer_shard", optimizer_shard_name(p.optimizer_shard));
   if (p.shard_group > 0) w.integer("shard_group", p.shard_group);
+  if (p.bucket_mb != Parallel{}.bucket_mb) w.number("bucket_mb", p.bucket_mb);
   w.integer("micro_batch_size", p.micro_batch_size)
       .integer("micro_batches", p.micro_batches)
       .string("schedule", schedule_name(p.schedule))

@@ -24,6 +24,8 @@ constexpr KeyDoc kRecipe[] = {
     {"[parallel]", "shard_group", "integer >= 0", "no (0)",
      "HSDP: shard over groups of this many consecutive dp ranks, replicate across groups; 0 = "
      "the whole dp group"},
+    {"[parallel]", "bucket_mb", "number > 0", "no (16)",
+     "gradient bucket size in MiB: reduced as soon as complete; ZeRO-3's gather unit"},
     {"[parallel]", "micro_batch_size", "integer >= 1", "no (1)", "samples per micro-batch"},
     {"[parallel]", "micro_batches", "integer >= 1", "no (1)",
      "micro-batches per step (a multiple of pp when interleaved)"},

@@ -323,21 +323,27 @@ Expected<StepInfo> DataParallelSync::update_with_norm(const OptimizerConfig& c,
     // without copies of the model.
     return optimizer_step(c, params, grads, state, norm, mirror);
   }
-  // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims).
+  // The pieces this rank updates, shaped as their gradients (whole tensors keep their dims), from
+  // the whole parameters or, at ZeRO-3, from the shard this rank holds.
   std::vector<HostTensor> mine;
   mine.reserve(pieces_.size());
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     const FlatPiece& p = pieces_[k];
     HostTensor t = piece_tensor(params[p.param].name, p.count);
     t.dims = grads[k].dims;
-    std::memcpy(f32(t), f32(params[p.param]) + p.offset,
-                static_cast<std::size_t>(p.count) * sizeof(float));
+    const float* from = holding_ ? held(bucket_of_[p.param], offsets_[p.param] + p.offset)
+                                 : f32(params[p.param]) + p.offset;
+    std::memcpy(f32(t), from, static_cast<std::size_t>(p.count) * sizeof(float));
     mine.push_back(std::move(t));
   }
   HP_ASSIGN_OR_RETURN(StepInfo info, optimizer_step(c, mine, grads, state, norm));
-  for (std::size_t k = 0; k < pieces_.size(); ++k)
-    std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(mine[k]),
-                static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    const FlatPiece& p = pieces_[k];
+    float* to = holding_ ? held(bucket_of_[p.param], offsets_[p.param] + p.offset)
+                         : flat_.data() + offsets_[p.param] + p.offset;
+    std::memcpy(to, f32(mine[k]), static_cast<std::size_t>(p.count) * sizeof(float));
+  }
+  if (holding_) return info;  // the executor gathers them for their next use
   for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b));
   for (std::size_t k = 0; k < params.size(); ++k)
     std::memcpy(f32(params[k]), flat_.data() + offsets_[k],

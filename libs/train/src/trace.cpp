@@ -32,7 +32,7 @@ Status TraceLog::write(const std::filesystem::path& path, int rank) const {
                     {"ph", "M"},
                     {"pid", rank},
                     {"args", {{"name", fmt::format("rank {}", rank)}}}});
-  for (int tid : {0, 1, 2})
+  for (int tid : {0, 1, 2, 3})
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
                       {"pid", rank},
@@ -40,7 +40,8 @@ Status TraceLog::write(const std::filesystem::path& path, int rank) const {
                       {"args",
                        {{"name", tid == 0   ? "step"
                                  : tid == 1 ? "gradient reduction"
-                                            : "gradient model nodes"}}}});
+                                 : tid == 2 ? "gradient model nodes"
+                                            : "parameter gathers (ZeRO-3)"}}}});
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Event& e : events_) {

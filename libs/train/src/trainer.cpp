@@ -94,6 +94,7 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
 Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     const std::vector<exec::HostTensor>& mine) const {
   if (eps) return eps->gather(mine, forward);
+  if (held() && &mine == &params) return sync->gather_parameters(params);
   if (!tps) return mine;
   HP_ASSIGN_OR_RETURN(auto all, tps->gather(mine));
   // Checkpoints and saved models list the parameters as one rank trains them: in the forward
@@ -221,6 +222,13 @@ Status TrainRun::prepare() {
           if (k > 0 && k <= n) s->gradient_ready(k - 1, t);  // output 0 is the loss, buffers last
         });
     if (!o.trace.empty()) sync->set_trace(&trace);
+    // ZeRO-3: each rank keeps its shard of the parameters, and the executor gathers a bucket of
+    // them for each use (data_parallel.h). With tensor parallelism the executor's weights are the
+    // slices in their stored form, and level 3 moves level 2's bytes (docs/training.md).
+    if (dp.zero >= 3 && sync->sharded() && !tps) {
+      HP_TRY(sync->hold_parameters(params));
+      HP_TRY(ex->set_weight_source(sync.get(), sync->weight_groups(params)));
+    }
   }
   return {};
 }
@@ -295,7 +303,7 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   const auto t2 = std::chrono::steady_clock::now();
-  for (std::size_t j = 0; j < params.size(); ++j)
+  for (std::size_t j = 0; j < params.size() && !held(); ++j)
     if (j < mirror.to.size() && mirror.to[j])
       HP_TRY(ex->weight_written(params[j].name));
     else

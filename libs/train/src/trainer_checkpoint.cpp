@@ -30,9 +30,11 @@ Status TrainRun::resume_sharded() {
   HP_ASSIGN_OR_RETURN(
       auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers, o.optimizer.kind));
   for (std::size_t k = 0; k < params.size(); ++k) {
-    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
+    if (!held())
+      HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
     params[k] = std::move(r.params[k]);
   }
+  if (held()) HP_TRY(sync->hold_parameters(params));  // its shard of them; the executor borrows
   for (std::size_t j = 0; j < buffers.size(); ++j) {
     HP_TRY(ex->set_weight(buffers[j].name, r.buffers[j]));
     buffers[j] = std::move(r.buffers[j]);
@@ -59,9 +61,10 @@ Status TrainRun::resume() {
                    fmt::format("checkpoint parameter '{}' does not match the model's '{}'",
                                c.params[k].name, params[k].name),
                    o.resume_dir.string());
-    HP_TRY(ex->set_weight(params[k].name, c.params[k]));
+    if (!held()) HP_TRY(ex->set_weight(params[k].name, c.params[k]));
     params[k] = std::move(c.params[k]);
   }
+  if (held()) HP_TRY(sync->hold_parameters(params));
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
@@ -142,6 +145,11 @@ Status TrainRun::write_checkpoint() {
     if (eps) {  // each member writes its parameters' state whole, in their order
       HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state));
       return detail::save_sharded(layout(), h, params, whole_state, buffers, o.checkpoint_dir,
+                                  o.force_checkpoint);
+    }
+    if (held()) {  // ZeRO-3: the parameters are gathered for the writers
+      HP_ASSIGN_OR_RETURN(auto gathered, sync->gather_parameters(params));
+      return detail::save_sharded(layout(), h, gathered, state, buffers, o.checkpoint_dir,
                                   o.force_checkpoint);
     }
     return detail::save_sharded(layout(), h, params, state, buffers, o.checkpoint_dir,

@@ -54,6 +54,9 @@ struct TrainRun {
   /// member of the tensor-parallel group).
   bool lead() const { return part == 0 && o.tp.index() <= 0; }
   bool partitioned() const { return o.tp.active() || o.ep.active(); }
+  /// ZeRO-3: the data-parallel sync holds the parameters (params keep names and dims only) and the
+  /// executor borrows them from it.
+  bool held() const { return sync && sync->holds_parameters(); }
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }

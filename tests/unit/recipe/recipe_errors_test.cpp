@@ -131,6 +131,28 @@ TEST_CASE("recipe: an HSDP shard_group must divide dp and shard something", "[re
   CHECK(format_recipe(ok.recipe).find("shard_group") == std::string::npos);
 }
 
+TEST_CASE("recipe: bucket_mb is a positive size in MiB, written back only when set", "[recipe]") {
+  for (const char* bad : {"0", "-2", "nan", "2e9"}) {
+    RecipeDocument doc =
+        parse_with(std::string("[parallel]\ndp = 2\ntp = 1\npp = 1\nbucket_mb = ") + bad + "\n");
+    INFO(bad << "\n" << dump(doc.problems));
+    CHECK(has(doc.problems, "recipe.toml:10:13", "'parallel.bucket_mb' must be more than 0 MiB"));
+  }
+  RecipeDocument text = parse_with("[parallel]\ndp = 2\ntp = 1\npp = 1\nbucket_mb = \"4\"\n");
+  CHECK(!text.problems.empty());
+  RecipeDocument ok = parse_with("[parallel]\ndp = 2\ntp = 1\npp = 1\nbucket_mb = 0.5\n");
+  INFO(dump(ok.problems));
+  CHECK(ok.problems.empty());
+  CHECK(ok.recipe.parallel.bucket_mb == 0.5);
+  const std::string out = format_recipe(ok.recipe);
+  CHECK(out.find("bucket_mb = 0.5") != std::string::npos);
+  CHECK(parse_recipe(out, "again.toml").recipe.parallel == ok.recipe.parallel);
+  RecipeDocument integer = parse_with("[parallel]\ndp = 2\ntp = 1\npp = 1\nbucket_mb = 25\n");
+  CHECK(integer.problems.empty());
+  CHECK(integer.recipe.parallel.bucket_mb == 25);
+  CHECK(format_recipe(RecipeDocument{}.recipe).find("bucket_mb") == std::string::npos);
+}
+
 TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
   INFO(dump(doc.problems));

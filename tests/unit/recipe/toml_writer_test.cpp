@@ -130,6 +130,7 @@ tp = 2
 pp = 2
 optimizer_shard = "optimizer"
 shard_group = 1
+bucket_mb = 25.0
 micro_batch_size = 4
 micro_batches = 8
 schedule = "interleaved"

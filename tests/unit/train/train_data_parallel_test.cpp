@@ -51,7 +51,31 @@ double max_diff(const HostTensor& a, const HostTensor& b) {
 struct Case {
   int ranks, zero, shard;
   bool overlap = false;  ///< hand the gradients over one by one, last first, as a backward does
+  bool hold = false;     ///< ZeRO-3 holding the parameters, fetched bucket by bucket each step
 };
+
+// ZeRO-3: what the executor borrows, bucket by bucket (asked for ahead, as it asks), is the whole
+// parameters gather_parameters gives.
+hp::Status check_fetches(DataParallelSync& sync, const std::vector<HostTensor>& params) {
+  HP_ASSIGN_OR_RETURN(auto whole, sync.gather_parameters(params));
+  const auto groups = sync.weight_groups(params);
+  for (std::size_t g = 0; g < groups.size(); ++g) sync.prefetch(g);
+  std::size_t k = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::vector<std::vector<float>> got;
+    std::vector<float*> dst;
+    for (std::size_t j = 0; j < groups[g].size(); ++j)
+      got.emplace_back(static_cast<std::size_t>(whole[k + j].numel()));
+    for (auto& v : got) dst.push_back(v.data());
+    HP_TRY(sync.fetch(g, dst));
+    for (auto& v : got) {
+      if (std::memcmp(v.data(), whole[k].data.data(), whole[k].data.size()) != 0)
+        return hp::Error(hp::Errc::runtime, "a fetched parameter differs", whole[k].name);
+      ++k;
+    }
+  }
+  return {};
+}
 
 // `steps` updates with `ranks` ranks whose label counts differ (rank 1 has none at step 2), against
 // one rank updating from sum_r (n_r / N) g_r.
@@ -94,8 +118,13 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
     dp.bucket_bytes = 24;  // buckets of one or two parameters even on this small model
     auto params = model_params();
     HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+    if (c.hold) {
+      HP_TRY(sync->hold_parameters(params));
+      if (!params[0].data.empty()) return hp::Error(hp::Errc::runtime, "parameters still held");
+    }
     OptimizerState state;
     for (int s = 1; s <= steps; ++s) {
+      if (c.hold) HP_TRY(check_fetches(*sync, params));
       auto grads = rank_grads(rank, s);
       if (counts(rank, s) == 0)  // a rank without labels has NaN where torch divides 0 by 0
         for (auto& g : grads) g.as<float>()[0] = std::nanf("");
@@ -112,6 +141,9 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
       HP_ASSIGN_OR_RETURN(auto info, sync->update(cfg, params, grads, state));
       (void)info;
     }
+    if (c.hold) {
+      HP_ASSIGN_OR_RETURN(params, sync->gather_parameters(params));
+    }
     HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
     // slice_state inverts gather_state.
     auto again = sync->slice_state(whole);
@@ -123,8 +155,8 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
     gathered[static_cast<std::size_t>(rank)] = std::move(whole);
     return {};
   });
-  INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard << " overlap "
-                << c.overlap);
+  INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard << " overlap " << c.overlap
+                << " hold " << c.hold);
   REQUIRE(st);
   for (int r = 0; r < c.ranks; ++r) {
     for (std::size_t k = 0; k < ref.size(); ++k) {
@@ -151,9 +183,10 @@ TEST_CASE("data parallelism equals one rank at every ZeRO level and with HSDP", 
   sgd.kind = OptimizerKind::sgd;
   sgd.lr = 0.1;
   sgd.momentum = 0.9;
-  for (const Case& c : {Case{2, 0, 0}, Case{2, 1, 0}, Case{2, 2, 0}, Case{2, 3, 0}, Case{3, 2, 0},
-                        Case{4, 1, 2}, Case{4, 2, 2}, Case{4, 3, 2}, Case{2, 0, 0, true},
-                        Case{2, 2, 0, true}, Case{4, 2, 2, true}}) {
+  for (const Case& c :
+       {Case{2, 0, 0}, Case{2, 1, 0}, Case{2, 2, 0}, Case{2, 3, 0}, Case{3, 2, 0}, Case{4, 1, 2},
+        Case{4, 2, 2}, Case{4, 3, 2}, Case{2, 0, 0, true}, Case{2, 2, 0, true}, Case{4, 2, 2, true},
+        Case{2, 3, 0, true, true}, Case{4, 3, 2, true, true}, Case{3, 3, 0, false, true}}) {
     check_case(c, adamw);
     check_case(c, sgd);
   }
@@ -161,24 +194,33 @@ TEST_CASE("data parallelism equals one rank at every ZeRO level and with HSDP", 
 
 TEST_CASE("a model smaller than the shard count leaves ranks without pieces", "[train][dp]") {
   // 2 elements over 4 shards: ranks 2 and 3 own nothing, yet take part in every collective.
-  auto st = hp::comm::run_in_process(4, [&](int rank, hp::comm::Transport& t) -> hp::Status {
-    DataParallel dp{&t, {0, 1, 2, 3}, 2, 0};
-    std::vector<HostTensor> params{tensor("p", {2}, 7)};
-    HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
-    if (rank >= 2 && !sync->pieces().empty()) return hp::Error(hp::Errc::runtime, "pieces");
-    OptimizerState state;
-    OptimizerConfig cfg;
-    std::vector<HostTensor> grads{tensor("p", {2}, 8)};
-    HP_ASSIGN_OR_RETURN(double loss, sync->reduce(1.0, 1, grads));
-    (void)loss;
-    HP_ASSIGN_OR_RETURN(auto info, sync->update(cfg, params, grads, state));
-    (void)info;
-    HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
-    if (whole.exp_avg.size() != 1 || whole.exp_avg[0].numel() != 2)
-      return hp::Error(hp::Errc::runtime, "gathered state");
-    return {};
-  });
-  REQUIRE(st);
+  for (const bool hold : {false, true}) {  // ZeRO-2, and ZeRO-3 holding the parameters
+    auto st = hp::comm::run_in_process(4, [&](int rank, hp::comm::Transport& t) -> hp::Status {
+      DataParallel dp{&t, {0, 1, 2, 3}, hold ? 3 : 2, 0};
+      std::vector<HostTensor> params{tensor("p", {2}, 7)};
+      HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+      if (hold) HP_TRY(sync->hold_parameters(params));
+      if (rank >= 2 && !sync->pieces().empty()) return hp::Error(hp::Errc::runtime, "pieces");
+      OptimizerState state;
+      OptimizerConfig cfg;
+      std::vector<HostTensor> grads{tensor("p", {2}, 8)};
+      HP_ASSIGN_OR_RETURN(double loss, sync->reduce(1.0, 1, grads));
+      (void)loss;
+      HP_ASSIGN_OR_RETURN(auto info, sync->update(cfg, params, grads, state));
+      (void)info;
+      if (hold) {
+        HP_ASSIGN_OR_RETURN(params, sync->gather_parameters(params));
+        if (params.size() != 1 || params[0].numel() != 2)
+          return hp::Error(hp::Errc::runtime, "gathered parameters");
+      }
+      HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
+      if (whole.exp_avg.size() != 1 || whole.exp_avg[0].numel() != 2)
+        return hp::Error(hp::Errc::runtime, "gathered state");
+      return {};
+    });
+    INFO("hold " << hold);
+    REQUIRE(st);
+  }
 }
 
 TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
@@ -193,6 +235,14 @@ TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
     f64[0].dtype = HP_F64;
     if (DataParallelSync::create(DataParallel{&t, {0, 1, 2, 3}, 1, 0}, f64))
       return hp::Error(hp::Errc::runtime, "f64 parameter accepted");
+    // Only ZeRO-3 holds the parameters; nothing is lent before.
+    HP_ASSIGN_OR_RETURN(auto level2,
+                        DataParallelSync::create(DataParallel{&t, {0, 1, 2, 3}, 2, 0}, params));
+    if (level2->hold_parameters(params) || params[0].data.empty())
+      return hp::Error(hp::Errc::runtime, "level 2 took the parameters");
+    float x = 0;
+    float* dst[] = {&x};
+    if (level2->fetch(0, dst)) return hp::Error(hp::Errc::runtime, "a fetch without parameters");
     return {};
   });
   REQUIRE(st);

@@ -39,6 +39,7 @@
 #include "hp/core/expected.h"
 #include "hp/exec/offload.h"
 #include "hp/exec/tensor.h"
+#include "hp/exec/weight_source.h"
 #include "hp/model/model.h"
 #include "hp/plugin/backend.h"
 
@@ -153,6 +154,8 @@ struct ExecStats {
   std::int64_t offload_fetches = 0, offload_evictions = 0;
   std::int64_t offload_bytes = 0;  ///< bytes copied between the host pool and the device
   std::vector<NodeSpan> timeline;  ///< ExecOptions::profile: the nodes that ran, in order
+  /// Groups fetched from the weight source in the last run (Executor::set_weight_source).
+  std::int64_t gathers = 0;
 };
 
 class Executor {
@@ -199,6 +202,17 @@ class Executor {
   /// rerun, and the backend never uses a packed copy of it again. Errc::bad_input for an unknown
   /// name.
   Status weight_written(const std::string& name);
+
+  /// Lends the weights of `groups` (float32 initializers) to `source` (not owned; it outlives the
+  /// runs). From then on the executor holds each group only during its uses: a use is a run of
+  /// nodes reading the group with no long gap between them, typically one in the forward and one
+  /// in the backward of a layer. The group is fetched as its use begins, the next use's is asked
+  /// for at the same time (one use ahead), and it is freed when its use ends (exec_gather.cpp).
+  /// The executor's own copies go at once; set_weight, weight and host_weight refuse these names.
+  /// Before the first run only. Errc::bad_input for an unknown or non-float32 initializer, one in
+  /// two groups or a graph output, a second source, or after a run; Errc::not_implemented with
+  /// offload.
+  Status set_weight_source(WeightSource* source, std::vector<std::vector<std::string>> groups);
 
   struct Impl;
 

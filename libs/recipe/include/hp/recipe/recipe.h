@@ -69,6 +69,10 @@ struct Parallel {
   /// HSDP: ZeRO shards over groups of this many consecutive data-parallel ranks and replicates
   /// across the dp / shard_group groups; 0 = shard over the whole data-parallel group.
   std::int64_t shard_group = 0;
+  /// Data parallelism's gradient buckets, in MiB: each is reduced as soon as its gradients are
+  /// all in, and under ZeRO-3 it is also the unit the parameters are gathered in (PyTorch DDP's
+  /// bucket_cap_mb, FSDP's wrapping unit).
+  double bucket_mb = 16;
   friend bool operator==(const Parallel&, const Parallel&) = default;
 };
 

@@ -15,8 +15,10 @@
 //   1: gradients all-reduced; each rank updates its shard (optimizer states sharded);
 //   2, 3: gradients reduce-scattered within the shard group (each rank only ever holds its shard of
 //      the reduced gradients), then all-reduced across the replicas of that shard (HSDP).
-// Level 3 also shards parameters between steps in the planner's model; the executor here holds the
-// whole model while a step runs, so level 3 moves the same bytes as level 2 (docs/training.md).
+//   3: as 2, and the parameters are sharded too (hold_parameters): a rank keeps its shard of every
+//      bucket between uses, and the executor borrows each bucket's parameters for the nodes that
+//      read them (exec::WeightSource): all-gathered just before a use, one use ahead, on a thread
+//      of their own, and freed after it. The update then needs no all-gather.
 // HSDP: shard groups are `shard` consecutive members of the data-parallel group; the members with
 // the same position in every shard group are the replica group of that shard.
 //
@@ -36,11 +38,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "hp/comm/comm.h"
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
+#include "hp/exec/weight_source.h"
 #include "hp/train/optimizer.h"
 #include "hp/train/trace.h"
 
@@ -77,7 +82,7 @@ struct FlatPiece {
   std::int64_t count = 0;   ///< elements
 };
 
-class DataParallelSync {
+class DataParallelSync : public exec::WeightSource {
  public:
   /// Lays out `params` (f32, in the gradient model's order). Errc::bad_input when the group does
   /// not contain this rank or `shard` does not divide it, or zero is outside 0..3.
@@ -127,6 +132,25 @@ class DataParallelSync {
   /// gather_state.
   OptimizerState slice_state(const OptimizerState& whole) const;
 
+  /// ZeRO-3 (level 3, a shard group of several): from now on this object holds the parameters.
+  /// It keeps this rank's shard of every bucket, taken from `params`, whose data goes (names,
+  /// dtypes and dims stay); update() then updates the shard and gathers nothing. An executor
+  /// borrows them with set_weight_source(this, weight_groups()). Called again with whole
+  /// parameters (a checkpoint read back), it takes its shard of those. Errc::internal below
+  /// level 3 or without sharding.
+  Status hold_parameters(std::vector<exec::HostTensor>& params);
+  bool holds_parameters() const { return holding_; }
+  /// The parameter names of each bucket, the groups an executor borrows.
+  std::vector<std::vector<std::string>> weight_groups(
+      const std::vector<exec::HostTensor>& params) const;
+  /// Collective over the shard group, when holds_parameters(): the whole parameters, shaped and
+  /// named like `params` (checkpoints, the saved model).
+  Expected<std::vector<exec::HostTensor>> gather_parameters(
+      const std::vector<exec::HostTensor>& params);
+  // exec::WeightSource: the executor's gathers of bucket g, in the same order on every member.
+  void prefetch(std::size_t g) override;
+  Status fetch(std::size_t g, std::span<float* const> dst) override;
+
   const std::vector<FlatPiece>& pieces() const { return pieces_; }
   bool sharded() const { return shard_ > 1; }
   /// Seconds the last finish_step waited for reductions still running when the backward ended
@@ -149,6 +173,11 @@ class DataParallelSync {
     return b.start + position_ * (b.length / shard_);
   }
   void worker();
+  /// The parameter shard's element of flat position `at` (inside this rank's part of bucket b).
+  float* held(std::size_t b, std::int64_t at) {
+    return shard_params_.data() + held_offset_[b] + (at - own_start(buckets_[b]));
+  }
+  void start_gatherer();
 
   DataParallel dp_;
   int shard_ = 1;                   ///< members sharing one copy of the optimizer (1 = none)
@@ -172,6 +201,13 @@ class DataParallelSync {
   // The communication thread, and which buckets are complete this step.
   struct Worker;
   std::unique_ptr<Worker> w_;
+  // ZeRO-3 (hold_parameters): this rank's part of every bucket's parameters, end to end, and the
+  // thread that all-gathers buckets for the executor (data_parallel_zero3.cpp).
+  bool holding_ = false;
+  std::vector<float> shard_params_;
+  std::vector<std::int64_t> held_offset_;  ///< per bucket: its part's start in shard_params_
+  struct Gatherer;
+  std::shared_ptr<Gatherer> g_;
 };
 
 }  // namespace hp::train

@@ -5,8 +5,9 @@
 // which on one host is CLOCK_MONOTONIC and therefore shared by every rank's process; ranks on other
 // hosts are not aligned with each other. pid = the rank, tid 0 = the step's own thread (forward +
 // backward, the reduction left after it, the optimizer, checkpoints), tid 1 = the rank's gradient
-// communication thread (one event per bucket). A rank writes its events into a part file; the
-// launcher merges the parts into one file (merge_traces).
+// communication thread (one event per bucket), tid 2 = the gradient model's nodes, tid 3 = the
+// ZeRO-3 thread that gathers parameters for the executor (one event per gather). A rank writes its
+// events into a part file; the launcher merges the parts into one file (merge_traces).
 #pragma once
 
 #include <chrono>
