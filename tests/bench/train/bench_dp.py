@@ -8,14 +8,16 @@ Every configuration runs `hp launch RECIPE --inputs BATCH --metrics m.jsonl --th
 steps; the figure is the median step of the metrics after the warm-up steps:
 
     one rank, 1 thread                  the baseline
-    dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter)
+    dp=2 over mpirun, 1 thread per rank optimizer_shard 0 (all-reduce), 1 and 2 (reduce-scatter);
+                                        --zero 3 also gathers the parameters for each use
     tp=2 over mpirun, 1 thread per rank each rank trains hp shard's partition (--tp 2)
 
 and prints speedup = baseline / configuration (ideal: dp or tp), the plan's prediction of each step
 on this machine measured by `hp devices --measure` (the recipes' cluster), the share of a step spent in the
 gradient reduction that is left after the backward (reduce_seconds; tp: the tensor-parallel
 collectives, tp_comm_seconds, all exposed) and in the update
-(update_seconds, which with ZeRO includes the parameters' all-gather). Each rank gets one core: on a
+(update_seconds, which with ZeRO 1-2 includes the parameters' all-gather), and the executor's peak
+(ZeRO-3 holds each bucket of parameters only during its uses). Each rank gets one core: on a
 machine with fewer free cores than ranks the speedup measures the oversubscription, not hp.
 
     tests/bench/train/bench_dp.py [BUILD_DIR] [--steps 6] [--warmup 2] [--batch 8] [--zero 0,1,2]
@@ -88,11 +90,13 @@ def finish(job, warmup):
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
     PREDICTED[os.path.basename(metrics)[:-6]] = bt.plan_prediction(out)
+    PEAK[os.path.basename(metrics)[:-6]] = max(r.get("peak_bytes", 0) for r in rows)
     return (med("seconds"), med("reduce_seconds") + med("tp_comm_seconds"), med("update_seconds"),
             rows[-1]["loss"])
 
 
 PREDICTED = {}  # configuration tag -> the plan's prediction hp launch printed (s), or None
+PEAK = {}  # configuration tag -> the first rank's executor peak (bytes): ZeRO-3 holds less
 
 
 def run(hp, d, work, batch, steps, warmup, parallel, cluster=None):
@@ -143,7 +147,8 @@ def main():
                                     {"dp": 2, "optimizer_shard": z}, two)
             print(f"{f'dp=2 zero {z} (mpirun, 1 thread each)':34} {t:8.3f} s/step  speedup "
                   f"{base / t:4.2f}x  reduction {red:.3f} s ({100 * red / t:.0f}%)  update "
-                  f"{upd:.3f} s  loss {loss:.5f}{prediction(f'dp2-optimizer_shard{z}', t)}")
+                  f"{upd:.3f} s  peak {PEAK[f'dp2-optimizer_shard{z}'] / 2**20:.0f} MiB  "
+                  f"loss {loss:.5f}{prediction(f'dp2-optimizer_shard{z}', t)}")
         for tp in [int(x) for x in a.tp.split(",") if x]:
             t, comm, upd, loss = run(hp, d, work, a.batch, a.steps, a.warmup, {"tp": tp},
                                      bt.measured_cluster(hp, work, ranks=tp, show=False))
