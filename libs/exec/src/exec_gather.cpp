@@ -17,7 +17,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <map>
 #include <set>
 
 #include "exec_internal.h"
@@ -99,18 +98,13 @@ Status Executor::set_weight_source(WeightSource* source,
   auto g = std::make_shared<GatherState>();
   g->source = source;
   g->is_gathered.assign(im.slots.size(), 0);
-  std::map<int, HostTensor*> weight_of;
-  for (auto& [id, h] : im.weights) weight_of.emplace(id, &h);
   const std::set<int> outputs(im.output_ids.begin(), im.output_ids.end());
   for (const auto& names : groups) {
     auto& ids = g->groups.emplace_back();
     for (const auto& name : names) {
-      const auto it = im.tensor_ids.find(name);
-      const auto w = it == im.tensor_ids.end() ? weight_of.end() : weight_of.find(it->second);
-      if (w == weight_of.end())
-        return Error(Errc::bad_input, "the model has no initializer of this name", name);
-      const int id = w->first;
-      if (w->second->dtype != HP_F32)
+      const auto [id, host] = find_weight(im, name);
+      if (id < 0) return Error(Errc::bad_input, "the model has no initializer of this name", name);
+      if (host->dtype != HP_F32)
         return Error(Errc::bad_input, "only float32 weights come from a weight source", name);
       if (g->is_gathered[static_cast<std::size_t>(id)])
         return Error(Errc::bad_input, "the weight is in two groups", name);

@@ -252,6 +252,10 @@ void read_device_peak(Executor::Impl& im, bool reset);
 /// weights stop being persistent.
 void plan_lifetimes(Executor::Impl& im);
 
+/// Initializer `name`: its tensor id and decoded host copy, {-1, nullptr} when the model has no
+/// initializer of that name (exec_weights.cpp).
+std::pair<int, HostTensor*> find_weight(Executor::Impl& im, const std::string& name);
+
 // exec_gather.cpp: weights lent by a WeightSource (Executor::set_weight_source).
 /// True when weight `id` comes from the weight source (not loaded with the others).
 bool gathered_weight(const Executor::Impl& im, int id);

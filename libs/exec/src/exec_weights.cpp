@@ -13,8 +13,6 @@
 
 namespace hp::exec {
 
-namespace {
-
 std::pair<int, HostTensor*> find_weight(Executor::Impl& im, const std::string& name) {
   auto it = im.tensor_ids.find(name);
   if (it == im.tensor_ids.end()) return {-1, nullptr};
@@ -22,6 +20,8 @@ std::pair<int, HostTensor*> find_weight(Executor::Impl& im, const std::string& n
     if (id == it->second) return {id, &h};
   return {-1, nullptr};
 }
+
+namespace {
 
 /// A weight the executor does not hold (exec_gather.cpp): its value is the source's.
 Error lent(const std::string& name) {
