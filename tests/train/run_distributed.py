@@ -40,7 +40,8 @@ expert layers and where ep does not divide the experts; and a rank killed (SIGKI
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
 trains).
 
-Usage: run_distributed.py HP_BINARY WORK_DIR [--models a,b] [--no-faults] [--simulate-only]
+Usage: run_distributed.py HP_BINARY WORK_DIR [--models a,b] [--layouts t,u] [--no-faults]
+                          [--simulate-only]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
 import argparse
@@ -80,6 +81,8 @@ LAYOUTS = [
     ("tp4", {"tp": 4}, "simulate"),
     ("dp2xtp2", {"dp": 2, "tp": 2}, "simulate"),
     ("dp2xtp2-zero2", {"dp": 2, "tp": 2, "optimizer_shard": 2}, "mpirun"),
+    # FSDP with tensor parallelism: each member's slices sharded over its data-parallel peers
+    ("dp2xtp2-zero3", {"dp": 2, "tp": 2, "optimizer_shard": 3, "bucket_mb": 0.05}, "simulate"),
 ]
 # Expert parallelism, for the models with expert layers: the experts shared out over groups of ep
 # data-parallel ranks (dp4-ep2: two groups, each expert held by two ranks).
@@ -122,9 +125,8 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     detail, (worst, name) = rt.compare(ref, rows, saved)
     # Buckets reduced during the backward, on the communication thread: also where ep = dp, whose
     # backward runs the experts' collectives over the same ranks (on another channel).
-    # ZeRO-3 without tensor or expert parallelism: parameters gathered for the executor's uses.
-    gathers = (parallel.get("optimizer_shard") == 3 and parallel.get("tp", 1) == 1 and
-               parallel.get("expert_parallel", 1) == 1)
+    # ZeRO-3 without expert parallelism: parameters gathered for the executor's uses.
+    gathers = (parallel.get("optimizer_shard") == 3 and parallel.get("expert_parallel", 1) == 1)
     counted = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel,
                           gathers)
     return (f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})" +
@@ -204,16 +206,16 @@ def verified(hp, work, log, parallel=None, name="gpt2"):
 
 
 def checkpoint_then_resume(hp, d, name, first, targets, log):
-    """3 steps of `name` at the `first` layout over mpirun with --checkpoint, then 2 more resumed
+    """3 steps of `name` at the `first` layout over mpirun (at one rank: {}) with --checkpoint, then 2 more resumed
     from that checkpoint at each of `targets` ([(tag, parallel, how)]): each must give the 5 steps
     torch ran. Returns one "tag: loss rel ..." per target."""
     ref = reference.make(name, VARIANT, d)
     recipe = os.path.join(d, "first.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=first)
     ckpt, m1 = os.path.join(d, "ckpt"), os.path.join(d, "first.jsonl")
+    run_dir = ["--run-dir", os.path.join(d, "run")] if first else []  # none at one rank
     rc, out = train(hp, recipe, "mpirun", ["--inputs", ref.inputs, "--steps", "3", "--metrics", m1,
-                                           "--checkpoint", ckpt, "--run-dir",
-                                           os.path.join(d, "run")], log)
+                                           "--checkpoint", ckpt] + run_dir, log)
     if rc != 0:
         raise rt.Failure(f"{name} {first}, 3 steps: exit {rc}: {rt.first_error(out)}")
     head = rt.read_metrics(m1, 1, 3)
@@ -280,6 +282,21 @@ def tp_resharded(hp, work, log):
             hp, os.path.join(d, name), name, {"tp": 2},
             [("one-rank", {}, "one"), ("tp2", {"tp": 2}, "simulate")], log)]
     return "tp2 x3 -> " + "; ".join(details)
+
+
+def fsdp_tp_resharded(hp, work, log):
+    """FSDP with tensor parallelism on the MLP (row-parallel Gemm biases: partial addends, which
+    ZeRO-3's gathers must hand the executor divided): 3 steps at dp2 x tp2 ZeRO-3 over mpirun,
+    resumed for 2 at one rank and at tp=2; and a one-rank checkpoint resumed at dp2 x tp2 ZeRO-3.
+    Each gives the 5 steps torch ran."""
+    d = fresh(work, "reshard-fsdp-tp")
+    fsdp_tp = {"dp": 2, "tp": 2, "optimizer_shard": 3, "bucket_mb": 0.05}
+    details = checkpoint_then_resume(
+        hp, os.path.join(d, "from-fsdp-tp"), "mlp", fsdp_tp,
+        [("one-rank", {}, "one"), ("tp2", {"tp": 2}, "simulate")], log)
+    details += checkpoint_then_resume(hp, os.path.join(d, "from-one"), "mlp", {},
+                                      [("dp2xtp2-zero3", fsdp_tp, "simulate")], log)
+    return "mlp dp2 x tp2 zero3 x3 -> " + "; ".join(details[:2]) + "; one rank x3 -> " + details[2]
 
 
 def grid_resharded(hp, work, log):
@@ -441,6 +458,8 @@ def main():
     ap.add_argument("hp")
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,mlp,vit,moe")
+    ap.add_argument("--layouts", default="",
+                    help="only these layouts (comma-separated tags, e.g. dp2xtp2-zero3)")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--simulate-only", action="store_true",
                     help="only the in-process layouts (how packaging/run-tests.sh runs them under "
@@ -466,7 +485,8 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
             ref = reference.make(name, VARIANT, d)
             for tag, parallel, how in LAYOUTS + (EP_LAYOUTS if name in EXPERT_MODELS else []):
-                if a.simulate_only and how != "simulate":
+                if (a.simulate_only and how != "simulate") or (a.layouts and
+                                                               tag not in a.layouts.split(",")):
                     continue
                 try:
                     report(True, f"{name} {tag} ({how})",
@@ -493,6 +513,7 @@ def main():
                           ("ZeRO-3 resumed elsewhere; its memory", zero3_resharded),
                           ("resharded resume from tp=2", tp_resharded),
                           ("resharded resume from dp2 x tp2", grid_resharded),
+                          ("FSDP x TP resumed elsewhere", fsdp_tp_resharded),
                           ("damaged sharded checkpoint refused", damaged_refused),
                           ("hp verify dp2 x ep2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},

@@ -186,9 +186,16 @@ Status DataParallelSync::fetch(std::size_t g, std::span<float* const> dst) {
     HP_TRY(std::move(r.status));
     data = std::move(r.data);
   }
-  for (std::size_t k = b.first; k < b.end; ++k)
-    std::memcpy(dst[k - b.first], data.data() + (offsets_[k] - b.start),
-                static_cast<std::size_t>(numel_[k]) * sizeof(float));
+  for (std::size_t k = b.first; k < b.end; ++k) {
+    const float* from = data.data() + (offsets_[k] - b.start);
+    const std::int64_t d = k < dp_.divisor.size() ? dp_.divisor[k] : 1;
+    if (d == 1) {
+      std::memcpy(dst[k - b.first], from, static_cast<std::size_t>(numel_[k]) * sizeof(float));
+    } else {  // the executor's form of a partial addend (DataParallel::divisor)
+      const auto by = static_cast<float>(d);  // as TensorParallelSync::stored divides
+      for (std::int64_t i = 0; i < numel_[k]; ++i) dst[k - b.first][i] = from[i] / by;
+    }
+  }
   if (g_) {
     std::lock_guard<std::mutex> lock(g_->mu);
     g_->spare.push_back(std::move(data));

@@ -94,9 +94,13 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
 Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     const std::vector<exec::HostTensor>& mine) const {
   if (eps) return eps->gather(mine, forward);
-  if (held() && &mine == &params) return sync->gather_parameters(params);
+  std::vector<exec::HostTensor> gathered;  // ZeRO-3: this member's parameters, whole
+  if (held() && &mine == &params) {
+    HP_ASSIGN_OR_RETURN(gathered, sync->gather_parameters(params));
+    if (!tps) return gathered;
+  }
   if (!tps) return mine;
-  HP_ASSIGN_OR_RETURN(auto all, tps->gather(mine));
+  HP_ASSIGN_OR_RETURN(auto all, tps->gather(gathered.empty() ? mine : gathered));
   // Checkpoints and saved models list the parameters as one rank trains them: in the forward
   // model's initializer order (the partition orders them by first use).
   std::map<std::string, std::size_t> at;
@@ -213,8 +217,10 @@ Status TrainRun::prepare() {
     DataParallel dp = o.dp;
     if (tps) {  // the clip norm is the whole model's: split weights over the tensor-parallel group
       dp.norm_group = o.tp.group;
-      for (std::size_t k = 0; k < params.size(); ++k)
+      for (std::size_t k = 0; k < params.size(); ++k) {
         dp.counted.push_back(tps->split(k) || o.tp.index() == 0);
+        dp.divisor.push_back(tps->partial(k));  // ZeRO-3's fetches give the executor's form
+      }
     }
     HP_ASSIGN_OR_RETURN(sync, DataParallelSync::create(dp, params));
     ex->set_output_hook(
@@ -223,9 +229,10 @@ Status TrainRun::prepare() {
         });
     if (!o.trace.empty()) sync->set_trace(&trace);
     // ZeRO-3: each rank keeps its shard of the parameters, and the executor gathers a bucket of
-    // them for each use (data_parallel.h). With tensor parallelism the executor's weights are the
-    // slices in their stored form, and level 3 moves level 2's bytes (docs/training.md).
-    if (dp.zero >= 3 && sync->sharded() && !tps) {
+    // them for each use (data_parallel.h). With tensor parallelism the shards are of this member's
+    // slices, gathered over the data-parallel ranks of the same tensor-parallel position, which run
+    // the same partition (so ask for buckets in the same order).
+    if (dp.zero >= 3 && sync->sharded()) {
       HP_TRY(sync->hold_parameters(params));
       HP_TRY(ex->set_weight_source(sync.get(), sync->weight_groups(params)));
     }

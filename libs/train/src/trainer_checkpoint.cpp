@@ -110,7 +110,7 @@ Status TrainRun::resume_by_name(Checkpoint c) {
                    fmt::format("the checkpoint has no parameter '{}'", params[k].name),
                    o.resume_dir.string());
     HP_ASSIGN_OR_RETURN(auto p, mine_of(k, c.params[it->second]));
-    HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
+    if (!held()) HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
     params[k] = std::move(p);
     for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
       if (!(c.state.*list).empty()) {
@@ -118,6 +118,7 @@ Status TrainRun::resume_by_name(Checkpoint c) {
         (mine.*list).push_back(std::move(m));
       }
   }
+  if (held()) HP_TRY(sync->hold_parameters(params));
   state = sync ? sync->slice_state(mine) : eps ? eps->slice_state(mine) : std::move(mine);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;

@@ -223,6 +223,43 @@ TEST_CASE("a model smaller than the shard count leaves ranks without pieces", "[
   }
 }
 
+TEST_CASE("ZeRO-3 hands the executor partial addends divided", "[train][dp]") {
+  // With tensor parallelism a row-parallel bias is trained whole and stored divided by the group
+  // size (DataParallel::divisor): the held shards are the trained values, a fetch divides.
+  auto st = hp::comm::run_in_process(2, [&](int, hp::comm::Transport& t) -> hp::Status {
+    DataParallel dp{&t, {0, 1}, 3, 0};
+    dp.divisor = {1, 2, 1, 4};
+    auto params = model_params();
+    const auto trained = model_params();
+    HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+    HP_TRY(sync->hold_parameters(params));
+    const auto groups = sync->weight_groups(params);
+    std::size_t k = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::vector<std::vector<float>> got;
+      std::vector<float*> dst;
+      for (std::size_t j = 0; j < groups[g].size(); ++j)
+        got.emplace_back(static_cast<std::size_t>(trained[k + j].numel()));
+      for (auto& v : got) dst.push_back(v.data());
+      HP_TRY(sync->fetch(g, dst));
+      for (auto& v : got) {
+        const float* want = trained[k].as<float>();
+        for (std::size_t i = 0; i < v.size(); ++i)
+          if (v[i] != want[i] / static_cast<float>(dp.divisor[k]))
+            return hp::Error(hp::Errc::runtime, "a fetched addend is not divided", trained[k].name);
+        ++k;
+      }
+    }
+    // What checkpoints get is the values trained, undivided.
+    HP_ASSIGN_OR_RETURN(auto whole, sync->gather_parameters(params));
+    for (std::size_t j = 0; j < whole.size(); ++j)
+      if (max_diff(whole[j], trained[j]) != 0)
+        return hp::Error(hp::Errc::runtime, "a gathered parameter differs", whole[j].name);
+    return {};
+  });
+  REQUIRE(st);
+}
+
 TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
   auto st = hp::comm::run_in_process(4, [&](int, hp::comm::Transport& t) -> hp::Status {
     auto params = model_params();

@@ -66,6 +66,10 @@ struct DataParallel {
   /// The gradients arrive weighted already (the gradient model scales the loss's gradient by the
   /// rank's share: expert parallelism), so they are summed as they come.
   bool weighted = false;
+  /// ZeRO-3 with tensor parallelism: the executor stores parameter k divided by divisor[k] (a
+  /// partial addend, tensor_parallel.h's ParamCut::partial), while the held shards are the values
+  /// trained, so a fetch divides. Empty: every divisor is 1.
+  std::vector<std::int64_t> divisor;
   /// The communication thread's channel (comm::set_channel): its communicators are its own, so
   /// the executor's collectives (channel 0) may use the same ranks during the run. Two
   /// DataParallelSyncs of one rank whose groups may coincide take different channels.

@@ -95,6 +95,8 @@ class TensorParallelSync {
   /// trained (times the addend count), and stored() is what goes back to the executor.
   void to_trained(std::vector<exec::HostTensor>& params) const;
   exec::HostTensor stored(std::size_t param, const exec::HostTensor& trained) const;
+  /// ParamCut::partial of parameter `param` (1: the executor stores the value trained).
+  std::int64_t partial(std::size_t param) const { return partial_[param]; }
 
  private:
   TensorParallelSync() = default;
