@@ -182,6 +182,28 @@ class MpiTransport : public Transport {
     if (!n) return std::move(n).error();
     return check(MPI_Alltoall(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Alltoall");
   }
+  Status alltoallv(const std::vector<int>& group, const void* in,
+                   const std::vector<std::int64_t>& send_bytes, void* out,
+                   const std::vector<std::int64_t>& recv_bytes) override {
+    const std::size_t p = group.size();
+    if (send_bytes.size() != p || recv_bytes.size() != p)
+      return Error(Errc::internal, "alltoallv: a block size per member is needed");
+    std::vector<int> sc(p), sd(p), rc(p), rd(p);
+    std::int64_t s_at = 0, r_at = 0;
+    for (std::size_t j = 0; j < p; ++j) {
+      HP_ASSIGN_OR_RETURN(sc[j], count_of(send_bytes[j]));
+      HP_ASSIGN_OR_RETURN(sd[j], count_of(s_at));
+      HP_ASSIGN_OR_RETURN(rc[j], count_of(recv_bytes[j]));
+      HP_ASSIGN_OR_RETURN(rd[j], count_of(r_at));
+      s_at += send_bytes[j];
+      r_at += recv_bytes[j];
+    }
+    Access lock(mu_);
+    HP_ASSIGN_OR_RETURN(auto c, comm(group));
+    return check(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(),
+                               MPI_BYTE, c),
+                 "MPI_Alltoallv");
+  }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
     Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto n, count_of(bytes));

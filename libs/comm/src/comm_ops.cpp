@@ -107,7 +107,8 @@ TransportCommOps::~TransportCommOps() = default;
 bool TransportCommOps::handles(const std::string& op) const {
   for (std::string_view k :
        {domain::kAllReduce, domain::kAllGather, domain::kReduceScatter, domain::kAllToAll,
-        domain::kCollectivePermute, domain::kSend, domain::kRecv})
+        domain::kCollectivePermute, domain::kSend, domain::kRecv, domain::kDispatch,
+        domain::kCombine})
     if (op == k) return true;
   return false;
 }
@@ -150,6 +151,7 @@ Status TransportCommOps::run_into(const CommNode& n, const std::vector<CommTenso
                                   const CommAlloc& alloc) {
   HP_ASSIGN_OR_RETURN(const CommPlan* planned, plan_for(n));
   const CommPlan& pl = *planned;
+  if (pl.kind == CommKind::dispatch || pl.kind == CommKind::combine) return route(pl, n, in, alloc);
   const bool takes_input = pl.kind != CommKind::recv;
   if (takes_input && (in.empty() || in.front().dtype < 0))
     return comm_node_error(n, "the node has no input tensor");

@@ -156,6 +156,8 @@ Expected<CommKind> kind_of(const CommNode& n) {
   if (t == domain::kCollectivePermute) return CommKind::permute;
   if (t == domain::kSend) return CommKind::send;
   if (t == domain::kRecv) return CommKind::recv;
+  if (t == domain::kDispatch) return CommKind::dispatch;
+  if (t == domain::kCombine) return CommKind::combine;
   return comm_node_error(n, fmt::format("hp.{} is not an hp-domain op this comm layer knows", t));
 }
 
@@ -186,6 +188,15 @@ Expected<CommPlan> make_comm_plan(const CommNode& n, int me, int world) {
   if (p.kind == CommKind::all_to_all) {
     HP_TRY(axis(domain::kAttrSplitAxis, p.split_axis));
     HP_TRY(axis(domain::kAttrConcatAxis, p.concat_axis));
+  }
+  if (p.kind == CommKind::dispatch || p.kind == CommKind::combine) {
+    HP_ASSIGN_OR_RETURN(p.experts, int_attr(n, domain::kAttrExperts));
+    const auto g = static_cast<std::int64_t>(p.group.size());
+    if (p.experts < g || p.experts % g != 0)
+      return comm_node_error(n, fmt::format("{} experts do not split over a group of {}",
+                                            p.experts, g));
+    HP_ASSIGN_OR_RETURN(auto stacked, int_attr(n, domain::kAttrStacked, 0));
+    p.stacked = stacked != 0;
   }
   return p;
 }

@@ -13,7 +13,17 @@
 
 namespace hp::comm {
 
-enum class CommKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, send, recv };
+enum class CommKind {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  permute,
+  send,
+  recv,
+  dispatch,
+  combine
+};
 
 struct CommPlan {
   std::string op_type;  ///< the node's, to tell a cached plan still fits the node at its address
@@ -27,6 +37,8 @@ struct CommPlan {
   int recv_dtype = -1;                                     ///< Recv: hp_dtype
   std::vector<std::int64_t> recv_shape;
   int permute_src = -1, permute_dst = -1;  ///< CollectivePermute: -1 when this rank has none
+  std::int64_t experts = 0;                ///< Dispatch, Combine: E, a multiple of the group
+  bool stacked = false;                    ///< Dispatch: X is [T, E, ...]
 };
 
 /// Parses `node` for rank `me` of `world`. Errc::bad_input naming the node for anything malformed.

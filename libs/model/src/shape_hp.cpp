@@ -9,6 +9,51 @@
 
 namespace hp::model {
 
+namespace {
+
+/// hp.Dispatch: each output is [rows routed to the expert (known only when it runs), the row's
+/// dims]; hp.Combine: [tokens, experts, the row's dims]. Returns the outputs fixed.
+int fix_routed_shapes(const onnx::NodeProto& n, const ShapeMap& shapes, ShapeMap& fixed) {
+  if (n.input_size() < 2) return 0;
+  auto x = shapes.find(n.input(0));
+  auto idx = shapes.find(n.input(n.input_size() - 1));
+  if (x == shapes.end() || !x->second.has_shape || x->second.dims.empty()) return 0;
+  const bool dispatch = n.op_type() == domain::kDispatch;
+  const std::size_t lead =
+      dispatch && attr_int(n, std::string(domain::kAttrStacked), 0) != 0 ? 2 : 1;
+  if (x->second.dims.size() < lead) return 0;
+  std::vector<Dim> rest(x->second.dims.begin() + static_cast<std::ptrdiff_t>(lead),
+                        x->second.dims.end());
+  int added = 0;
+  if (dispatch) {
+    for (const auto& out : n.output()) {
+      if (out.empty() || fixed.count(out)) continue;
+      ShapeInfo y;
+      y.elem_type = x->second.elem_type;
+      y.dims.push_back(Dim{-1, out + "_rows"});
+      y.dims.insert(y.dims.end(), rest.begin(), rest.end());
+      y.has_shape = true;
+      fixed[out] = std::move(y);
+      ++added;
+    }
+    return added;
+  }
+  const std::string& out = n.output(0);
+  if (out.empty() || fixed.count(out) || idx == shapes.end() || !idx->second.has_shape ||
+      idx->second.dims.size() != 2)
+    return 0;
+  ShapeInfo y;
+  y.elem_type = x->second.elem_type;
+  y.dims.push_back(idx->second.dims[0]);
+  y.dims.push_back(Dim{attr_int(n, std::string(domain::kAttrExperts), -1), {}});
+  y.dims.insert(y.dims.end(), rest.begin(), rest.end());
+  y.has_shape = true;
+  fixed[out] = std::move(y);
+  return 1;
+}
+
+}  // namespace
+
 int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, ShapeMap& fixed) {
   int added = 0;
   for (const auto& n : g.node()) {
@@ -22,6 +67,10 @@ int fix_hp_domain_shapes(const onnx::GraphProto& g, const ShapeMap& shapes, Shap
     }
     ShapeInfo y;
     const std::string op = n.op_type();
+    if (op == domain::kDispatch || op == domain::kCombine) {
+      added += fix_routed_shapes(n, shapes, fixed);
+      continue;
+    }
     if (op == domain::kRecv) {
       y.elem_type = static_cast<std::int32_t>(attr_int(n, std::string(domain::kAttrDtype), 0));
       for (auto d : attr_ints(n, std::string(domain::kAttrShape))) y.dims.push_back(Dim{d, {}});

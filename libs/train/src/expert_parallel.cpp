@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "expert_index.h"
 #include "graph_parts.h"
 #include "hp/core/hp_domain.h"
 
@@ -18,64 +19,7 @@ namespace hp::train {
 namespace {
 
 namespace dom = hp::domain;
-
-std::vector<std::int64_t> tensor_ints(const onnx::TensorProto& t) {
-  std::vector<std::int64_t> v(t.int64_data().begin(), t.int64_data().end());
-  if (v.empty() && t.data_type() == onnx::TensorProto::INT64 && t.raw_data().size() % 8 == 0) {
-    v.resize(t.raw_data().size() / 8);
-    if (!v.empty()) std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
-  }
-  return v;
-}
-
-/// What the search needs to know of a graph: producers, readers, initializers, constant values.
-struct Index {
-  const onnx::GraphProto& g;
-  std::map<std::string, int> producer;
-  std::map<std::string, std::vector<int>> readers;
-  std::map<std::string, const onnx::TensorProto*> inits;
-  std::set<std::string> graph_outputs;
-
-  explicit Index(const onnx::GraphProto& graph) : g(graph) {
-    for (int k = 0; k < g.node_size(); ++k) {
-      for (const auto& o : g.node(k).output())
-        if (!o.empty()) producer[o] = k;
-      for (const auto& i : g.node(k).input())
-        if (!i.empty()) readers[i].push_back(k);
-    }
-    for (const auto& t : g.initializer()) inits[t.name()] = &t;
-    for (const auto& o : g.output()) graph_outputs.insert(o.name());
-  }
-  /// An integer constant's values (an initializer or a Constant node's output).
-  std::optional<std::vector<std::int64_t>> ints(const std::string& t) const {
-    if (auto it = inits.find(t); it != inits.end()) return tensor_ints(*it->second);
-    auto p = producer.find(t);
-    if (p == producer.end() || g.node(p->second).op_type() != "Constant") return std::nullopt;
-    for (const auto& a : g.node(p->second).attribute())
-      if (a.name() == "value") return tensor_ints(a.t());
-    return std::nullopt;
-  }
-  bool constant(const std::string& t) const {
-    if (auto it = inits.find(t); it != inits.end())
-      return !detail::is_float_type(it->second->data_type());
-    auto p = producer.find(t);
-    return p != producer.end() && g.node(p->second).op_type() == "Constant";
-  }
-  /// Every node `t` depends on.
-  std::set<int> ancestors(const std::string& t) const {
-    std::set<int> seen;
-    std::vector<std::string> todo{t};
-    while (!todo.empty()) {
-      const std::string x = todo.back();
-      todo.pop_back();
-      auto p = producer.find(x);
-      if (p == producer.end() || !seen.insert(p->second).second) continue;
-      for (const auto& i : g.node(p->second).input())
-        if (!i.empty()) todo.push_back(i);
-    }
-    return seen;
-  }
-};
+using detail::Index;
 
 std::int64_t attr_int(const onnx::NodeProto& n, const char* name, std::int64_t dflt) {
   for (const auto& a : n.attribute())
@@ -173,6 +117,36 @@ void set_int(onnx::NodeProto& n, std::string_view name, std::int64_t v) {
   a->set_i(v);
 }
 
+/// Stable topological order: nodes keep their order except where one reads a tensor a later node
+/// computes, which waits until it has been computed. Errc::internal on a cycle.
+Status reorder_after_inputs(const onnx::GraphProto& g,
+                            google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes) {
+  std::set<std::string> ready{""};
+  for (const auto& i : g.input()) ready.insert(i.name());
+  for (const auto& t : g.initializer()) ready.insert(t.name());
+  std::vector<onnx::NodeProto*> todo;
+  for (auto& n : nodes) todo.push_back(&n);
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> sorted;
+  while (!todo.empty()) {
+    std::vector<onnx::NodeProto*> later;
+    for (onnx::NodeProto* n : todo) {
+      bool ok = true;
+      for (const auto& i : n->input()) ok = ok && ready.count(i);
+      if (!ok) {
+        later.push_back(n);
+        continue;
+      }
+      ready.insert(n->output().begin(), n->output().end());
+      sorted.Add()->Swap(n);
+    }
+    if (later.size() == todo.size())
+      return Error(Errc::internal, "the expert-parallel partition has a cycle", later[0]->name());
+    todo = std::move(later);
+  }
+  nodes.Swap(&sorted);
+  return {};
+}
+
 }  // namespace
 
 std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
@@ -185,7 +159,7 @@ std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
 }
 
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
-                                            int member) {
+                                            int member, bool routed) {
   const int p = static_cast<int>(group.size());
   if (p < 1 || member < 0 || member >= p)
     return Error(Errc::internal, fmt::format("member {} of an expert group of {}", member, p));
@@ -201,11 +175,24 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   out.layers = static_cast<int>(layers.size());
   out.experts_of.resize(static_cast<std::size_t>(p));
   const Index ix(g);
-  std::set<int> drop;                       // other members' experts
-  std::set<std::string> dropped;            // their initializers and values
-  std::map<int, std::string> reads_tokens;  // a local expert node -> the tokens it reads
-  std::map<int, const ExpertLayer*> at_concat;
-  std::map<int, std::vector<std::string>> gather_after;  // node (-1: the start) -> tokens
+  std::set<int> drop;                    // other members' experts (and, routed, the stacking)
+  std::set<std::string> dropped;         // their initializers and values
+  std::map<std::pair<int, std::string>, std::string> renamed;  // (node, input) -> what it reads
+  std::map<int, onnx::NodeProto> at_concat;              // a layer's Concat -> what replaces it
+  std::map<int, std::vector<onnx::NodeProto>> after;     // node (-1: the start) -> nodes added
+  std::set<std::string> gathered;                        // tokens all-gathered already
+  auto node = [&](std::string_view op, const std::string& name) {
+    onnx::NodeProto n;
+    n.set_op_type(std::string(op));
+    n.set_domain(std::string(dom::kDomain));
+    n.set_name(name);
+    set_group(n, group);
+    return n;
+  };
+  auto producer = [&](const std::string& t) {
+    auto it = ix.producer.find(t);
+    return it == ix.producer.end() ? -1 : it->second;
+  };
   for (const auto& l : layers) {
     const int e = static_cast<int>(l.nodes.size());
     if (e % p != 0)
@@ -215,14 +202,23 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
                                l.stacked, e, p),
                    m.path.string(), "make expert_parallel divide the number of experts");
     const int per = e / p;
+    const std::string indices = routed ? detail::routed_indices(ix, l) : std::string();
+    out.routed += !indices.empty();
+    // What this member's experts read instead of the layer's tokens: the rows routed to each, or
+    // every member's tokens.
+    auto source = [&](int x) {
+      return indices.empty() ? l.tokens + ".ep_gathered"
+                             : fmt::format("{}.ep_rows{}", l.stacked, x - member * per);
+    };
+    std::vector<std::string> outs;  // this member's experts' outputs, in order
     for (int i = 0; i < e; ++i) {
       const auto x = static_cast<std::size_t>(i);
       const int owner = i / per;
       for (const auto& w : l.weights[x])
         out.experts_of[static_cast<std::size_t>(owner)].push_back(w);
+      if (owner != member || !indices.empty()) drop.insert(l.unsqueeze[x]);
       if (owner != member) {
         drop.insert(l.nodes[x].begin(), l.nodes[x].end());
-        drop.insert(l.unsqueeze[x]);
         dropped.insert(l.weights[x].begin(), l.weights[x].end());
         for (int k : l.nodes[x])
           dropped.insert(g.node(k).output().begin(), g.node(k).output().end());
@@ -232,63 +228,80 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
       for (int k : l.nodes[x]) {
         for (const auto& o : g.node(k).output()) out.varying.push_back(o);
         for (const auto& in : g.node(k).input())
-          if (in == l.tokens) reads_tokens[k] = l.tokens;
+          if (in == l.tokens) renamed[{k, in}] = source(i);
       }
-      out.varying.push_back(g.node(l.unsqueeze[x]).output(0));
+      const auto& u = g.node(l.unsqueeze[x]);
+      outs.push_back(indices.empty() ? u.output(0) : u.input(0));
+      if (indices.empty()) out.varying.push_back(u.output(0));
     }
-    auto prod = ix.producer.find(l.tokens);
-    auto& after = gather_after[prod == ix.producer.end() ? -1 : prod->second];
-    if (std::find(after.begin(), after.end(), l.tokens) == after.end()) after.push_back(l.tokens);
-    at_concat[l.concat] = &l;
+    if (indices.empty()) {
+      // The dispatch: every member's tokens, in member order, right after they are computed. The
+      // combine: this member's experts on every member's tokens, exchanged so that each member
+      // gets its own tokens' rows from all experts, in expert order.
+      if (gathered.insert(l.tokens).second) {
+        auto ag = node(dom::kAllGather, l.tokens + ".ep_dispatch");
+        ag.add_input(l.tokens);
+        ag.add_output(l.tokens + ".ep_gathered");
+        set_int(ag, dom::kAttrAxis, 0);
+        after[producer(l.tokens)].push_back(std::move(ag));
+      }
+      onnx::NodeProto concat = g.node(l.concat);
+      concat.clear_input();
+      for (const auto& o : outs) concat.add_input(o);
+      const std::string local = l.stacked + ".ep_local";
+      concat.set_output(0, local);
+      out.varying.push_back(local);
+      auto a2a = node(dom::kAllToAll, l.stacked + ".ep_combine");
+      a2a.add_input(local);
+      a2a.add_output(l.stacked);
+      set_int(a2a, dom::kAttrSplitAxis, 0);
+      set_int(a2a, dom::kAttrConcatAxis, l.axis);
+      at_concat[l.concat] = std::move(concat);
+      after[l.concat].push_back(std::move(a2a));
+      continue;
+    }
+    // Routed: each token's rows go to the members holding its experts, once both the tokens and
+    // the router's choice are known, and come back in place of the stack.
+    auto d = node(dom::kDispatch, l.stacked + ".ep_dispatch");
+    d.add_input(l.tokens);
+    d.add_input(indices);
+    for (int j = 0; j < per; ++j) {
+      d.add_output(source(member * per + j));
+      out.varying.push_back(d.output(j));
+    }
+    set_int(d, dom::kAttrExperts, e);
+    after[std::max(producer(l.tokens), producer(indices))].push_back(std::move(d));
+    auto c = node(dom::kCombine, l.stacked + ".ep_combine");
+    for (const auto& o : outs) c.add_input(o);
+    c.add_input(indices);
+    c.add_output(l.stacked);
+    set_int(c, dom::kAttrExperts, e);
+    at_concat[l.concat] = std::move(c);
   }
 
   auto proto = std::make_shared<onnx::ModelProto>(*m.proto);
   onnx::GraphProto& ng = *proto->mutable_graph();
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
-  // The dispatch: every member's tokens, in member order, right after they are computed.
-  auto dispatch = [&](int after) {
-    auto it = gather_after.find(after);
-    if (it == gather_after.end()) return;
-    for (const auto& tokens : it->second) {
-      onnx::NodeProto* ag = nodes.Add();
-      ag->set_op_type(std::string(dom::kAllGather));
-      ag->set_domain(std::string(dom::kDomain));
-      ag->set_name(tokens + ".ep_dispatch");
-      ag->add_input(tokens);
-      ag->add_output(tokens + ".ep_gathered");
-      set_group(*ag, group);
-      set_int(*ag, dom::kAttrAxis, 0);
-    }
+  auto insert = [&](int k) {
+    if (auto it = after.find(k); it != after.end())
+      for (auto& n : it->second) *nodes.Add() = std::move(n);
   };
-  dispatch(-1);
+  insert(-1);
   for (int k = 0; k < g.node_size(); ++k) {
     if (drop.count(k)) continue;
-    onnx::NodeProto* n = nodes.Add();
-    *n = g.node(k);
-    if (auto it = reads_tokens.find(k); it != reads_tokens.end())
-      for (int i = 0; i < n->input_size(); ++i)
-        if (n->input(i) == it->second) n->set_input(i, it->second + ".ep_gathered");
     if (auto c = at_concat.find(k); c != at_concat.end()) {
-      // The combine: this member's experts on every member's tokens, exchanged so that each
-      // member gets its own tokens' rows from all experts, in expert order.
-      n->clear_input();
-      for (int u : c->second->unsqueeze)
-        if (!drop.count(u)) n->add_input(g.node(u).output(0));
-      const std::string local = c->second->stacked + ".ep_local";
-      n->set_output(0, local);
-      out.varying.push_back(local);
-      onnx::NodeProto* a2a = nodes.Add();
-      a2a->set_op_type(std::string(dom::kAllToAll));
-      a2a->set_domain(std::string(dom::kDomain));
-      a2a->set_name(c->second->stacked + ".ep_combine");
-      a2a->add_input(local);
-      a2a->add_output(c->second->stacked);
-      set_group(*a2a, group);
-      set_int(*a2a, dom::kAttrSplitAxis, 0);
-      set_int(*a2a, dom::kAttrConcatAxis, c->second->axis);
+      *nodes.Add() = std::move(c->second);
+    } else {
+      onnx::NodeProto* n = nodes.Add();
+      *n = g.node(k);
+      for (int i = 0; i < n->input_size(); ++i)
+        if (auto r = renamed.find({k, n->input(i)}); r != renamed.end()) n->set_input(i, r->second);
     }
-    dispatch(k);
+    insert(k);
   }
+  // A routed dispatch waits for the router, which the export may compute after some expert nodes:
+  // those move after it, everything else keeps its place.
+  if (out.routed > 0) HP_TRY(reorder_after_inputs(ng, nodes));
   ng.mutable_node()->Swap(&nodes);
   google::protobuf::RepeatedPtrField<onnx::TensorProto> inits;
   for (auto& t : *ng.mutable_initializer())

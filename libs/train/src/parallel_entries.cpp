@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include "graph_parts.h"
+#include "hp/core/hp_domain.h"
 #include "rewrite.h"
 
 namespace hp::train::detail {
@@ -25,6 +26,12 @@ int mark_parallel_entries(onnx::GraphProto& g, std::set<std::string> varying,
   nodes.Swap(g.mutable_node());
   std::map<std::string, std::string> entry;  // same-valued tensor -> its entry
   for (auto& n : nodes) {
+    // A routed dispatch moves each token's rows to the members holding its experts and its
+    // gradient back (rules_comm.cpp): what enters it is this member's own, no sum over the group.
+    if (n.domain() == domain::kDomain && n.op_type() == domain::kDispatch) {
+      *g.add_node() = std::move(n);
+      continue;
+    }
     bool reads_varying = false;
     for (const auto& i : n.input()) reads_varying = reads_varying || varying.count(i);
     for (const auto& o : n.output())

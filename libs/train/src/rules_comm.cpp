@@ -8,6 +8,12 @@
 //   AllGather       Y = [X_0 | X_1 | ...]      dX_r = member r's block of dY
 //   ReduceScatter   Y_r = block r of Σ X_q      dX_r = AllGather(dY)
 //   AllToAll        blocks exchanged           the reverse exchange (split and concat swapped)
+//   Dispatch        Y_e = the rows routed to    Combine(dY_e, I), summed over the expert axis
+//                   local expert e             (a token's rows at all its experts; stacked X: not
+//                                              summed)
+//   Combine         Z[t, e] = the row of (t,e) dY_e = Dispatch(dZ, I) of the stacked gradient
+//   Routed rows move to the members holding their experts and back, so no member sums anything
+//   another holds: the conjugate of each is the other.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -81,6 +87,40 @@ Status all_to_all_rule(GradCtx& c) {
   return {};
 }
 
+std::vector<Attr> routed_attrs(GradCtx& c, bool stacked) {
+  auto a = group_attrs(c);
+  a.push_back({std::string(dom::kAttrExperts), c.attr_i(std::string(dom::kAttrExperts), 0)});
+  if (stacked) a.push_back({std::string(dom::kAttrStacked), std::int64_t{1}});
+  return a;
+}
+
+Status dispatch_rule(GradCtx& c) {
+  if (!c.wants(0)) return {};
+  std::vector<std::string> ins;
+  for (int j = 0; j < c.n_out(); ++j)  // an expert whose rows get no gradient: zeros
+    ins.push_back(!c.dout(j).empty()
+                      ? c.dout(j)
+                      : c.op("Expand", {c.scalar(0.0, c.out(j)), c.shape_of(c.out(j))}));
+  ins.push_back(c.in(1));
+  const std::string z =
+      c.op(std::string(dom::kCombine), ins, routed_attrs(c, false), std::string(dom::kDomain));
+  if (c.attr_i(std::string(dom::kAttrStacked), 0) != 0) {
+    c.grad(0, z);
+    return {};
+  }
+  c.grad(0, c.op("ReduceSum", {z, c.i64s({1})}, {{"keepdims", std::int64_t{0}}}));
+  return {};
+}
+
+Status combine_rule(GradCtx& c) {
+  const int m = c.n_in() - 1;
+  if (c.dout(0).empty() || m < 1) return {};
+  const auto ys = c.op_n(std::string(dom::kDispatch), {c.dout(0), c.in(m)}, m,
+                         routed_attrs(c, true), std::string(dom::kDomain));
+  for (int j = 0; j < m; ++j) c.grad(j, ys[static_cast<std::size_t>(j)]);
+  return {};
+}
+
 }  // namespace
 
 void register_comm_rules(RuleTable& t) {
@@ -89,6 +129,8 @@ void register_comm_rules(RuleTable& t) {
   t[d + std::string(dom::kAllGather)] = all_gather_rule;
   t[d + std::string(dom::kReduceScatter)] = reduce_scatter_rule;
   t[d + std::string(dom::kAllToAll)] = all_to_all_rule;
+  t[d + std::string(dom::kDispatch)] = dispatch_rule;
+  t[d + std::string(dom::kCombine)] = combine_rule;
 }
 
 }  // namespace hp::train::detail

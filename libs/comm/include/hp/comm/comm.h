@@ -60,6 +60,14 @@ class Transport {
   /// position i.
   virtual Status alltoall(const std::vector<int>& group, const void* in, void* out,
                           std::int64_t bytes) = 0;
+  /// Blocks of different sizes: `in` holds p blocks back to back, block j (send_bytes[j] long)
+  /// for member j; `out` receives member i's block (recv_bytes[i] long) at the sum of the earlier
+  /// recv_bytes. Each member's send_bytes[j] must equal member j's recv_bytes[i]. The default pads
+  /// every block to the group's largest and runs alltoall (an all-reduce of that size first); the
+  /// MPI transport overrides it with MPI_Alltoallv.
+  virtual Status alltoallv(const std::vector<int>& group, const void* in,
+                           const std::vector<std::int64_t>& send_bytes, void* out,
+                           const std::vector<std::int64_t>& recv_bytes);
   /// Point-to-point; send may return before the receiver has the data (the bytes are copied).
   virtual Status send(int peer, int tag, const void* buf, std::int64_t bytes) = 0;
   virtual Status recv(int peer, int tag, void* buf, std::int64_t bytes) = 0;
@@ -132,6 +140,9 @@ class TransportCommOps : public CommOps {
 
  private:
   Expected<const CommPlan*> plan_for(const CommNode& node);
+  /// hp.Dispatch and hp.Combine (comm_route.cpp).
+  Status route(const CommPlan& plan, const CommNode& node, const std::vector<CommTensor>& inputs,
+               const CommAlloc& alloc);
 
   Transport& t_;
   int micro_batch_ = 0;

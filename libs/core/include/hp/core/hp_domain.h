@@ -24,6 +24,16 @@
 //   Recv           (no inputs) -> Y               peer: int, tag: int, dtype: int (TensorProto
 //   type),
 //                                                 shape: ints
+//   Dispatch       X, I -> Y_0 .. Y_{m-1}: routed expert dispatch (expert parallelism). I [T, k]
+//                  (int64) names each of this member's T tokens' k experts out of `experts` E,
+//                  which the group shares out in blocks of m = E / p (member j holds experts
+//                  [j*m, (j+1)*m)). Y_e holds, for this member's local expert e, the rows routed to
+//                  it from every member, in member order and token order within a member. X is
+//                  [T, ...] (one row per token, `stacked` 0) or [T, E, ...] (row (t, e) for the
+//                  pair, `stacked` 1).      experts: int, stacked: int
+//   Combine        Y_0 .. Y_{m-1}, I -> Z [T, E, ...]: Dispatch's inverse: the rows come back to
+//                  the members whose tokens they are and land at (t, e); pairs not routed are 0.
+//                                                 experts: int
 //
 // Send/Recv tags: pipeline stages use tag = micro_batch * 4096 + tensor index, so several in-flight
 // micro-batches never match the wrong message.
@@ -43,6 +53,8 @@ inline constexpr std::string_view kAllToAll = "AllToAll";
 inline constexpr std::string_view kCollectivePermute = "CollectivePermute";
 inline constexpr std::string_view kSend = "Send";
 inline constexpr std::string_view kRecv = "Recv";
+inline constexpr std::string_view kDispatch = "Dispatch";
+inline constexpr std::string_view kCombine = "Combine";
 
 inline constexpr std::string_view kAttrGroup = "group";
 inline constexpr std::string_view kAttrGroupName = "group_name";
@@ -55,5 +67,7 @@ inline constexpr std::string_view kAttrPeer = "peer";
 inline constexpr std::string_view kAttrTag = "tag";
 inline constexpr std::string_view kAttrDtype = "dtype";
 inline constexpr std::string_view kAttrShape = "shape";
+inline constexpr std::string_view kAttrExperts = "experts";
+inline constexpr std::string_view kAttrStacked = "stacked";
 
 }  // namespace hp::domain

@@ -58,15 +58,19 @@ struct ExpertPartition {
   /// Per member of the group: the expert initializers it holds, in graph order.
   std::vector<std::vector<std::string>> experts_of;
   int layers = 0;  ///< expert layers found
+  int routed = 0;  ///< of them, dispatched by their routing (hp.Dispatch / hp.Combine)
 };
 
 /// Member `member` of the expert-parallel group `group` (global ranks in member order): `m` keeping
-/// experts [member*E/p, (member+1)*E/p) of every expert layer, with the tokens hp.AllGather'ed
-/// over the group (axis 0) before them and the stacked outputs hp.AllToAll'ed (split axis 0,
-/// concatenated along the expert axis) back into the tensor the layer stacked. Errc::bad_input
-/// when the model has no expert layer or a layer's expert count is not a multiple of the group.
+/// experts [member*E/p, (member+1)*E/p) of every expert layer. With `routed` and a layer whose
+/// stack is read only at the pairs its top-k router chose (expert_route.cpp), hp.Dispatch sends
+/// each token's rows to the members holding its experts only and hp.Combine brings the results
+/// back into the tensor the layer stacked (the other pairs zero); otherwise the tokens are
+/// hp.AllGather'ed over the group (axis 0) before the experts and the stacked outputs
+/// hp.AllToAll'ed (split axis 0, concatenated along the expert axis) back. Errc::bad_input when
+/// the model has no expert layer or a layer's expert count is not a multiple of the group.
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
-                                            int member);
+                                            int member, bool routed = true);
 
 /// Where a rank stands under expert parallelism. The data-parallel ranks `data` each train on their
 /// rows of the batch; they are cut into expert-parallel groups of consecutive ranks, and the ranks
