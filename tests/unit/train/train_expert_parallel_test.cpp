@@ -36,7 +36,9 @@ void set_batch(onnx::ValueInfoProto* v) {
 
 /// ids [batch, 3] -> embedding -> tokens [batch*3, 4] -> `experts` experts (Gemm, Relu) stacked
 /// on axis 1 -> weighted by softmax(tokens Wr) -> [batch, 3, 4] -> head -> logits [batch, 3, 13].
-test::Builder moe(int experts = 4) {
+/// `top2`: the gate is the two largest probabilities scattered into zeros, as torch's
+/// zeros_like(probs).scatter(1, topi, topw) exports it: each token uses two experts.
+test::Builder moe(int experts = 4, bool top2 = false) {
   test::Builder b;
   b.input("ids", {2, 3}, onnx::TensorProto::INT64);
   b.output("logits", {2, 3, 13});
@@ -64,7 +66,16 @@ test::Builder moe(int experts = 4) {
   test::attr_i(b.node("Concat", stacked, {"outs"}), "axis", 1);
   b.node("MatMul", {"tokens", "router"}, {"scores"});
   test::attr_i(b.node("Softmax", {"scores"}, {"probs"}), "axis", -1);
-  b.node("Unsqueeze", {"probs", "last"}, {"gate"});
+  if (top2) {
+    b.ints("two", {2});
+    test::attr_i(b.node("TopK", {"probs", "two"}, {"topw", "topi"}), "axis", -1);
+    b.node("Shape", {"probs"}, {"pshape"});
+    b.node("ConstantOfShape", {"pshape"}, {"zeros"});
+    test::attr_i(b.node("ScatterElements", {"zeros", "topi", "topw"}, {"sparse"}), "axis", 1);
+    b.node("Unsqueeze", {"sparse", "last"}, {"gate"});
+  } else {
+    b.node("Unsqueeze", {"probs", "last"}, {"gate"});
+  }
   b.node("Mul", {"outs", "gate"}, {"weighted"});
   test::attr_i(b.node("ReduceSum", {"weighted", "axis1"}, {"mixed"}), "keepdims", 0);
   b.node("Reshape", {"mixed", "unflat"}, {"y"});
@@ -78,9 +89,9 @@ fs::path write(const test::Builder& b, const fs::path& dir) {
   return p;
 }
 
-train::TrainOptions options(const fs::path& dir) {
+train::TrainOptions options(const fs::path& dir, bool top2 = false) {
   train::TrainOptions o;
-  o.model = write(moe(), dir);
+  o.model = write(moe(4, top2), dir);
   exec::HostTensor ids, labels;
   ids.name = "ids", labels.name = "labels";
   ids.dtype = labels.dtype = HP_I64;
@@ -184,6 +195,66 @@ TEST_CASE("a member's partition holds its experts and exchanges the tokens", "[t
   CHECK(std::find(v.begin(), v.end(), "tokens.ep_gathered") == v.end());
 }
 
+TEST_CASE("a top-k gate routes each token to its experts' member only", "[train][ep]") {
+  auto part = train::partition_experts(loaded(moe(4, true)), {4, 7}, 1);
+  INFO((part ? std::string() : part.error().str()));
+  REQUIRE(part);
+  CHECK(part->routed == 1);
+  onnx::ModelProto m;
+  REQUIRE(m.ParseFromString(part->onnx));
+  int dispatch = 0, combine = 0, others = 0, at = 0, dispatched_at = -1, topk_at = -1;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() == "TopK") topk_at = at;
+    if (n.op_type() == "Dispatch") {
+      ++dispatch;
+      dispatched_at = at;
+      CHECK(n.input(0) == "tokens");
+      CHECK(n.input(1) == "topi");
+      CHECK(n.output_size() == 2);  // experts 2 and 3
+    } else if (n.op_type() == "Combine") {
+      ++combine;
+      CHECK(n.input_size() == 3);
+      CHECK(n.output(0) == "outs");
+    } else if (n.domain() == hp::domain::kDomain) {
+      ++others;
+    }
+    if (n.op_type() == "Gemm") {
+      CHECK(n.input(0).rfind("outs.ep_rows", 0) == 0);
+      CHECK(at > dispatched_at);  // the export computes the experts before the router
+    }
+    CHECK(n.op_type() != "Concat");
+    ++at;
+  }
+  CHECK((dispatch == 1 && combine == 1 && others == 0));
+  CHECK(dispatched_at > topk_at);
+  const auto& v = part->varying;
+  CHECK(std::find(v.begin(), v.end(), "outs.ep_rows1") != v.end());
+
+  // Asked not to route: the all-gather dispatch.
+  auto gathered = train::partition_experts(loaded(moe(4, true)), {4, 7}, 1, false);
+  REQUIRE(gathered);
+  CHECK(gathered->routed == 0);
+  CHECK(gathered->onnx.find("AllGather") != std::string::npos);
+  // An expert that mixes its tokens (a mean over them) cannot run on a subset: gathered.
+  test::Builder mixing = moe(4, true);
+  mixing.ints("axis0", {0});
+  for (auto& n : *mixing.g().mutable_node())
+    if (n.op_type() == "Relu" && n.output(0) == "r0") n.set_output(0, "r0pre");
+  test::attr_i(mixing.node("ReduceMean", {"r0pre", "axis0"}, {"r0mean"}), "keepdims", 1);
+  mixing.node("Sub", {"r0pre", "r0mean"}, {"r0"});
+  auto mixed = train::partition_experts(loaded(mixing), {4, 7}, 0);
+  REQUIRE(mixed);
+  CHECK(mixed->layers == 1);
+  CHECK(mixed->routed == 0);
+  // A gate that is not zero outside the chosen experts reads every pair: gathered.
+  test::Builder dense_gate = moe(4, true);
+  for (auto& n : *dense_gate.g().mutable_node())
+    if (n.op_type() == "ScatterElements") n.set_input(0, "probs");
+  auto dense = train::partition_experts(loaded(dense_gate), {4, 7}, 0);
+  REQUIRE(dense);
+  CHECK(dense->routed == 0);
+}
+
 TEST_CASE("expert parallelism refuses models it cannot split", "[train][ep]") {
   auto three = train::partition_experts(loaded(moe(3)), {0, 1}, 0);
   REQUIRE(!three);
@@ -203,9 +274,10 @@ TEST_CASE("expert parallelism refuses models it cannot split", "[train][ep]") {
 TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]") {
   // ZeRO-2 as well: the shared weights' state and gradients sharded over the two ranks.
   const int zero = GENERATE(0, 2);
-  INFO("optimizer_shard " << zero);
+  const bool top2 = GENERATE(false, true);  // a dense gate (gathered), a top-2 one (routed)
+  INFO("optimizer_shard " << zero << ", top2 " << top2);
   const fs::path d = fresh_dir("train");
-  train::TrainOptions one = options(d);
+  train::TrainOptions one = options(d, top2);
   one.metrics = d / "one.jsonl";
   one.save_model = d / "one.onnx";
   auto r = train::train(one);
