@@ -89,6 +89,8 @@ LAYOUTS = [
 EP_LAYOUTS = [
     ("dp2-ep2", {"dp": 2, "expert_parallel": 2}, "mpirun"),
     ("dp2-ep2", {"dp": 2, "expert_parallel": 2}, "simulate"),
+    # The all-gather dispatch the routed one replaces (both compute what the export computes).
+    ("dp2-ep2-gather", {"dp": 2, "expert_parallel": 2, "expert_dispatch": "gather"}, "simulate"),
     ("dp4-ep2", {"dp": 4, "expert_parallel": 2}, "simulate"),
     ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
     ("dp2-ep2-zero1", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1}, "mpirun"),
@@ -129,8 +131,19 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     gathers = (parallel.get("optimizer_shard") == 3 and parallel.get("expert_parallel", 1) == 1)
     counted = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel,
                           gathers)
+    routed = ""
+    if parallel.get("expert_parallel", 1) > 1:
+        # Both expert models' gates keep only the top-k pairs: routed unless asked to gather.
+        want = parallel.get("expert_dispatch", "routed") == "routed"
+        with open(trace) as f:
+            ops = {e.get("args", {}).get("op") for e in json.load(f)["traceEvents"]
+                   if e.get("tid") == 2}
+        if ("hp.Dispatch" in ops) != want or ("hp.AllGather" in ops) == want:
+            raise rt.Failure(f"trace: the expert dispatch is not {'routed' if want else 'gather'}"
+                             f" (hp ops: {sorted(o for o in ops if o and o.startswith('hp.'))})")
+        routed = "  routed" if want else "  all-gathered"
     return (f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})" +
-            (f"  {counted} gathers a step" if gathers else ""))
+            (f"  {counted} gathers a step" if gathers else "") + routed)
 
 
 def check_trace(path, ranks, buckets_expected=True, gathers_expected=False):
@@ -500,7 +513,8 @@ def main():
         d = os.path.join(a.work, "moe-scatter")
         shutil.rmtree(d, ignore_errors=True)
         ref = reference.make("moe-scatter", VARIANT, d)
-        for tag, parallel, how in EP_LAYOUTS[1:3]:
+        for tag, parallel, how in [x for x in EP_LAYOUTS if x[2] == "simulate" and
+                                   x[0] in ("dp2-ep2", "dp2-ep2-gather", "dp4-ep2")]:
             try:
                 report(True, f"moe-scatter {tag} ({how})",
                        layout_run(a.hp, d, ref, tag, parallel, how, log))

@@ -49,6 +49,7 @@ train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transpor
   ep.zero = r.parallel.optimizer_shard;
   ep.shard = static_cast<int>(r.parallel.shard_group);
   ep.bucket_bytes = bucket_bytes(r.parallel);
+  ep.routed = r.parallel.routed_experts;
   return ep;
 }
 

@@ -314,8 +314,11 @@ Expected<LaunchReport> launch_train(const Job& job, const LaunchOptions& given) 
     if (p.expert_parallel > 1)
       r.summary += fmt::format(
           "  expert parallelism: groups of {} data-parallel ranks share each layer's experts out "
-          "(tokens all-gathered, outputs exchanged back)\n",
-          p.expert_parallel);
+          "({})\n",
+          p.expert_parallel,
+          p.routed_experts ? "each token sent to its top-k experts' ranks where the graph allows "
+                             "it, else all-gathered; outputs exchanged back"
+                           : "tokens all-gathered, outputs exchanged back");
     if (p.tp > 1)
       r.summary += fmt::format("  {} tensor-parallel ranks ({}), the partitions hp shard writes\n",
                                p.tp, o.simulate ? "threads of this process" : "mpirun");

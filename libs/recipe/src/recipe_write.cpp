@@ -132,6 +132,7 @@ std::string format_recipe(const Recipe& r) {
       .integer("virtual_stages", p.virtual_stages)
       .boolean("sequence_parallel", p.sequence_parallel)
       .integer("expert_parallel", p.expert_parallel);
+  if (!p.routed_experts) w.string("expert_dispatch", "gather");
   for (const auto& st : r.stages) {
     w.array_table("stages")
         .integer("index", st.index)

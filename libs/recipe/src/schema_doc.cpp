@@ -38,6 +38,9 @@ constexpr KeyDoc kRecipe[] = {
     {"[parallel]", "expert_parallel", "integer >= 1", "no (1)",
      "expert-parallel degree; divides dp*tp (training: divides dp, groups of that many "
      "data-parallel ranks share each layer's experts out)"},
+    {"[parallel]", "expert_dispatch", "routed|gather", "no (routed)",
+     "training with expert_parallel: send each token only to its top-k experts' ranks where the "
+     "graph allows it, or all-gather every token to every rank"},
     {"[[stages]]", "index", "integer", "yes", "stage number, 0-based, in order"},
     {"[[stages]]", "layers", "range or integer array", "yes",
      "layer (block) indices of the stage, e.g. \"0-11\""},

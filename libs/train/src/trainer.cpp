@@ -73,7 +73,8 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
   if (o.dp.active())
     return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
   const int me = o.ep.index();
-  HP_ASSIGN_OR_RETURN(ExpertPartition part_of, partition_experts(forward, o.ep.group, me));
+  HP_ASSIGN_OR_RETURN(ExpertPartition part_of, partition_experts(forward, o.ep.group, me, o.ep.routed));
+  expert_layers = {part_of.layers, part_of.routed};
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(
@@ -412,6 +413,12 @@ Expected<TrainReport> train(const TrainOptions& o) {
                                              r.eps    ? "expert and data"
                                              : r.sync ? "data"
                                                       : "");
+  if (r.eps)
+    r.report.summary += fmt::format(
+        "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "
+        "{} by all-gathering the tokens\n",
+        r.expert_layers.second, r.expert_layers.first,
+        r.expert_layers.first - r.expert_layers.second);
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }

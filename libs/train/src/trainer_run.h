@@ -47,6 +47,7 @@ struct TrainRun {
   std::unique_ptr<TensorParallelSync> tps;
   /// Expert parallelism: which member holds which experts, and the reductions.
   std::vector<std::vector<std::string>> experts_of;
+  std::pair<int, int> expert_layers;  ///< expert parallelism: layers found, of them routed
   std::unique_ptr<ExpertParallelSync> eps;
   TraceLog trace;
 

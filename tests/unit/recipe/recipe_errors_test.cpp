@@ -153,6 +153,24 @@ TEST_CASE("recipe: bucket_mb is a positive size in MiB, written back only when s
   CHECK(format_recipe(RecipeDocument{}.recipe).find("bucket_mb") == std::string::npos);
 }
 
+TEST_CASE("recipe: expert_dispatch is routed or gather, written back only when gather",
+          "[recipe]") {
+  RecipeDocument bad = parse_with(
+      "[parallel]\ndp = 2\ntp = 1\npp = 1\nexpert_parallel = 2\nexpert_dispatch = \"dense\"\n");
+  INFO(dump(bad.problems));
+  CHECK(has(bad.problems, "recipe.toml:11:19",
+            "'parallel.expert_dispatch' must be one of routed, gather, got 'dense'"));
+  RecipeDocument ok = parse_with(
+      "[parallel]\ndp = 2\ntp = 1\npp = 1\nexpert_parallel = 2\nexpert_dispatch = \"gather\"\n");
+  CHECK(ok.problems.empty());
+  CHECK(!ok.recipe.parallel.routed_experts);
+  const std::string out = format_recipe(ok.recipe);
+  CHECK(out.find("expert_dispatch = \"gather\"") != std::string::npos);
+  CHECK(parse_recipe(out, "again.toml").recipe.parallel == ok.recipe.parallel);
+  CHECK(RecipeDocument{}.recipe.parallel.routed_experts);
+  CHECK(format_recipe(RecipeDocument{}.recipe).find("expert_dispatch") == std::string::npos);
+}
+
 TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
   INFO(dump(doc.problems));

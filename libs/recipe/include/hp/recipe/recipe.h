@@ -73,6 +73,9 @@ struct Parallel {
   /// all in, and under ZeRO-3 it is also the unit the parameters are gathered in (PyTorch DDP's
   /// bucket_cap_mb, FSDP's wrapping unit).
   double bucket_mb = 16;
+  /// Expert parallelism in training: send each token only to the members holding the experts its
+  /// router chose, where the graph allows it (docs/training.md); false: all-gather every token.
+  bool routed_experts = true;
   friend bool operator==(const Parallel&, const Parallel&) = default;
 };
 

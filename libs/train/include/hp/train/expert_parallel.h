@@ -87,6 +87,9 @@ struct ExpertParallel {
   /// it within the same group. It must be a multiple or a divisor of the group's size.
   int shard = 0;
   std::int64_t bucket_bytes = std::int64_t{16} << 20;
+  /// Dispatch each token to its top-k experts' members only, where the graph allows it
+  /// (partition_experts); false: all-gather the tokens.
+  bool routed = true;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
   int part() const;   ///< this rank's position in `data`: which rows of a batch it trains on
