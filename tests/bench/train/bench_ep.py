@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""Expert-parallel training benchmark (not a test): the routed dispatch against the all-gather one,
+same run.
+
+Model: a top-2 mixture-of-experts decoder stack as tests/train/models.py's MoE writes it (a
+softmax router, torch.topk, torch.stack of a ModuleList of experts, the chosen experts' outputs
+gathered), larger: vocab 2048, hidden 256, 2 layers of 8 experts of 256 -> 1024 -> 256 (GELU),
+sequence 64, global batch --batch, AdamW. Every configuration runs `hp launch RECIPE --inputs BATCH
+--metrics m.jsonl --threads 1` for --steps steps; the figure is the median step after --warmup:
+
+    one rank, 1 thread                       the baseline: the export, every expert on every token
+    dp=2 x ep=2, all-gather dispatch         each rank runs its 4 experts on both ranks' tokens
+    dp=2 x ep=2, routed dispatch             each rank runs its 4 experts on the tokens routed to them
+
+and prints speedup = baseline / configuration and the expert-parallel collectives' share of a step
+(ep_comm_seconds: the dispatch and combine of forward and backward, all exposed). With top-2 of 8
+experts a routed expert sees a quarter of the tokens on average, so the experts' work per rank is
+an eighth of the one-rank step's (half the experts, a quarter of the rows) where the all-gather
+dispatch leaves half.
+
+    tests/bench/train/bench_ep.py [BUILD_DIR] [--steps 6] [--warmup 2] [--batch 8]
+
+Env: HP_BENCH_DIR (model cache; default ${XDG_CACHE_HOME:-~/.cache}/hp-bench/train).
+"""
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_train as bt  # noqa: E402
+
+VOCAB, HIDDEN, FFN, EXPERTS, TOP, LAYERS, SEQ = 2048, 256, 1024, 8, 2, 2, 64
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(HIDDEN)
+        self.router = nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN))
+            for _ in range(EXPERTS))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.ln(x).reshape(b * t, c)
+        topw, topi = torch.topk(self.router(h).softmax(-1), TOP, dim=-1)
+        topw = topw / topw.sum(-1, keepdim=True)
+        outs = torch.stack([e(h) for e in self.experts], dim=1)
+        chosen = torch.gather(outs, 1, topi.unsqueeze(-1).expand(b * t, TOP, c))
+        return x + (topw.unsqueeze(-1) * chosen).sum(1).reshape(b, t, c)
+
+
+class Moe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def make_model():
+    torch.manual_seed(0)
+    return Moe().train()
+
+
+def prepare(cache, batch):
+    key = hashlib.sha256(open(__file__, "rb").read() + str(batch).encode()).hexdigest()[:16]
+    d = os.path.join(cache, f"moe-{key}")
+    if os.path.exists(os.path.join(d, "model.onnx")):
+        return d
+    print(f"generating the benchmark model into {d} ...", file=sys.stderr)
+    tmp = d + ".tmp"
+    os.makedirs(os.path.join(tmp, "inputs"), exist_ok=True)
+    spec = bt.models.Spec(make_model, "tokens", "cross_entropy", "input_ids", seq=SEQ)
+    bt.models.export(spec, make_model(), os.path.join(tmp, "model.onnx"), 2, dynamic=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g)
+    bt.save_batch(os.path.join(tmp, "inputs"), ids[:, :-1], ids[:, 1:])
+    os.rename(tmp, d)
+    return d
+
+
+def run(hp, d, work, batch, steps, warmup, tag, parallel, cluster):
+    recipe = os.path.join(work, f"{tag}.toml")
+    train = {"loss": "cross_entropy", "logits": bt.models.OUTPUT, "labels": "labels",
+             "optimizer": "adamw", "lr": bt.LR, "betas": list(bt.BETAS), "eps": 1e-8,
+             "weight_decay": bt.WD, "clip_norm": 1.0, "steps": steps, "frozen": []}
+    bt.run_training.write_recipe(recipe, os.path.join(d, "model.onnx"), train, {"batch": batch},
+                                 parallel=parallel, cluster=cluster,
+                                 ranks_per_node=parallel.get("dp", 1))
+    metrics = os.path.join(work, f"{tag}.jsonl")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"), "--metrics",
+                        metrics, "--threads", "1", "--steps", str(steps)] + root
+                       + (["--run-dir", os.path.join(work, f"run-{tag}")] if parallel else []),
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
+    med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
+    routed = [line for line in p.stdout.splitlines() if line.startswith("expert layers:")]
+    return med("seconds"), med("ep_comm_seconds"), rows[-1]["loss"], routed
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build", nargs="?", default=os.path.join(bt.ROOT, "build"))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    a = ap.parse_args()
+    hp = os.path.join(a.build, "bin", "hp")
+    cache = os.environ.get("HP_BENCH_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hp-bench", "train")
+    d = prepare(cache, a.batch)
+    print(f"model {d}/model.onnx ({EXPERTS} experts, top-{TOP}, {LAYERS} layers), global batch "
+          f"{a.batch} x {SEQ}, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory() as work:
+        one = bt.measured_cluster(hp, work, show=False)  # clusters of this machine's ranks
+        two = bt.measured_cluster(hp, work, ranks=2, show=False)
+        base, _, base_loss, _ = run(hp, d, work, a.batch, a.steps, a.warmup, "one", {}, one)
+        print(f"{'one rank, 1 thread':36} {base:8.3f} s/step  loss {base_loss:.5f}")
+        for how in ("gather", "routed"):
+            t, comm, loss, routed = run(hp, d, work, a.batch, a.steps, a.warmup, f"ep-{how}",
+                                        {"dp": 2, "expert_parallel": 2, "expert_dispatch": how},
+                                        two)
+            print(f"{f'dp=2 x ep=2, {how} dispatch':36} {t:8.3f} s/step  speedup {base / t:4.2f}x  "
+                  f"ep collectives {comm:.3f} s ({100 * comm / t:.0f}%)  loss {loss:.5f}"
+                  + (f"  [{routed[0]}]" if routed else ""))
+
+
+if __name__ == "__main__":
+    main()
