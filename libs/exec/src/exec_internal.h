@@ -58,6 +58,9 @@ struct PreparedNode {
   std::deque<HostTensor> store_tensors;
   std::deque<hp_tensor_desc> store_descs;
   std::vector<int> release_after;  ///< tensor ids whose last reader is this node
+  /// Graph outputs run() hands to the output hook: released after this node (their producer or
+  /// last reader) when run() has a hook, since the hook's copy is what run() returns.
+  std::vector<int> release_hooked;
   bool comm = false;               ///< an "hp"-domain node for CommOps
   CommNode comm_node;
   std::vector<std::int32_t> placed_dtypes;  ///< input dtypes of the last placement decision
@@ -251,6 +254,8 @@ void read_device_peak(Executor::Impl& im, bool reset);
 /// which node releases each of the others (exec_prepare.cpp). Rerun by set_weight_source, whose
 /// weights stop being persistent.
 void plan_lifetimes(Executor::Impl& im);
+/// The release_hooked lists for the output hook set now (exec_prepare.cpp).
+void plan_hooked_release(Executor::Impl& im);
 
 /// Initializer `name`: its tensor id and decoded host copy, {-1, nullptr} when the model has no
 /// initializer of that name (exec_weights.cpp).

@@ -293,6 +293,7 @@ void plan_lifetimes(Executor::Impl& im) {
         if (t >= 0 && last[static_cast<std::size_t>(t)] < 0 && !keep.count(t) &&
             !im.slots[static_cast<std::size_t>(t)].persistent)
           im.nodes[k].release_after.push_back(t);
+  plan_hooked_release(im);
   // A view op whose data input dies with it takes that input's buffer as its output instead of
   // copying it (alloc_output in exec_run.cpp): the backward of a transformer reshapes whole
   // activations and gradients back and forth.
@@ -307,6 +308,29 @@ void plan_lifetimes(Executor::Impl& im) {
     n.donate_input0 = std::count(n.release_after.begin(), n.release_after.end(), x) > 0 &&
                       std::count(n.inputs.begin(), n.inputs.end(), x) == 1;
   }
+}
+
+void plan_hooked_release(Executor::Impl& im) {
+  for (PreparedNode& n : im.nodes) n.release_hooked.clear();
+  // Not under offload, whose schedule follows every tensor's life itself.
+  if (!im.output_hook || im.opts.offload.enabled) return;
+  // A hooked output lives until its producer has run and its last reader (the graph may read a
+  // graph output too); then only the hook's copy is needed. A data-parallel backward's gradients
+  // thus leave the pool one by one instead of all staying to the end.
+  std::map<int, int> at;  // hooked tensor -> the node after which it can go
+  std::set<int> computed;  // hooked tensors a node computes (not graph inputs passed through)
+  for (std::size_t k = 0; k < im.nodes.size(); ++k) {
+    const PreparedNode& n = im.nodes[k];
+    if (n.dead) continue;
+    for (const auto* list : {&n.inputs, &n.captured, &n.outputs})
+      for (int t : *list)
+        if (t >= 0 && im.hooked_outputs.count(t)) at[t] = static_cast<int>(k);
+    for (int t : n.outputs)
+      if (t >= 0 && im.hooked_outputs.count(t)) computed.insert(t);
+  }
+  for (const auto& [t, k] : at)
+    if (computed.count(t) && !im.slots[static_cast<std::size_t>(t)].persistent)
+      im.nodes[static_cast<std::size_t>(k)].release_hooked.push_back(t);
 }
 
 Expected<std::unique_ptr<Executor>> Executor::create(const model::Model& model,

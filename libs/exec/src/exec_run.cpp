@@ -422,6 +422,8 @@ Status Executor::Impl::run_graph(std::size_t n_inputs,
           }
         }
     for (int t : n.release_after) free_slot(t);
+    if (!early_outputs.empty())  // handed over: run() returns the hook's copy
+      for (int t : n.release_hooked) free_slot(t);
     offload_after_node(*this, k);
     gather_after_node(*this, k);
   }

@@ -154,6 +154,7 @@ void Executor::set_output_hook(OutputHook hook) {
   if (im.output_hook)
     for (std::size_t k = 0; k < im.output_ids.size(); ++k)
       im.hooked_outputs[im.output_ids[k]].push_back(k);
+  plan_hooked_release(im);
 }
 
 Expected<std::vector<HostValue>> Executor::run_values(const std::vector<HostValue>& inputs) {

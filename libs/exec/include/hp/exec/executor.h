@@ -174,7 +174,8 @@ class Executor {
   /// it has finished, before the rest of the graph runs: a data-parallel trainer starts reducing a
   /// gradient while the backward goes on (hp/train/data_parallel.h). The call is on the running
   /// thread, so a hook that does more than hand the tensor over delays the run. run() then returns
-  /// those same copies. Empty = none.
+  /// those same copies, and the executor frees its own buffer of each as soon as no node reads it
+  /// any more (a backward's gradients leave the pool one by one). Empty = none.
   using OutputHook = std::function<void(std::size_t output_index, const HostTensor& value)>;
   void set_output_hook(OutputHook hook);
 
