@@ -174,7 +174,8 @@ DataParallelSync::~DataParallelSync() {
 }
 
 Status DataParallelSync::reduce_bucket(const Bucket& b) {
-  float* data = flat_.data() + b.start;
+  const auto bi = static_cast<std::size_t>(&b - buckets_.data());
+  float* data = holding_ ? staged_[bi].data() : flat_.data() + b.start;
   if (dp_.zero <= 1 || shard_ == 1) {  // every rank keeps the whole sum
     return dp_.transport->allreduce(dp_.group, data, data, b.length, HP_F32, comm::ReduceOp::sum);
   }
@@ -187,6 +188,11 @@ Status DataParallelSync::reduce_bucket(const Bucket& b) {
   if (replica_group_.size() > 1)
     HP_TRY(dp_.transport->allreduce(replica_group_, block.data(), block.data(), part, HP_F32,
                                     comm::ReduceOp::sum));
+  if (holding_) {  // the shard is all this rank keeps of the bucket's gradients
+    std::copy(block.begin(), block.end(), reduced(bi, own_start(b)));
+    unstage(bi);
+    return {};
+  }
   std::copy(block.begin(), block.end(), flat_.begin() + own_start(b));
   return {};
 }
@@ -206,6 +212,8 @@ Status DataParallelSync::begin_step(std::int64_t count, double n) {
   // Each rank's share of the group's mean; a rank without labels contributes zeros, not NaN.
   scale_ = static_cast<float>(static_cast<double>(count) / n);
   std::fill(ready_.begin(), ready_.end(), 0);
+  for (std::size_t b = 0; b < staged_.size(); ++b)  // a failed step may have left some taken
+    if (!staged_[b].empty()) unstage(b);
   pending_.clear();
   for (const Bucket& b : buckets_) pending_.push_back(b.end - b.first);
   if (w_) {
@@ -221,7 +229,8 @@ void DataParallelSync::gradient_ready(std::size_t k, const HostTensor& grad) {
   if (k >= ready_.size() || ready_[k] || grad.numel() != numel_[k] || grad.dtype != HP_F32)
     return;  // finish_step takes it from the returned outputs (and checks it there)
   const float* g = f32(grad);
-  float* out = flat_.data() + offsets_[k];
+  const std::size_t bk = bucket_of_[k];
+  float* out = holding_ ? stage(bk) + (offsets_[k] - buckets_[bk].start) : flat_.data() + offsets_[k];
   if (dp_.weighted)
     std::memcpy(out, g, static_cast<std::size_t>(numel_[k]) * sizeof(float));
   else if (count_ > 0)
@@ -267,7 +276,8 @@ Expected<double> DataParallelSync::finish_step(double loss, std::vector<HostTens
     const bool whole = p.offset == 0 && p.count == numel_[p.param];
     // A whole parameter's gradient buffer is reused (no allocation); a piece gets its own.
     HostTensor t = whole ? std::move(grads[p.param]) : piece_tensor(grads[p.param].name, p.count);
-    std::memcpy(f32(t), flat_.data() + offsets_[p.param] + p.offset,
+    const std::int64_t at = offsets_[p.param] + p.offset;
+    std::memcpy(f32(t), holding_ ? reduced(bucket_of_[p.param], at) : flat_.data() + at,
                 static_cast<std::size_t>(p.count) * sizeof(float));
     out.push_back(std::move(t));
   }
@@ -281,10 +291,10 @@ Expected<double> DataParallelSync::reduce(double loss, std::int64_t count,
   return finish_step(loss, grads);
 }
 
-Status DataParallelSync::allgather_bucket(const Bucket& b) {
+Status DataParallelSync::allgather_bucket(const Bucket& b, float* flat) {
   const std::int64_t part = b.length / shard_;
-  std::vector<float> block(flat_.begin() + own_start(b), flat_.begin() + own_start(b) + part);
-  return dp_.transport->allgather(shard_group_, block.data(), flat_.data() + b.start,
+  std::vector<float> block(flat + own_start(b), flat + own_start(b) + part);
+  return dp_.transport->allgather(shard_group_, block.data(), flat + b.start,
                                   part * static_cast<std::int64_t>(sizeof(float)));
 }
 
@@ -344,7 +354,7 @@ Expected<StepInfo> DataParallelSync::update_with_norm(const OptimizerConfig& c,
     std::memcpy(to, f32(mine[k]), static_cast<std::size_t>(p.count) * sizeof(float));
   }
   if (holding_) return info;  // the executor gathers them for their next use
-  for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b));
+  for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b, flat_.data()));
   for (std::size_t k = 0; k < params.size(); ++k)
     std::memcpy(f32(params[k]), flat_.data() + offsets_[k],
                 static_cast<std::size_t>(numel_[k]) * sizeof(float));
@@ -360,18 +370,23 @@ Expected<OptimizerState> DataParallelSync::gather_state(const OptimizerState& st
   // optimizer and the step, not of this rank's pieces (a rank may own none).
   double lists = static_cast<double>(!state.exp_avg.empty()) + !state.exp_avg_sq.empty();
   HP_TRY(dp_.transport->allreduce(shard_group_, &lists, &lists, 1, HP_F64, comm::ReduceOp::max));
+  // At ZeRO-3 there is no flat vector between steps: a checkpoint's gathers get one of their own.
+  std::vector<float> scratch;
+  if (holding_ && !buckets_.empty())
+    scratch.resize(static_cast<std::size_t>(buckets_.back().start + buckets_.back().length));
+  std::vector<float>& flat = holding_ ? scratch : flat_;
   for (int l = 0; l < static_cast<int>(lists); ++l) {
     const auto& src = l == 0 ? state.exp_avg : state.exp_avg_sq;
-    std::fill(flat_.begin(), flat_.end(), 0.0f);
+    std::fill(flat.begin(), flat.end(), 0.0f);
     for (std::size_t k = 0; k < pieces_.size() && k < src.size(); ++k)
-      std::memcpy(flat_.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(src[k]),
+      std::memcpy(flat.data() + offsets_[pieces_[k].param] + pieces_[k].offset, f32(src[k]),
                   static_cast<std::size_t>(pieces_[k].count) * sizeof(float));
-    for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b));
+    for (const Bucket& b : buckets_) HP_TRY(allgather_bucket(b, flat.data()));
     auto& dst = l == 0 ? whole.exp_avg : whole.exp_avg_sq;
     for (std::size_t k = 0; k < params.size(); ++k) {
       HostTensor t = piece_tensor(params[k].name, numel_[k]);
       t.dims = params[k].dims;
-      std::memcpy(f32(t), flat_.data() + offsets_[k],
+      std::memcpy(f32(t), flat.data() + offsets_[k],
                   static_cast<std::size_t>(numel_[k]) * sizeof(float));
       dst.push_back(std::move(t));
     }

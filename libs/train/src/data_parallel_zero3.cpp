@@ -9,6 +9,7 @@
 // keep theirs apart.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -71,6 +72,9 @@ Status DataParallelSync::hold_parameters(std::vector<HostTensor>& params) {
       at += b.length / shard_;
     }
     shard_params_.assign(static_cast<std::size_t>(at), 0.0f);
+    grad_shard_.assign(static_cast<std::size_t>(at), 0.0f);
+    staged_.assign(buckets_.size(), {});
+    std::vector<float>().swap(flat_);  // gradients are staged bucket by bucket from now on
   }
   for (const FlatPiece& p : pieces_) {
     const HostTensor& t = params[p.param];
@@ -84,6 +88,49 @@ Status DataParallelSync::hold_parameters(std::vector<HostTensor>& params) {
   holding_ = true;
   if (!g_ && dp_.transport->any_thread()) start_gatherer();
   return {};
+}
+
+float* DataParallelSync::stage(std::size_t b) {
+  std::vector<float>& buf = staged_[b];
+  if (!buf.empty()) return buf.data();
+  const Bucket& k = buckets_[b];
+  {
+    // A spare of exactly this length: buffers are never resized, so there are at most as many of
+    // each length as buckets of that length, and all of them together never exceed the flat
+    // vector level 2 keeps (buckets mostly share one length, bucket_mb, so they do get reused).
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    auto it = std::find_if(spare_.begin(), spare_.end(), [&](const std::vector<float>& v) {
+      return static_cast<std::int64_t>(v.size()) == k.length;
+    });
+    if (it != spare_.end()) {
+      buf = std::move(*it);
+      spare_.erase(it);
+    }
+  }
+  if (buf.empty()) buf.resize(static_cast<std::size_t>(k.length));
+  // The padding after the bucket's last parameter is reduced too: zeros, not a former bucket's.
+  const std::int64_t used = offsets_[k.end - 1] + numel_[k.end - 1] - k.start;
+  std::fill(buf.begin() + used, buf.end(), 0.0f);
+  return buf.data();
+}
+
+void DataParallelSync::unstage(std::size_t b) {
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  spare_.push_back(std::move(staged_[b]));
+  staged_[b] = {};
+}
+
+float* DataParallelSync::reduced(std::size_t b, std::int64_t at) {
+  return grad_shard_.data() + held_offset_[b] + (at - own_start(buckets_[b]));
+}
+
+std::int64_t DataParallelSync::gradient_bytes() {
+  if (!holding_) return static_cast<std::int64_t>(flat_.size() * sizeof(float));
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  std::size_t n = 0;
+  for (const auto* list : {&staged_, &spare_})
+    for (const auto& v : *list) n += v.size();
+  return static_cast<std::int64_t>(n * sizeof(float));
 }
 
 std::vector<std::vector<std::string>> DataParallelSync::weight_groups(

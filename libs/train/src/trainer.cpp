@@ -413,6 +413,12 @@ Expected<TrainReport> train(const TrainOptions& o) {
                                              r.eps    ? "expert and data"
                                              : r.sync ? "data"
                                                       : "");
+  if (r.held())
+    r.report.summary += fmt::format(
+        "ZeRO-3: the parameters held in shards of {}; gradients staged in {} of bucket buffers "
+        "(whole: {})\n",
+        mib(r.sync->flat_bytes() / r.sync->shard_count()), mib(r.sync->gradient_bytes()),
+        mib(r.sync->flat_bytes()));
   if (r.eps)
     r.report.summary += fmt::format(
         "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "

@@ -3,6 +3,8 @@
 // label-weighted mean gradient.
 #include <catch2/catch.hpp>
 
+#include <fmt/core.h>
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -142,6 +144,12 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
       (void)info;
     }
     if (c.hold) {
+      // No whole gradient vector: only bucket buffers, never more than the buckets' sum.
+      std::int64_t flat = 0;
+      for (const auto& p : model_params()) flat += p.numel() + c.ranks;  // padding at most
+      const std::int64_t staged = sync->gradient_bytes();
+      if (staged <= 0 || staged > flat * 4)
+        return hp::Error(hp::Errc::runtime, fmt::format("{} bytes of gradient buffers", staged));
       HP_ASSIGN_OR_RETURN(params, sync->gather_parameters(params));
     }
     HP_ASSIGN_OR_RETURN(auto whole, sync->gather_state(state, params));
@@ -157,6 +165,7 @@ void check_case(const Case& c, const OptimizerConfig& cfg) {
   });
   INFO("ranks " << c.ranks << " zero " << c.zero << " shard " << c.shard << " overlap " << c.overlap
                 << " hold " << c.hold);
+  INFO((st ? std::string() : st.error().str()));
   REQUIRE(st);
   for (int r = 0; r < c.ranks; ++r) {
     for (std::size_t k = 0; k < ref.size(); ++k) {

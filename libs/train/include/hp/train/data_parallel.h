@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -157,6 +158,15 @@ class DataParallelSync : public exec::WeightSource {
 
   const std::vector<FlatPiece>& pieces() const { return pieces_; }
   bool sharded() const { return shard_ > 1; }
+  int shard_count() const { return shard_; }
+  /// Bytes this object holds for whole gradients: the flat vector, or at ZeRO-3 its bucket
+  /// buffers (at most as many of each length as were staged at once; never more than the flat
+  /// vector).
+  std::int64_t gradient_bytes();
+  /// Bytes of the whole flat vector (every bucket, padded).
+  std::int64_t flat_bytes() const {
+    return buckets_.empty() ? 0 : (buckets_.back().start + buckets_.back().length) * 4;
+  }
   /// Seconds the last finish_step waited for reductions still running when the backward ended
   /// (the communication the backward did not hide).
   double exposed_seconds() const { return exposed_; }
@@ -171,7 +181,14 @@ class DataParallelSync : public exec::WeightSource {
  private:
   DataParallelSync() = default;
   Status reduce_bucket(const Bucket& b);
-  Status allgather_bucket(const Bucket& b);
+  /// Every member's part of bucket b, from and into `flat` (laid out as the flat vector).
+  Status allgather_bucket(const Bucket& b, float* flat);
+  // ZeRO-3's gradient buffers (data_parallel_zero3.cpp): bucket b's, taken at its first gradient;
+  // given back after its reduce-scatter, its shard kept; where this rank's shard of the reduced
+  // gradients of flat position `at` (in bucket b) lies.
+  float* stage(std::size_t b);
+  void unstage(std::size_t b);
+  float* reduced(std::size_t b, std::int64_t at);
   /// This rank's part of bucket b in the flat vector.
   std::int64_t own_start(const Bucket& b) const {
     return b.start + position_ * (b.length / shard_);
@@ -193,7 +210,7 @@ class DataParallelSync : public exec::WeightSource {
   std::vector<std::int64_t> offsets_;   ///< flat offset of each parameter
   std::vector<std::int64_t> numel_;
   std::vector<FlatPiece> pieces_;
-  std::vector<float> flat_;  ///< gradients, then parameters, bucket by bucket (padded)
+  std::vector<float> flat_;  ///< gradients, then parameters, bucket by bucket (padded); not at ZeRO-3
   // One step's state.
   std::int64_t count_ = 0;
   double total_ = 0;  ///< label positions of the group
@@ -210,6 +227,13 @@ class DataParallelSync : public exec::WeightSource {
   bool holding_ = false;
   std::vector<float> shard_params_;
   std::vector<std::int64_t> held_offset_;  ///< per bucket: its part's start in shard_params_
+  // ZeRO-3 keeps no whole flat vector: a bucket's gradients are staged in a buffer of their own
+  // only from its first gradient to its reduce-scatter (buffers of the same length reused, so MPI
+  // works on warm pages), and this rank's shard of the reduced gradients in grad_shard_ (laid out
+  // as shard_params_). The compute thread takes buffers, the reduction thread gives them back.
+  std::vector<std::vector<float>> staged_, spare_;
+  std::mutex stage_mu_;
+  std::vector<float> grad_shard_;
   struct Gatherer;
   std::shared_ptr<Gatherer> g_;
 };
