@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "comm_plan.h"
@@ -76,39 +77,72 @@ Expected<Routing> routing(const CommNode& n, const CommTensor& idx, std::int64_t
 
 }  // namespace
 
+namespace {
+
+/// What a member checks before any exchange: the indices, and the rows' dims. Fills the routing
+/// and the row (its dims after the token axis, or after the expert axis of a stacked tensor).
+Status check_local(const CommPlan& pl, const CommNode& n, const std::vector<CommTensor>& in,
+                   std::size_t n_x, Routing& r, std::vector<std::int64_t>& rest,
+                   std::int64_t& row) {
+  if (in.size() != n_x + 1 || in.back().dtype < 0)
+    return comm_node_error(n, fmt::format("hp.{} takes {} tensors and the expert indices",
+                                          n.op_type, n_x));
+  HP_ASSIGN_OR_RETURN(r, routing(n, in.back(), pl.experts));
+  const CommTensor& x0 = in.front();
+  const int esize = exec::dtype_size(x0.dtype);
+  const bool dispatch = pl.kind == CommKind::dispatch;
+  const std::size_t lead = dispatch && pl.stacked ? 2 : 1;
+  if (esize == 0 || x0.dims.size() < lead)
+    return comm_node_error(n, pl.stacked ? "a stacked tensor needs a token and an expert axis"
+                                         : "the rows to route must be a tensor of rank 1 or more");
+  rest.assign(x0.dims.begin() + static_cast<std::ptrdiff_t>(lead), x0.dims.end());
+  row = esize;
+  for (std::int64_t d : rest) row *= d;
+  if (dispatch && (x0.dims[0] != r.tokens || (pl.stacked && x0.dims[1] != pl.experts)))
+    return comm_node_error(
+        n, fmt::format("{} rows for {} routed tokens{}", x0.dims[0], r.tokens,
+                       pl.stacked ? fmt::format(" and {} experts", pl.experts) : ""));
+  return {};
+}
+
+}  // namespace
+
+// A member that cannot route still takes part in the exchanges up to the point where every member
+// knows: the counts carry a failure flag, and a flag is all-reduced before the rows move, so a
+// fault on one member ends the op on all of them instead of leaving the others blocked.
 Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
                                const std::vector<CommTensor>& in, const CommAlloc& alloc) {
   const auto p = static_cast<std::int64_t>(pl.group.size());
   const std::int64_t m = pl.experts / p;  // experts per member
   const bool dispatch = pl.kind == CommKind::dispatch;
   const std::size_t n_x = dispatch ? 1 : static_cast<std::size_t>(m);
-  if (in.size() != n_x + 1 || in.back().dtype < 0)
-    return comm_node_error(n, fmt::format("hp.{} takes {} tensors and the expert indices",
-                                          n.op_type, n_x));
-  HP_ASSIGN_OR_RETURN(const Routing r, routing(n, in.back(), pl.experts));
-  const CommTensor& x0 = in.front();
-  const int esize = exec::dtype_size(x0.dtype);
-  if (esize == 0 || x0.dims.empty())
-    return comm_node_error(n, "the rows to route must be a tensor of rank 1 or more");
-  // The row: dims after the token axis (and after the expert axis of a stacked tensor).
-  const std::size_t lead = dispatch && pl.stacked ? 2 : 1;
-  if (x0.dims.size() < lead)
-    return comm_node_error(n, "a stacked tensor needs a token axis and an expert axis");
-  std::vector<std::int64_t> rest(x0.dims.begin() + static_cast<std::ptrdiff_t>(lead),
-                                 x0.dims.end());
-  std::int64_t row = esize;
-  for (std::int64_t d : rest) row *= d;
+  Routing r;
+  std::vector<std::int64_t> rest;
+  std::int64_t row = 0;
+  Status local = check_local(pl, n, in, n_x, r, rest, row);
   // What this member sends to each member's experts (its tokens), and what it holds of every
-  // member's tokens for its own: the second is the first, exchanged.
-  std::vector<std::int64_t> mine(static_cast<std::size_t>(p * m)), theirs(mine.size());
-  for (std::int64_t e = 0; e < p * m; ++e)
-    mine[static_cast<std::size_t>(e)] =
-        static_cast<std::int64_t>(r.of[static_cast<std::size_t>(e)].size());
+  // member's tokens for its own: the second is the first, exchanged. Per member, m counts and a
+  // flag (1: this member failed).
+  const std::int64_t stride = m + 1;
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(p * stride)), theirs(mine.size());
+  for (std::int64_t q = 0; q < p; ++q) {
+    for (std::int64_t e = 0; local && e < m; ++e)
+      mine[static_cast<std::size_t>(q * stride + e)] =
+          static_cast<std::int64_t>(r.of[static_cast<std::size_t>(q * m + e)].size());
+    mine[static_cast<std::size_t>(q * stride + m)] = local ? 0 : 1;
+  }
   HP_TRY(t_.alltoall(pl.group, mine.data(), theirs.data(),
-                     m * static_cast<std::int64_t>(sizeof(std::int64_t))));
+                     stride * static_cast<std::int64_t>(sizeof(std::int64_t))));
+  HP_TRY(std::move(local));
+  for (std::int64_t q = 0; q < p; ++q)
+    if (theirs[static_cast<std::size_t>(q * stride + m)] != 0)
+      return comm_node_error(n, fmt::format("member {} of the group could not route its tokens "
+                                            "(its own error says why)",
+                                            q));
   auto count = [&](const std::vector<std::int64_t>& c, std::int64_t q, std::int64_t e) {
-    return c[static_cast<std::size_t>(q * m + e)];
+    return c[static_cast<std::size_t>(q * stride + e)];
   };
+  const CommTensor& x0 = in.front();
   std::vector<std::int64_t> out_bytes(static_cast<std::size_t>(p)),
       in_bytes(static_cast<std::size_t>(p));
   // Dispatch sends `mine` and receives `theirs`; Combine the reverse.
@@ -123,16 +157,34 @@ Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
     sent += out_bytes[static_cast<std::size_t>(q)];
     got += in_bytes[static_cast<std::size_t>(q)];
   }
+  // What needs the counts: Combine's inputs are the rows Dispatch gave, and the exchange's byte
+  // offsets fit the transport's int counts (MPI's). Then every member agrees before the rows move.
+  Status ready;
+  if (sent > INT32_MAX || got > INT32_MAX)
+    ready = comm_node_error(n, fmt::format("{} bytes to send and {} to receive exceed one "
+                                           "exchange's 2 GiB",
+                                           sent, got));
+  for (std::int64_t e = 0; ready && !dispatch && e < m; ++e) {
+    const CommTensor& y = in[static_cast<std::size_t>(e)];
+    std::int64_t rows = 0;
+    for (std::int64_t q = 0; q < p; ++q) rows += count(theirs, q, e);
+    if (y.dtype != x0.dtype || y.dims.empty() || y.dims[0] != rows ||
+        !std::equal(y.dims.begin() + 1, y.dims.end(), rest.begin(), rest.end()))
+      ready = comm_node_error(
+          n, fmt::format("expert {}'s output has dims {}; {} rows like expert {}'s were routed "
+                         "to it",
+                         pl.pos * m + e, exec::dims_label({y.dims.begin(), y.dims.end()}), rows,
+                         pl.pos * m));
+  }
+  std::int64_t failed = ready ? 0 : 1;
+  HP_TRY(t_.allreduce(pl.group, &failed, &failed, 1, HP_I64, ReduceOp::max));
+  HP_TRY(std::move(ready));
+  if (failed)
+    return comm_node_error(n, "another member of the group could not exchange its rows");
   pack_.resize(static_cast<std::size_t>(sent));
   got_.resize(static_cast<std::size_t>(got));
-  const auto me = static_cast<std::int64_t>(pl.pos);
 
   if (dispatch) {
-    const std::int64_t t_rows = x0.dims[0];
-    if (t_rows != r.tokens || (pl.stacked && x0.dims[1] != pl.experts))
-      return comm_node_error(
-          n, fmt::format("{} rows for {} routed tokens{}", t_rows, r.tokens,
-                         pl.stacked ? fmt::format(" and {} experts", pl.experts) : ""));
     const auto* src = static_cast<const unsigned char*>(x0.data);
     unsigned char* at = pack_.data();
     for (std::int64_t e = 0; e < p * m; ++e)
@@ -163,19 +215,7 @@ Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
     return {};
   }
 
-  // Combine: every input is one local expert's rows, as Dispatch laid them out.
-  for (std::int64_t e = 0; e < m; ++e) {
-    const CommTensor& y = in[static_cast<std::size_t>(e)];
-    std::int64_t rows = 0;
-    for (std::int64_t q = 0; q < p; ++q) rows += count(theirs, q, e);
-    if (y.dtype != x0.dtype || y.dims.empty() || y.dims[0] != rows ||
-        !std::equal(y.dims.begin() + 1, y.dims.end(), rest.begin(), rest.end()))
-      return comm_node_error(
-          n, fmt::format("expert {}'s output has dims {}; {} rows like expert {}'s were routed "
-                         "to it",
-                         me * m + e, exec::dims_label({y.dims.begin(), y.dims.end()}), rows,
-                         me * m));
-  }
+  // Combine: every input is one local expert's rows, as Dispatch laid them out (checked above).
   unsigned char* at = pack_.data();
   std::vector<std::int64_t> used(static_cast<std::size_t>(m));
   for (std::int64_t q = 0; q < p; ++q)

@@ -117,32 +117,55 @@ void set_int(onnx::NodeProto& n, std::string_view name, std::int64_t v) {
   a->set_i(v);
 }
 
-/// Stable topological order: nodes keep their order except where one reads a tensor a later node
-/// computes, which waits until it has been computed. Errc::internal on a cycle.
-Status reorder_after_inputs(const onnx::GraphProto& g,
-                            google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes) {
-  std::set<std::string> ready{""};
-  for (const auto& i : g.input()) ready.insert(i.name());
-  for (const auto& t : g.initializer()) ready.insert(t.name());
-  std::vector<onnx::NodeProto*> todo;
-  for (auto& n : nodes) todo.push_back(&n);
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> sorted;
-  while (!todo.empty()) {
-    std::vector<onnx::NodeProto*> later;
-    for (onnx::NodeProto* n : todo) {
-      bool ok = true;
-      for (const auto& i : n->input()) ok = ok && ready.count(i);
-      if (!ok) {
-        later.push_back(n);
-        continue;
-      }
-      ready.insert(n->output().begin(), n->output().end());
-      sorted.Add()->Swap(n);
+/// Every name the subgraphs of `n` read (recursively): what an If or Loop body captures from the
+/// graph around it, besides the node's own inputs.
+void subgraph_reads(const onnx::NodeProto& n, std::set<std::string>& out) {
+  auto graph = [&](const onnx::GraphProto& g) {
+    for (const auto& sn : g.node()) {
+      out.insert(sn.input().begin(), sn.input().end());
+      subgraph_reads(sn, out);
     }
-    if (later.size() == todo.size())
-      return Error(Errc::internal, "the expert-parallel partition has a cycle", later[0]->name());
-    todo = std::move(later);
+  };
+  for (const auto& a : n.attribute()) {
+    if (a.has_g()) graph(a.g());
+    for (const auto& g : a.graphs()) graph(g);
   }
+}
+
+/// Topological order closest to the given one: each time, the first node (in the given order)
+/// whose inputs, captured ones included, are computed. Deterministic in the graph alone, so
+/// members whose partitions have the same shape run their collectives in the same order.
+/// Errc::internal on a cycle.
+Status reorder_after_inputs(google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes) {
+  const int count = nodes.size();
+  std::map<std::string, int> producer;
+  for (int k = 0; k < count; ++k)
+    for (const auto& o : nodes.Get(k).output())
+      if (!o.empty()) producer[o] = k;
+  std::vector<std::vector<int>> readers(static_cast<std::size_t>(count));
+  std::vector<int> waiting(static_cast<std::size_t>(count), 0);
+  for (int k = 0; k < count; ++k) {
+    std::set<std::string> reads(nodes.Get(k).input().begin(), nodes.Get(k).input().end());
+    subgraph_reads(nodes.Get(k), reads);
+    std::set<int> from;
+    for (const auto& i : reads)
+      if (auto p = producer.find(i); p != producer.end() && p->second != k) from.insert(p->second);
+    for (int f : from) readers[static_cast<std::size_t>(f)].push_back(k);
+    waiting[static_cast<std::size_t>(k)] = static_cast<int>(from.size());
+  }
+  std::set<int> ready;
+  for (int k = 0; k < count; ++k)
+    if (waiting[static_cast<std::size_t>(k)] == 0) ready.insert(k);
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> sorted;
+  while (!ready.empty()) {
+    const int k = *ready.begin();
+    ready.erase(ready.begin());
+    sorted.Add()->Swap(nodes.Mutable(k));
+    for (int r : readers[static_cast<std::size_t>(k)])
+      if (--waiting[static_cast<std::size_t>(r)] == 0) ready.insert(r);
+  }
+  if (sorted.size() != count)
+    return Error(Errc::internal, "the expert-parallel partition has a cycle");
   nodes.Swap(&sorted);
   return {};
 }
@@ -301,7 +324,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   }
   // A routed dispatch waits for the router, which the export may compute after some expert nodes:
   // those move after it, everything else keeps its place.
-  if (out.routed > 0) HP_TRY(reorder_after_inputs(ng, nodes));
+  if (out.routed > 0) HP_TRY(reorder_after_inputs(nodes));
   ng.mutable_node()->Swap(&nodes);
   google::protobuf::RepeatedPtrField<onnx::TensorProto> inits;
   for (auto& t : *ng.mutable_initializer())

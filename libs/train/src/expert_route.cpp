@@ -11,6 +11,7 @@
 // Anything else keeps the all-gather dispatch, which computes what the export computes.
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <set>
 
 #include "expert_index.h"
@@ -55,7 +56,8 @@ std::string through_broadcasts(const Index& ix, std::string t) {
   return t;
 }
 
-/// A zero constant of any shape (torch.zeros_like exports ConstantOfShape with value 0).
+/// A zero constant of any shape (torch.zeros_like exports ConstantOfShape with value 0): every
+/// field that can hold the value's element is zero.
 bool zeros(const Index& ix, const std::string& t) {
   auto p = ix.producer.find(t);
   if (p == ix.producer.end()) return false;
@@ -63,12 +65,27 @@ bool zeros(const Index& ix, const std::string& t) {
   if (n.op_type() != "ConstantOfShape") return false;
   for (const auto& a : n.attribute()) {
     if (a.name() != "value") continue;
-    for (float f : a.t().float_data())
-      if (f != 0.0f) return false;
-    for (char c : a.t().raw_data())
-      if (c != 0) return false;
+    const auto& v = a.t();
+    auto all_zero = [](const auto& list) {
+      return std::all_of(list.begin(), list.end(), [](auto x) { return x == 0; });
+    };
+    if (!all_zero(v.float_data()) || !all_zero(v.double_data()) || !all_zero(v.int32_data()) ||
+        !all_zero(v.int64_data()) || !all_zero(v.uint64_data()) || !all_zero(v.raw_data()))
+      return false;
   }
   return true;  // no value: zeros
+}
+
+/// A tensor every row reads the same way: a constant or weight of rank <= 1 (broadcast along the
+/// last axis) or whose first dimension is 1. Anything else could hold a row per token.
+bool same_for_every_row(const Index& ix, const std::string& t) {
+  const onnx::TensorProto* v = nullptr;
+  if (auto it = ix.inits.find(t); it != ix.inits.end()) v = it->second;
+  if (auto p = ix.producer.find(t); !v && p != ix.producer.end() &&
+                                    ix.g.node(p->second).op_type() == "Constant")
+    for (const auto& a : ix.g.node(p->second).attribute())
+      if (a.name() == "value") v = &a.t();
+  return v && (v->dims_size() <= 1 || v->dims(0) == 1);
 }
 
 /// Ops that act on each row of their row-derived inputs alone.
@@ -88,9 +105,9 @@ bool row_op(const onnx::NodeProto& n) {
 }
 
 bool rows_independent(const Index& ix, const ExpertLayer& l) {
-  for (const auto& nodes : l.nodes) {
+  for (std::size_t x = 0; x < l.nodes.size(); ++x) {
     std::set<std::string> rows{l.tokens};
-    for (int k : nodes) {  // graph order: producers first
+    for (int k : l.nodes[x]) {  // graph order: producers first
       const auto& n = ix.g.node(k);
       std::vector<bool> from_rows;
       bool any = false;
@@ -106,9 +123,16 @@ bool rows_independent(const Index& ix, const ExpertLayer& l) {
           if (from_rows[i]) return false;
       } else if (!row_op(n)) {
         return false;
+      } else {
+        for (int i = 0; i < n.input_size(); ++i)
+          if (!from_rows[static_cast<std::size_t>(i)] && !n.input(i).empty() &&
+              !same_for_every_row(ix, n.input(i)))
+            return false;
       }
       for (const auto& o : n.output()) rows.insert(o);
     }
+    // What the expert stacks must come from its rows (not a constant of the full token count).
+    if (!rows.count(ix.g.node(l.unsqueeze[x]).input(0))) return false;
   }
   return true;
 }

@@ -130,7 +130,7 @@ TEST_CASE("routed dispatch: rows reach only their experts, empty experts include
   REQUIRE(s.ok());
 }
 
-TEST_CASE("routed dispatch refuses indices outside the experts", "[exec][ep]") {
+TEST_CASE("routed dispatch refuses indices outside the experts on every member", "[exec][ep]") {
   Status s = comm::run_in_process(2, [&](int rank, comm::Transport& t) -> Status {
     comm::TransportCommOps ops(t);
     CommNode n{"dispatch", "Dispatch", {"x", "idx"}, {"r0", "r1"},
@@ -143,6 +143,15 @@ TEST_CASE("routed dispatch refuses indices outside the experts", "[exec][ep]") {
     Status st = ops.run(n, {&x, &idx}, outs);
     if (st || st.error().message().find("routed to expert") == std::string::npos)
       return Error(Errc::runtime, "an expert outside 0..3 was accepted");
+    // Only member 1 is wrong: member 0 learns it from the exchange instead of waiting for rows.
+    bad.assign(kT * kK, 1);
+    if (rank == 1) bad[0] = 9;
+    HostTensor one_bad = indices(bad);
+    Status st1 = ops.run(n, {&x, &one_bad}, outs);
+    const std::string want = rank == 1 ? "routed to expert 9" : "member 1 of the group";
+    if (st1 || st1.error().message().find(want) == std::string::npos)
+      return Error(Errc::runtime, "rank " + std::to_string(rank) + ": " +
+                                      (st1 ? std::string("no error") : st1.error().message()));
     CommNode odd{"d", "Dispatch", {"x", "idx"}, {"r0"}, {{"group", "0,1"}, {"experts", "3"}}};
     if (ops.run(odd, {&x, &idx}, outs)) return Error(Errc::runtime, "3 experts over 2 accepted");
     return {};

@@ -253,6 +253,31 @@ TEST_CASE("a top-k gate routes each token to its experts' member only", "[train]
   auto dense = train::partition_experts(loaded(dense_gate), {4, 7}, 0);
   REQUIRE(dense);
   CHECK(dense->routed == 0);
+  // Nor one scattered into ones (a value in double_data): the pairs not chosen count.
+  test::Builder ones = moe(4, true);
+  for (auto& n : *ones.g().mutable_node())
+    if (n.op_type() == "ConstantOfShape") {
+      auto* a = n.add_attribute();
+      a->set_name("value");
+      a->set_type(onnx::AttributeProto::TENSOR);
+      a->mutable_t()->set_data_type(onnx::TensorProto::DOUBLE);
+      a->mutable_t()->add_dims(1);
+      a->mutable_t()->add_double_data(1.0);
+    }
+  auto by_ones = train::partition_experts(loaded(ones), {4, 7}, 0);
+  REQUIRE(by_ones);
+  CHECK(by_ones->routed == 0);
+  // An expert adding a value per token ([6, 4]: a row for each of the 6 tokens) cannot run on a
+  // subset of the rows.
+  test::Builder per_token = moe(4, true);
+  per_token.weight("P", {6, 4});
+  for (auto& n : *per_token.g().mutable_node())
+    if (n.op_type() == "Relu" && n.output(0) == "r2") n.set_output(0, "r2pre");
+  per_token.node("Add", {"r2pre", "P"}, {"r2"});
+  auto tokenwise = train::partition_experts(loaded(per_token), {4, 7}, 0);
+  REQUIRE(tokenwise);
+  CHECK(tokenwise->layers == 1);
+  CHECK(tokenwise->routed == 0);
 }
 
 TEST_CASE("expert parallelism refuses models it cannot split", "[train][ep]") {
