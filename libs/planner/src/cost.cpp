@@ -238,7 +238,9 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   const double rate = mc.sustained_flops > 0
                           ? mc.sustained_flops
                           : mc.peak_flops * efficiency(mc.cal, std::max(1.0, width));
-  r.fwd = mb * b.fwd_flops / t / rate + b.kernels * mc.cal.kernel_overhead;
+  // A ModuleList's experts run on every token unless expert parallelism routes them (cost.h).
+  const double flops = b.fwd_flops + (c.ep > 1 && c.routed_experts ? 0.0 : b.unrouted_flops);
+  r.fwd = mb * flops / t / rate + b.kernels * mc.cal.kernel_overhead;
   // Activations a rank holds: TP splits all but the replicated share (LayerNorms, dropout and
   // residual adds without sequence parallelism).
   const double replicated = c.sequence_parallel || c.tp == 1 ? 0.0 : 10.0 / 34.0;

@@ -283,6 +283,7 @@ Expected<Candidate> candidate_of(const recipe::Recipe& r) {
   Candidate k;
   Config& c = k.config;
   c.dp = p.dp, c.tp = p.tp, c.pp = p.pp, c.ep = p.expert_parallel;
+  c.routed_experts = p.routed_experts;
   c.optimizer_shard = p.optimizer_shard;
   c.shard_group = p.shard_group;
   c.micro_batch_size = p.micro_batch_size, c.micro_batches = p.micro_batches;

@@ -27,6 +27,7 @@
 // norms and shared experts stay replicated). The head count TP must divide is read off the score
 // tensor (1 x heads x seq x seq).
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include <fmt/core.h>
@@ -140,6 +141,75 @@ std::set<int> layer_norm_intermediates(const Graph& g, const model::Block& b) {
   return inner;
 }
 
+// Experts of a ModuleList, stacked with torch.stack: a Concat of Unsqueezes whose inputs come from
+// branches each with nodes (at least one matmul over a weight) and weights of its own. What they
+// cost: their count, their parameters, and their forward FLOPs on every token.
+struct ListExperts {
+  std::int64_t experts = 0;
+  double parameters = 0, flops = 0;
+};
+
+ListExperts module_list_experts(const Graph& g, const model::Block& b) {
+  const std::set<int> in_block(b.nodes.begin(), b.nodes.end());
+  ListExperts all;
+  for (int ni : b.nodes) {
+    const auto& c = g.node(ni);
+    if (c.op_type != "Concat" || c.inputs.size() < 2) continue;
+    std::vector<int> outs;
+    for (int ti : c.inputs) {
+      const int u = ti < 0 ? -1 : g.tensor(ti).producer;
+      if (u < 0 || !in_block.count(u) || g.node(u).op_type != "Unsqueeze" ||
+          g.node(u).inputs.empty())
+        break;
+      outs.push_back(g.node(u).inputs[0]);
+    }
+    if (outs.size() != c.inputs.size()) continue;
+    std::vector<std::set<int>> cones;
+    std::map<int, int> count;
+    for (int o : outs) {
+      std::set<int> seen;
+      std::vector<int> todo{o};
+      while (!todo.empty()) {
+        const int t = todo.back();
+        todo.pop_back();
+        const int p = t < 0 ? -1 : g.tensor(t).producer;
+        if (p < 0 || !in_block.count(p) || !seen.insert(p).second) continue;
+        for (int i : g.node(p).inputs) todo.push_back(i);
+      }
+      for (int k : seen) ++count[k];
+      cones.push_back(std::move(seen));
+    }
+    ListExperts layer;
+    layer.experts = static_cast<std::int64_t>(outs.size());
+    for (const auto& cone : cones) {
+      std::set<int> mine, weights;
+      for (int k : cone)
+        if (count[k] == 1) mine.insert(k);
+      bool matmul = false;
+      for (int k : mine) {
+        const auto& n = g.node(k);
+        layer.flops += n.cost.flops();
+        for (int ti : n.inputs) {
+          if (ti < 0 || !g.tensor(ti).is_parameter()) continue;
+          const auto& readers = g.tensor(ti).consumers;
+          if (!std::all_of(readers.begin(), readers.end(), [&](int r) { return mine.count(r); }))
+            continue;  // shared with something else: not this expert's
+          weights.insert(ti);
+          matmul = matmul || n.op_type == "MatMul" || n.op_type == "Gemm";
+        }
+      }
+      if (!matmul) layer.experts = 0;
+      for (int ti : weights)
+        if (auto numel = g.tensor(ti).numel()) layer.parameters += static_cast<double>(*numel);
+    }
+    if (layer.experts < 2) continue;
+    all.experts = std::max(all.experts, layer.experts);
+    all.parameters += layer.parameters;
+    all.flops += layer.flops;
+  }
+  return all;
+}
+
 BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq,
                            double dtype_bytes) {
   BlockProfile p;
@@ -214,6 +284,17 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
     if (n.op_type == "TopK" && !n.outputs.empty() && n.outputs[0] >= 0) {
       const Tensor& t = g.tensor(n.outputs[0]);
       if (t.has_shape && !t.dims.empty()) p.top_k = std::max(p.top_k, t.dims.back().value);
+    }
+  }
+  if (p.experts == 0 && p.top_k > 0) {  // no stacked expert weights: a ModuleList routed by top-k?
+    const ListExperts list = module_list_experts(g, b);
+    if (list.experts >= 2) {
+      p.experts = list.experts;
+      p.expert_parameters = list.parameters;
+      const double active =
+          std::min(1.0, static_cast<double>(p.top_k) / static_cast<double>(list.experts));
+      p.unrouted_flops = list.flops * (1.0 - active);
+      p.fwd_flops -= p.unrouted_flops;
     }
   }
   if (p.experts == 0) p.expert_parameters = 0, p.top_k = 0;
@@ -310,7 +391,7 @@ void per_sequence(ModelProfile& m, std::int64_t batch) {
   if (batch <= 1) return;
   const double b = static_cast<double>(batch);
   auto scale = [b](BlockProfile& p) {
-    p.fwd_flops /= b, p.quadratic_flops /= b, p.act_bytes /= b;
+    p.fwd_flops /= b, p.quadratic_flops /= b, p.act_bytes /= b, p.unrouted_flops /= b;
     p.quadratic_act_bytes /= b, p.boundary_bytes /= b;
   };
   scale(m.prologue);

@@ -12,8 +12,10 @@ sequence 64, global batch --batch, AdamW. Every configuration runs `hp launch RE
     dp=2 x ep=2, all-gather dispatch         each rank runs its 4 experts on both ranks' tokens
     dp=2 x ep=2, routed dispatch             each rank runs its 4 experts on the tokens routed to them
 
-and prints speedup = baseline / configuration and the expert-parallel collectives' share of a step
-(ep_comm_seconds: the dispatch and combine of forward and backward, all exposed). With top-2 of 8
+and prints speedup = baseline / configuration, the expert-parallel collectives' share of a step
+(ep_comm_seconds: the dispatch and combine of forward and backward, all exposed), and the plan's
+prediction of each step on this machine (`hp devices --measure`; the planner counts a ModuleList's
+experts at k/E of their FLOPs under expert parallelism, all of them at one rank). With top-2 of 8
 experts a routed expert sees a quarter of the tokens on average, so the experts' work per rank is
 an eighth of the one-rank step's (half the experts, a quarter of the rows) where the all-gather
 dispatch leaves half.
@@ -115,6 +117,9 @@ def run(hp, d, work, batch, steps, warmup, tag, parallel, cluster):
     rows = [json.loads(line) for line in open(metrics) if line.strip()][warmup:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)  # noqa: E731
     routed = [line for line in p.stdout.splitlines() if line.startswith("expert layers:")]
+    plan = bt.plan_prediction(p.stdout)
+    routed.append(f"plan {plan:.3f} s (measured/predicted {med('seconds') / plan:.2f})" if plan
+                  else "no plan prediction")
     return med("seconds"), med("ep_comm_seconds"), rows[-1]["loss"], routed
 
 
@@ -134,15 +139,15 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         one = bt.measured_cluster(hp, work, show=False)  # clusters of this machine's ranks
         two = bt.measured_cluster(hp, work, ranks=2, show=False)
-        base, _, base_loss, _ = run(hp, d, work, a.batch, a.steps, a.warmup, "one", {}, one)
-        print(f"{'one rank, 1 thread':36} {base:8.3f} s/step  loss {base_loss:.5f}")
+        base, _, base_loss, notes = run(hp, d, work, a.batch, a.steps, a.warmup, "one", {}, one)
+        print(f"{'one rank, 1 thread':36} {base:8.3f} s/step  loss {base_loss:.5f}  {notes[-1]}")
         for how in ("gather", "routed"):
             t, comm, loss, routed = run(hp, d, work, a.batch, a.steps, a.warmup, f"ep-{how}",
                                         {"dp": 2, "expert_parallel": 2, "expert_dispatch": how},
                                         two)
             print(f"{f'dp=2 x ep=2, {how} dispatch':36} {t:8.3f} s/step  speedup {base / t:4.2f}x  "
                   f"ep collectives {comm:.3f} s ({100 * comm / t:.0f}%)  loss {loss:.5f}"
-                  + (f"  [{routed[0]}]" if routed else ""))
+                  + f"  {routed[-1]}" + (f"  [{routed[0]}]" if len(routed) > 1 else ""))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ carry what real exports carry:
   user-moe-scatter  the same with Mixtral-style routing (torch.where, index_select, index_add_)
                 and dynamic axes: the experts' token counts come from NonZero, decided by the
                 data, which hp must name as such.
+  user-moe-stack    the same with every expert run on every token, stacked (torch.stack), and
+                the top-k outputs gathered (torch.gather): what expert parallelism routes.
 
 Next to every <name>.onnx goes <name>.json (config, dims, blocks, parameters of the torch module,
 matmul_flops written out from the config at dims, and the Identity-aliased initializers of the
@@ -227,6 +229,26 @@ class ScatterMoE(nn.Module):
         return out.view(b, s, d)
 
 
+class StackMoE(nn.Module):
+    """Every expert on every token, stacked with torch.stack, the top-k chosen with torch.gather:
+    what hp's expert parallelism routes (docs/training.md)."""
+
+    def __init__(self, dim, hidden, n_experts, top_k):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList([Expert(dim, hidden) for _ in range(n_experts)])
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = x.reshape(b * s, d)
+        weights, chosen = torch.topk(F.softmax(self.gate(h), dim=-1), self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        outs = torch.stack([e(h) for e in self.experts], dim=1)  # tokens, experts, d
+        picked = torch.gather(outs, 1, chosen.unsqueeze(-1).expand(b * s, self.top_k, d))
+        return (weights.unsqueeze(-1) * picked).sum(1).reshape(b, s, d)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim, heads):
         super().__init__()
@@ -253,7 +275,7 @@ class MoELayer(nn.Module):
         self.ln1 = nn.LayerNorm(dim)
         self.attn = SelfAttention(dim, heads)
         self.ln2 = nn.LayerNorm(dim)
-        moe = SparseMoE if routing == "mask" else ScatterMoE
+        moe = {"mask": SparseMoE, "scatter": ScatterMoE, "stack": StackMoE}[routing]
         self.moe = moe(dim, hidden, n_experts, top_k)
 
     def forward(self, x):
@@ -347,7 +369,7 @@ def gen_moe(name="user-moe", routing="mask", dynamic=False, layers=2):
                  + 2 * b * s * h * e                    # router
                  + e * 2 * 2 * b * s * h * ffn)         # every expert on every token (dense)
     flops = layers * per_layer + 2 * b * s * h * cfg["vocab"]
-    if routing != "mask":
+    if routing == "scatter":
         flops = None  # the experts' share depends on the routing, decided by the data
     ids = torch.randint(0, cfg["vocab"], (b, s), generator=torch.Generator().manual_seed(1))
     export(name, m, ids, dynamic, cfg, {"batch": b, "seq": s}, flops)
@@ -359,6 +381,7 @@ def main():
     gen_llama("user-llama-static", "expand", "masked_fill", dynamic=False)
     gen_moe()
     gen_moe("user-moe-scatter", routing="scatter", dynamic=True)
+    gen_moe("user-moe-stack", routing="stack")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,47 @@ TEST_CASE("planner: expert parallelism splits expert states and adds all-to-all 
   CHECK(eight.state_bytes < one.state_bytes / 3);
 }
 
+TEST_CASE("planner: experts of a ModuleList count k/E of their FLOPs when routed", "[planner]") {
+  // user-moe-stack: 2 layers of 4 experts (32 -> 64 -> 32) stacked by torch.stack, top-2.
+  auto sum = model::summarize_model(
+      {data_model("user-moe-stack.onnx"), model::DimBindings{{"batch", 2}, {"seq", 10}}, false});
+  if (!sum) FAIL(sum.error().str());
+  auto m = profile_model(*sum, 10, 4);
+  REQUIRE(m);
+  REQUIRE(m->blocks.size() == 2);
+  const BlockProfile& b = m->blocks[0];
+  CHECK(b.experts == 4);
+  CHECK(b.top_k == 2);
+  CHECK(b.expert_parameters == Approx(4.0 * (32 * 64 + 64 + 64 * 32 + 32)));
+  // The export runs every expert on every token of its static batch (2 x 10 tokens): two matmuls
+  // each, plus biases and GELU; top-2 of 4 leaves half of it unrouted.
+  const double experts_dense = 4.0 * 2 * 2 * 20 * 32 * 64;
+  CHECK(b.unrouted_flops == Approx(experts_dense / 2).epsilon(0.1));
+  // One rank runs the export as written; expert parallelism with routing saves the unrouted FLOPs;
+  // the all-gather dispatch does not.
+  Workload w;
+  Machine mc;
+  mc.peak_flops = 1e12;
+  mc.memory = 64e9;
+  mc.cal = calibration_for(recipe::DeviceKind::cpu);
+  AxisLinks links;
+  Config one, routed, gathered;
+  one.dp = routed.dp = gathered.dp = 2;
+  routed.ep = gathered.ep = 2;
+  gathered.routed_experts = false;
+  const double f_one = block_cost(b, *m, one, w, mc, links).fwd;
+  const double f_routed = block_cost(b, *m, routed, w, mc, links).fwd;
+  CHECK(f_routed < f_one);
+  CHECK(block_cost(b, *m, gathered, w, mc, links).fwd == Approx(f_one));
+  // The dense-gate and Mixtral-style exports have no stacked experts: nothing to route.
+  auto mask = model::summarize_model(
+      {data_model("user-moe.onnx"), model::DimBindings{{"batch", 2}, {"seq", 10}}, false});
+  REQUIRE(mask);
+  auto mm = profile_model(*mask, 10, 4);
+  REQUIRE(mm);
+  CHECK(mm->blocks[0].unrouted_flops == 0);
+}
+
 TEST_CASE("planner: --compare on the DeepSeek-style MoE on 128 Ascend 910B", "[planner][compare]") {
   PlanOptions opts;
   opts.model = data_model("planner-deepseek-moe-141b.onnx");

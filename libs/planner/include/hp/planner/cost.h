@@ -33,6 +33,11 @@ struct BlockProfile {
   double expert_parameters = 0;  ///< of `parameters`, in routed experts
   std::int64_t experts = 0;      ///< routed experts per MoE layer (0 = dense block)
   std::int64_t top_k = 0;        ///< experts each token is routed to
+  /// Experts exported as a ModuleList (each run on every token, stacked with torch.stack): the
+  /// forward FLOPs they spend on tokens the router did not send them. fwd_flops leaves them out,
+  /// since under expert parallelism hp routes each token to its top-k experts only
+  /// (docs/training.md); with ep = 1 the export runs as written and they count.
+  double unrouted_flops = 0;
   std::int64_t heads = 0;  ///< attention heads (from the seq x seq score tensors); 0 = none seen
 };
 
@@ -102,6 +107,9 @@ struct Config {
   std::int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   std::int64_t ep = 1;  ///< expert-parallel degree: carved out of dp, splits routed experts
+  /// With ep > 1, a ModuleList's experts run on their routed tokens only (the recipe's
+  /// expert_dispatch = "routed"); false: on all of the group's tokens (BlockProfile::unrouted_flops).
+  bool routed_experts = true;
   /// HSDP: ZeRO shards over the innermost shard_group ranks of each DP group (a faster tier) and
   /// replicates across the dp / shard_group such groups; 0 = shard over the whole DP group.
   std::int64_t shard_group = 0;
