@@ -34,13 +34,15 @@ Status Transport::alltoallv(const std::vector<int>& group, const void* in,
   std::vector<unsigned char> padded(p * b), got(p * b);
   const auto* src = static_cast<const unsigned char*>(in);
   for (std::size_t j = 0; j < p; ++j) {
-    std::memcpy(padded.data() + j * b, src, static_cast<std::size_t>(send_bytes[j]));
+    if (send_bytes[j] > 0)  // a member with nothing to send may pass no buffer at all
+      std::memcpy(padded.data() + j * b, src, static_cast<std::size_t>(send_bytes[j]));
     src += send_bytes[j];
   }
   HP_TRY(alltoall(group, padded.data(), got.data(), block));
   auto* dst = static_cast<unsigned char*>(out);
   for (std::size_t j = 0; j < p; ++j) {
-    std::memcpy(dst, got.data() + j * b, static_cast<std::size_t>(recv_bytes[j]));
+    if (recv_bytes[j] > 0)
+      std::memcpy(dst, got.data() + j * b, static_cast<std::size_t>(recv_bytes[j]));
     dst += recv_bytes[j];
   }
   return {};
@@ -232,7 +234,7 @@ Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
   dims.insert(dims.end(), rest.begin(), rest.end());
   HP_ASSIGN_OR_RETURN(void* zp, alloc(0, x0.dtype, dims, -1));
   auto* z = static_cast<unsigned char*>(zp);
-  std::memset(z, 0, static_cast<std::size_t>(r.tokens * pl.experts * row));
+  if (r.tokens * row > 0) std::memset(z, 0, static_cast<std::size_t>(r.tokens * pl.experts * row));
   const unsigned char* from = got_.data();
   for (std::int64_t e = 0; e < p * m; ++e)
     for (std::int64_t t : r.of[static_cast<std::size_t>(e)]) {
