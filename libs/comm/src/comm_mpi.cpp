@@ -200,9 +200,9 @@ class MpiTransport : public Transport {
     }
     Access lock(mu_);
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
-    return check(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(),
-                               MPI_BYTE, c),
-                 "MPI_Alltoallv");
+    return check(
+        MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, c),
+        "MPI_Alltoallv");
   }
   Status send(int peer, int tag, const void* buf, std::int64_t bytes) override {
     Access lock(mu_);

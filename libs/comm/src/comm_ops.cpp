@@ -105,10 +105,9 @@ TransportCommOps::TransportCommOps(Transport& transport) : t_(transport) {}
 TransportCommOps::~TransportCommOps() = default;
 
 bool TransportCommOps::handles(const std::string& op) const {
-  for (std::string_view k :
-       {domain::kAllReduce, domain::kAllGather, domain::kReduceScatter, domain::kAllToAll,
-        domain::kCollectivePermute, domain::kSend, domain::kRecv, domain::kDispatch,
-        domain::kCombine})
+  for (std::string_view k : {domain::kAllReduce, domain::kAllGather, domain::kReduceScatter,
+                             domain::kAllToAll, domain::kCollectivePermute, domain::kSend,
+                             domain::kRecv, domain::kDispatch, domain::kCombine})
     if (op == k) return true;
   return false;
 }

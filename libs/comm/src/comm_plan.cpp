@@ -193,8 +193,8 @@ Expected<CommPlan> make_comm_plan(const CommNode& n, int me, int world) {
     HP_ASSIGN_OR_RETURN(p.experts, int_attr(n, domain::kAttrExperts));
     const auto g = static_cast<std::int64_t>(p.group.size());
     if (p.experts < g || p.experts % g != 0)
-      return comm_node_error(n, fmt::format("{} experts do not split over a group of {}",
-                                            p.experts, g));
+      return comm_node_error(
+          n, fmt::format("{} experts do not split over a group of {}", p.experts, g));
     HP_ASSIGN_OR_RETURN(auto stacked, int_attr(n, domain::kAttrStacked, 0));
     p.stacked = stacked != 0;
   }

@@ -69,8 +69,8 @@ Expected<Routing> routing(const CommNode& n, const CommTensor& idx, std::int64_t
       const std::int64_t e = idx.dtype == HP_I64 ? static_cast<const std::int64_t*>(idx.data)[at]
                                                  : static_cast<const std::int32_t*>(idx.data)[at];
       if (e < 0 || e >= experts)
-        return comm_node_error(n, fmt::format("token {} is routed to expert {} of {}", t, e,
-                                              experts));
+        return comm_node_error(n,
+                               fmt::format("token {} is routed to expert {} of {}", t, e, experts));
       auto& list = r.of[static_cast<std::size_t>(e)];
       if (list.empty() || list.back() != t) list.push_back(t);  // an expert chosen twice: once
     }
@@ -87,8 +87,8 @@ Status check_local(const CommPlan& pl, const CommNode& n, const std::vector<Comm
                    std::size_t n_x, Routing& r, std::vector<std::int64_t>& rest,
                    std::int64_t& row) {
   if (in.size() != n_x + 1 || in.back().dtype < 0)
-    return comm_node_error(n, fmt::format("hp.{} takes {} tensors and the expert indices",
-                                          n.op_type, n_x));
+    return comm_node_error(
+        n, fmt::format("hp.{} takes {} tensors and the expert indices", n.op_type, n_x));
   HP_ASSIGN_OR_RETURN(r, routing(n, in.back(), pl.experts));
   const CommTensor& x0 = in.front();
   const int esize = exec::dtype_size(x0.dtype);
@@ -181,8 +181,7 @@ Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
   std::int64_t failed = ready ? 0 : 1;
   HP_TRY(t_.allreduce(pl.group, &failed, &failed, 1, HP_I64, ReduceOp::max));
   HP_TRY(std::move(ready));
-  if (failed)
-    return comm_node_error(n, "another member of the group could not exchange its rows");
+  if (failed) return comm_node_error(n, "another member of the group could not exchange its rows");
   pack_.resize(static_cast<std::size_t>(sent));
   got_.resize(static_cast<std::size_t>(got));
 
@@ -210,7 +209,8 @@ Status TransportCommOps::route(const CommPlan& pl, const CommNode& n,
     for (std::int64_t q = 0; q < p; ++q)
       for (std::int64_t e = 0; e < m; ++e) {
         const std::int64_t bytes = count(theirs, q, e) * row;
-        if (bytes) std::memcpy(ys[static_cast<std::size_t>(e)], from, static_cast<std::size_t>(bytes));
+        if (bytes)
+          std::memcpy(ys[static_cast<std::size_t>(e)], from, static_cast<std::size_t>(bytes));
         ys[static_cast<std::size_t>(e)] += bytes;
         from += bytes;
       }

@@ -61,7 +61,7 @@ struct PreparedNode {
   /// Graph outputs run() hands to the output hook: released after this node (their producer or
   /// last reader) when run() has a hook, since the hook's copy is what run() returns.
   std::vector<int> release_hooked;
-  bool comm = false;               ///< an "hp"-domain node for CommOps
+  bool comm = false;  ///< an "hp"-domain node for CommOps
   CommNode comm_node;
   std::vector<std::int32_t> placed_dtypes;  ///< input dtypes of the last placement decision
   int placed_where = -1;                    ///< the backend slot chosen for them

@@ -317,7 +317,7 @@ void plan_hooked_release(Executor::Impl& im) {
   // A hooked output lives until its producer has run and its last reader (the graph may read a
   // graph output too); then only the hook's copy is needed. A data-parallel backward's gradients
   // thus leave the pool one by one instead of all staying to the end.
-  std::map<int, int> at;  // hooked tensor -> the node after which it can go
+  std::map<int, int> at;   // hooked tensor -> the node after which it can go
   std::set<int> computed;  // hooked tensors a node computes (not graph inputs passed through)
   for (std::size_t k = 0; k < im.nodes.size(); ++k) {
     const PreparedNode& n = im.nodes[k];

@@ -37,12 +37,11 @@ CostTable cost_table(const ModelProfile& m, const Config& c, const Workload& w, 
   // Repeated blocks are usually identical: cost each distinct profile once.
   auto same = [](const BlockProfile& x, const BlockProfile& y) {
     return x.parameters == y.parameters && x.fwd_flops == y.fwd_flops &&
-           x.unrouted_flops == y.unrouted_flops &&
-           x.quadratic_flops == y.quadratic_flops && x.act_bytes == y.act_bytes &&
-           x.quadratic_act_bytes == y.quadratic_act_bytes && x.boundary_bytes == y.boundary_bytes &&
-           x.tp_collectives == y.tp_collectives && x.kernels == y.kernels &&
-           x.expert_parameters == y.expert_parameters && x.experts == y.experts &&
-           x.top_k == y.top_k;
+           x.unrouted_flops == y.unrouted_flops && x.quadratic_flops == y.quadratic_flops &&
+           x.act_bytes == y.act_bytes && x.quadratic_act_bytes == y.quadratic_act_bytes &&
+           x.boundary_bytes == y.boundary_bytes && x.tp_collectives == y.tp_collectives &&
+           x.kernels == y.kernels && x.expert_parameters == y.expert_parameters &&
+           x.experts == y.experts && x.top_k == y.top_k;
   };
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     if (i > 0 && same(m.blocks[i], m.blocks[i - 1]))
@@ -142,10 +141,11 @@ StagePlan cost_stage(const StageContext& ctx, std::int64_t stage, std::vector<st
     biggest = std::max(biggest, b.weight_bytes);
     workspace = std::max(workspace, unit_workspace(p, c));
     s.recompute_time += rc_time(b, r);
-    const double rc_flops = r == Recompute::none        ? 0.0
-                            : r == Recompute::selective ? p.quadratic_flops
-                            : p.fwd_flops +
-                                  (c.ep > 1 && c.routed_experts ? 0.0 : p.unrouted_flops);
+    const double rc_flops =
+        r == Recompute::none ? 0.0
+        : r == Recompute::selective
+            ? p.quadratic_flops
+            : p.fwd_flops + (c.ep > 1 && c.routed_experts ? 0.0 : p.unrouted_flops);
     s.recompute_flops +=
         static_cast<double>(c.micro_batch_size) * rc_flops / static_cast<double>(c.tp);
     // Training keeps act[level] per micro-batch in flight and rebuilds the rest during the

@@ -46,8 +46,7 @@ constexpr std::pair<std::string_view, Schedule> kSchedules[] = {
     {"interleaved", Schedule::interleaved},
     {"zb-h1", Schedule::zb_h1},
     {"zbv", Schedule::zbv}};
-constexpr std::pair<std::string_view, bool> kDispatches[] = {{"routed", true},
-                                                              {"gather", false}};
+constexpr std::pair<std::string_view, bool> kDispatches[] = {{"routed", true}, {"gather", false}};
 constexpr std::pair<std::string_view, Recompute> kRecomputes[] = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 constexpr std::pair<std::string_view, int> kShardLevels[] = {
@@ -82,11 +81,10 @@ void read_model(TomlReader& rd, const toml::table& t, Recipe& r) {
 
 void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   const std::string path = "parallel";
-  rd.check_keys(
-      t, path,
-      {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size", "micro_batches",
-       "schedule", "virtual_stages", "sequence_parallel", "expert_parallel", "bucket_mb",
-       "expert_dispatch"});
+  rd.check_keys(t, path,
+                {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size",
+                 "micro_batches", "schedule", "virtual_stages", "sequence_parallel",
+                 "expert_parallel", "bucket_mb", "expert_dispatch"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
   if (auto v = rd.get_int(t, "pp", path, true)) p.pp = *v;

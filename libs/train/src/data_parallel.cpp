@@ -230,7 +230,8 @@ void DataParallelSync::gradient_ready(std::size_t k, const HostTensor& grad) {
     return;  // finish_step takes it from the returned outputs (and checks it there)
   const float* g = f32(grad);
   const std::size_t bk = bucket_of_[k];
-  float* out = holding_ ? stage(bk) + (offsets_[k] - buckets_[bk].start) : flat_.data() + offsets_[k];
+  float* out =
+      holding_ ? stage(bk) + (offsets_[k] - buckets_[bk].start) : flat_.data() + offsets_[k];
   if (dp_.weighted)
     std::memcpy(out, g, static_cast<std::size_t>(numel_[k]) * sizeof(float));
   else if (count_ > 0)

@@ -198,12 +198,12 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   out.layers = static_cast<int>(layers.size());
   out.experts_of.resize(static_cast<std::size_t>(p));
   const Index ix(g);
-  std::set<int> drop;                    // other members' experts (and, routed, the stacking)
-  std::set<std::string> dropped;         // their initializers and values
+  std::set<int> drop;             // other members' experts (and, routed, the stacking)
+  std::set<std::string> dropped;  // their initializers and values
   std::map<std::pair<int, std::string>, std::string> renamed;  // (node, input) -> what it reads
-  std::map<int, onnx::NodeProto> at_concat;              // a layer's Concat -> what replaces it
-  std::map<int, std::vector<onnx::NodeProto>> after;     // node (-1: the start) -> nodes added
-  std::set<std::string> gathered;                        // tokens all-gathered already
+  std::map<int, onnx::NodeProto> at_concat;           // a layer's Concat -> what replaces it
+  std::map<int, std::vector<onnx::NodeProto>> after;  // node (-1: the start) -> nodes added
+  std::set<std::string> gathered;                     // tokens all-gathered already
   auto node = [&](std::string_view op, const std::string& name) {
     onnx::NodeProto n;
     n.set_op_type(std::string(op));

@@ -81,8 +81,8 @@ bool zeros(const Index& ix, const std::string& t) {
 bool same_for_every_row(const Index& ix, const std::string& t) {
   const onnx::TensorProto* v = nullptr;
   if (auto it = ix.inits.find(t); it != ix.inits.end()) v = it->second;
-  if (auto p = ix.producer.find(t); !v && p != ix.producer.end() &&
-                                    ix.g.node(p->second).op_type() == "Constant")
+  if (auto p = ix.producer.find(t);
+      !v && p != ix.producer.end() && ix.g.node(p->second).op_type() == "Constant")
     for (const auto& a : ix.g.node(p->second).attribute())
       if (a.name() == "value") v = &a.t();
   return v && (v->dims_size() <= 1 || v->dims(0) == 1);
@@ -91,11 +91,10 @@ bool same_for_every_row(const Index& ix, const std::string& t) {
 /// Ops that act on each row of their row-derived inputs alone.
 bool row_op(const onnx::NodeProto& n) {
   static const std::set<std::string> elementwise{
-      "Add",      "Sub",      "Mul",      "Div",     "Pow",     "Sqrt",        "Reciprocal",
-      "Neg",      "Abs",      "Exp",      "Log",     "Erf",     "Tanh",        "Sigmoid",
-      "Relu",     "LeakyRelu", "Elu",     "Selu",    "Celu",    "Gelu",        "Softplus",
-      "Softsign", "HardSigmoid", "HardSwish", "Mish", "Clip",   "Identity",    "Cast",
-      "Dropout",  "Min",      "Max",      "Where"};
+      "Add",  "Sub",  "Mul",      "Div",  "Pow",      "Sqrt",     "Reciprocal",  "Neg",
+      "Abs",  "Exp",  "Log",      "Erf",  "Tanh",     "Sigmoid",  "Relu",        "LeakyRelu",
+      "Elu",  "Selu", "Celu",     "Gelu", "Softplus", "Softsign", "HardSigmoid", "HardSwish",
+      "Mish", "Clip", "Identity", "Cast", "Dropout",  "Min",      "Max",         "Where"};
   const std::string& op = n.op_type();
   if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
   if (elementwise.count(op)) return true;

@@ -73,7 +73,8 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
   if (o.dp.active())
     return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
   const int me = o.ep.index();
-  HP_ASSIGN_OR_RETURN(ExpertPartition part_of, partition_experts(forward, o.ep.group, me, o.ep.routed));
+  HP_ASSIGN_OR_RETURN(ExpertPartition part_of,
+                      partition_experts(forward, o.ep.group, me, o.ep.routed));
   expert_layers = {part_of.layers, part_of.routed};
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;

@@ -116,7 +116,8 @@ TEST_CASE("routed dispatch: rows reach only their experts, empty experts include
                               idx[static_cast<std::size_t>(tk * kK + 1)] == e;
           for (int j = 0; j < kD; ++j) {
             float want = 0;
-            for (int i = 0; chosen && i < kD; ++i) want += x_of(rank, tk, i) * weight(e, i * kD + j);
+            for (int i = 0; chosen && i < kD; ++i)
+              want += x_of(rank, tk, i) * weight(e, i * kD + j);
             const float got = z.as<float>()[(tk * kE + e) * kD + j];
             if (std::fabs(got - want) > 1e-5f)
               return Error(Errc::runtime, fmt::format("rank {} z[{}, {}, {}] = {}, want {}", rank,
@@ -133,8 +134,8 @@ TEST_CASE("routed dispatch: rows reach only their experts, empty experts include
 TEST_CASE("routed dispatch refuses indices outside the experts on every member", "[exec][ep]") {
   Status s = comm::run_in_process(2, [&](int rank, comm::Transport& t) -> Status {
     comm::TransportCommOps ops(t);
-    CommNode n{"dispatch", "Dispatch", {"x", "idx"}, {"r0", "r1"},
-               {{"group", "0,1"}, {"experts", "4"}}};
+    CommNode n{
+        "dispatch", "Dispatch", {"x", "idx"}, {"r0", "r1"}, {{"group", "0,1"}, {"experts", "4"}}};
     HostTensor x = f32({kT, kD}, std::vector<float>(kT * kD, 1.f), "x");
     std::vector<std::int64_t> bad(kT * kK, 0);
     bad[3] = rank == 0 ? 4 : -1;

@@ -108,7 +108,8 @@ struct Config {
   bool sequence_parallel = false;
   std::int64_t ep = 1;  ///< expert-parallel degree: carved out of dp, splits routed experts
   /// With ep > 1, a ModuleList's experts run on their routed tokens only (the recipe's
-  /// expert_dispatch = "routed"); false: on all of the group's tokens (BlockProfile::unrouted_flops).
+  /// expert_dispatch = "routed"); false: on all of the group's tokens
+  /// (BlockProfile::unrouted_flops).
   bool routed_experts = true;
   /// HSDP: ZeRO shards over the innermost shard_group ranks of each DP group (a faster tier) and
   /// replicates across the dp / shard_group such groups; 0 = shard over the whole DP group.

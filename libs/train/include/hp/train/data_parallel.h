@@ -210,7 +210,8 @@ class DataParallelSync : public exec::WeightSource {
   std::vector<std::int64_t> offsets_;   ///< flat offset of each parameter
   std::vector<std::int64_t> numel_;
   std::vector<FlatPiece> pieces_;
-  std::vector<float> flat_;  ///< gradients, then parameters, bucket by bucket (padded); not at ZeRO-3
+  std::vector<float>
+      flat_;  ///< gradients, then parameters, bucket by bucket (padded); not at ZeRO-3
   // One step's state.
   std::int64_t count_ = 0;
   double total_ = 0;  ///< label positions of the group
