@@ -137,6 +137,7 @@ schedule = "interleaved"
 virtual_stages = 2
 sequence_parallel = true
 expert_parallel = 2
+expert_dispatch = "gather"
 
 [[stages]]
 index = 0
