@@ -18,8 +18,8 @@ inline Recipe full_recipe() {
   r.nodes = 1;
   r.dims = {{"batch", 8}, {"seq", 2048}};
   r.parallel = {2, 2, 2, 1, 4, 8, Schedule::interleaved, 2, true, 2};
-  r.parallel.shard_group = 1;  // HSDP: every rank a shard group of its own
-  r.parallel.bucket_mb = 25;   // written only when not the default
+  r.parallel.shard_group = 1;         // HSDP: every rank a shard group of its own
+  r.parallel.bucket_mb = 25;          // written only when not the default
   r.parallel.routed_experts = false;  // likewise: expert_dispatch = "gather"
   for (int s = 0; s < 4; ++s) {
     Stage st;
