@@ -19,8 +19,9 @@ TEST_CASE("pytorch-exported models match pytorch within 1e-4", "[job][models]") 
   const std::string dir = std::string(HP_SOURCE_DIR) + "/tests/data/models/";
   // user-*: exported as users do (gen_user_exports.py); user-llama-ri is left out, as torch 1.13
   // exports it wrongly (model_user_exports_test shows hp naming the node).
-  auto name = GENERATE(as<std::string>{}, "tiny-mlp", "tiny-gpt2", "tiny-llama", "tiny-vit",
-                       "tiny-moe", "user-llama-expand", "user-llama-static", "user-moe");
+  auto name =
+      GENERATE(as<std::string>{}, "tiny-mlp", "tiny-gpt2", "tiny-llama", "tiny-vit", "tiny-moe",
+               "user-llama-expand", "user-llama-static", "user-moe", "user-moe-stack");
   SECTION(name) {
     ModelVerifyOptions o;
     o.model = dir + name + ".onnx";
