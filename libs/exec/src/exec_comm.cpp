@@ -62,8 +62,11 @@ Expected<void*> Executor::Impl::comm_output(PreparedNode& n, std::size_t k, int 
   const std::size_t bytes = static_cast<std::size_t>(count * esz);
   const int id = n.outputs[k];
   if (id < 0) {  // an output the model does not read: somewhere to write it
-    if (comm_discard.size() < bytes) comm_discard.resize(bytes);
-    return static_cast<void*>(comm_discard.data());
+    // One buffer per output index: a node with several outputs (hp.Dispatch) asks for all of them
+    // before writing any, so a shared buffer grown for a later one would move an earlier one's.
+    if (comm_discard.size() <= k) comm_discard.resize(k + 1);
+    if (comm_discard[k].size() < bytes) comm_discard[k].resize(bytes);
+    return static_cast<void*>(comm_discard[k].data());
   }
   Slot& s = slots[static_cast<std::size_t>(id)];
   if (s.live) free_slot(id);

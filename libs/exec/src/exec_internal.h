@@ -168,9 +168,10 @@ struct Executor::Impl {
   std::vector<std::int32_t> scratch_dtypes;  ///< reused per node (no heap traffic on the hot path)
   std::vector<hp_tensor_desc> scratch_inputs;
   std::vector<std::int64_t> scratch_key;
-  std::vector<CommTensor> scratch_comm;     ///< a comm node's inputs (exec_comm.cpp)
-  std::vector<char> scratch_given;          ///< which of them an output took over
-  std::vector<unsigned char> comm_discard;  ///< where a comm node writes an output nobody reads
+  std::vector<CommTensor> scratch_comm;  ///< a comm node's inputs (exec_comm.cpp)
+  std::vector<char> scratch_given;       ///< which of them an output took over
+  /// Where a comm node writes an output nobody reads, per output index.
+  std::vector<std::vector<unsigned char>> comm_discard;
 
   std::shared_ptr<OffloadState> off;
   std::shared_ptr<GatherState> gather;
