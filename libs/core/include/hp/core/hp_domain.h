@@ -10,20 +10,19 @@
 //                   the comm layer permutes chunks when its communicator orders ranks differently.
 //   group_name string  optional; a manifest group name for logs.
 //
+// clang-format off
 //   AllReduce      X -> Y (same shape)            op: "sum" | "max" | "min" | "avg" | "prod"
 //   AllGather      X -> Y, Y.shape[axis] = p * X.shape[axis]               axis: int
-//   ReduceScatter  X -> Y, Y.shape[axis] = X.shape[axis] / p               axis: int, op as
-//   AllReduce AllToAll       X -> Y: X is split into p chunks along split_axis, chunk j goes to
-//   group[j]; the p
-//                  chunks received are concatenated along concat_axis in group order.
+//   ReduceScatter  X -> Y, Y.shape[axis] = X.shape[axis] / p         axis: int, op as AllReduce
+//   AllToAll       X -> Y: X is split into p chunks along split_axis, chunk j goes to group[j];
+//                  the p chunks received are concatenated along concat_axis in group order.
 //                                                 split_axis: int, concat_axis: int
-//   CollectivePermute X -> Y: pairs = [src0, dst0, src1, dst1, ...] (global ranks); each rank sends
-//   X to
-//                  its dst and receives Y from its src; a rank with no src gets zeros of X's shape.
+//   CollectivePermute X -> Y: pairs = [src0, dst0, src1, dst1, ...] (global ranks); each rank
+//                  sends X to its dst and receives Y from its src; a rank with no src gets zeros
+//                  of X's shape.
 //   Send           X -> (no outputs)              peer: int (global rank), tag: int
 //   Recv           (no inputs) -> Y               peer: int, tag: int, dtype: int (TensorProto
-//   type),
-//                                                 shape: ints
+//                                                 type), shape: ints
 //   Dispatch       X, I -> Y_0 .. Y_{m-1}: routed expert dispatch (expert parallelism). I [T, k]
 //                  (int64) names each of this member's T tokens' k experts out of `experts` E,
 //                  which the group shares out in blocks of m = E / p (member j holds experts
@@ -34,6 +33,7 @@
 //   Combine        Y_0 .. Y_{m-1}, I -> Z [T, E, ...]: Dispatch's inverse: the rows come back to
 //                  the members whose tokens they are and land at (t, e); pairs not routed are 0.
 //                                                 experts: int
+// clang-format on
 //
 // Send/Recv tags: pipeline stages use tag = micro_batch * 4096 + tensor index, so several in-flight
 // micro-batches never match the wrong message.
