@@ -96,6 +96,9 @@ EP_LAYOUTS = [
     ("dp2-ep2-zero1", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1}, "mpirun"),
     ("dp4-ep2-zero2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2}, "simulate"),
     ("dp4-ep2-zero3", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3}, "mpirun"),
+    # The shared weights in 2 KiB buckets: gathered for each use in several parts
+    ("dp4-ep2-zero3-buckets",
+     {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "bucket_mb": 0.002}, "simulate"),
     ("dp4-ep2-hsdp2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2, "shard_group": 2},
      "simulate"),
     ("dp4-ep4-hsdp2", {"dp": 4, "expert_parallel": 4, "optimizer_shard": 2, "shard_group": 2},
@@ -127,8 +130,8 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     detail, (worst, name) = rt.compare(ref, rows, saved)
     # Buckets reduced during the backward, on the communication thread: also where ep = dp, whose
     # backward runs the experts' collectives over the same ranks (on another channel).
-    # ZeRO-3 without expert parallelism: parameters gathered for the executor's uses.
-    gathers = (parallel.get("optimizer_shard") == 3 and parallel.get("expert_parallel", 1) == 1)
+    # ZeRO-3: parameters (under expert parallelism, the shared ones) gathered for their uses.
+    gathers = parallel.get("optimizer_shard") == 3
     counted = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel,
                           gathers)
     routed = ""
@@ -367,14 +370,24 @@ def damaged_refused(hp, work, log):
 
 def ep_resharded(hp, work, log):
     """3 steps of the MoE at dp2 x ep2 with ZeRO-1 (mpirun), resumed for 2 at one rank, at dp4 x ep4,
-    at dp4 x ep2 ZeRO-2 and at plain dp=2: the 5 steps torch ran. The sharded checkpoint holds every
-    expert and its whole optimizer state, written by its holder."""
+    at dp4 x ep2 ZeRO-2, at dp4 x ep2 ZeRO-3 and at plain dp=2: the 5 steps torch ran. The sharded
+    checkpoint holds every expert and its whole optimizer state, written by its holder. Then a
+    dp4 x ep2 ZeRO-3 checkpoint (the shared weights held in shards, gathered for the writers)
+    resumed at one rank, and a one-rank checkpoint resumed at dp4 x ep2 ZeRO-3."""
+    d = fresh(work, "reshard-ep")
+    zero3 = {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "bucket_mb": 0.02}
     details = checkpoint_then_resume(
-        hp, fresh(work, "reshard-ep"), "moe", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1},
+        hp, os.path.join(d, "from-zero1"), "moe",
+        {"dp": 2, "expert_parallel": 2, "optimizer_shard": 1},
         [("one-rank", {}, "one"), ("dp4-ep4", {"dp": 4, "expert_parallel": 4}, "simulate"),
          ("dp4-ep2-zero2", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2}, "simulate"),
-         ("dp2", {"dp": 2}, "simulate")], log)
-    return "dp2 x ep2 zero1 x3 -> " + "; ".join(details)
+         ("dp4-ep2-zero3", zero3, "simulate"), ("dp2", {"dp": 2}, "simulate")], log)
+    from_zero3 = checkpoint_then_resume(hp, os.path.join(d, "from-zero3"), "moe", zero3,
+                                        [("one-rank", {}, "one")], log)
+    from_one = checkpoint_then_resume(hp, os.path.join(d, "from-one"), "moe", {},
+                                      [("dp4-ep2-zero3", zero3, "simulate")], log)
+    return ("dp2 x ep2 zero1 x3 -> " + "; ".join(details) + "; dp4 x ep2 zero3 x3 -> " +
+            from_zero3[0] + "; one rank x3 -> " + from_one[0])
 
 
 def ep_refused(hp, work, log):

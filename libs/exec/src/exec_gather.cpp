@@ -130,6 +130,13 @@ Status Executor::set_weight_source(WeightSource* source,
   return {};
 }
 
+std::vector<std::size_t> Executor::weight_source_order() const {
+  std::vector<std::size_t> order;
+  if (impl_->gather)
+    for (const auto& u : impl_->gather->uses) order.push_back(u.group);
+  return order;
+}
+
 void gather_begin_run(Executor::Impl& im) {
   im.stats.gathers = 0;
   if (!im.gather) return;

@@ -213,6 +213,35 @@ OptimizerState ExpertParallelSync::slice_state(const OptimizerState& whole) cons
   return join_state(shared_->slice_state(ws), experts_->slice_state(we));
 }
 
+Status ExpertParallelSync::hold_shared(std::vector<exec::HostTensor>& params) {
+  if (params.size() != names_.size())
+    return Error(Errc::internal, "hold_shared: not this member's parameter list");
+  std::vector<exec::HostTensor> shared;
+  for (std::size_t k = 0; k < params.size(); ++k)
+    if (!expert_[k]) shared.push_back(std::move(params[k]));
+  Status st = shared_->hold_parameters(shared);
+  std::size_t a = 0;  // back in place: names and dims, and the data where holding failed
+  for (std::size_t k = 0; k < params.size(); ++k)
+    if (!expert_[k]) params[k] = std::move(shared[a++]);
+  return st;
+}
+
+bool ExpertParallelSync::holds_shared() const { return shared_->holds_parameters(); }
+
+std::vector<std::vector<std::string>> ExpertParallelSync::shared_groups() const {
+  return shared_->weight_groups(shapes_[0]);
+}
+
+Expected<std::vector<exec::HostTensor>> ExpertParallelSync::with_shared(
+    const std::vector<exec::HostTensor>& params) {
+  std::vector<exec::HostTensor> out = params;
+  if (!holds_shared()) return out;
+  HP_ASSIGN_OR_RETURN(auto whole, shared_->gather_parameters(shapes_[0]));
+  for (std::size_t k = 0; k < out.size() && k < expert_.size(); ++k)
+    if (!expert_[k]) out[k] = std::move(whole[at_[k]]);
+  return out;
+}
+
 bool ExpertParallelSync::sharded() const { return shared_->sharded() || experts_->sharded(); }
 
 void ExpertParallelSync::set_trace(TraceLog* trace) {

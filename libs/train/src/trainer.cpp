@@ -95,7 +95,13 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
 
 Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     const std::vector<exec::HostTensor>& mine) const {
-  if (eps) return eps->gather(mine, forward);
+  if (eps) {
+    if (held() && &mine == &params) {  // ZeRO-3: the shared weights all-gathered first
+      HP_ASSIGN_OR_RETURN(auto full, eps->with_shared(params));
+      return eps->gather(full, forward);
+    }
+    return eps->gather(mine, forward);
+  }
   std::vector<exec::HostTensor> gathered;  // ZeRO-3: this member's parameters, whole
   if (held() && &mine == &params) {
     HP_ASSIGN_OR_RETURN(gathered, sync->gather_parameters(params));
@@ -119,6 +125,23 @@ Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     out.back().name = params[k].name;
   }
   return out;
+}
+
+// The shared weights' gathers are collectives over the data-parallel ranks, which run different
+// members' graphs: they must ask for the buckets in one order. Checked once, before any gather.
+Status TrainRun::same_gather_order() {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the sequence of buckets asked for
+  for (std::size_t g : ex->weight_source_order()) h = (h ^ (g + 1)) * 1099511628211ull;
+  std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
+  HP_TRY(o.ep.transport->allreduce(o.ep.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
+  HP_TRY(o.ep.transport->allreduce(o.ep.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
+  if (lo != hi)
+    return Error(Errc::not_implemented,
+                 "ZeRO-3 with expert parallelism needs every member to use the shared weights in "
+                 "the same order, and this model's members do not (their experts differ in "
+                 "shape)",
+                 o.model.string(), "use optimizer_shard 2");
+  return {};
 }
 
 Status TrainRun::prepare() {
@@ -199,6 +222,13 @@ Status TrainRun::prepare() {
           if (k > 0 && k <= n) s->gradient_ready(k - 1, t);  // output 0 is the loss, buffers last
         });
     if (!o.trace.empty()) eps->set_trace(&trace);
+    // ZeRO-3 of the shared weights: held in shards over the data-parallel ranks and gathered for
+    // each use, as without experts; an expert stays whole on the ranks holding it.
+    if (o.ep.zero >= 3 && eps->shared_sync().sharded()) {
+      HP_TRY(eps->hold_shared(params));
+      HP_TRY(ex->set_weight_source(&eps->shared_sync(), eps->shared_groups()));
+      HP_TRY(same_gather_order());
+    }
   }
   for (const auto& [name, value] : gg.buffer_updates) {
     HP_ASSIGN_OR_RETURN(auto h, ex->weight(name));
@@ -312,8 +342,10 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
   const auto t2 = std::chrono::steady_clock::now();
-  for (std::size_t j = 0; j < params.size() && !held(); ++j)
-    if (j < mirror.to.size() && mirror.to[j])
+  for (std::size_t j = 0; j < params.size(); ++j)
+    if (lent(j))
+      continue;  // ZeRO-3: the executor gathers it for its next use
+    else if (j < mirror.to.size() && mirror.to[j])
       HP_TRY(ex->weight_written(params[j].name));
     else
       HP_TRY(ex->set_weight(params[j].name, tps ? tps->stored(j, params[j]) : params[j]));
@@ -414,12 +446,14 @@ Expected<TrainReport> train(const TrainOptions& o) {
                                              r.eps    ? "expert and data"
                                              : r.sync ? "data"
                                                       : "");
-  if (r.held())
+  if (r.held()) {
+    DataParallelSync& s = r.eps ? r.eps->shared_sync() : *r.sync;
     r.report.summary += fmt::format(
-        "ZeRO-3: the parameters held in shards of {}; gradients staged in {} of bucket buffers "
+        "ZeRO-3: the {}parameters held in shards of {}; gradients staged in {} of bucket buffers "
         "(whole: {})\n",
-        mib(r.sync->flat_bytes() / r.sync->shard_count()), mib(r.sync->gradient_bytes()),
-        mib(r.sync->flat_bytes()));
+        r.eps ? "shared " : "", mib(s.flat_bytes() / s.shard_count()), mib(s.gradient_bytes()),
+        mib(s.flat_bytes()));
+  }
   if (r.eps)
     r.report.summary += fmt::format(
         "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "

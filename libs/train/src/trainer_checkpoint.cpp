@@ -30,11 +30,11 @@ Status TrainRun::resume_sharded() {
   HP_ASSIGN_OR_RETURN(
       auto r, detail::load_sharded(layout(), o.resume_dir, params, buffers, o.optimizer.kind));
   for (std::size_t k = 0; k < params.size(); ++k) {
-    if (!held())
+    if (!lent(k))
       HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, r.params[k]) : r.params[k]));
     params[k] = std::move(r.params[k]);
   }
-  if (held()) HP_TRY(sync->hold_parameters(params));  // its shard of them; the executor borrows
+  if (held()) HP_TRY(hold());  // its shard of them; the executor borrows
   for (std::size_t j = 0; j < buffers.size(); ++j) {
     HP_TRY(ex->set_weight(buffers[j].name, r.buffers[j]));
     buffers[j] = std::move(r.buffers[j]);
@@ -61,10 +61,10 @@ Status TrainRun::resume() {
                    fmt::format("checkpoint parameter '{}' does not match the model's '{}'",
                                c.params[k].name, params[k].name),
                    o.resume_dir.string());
-    if (!held()) HP_TRY(ex->set_weight(params[k].name, c.params[k]));
+    if (!lent(k)) HP_TRY(ex->set_weight(params[k].name, c.params[k]));
     params[k] = std::move(c.params[k]);
   }
-  if (held()) HP_TRY(sync->hold_parameters(params));
+  if (held()) HP_TRY(hold());
   state = sync ? sync->slice_state(c.state) : std::move(c.state);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
@@ -110,7 +110,7 @@ Status TrainRun::resume_by_name(Checkpoint c) {
                    fmt::format("the checkpoint has no parameter '{}'", params[k].name),
                    o.resume_dir.string());
     HP_ASSIGN_OR_RETURN(auto p, mine_of(k, c.params[it->second]));
-    if (!held()) HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
+    if (!lent(k)) HP_TRY(ex->set_weight(params[k].name, tps ? tps->stored(k, p) : p));
     params[k] = std::move(p);
     for (auto list : {&OptimizerState::exp_avg, &OptimizerState::exp_avg_sq})
       if (!(c.state.*list).empty()) {
@@ -118,7 +118,7 @@ Status TrainRun::resume_by_name(Checkpoint c) {
         (mine.*list).push_back(std::move(m));
       }
   }
-  if (held()) HP_TRY(sync->hold_parameters(params));
+  if (held()) HP_TRY(hold());
   state = sync ? sync->slice_state(mine) : eps ? eps->slice_state(mine) : std::move(mine);
   HP_TRY(resume_buffers(c));
   data_position = c.data_position;
@@ -145,7 +145,8 @@ Status TrainRun::write_checkpoint() {
     h.optimizer = optimizer_name(o.optimizer.kind);
     if (eps) {  // each member writes its parameters' state whole, in their order
       HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state));
-      return detail::save_sharded(layout(), h, params, whole_state, buffers, o.checkpoint_dir,
+      HP_ASSIGN_OR_RETURN(auto mine, eps->with_shared(params));  // ZeRO-3: gathered
+      return detail::save_sharded(layout(), h, mine, whole_state, buffers, o.checkpoint_dir,
                                   o.force_checkpoint);
     }
     if (held()) {  // ZeRO-3: the parameters are gathered for the writers

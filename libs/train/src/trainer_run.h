@@ -56,12 +56,17 @@ struct TrainRun {
   bool lead() const { return part == 0 && o.tp.index() <= 0; }
   bool partitioned() const { return o.tp.active() || o.ep.active(); }
   /// ZeRO-3: the data-parallel sync holds the parameters (params keep names and dims only) and the
-  /// executor borrows them from it.
-  bool held() const { return sync && sync->holds_parameters(); }
+  /// executor borrows them from it; under expert parallelism, the shared weights' sync holds them.
+  bool held() const { return (sync && sync->holds_parameters()) || (eps && eps->holds_shared()); }
+  /// Parameter j is held by a sync, not by the executor (no set_weight for it).
+  bool lent(std::size_t j) const { return held() && (!eps || !eps->expert(j)); }
+  /// ZeRO-3: the syncs take the parameters (whole in `params`) back into their shards.
+  Status hold() { return eps ? eps->hold_shared(params) : sync->hold_parameters(params); }
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }
   Status prepare();
+  Status same_gather_order();
   Status resume();
   Status resume_sharded();  ///< from a sharded checkpoint (sharded_run.h)
   detail::ShardedLayout layout() const;

@@ -101,6 +101,9 @@ TEST_CASE("weights from a source: each use fetched, the next asked for, the resu
   FakeSource src;
   for (int w = 1; w <= 3; ++w) src.groups.push_back({weight_values(w)});
   REQUIRE((*lent)->set_weight_source(&src, {{"W1"}, {"W2"}, {"W3"}}).ok());
+  // The order a run asks in, known before it runs (what ranks compare before their gathers).
+  CHECK((*lent)->weight_source_order() == std::vector<std::size_t>{0, 1, 2, 2, 1, 0});
+  CHECK((*own)->weight_source_order().empty());
   const HostTensor x = f32({2, kN}, input());
   auto want = (*own)->run({x});
   REQUIRE(want.ok());

@@ -214,6 +214,9 @@ class Executor {
   /// two groups or a graph output, a second source, or after a run; Errc::not_implemented with
   /// offload.
   Status set_weight_source(WeightSource* source, std::vector<std::vector<std::string>> groups);
+  /// The groups a run asks the weight source for, in order (one per use): collectives behind the
+  /// source must see the same sequence on every member, which a caller can check with this.
+  std::vector<std::size_t> weight_source_order() const;
 
   struct Impl;
 

@@ -132,6 +132,16 @@ class ExpertParallelSync {
   Expected<std::vector<exec::HostTensor>> gather(const std::vector<exec::HostTensor>& mine,
                                                  const model::Model& forward) const;
   bool expert(std::size_t param) const { return expert_[param] != 0; }
+  /// ZeRO-3 of the shared weights (their sync at level 3 over several ranks): from now on the
+  /// shared sync holds their shards and `params`' shared entries have no data; the executor
+  /// borrows them from shared_sync() in shared_groups(). The experts stay whole on their ranks
+  /// (their replicas may differ from the shared weights' group).
+  Status hold_shared(std::vector<exec::HostTensor>& params);
+  bool holds_shared() const;
+  DataParallelSync& shared_sync() { return *shared_; }
+  std::vector<std::vector<std::string>> shared_groups() const;
+  /// `params` with the held shared entries all-gathered (collective over their shard group).
+  Expected<std::vector<exec::HostTensor>> with_shared(const std::vector<exec::HostTensor>& params);
   bool sharded() const;
   void set_trace(TraceLog* trace);
   ~ExpertParallelSync();
