@@ -283,15 +283,16 @@ class Vit(nn.Module):
 
 # --- top-k MoE ---------------------------------------------------------------------------------
 class MoeLayer(nn.Module):
-    E, K = 4, 2
+    """E experts of hidden -> ffn -> hidden (GELU), top-K routing; the sizes are the tests' unless a
+    benchmark asks for larger (tests/bench/train/bench_ep.py)."""
 
-    def __init__(self, scatter):
+    def __init__(self, scatter, hidden=HIDDEN, ffn=2 * HIDDEN, experts=4, top_k=2):
         super().__init__()
-        self.scatter = scatter
-        self.ln = nn.LayerNorm(HIDDEN)
-        self.router = nn.Linear(HIDDEN, self.E, bias=False)
+        self.scatter, self.E, self.K = scatter, experts, top_k
+        self.ln = nn.LayerNorm(hidden)
+        self.router = nn.Linear(hidden, self.E, bias=False)
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.GELU(), nn.Linear(2 * HIDDEN, HIDDEN))
+            nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
             for _ in range(self.E))
 
     def forward(self, x):
@@ -311,11 +312,11 @@ class MoeLayer(nn.Module):
 
 
 class Moe(nn.Module):
-    def __init__(self, scatter=False, vocab=VOCAB):
+    def __init__(self, scatter=False, vocab=VOCAB, hidden=HIDDEN, layers=LAYERS, **experts):
         super().__init__()
-        self.tok = nn.Embedding(vocab, HIDDEN)
-        self.layers = nn.ModuleList(MoeLayer(scatter) for _ in range(LAYERS))
-        self.head = nn.Linear(HIDDEN, vocab)
+        self.tok = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(MoeLayer(scatter, hidden, **experts) for _ in range(layers))
+        self.head = nn.Linear(hidden, vocab)
 
     def forward(self, ids):
         x = self.tok(ids)

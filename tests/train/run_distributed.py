@@ -132,15 +132,12 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     # backward runs the experts' collectives over the same ranks (on another channel).
     # ZeRO-3: parameters (under expert parallelism, the shared ones) gathered for their uses.
     gathers = parallel.get("optimizer_shard") == 3
-    counted = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1), "dp" in parallel,
-                          gathers)
+    counted, ops = check_trace(trace, parallel.get("dp", 1) * parallel.get("tp", 1),
+                               "dp" in parallel, gathers)
     routed = ""
     if parallel.get("expert_parallel", 1) > 1:
         # Both expert models' gates keep only the top-k pairs: routed unless asked to gather.
         want = parallel.get("expert_dispatch", "routed") == "routed"
-        with open(trace) as f:
-            ops = {e.get("args", {}).get("op") for e in json.load(f)["traceEvents"]
-                   if e.get("tid") == 2}
         if ("hp.Dispatch" in ops) != want or ("hp.AllGather" in ops) == want:
             raise rt.Failure(f"trace: the expert dispatch is not {'routed' if want else 'gather'}"
                              f" (hp ops: {sorted(o for o in ops if o and o.startswith('hp.'))})")
@@ -152,7 +149,7 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
 def check_trace(path, ranks, buckets_expected=True, gathers_expected=False):
     """--trace: one Chrome trace with every rank's steps, the gradient model's nodes, (data
     parallelism) its gradient buckets and (ZeRO-3) its parameter gathers, parts merged. Returns the
-    gathers of a step (0 when none are expected)."""
+    gathers of a step (0 when none are expected) and the ops of the nodes the ranks ran."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
     per_step = 0
@@ -186,7 +183,7 @@ def check_trace(path, ranks, buckets_expected=True, gathers_expected=False):
     parts = [p for p in os.listdir(os.path.dirname(path)) if ".trace.json.rank-" in p]
     if parts:
         raise rt.Failure(f"trace: part files left behind: {parts}")
-    return per_step
+    return per_step, {e.get("args", {}).get("op") for e in events if e["tid"] == 2}
 
 
 def control_tp(hp, work, log):

@@ -26,6 +26,13 @@ inline std::vector<std::int64_t> tensor_ints(const onnx::TensorProto& t) {
   return v;
 }
 
+/// Integer attribute `name` of `n`, or `dflt`.
+inline std::int64_t attr_int(const onnx::NodeProto& n, const char* name, std::int64_t dflt) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.i();
+  return dflt;
+}
+
 /// What the search needs to know of a graph: producers, readers, initializers, constant values.
 struct Index {
   const onnx::GraphProto& g;

@@ -13,19 +13,15 @@
 #include "expert_index.h"
 #include "graph_parts.h"
 #include "hp/core/hp_domain.h"
+#include "hp/model/graph.h"
 
 namespace hp::train {
 
 namespace {
 
 namespace dom = hp::domain;
+using detail::attr_int;
 using detail::Index;
-
-std::int64_t attr_int(const onnx::NodeProto& n, const char* name, std::int64_t dflt) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return a.i();
-  return dflt;
-}
 
 /// The expert layer stacked by Concat node `c`, if it is one.
 std::optional<ExpertLayer> expert_layer_at(const Index& ix, int c) {
@@ -117,21 +113,6 @@ void set_int(onnx::NodeProto& n, std::string_view name, std::int64_t v) {
   a->set_i(v);
 }
 
-/// Every name the subgraphs of `n` read (recursively): what an If or Loop body captures from the
-/// graph around it, besides the node's own inputs.
-void subgraph_reads(const onnx::NodeProto& n, std::set<std::string>& out) {
-  auto graph = [&](const onnx::GraphProto& g) {
-    for (const auto& sn : g.node()) {
-      out.insert(sn.input().begin(), sn.input().end());
-      subgraph_reads(sn, out);
-    }
-  };
-  for (const auto& a : n.attribute()) {
-    if (a.has_g()) graph(a.g());
-    for (const auto& g : a.graphs()) graph(g);
-  }
-}
-
 /// Topological order closest to the given one: each time, the first node (in the given order)
 /// whose inputs, captured ones included, are computed. Deterministic in the graph alone, so
 /// members whose partitions have the same shape run their collectives in the same order.
@@ -145,8 +126,8 @@ Status reorder_after_inputs(google::protobuf::RepeatedPtrField<onnx::NodeProto>&
   std::vector<std::vector<int>> readers(static_cast<std::size_t>(count));
   std::vector<int> waiting(static_cast<std::size_t>(count), 0);
   for (int k = 0; k < count; ++k) {
-    std::set<std::string> reads(nodes.Get(k).input().begin(), nodes.Get(k).input().end());
-    subgraph_reads(nodes.Get(k), reads);
+    std::set<std::string> reads = model::outer_reads(nodes.Get(k));  // what subgraphs capture
+    reads.insert(nodes.Get(k).input().begin(), nodes.Get(k).input().end());
     std::set<int> from;
     for (const auto& i : reads)
       if (auto p = producer.find(i); p != producer.end() && p->second != k) from.insert(p->second);

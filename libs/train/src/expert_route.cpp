@@ -20,19 +20,13 @@ namespace hp::train::detail {
 
 namespace {
 
-std::int64_t attr_i(const onnx::NodeProto& n, const char* name, std::int64_t dflt) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return a.i();
-  return dflt;
-}
-
 /// `t` is a TopK's indices along the last axis of a [tokens, experts] tensor: returns them.
 std::string topk_indices(const Index& ix, const std::string& t) {
   auto p = ix.producer.find(t);
   if (p == ix.producer.end()) return "";
   const auto& n = ix.g.node(p->second);
   if (n.op_type() != "TopK" || n.output_size() < 2 || n.output(1) != t) return "";
-  const std::int64_t axis = attr_i(n, "axis", -1);
+  const std::int64_t axis = attr_int(n, "axis", -1);
   return axis == -1 || axis == 1 ? t : "";
 }
 
@@ -99,7 +93,7 @@ bool row_op(const onnx::NodeProto& n) {
   if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
   if (elementwise.count(op)) return true;
   if (op == "LayerNormalization" || op == "Softmax" || op == "LogSoftmax")
-    return attr_i(n, "axis", -1) == -1;
+    return attr_int(n, "axis", -1) == -1;
   return false;
 }
 
@@ -117,7 +111,7 @@ bool rows_independent(const Index& ix, const ExpertLayer& l) {
       if (!any) continue;  // computed from weights and constants alone
       if (n.op_type() == "MatMul" || n.op_type() == "Gemm") {
         // rows x weight: the rows must be the left operand, the rest not row-derived
-        if (!from_rows[0] || attr_i(n, "transA", 0) != 0) return false;
+        if (!from_rows[0] || attr_int(n, "transA", 0) != 0) return false;
         for (std::size_t i = 1; i < from_rows.size(); ++i)
           if (from_rows[i]) return false;
       } else if (!row_op(n)) {
@@ -146,7 +140,7 @@ std::string routed_indices(const Index& ix, const ExpertLayer& l) {
   const auto& reader = ix.g.node(r->second.front());
   std::string indices;
   if (reader.op_type() == "GatherElements" && reader.input(0) == l.stacked &&
-      attr_i(reader, "axis", 0) == 1) {
+      attr_int(reader, "axis", 0) == 1) {
     indices = topk_indices(ix, through_broadcasts(ix, reader.input(1)));
   } else if (reader.op_type() == "Mul" && reader.input_size() == 2) {
     const std::string gate =
@@ -154,7 +148,7 @@ std::string routed_indices(const Index& ix, const ExpertLayer& l) {
     auto p = ix.producer.find(gate);
     if (p == ix.producer.end()) return "";
     const auto& s = ix.g.node(p->second);
-    const std::int64_t axis = attr_i(s, "axis", 0);
+    const std::int64_t axis = attr_int(s, "axis", 0);
     bool plain = true;  // no reduction attribute: the updates are written, not added
     for (const auto& a : s.attribute()) plain = plain && a.name() != "reduction";
     if (s.op_type() == "ScatterElements" && s.input_size() == 3 && (axis == 1 || axis == -1) &&

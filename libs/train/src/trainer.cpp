@@ -225,7 +225,7 @@ Status TrainRun::prepare() {
     // ZeRO-3 of the shared weights: held in shards over the data-parallel ranks and gathered for
     // each use, as without experts; an expert stays whole on the ranks holding it.
     if (o.ep.zero >= 3 && eps->shared_sync().sharded()) {
-      HP_TRY(eps->hold_shared(params));
+      HP_TRY(hold());
       HP_TRY(ex->set_weight_source(&eps->shared_sync(), eps->shared_groups()));
       HP_TRY(same_gather_order());
     }
@@ -265,7 +265,7 @@ Status TrainRun::prepare() {
     // slices, gathered over the data-parallel ranks of the same tensor-parallel position, which run
     // the same partition (so ask for buckets in the same order).
     if (dp.zero >= 3 && sync->sharded()) {
-      HP_TRY(sync->hold_parameters(params));
+      HP_TRY(hold());
       HP_TRY(ex->set_weight_source(sync.get(), sync->weight_groups(params)));
     }
   }

@@ -2,9 +2,8 @@
 """Expert-parallel training benchmark (not a test): the routed dispatch against the all-gather one,
 same run.
 
-Model: a top-2 mixture-of-experts decoder stack as tests/train/models.py's MoE writes it (a
-softmax router, torch.topk, torch.stack of a ModuleList of experts, the chosen experts' outputs
-gathered), larger: vocab 2048, hidden 256, 2 layers of 8 experts of 256 -> 1024 -> 256 (GELU),
+Model: tests/train/models.py's MoE (a softmax router, torch.topk, torch.stack of a ModuleList of
+experts, the chosen experts' outputs gathered), larger: vocab 2048, hidden 256, 2 layers of 8 experts of 256 -> 1024 -> 256 (GELU),
 sequence 64, global batch --batch, AdamW. Every configuration runs `hp launch RECIPE --inputs BATCH
 --metrics m.jsonl --threads 1` for --steps steps; the figure is the median step after --warmup:
 
@@ -34,7 +33,6 @@ import sys
 import tempfile
 
 import torch
-from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -43,46 +41,15 @@ import bench_train as bt  # noqa: E402
 VOCAB, HIDDEN, FFN, EXPERTS, TOP, LAYERS, SEQ = 2048, 256, 1024, 8, 2, 2, 64
 
 
-class Layer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = nn.LayerNorm(HIDDEN)
-        self.router = nn.Linear(HIDDEN, EXPERTS, bias=False)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN))
-            for _ in range(EXPERTS))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        h = self.ln(x).reshape(b * t, c)
-        topw, topi = torch.topk(self.router(h).softmax(-1), TOP, dim=-1)
-        topw = topw / topw.sum(-1, keepdim=True)
-        outs = torch.stack([e(h) for e in self.experts], dim=1)
-        chosen = torch.gather(outs, 1, topi.unsqueeze(-1).expand(b * t, TOP, c))
-        return x + (topw.unsqueeze(-1) * chosen).sum(1).reshape(b, t, c)
-
-
-class Moe(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
-        self.head = nn.Linear(HIDDEN, VOCAB)
-
-    def forward(self, ids):
-        x = self.tok(ids)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
 def make_model():
     torch.manual_seed(0)
-    return Moe().train()
+    return bt.models.Moe(vocab=VOCAB, hidden=HIDDEN, layers=LAYERS, ffn=FFN, experts=EXPERTS,
+                         top_k=TOP).train()
 
 
 def prepare(cache, batch):
-    key = hashlib.sha256(open(__file__, "rb").read() + str(batch).encode()).hexdigest()[:16]
+    key = hashlib.sha256(open(__file__, "rb").read() + open(bt.models.__file__, "rb").read()
+                         + str(batch).encode()).hexdigest()[:16]
     d = os.path.join(cache, f"moe-{key}")
     if os.path.exists(os.path.join(d, "model.onnx")):
         return d

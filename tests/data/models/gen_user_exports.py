@@ -229,15 +229,9 @@ class ScatterMoE(nn.Module):
         return out.view(b, s, d)
 
 
-class StackMoE(nn.Module):
-    """Every expert on every token, stacked with torch.stack, the top-k chosen with torch.gather:
-    what hp's expert parallelism routes (docs/training.md)."""
-
-    def __init__(self, dim, hidden, n_experts, top_k):
-        super().__init__()
-        self.top_k = top_k
-        self.gate = nn.Linear(dim, n_experts, bias=False)
-        self.experts = nn.ModuleList([Expert(dim, hidden) for _ in range(n_experts)])
+class StackMoE(SparseMoE):
+    """SparseMoE's experts, each run on every token and stacked with torch.stack, the top-k chosen
+    with torch.gather: what hp's expert parallelism routes (docs/training.md)."""
 
     def forward(self, x):
         b, s, d = x.shape
