@@ -28,8 +28,12 @@ On the four-block GPT-2 and Llama (models.DEEP): pp = 4 under 1f1b (--simulate) 
 4 ranks), pp = 3 under gpipe, and two chunks per rank on pp = 2 (four virtual stages) under ZB-V
 (in process, and over mpirun) and interleaved 1F1B, with the same tolerances; 3 steps at dp = 2 x
 pp = 2 with optimizer_shard 2 resumed for 2 at pp = 4 must equal the uninterrupted 5. Pipelines replicated over data-parallel ranks
-(dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process (also with optimizer_shard 2) and
-GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1), with the same tolerances. Stages split
+(dp = 2 x pp = 2, 4 ranks) train every model under 1f1b in process (also with optimizer_shard 2 and
+3) and GPT-2 under zb-h1 over mpirun (also with optimizer_shard 1 and 3), with the same tolerances;
+ZeRO-3 (each stage's parameters sharded over its replicas, gathered in 50 KiB buckets for the uses of
+every action) must show its gathers on every rank's trace, also on the four-block models under ZB-V
+at dp = 2 (two chunks per rank) and on every model at dp = 2 x tp = 2 x pp = 2 under zb-h1, and a
+dp = 2 x pp = 2 ZeRO-3 checkpoint resumes at one rank, a one-rank one at dp = 2 x pp = 2 ZeRO-3. Stages split
 over tensor-parallel ranks (tp = 2 x pp = 2, 4 ranks, each training hp shard's partition of its
 stage) train every model under 1f1b and zb-h1 in process and GPT-2 under gpipe over mpirun, and the
 four-block models under ZB-V (in process and over mpirun) and interleaved 1F1B; a tp = 2 x pp = 2
@@ -39,7 +43,7 @@ checkpoint of dp = 2 x tp = 2 (ZeRO-1) resumed at tp = 2 x pp = 2 (pipeline chec
 too: each rank writes its stage's pieces, docs/training.md). dp = 2 x tp = 2 x pp = 2 (8 ranks)
 trains every model under 1f1b, and under zb-h1 with optimizer_shard 2, in process.
 
-Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b]
+Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b] [--layouts tag,tag]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
 import argparse
@@ -77,6 +81,12 @@ DP_PP = [
                                "micro_batches": 2}, "simulate"),
     ("dp2xpp2-zero1-zbh1-m2", {"dp": 2, "optimizer_shard": 1, "schedule": "zb-h1",
                                "micro_batches": 2}, "mpirun"),
+    # ZeRO-3: each stage's parameters sharded over its replicas, gathered in 50 KiB buckets for
+    # every part's uses of every micro-batch.
+    ("dp2xpp2-zero3-1f1b-m2", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                               "schedule": "1f1b", "micro_batches": 2}, "simulate"),
+    ("dp2xpp2-zero3-zbh1-m2", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                               "schedule": "zb-h1", "micro_batches": 2}, "mpirun"),
 ]
 # Tensor x pipeline parallelism (tp = 2 x pp = 2, 4 ranks: each rank trains hp shard's partition of
 # its stage): every model in process, GPT-2 over mpirun too.
@@ -89,6 +99,8 @@ TP_PP = [
      "simulate"),
     ("dp2xtp2xpp2-zero2-zbh1", {"dp": 2, "tp": 2, "optimizer_shard": 2, "schedule": "zb-h1",
                                 "micro_batches": 1}, "simulate"),
+    ("dp2xtp2xpp2-zero3-zbh1", {"dp": 2, "tp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                                "schedule": "zb-h1", "micro_batches": 2}, "simulate"),
 ]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
@@ -105,6 +117,9 @@ DEEP = [
     ("tp2-zbv-p2-m4", 4, {"tp": 2, "pp": 2, "schedule": "zbv", "micro_batches": 4}, "mpirun"),
     ("tp2-interleaved-p2-v2-m2", 4, {"tp": 2, "pp": 2, "schedule": "interleaved",
                                      "virtual_stages": 2, "micro_batches": 2}, "simulate"),
+    # ... and replicated over dp = 2 with ZeRO-3 (4 ranks, two chunks' parts gathering per rank).
+    ("dp2-zbv-p2-m2-zero3", 4, {"dp": 2, "pp": 2, "schedule": "zbv", "micro_batches": 2,
+                                "optimizer_shard": 3, "bucket_mb": 0.05}, "simulate"),
 ]
 VARIANT = "adamw-clip"
 
@@ -153,9 +168,14 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
 
 def check_trace(path, extra, ranks, chunks=1):
     """--trace: every rank's actions, F and B (and W for zb-h1 and zbv) once per step, micro-batch
-    and model chunk."""
+    and model chunk; under ZeRO-3 the parameter gathers (tid 3), as many on every replica of a
+    stage."""
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    if extra.get("optimizer_shard") == 3:
+        gathers = [sum(1 for e in events if e["pid"] == r and e["tid"] == 3) for r in range(ranks)]
+        if not all(gathers):
+            raise rt.Failure(f"trace: ZeRO-3 gathers per rank {gathers}: some rank has none")
     m = extra["micro_batches"]
     kinds = "FBW" if extra["schedule"] in ("zb-h1", "zbv") else "FB"
     for rank in range(ranks):
@@ -174,11 +194,13 @@ def resumed(hp, work, log):
     ref = reference.make("gpt2", VARIANT, d)
     stages = two_stages(hp, ref, d, log)
     pp, one = os.path.join(d, "pp.toml"), os.path.join(d, "one.toml")
-    tppp, three, tp4 = (os.path.join(d, f"{n}.toml") for n in ("tppp", "three", "tp4"))
+    tppp, three, tp4, z3 = (os.path.join(d, f"{n}.toml") for n in ("tppp", "three", "tp4", "z3"))
     pp_recipe(pp, ref, stages, {"schedule": "zb-h1", "micro_batches": 2})
     pp_recipe(tppp, ref, stages, {"tp": 2, "schedule": "1f1b", "micro_batches": 2})
     pp_recipe(three, ref, stages, {"dp": 2, "tp": 2, "optimizer_shard": 2, "schedule": "1f1b",
                                    "micro_batches": 1})
+    pp_recipe(z3, ref, stages, {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                                "schedule": "1f1b", "micro_batches": 2})
     rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
     rt.write_recipe(tp4, ref.model, ref.train, {"batch": models.BATCH}, parallel={"tp": 4})
     dptp = os.path.join(d, "dptp.toml")  # writes a sharded checkpoint, each rank its pieces
@@ -190,7 +212,9 @@ def resumed(hp, work, log):
                              ("pp2 -> tp2 x pp2", pp, tppp),
                              ("dp2 x tp2 x pp2 (zero 2) -> tp4", three, tp4),
                              ("dp2 x tp2 x pp2 (zero 2) -> one rank", three, one),
-                             ("dp2 x tp2 (zero 1, sharded) -> tp2 x pp2", dptp, tppp)]:
+                             ("dp2 x tp2 (zero 1, sharded) -> tp2 x pp2", dptp, tppp),
+                             ("dp2 x pp2 (zero 3) -> one rank", z3, one),
+                             ("one rank -> dp2 x pp2 (zero 3)", one, z3)]:
         ckpt = os.path.join(d, f"ckpt-{len(details)}")
         m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
         saved = os.path.join(d, f"s{len(details)}.onnx")
@@ -365,7 +389,10 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,vit,moe")
     ap.add_argument("--deep-models", default="gpt2-deep,llama-deep")
+    ap.add_argument("--layouts", help="only these layouts (comma-separated tags, e.g. "
+                    "dp2xpp2-zero3-1f1b-m2); the cross-cutting checks are then left out")
     a = ap.parse_args()
+    only = set(a.layouts.split(",")) if a.layouts else None
     help_text = subprocess.run([a.hp, "launch", "--help"], capture_output=True, text=True).stdout
     if "--simulate" not in help_text:
         print(f"skipped: {a.hp} launch has no --simulate")
@@ -391,7 +418,7 @@ def main():
                 report(False, f"{name} stages", rt.describe(e))
                 continue
             for tag, extra, how in SCHEDULES + DP_PP + TP_PP:
-                if how == "mpirun" and name not in MPIRUN_MODELS:
+                if (how == "mpirun" and name not in MPIRUN_MODELS) or (only and tag not in only):
                     continue
                 label = f"{name} {'' if tag[:2] in ('dp', 'tp') else 'pp2 '}{tag} ({how})"
                 try:
@@ -403,13 +430,15 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
             ref = reference.make(name, VARIANT, d)
             for tag, n, extra, how in DEEP:
+                if only and tag not in only:
+                    continue
                 label = f"{name} {tag} ({how})"
                 try:
                     stages = split_stages(a.hp, ref, d, log, n)
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
                     report(False, label, rt.describe(e))
-        for label, fn in [("resume across layouts", resumed), ("token stream (--data)", token_stream),
+        for label, fn in [] if only else [("resume across layouts", resumed), ("token stream (--data)", token_stream),
                           ("resume dp2 x pp2 -> pp4", resumed_deep),
                           ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:

@@ -234,6 +234,7 @@ Status DataParallelSync::fetch(std::size_t g, std::span<float* const> dst) {
     data = std::move(r.data);
   }
   for (std::size_t k = b.first; k < b.end; ++k) {
+    if (!dst[k - b.first]) continue;  // a pipeline part holding only some of the bucket
     const float* from = data.data() + (offsets_[k] - b.start);
     const std::int64_t d = k < dp_.divisor.size() ? dp_.divisor[k] : 1;
     if (d == 1) {

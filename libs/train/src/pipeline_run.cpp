@@ -50,8 +50,13 @@ struct PipeRun {
   std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
   /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
   std::unique_ptr<TensorParallelSync> tps;
-  /// Hands `params` to the stage's executors (partial addends as stored, tensor_parallel.h).
+  /// ZeRO-3: the data-parallel sync holds this rank's shard of the stage's parameters, and the
+  /// parts' executors borrow them for their uses; `params` keeps names and dims only.
+  bool held() const { return dp && dp->holds_parameters(); }
+  /// Hands `params` (whole values) to the stage's executors (partial addends as stored,
+  /// tensor_parallel.h), or under ZeRO-3 to the sync, which keeps its shard of them.
   Status set_weights() {
+    if (held()) return dp->hold_parameters(params);
     if (!tps) return stage->set_weights(params);
     std::vector<exec::HostTensor> stored;
     for (std::size_t k = 0; k < params.size(); ++k) stored.push_back(tps->stored(k, params[k]));
@@ -72,6 +77,12 @@ struct PipeRun {
   Status prepare();
   Status resume();
   Status resume_sharded();  ///< each rank its stage's pieces (sharded_run.h)
+  /// The stage's whole parameter values (this rank's slices under tensor parallelism): under
+  /// ZeRO-3 all-gathered from the stage's data-parallel peers (collective).
+  Expected<std::vector<exec::HostTensor>> values() const {
+    if (held()) return dp->gather_parameters(params);
+    return params;
+  }
   ShardedLayout layout() const;
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
@@ -131,15 +142,23 @@ Status PipeRun::prepare() {
     DataParallel group = o.dp;
     group.norm_group = o.pp.ranks;
     if (tps) group.norm_group = o.tp.replica;
-    for (std::size_t k = 0; k < params.size(); ++k)
+    for (std::size_t k = 0; k < params.size(); ++k) {
       group.counted.push_back(stage->owns(params[k].name) &&
                               (!tps || tps->split(k) || o.tp.index() == 0));
+      if (tps) group.divisor.push_back(tps->partial(k));  // ZeRO-3's fetches: the stored form
+    }
     HP_ASSIGN_OR_RETURN(dp, DataParallelSync::create(group, params));
     // A gradient is reduced while the schedule goes on from the action that finished it: the last
     // stage's while the earlier ones still run their backwards (the cooldown's bubble).
     stage->set_gradient_hook(
         [d = dp.get()](std::size_t k, const exec::HostTensor& g) { d->gradient_ready(k, g); });
     if (!o.trace.empty()) dp->set_trace(&trace);
+    // ZeRO-3: the stage's parameters held in shards over its replicas; every part's executor
+    // borrows its buckets for each use (pipeline_gather.h).
+    if (o.dp.zero >= 3 && dp->sharded()) {
+      HP_TRY(dp->hold_parameters(params));
+      HP_TRY(stage->lend(dp.get(), dp->weight_groups(params)));
+    }
   }
   std::int64_t n = 0;
   for (const auto& p : params) {
@@ -277,7 +296,7 @@ Expected<StepMetrics> PipeRun::step() {
     info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
-  HP_TRY(set_weights());
+  if (!held()) HP_TRY(set_weights());  // ZeRO-3: the next step's gathers bring the new values
   const auto t2 = std::chrono::steady_clock::now();
   if (!o.trace.empty()) trace.add(fmt::format("optimizer {}", k), "optimizer", 0, t1, t2);
   StepMetrics m;
@@ -330,9 +349,9 @@ Expected<Checkpoint> PipeRun::gather() {
   }
   // Tensor parallelism: whole tensors from the stage's members; the first member's pipeline
   // gathers the stages.
-  std::vector<exec::HostTensor> values = params;
+  HP_ASSIGN_OR_RETURN(auto values, this->values());
   if (tps) {
-    HP_ASSIGN_OR_RETURN(values, tps->gather(params));
+    HP_ASSIGN_OR_RETURN(values, tps->gather(values));
     HP_ASSIGN_OR_RETURN(whole.exp_avg, tps->gather(whole.exp_avg));
     HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, tps->gather(whole.exp_avg_sq));
     if (o.tp.index() != 0) return c;
@@ -427,7 +446,8 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
       h.data_position = r.data_position;
       h.seed = o.seed;
       h.optimizer = optimizer_name(o.optimizer.kind);
-      return save_sharded(r.layout(), h, r.params, r.state, {}, o.checkpoint_dir,
+      HP_ASSIGN_OR_RETURN(auto values, r.values());
+      return save_sharded(r.layout(), h, values, r.state, {}, o.checkpoint_dir,
                           o.force_checkpoint);
     }
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
@@ -472,6 +492,8 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
         "trained {} steps on {} pipeline stages: loss {:.6f} -> {:.6f}; median step {:.3f} s\n",
         r.report.steps.size(), o.pp.ranks.size(), r.report.steps.front().loss,
         r.report.steps.back().loss, r.report.median_step_seconds);
+  if (r.lead() && r.held())
+    r.report.summary += zero3_line(*r.dp, "first stage's parameters");
   if (!o.save_model.empty() && r.lead())
     r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;

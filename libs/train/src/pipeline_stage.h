@@ -14,6 +14,7 @@
 #include "hp/train/stages.h"
 #include "hp/train/trace.h"
 #include "hp/train/trainer.h"
+#include "pipeline_gather.h"
 #include "send_progress.h"
 
 namespace hp::train::detail {
@@ -70,10 +71,17 @@ class PipelineStage {
   }
   /// Seconds the last step spent in the parts' "hp"-domain collectives (tensor parallelism).
   double comm_seconds() const { return comm_seconds_; }
+  /// ZeRO-3: from now on the parts' executors borrow this rank's parameters from `source` (not
+  /// owned; the data-parallel sync), whose groups are `buckets` (parameter names, params()'
+  /// order). Each part borrows the buckets' parameters it holds, and the step's requests are
+  /// served one ahead over all of its actions (pipeline_gather.h). set_weights and read_params
+  /// then refuse these parameters. Before the first step.
+  Status lend(exec::WeightSource* source, const std::vector<std::vector<std::string>>& buckets);
 
  private:
   struct Part {
     GradPart part;
+    std::unique_ptr<PartSource> source;  ///< ZeRO-3 (lend): where the executor's weights come from
     std::unique_ptr<exec::Executor> ex;  ///< null for an empty part
   };
   /// One virtual stage of the model on this rank.
@@ -99,6 +107,12 @@ class PipelineStage {
   }
   bool mine(int virtual_stage) const { return role_.position(virtual_stage) == role_.stage; }
   Chunk* chunk(int virtual_stage);
+  /// The part of chunk `c` that an action of this kind runs.
+  static Part& part_of(Chunk& c, PipelineAction::Kind kind) {
+    return kind == PipelineAction::Kind::forward    ? c.forward
+           : kind == PipelineAction::Kind::backward ? c.backward
+                                                    : c.weight;
+  }
   /// Per action of the step: the parameters whose gradient is final after it (the hook's).
   std::vector<std::vector<std::size_t>> finals();
 
@@ -131,6 +145,7 @@ class PipelineStage {
   PipelineRole role_;
   std::unique_ptr<LockedComm> comm_;  ///< tensor parallelism only
   std::map<std::string, ParamCut> cuts_;
+  std::unique_ptr<StepGathers> gathers_;  ///< ZeRO-3 (lend); before chunks_, which use it
   std::vector<Chunk> chunks_;
   std::vector<std::string> params_;
   /// PipelinePieces::shared for the weights this rank trains and other ranks read too: name -> the

@@ -145,9 +145,7 @@ std::vector<std::vector<std::size_t>> PipelineStage::finals() {
     const PipelineAction& a = actions[i];
     Chunk* c = chunk(a.stage >= 0 ? a.stage : chunks_.front().stage);
     if (!c) continue;
-    const Part& p = a.kind == PipelineAction::Kind::forward    ? c->forward
-                    : a.kind == PipelineAction::Kind::backward ? c->backward
-                                                               : c->weight;
+    const Part& p = part_of(*c, a.kind);
     if (!p.ex) continue;
     for (const auto& name : p.part.outputs)
       if (auto g = c->grad_index.find(name); g != c->grad_index.end())
@@ -178,6 +176,7 @@ Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::Hos
       scale[k] = static_cast<float>(static_cast<double>(label_count(micro[k].back(), loss_kind_)) /
                                     static_cast<double>(total_labels));
   }
+  if (gathers_) HP_TRY(gathers_->begin_step());
   ++step_;
   held_peak_ = 0;
   comm_seconds_ = 0;

@@ -43,4 +43,14 @@ std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats
       last.seconds - last.run_seconds - last.reduce_seconds - last.update_seconds, line);
 }
 
+std::string zero3_line(DataParallelSync& s, const std::string& what) {
+  auto mib = [](std::int64_t b) {
+    return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  };
+  return fmt::format(
+      "ZeRO-3: the {} held in shards of {}; gradients staged in {} of bucket buffers (whole: "
+      "{})\n",
+      what, mib(s.flat_bytes() / s.shard_count()), mib(s.gradient_bytes()), mib(s.flat_bytes()));
+}
+
 }  // namespace hp::train::detail

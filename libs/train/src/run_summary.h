@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "hp/exec/executor.h"
+#include "hp/train/data_parallel.h"
 #include "hp/train/trainer.h"
 
 namespace hp::train::detail {
@@ -19,5 +20,9 @@ double median_step_seconds(const std::vector<StepMetrics>& steps);
 /// the executor timed no op.
 std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats,
                            const std::string& collectives, const std::string& reduction);
+
+/// "ZeRO-3: the <what> held in shards of ... MiB; gradients staged in ... of bucket buffers
+/// (whole: ...)" for a sync holding parameters (DataParallelSync::hold_parameters).
+std::string zero3_line(DataParallelSync& s, const std::string& what);
 
 }  // namespace hp::train::detail

@@ -447,12 +447,8 @@ Expected<TrainReport> train(const TrainOptions& o) {
                                              : r.sync ? "data"
                                                       : "");
   if (r.held()) {
-    DataParallelSync& s = r.eps ? r.eps->shared_sync() : *r.sync;
-    r.report.summary += fmt::format(
-        "ZeRO-3: the {}parameters held in shards of {}; gradients staged in {} of bucket buffers "
-        "(whole: {})\n",
-        r.eps ? "shared " : "", mib(s.flat_bytes() / s.shard_count()), mib(s.gradient_bytes()),
-        mib(s.flat_bytes()));
+    r.report.summary += detail::zero3_line(r.eps ? r.eps->shared_sync() : *r.sync,
+                                           r.eps ? "shared parameters" : "parameters");
   }
   if (r.eps)
     r.report.summary += fmt::format(

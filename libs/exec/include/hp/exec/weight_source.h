@@ -19,8 +19,9 @@ class WeightSource {
   /// progress is being computed with, the next use's is on its way.
   virtual void prefetch(std::size_t g) = 0;
   /// Writes group `g`'s weights, in the group's order, to `dst` (each its weight's float32
-  /// elements), waiting for the prefetch of `g` when one is under way. Every prefetch(g) is
-  /// followed by a fetch(g), in the same order.
+  /// elements), waiting for the prefetch of `g` when one is under way; a null destination skips
+  /// its weight (a caller borrowing part of a group). Every prefetch(g) is followed by a
+  /// fetch(g), in the same order.
   virtual Status fetch(std::size_t g, std::span<float* const> dst) = 0;
 };
 
