@@ -126,6 +126,13 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
                                       os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
+    # ZeRO-3 under expert parallelism: where two ranks of a shard group hold each expert, the
+    # experts are sharded over them too, not only the shared weights over the group.
+    ep = parallel.get("expert_parallel", 1)
+    if parallel.get("optimizer_shard") == 3 and ep > 1 and \
+            parallel.get("shard_group", parallel["dp"]) > ep and \
+            "ZeRO-3: the experts held in shards" not in out:
+        raise rt.Failure("ZeRO-3 does not hold the experts in shards: no such line in the output")
     rows = rt.read_metrics(metrics, 1, reference.STEPS)
     detail, (worst, name) = rt.compare(ref, rows, saved)
     # Buckets reduced during the backward, on the communication thread: also where ep = dp, whose

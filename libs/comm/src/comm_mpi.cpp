@@ -155,6 +155,12 @@ class MpiTransport : public Transport {
     HP_ASSIGN_OR_RETURN(auto c, comm(group));
     auto n = count_of(bytes);
     if (!n) return std::move(n).error();
+    if (t_patient) {  // ZeRO-3's gathering threads: never blocked in MPI holding the lock
+      MPI_Request req = MPI_REQUEST_NULL;
+      HP_TRY(check(MPI_Iallgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c, &req),
+                   "MPI_Iallgather"));
+      return finish(req, "MPI_Iallgather", lock);
+    }
     return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Allgather");
   }
   Status reduce_scatter(const std::vector<int>& group, const void* in, void* out,

@@ -213,32 +213,58 @@ OptimizerState ExpertParallelSync::slice_state(const OptimizerState& whole) cons
   return join_state(shared_->slice_state(ws), experts_->slice_state(we));
 }
 
-Status ExpertParallelSync::hold_shared(std::vector<exec::HostTensor>& params) {
+Status ExpertParallelSync::hold(std::vector<exec::HostTensor>& params) {
   if (params.size() != names_.size())
-    return Error(Errc::internal, "hold_shared: not this member's parameter list");
-  std::vector<exec::HostTensor> shared;
-  for (std::size_t k = 0; k < params.size(); ++k)
-    if (!expert_[k]) shared.push_back(std::move(params[k]));
-  Status st = shared_->hold_parameters(shared);
-  std::size_t a = 0;  // back in place: names and dims, and the data where holding failed
-  for (std::size_t k = 0; k < params.size(); ++k)
-    if (!expert_[k]) params[k] = std::move(shared[a++]);
-  return st;
+    return Error(Errc::internal, "hold: not this member's parameter list");
+  if (ep_.zero < 3) return Error(Errc::internal, "only ZeRO-3 holds parameters");
+  for (const char which : {0, 1}) {
+    DataParallelSync& s = which ? *experts_ : *shared_;
+    if (!s.sharded()) continue;
+    std::vector<exec::HostTensor> list;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (expert_[k] == which) list.push_back(std::move(params[k]));
+    Status st = s.hold_parameters(list);
+    std::size_t a = 0;  // back in place: names and dims, and the data where holding failed
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (expert_[k] == which) params[k] = std::move(list[a++]);
+    HP_TRY(std::move(st));
+  }
+  shared_groups_ = holds_shared() ? shared_->weight_groups(shapes_[0]).size() : 0;
+  return {};
 }
 
 bool ExpertParallelSync::holds_shared() const { return shared_->holds_parameters(); }
+bool ExpertParallelSync::holds_experts() const { return experts_->holds_parameters(); }
 
-std::vector<std::vector<std::string>> ExpertParallelSync::shared_groups() const {
-  return shared_->weight_groups(shapes_[0]);
+std::vector<std::vector<std::string>> ExpertParallelSync::held_groups() const {
+  std::vector<std::vector<std::string>> out;
+  if (holds_shared()) out = shared_->weight_groups(shapes_[0]);
+  if (holds_experts())
+    for (auto& g : experts_->weight_groups(shapes_[1])) out.push_back(std::move(g));
+  return out;
 }
 
-Expected<std::vector<exec::HostTensor>> ExpertParallelSync::with_shared(
+void ExpertParallelSync::prefetch(std::size_t g) {
+  if (g < shared_groups_)
+    shared_->prefetch(g);
+  else
+    experts_->prefetch(g - shared_groups_);
+}
+
+Status ExpertParallelSync::fetch(std::size_t g, std::span<float* const> dst) {
+  return g < shared_groups_ ? shared_->fetch(g, dst) : experts_->fetch(g - shared_groups_, dst);
+}
+
+Expected<std::vector<exec::HostTensor>> ExpertParallelSync::with_held(
     const std::vector<exec::HostTensor>& params) {
   std::vector<exec::HostTensor> out = params;
-  if (!holds_shared()) return out;
-  HP_ASSIGN_OR_RETURN(auto whole, shared_->gather_parameters(shapes_[0]));
-  for (std::size_t k = 0; k < out.size() && k < expert_.size(); ++k)
-    if (!expert_[k]) out[k] = std::move(whole[at_[k]]);
+  for (const char which : {0, 1}) {
+    DataParallelSync& s = which ? *experts_ : *shared_;
+    if (!s.holds_parameters()) continue;
+    HP_ASSIGN_OR_RETURN(auto whole, s.gather_parameters(shapes_[static_cast<int>(which)]));
+    for (std::size_t k = 0; k < out.size() && k < expert_.size(); ++k)
+      if (expert_[k] == which) out[k] = std::move(whole[at_[k]]);
+  }
   return out;
 }
 

@@ -97,7 +97,7 @@ Expected<std::vector<exec::HostTensor>> TrainRun::whole(
     const std::vector<exec::HostTensor>& mine) const {
   if (eps) {
     if (held() && &mine == &params) {  // ZeRO-3: the shared weights all-gathered first
-      HP_ASSIGN_OR_RETURN(auto full, eps->with_shared(params));
+      HP_ASSIGN_OR_RETURN(auto full, eps->with_held(params));
       return eps->gather(full, forward);
     }
     return eps->gather(mine, forward);
@@ -129,9 +129,11 @@ Expected<std::vector<exec::HostTensor>> TrainRun::whole(
 
 // The shared weights' gathers are collectives over the data-parallel ranks, which run different
 // members' graphs: they must ask for the buckets in one order. Checked once, before any gather.
+// (The experts' gathers span the ranks holding the same experts, which run the same partition.)
 Status TrainRun::same_gather_order() {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the sequence of buckets asked for
-  for (std::size_t g : ex->weight_source_order()) h = (h ^ (g + 1)) * 1099511628211ull;
+  for (std::size_t g : ex->weight_source_order())
+    if (g < eps->shared_groups()) h = (h ^ (g + 1)) * 1099511628211ull;
   std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
   HP_TRY(o.ep.transport->allreduce(o.ep.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
   HP_TRY(o.ep.transport->allreduce(o.ep.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
@@ -222,11 +224,11 @@ Status TrainRun::prepare() {
           if (k > 0 && k <= n) s->gradient_ready(k - 1, t);  // output 0 is the loss, buffers last
         });
     if (!o.trace.empty()) eps->set_trace(&trace);
-    // ZeRO-3 of the shared weights: held in shards over the data-parallel ranks and gathered for
-    // each use, as without experts; an expert stays whole on the ranks holding it.
-    if (o.ep.zero >= 3 && eps->shared_sync().sharded()) {
+    // ZeRO-3: the shared weights held in shards over the data-parallel ranks, an expert over
+    // the ranks holding it, each gathered for its uses as without experts.
+    if (o.ep.zero >= 3 && eps->sharded()) {
       HP_TRY(hold());
-      HP_TRY(ex->set_weight_source(&eps->shared_sync(), eps->shared_groups()));
+      HP_TRY(ex->set_weight_source(eps.get(), eps->held_groups()));
       HP_TRY(same_gather_order());
     }
   }
@@ -447,8 +449,11 @@ Expected<TrainReport> train(const TrainOptions& o) {
                                              : r.sync ? "data"
                                                       : "");
   if (r.held()) {
-    r.report.summary += detail::zero3_line(r.eps ? r.eps->shared_sync() : *r.sync,
-                                           r.eps ? "shared parameters" : "parameters");
+    if (!r.eps) r.report.summary += detail::zero3_line(*r.sync, "parameters");
+    if (r.eps && r.eps->holds_shared())
+      r.report.summary += detail::zero3_line(r.eps->shared_sync(), "shared parameters");
+    if (r.eps && r.eps->holds_experts())
+      r.report.summary += detail::zero3_line(r.eps->expert_sync(), "experts");
   }
   if (r.eps)
     r.report.summary += fmt::format(

@@ -145,7 +145,7 @@ Status TrainRun::write_checkpoint() {
     h.optimizer = optimizer_name(o.optimizer.kind);
     if (eps) {  // each member writes its parameters' state whole, in their order
       HP_ASSIGN_OR_RETURN(auto whole_state, eps->gather_state(state));
-      HP_ASSIGN_OR_RETURN(auto mine, eps->with_shared(params));  // ZeRO-3: gathered
+      HP_ASSIGN_OR_RETURN(auto mine, eps->with_held(params));  // ZeRO-3: gathered
       return detail::save_sharded(layout(), h, mine, whole_state, buffers, o.checkpoint_dir,
                                   o.force_checkpoint);
     }

@@ -56,12 +56,16 @@ struct TrainRun {
   bool lead() const { return part == 0 && o.tp.index() <= 0; }
   bool partitioned() const { return o.tp.active() || o.ep.active(); }
   /// ZeRO-3: the data-parallel sync holds the parameters (params keep names and dims only) and the
-  /// executor borrows them from it; under expert parallelism, the shared weights' sync holds them.
-  bool held() const { return (sync && sync->holds_parameters()) || (eps && eps->holds_shared()); }
+  /// executor borrows them from it; under expert parallelism, the shared weights' sync and the
+  /// experts' hold theirs (ExpertParallelSync::hold).
+  bool held() const {
+    return (sync && sync->holds_parameters()) ||
+           (eps && (eps->holds_shared() || eps->holds_experts()));
+  }
   /// Parameter j is held by a sync, not by the executor (no set_weight for it).
-  bool lent(std::size_t j) const { return held() && (!eps || !eps->expert(j)); }
+  bool lent(std::size_t j) const { return eps ? eps->holds(j) : held(); }
   /// ZeRO-3: the syncs take the parameters (whole in `params`) back into their shards.
-  Status hold() { return eps ? eps->hold_shared(params) : sync->hold_parameters(params); }
+  Status hold() { return eps ? eps->hold(params) : sync->hold_parameters(params); }
   void say(bool err, const std::string& line) const {
     if (o.sink && lead()) o.sink(err, line);
   }

@@ -4,7 +4,9 @@
 // attention, with a batch whose two micro-batches hold different numbers of ignored (-100) labels,
 // so each micro-batch's loss gradient must be weighted by its share of the labels. GPipe and the
 // split backward (B and W apart, ZB-H1's order) must train what one rank trains, and a checkpoint
-// written by the pipeline must resume at one rank; the pipeline's refusals are checked too.
+// written by the pipeline must resume at one rank; the pipeline's refusals are checked too. With
+// ZeRO-3 on two replicas of each stage (four ranks), the stages' parts borrow their parameters
+// from the data-parallel shards, in the step's order (pipeline_gather.h, tested alone first).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -12,10 +14,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "hp/comm/comm.h"
 #include "hp/train/checkpoint.h"
 #include "hp/train/trainer.h"
+#include "pipeline_gather.h"
 #include "train_stage_models.h"
 
 namespace fs = std::filesystem;
@@ -236,5 +242,120 @@ TEST_CASE("pipeline training refuses what it cannot run", "[train][pipeline]") {
   });
   REQUIRE_FALSE(st);
   CHECK(st.error().message().find("need 1 stage boundaries, not 2") != std::string::npos);
+  fs::remove_all(d);
+}
+
+namespace {
+
+// Records what a StepGathers asks of its source; a fetch writes the bucket's number plus the
+// parameter's position, so a copy into the wrong destination shows.
+struct RecordingSource : exec::WeightSource {
+  std::vector<std::string> calls;
+  void prefetch(std::size_t g) override { calls.push_back("P" + std::to_string(g)); }
+  Status fetch(std::size_t g, std::span<float* const> dst) override {
+    calls.push_back("F" + std::to_string(g));
+    for (std::size_t i = 0; i < dst.size(); ++i)
+      if (dst[i]) *dst[i] = static_cast<float>(10 * g + i);
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a pipeline step's gathers go one ahead across its parts", "[train][pipeline][zero3]") {
+  RecordingSource src;
+  train::detail::StepGathers step(src);
+  step.set_sequence({0, 1, 0, 2});  // e.g. a forward part's two buckets, then a backward's
+  float x = -1;
+  float* one[] = {&x};
+  REQUIRE(step.begin_step());
+  REQUIRE(step.fetch(0, one));
+  CHECK(src.calls == std::vector<std::string>{"P0", "P1", "F0"});
+  REQUIRE(step.fetch(1, one));
+  REQUIRE(step.fetch(0, one));
+  // The next part's first bucket was asked for during the previous one's last use.
+  CHECK(src.calls == std::vector<std::string>{"P0", "P1", "F0", "P0", "F1", "P2", "F0"});
+  // A step left unfinished, then one whose order differs: both refused.
+  CHECK_FALSE(step.begin_step());
+  REQUIRE(step.fetch(2, one));
+  CHECK(src.calls.back() == "F2");
+  CHECK(src.calls.size() == 8);  // nothing asked past the step's end
+  REQUIRE(step.begin_step());
+  const Status wrong = step.fetch(1, one);
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error().message().find("out of the step's order") != std::string::npos);
+
+  // A part holding parameters 0 and 2 of a bucket of three gets those, the source a null for 1.
+  train::detail::StepGathers again(src);
+  again.set_sequence({1});
+  REQUIRE(again.begin_step());
+  train::detail::PartSource part(again, {{1, 3, {0, 2}, {"a", "c"}}});
+  float a = 0, c = 0;
+  float* two[] = {&a, &c};
+  REQUIRE(part.fetch(0, two));
+  CHECK(a == 10.0f);
+  CHECK(c == 12.0f);
+  float* three[] = {&a, &c, &x};
+  CHECK_FALSE(part.fetch(0, three));
+}
+
+TEST_CASE("ZeRO-3 pipeline stages on two replicas train what one rank trains",
+          "[train][pipeline][zero3]") {
+  const fs::path d = fresh_dir("zero3");
+  train::TrainOptions o = options(d);
+  o.save_model = d / "one.onnx";
+  o.metrics = d / "one.jsonl";
+  REQUIRE(train::train(o));
+  const auto want = test::metric_losses(o.metrics);
+  // Ranks 0, 1 hold stage 0 and ranks 2, 3 stage 1; pipeline r % 2 takes row r % 2 of the batch
+  // (4 labels against 1: the replicas' gradients weigh 4/5 and 1/5). Buckets of 256 bytes, so
+  // every part borrows several, some only in part.
+  auto run = [&](const train::TrainOptions& base, bool split) {
+    return comm::run_in_process(4, [&](int rank, comm::Transport& t) -> Status {
+      train::TrainOptions mine = base;
+      const int stage = rank / 2, replica = rank % 2;
+      mine.pp.transport = &t;
+      mine.pp.ranks = {replica, 2 + replica};
+      mine.pp.stage = stage;
+      mine.pp.micro_batches = 1;
+      mine.pp.split_weight = split;
+      mine.pp.cuts = {{"r1"}};
+      mine.pp.actions = split ? std::vector<train::PipelineAction>{F0, B0, W0}
+                              : std::vector<train::PipelineAction>{F0, B0};
+      mine.dp.transport = &t;
+      mine.dp.group = {2 * stage, 2 * stage + 1};
+      mine.dp.zero = 3;
+      mine.dp.bucket_bytes = 256;
+      HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+      if (rank == 0 && rep.summary.find("ZeRO-3: the first stage's parameters") ==
+                           std::string::npos)
+        return Error(Errc::internal, "no ZeRO-3 line in the summary: " + rep.summary);
+      return {};
+    });
+  };
+  const bool split = GENERATE(false, true);
+  INFO((split ? "B and W apart" : "whole backward"));
+  o.save_model = d / "z3.onnx";
+  o.metrics = d / "z3.jsonl";
+  const Status st = run(o, split);
+  INFO((st ? std::string() : st.error().message()));
+  REQUIRE(st);
+  const auto got = test::metric_losses(o.metrics);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == Approx(want[k]).epsilon(1e-6));
+  same_weights(d / "one.onnx", d / "z3.onnx");
+
+  // Two steps at ZeRO-3 checkpointed (each stage's rank its pieces), the third at one rank.
+  o.steps = 2;
+  o.save_model.clear();
+  o.metrics.clear();
+  o.checkpoint_dir = d / "ckpt";
+  REQUIRE(run(o, split));
+  o.steps = 1;
+  o.checkpoint_dir.clear();
+  o.resume_dir = d / "ckpt";
+  o.save_model = d / "resumed.onnx";
+  REQUIRE(train::train(o));
+  same_weights(d / "one.onnx", d / "resumed.onnx");
   fs::remove_all(d);
 }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -103,7 +104,7 @@ struct ExpertParallel {
 /// while the backward runs (each on its own channel, so neither meets the backward's collectives
 /// nor the other's where their ranks coincide), and ZeRO's levels within its group. The clip norm
 /// adds the experts' squares over the group and counts the shared weights once.
-class ExpertParallelSync {
+class ExpertParallelSync : public exec::WeightSource {
  public:
   /// `experts_of` as partition_experts gives it. Errc::bad_input when a parameter is not f32.
   static Expected<std::unique_ptr<ExpertParallelSync>> create(
@@ -132,16 +133,27 @@ class ExpertParallelSync {
   Expected<std::vector<exec::HostTensor>> gather(const std::vector<exec::HostTensor>& mine,
                                                  const model::Model& forward) const;
   bool expert(std::size_t param) const { return expert_[param] != 0; }
-  /// ZeRO-3 of the shared weights (their sync at level 3 over several ranks): from now on the
-  /// shared sync holds their shards and `params`' shared entries have no data; the executor
-  /// borrows them from shared_sync() in shared_groups(). The experts stay whole on their ranks
-  /// (their replicas may differ from the shared weights' group).
-  Status hold_shared(std::vector<exec::HostTensor>& params);
+  /// ZeRO-3 (level 3): from now on each sync over several ranks holds its shards, the shared
+  /// weights' over `data` and the experts' over `replicas` (one rank holding its experts has
+  /// nothing to shard them with), and those entries of `params` have no data. The executor
+  /// borrows them from this object (a WeightSource) in held_groups(). Called again with whole
+  /// parameters (a checkpoint read back), the syncs take their shards of those.
+  Status hold(std::vector<exec::HostTensor>& params);
   bool holds_shared() const;
+  bool holds_experts() const;
+  /// Whether parameter k is held by a sync (hold), not by the executor.
+  bool holds(std::size_t k) const { return expert_[k] ? holds_experts() : holds_shared(); }
   DataParallelSync& shared_sync() { return *shared_; }
-  std::vector<std::vector<std::string>> shared_groups() const;
-  /// `params` with the held shared entries all-gathered (collective over their shard group).
-  Expected<std::vector<exec::HostTensor>> with_shared(const std::vector<exec::HostTensor>& params);
+  DataParallelSync& expert_sync() { return *experts_; }
+  /// The held buckets' parameter names: the shared weights' buckets first (shared_groups() of
+  /// them, gathered over `data`), then the experts' (gathered over `replicas`).
+  std::vector<std::vector<std::string>> held_groups() const;
+  std::size_t shared_groups() const { return shared_groups_; }
+  /// `params` with the held entries all-gathered (collective over their shard groups).
+  Expected<std::vector<exec::HostTensor>> with_held(const std::vector<exec::HostTensor>& params);
+  // exec::WeightSource over held_groups(): each request goes to the sync holding the bucket.
+  void prefetch(std::size_t g) override;
+  Status fetch(std::size_t g, std::span<float* const> dst) override;
   bool sharded() const;
   void set_trace(TraceLog* trace);
   ~ExpertParallelSync();
@@ -160,6 +172,7 @@ class ExpertParallelSync {
   std::vector<std::vector<std::string>> experts_of_;
   std::unique_ptr<DataParallelSync> shared_, experts_;
   std::size_t shared_pieces_ = 0;  ///< after finish_step: the shared weights' pieces come first
+  std::size_t shared_groups_ = 0;  ///< held_groups() that are the shared weights'
 };
 
 }  // namespace hp::train
