@@ -89,18 +89,18 @@ fs::path write(const test::Builder& b, const fs::path& dir) {
   return p;
 }
 
-train::TrainOptions options(const fs::path& dir, bool top2 = false) {
+train::TrainOptions options(const fs::path& dir, bool top2 = false, int rows = 2) {
   train::TrainOptions o;
   o.model = write(moe(4, top2), dir);
   exec::HostTensor ids, labels;
   ids.name = "ids", labels.name = "labels";
   ids.dtype = labels.dtype = HP_I64;
-  ids.dims = labels.dims = {2, 3};
-  ids.data.resize(48), labels.data.resize(48);
-  for (int k = 0; k < 6; ++k) {
+  ids.dims = labels.dims = {rows, 3};
+  ids.data.resize(static_cast<std::size_t>(rows) * 24), labels.data.resize(ids.data.size());
+  for (int k = 0; k < 3 * rows; ++k) {
     ids.as<std::int64_t>()[k] = (k * 7 + 3) % 13;
-    // Row 0 keeps 3 labels, row 1 keeps 1: the ranks weigh 3/4 and 1/4.
-    labels.as<std::int64_t>()[k] = (k == 3 || k == 5) ? -100 : (k * 5 + 1) % 13;
+    // Row 0 keeps 3 labels, row 1 keeps 1: the ranks weigh 3/4 and 1/4 (rows 2 and 3: 2, 3).
+    labels.as<std::int64_t>()[k] = (k == 3 || k == 5 || k == 7) ? -100 : (k * 5 + 1) % 13;
   }
   REQUIRE(exec::write_tensor_dir(dir / "inputs", {ids, labels}, "input"));
   o.grad.logits = "logits";
@@ -350,5 +350,48 @@ TEST_CASE("two expert-parallel ranks train what one rank trains", "[train][ep]")
   INFO((rr ? std::string() : rr.error().str()));
   REQUIRE(rr);
   CHECK(test::metric_losses(resumed.metrics).size() == 1);
+  fs::remove_all(d);
+}
+
+TEST_CASE("ZeRO-3 under expert parallelism holds the experts in shards too", "[train][ep]") {
+  // Four ranks in two expert-parallel groups: each expert on two ranks (ranks r and r + 2), which
+  // hold it in shards, as every rank holds the shared weights'; 256-byte buckets, so each is
+  // gathered in several parts, from two gathering threads per rank.
+  const fs::path d = fresh_dir("zero3");
+  train::TrainOptions one = options(d, true, 4);
+  one.metrics = d / "one.jsonl";
+  one.save_model = d / "one.onnx";
+  REQUIRE(train::train(one));
+  train::TrainOptions ep = one;
+  ep.metrics = d / "ep.jsonl";
+  ep.save_model = d / "ep.onnx";
+  auto st = comm::run_in_process(4, [&](int rank, comm::Transport& t) -> Status {
+    train::TrainOptions mine = ep;
+    mine.ep.transport = &t;
+    mine.ep.group = rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    mine.ep.data = {0, 1, 2, 3};
+    mine.ep.replicas = {rank % 2, rank % 2 + 2};
+    mine.ep.zero = 3;
+    mine.ep.bucket_bytes = 256;
+    HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+    for (const char* line : {"ZeRO-3: the shared parameters held", "ZeRO-3: the experts held"})
+      if (rank == 0 && rep.summary.find(line) == std::string::npos)
+        return Error(Errc::internal, std::string("no '") + line + "' in " + rep.summary);
+    return {};
+  });
+  INFO((st ? std::string() : st.error().str()));
+  REQUIRE(st);
+  const auto a = test::metric_losses(one.metrics), b = test::metric_losses(ep.metrics);
+  REQUIRE(b.size() == a.size());
+  for (std::size_t k = 0; k < a.size(); ++k) CHECK(b[k] == Approx(a[k]).epsilon(1e-6));
+  const auto wa = weights(one.save_model), wb = weights(ep.save_model);
+  REQUIRE(wa.size() == wb.size());
+  for (const auto& [name, va] : wa) {
+    REQUIRE(wb.count(name));
+    for (std::size_t e = 0; e < va.size(); ++e) {
+      INFO(name << "[" << e << "]");
+      CHECK(wb.at(name)[e] == Approx(va[e]).margin(2e-6));
+    }
+  }
   fs::remove_all(d);
 }
