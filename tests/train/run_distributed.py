@@ -22,7 +22,8 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
                                         out (expert_parallel.h); also the scatter-routed MoE
     dp=2 x ep=2 optimizer_shard 1 (mpirun), dp=4 x ep=2 optimizer_shard 2 (--simulate) and 3
                                         (mpirun): ZeRO over the shared weights' and the experts'
-                                        groups, buckets reduced while the backward runs
+                                        groups, buckets reduced while the backward runs; at 3
+                                        the experts held in shards over their two ranks too
     dp=4 x ep=2 and x ep=4 with shard_group 2 (--simulate; ZeRO-3 over mpirun): HSDP beside
                                         expert parallelism
 
@@ -40,8 +41,8 @@ expert layers and where ep does not divide the experts; and a rank killed (SIGKI
 job within 20 s with a non-zero exit, leaving the last checkpoint complete (a resume from it
 trains).
 
-Usage: run_distributed.py HP_BINARY WORK_DIR [--models a,b] [--layouts t,u] [--no-faults]
-                          [--simulate-only]
+Usage: run_distributed.py HP_BINARY WORK_DIR [--models a,b] [--layouts t,u] [--checks a,b]
+                          [--no-faults] [--simulate-only]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
 import argparse
@@ -489,7 +490,12 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,mlp,vit,moe")
     ap.add_argument("--layouts", default="",
-                    help="only these layouts (comma-separated tags, e.g. dp2xtp2-zero3)")
+                    help="only these layouts (comma-separated tags, e.g. dp2xtp2-zero3); the "
+                         "checks after them only as --checks names them")
+    ap.add_argument("--checks", default=None,
+                    help="only the checks after the layouts whose label contains one of these "
+                         "(comma-separated, e.g. 'resume from ep'); default: all of them, or none "
+                         "with --layouts")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--simulate-only", action="store_true",
                     help="only the in-process layouts (how packaging/run-tests.sh runs them under "
@@ -523,6 +529,8 @@ def main():
                            layout_run(a.hp, d, ref, tag, parallel, how, log))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
+        checks = a.checks.split(",") if a.checks is not None else (None if not a.layouts else [])
+        wanted = lambda label: checks is None or any(c in label for c in checks)  # noqa: E731
         if a.simulate_only:
             print(f"\n{fails} failing (log: {log_path})")
             return 1 if fails else 0
@@ -531,7 +539,8 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         ref = reference.make("moe-scatter", VARIANT, d)
         for tag, parallel, how in [x for x in EP_LAYOUTS if x[2] == "simulate" and
-                                   x[0] in ("dp2-ep2", "dp2-ep2-gather", "dp4-ep2")]:
+                                   x[0] in ("dp2-ep2", "dp2-ep2-gather", "dp4-ep2") and
+                                   wanted(f"moe-scatter {x[0]}")]:
             try:
                 report(True, f"moe-scatter {tag} ({how})",
                        layout_run(a.hp, d, ref, tag, parallel, how, log))
@@ -553,6 +562,8 @@ def main():
                           ("control flow at tp=2", control_tp),
                           ("expert parallelism refused", ep_refused)] + (
                 [] if a.no_faults else [("rank killed mid-run", killed_rank)]):
+            if not wanted(label):
+                continue
             try:
                 report(True, label, fn(a.hp, a.work, log))
             except Exception as e:
