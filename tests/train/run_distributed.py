@@ -107,7 +107,7 @@ EP_LAYOUTS = [
     ("dp4-ep2-hsdp2-zero3",
      {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "shard_group": 2}, "mpirun"),
 ]
-EXPERT_MODELS = {"moe", "moe-scatter"}
+EXPERT_MODELS = {"moe", "moe-scatter", "moe-loop"}
 VARIANT = "adamw-clip"
 
 
@@ -116,7 +116,9 @@ def train(hp, recipe, how, args, log, timeout=300):
     return rt.launch(hp, recipe, extra + args, log, timeout)
 
 
-def layout_run(hp, d, ref, tag, parallel, how, log):
+def layout_run(hp, d, ref, tag, parallel, how, log, summed=False):
+    """One layout's 5 steps against torch's. `summed`: the model's expert layers are loops adding
+    each expert's rows into a sum, run on all-gathered rows and reduce-scattered back."""
     tag = f"{tag}-{how}"
     recipe = os.path.join(d, f"{tag}.toml")
     rt.write_recipe(recipe, ref.model, ref.train, {"batch": models.BATCH}, parallel=parallel)
@@ -145,7 +147,9 @@ def layout_run(hp, d, ref, tag, parallel, how, log):
     routed = ""
     if parallel.get("expert_parallel", 1) > 1:
         # Both expert models' gates keep only the top-k pairs: routed unless asked to gather.
-        want = parallel.get("expert_dispatch", "routed") == "routed"
+        want = parallel.get("expert_dispatch", "routed") == "routed" and not summed
+        if summed and "hp.ReduceScatter" not in ops:
+            raise rt.Failure("trace: the loop's partial sums are not reduce-scattered")
         if ("hp.Dispatch" in ops) != want or ("hp.AllGather" in ops) == want:
             raise rt.Failure(f"trace: the expert dispatch is not {'routed' if want else 'gather'}"
                              f" (hp ops: {sorted(o for o in ops if o and o.startswith('hp.'))})")
@@ -526,7 +530,8 @@ def main():
                     continue
                 try:
                     report(True, f"{name} {tag} ({how})",
-                           layout_run(a.hp, d, ref, tag, parallel, how, log))
+                           layout_run(a.hp, d, ref, tag, parallel, how, log,
+                                      name == "moe-loop"))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
         checks = a.checks.split(",") if a.checks is not None else (None if not a.layouts else [])
@@ -534,18 +539,26 @@ def main():
         if a.simulate_only:
             print(f"\n{fails} failing (log: {log_path})")
             return 1 if fails else 0
-        # The scatter-routed MoE: the same experts, a dense gate.
-        d = os.path.join(a.work, "moe-scatter")
-        shutil.rmtree(d, ignore_errors=True)
-        ref = reference.make("moe-scatter", VARIANT, d)
-        for tag, parallel, how in [x for x in EP_LAYOUTS if x[2] == "simulate" and
-                                   x[0] in ("dp2-ep2", "dp2-ep2-gather", "dp4-ep2") and
-                                   wanted(f"moe-scatter {x[0]}")]:
-            try:
-                report(True, f"moe-scatter {tag} ({how})",
-                       layout_run(a.hp, d, ref, tag, parallel, how, log))
-            except Exception as e:
-                report(False, f"moe-scatter {tag} ({how})", rt.describe(e))
+        # The scatter-routed MoE (the same experts, a dense gate), and Mixtral's loop (each expert
+        # on its rows, added back with index_add_), also at ZeRO-3 over mpirun.
+        for name, layouts in [("moe-scatter", [("dp2-ep2", "simulate"),
+                                                ("dp2-ep2-gather", "simulate"),
+                                                ("dp4-ep2", "simulate")]),
+                              ("moe-loop", [("dp2-ep2", "mpirun"), ("dp4-ep2", "simulate"),
+                                            ("dp4-ep4", "simulate"),
+                                            ("dp4-ep2-zero3-buckets", "simulate")])]:
+            todo = [x for x in EP_LAYOUTS if (x[0], x[2]) in layouts and wanted(f"{name} {x[0]}")]
+            if not todo:
+                continue
+            d = os.path.join(a.work, name)
+            shutil.rmtree(d, ignore_errors=True)
+            ref = reference.make(name, VARIANT, d)
+            for tag, parallel, how in todo:
+                try:
+                    report(True, f"{name} {tag} ({how})",
+                           layout_run(a.hp, d, ref, tag, parallel, how, log, name == "moe-loop"))
+                except Exception as e:
+                    report(False, f"{name} {tag} ({how})", rt.describe(e))
         for label, fn in [("hp verify (mpirun)", verified),
                           ("hp verify tp=2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"tp": 2})),

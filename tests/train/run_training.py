@@ -450,7 +450,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("hp")
     ap.add_argument("work")
-    ap.add_argument("--models", default=",".join(n for n in models.MODELS if n not in models.DEEP))
+    ap.add_argument("--models", default=",".join(n for n in models.MODELS
+                                                 if n not in models.DEEP and n not in models.LOOP))
     ap.add_argument("--variants", default=",".join(reference.VARIANTS))
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--no-bad", action="store_true")

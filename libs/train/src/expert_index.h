@@ -66,8 +66,9 @@ struct Index {
     auto p = producer.find(t);
     return p != producer.end() && g.node(p->second).op_type() == "Constant";
   }
-  /// Every node `t` depends on.
-  std::set<int> ancestors(const std::string& t) const {
+  /// Every node `t` depends on; with `values_only`, not through a Shape node's input (a Shape
+  /// depends on its input's shape, not its values).
+  std::set<int> ancestors(const std::string& t, bool values_only = false) const {
     std::set<int> seen;
     std::vector<std::string> todo{t};
     while (!todo.empty()) {
@@ -75,6 +76,7 @@ struct Index {
       todo.pop_back();
       auto p = producer.find(x);
       if (p == producer.end() || !seen.insert(p->second).second) continue;
+      if (values_only && g.node(p->second).op_type() == "Shape") continue;
       for (const auto& i : g.node(p->second).input())
         if (!i.empty()) todo.push_back(i);
     }

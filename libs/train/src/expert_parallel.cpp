@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "expert_accumulate.h"
 #include "expert_index.h"
 #include "graph_parts.h"
 #include "hp/core/hp_domain.h"
@@ -169,20 +170,23 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
     return Error(Errc::internal, fmt::format("member {} of an expert group of {}", member, p));
   const onnx::GraphProto& g = m.proto->graph();
   const auto layers = find_expert_layers(g);
-  if (layers.empty())
+  const Index ix(g);
+  const auto summed = detail::find_accumulated_layers(ix);
+  if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,
                  "expert parallelism needs expert layers, and the model has none (experts in a "
-                 "ModuleList, each reading the layer's tokens and its own weights, stacked with "
-                 "torch.stack along an axis after the tokens')",
+                 "ModuleList, each reading the layer's tokens and its own weights, either stacked "
+                 "with torch.stack along an axis after the tokens' or added into a zeros_like of "
+                 "the tokens, as a Mixtral-style loop of torch.where and index_add_ does)",
                  m.path.string(), "set [parallel] expert_parallel = 1");
   ExpertPartition out;
-  out.layers = static_cast<int>(layers.size());
+  out.layers = static_cast<int>(layers.size() + summed.size());
+  out.summed = static_cast<int>(summed.size());
   out.experts_of.resize(static_cast<std::size_t>(p));
-  const Index ix(g);
   std::set<int> drop;             // other members' experts (and, routed, the stacking)
   std::set<std::string> dropped;  // their initializers and values
   std::map<std::pair<int, std::string>, std::string> renamed;  // (node, input) -> what it reads
-  std::map<int, onnx::NodeProto> at_concat;           // a layer's Concat -> what replaces it
+  std::map<int, onnx::NodeProto> at_concat;           // a node (a Concat, an Add) -> its replacement
   std::map<int, std::vector<onnx::NodeProto>> after;  // node (-1: the start) -> nodes added
   std::set<std::string> gathered;                     // tokens all-gathered already
   auto node = [&](std::string_view op, const std::string& name) {
@@ -281,6 +285,74 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
     c.add_output(l.stacked);
     set_int(c, dom::kAttrExperts, e);
     at_concat[l.concat] = std::move(c);
+  }
+  // Accumulated layers (expert_accumulate.h): the region on every member's rows, this member's
+  // experts added, the partial sums reduce-scattered back into each member's rows.
+  for (const auto& l : summed) {
+    const int e = static_cast<int>(l.nodes.size());
+    if (e % p != 0)
+      return Error(Errc::bad_input,
+                   fmt::format("the expert layer summed into '{}' has {} experts, which do not "
+                               "split over expert_parallel = {}",
+                               l.sum, e, p),
+                   m.path.string(), "make expert_parallel divide the number of experts");
+    const int per = e / p;
+    std::set<std::string> varying;
+    for (int i = 0; i < e; ++i) {
+      const auto x = static_cast<std::size_t>(i);
+      const int owner = i / per;
+      for (const auto& w : l.weights[x])
+        out.experts_of[static_cast<std::size_t>(owner)].push_back(w);
+      if (owner == member) {  // its weights and values: no other member has them
+        varying.insert(l.weights[x].begin(), l.weights[x].end());
+        for (int k : l.nodes[x])
+          for (const auto& o : g.node(k).output())
+            if (!o.empty()) varying.insert(o);
+        continue;
+      }
+      drop.insert(l.nodes[x].begin(), l.nodes[x].end());
+      dropped.insert(l.weights[x].begin(), l.weights[x].end());
+      for (int k : l.nodes[x]) dropped.insert(g.node(k).output().begin(), g.node(k).output().end());
+      onnx::NodeProto id;  // the sum goes on without this expert's contribution
+      id.set_op_type("Identity");
+      id.set_name(g.node(l.adds[x]).name() + ".ep_skip");
+      id.add_input(l.prev[x]);
+      id.add_output(g.node(l.adds[x]).output(0));
+      at_concat[l.adds[x]] = std::move(id);
+    }
+    for (const auto& f : l.frontier) {
+      if (gathered.insert(f).second) {
+        auto ag = node(dom::kAllGather, f + ".ep_dispatch");
+        ag.add_input(f);
+        ag.add_output(f + ".ep_gathered");
+        set_int(ag, dom::kAttrAxis, 0);
+        after[producer(f)].push_back(std::move(ag));
+      }
+      for (int k : l.region)
+        for (const auto& in : g.node(k).input())
+          if (in == f) renamed[{k, in}] = f + ".ep_gathered";
+    }
+    // This member's partial sum over every member's rows, then each member's rows of the total.
+    const std::string local = l.sum + ".ep_local";
+    const int last = l.adds.back();
+    if (!at_concat.count(last)) at_concat[last] = g.node(last);
+    at_concat[last].set_output(0, local);
+    for (int k : l.region) {  // what this member's experts' values flow into
+      if (drop.count(k)) continue;
+      bool reads = false;
+      for (const auto& in : g.node(k).input()) reads = reads || varying.count(in);
+      if (reads)
+        for (const auto& o : g.node(k).output())
+          if (!o.empty()) varying.insert(o);
+    }
+    varying.erase(l.sum);
+    varying.insert(local);
+    out.varying.insert(out.varying.end(), varying.begin(), varying.end());
+    auto rs = node(dom::kReduceScatter, l.sum + ".ep_combine");
+    rs.add_input(local);
+    rs.add_output(l.sum);
+    set_int(rs, dom::kAttrAxis, 0);
+    after[last].push_back(std::move(rs));
   }
 
   auto proto = std::make_shared<onnx::ModelProto>(*m.proto);

@@ -75,7 +75,7 @@ Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
   const int me = o.ep.index();
   HP_ASSIGN_OR_RETURN(ExpertPartition part_of,
                       partition_experts(forward, o.ep.group, me, o.ep.routed));
-  expert_layers = {part_of.layers, part_of.routed};
+  expert_layers = {part_of.layers, part_of.routed, part_of.summed};
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
   HP_ASSIGN_OR_RETURN(
@@ -459,8 +459,13 @@ Expected<TrainReport> train(const TrainOptions& o) {
     r.report.summary += fmt::format(
         "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "
         "{} by all-gathering the tokens\n",
-        r.expert_layers.second, r.expert_layers.first,
-        r.expert_layers.first - r.expert_layers.second);
+        r.expert_layers.routed, r.expert_layers.layers,
+        r.expert_layers.layers - r.expert_layers.routed);
+  if (r.eps && r.expert_layers.summed > 0)
+    r.report.summary += fmt::format(
+        "  ({} of them a loop adding each expert's rows into the layer's sum: the members' "
+        "partial sums reduce-scattered)\n",
+        r.expert_layers.summed);
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }

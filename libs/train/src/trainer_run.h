@@ -47,7 +47,10 @@ struct TrainRun {
   std::unique_ptr<TensorParallelSync> tps;
   /// Expert parallelism: which member holds which experts, and the reductions.
   std::vector<std::vector<std::string>> experts_of;
-  std::pair<int, int> expert_layers;  ///< expert parallelism: layers found, of them routed
+  /// Expert parallelism: layers found; of them routed, and summed (Mixtral-style loops).
+  struct {
+    int layers = 0, routed = 0, summed = 0;
+  } expert_layers;
   std::unique_ptr<ExpertParallelSync> eps;
   TraceLog trace;
 

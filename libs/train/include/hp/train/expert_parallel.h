@@ -60,6 +60,9 @@ struct ExpertPartition {
   std::vector<std::vector<std::string>> experts_of;
   int layers = 0;  ///< expert layers found
   int routed = 0;  ///< of them, dispatched by their routing (hp.Dispatch / hp.Combine)
+  /// of them, loops that add each expert's rows into a sum (expert_accumulate.h): run on the
+  /// all-gathered rows, the members' partial sums reduce-scattered
+  int summed = 0;
 };
 
 /// Member `member` of the expert-parallel group `group` (global ranks in member order): `m` keeping
@@ -68,8 +71,12 @@ struct ExpertPartition {
 /// each token's rows to the members holding its experts only and hp.Combine brings the results
 /// back into the tensor the layer stacked (the other pairs zero); otherwise the tokens are
 /// hp.AllGather'ed over the group (axis 0) before the experts and the stacked outputs
-/// hp.AllToAll'ed (split axis 0, concatenated along the expert axis) back. Errc::bad_input when
-/// the model has no expert layer or a layer's expert count is not a multiple of the group.
+/// hp.AllToAll'ed (split axis 0, concatenated along the expert axis) back. A layer written as a
+/// loop adding each expert's rows into a sum (Mixtral's torch.where / index_add_:
+/// libs/train/src/expert_accumulate.h) runs on every member's rows, all-gathered, with this
+/// member's experts only, and its partial sum is hp.ReduceScatter'ed (axis 0) back into the
+/// member's rows. Errc::bad_input when the model has no expert layer or a layer's expert count is
+/// not a multiple of the group.
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
                                             int member, bool routed = true);
 

@@ -1,0 +1,195 @@
+// Expert layers written as an accumulation (expert_accumulate.h).
+#include "expert_accumulate.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+namespace hp::train::detail {
+
+namespace {
+
+// Ops a region may hold: elementwise and row-wise ones, the index ops the loop uses to pick a
+// token's rows and put them back (NonZero, Gather, ScatterElements), and shape arithmetic.
+const std::set<std::string>& region_ops() {
+  static const std::set<std::string> ops = {
+      "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Sqrt", "Exp", "Log", "Erf", "Tanh", "Sigmoid",
+      "Relu", "Gelu", "Max", "Min", "Clip", "Where", "Equal", "Less", "Greater", "Not", "And", "Or",
+      "Cast", "Identity", "Gemm", "MatMul", "Softmax", "TopK", "ReduceSum", "ReduceMean",
+      "ReduceMax", "OneHot", "Transpose", "Gather", "GatherElements", "NonZero", "Split",
+      "Squeeze", "Unsqueeze", "Flatten", "Reshape", "Expand", "Slice", "Concat", "Shape",
+      "ConstantOfShape", "ScatterElements", "ScatterND", "Range", "Constant"};
+  return ops;
+}
+
+// Whether ConstantOfShape node n fills with zeros (its value absent or zero).
+bool zero_fill(const onnx::NodeProto& n) {
+  for (const auto& a : n.attribute()) {
+    if (a.name() != "value") continue;
+    const auto& t = a.t();
+    if (!t.float_data().empty()) return t.float_data(0) == 0.0f;
+    if (t.data_type() == onnx::TensorProto::FLOAT && t.raw_data().size() == 4) {
+      float v = 0;
+      std::memcpy(&v, t.raw_data().data(), 4);
+      return v == 0.0f;
+    }
+    return false;
+  }
+  return true;
+}
+
+// What a tensor's values come from: the data (rows of tokens), shapes only, weights only, or
+// constants. The region may read from outside only data: a shape-derived scalar or a weight
+// gathered over the group would be wrong (or counted once per member).
+enum class Origin { constant, weight, shape, data };
+
+std::map<std::string, Origin> origins(const Index& ix) {
+  std::map<std::string, Origin> out;
+  for (const auto& i : ix.g.input()) out[i.name()] = Origin::data;
+  for (const auto& [name, t] : ix.inits)
+    out[name] = is_float_type(t->data_type()) ? Origin::weight : Origin::constant;
+  for (const auto& n : ix.g.node()) {  // graph order is topological
+    Origin o = Origin::constant;
+    if (n.op_type() == "Shape" || n.op_type() == "Size") {
+      o = Origin::shape;
+    } else if (n.op_type() != "Constant") {
+      for (const auto& x : n.input())
+        if (auto it = out.find(x); !x.empty() && it != out.end()) o = std::max(o, it->second);
+    }
+    for (const auto& y : n.output())
+      if (!y.empty()) out[y] = o;
+  }
+  return out;
+}
+
+bool float_init(const Index& ix, const std::string& x) {
+  auto it = ix.inits.find(x);
+  return it != ix.inits.end() && is_float_type(it->second->data_type());
+}
+
+// The experts of the chain starting at `zeros`: as many leading contributions as pass the test.
+std::optional<AccumulatedLayer> layer_from(const Index& ix,
+                                           const std::map<std::string, Origin>& origin,
+                                           const std::string& zeros) {
+  auto from = [&](const std::string& x) {
+    auto it = origin.find(x);
+    return it == origin.end() ? Origin::data : it->second;
+  };
+  AccumulatedLayer l;
+  std::vector<std::string> contrib;
+  std::string cur = zeros;
+  for (;;) {
+    auto r = ix.readers.find(cur);
+    if (r == ix.readers.end()) break;
+    int next = -1, adds = 0;
+    for (int k : r->second)
+      if (ix.g.node(k).op_type() == "Add" && ix.g.node(k).input_size() == 2) next = k, ++adds;
+    if (adds != 1) break;
+    const auto& a = ix.g.node(next);
+    const std::string other = a.input(0) == cur ? a.input(1) : a.input(0);
+    if (other == cur) break;
+    l.adds.push_back(next);
+    l.prev.push_back(cur);
+    contrib.push_back(other);
+    cur = a.output(0);
+  }
+  std::vector<std::set<int>> cones;
+  std::map<int, int> count;
+  for (const auto& c : contrib) {
+    cones.push_back(ix.ancestors(c, true));
+    for (int k : cones.back()) ++count[k];
+  }
+  std::set<std::string> taken;  // every expert's weights
+  for (std::size_t i = 0; i < contrib.size(); ++i) {
+    std::set<int> mine;  // (a Constant is shared by whoever reads it: exporters reuse them)
+    for (int k : cones[i])
+      if (count[k] == 1 && ix.g.node(k).op_type() != "Constant") mine.insert(k);
+    std::vector<std::string> weights;
+    bool ok = !mine.empty();
+    for (int k : mine) {
+      const auto& n = ix.g.node(k);
+      for (const auto& x : n.input())
+        if (float_init(ix, x)) {
+          for (int reader : ix.readers.at(x)) ok = ok && mine.count(reader);
+          if (std::find(weights.begin(), weights.end(), x) == weights.end()) weights.push_back(x);
+        }
+      for (const auto& o : n.output()) {
+        if (o.empty()) continue;
+        ok = ok && !ix.graph_outputs.count(o);
+        if (auto r = ix.readers.find(o); r != ix.readers.end())
+          for (int reader : r->second)
+            ok = ok && (mine.count(reader) || (o == contrib[i] && reader == l.adds[i]));
+      }
+    }
+    if (!ok || weights.empty()) {  // the chain goes on past the experts (a residual add)
+      l.adds.resize(i);
+      l.prev.resize(i);
+      break;
+    }
+    l.nodes.emplace_back(mine.begin(), mine.end());
+    taken.insert(weights.begin(), weights.end());
+    l.weights.push_back(std::move(weights));
+  }
+  if (l.nodes.size() < 2) return std::nullopt;
+  l.sum = ix.g.node(l.adds.back()).output(0);
+  // The region: the sum and what only it needs, back to the tokens and the shared weights' readers.
+  l.region.insert(l.adds.begin(), l.adds.end());
+  for (const auto& n : l.nodes) l.region.insert(n.begin(), n.end());
+  l.region.insert(ix.producer.at(zeros));
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int k = ix.g.node_size() - 1; k >= 0; --k) {
+      if (l.region.count(k)) continue;
+      const auto& n = ix.g.node(k);
+      if (n.op_type() == "Constant" || n.output_size() == 0) continue;
+      bool only = true, read = false;
+      for (const auto& x : n.input()) {  // only data, constants and the region's own values
+        if (x.empty() || from(x) == Origin::constant) continue;
+        auto p = ix.producer.find(x);
+        only = only && (from(x) == Origin::data || (p != ix.producer.end() &&
+                                                     l.region.count(p->second)));
+      }
+      for (const auto& o : n.output()) {
+        if (o.empty()) continue;
+        only = only && !ix.graph_outputs.count(o);
+        if (auto r = ix.readers.find(o); r != ix.readers.end())
+          for (int reader : r->second) only = only && l.region.count(reader), read = true;
+      }
+      if (only && read) l.region.insert(k), grew = true;
+    }
+  }
+  for (int k : l.region) {
+    const auto& n = ix.g.node(k);
+    if (!region_ops().count(n.op_type()) || !(n.domain().empty() || n.domain() == "ai.onnx"))
+      return std::nullopt;
+    for (const auto& x : n.input()) {
+      if (x.empty() || ix.constant(x)) continue;
+      if (float_init(ix, x)) {
+        if (!taken.count(x)) return std::nullopt;  // a shared weight inside: not this pattern
+        continue;
+      }
+      auto p = ix.producer.find(x);
+      if (p != ix.producer.end() && l.region.count(p->second)) continue;
+      if (from(x) != Origin::data) return std::nullopt;  // a shape or a weight from outside
+      if (std::find(l.frontier.begin(), l.frontier.end(), x) == l.frontier.end())
+        l.frontier.push_back(x);
+    }
+  }
+  if (l.frontier.empty()) return std::nullopt;
+  return l;
+}
+
+}  // namespace
+
+std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix) {
+  std::vector<AccumulatedLayer> out;
+  const auto origin = origins(ix);
+  for (int k = 0; k < ix.g.node_size(); ++k) {
+    const auto& n = ix.g.node(k);
+    if (n.op_type() != "ConstantOfShape" || n.output_size() != 1 || !zero_fill(n)) continue;
+    if (auto l = layer_from(ix, origin, n.output(0))) out.push_back(std::move(*l));
+  }
+  return out;
+}
+
+}  // namespace hp::train::detail

@@ -1,0 +1,40 @@
+// Expert layers written as an accumulation (expert_parallel.h, docs/training.md "Expert
+// parallelism"): Hugging Face's Mixtral-style loop, which runs each expert on the rows routed to it
+// (torch.where on the one-hot routing, then index_add_ into a zeros_like of the tokens).
+//
+// In the export each expert's contribution is added to a running sum that starts at zeros
+// (ConstantOfShape): sum_1 = zeros + c_1, sum_2 = sum_1 + c_2, ... Each c_i is computed by nodes
+// only it needs (the expert's: its weights, its NonZero, its row gathers and its scatter), from
+// tensors shared by the layer: the tokens and the router's outputs. The region of the layer is the
+// sum and everything whose values only the sum needs, back to (not including) the tokens and the
+// nodes that read a shared trainable weight (the router's projection): the routing itself
+// (softmax, top-k, one-hot) is in it. Under expert parallelism a member all-gathers what the region
+// reads (its frontier), runs the region on every member's rows with only its own experts added,
+// and one reduce-scatter sums the members' partial sums and hands each member its rows back.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "expert_index.h"
+
+namespace hp::train::detail {
+
+struct AccumulatedLayer {
+  std::vector<int> adds;                          ///< per expert: the Add of its contribution
+  std::vector<std::string> prev;                  ///< per expert: the sum that Add extends
+  std::vector<std::vector<int>> nodes;            ///< per expert: the nodes only it needs
+  std::vector<std::vector<std::string>> weights;  ///< per expert: the initializers only it reads
+  std::set<int> region;                           ///< every node run on the gathered rows
+  std::vector<std::string> frontier;              ///< what the region reads from outside it
+  std::string sum;                                ///< the last Add's output: the layer's result
+};
+
+/// The accumulated expert layers of a graph: E >= 2 chained Adds from a zero ConstantOfShape, each
+/// adding a contribution whose own nodes read float initializers nobody else reads, in a region
+/// of row-wise ops only (those a token's row can go through without meeting another's, bar the
+/// index ops that move whole rows).
+std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix);
+
+}  // namespace hp::train::detail
