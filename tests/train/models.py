@@ -284,13 +284,16 @@ class Vit(nn.Module):
 # --- top-k MoE ---------------------------------------------------------------------------------
 class MoeLayer(nn.Module):
     """E experts of hidden -> ffn -> hidden (GELU), top-K routing; the sizes are the tests' unless a
-    benchmark asks for larger (tests/bench/train/bench_ep.py). With `loop`, the experts run as
-    Hugging Face's Mixtral block runs them: each on the rows routed to it (torch.where on the
-    one-hot routing), its weighted output added back with index_add_."""
+    benchmark asks for larger (tests/bench/train/bench_ep.py). `combine` says how the experts'
+    outputs come together: "stack" (torch.stack, then the top-k gathered or a scattered gate),
+    "where" (Hugging Face's Mixtral block: each expert on the rows routed to it, torch.where on
+    the one-hot routing, its weighted output added back with index_add_) or "sum" (every expert
+    on every token, times its gate, zero off the top-k, added into a zeros_like)."""
 
-    def __init__(self, scatter, hidden=HIDDEN, ffn=2 * HIDDEN, experts=4, top_k=2, loop=False):
+    def __init__(self, scatter, hidden=HIDDEN, ffn=2 * HIDDEN, experts=4, top_k=2,
+                 combine="stack"):
         super().__init__()
-        self.scatter, self.loop, self.E, self.K = scatter, loop, experts, top_k
+        self.scatter, self.combine, self.E, self.K = scatter, combine, experts, top_k
         self.ln = nn.LayerNorm(hidden)
         self.router = nn.Linear(hidden, self.E, bias=False)
         self.experts = nn.ModuleList(
@@ -303,12 +306,18 @@ class MoeLayer(nn.Module):
         probs = self.router(h).softmax(-1)
         topw, topi = torch.topk(probs, self.K, dim=-1)
         topw = topw / topw.sum(-1, keepdim=True)
-        if self.loop:
+        if self.combine == "where":
             y = torch.zeros_like(h)
             mask = F.one_hot(topi, self.E).permute(2, 1, 0)  # [E, K, N]
             for e, expert in enumerate(self.experts):
                 slot, rows = torch.where(mask[e])
                 y.index_add_(0, rows, expert(h[rows]) * topw[rows, slot, None])
+            return x + y.reshape(b, t, c)
+        if self.combine == "sum":
+            y = torch.zeros_like(h)
+            for e, expert in enumerate(self.experts):
+                gate = (topw * (topi == e).to(h.dtype)).sum(-1, keepdim=True)
+                y = y + gate * expert(h)
             return x + y.reshape(b, t, c)
         outs = torch.stack([e(h) for e in self.experts], dim=1)  # [N, E, C]
         if self.scatter:  # the routing weights scattered into a dense [N, E] gate
@@ -395,9 +404,11 @@ DEEP = {
     "llama-deep": Spec(lambda: Llama(layers=4), "tokens", "cross_entropy", "input_ids"),
 }
 MODELS.update(DEEP)
-# The MoE as Mixtral's loop writes it (torch.where, index_add_: NonZero, Gather and ScatterElements
-# per expert), for the expert-parallel test (run_distributed.py); not in the other tests' lists.
-LOOP = {"moe-loop": Spec(lambda: Moe(loop=True), "tokens", "cross_entropy", "input_ids")}
+# The MoE as loops write it, for the expert-parallel test (run_distributed.py); not in the other
+# tests' lists: Mixtral's (torch.where, index_add_: NonZero, Gather and ScatterElements per
+# expert), and a sum of gated experts.
+LOOP = {"moe-loop": Spec(lambda: Moe(combine="where"), "tokens", "cross_entropy", "input_ids"),
+        "moe-sum": Spec(lambda: Moe(combine="sum"), "tokens", "cross_entropy", "input_ids")}
 MODELS.update(LOOP)
 # The token-stream test's models: GPT-2 (and the MoE) over bytes (vocab 256), 16-token windows.
 STREAM = {

@@ -26,6 +26,10 @@ within 1e-3, and the saved weights within 1% of torch's update (run_training.com
                                         the experts held in shards over their two ranks too
     dp=4 x ep=2 and x ep=4 with shard_group 2 (--simulate; ZeRO-3 over mpirun): HSDP beside
                                         expert parallelism
+    the MoE as Mixtral's loop (moe-loop: dp=2 x ep=2 over mpirun, dp=4 x ep=2 and x ep=4, and
+    ZeRO-3) and as a sum of gated experts (moe-sum: dp=2 x ep=2, dp=4 x ep=2), --simulate: each
+                                        layer's rows all-gathered, its partial sums
+                                        reduce-scattered (the trace must hold hp.ReduceScatter)
 
 Then, on the GPT-2 export: `hp verify RECIPE --inputs BATCH --steps 3` of a dp=2 ZeRO-1 recipe over
 mpirun must report every loss and weight ok; 3 steps at dp=2 with optimizer_shard 2 and --checkpoint, resumed for 2
@@ -107,7 +111,7 @@ EP_LAYOUTS = [
     ("dp4-ep2-hsdp2-zero3",
      {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "shard_group": 2}, "mpirun"),
 ]
-EXPERT_MODELS = {"moe", "moe-scatter", "moe-loop"}
+EXPERT_MODELS = {"moe", "moe-scatter", "moe-loop", "moe-sum"}
 VARIANT = "adamw-clip"
 
 
@@ -153,7 +157,7 @@ def layout_run(hp, d, ref, tag, parallel, how, log, summed=False):
         if ("hp.Dispatch" in ops) != want or ("hp.AllGather" in ops) == want:
             raise rt.Failure(f"trace: the expert dispatch is not {'routed' if want else 'gather'}"
                              f" (hp ops: {sorted(o for o in ops if o and o.startswith('hp.'))})")
-        routed = "  routed" if want else "  all-gathered"
+        routed = "  summed" if summed else "  routed" if want else "  all-gathered"
     return (f"{detail}  weights {worst:.1e} of the update ({name or 'all exact'})" +
             (f"  {counted} gathers a step" if gathers else "") + routed)
 
@@ -531,7 +535,7 @@ def main():
                 try:
                     report(True, f"{name} {tag} ({how})",
                            layout_run(a.hp, d, ref, tag, parallel, how, log,
-                                      name == "moe-loop"))
+                                      name in models.LOOP))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
         checks = a.checks.split(",") if a.checks is not None else (None if not a.layouts else [])
@@ -546,7 +550,8 @@ def main():
                                                 ("dp4-ep2", "simulate")]),
                               ("moe-loop", [("dp2-ep2", "mpirun"), ("dp4-ep2", "simulate"),
                                             ("dp4-ep4", "simulate"),
-                                            ("dp4-ep2-zero3-buckets", "simulate")])]:
+                                            ("dp4-ep2-zero3-buckets", "simulate")]),
+                              ("moe-sum", [("dp2-ep2", "simulate"), ("dp4-ep2", "simulate")])]:
             todo = [x for x in EP_LAYOUTS if (x[0], x[2]) in layouts and wanted(f"{name} {x[0]}")]
             if not todo:
                 continue
@@ -556,7 +561,8 @@ def main():
             for tag, parallel, how in todo:
                 try:
                     report(True, f"{name} {tag} ({how})",
-                           layout_run(a.hp, d, ref, tag, parallel, how, log, name == "moe-loop"))
+                           layout_run(a.hp, d, ref, tag, parallel, how, log,
+                                      name in models.LOOP))
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
         for label, fn in [("hp verify (mpirun)", verified),

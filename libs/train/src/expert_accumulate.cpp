@@ -62,6 +62,26 @@ std::map<std::string, Origin> origins(const Index& ix) {
   return out;
 }
 
+// The dims of `t` when it is a float tensor of zeros.
+std::optional<std::vector<std::int64_t>> zero_tensor(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
+  for (float v : t.float_data())
+    if (v != 0.0f) return std::nullopt;
+  for (char c : t.raw_data())
+    if (c != 0) return std::nullopt;
+  return std::vector<std::int64_t>(t.dims().begin(), t.dims().end());
+}
+
+// A constant of zeros: an initializer or a Constant node's value.
+std::optional<std::vector<std::int64_t>> zero_constant(const Index& ix, const std::string& x) {
+  if (auto it = ix.inits.find(x); it != ix.inits.end()) return zero_tensor(*it->second);
+  auto p = ix.producer.find(x);
+  if (p == ix.producer.end() || ix.g.node(p->second).op_type() != "Constant") return std::nullopt;
+  for (const auto& a : ix.g.node(p->second).attribute())
+    if (a.name() == "value") return zero_tensor(a.t());
+  return std::nullopt;
+}
+
 bool float_init(const Index& ix, const std::string& x) {
   auto it = ix.inits.find(x);
   return it != ix.inits.end() && is_float_type(it->second->data_type());
@@ -76,6 +96,7 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
     return it == origin.end() ? Origin::data : it->second;
   };
   AccumulatedLayer l;
+  l.start = zeros;
   std::vector<std::string> contrib;
   std::string cur = zeros;
   for (;;) {
@@ -93,12 +114,22 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
     contrib.push_back(other);
     cur = a.output(0);
   }
+  // A term that reads the sum's values (the next block, after a residual add) ends the chain.
+  const std::set<int> chain(l.adds.begin(), l.adds.end());
   std::vector<std::set<int>> cones;
-  std::map<int, int> count;
-  for (const auto& c : contrib) {
-    cones.push_back(ix.ancestors(c, true));
-    for (int k : cones.back()) ++count[k];
+  for (std::size_t i = 0; i < contrib.size(); ++i) {
+    auto cone = ix.ancestors(contrib[i], true);
+    if (std::any_of(cone.begin(), cone.end(), [&](int k) { return chain.count(k) > 0; })) {
+      contrib.resize(i);
+      l.adds.resize(i);
+      l.prev.resize(i);
+      break;
+    }
+    cones.push_back(std::move(cone));
   }
+  std::map<int, int> count;
+  for (const auto& cone : cones)
+    for (int k : cone) ++count[k];
   std::set<std::string> taken;  // every expert's weights
   for (std::size_t i = 0; i < contrib.size(); ++i) {
     std::set<int> mine;  // (a Constant is shared by whoever reads it: exporters reuse them)
@@ -135,7 +166,15 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
   // The region: the sum and what only it needs, back to the tokens and the shared weights' readers.
   l.region.insert(l.adds.begin(), l.adds.end());
   for (const auto& n : l.nodes) l.region.insert(n.begin(), n.end());
-  l.region.insert(ix.producer.at(zeros));
+  const auto made = ix.producer.find(zeros);
+  const bool computed = made != ix.producer.end() && ix.g.node(made->second).op_type() != "Constant";
+  if (computed) {
+    l.region.insert(made->second);
+  } else if (auto dims = zero_constant(ix, zeros); dims && !dims->empty()) {
+    l.start_dims = *dims;
+  } else {
+    return std::nullopt;
+  }
   for (bool grew = true; grew;) {
     grew = false;
     for (int k = ix.g.node_size() - 1; k >= 0; --k) {
@@ -163,7 +202,13 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
     if (!region_ops().count(n.op_type()) || !(n.domain().empty() || n.domain() == "ai.onnx"))
       return std::nullopt;
     for (const auto& x : n.input()) {
-      if (x.empty() || ix.constant(x)) continue;
+      if (x.empty() || ix.constant(x) || x == zeros) continue;
+      // torch.zeros((n, d)): the zeros' shape, from this member's rows, scaled in the partition.
+      if (computed && k == made->second && from(x) == Origin::shape &&
+          !l.region.count(ix.producer.count(x) ? ix.producer.at(x) : -1)) {
+        l.start_shape = x;
+        continue;
+      }
       if (float_init(ix, x)) {
         if (!taken.count(x)) return std::nullopt;  // a shared weight inside: not this pattern
         continue;
@@ -189,6 +234,14 @@ std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix) {
     if (n.op_type() != "ConstantOfShape" || n.output_size() != 1 || !zero_fill(n)) continue;
     if (auto l = layer_from(ix, origin, n.output(0))) out.push_back(std::move(*l));
   }
+  // Zeros the exporter folded into a constant (zeros_like at static shapes).
+  std::set<std::string> consts;
+  for (const auto& [name, t] : ix.inits) consts.insert(name);
+  for (const auto& n : ix.g.node())
+    if (n.op_type() == "Constant" && n.output_size() == 1) consts.insert(n.output(0));
+  for (const auto& c : consts)
+    if (zero_constant(ix, c))
+      if (auto l = layer_from(ix, origin, c)) out.push_back(std::move(*l));
   return out;
 }
 

@@ -13,6 +13,7 @@
 // and one reduce-scatter sums the members' partial sums and hands each member its rows back.
 #pragma once
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +23,13 @@
 namespace hp::train::detail {
 
 struct AccumulatedLayer {
+  std::string start;  ///< the zeros the sum starts from
+  /// Where the zeros' shape is this layer's rows, which the region must scale to every member's:
+  /// the shape tensor a ConstantOfShape start reads from outside the region (torch.zeros((n, d)))
+  /// or the dims of a constant start (zeros_like folded by the exporter). Both empty when the
+  /// start is computed inside the region (zeros_like of the gathered tokens).
+  std::string start_shape;
+  std::vector<std::int64_t> start_dims;
   std::vector<int> adds;                          ///< per expert: the Add of its contribution
   std::vector<std::string> prev;                  ///< per expert: the sum that Add extends
   std::vector<std::vector<int>> nodes;            ///< per expert: the nodes only it needs
@@ -31,7 +39,8 @@ struct AccumulatedLayer {
   std::string sum;                                ///< the last Add's output: the layer's result
 };
 
-/// The accumulated expert layers of a graph: E >= 2 chained Adds from a zero ConstantOfShape, each
+/// The accumulated expert layers of a graph: E >= 2 chained Adds from zeros (a ConstantOfShape or
+/// a constant), each
 /// adding a contribution whose own nodes read float initializers nobody else reads, in a region
 /// of row-wise ops only (those a token's row can go through without meeting another's, bar the
 /// index ops that move whole rows).

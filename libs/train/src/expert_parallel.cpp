@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -94,6 +95,22 @@ std::optional<ExpertLayer> expert_layer_at(const Index& ix, int c) {
   }
   if (layer.tokens.empty() || ix.constant(layer.tokens)) return std::nullopt;
   return layer;
+}
+
+// A Constant node of int64 values.
+onnx::NodeProto int_constant(const std::string& out, const std::vector<std::int64_t>& v) {
+  onnx::NodeProto n;
+  n.set_op_type("Constant");
+  n.set_name(out);
+  n.add_output(out);
+  auto* a = n.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  auto* t = a->mutable_t();
+  t->set_data_type(onnx::TensorProto::INT64);
+  t->add_dims(static_cast<std::int64_t>(v.size()));
+  for (auto x : v) t->add_int64_data(x);
+  return n;
 }
 
 onnx::AttributeProto* add_attr(onnx::NodeProto& n, std::string_view name) {
@@ -297,6 +314,46 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
                                l.sum, e, p),
                    m.path.string(), "make expert_parallel divide the number of experts");
     const int per = e / p;
+    // The zeros the sum starts from, shaped like every member's rows: a ConstantOfShape reading
+    // this member's row count from outside gets it times p; a folded constant becomes one.
+    std::string start = l.start;
+    if (!l.start_shape.empty()) {
+      const std::string s = l.start_shape, base = l.sum + ".ep_rows";
+      std::vector<onnx::NodeProto> made;
+      made.push_back(int_constant(base + ".c0", {0}));
+      made.push_back(int_constant(base + ".c1", {1}));
+      made.push_back(int_constant(base + ".end", {std::numeric_limits<std::int64_t>::max()}));
+      made.push_back(int_constant(base + ".p", {p}));
+      auto op = [&](const char* type, std::vector<std::string> in, const std::string& o) {
+        onnx::NodeProto n;
+        n.set_op_type(type);
+        n.set_name(o);
+        for (auto& x : in) n.add_input(x);
+        n.add_output(o);
+        return n;
+      };
+      made.push_back(op("Slice", {s, base + ".c0", base + ".c1"}, base + ".first"));
+      made.push_back(op("Slice", {s, base + ".c1", base + ".end"}, base + ".rest"));
+      made.push_back(op("Mul", {base + ".first", base + ".p"}, base + ".all"));
+      made.push_back(op("Concat", {base + ".all", base + ".rest"}, base));
+      set_int(made.back(), "axis", 0);
+      for (auto& n : made) after[producer(s)].push_back(std::move(n));
+      renamed[{producer(l.start), s}] = base;
+    } else if (!l.start_dims.empty()) {
+      std::vector<std::int64_t> dims = l.start_dims;
+      dims[0] *= p;
+      start = l.start + ".ep_zeros";
+      after[-1].push_back(int_constant(start + ".shape", dims));
+      onnx::NodeProto z;
+      z.set_op_type("ConstantOfShape");
+      z.set_name(start);
+      z.add_input(start + ".shape");
+      z.add_output(start);
+      after[-1].push_back(std::move(z));  // float zeros: ConstantOfShape's default value
+      for (int k : l.region)
+        for (const auto& in : g.node(k).input())
+          if (in == l.start) renamed[{k, in}] = start;
+    }
     std::set<std::string> varying;
     for (int i = 0; i < e; ++i) {
       const auto x = static_cast<std::size_t>(i);
@@ -316,7 +373,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
       onnx::NodeProto id;  // the sum goes on without this expert's contribution
       id.set_op_type("Identity");
       id.set_name(g.node(l.adds[x]).name() + ".ep_skip");
-      id.add_input(l.prev[x]);
+      id.add_input(l.prev[x] == l.start ? start : l.prev[x]);
       id.add_output(g.node(l.adds[x]).output(0));
       at_concat[l.adds[x]] = std::move(id);
     }
@@ -335,7 +392,11 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
     // This member's partial sum over every member's rows, then each member's rows of the total.
     const std::string local = l.sum + ".ep_local";
     const int last = l.adds.back();
-    if (!at_concat.count(last)) at_concat[last] = g.node(last);
+    if (!at_concat.count(last)) {
+      at_concat[last] = g.node(last);
+      for (auto& in : *at_concat[last].mutable_input())
+        if (auto r = renamed.find({last, in}); r != renamed.end()) in = r->second;
+    }
     at_concat[last].set_output(0, local);
     for (int k : l.region) {  // what this member's experts' values flow into
       if (drop.count(k)) continue;

@@ -4,15 +4,19 @@
 // experts only, the tokens all-gathered, the stacked outputs exchanged back), the refusals, and
 // training on two in-process ranks against one rank, with a batch whose rows hold different
 // numbers of ignored (-100) labels, so each rank's gradient must be weighted by its share of the
-// labels before the experts' gradients of both ranks' tokens mix.
+// labels before the experts' gradients of both ranks' tokens mix. Experts added into a sum
+// (expert_accumulate.h) are found in two committed user exports and split over the group.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string>
 
 #include "hp/comm/comm.h"
 #include "hp/core/hp_domain.h"
+#include "hp/model/model.h"
 #include "hp/train/expert_parallel.h"
 #include "hp/train/trainer.h"
 #include "train_graph_builder.h"
@@ -394,4 +398,50 @@ TEST_CASE("ZeRO-3 under expert parallelism holds the experts in shards too", "[t
     }
   }
   fs::remove_all(d);
+}
+
+TEST_CASE("experts added into a sum are found and split over the group", "[train][ep]") {
+  // The committed user exports (tests/data/models/gen_user_exports.py): user-moe adds each
+  // expert's output times its gate into a zeros_like of the tokens, user-moe-scatter runs each
+  // expert on its rows (torch.where) and index_add_s them back, as Mixtral's block does. Each has
+  // two such layers of four experts.
+  const std::string name = GENERATE("user-moe", "user-moe-scatter");
+  INFO(name);
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  auto m = model::load_model(fs::path(HP_SOURCE_DIR) / "tests/data/models" / (name + ".onnx"), lo);
+  REQUIRE(m);
+  auto part = train::partition_experts(*m, {0, 1}, 1);
+  INFO((part ? std::string() : part.error().str()));
+  REQUIRE(part);
+  CHECK(part->layers == 2);
+  CHECK(part->summed == 2);
+  CHECK(part->routed == 0);
+  REQUIRE(part->experts_of.size() == 2);
+  CHECK(part->experts_of[0].size() == part->experts_of[1].size());
+  CHECK(part->experts_of[1].size() == 2 * 2 * 4);  // two layers' two experts of two Linears
+  onnx::ModelProto mp;
+  REQUIRE(mp.ParseFromString(part->onnx));
+  std::set<std::string> inits;
+  for (const auto& t : mp.graph().initializer()) inits.insert(t.name());
+  for (const auto& w : part->experts_of[0]) CHECK_FALSE(inits.count(w));  // member 0's are gone
+  for (const auto& w : part->experts_of[1]) CHECK(inits.count(w));
+  int gathers = 0, scatters = 0, skipped = 0;
+  for (const auto& n : mp.graph().node()) {
+    gathers += n.domain() == "hp" && n.op_type() == "AllGather";
+    scatters += n.domain() == "hp" && n.op_type() == "ReduceScatter";
+    skipped += n.op_type() == "Identity" && n.name().find(".ep_skip") != std::string::npos;
+  }
+  CHECK(scatters == 2);
+  CHECK(gathers >= 2);  // the tokens and the router's output, per layer (shared ones once)
+  CHECK(skipped == 4);  // member 0's two experts of each layer leave the sum
+  // Under "gather", "routed" alike: these layers have no stack to route.
+  auto gathered = train::partition_experts(*m, {0, 1}, 0, false);
+  REQUIRE(gathered);
+  CHECK(gathered->summed == 2);
+  // Four members of four experts split; three do not.
+  CHECK(train::partition_experts(*m, {0, 1, 2, 3}, 3));
+  auto bad = train::partition_experts(*m, {0, 1, 2}, 0);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message().find("do not split over expert_parallel = 3") != std::string::npos);
 }
