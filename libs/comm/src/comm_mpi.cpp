@@ -157,8 +157,7 @@ class MpiTransport : public Transport {
     if (!n) return std::move(n).error();
     if (t_patient) {  // ZeRO-3's gathering threads: never blocked in MPI holding the lock
       MPI_Request req = MPI_REQUEST_NULL;
-      HP_TRY(check(MPI_Iallgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c, &req),
-                   "MPI_Iallgather"));
+      HP_TRY(check(MPI_Iallgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c, &req), "MPI_Iallgather"));
       return finish(req, "MPI_Iallgather", lock);
     }
     return check(MPI_Allgather(in, *n, MPI_BYTE, out, *n, MPI_BYTE, c), "MPI_Allgather");

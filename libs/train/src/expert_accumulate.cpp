@@ -12,6 +12,7 @@ namespace {
 // Ops a region may hold: elementwise and row-wise ones, the index ops the loop uses to pick a
 // token's rows and put them back (NonZero, Gather, ScatterElements), and shape arithmetic.
 const std::set<std::string>& region_ops() {
+  // clang-format off
   static const std::set<std::string> ops = {
       "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Sqrt", "Exp", "Log", "Erf", "Tanh", "Sigmoid",
       "Relu", "Gelu", "Max", "Min", "Clip", "Where", "Equal", "Less", "Greater", "Not", "And", "Or",
@@ -19,6 +20,7 @@ const std::set<std::string>& region_ops() {
       "ReduceMax", "OneHot", "Transpose", "Gather", "GatherElements", "NonZero", "Split",
       "Squeeze", "Unsqueeze", "Flatten", "Reshape", "Expand", "Slice", "Concat", "Shape",
       "ConstantOfShape", "ScatterElements", "ScatterND", "Range", "Constant"};
+  // clang-format on
   return ops;
 }
 
@@ -167,7 +169,8 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
   l.region.insert(l.adds.begin(), l.adds.end());
   for (const auto& n : l.nodes) l.region.insert(n.begin(), n.end());
   const auto made = ix.producer.find(zeros);
-  const bool computed = made != ix.producer.end() && ix.g.node(made->second).op_type() != "Constant";
+  const bool computed =
+      made != ix.producer.end() && ix.g.node(made->second).op_type() != "Constant";
   if (computed) {
     l.region.insert(made->second);
   } else if (auto dims = zero_constant(ix, zeros); dims && !dims->empty()) {
@@ -185,8 +188,8 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
       for (const auto& x : n.input()) {  // only data, constants and the region's own values
         if (x.empty() || from(x) == Origin::constant) continue;
         auto p = ix.producer.find(x);
-        only = only && (from(x) == Origin::data || (p != ix.producer.end() &&
-                                                     l.region.count(p->second)));
+        only = only &&
+               (from(x) == Origin::data || (p != ix.producer.end() && l.region.count(p->second)));
       }
       for (const auto& o : n.output()) {
         if (o.empty()) continue;

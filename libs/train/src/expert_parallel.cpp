@@ -203,7 +203,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   std::set<int> drop;             // other members' experts (and, routed, the stacking)
   std::set<std::string> dropped;  // their initializers and values
   std::map<std::pair<int, std::string>, std::string> renamed;  // (node, input) -> what it reads
-  std::map<int, onnx::NodeProto> at_concat;           // a node (a Concat, an Add) -> its replacement
+  std::map<int, onnx::NodeProto> at_concat;  // a node (a Concat, an Add) -> its replacement
   std::map<int, std::vector<onnx::NodeProto>> after;  // node (-1: the start) -> nodes added
   std::set<std::string> gathered;                     // tokens all-gathered already
   auto node = [&](std::string_view op, const std::string& name) {

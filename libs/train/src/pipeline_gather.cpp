@@ -12,8 +12,8 @@ namespace hp::train::detail {
 
 Status StepGathers::begin_step() {
   if (fetched_ != asked_)
-    return Error(Errc::internal,
-                 fmt::format("the last step left {} parameter gathers unfetched", asked_ - fetched_));
+    return Error(Errc::internal, fmt::format("the last step left {} parameter gathers unfetched",
+                                             asked_ - fetched_));
   asked_ = fetched_ = 0;
   return {};
 }

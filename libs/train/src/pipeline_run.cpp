@@ -447,8 +447,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
       h.seed = o.seed;
       h.optimizer = optimizer_name(o.optimizer.kind);
       HP_ASSIGN_OR_RETURN(auto values, r.values());
-      return save_sharded(r.layout(), h, values, r.state, {}, o.checkpoint_dir,
-                          o.force_checkpoint);
+      return save_sharded(r.layout(), h, values, r.state, {}, o.checkpoint_dir, o.force_checkpoint);
     }
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
     if (!r.lead()) return {};
@@ -492,8 +491,7 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
         "trained {} steps on {} pipeline stages: loss {:.6f} -> {:.6f}; median step {:.3f} s\n",
         r.report.steps.size(), o.pp.ranks.size(), r.report.steps.front().loss,
         r.report.steps.back().loss, r.report.median_step_seconds);
-  if (r.lead() && r.held())
-    r.report.summary += zero3_line(*r.dp, "first stage's parameters");
+  if (r.lead() && r.held()) r.report.summary += zero3_line(*r.dp, "first stage's parameters");
   if (!o.save_model.empty() && r.lead())
     r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;

@@ -327,8 +327,8 @@ TEST_CASE("ZeRO-3 pipeline stages on two replicas train what one rank trains",
       mine.dp.zero = 3;
       mine.dp.bucket_bytes = 256;
       HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
-      if (rank == 0 && rep.summary.find("ZeRO-3: the first stage's parameters") ==
-                           std::string::npos)
+      if (rank == 0 &&
+          rep.summary.find("ZeRO-3: the first stage's parameters") == std::string::npos)
         return Error(Errc::internal, "no ZeRO-3 line in the summary: " + rep.summary);
       return {};
     });
