@@ -24,8 +24,9 @@
 // rank 3 or more (experts x in x out) is a routed expert; its leading dim is the expert count and
 // the last dim of a TopK output in the block is the routing top-k. Expert parallelism splits
 // exactly these parameters (routed experts are split by expert x tensor parallelism; the router,
-// norms and shared experts stay replicated). The head count TP must divide is read off the score
-// tensor (1 x heads x seq x seq).
+// norms and shared experts stay replicated). Experts in a ModuleList are found too, stacked by
+// torch.stack (module_list_experts) or added into a sum in a loop (summed_experts). The head count
+// TP must divide is read off the score tensor (1 x heads x seq x seq).
 #include <algorithm>
 #include <map>
 #include <set>
@@ -210,6 +211,101 @@ ListExperts module_list_experts(const Graph& g, const model::Block& b) {
   return all;
 }
 
+// Experts added into a sum (libs/train/src/expert_accumulate.h): Adds chained from a zeros
+// ConstantOfShape, each adding a term with nodes of its own (its ancestors through values, not
+// through a Shape's input) that read weights of its own, at least one by a matmul. Mixtral's loop
+// runs each expert on the rows its router sends it (torch.where): their count is decided by the
+// data, so those matmuls' FLOPs are not in the block's, and each expert is priced on its share of
+// the block's rows, top_k / E of them (the rows: the largest leading dim among the known-shape
+// tensors the expert reads from outside, the tokens). A sum of gated experts runs every expert on
+// every token at known shapes, already counted. `extra` gets the FLOPs the block does not count.
+ListExperts summed_experts(const Graph& g, const model::Block& b, std::int64_t top_k,
+                           double& extra) {
+  const std::set<int> in_block(b.nodes.begin(), b.nodes.end());
+  auto made_in_block = [&](int t) {
+    const int p = t < 0 ? -1 : g.tensor(t).producer;
+    return p >= 0 && in_block.count(p) ? p : -1;
+  };
+  ListExperts all;
+  for (int z : b.nodes) {
+    if (g.node(z).op_type != "ConstantOfShape" || g.node(z).outputs.empty()) continue;
+    std::vector<int> terms, adds;
+    for (int cur = g.node(z).outputs[0];;) {
+      int next = -1, count = 0;
+      for (int r : cur < 0 ? std::vector<int>{} : g.tensor(cur).consumers)
+        if (in_block.count(r) && g.node(r).op_type == "Add" && g.node(r).inputs.size() == 2)
+          next = r, ++count;
+      if (count != 1) break;
+      const auto& a = g.node(next);
+      const int other = a.inputs[0] == cur ? a.inputs[1] : a.inputs[0];
+      if (other == cur || a.outputs.empty()) break;
+      terms.push_back(other);
+      adds.push_back(next);
+      cur = a.outputs[0];
+    }
+    std::vector<std::set<int>> cones;
+    const std::set<int> chain(adds.begin(), adds.end());
+    for (int t : terms) {
+      std::set<int> seen;
+      std::vector<int> todo{t};
+      while (!todo.empty()) {
+        const int p = made_in_block(todo.back());
+        todo.pop_back();
+        if (p < 0 || !seen.insert(p).second || g.node(p).op_type == "Shape") continue;
+        for (int i : g.node(p).inputs) todo.push_back(i);
+      }
+      if (std::any_of(seen.begin(), seen.end(), [&](int k) { return chain.count(k) > 0; }))
+        break;  // reads the sum: the next block, not an expert
+      cones.push_back(std::move(seen));
+    }
+    std::map<int, int> count;
+    for (const auto& cone : cones)
+      for (int k : cone) ++count[k];
+    ListExperts layer;
+    double unpriced = 0;
+    for (const auto& cone : cones) {
+      std::set<int> mine;
+      for (int k : cone)
+        if (count[k] == 1 && g.node(k).op_type != "Constant") mine.insert(k);
+      double params = 0, matmul_params = 0, rows = 0;
+      bool known = true;
+      for (int k : mine) {
+        const auto& n = g.node(k);
+        for (int ti : n.outputs)
+          if (ti >= 0 && !g.tensor(ti).numel()) known = false;
+        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+          const int ti = n.inputs[i];
+          if (ti < 0) continue;
+          const Tensor& t = g.tensor(ti);
+          if (!t.is_parameter()) {
+            if (!mine.count(t.producer) && t.kind == model::TensorKind::activation && t.has_shape &&
+                !t.dims.empty() && t.dims[0].value > 0)
+              rows = std::max(rows, static_cast<double>(t.dims[0].value));
+            continue;
+          }
+          if (!std::all_of(t.consumers.begin(), t.consumers.end(),
+                           [&](int r) { return mine.count(r) > 0; }))
+            continue;
+          const double numel = static_cast<double>(t.numel().value_or(0));
+          params += numel;
+          // A Gemm's bias (input 2) is an add, not multiply-accumulates.
+          if (n.op_type == "MatMul" || (n.op_type == "Gemm" && i < 2)) matmul_params += numel;
+        }
+      }
+      if (matmul_params == 0) break;  // not an expert: the chain's experts end before it
+      ++layer.experts;
+      layer.parameters += params;
+      if (!known) unpriced += 2.0 * matmul_params * rows;
+    }
+    if (layer.experts < 2) continue;
+    extra += unpriced *
+             std::min<double>(1.0, static_cast<double>(top_k) / static_cast<double>(layer.experts));
+    all.experts = std::max(all.experts, layer.experts);
+    all.parameters += layer.parameters;
+  }
+  return all;
+}
+
 BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t seq,
                            double dtype_bytes) {
   BlockProfile p;
@@ -295,6 +391,16 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
           std::min(1.0, static_cast<double>(p.top_k) / static_cast<double>(list.experts));
       p.unrouted_flops = list.flops * (1.0 - active);
       p.fwd_flops -= p.unrouted_flops;
+    }
+  }
+  if (p.experts == 0 && p.top_k > 0) {  // or experts added into a sum in a loop?
+    double extra = 0;
+    const ListExperts summed = summed_experts(g, b, p.top_k, extra);
+    if (summed.experts >= 2) {
+      p.experts = summed.experts;
+      p.expert_parameters = summed.parameters;
+      p.routed_flops = extra;
+      p.fwd_flops += extra;  // routed rows' matmuls, which the block's count leaves out
     }
   }
   if (p.experts == 0) p.expert_parameters = 0, p.top_k = 0;
@@ -392,6 +498,7 @@ void per_sequence(ModelProfile& m, std::int64_t batch) {
   const double b = static_cast<double>(batch);
   auto scale = [b](BlockProfile& p) {
     p.fwd_flops /= b, p.quadratic_flops /= b, p.act_bytes /= b, p.unrouted_flops /= b;
+    p.routed_flops /= b;
     p.quadratic_act_bytes /= b, p.boundary_bytes /= b;
   };
   scale(m.prologue);

@@ -113,13 +113,41 @@ TEST_CASE("planner: experts of a ModuleList count k/E of their FLOPs when routed
   const double f_routed = block_cost(b, *m, routed, w, mc, links).fwd;
   CHECK(f_routed < f_one);
   CHECK(block_cost(b, *m, gathered, w, mc, links).fwd == Approx(f_one));
-  // The dense-gate and Mixtral-style exports have no stacked experts: nothing to route.
+  // The dense-gate and Mixtral-style exports have no stacked experts: nothing to route (their
+  // experts are added into a sum: the next test).
   auto mask = model::summarize_model(
       {data_model("user-moe.onnx"), model::DimBindings{{"batch", 2}, {"seq", 10}}, false});
   REQUIRE(mask);
   auto mm = profile_model(*mask, 10, 4);
   REQUIRE(mm);
   CHECK(mm->blocks[0].unrouted_flops == 0);
+}
+
+TEST_CASE("planner: experts added into a sum are experts, priced on their routed rows",
+          "[planner]") {
+  // user-moe adds gate_e * expert_e(x) into a zeros_like (every expert on every token, shapes
+  // known); user-moe-scatter is Mixtral's loop, each expert on the rows torch.where gives it
+  // (NonZero: the rows are decided by the data, so the graph's shapes leave those matmuls out).
+  const double per_expert = 32 * 64 + 64 + 64 * 32 + 32;
+  for (const char* name : {"user-moe.onnx", "user-moe-scatter.onnx"}) {
+    INFO(name);
+    auto sum = model::summarize_model(
+        {data_model(name), model::DimBindings{{"batch", 2}, {"seq", 10}}, false});
+    if (!sum) FAIL(sum.error().str());
+    auto m = profile_model(*sum, 10, 4);
+    REQUIRE(m);
+    REQUIRE(m->blocks.size() == 2);
+    for (const BlockProfile& b : m->blocks) {
+      CHECK(b.experts == 4);
+      CHECK(b.top_k == 2);
+      CHECK(b.expert_parameters == Approx(4.0 * per_expert));
+      CHECK(b.unrouted_flops == 0);  // the export runs what it computes
+      // Mixtral's loop: each expert's two 32 x 64 matmuls on top-2 of 4 of the 20 tokens (10
+      // rows), 2 FLOPs per multiply-accumulate; the gated sum's are counted from its shapes.
+      const bool loop = std::string(name) == "user-moe-scatter.onnx";
+      CHECK(b.routed_flops == Approx(loop ? 4.0 * 2 * 2 * 10 * 32 * 64 : 0.0));
+    }
+  }
 }
 
 TEST_CASE("planner: --compare on the DeepSeek-style MoE on 128 Ascend 910B", "[planner][compare]") {

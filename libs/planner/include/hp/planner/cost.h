@@ -38,6 +38,10 @@ struct BlockProfile {
   /// since under expert parallelism hp routes each token to its top-k experts only
   /// (docs/training.md); with ep = 1 the export runs as written and they count.
   double unrouted_flops = 0;
+  /// Experts added into a sum by a loop that runs each on the rows routed to it (Mixtral's
+  /// torch.where): the rows are decided by the data, so the graph's shapes do not give these
+  /// matmuls' FLOPs; they are priced on top_k / E of the block's tokens and included in fwd_flops.
+  double routed_flops = 0;
   std::int64_t heads = 0;  ///< attention heads (from the seq x seq score tensors); 0 = none seen
 };
 
