@@ -306,12 +306,13 @@ class MoeLayer(nn.Module):
         probs = self.router(h).softmax(-1)
         topw, topi = torch.topk(probs, self.K, dim=-1)
         topw = topw / topw.sum(-1, keepdim=True)
-        if self.combine == "where":
-            y = torch.zeros_like(h)
+        if self.combine == "where":  # as transformers' MixtralSparseMoeBlock writes it
+            y = torch.zeros((b * t, c), dtype=h.dtype)
             mask = F.one_hot(topi, self.E).permute(2, 1, 0)  # [E, K, N]
             for e, expert in enumerate(self.experts):
                 slot, rows = torch.where(mask[e])
-                y.index_add_(0, rows, expert(h[rows]) * topw[rows, slot, None])
+                picked = h[None, rows].reshape(-1, c)
+                y.index_add_(0, rows, expert(picked) * topw[rows, slot, None])
             return x + y.reshape(b, t, c)
         if self.combine == "sum":
             y = torch.zeros_like(h)

@@ -92,6 +92,7 @@ bool float_init(const Index& ix, const std::string& x) {
 // The experts of the chain starting at `zeros`: as many leading contributions as pass the test.
 std::optional<AccumulatedLayer> layer_from(const Index& ix,
                                            const std::map<std::string, Origin>& origin,
+                                           const std::function<bool(const std::string&)>& rows_free,
                                            const std::string& zeros) {
   auto from = [&](const std::string& x) {
     auto it = origin.find(x);
@@ -218,6 +219,7 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
       }
       auto p = ix.producer.find(x);
       if (p != ix.producer.end() && l.region.count(p->second)) continue;
+      if (from(x) == Origin::shape && rows_free && rows_free(x)) continue;  // e.g. the hidden size
       if (from(x) != Origin::data) return std::nullopt;  // a shape or a weight from outside
       if (std::find(l.frontier.begin(), l.frontier.end(), x) == l.frontier.end())
         l.frontier.push_back(x);
@@ -229,13 +231,14 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
 
 }  // namespace
 
-std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix) {
+std::vector<AccumulatedLayer> find_accumulated_layers(
+    const Index& ix, const std::function<bool(const std::string&)>& rows_free) {
   std::vector<AccumulatedLayer> out;
   const auto origin = origins(ix);
   for (int k = 0; k < ix.g.node_size(); ++k) {
     const auto& n = ix.g.node(k);
     if (n.op_type() != "ConstantOfShape" || n.output_size() != 1 || !zero_fill(n)) continue;
-    if (auto l = layer_from(ix, origin, n.output(0))) out.push_back(std::move(*l));
+    if (auto l = layer_from(ix, origin, rows_free, n.output(0))) out.push_back(std::move(*l));
   }
   // Zeros the exporter folded into a constant (zeros_like at static shapes).
   std::set<std::string> consts;
@@ -244,7 +247,7 @@ std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix) {
     if (n.op_type() == "Constant" && n.output_size() == 1) consts.insert(n.output(0));
   for (const auto& c : consts)
     if (zero_constant(ix, c))
-      if (auto l = layer_from(ix, origin, c)) out.push_back(std::move(*l));
+      if (auto l = layer_from(ix, origin, rows_free, c)) out.push_back(std::move(*l));
   return out;
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ struct AccumulatedLayer {
 /// adding a contribution whose own nodes read float initializers nobody else reads, in a region
 /// of row-wise ops only (those a token's row can go through without meeting another's, bar the
 /// index ops that move whole rows).
-std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix);
+/// A shape value the region reads from outside (`c` of `b, t, c = x.shape`, for a reshape to
+/// (-1, c)) is taken as it is when `rows_free` says it does not depend on the rows (absent: none
+/// is); a zeros' shape from outside is scaled instead (AccumulatedLayer::start_shape).
+std::vector<AccumulatedLayer> find_accumulated_layers(
+    const Index& ix, const std::function<bool(const std::string&)>& rows_free = {});
 
 }  // namespace hp::train::detail

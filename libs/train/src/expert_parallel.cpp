@@ -169,6 +169,60 @@ Status reorder_after_inputs(google::protobuf::RepeatedPtrField<onnx::NodeProto>&
   return {};
 }
 
+// Whether a shape value computed from Shape nodes depends on the rows: the graph's shapes inferred
+// at the rank's dims and at twice its batch (the first dim of every graph input) must give the
+// Shapes' inputs the same dims where the value reads them (a Gather or Slice of the Shape with
+// constant indices; all of them otherwise).
+class RowProbe {
+ public:
+  RowProbe(const model::Model& m, const Index& ix, const model::DimBindings& dims) : ix_(ix) {
+    if (dims.empty()) return;
+    model::DimBindings twice = dims;
+    for (const auto& in : m.proto->graph().input()) {
+      const auto& shape = in.type().tensor_type().shape();
+      if (shape.dim_size() == 0 || shape.dim(0).dim_param().empty()) continue;
+      if (auto it = twice.find(shape.dim(0).dim_param()); it != twice.end())
+        it->second = 2 * dims.at(it->first);
+    }
+    auto a = model::build_graph(m, dims), b = model::build_graph(m, twice);
+    if (a && b) graphs_.emplace(std::move(*a), std::move(*b));
+  }
+  bool operator()(const std::string& t) const {
+    if (!graphs_) return false;
+    for (int k : ix_.ancestors(t)) {
+      const auto& n = ix_.g.node(k);
+      if (n.op_type() != "Shape") continue;
+      // Which of the Shape's entries the value reads: one Gather's constant index, else all.
+      std::optional<std::int64_t> at;
+      if (auto r = ix_.readers.find(n.output(0)); r != ix_.readers.end() && r->second.size() == 1) {
+        const auto& reader = ix_.g.node(r->second[0]);
+        auto i = reader.input_size() > 1 ? ix_.ints(reader.input(1)) : std::nullopt;
+        if (reader.op_type() == "Gather" && i && i->size() == 1) at = (*i)[0];
+      }
+      if (!same_dims(n.input(0), at)) return false;
+    }
+    return true;
+  }
+
+ private:
+  bool same_dims(const std::string& tensor, std::optional<std::int64_t> at) const {
+    const int ia = graphs_->first.find_tensor(tensor), ib = graphs_->second.find_tensor(tensor);
+    if (ia < 0 || ib < 0) return false;
+    const auto &da = graphs_->first.tensor(ia).dims, &db = graphs_->second.tensor(ib).dims;
+    if (da.size() != db.size() || da.empty()) return false;
+    auto same = [&](std::size_t i) { return da[i].known() && da[i].value == db[i].value; };
+    if (!at) {
+      for (std::size_t i = 0; i < da.size(); ++i)
+        if (!same(i)) return false;
+      return true;
+    }
+    const std::int64_t i = *at < 0 ? *at + static_cast<std::int64_t>(da.size()) : *at;
+    return i >= 0 && i < static_cast<std::int64_t>(da.size()) && same(static_cast<std::size_t>(i));
+  }
+  const Index& ix_;
+  std::optional<std::pair<model::Graph, model::Graph>> graphs_;
+};
+
 }  // namespace
 
 std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
@@ -181,14 +235,17 @@ std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
 }
 
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
-                                            int member, bool routed) {
+                                            int member, bool routed,
+                                            const model::DimBindings& dims) {
   const int p = static_cast<int>(group.size());
   if (p < 1 || member < 0 || member >= p)
     return Error(Errc::internal, fmt::format("member {} of an expert group of {}", member, p));
   const onnx::GraphProto& g = m.proto->graph();
   const auto layers = find_expert_layers(g);
   const Index ix(g);
-  const auto summed = detail::find_accumulated_layers(ix);
+  const RowProbe probe(m, ix, dims);
+  const auto summed =
+      detail::find_accumulated_layers(ix, [&](const std::string& t) { return probe(t); });
   if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,
                  "expert parallelism needs expert layers, and the model has none (experts in a "

@@ -69,12 +69,12 @@ Status TrainRun::prepare_tensor_parallel(GradSpec& spec) {
   return {};
 }
 
-Status TrainRun::prepare_expert_parallel(GradSpec& spec) {
+Status TrainRun::prepare_expert_parallel(GradSpec& spec, const model::DimBindings& dims) {
   if (o.dp.active())
     return Error(Errc::internal, "expert parallelism replaces the data-parallel group");
   const int me = o.ep.index();
   HP_ASSIGN_OR_RETURN(ExpertPartition part_of,
-                      partition_experts(forward, o.ep.group, me, o.ep.routed));
+                      partition_experts(forward, o.ep.group, me, o.ep.routed, dims));
   expert_layers = {part_of.layers, part_of.routed, part_of.summed};
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
@@ -177,7 +177,7 @@ Status TrainRun::prepare() {
   if (o.tp.active()) {
     HP_TRY(prepare_tensor_parallel(spec));
   } else {
-    if (o.ep.active()) HP_TRY(prepare_expert_parallel(spec));
+    if (o.ep.active()) HP_TRY(prepare_expert_parallel(spec, dims));
     for (const auto& [k, v] : dims) spec.dims.emplace(k, v);
   }
   // Tensor-parallel partitions keep their buffers as exported (docs/training.md).

@@ -81,7 +81,8 @@ struct TrainRun {
   Status checkpoint();  ///< write_checkpoint(), traced
   Status write_checkpoint();
   Status prepare_tensor_parallel(GradSpec& spec);
-  Status prepare_expert_parallel(GradSpec& spec);
+  /// `dims`: the rank's input dims (partition_experts checks shapes read across them).
+  Status prepare_expert_parallel(GradSpec& spec, const model::DimBindings& dims);
   /// Tensor or expert parallelism: this member's parameters (slices, or its experts and the shared
   /// weights) and their state, picked by name from the whole model's.
   Status resume_by_name(Checkpoint c);

@@ -21,6 +21,7 @@
 #include "hp/comm/comm.h"
 #include "hp/core/expected.h"
 #include "hp/exec/tensor.h"
+#include "hp/model/graph.h"
 #include "hp/model/model.h"
 #include "hp/train/data_parallel.h"
 #include "hp/train/optimizer.h"
@@ -76,9 +77,12 @@ struct ExpertPartition {
 /// libs/train/src/expert_accumulate.h) runs on every member's rows, all-gathered, with this
 /// member's experts only, and its partial sum is hp.ReduceScatter'ed (axis 0) back into the
 /// member's rows. Errc::bad_input when the model has no expert layer or a layer's expert count is
-/// not a multiple of the group.
+/// not a multiple of the group. `dims` (the rank's input dims) let such a layer read a shape from
+/// outside it that does not depend on the rows (checked by inferring the graph's shapes at `dims`
+/// and at twice the batch); without them it may read none.
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
-                                            int member, bool routed = true);
+                                            int member, bool routed = true,
+                                            const model::DimBindings& dims = {});
 
 /// Where a rank stands under expert parallelism. The data-parallel ranks `data` each train on their
 /// rows of the batch; they are cut into expert-parallel groups of consecutive ranks, and the ranks
