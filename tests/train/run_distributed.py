@@ -386,7 +386,8 @@ def ep_resharded(hp, work, log):
     at dp4 x ep2 ZeRO-2, at dp4 x ep2 ZeRO-3 and at plain dp=2: the 5 steps torch ran. The sharded
     checkpoint holds every expert and its whole optimizer state, written by its holder. Then a
     dp4 x ep2 ZeRO-3 checkpoint (the shared weights held in shards, gathered for the writers)
-    resumed at one rank, and a one-rank checkpoint resumed at dp4 x ep2 ZeRO-3."""
+    resumed at one rank, and a one-rank checkpoint resumed at dp4 x ep2 ZeRO-3; Mixtral's loop at
+    dp2 x ep2 ZeRO-2 resumed at one rank and at dp4 x ep2 ZeRO-3."""
     d = fresh(work, "reshard-ep")
     zero3 = {"dp": 4, "expert_parallel": 2, "optimizer_shard": 3, "bucket_mb": 0.02}
     details = checkpoint_then_resume(
@@ -399,8 +400,14 @@ def ep_resharded(hp, work, log):
                                         [("one-rank", {}, "one")], log)
     from_one = checkpoint_then_resume(hp, os.path.join(d, "from-one"), "moe", {},
                                       [("dp4-ep2-zero3", zero3, "simulate")], log)
+    # Mixtral's loop (summed layers): its experts gathered by the same checkpoint paths.
+    loop = checkpoint_then_resume(hp, os.path.join(d, "loop"), "moe-loop",
+                                  {"dp": 2, "expert_parallel": 2, "optimizer_shard": 2},
+                                  [("one-rank", {}, "one"),
+                                   ("dp4-ep2-zero3", zero3, "simulate")], log)
     return ("dp2 x ep2 zero1 x3 -> " + "; ".join(details) + "; dp4 x ep2 zero3 x3 -> " +
-            from_zero3[0] + "; one rank x3 -> " + from_one[0])
+            from_zero3[0] + "; one rank x3 -> " + from_one[0] + "; moe-loop dp2 x ep2 zero2 x3 -> " +
+            "; ".join(loop))
 
 
 def ep_refused(hp, work, log):
