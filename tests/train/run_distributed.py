@@ -217,7 +217,7 @@ def verified(hp, work, log, parallel=None, name="gpt2"):
     """`hp verify` of a dp=2 ZeRO-1 (or `parallel`) training recipe over mpirun: 3 steps against
     one rank."""
     tag = "-".join(f"{k}{v}" for k, v in (parallel or {}).items())
-    d = os.path.join(work, "verify" if parallel is None else f"verify-{tag}")
+    d = os.path.join(work, "verify" if parallel is None else f"verify-{name}-{tag}")
     shutil.rmtree(d, ignore_errors=True)
     ref = reference.make(name, VARIANT, d)
     recipe = os.path.join(d, "verify.toml")
@@ -584,6 +584,9 @@ def main():
                           ("hp verify dp2 x ep2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},
                                                      "moe")),
+                          ("hp verify Mixtral's loop at ep=2",
+                           lambda h, w, lg: verified(h, w, lg, {"dp": 2, "expert_parallel": 2},
+                                                     "moe-loop")),
                           ("resharded resume from ep=2", ep_resharded),
                           ("control flow at tp=2", control_tp),
                           ("expert parallelism refused", ep_refused)] + (

@@ -64,7 +64,13 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
   }
   // A sharded-model recipe is only runnable if its model loads and partitions at the recipe's
   // dims and degrees: --static checks that too (an empty file or a text file is not a model).
-  if (job && job->kind == JobKind::sharded_model) {
+  // Training without tensor or pipeline parallelism runs the whole model on every rank (data and
+  // expert parallelism partition it themselves), so hp shard's static derivation, which needs
+  // every shape known, does not apply: a Mixtral-style export's NonZero rows are decided by the
+  // data.
+  const bool whole_model =
+      job && job->recipe.train && job->recipe.parallel.tp <= 1 && job->recipe.parallel.pp <= 1;
+  if (job && job->kind == JobKind::sharded_model && !whole_model) {
     if (Status shardable = shard::check_shardable(job->recipe, o.target); !shardable.ok()) {
       rep.failure = std::move(shardable).error();
       return;
