@@ -511,6 +511,10 @@ def main():
                     help="only the checks after the layouts whose label contains one of these "
                          "(comma-separated, e.g. 'resume from ep'); default: all of them, or none "
                          "with --layouts")
+    ap.add_argument("--skip", default="",
+                    help="leave out runs whose label contains one of these (comma-separated; the "
+                         "sanitizer builds' ctest leaves out some duplicates of what is checked "
+                         "elsewhere, for time)")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--simulate-only", action="store_true",
                     help="only the in-process layouts (how packaging/run-tests.sh runs them under "
@@ -546,7 +550,9 @@ def main():
                 except Exception as e:
                     report(False, f"{name} {tag} ({how})", rt.describe(e))
         checks = a.checks.split(",") if a.checks is not None else (None if not a.layouts else [])
-        wanted = lambda label: checks is None or any(c in label for c in checks)  # noqa: E731
+        skipped = [x for x in a.skip.split(",") if x]
+        wanted = lambda label: ((checks is None or any(c in label for c in checks))  # noqa: E731
+                                and not any(x in label for x in skipped))
         if a.simulate_only:
             print(f"\n{fails} failing (log: {log_path})")
             return 1 if fails else 0

@@ -391,8 +391,12 @@ def main():
     ap.add_argument("--deep-models", default="gpt2-deep,llama-deep")
     ap.add_argument("--layouts", help="only these layouts (comma-separated tags, e.g. "
                     "dp2xpp2-zero3-1f1b-m2); the cross-cutting checks are then left out")
+    ap.add_argument("--skip", default="",
+                    help="leave out runs whose label contains one of these (comma-separated; the "
+                         "sanitizer builds' ctest leaves out some, for time)")
     a = ap.parse_args()
     only = set(a.layouts.split(",")) if a.layouts else None
+    skipped = [x for x in a.skip.split(",") if x]
     help_text = subprocess.run([a.hp, "launch", "--help"], capture_output=True, text=True).stdout
     if "--simulate" not in help_text:
         print(f"skipped: {a.hp} launch has no --simulate")
@@ -421,6 +425,8 @@ def main():
                 if (how == "mpirun" and name not in MPIRUN_MODELS) or (only and tag not in only):
                     continue
                 label = f"{name} {'' if tag[:2] in ('dp', 'tp') else 'pp2 '}{tag} ({how})"
+                if any(x in label for x in skipped):
+                    continue
                 try:
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
@@ -433,6 +439,8 @@ def main():
                 if only and tag not in only:
                     continue
                 label = f"{name} {tag} ({how})"
+                if any(x in label for x in skipped):
+                    continue
                 try:
                     stages = split_stages(a.hp, ref, d, log, n)
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))

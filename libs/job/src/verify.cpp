@@ -9,6 +9,7 @@
 
 #include "hp/job/group_flow.h"
 #include "hp/job/job.h"
+#include "hp/model/model.h"
 #include "hp/shard/shard.h"
 #include "single_rank.h"
 
@@ -67,12 +68,18 @@ void verify_recipe_target(const VerifyOptions& o, VerifyReport& rep) {
   // Training without tensor or pipeline parallelism runs the whole model on every rank (data and
   // expert parallelism partition it themselves), so hp shard's static derivation, which needs
   // every shape known, does not apply: a Mixtral-style export's NonZero rows are decided by the
-  // data.
+  // data. The model must still load.
   const bool whole_model =
       job && job->recipe.train && job->recipe.parallel.tp <= 1 && job->recipe.parallel.pp <= 1;
-  if (job && job->kind == JobKind::sharded_model && !whole_model) {
-    if (Status shardable = shard::check_shardable(job->recipe, o.target); !shardable.ok()) {
-      rep.failure = std::move(shardable).error();
+  if (job && job->kind == JobKind::sharded_model) {
+    Status usable;
+    if (!whole_model) {
+      usable = shard::check_shardable(job->recipe, o.target);
+    } else if (auto loaded = model::load_model(job->model_path()); !loaded) {
+      usable = std::move(loaded).error();
+    }
+    if (!usable.ok()) {
+      rep.failure = std::move(usable).error();
       return;
     }
   }

@@ -66,7 +66,9 @@ std::map<std::string, Origin> origins(const Index& ix) {
 
 // The dims of `t` when it is a float tensor of zeros.
 std::optional<std::vector<std::int64_t>> zero_tensor(const onnx::TensorProto& t) {
-  if (t.data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
+  // (Weights stored outside the file have no values here: not known to be zeros.)
+  if (t.data_type() != onnx::TensorProto::FLOAT || t.data_location() == onnx::TensorProto::EXTERNAL)
+    return std::nullopt;
   for (float v : t.float_data())
     if (v != 0.0f) return std::nullopt;
   for (char c : t.raw_data())
@@ -92,8 +94,7 @@ bool float_init(const Index& ix, const std::string& x) {
 // The experts of the chain starting at `zeros`: as many leading contributions as pass the test.
 std::optional<AccumulatedLayer> layer_from(const Index& ix,
                                            const std::map<std::string, Origin>& origin,
-                                           const std::function<bool(const std::string&)>& rows_free,
-                                           const std::string& zeros) {
+                                           const RowChecks& rows, const std::string& zeros) {
   auto from = [&](const std::string& x) {
     auto it = origin.find(x);
     return it == origin.end() ? Origin::data : it->second;
@@ -174,6 +175,14 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
       made != ix.producer.end() && ix.g.node(made->second).op_type() != "Constant";
   if (computed) {
     l.region.insert(made->second);
+    // Zeros of a constant shape (torch.zeros((n, d)) at static shapes): scaled as a folded
+    // constant is; a shape computed from constants alone cannot be.
+    const auto& shape_in = ix.g.node(made->second).input(0);
+    if (from(shape_in) == Origin::constant) {
+      auto dims = ix.ints(shape_in);
+      if (!dims || dims->empty()) return std::nullopt;
+      l.start_dims = *dims;
+    }
   } else if (auto dims = zero_constant(ix, zeros); dims && !dims->empty()) {
     l.start_dims = *dims;
   } else {
@@ -219,26 +228,42 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
       }
       auto p = ix.producer.find(x);
       if (p != ix.producer.end() && l.region.count(p->second)) continue;
-      if (from(x) == Origin::shape && rows_free && rows_free(x)) continue;  // e.g. the hidden size
+      if (from(x) == Origin::shape && rows.shape_free && rows.shape_free(x))
+        continue;                                        // e.g. the hidden size
       if (from(x) != Origin::data) return std::nullopt;  // a shape or a weight from outside
       if (std::find(l.frontier.begin(), l.frontier.end(), x) == l.frontier.end())
         l.frontier.push_back(x);
     }
   }
   if (l.frontier.empty()) return std::nullopt;
+  // Only the sum leaves the region: any other of its values, read outside, would be a partial sum
+  // over every member's rows there.
+  for (int k : l.region)
+    for (const auto& o : ix.g.node(k).output()) {
+      if (o.empty() || o == l.sum) continue;
+      if (ix.graph_outputs.count(o)) return std::nullopt;
+      if (auto r = ix.readers.find(o); r != ix.readers.end())
+        for (int reader : r->second)
+          if (!l.region.count(reader)) return std::nullopt;
+    }
+  // What is gathered must have the rows on axis 0, and so must the sum that is reduce-scattered.
+  if (rows.rows_first) {
+    for (const auto& f : l.frontier)
+      if (rows.rows_first(f) == false) return std::nullopt;
+    if (rows.rows_first(l.sum) == false) return std::nullopt;
+  }
   return l;
 }
 
 }  // namespace
 
-std::vector<AccumulatedLayer> find_accumulated_layers(
-    const Index& ix, const std::function<bool(const std::string&)>& rows_free) {
+std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix, const RowChecks& rows) {
   std::vector<AccumulatedLayer> out;
   const auto origin = origins(ix);
   for (int k = 0; k < ix.g.node_size(); ++k) {
     const auto& n = ix.g.node(k);
     if (n.op_type() != "ConstantOfShape" || n.output_size() != 1 || !zero_fill(n)) continue;
-    if (auto l = layer_from(ix, origin, rows_free, n.output(0))) out.push_back(std::move(*l));
+    if (auto l = layer_from(ix, origin, rows, n.output(0))) out.push_back(std::move(*l));
   }
   // Zeros the exporter folded into a constant (zeros_like at static shapes).
   std::set<std::string> consts;
@@ -247,7 +272,11 @@ std::vector<AccumulatedLayer> find_accumulated_layers(
     if (n.op_type() == "Constant" && n.output_size() == 1) consts.insert(n.output(0));
   for (const auto& c : consts)
     if (zero_constant(ix, c))
-      if (auto l = layer_from(ix, origin, rows_free, c)) out.push_back(std::move(*l));
+      if (auto l = layer_from(ix, origin, rows, c)) out.push_back(std::move(*l));
+  // In graph order, so that one layer's reduce-scatter comes before a later layer's gathers.
+  std::sort(out.begin(), out.end(), [](const AccumulatedLayer& a, const AccumulatedLayer& b) {
+    return a.adds.front() < b.adds.front();
+  });
   return out;
 }
 

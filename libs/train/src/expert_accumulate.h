@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -45,10 +46,21 @@ struct AccumulatedLayer {
 /// adding a contribution whose own nodes read float initializers nobody else reads, in a region
 /// of row-wise ops only (those a token's row can go through without meeting another's, bar the
 /// index ops that move whole rows).
+/// What the graph's shapes say about the rows (expert_parallel.cpp infers them at the rank's dims
+/// and at twice its batch). Absent functions: nothing is known.
+struct RowChecks {
+  /// Whether a shape value does not depend on the rows (the hidden size read off `x.shape`).
+  std::function<bool(const std::string&)> shape_free;
+  /// Whether a tensor's axis 0 is the rows: it doubles with the batch, its other dims do not.
+  /// std::nullopt where the shapes cannot tell (a static batch).
+  std::function<std::optional<bool>(const std::string&)> rows_first;
+};
+
 /// A shape value the region reads from outside (`c` of `b, t, c = x.shape`, for a reshape to
-/// (-1, c)) is taken as it is when `rows_free` says it does not depend on the rows (absent: none
-/// is); a zeros' shape from outside is scaled instead (AccumulatedLayer::start_shape).
-std::vector<AccumulatedLayer> find_accumulated_layers(
-    const Index& ix, const std::function<bool(const std::string&)>& rows_free = {});
+/// (-1, c)) is taken as it is where `rows.shape_free` says it does not depend on the rows; a
+/// zeros' shape from outside is scaled instead (AccumulatedLayer::start_shape). A frontier tensor
+/// whose axis 0 `rows.rows_first` says is not the rows (a one-hot mask [E, K, N] built outside,
+/// say) means the layer is not taken: gathering it would mix up the members' routing.
+std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix, const RowChecks& rows = {});
 
 }  // namespace hp::train::detail

@@ -169,30 +169,42 @@ Status reorder_after_inputs(google::protobuf::RepeatedPtrField<onnx::NodeProto>&
   return {};
 }
 
-// Whether a shape value computed from Shape nodes depends on the rows: the graph's shapes inferred
-// at the rank's dims and at twice its batch (the first dim of every graph input) must give the
-// Shapes' inputs the same dims where the value reads them (a Gather or Slice of the Shape with
-// constant indices; all of them otherwise).
+// What the graph's shapes say about the rows: inferred at the rank's dims and at twice its batch
+// (the first dim of every graph input), a tensor's dims that change are the rows'. Nothing is
+// known where no input's first dim is a bound symbol (a static batch).
 class RowProbe {
  public:
   RowProbe(const model::Model& m, const Index& ix, const model::DimBindings& dims) : ix_(ix) {
-    if (dims.empty()) return;
     model::DimBindings twice = dims;
+    bool doubled = false;
     for (const auto& in : m.proto->graph().input()) {
       const auto& shape = in.type().tensor_type().shape();
       if (shape.dim_size() == 0 || shape.dim(0).dim_param().empty()) continue;
-      if (auto it = twice.find(shape.dim(0).dim_param()); it != twice.end())
+      if (auto it = twice.find(shape.dim(0).dim_param()); it != twice.end() && it->second > 0) {
         it->second = 2 * dims.at(it->first);
+        doubled = true;
+      }
     }
+    if (!doubled) return;
     auto a = model::build_graph(m, dims), b = model::build_graph(m, twice);
     if (a && b) graphs_.emplace(std::move(*a), std::move(*b));
   }
-  bool operator()(const std::string& t) const {
-    if (!graphs_) return false;
+  detail::RowChecks checks() const {
+    if (!graphs_) return {};
+    return {[this](const std::string& t) { return shape_free(t); },
+            [this](const std::string& t) -> std::optional<bool> { return rows_first(t); }};
+  }
+
+ private:
+  // Whether a shape value does not depend on the rows: every Shape it comes from is read at
+  // entries (one Gather's constant index; all of them otherwise) whose dims do not change. A Size,
+  // or a Shape with start/end, is taken as depending on them.
+  bool shape_free(const std::string& t) const {
     for (int k : ix_.ancestors(t)) {
       const auto& n = ix_.g.node(k);
+      if (n.op_type() == "Size") return false;
       if (n.op_type() != "Shape") continue;
-      // Which of the Shape's entries the value reads: one Gather's constant index, else all.
+      if (n.attribute_size() > 0) return false;
       std::optional<std::int64_t> at;
       if (auto r = ix_.readers.find(n.output(0)); r != ix_.readers.end() && r->second.size() == 1) {
         const auto& reader = ix_.g.node(r->second[0]);
@@ -203,24 +215,42 @@ class RowProbe {
     }
     return true;
   }
-
- private:
+  // Whether axis 0 of `t` is the rows: it doubles, the other dims stay.
+  bool rows_first(const std::string& t) const {
+    const auto* d = dims(t);
+    if (!d || d->first.empty() || !d->first[0].known() || !d->second[0].known() ||
+        d->second[0].value != 2 * d->first[0].value)
+      return false;
+    for (std::size_t i = 1; i < d->first.size(); ++i)
+      if (!d->first[i].known() || d->first[i].value != d->second[i].value) return false;
+    return true;
+  }
+  using Dims = std::vector<model::Dim>;
+  // `t`'s dims in both graphs, when it has a shape of one rank in both.
+  const std::pair<Dims, Dims>* dims(const std::string& t) const {
+    const int ia = graphs_->first.find_tensor(t), ib = graphs_->second.find_tensor(t);
+    if (ia < 0 || ib < 0) return nullptr;
+    cache_ = {graphs_->first.tensor(ia).dims, graphs_->second.tensor(ib).dims};
+    return cache_.first.size() == cache_.second.size() ? &cache_ : nullptr;
+  }
   bool same_dims(const std::string& tensor, std::optional<std::int64_t> at) const {
-    const int ia = graphs_->first.find_tensor(tensor), ib = graphs_->second.find_tensor(tensor);
-    if (ia < 0 || ib < 0) return false;
-    const auto &da = graphs_->first.tensor(ia).dims, &db = graphs_->second.tensor(ib).dims;
-    if (da.size() != db.size() || da.empty()) return false;
-    auto same = [&](std::size_t i) { return da[i].known() && da[i].value == db[i].value; };
+    const auto* d = dims(tensor);
+    if (!d || d->first.empty()) return false;
+    auto same = [&](std::size_t i) {
+      return d->first[i].known() && d->first[i].value == d->second[i].value;
+    };
     if (!at) {
-      for (std::size_t i = 0; i < da.size(); ++i)
+      for (std::size_t i = 0; i < d->first.size(); ++i)
         if (!same(i)) return false;
       return true;
     }
-    const std::int64_t i = *at < 0 ? *at + static_cast<std::int64_t>(da.size()) : *at;
-    return i >= 0 && i < static_cast<std::int64_t>(da.size()) && same(static_cast<std::size_t>(i));
+    const auto rank = static_cast<std::int64_t>(d->first.size());
+    const std::int64_t i = *at < 0 ? *at + rank : *at;
+    return i >= 0 && i < rank && same(static_cast<std::size_t>(i));
   }
   const Index& ix_;
   std::optional<std::pair<model::Graph, model::Graph>> graphs_;
+  mutable std::pair<Dims, Dims> cache_;
 };
 
 }  // namespace
@@ -244,8 +274,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   const auto layers = find_expert_layers(g);
   const Index ix(g);
   const RowProbe probe(m, ix, dims);
-  const auto summed =
-      detail::find_accumulated_layers(ix, [&](const std::string& t) { return probe(t); });
+  const auto summed = detail::find_accumulated_layers(ix, probe.checks());
   if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,
                  "expert parallelism needs expert layers, and the model has none (experts in a "
@@ -429,7 +458,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
       for (int k : l.nodes[x]) dropped.insert(g.node(k).output().begin(), g.node(k).output().end());
       onnx::NodeProto id;  // the sum goes on without this expert's contribution
       id.set_op_type("Identity");
-      id.set_name(g.node(l.adds[x]).name() + ".ep_skip");
+      id.set_name(g.node(l.adds[x]).output(0) + ".ep_skip");
       id.add_input(l.prev[x] == l.start ? start : l.prev[x]);
       id.add_output(g.node(l.adds[x]).output(0));
       at_concat[l.adds[x]] = std::move(id);

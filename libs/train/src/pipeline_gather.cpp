@@ -15,6 +15,8 @@ Status StepGathers::begin_step() {
     return Error(Errc::internal, fmt::format("the last step left {} parameter gathers unfetched",
                                              asked_ - fetched_));
   asked_ = fetched_ = 0;
+  // The step's first bucket now: the update that changes the shards is done.
+  if (!sequence_.empty()) source_.prefetch(sequence_[asked_++]);
   return {};
 }
 

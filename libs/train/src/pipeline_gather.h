@@ -26,7 +26,8 @@ class StepGathers {
   explicit StepGathers(exec::WeightSource& source) : source_(source) {}
   /// The step's requests, in order: the buckets of each action's uses.
   void set_sequence(std::vector<std::size_t> buckets) { sequence_ = std::move(buckets); }
-  /// Before a step's first action. Errc::internal when the last step left requests unfetched.
+  /// Before a step's first action (after the last step's update): asks for the step's first
+  /// bucket. Errc::internal when the last step left requests unfetched.
   Status begin_step();
   /// Request `fetched` of the step: asks for the one after it, then fetches it.
   Status fetch(std::size_t bucket, std::span<float* const> dst);

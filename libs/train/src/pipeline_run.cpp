@@ -39,6 +39,11 @@ struct PipeRun {
   model::Model forward;
   std::vector<std::vector<exec::HostTensor>> micro;
   std::int64_t total_labels = 0, tokens = 0;
+  // The syncs before the stage: the stage's executors borrow from `dp` under ZeRO-3 and its hook
+  // hands it gradients, so it goes after them.
+  std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
+  /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
+  std::unique_ptr<TensorParallelSync> tps;
   std::unique_ptr<PipelineStage> stage;
   std::vector<exec::HostTensor> params;
   OptimizerState state;
@@ -47,9 +52,6 @@ struct PipeRun {
   comm::Transport& t() const { return *o.pp.transport; }
   /// The first stage of the first replica: prints, writes metrics, checkpoints, the saved model.
   bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0 && o.tp.index() <= 0; }
-  std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
-  /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
-  std::unique_ptr<TensorParallelSync> tps;
   /// ZeRO-3: the data-parallel sync holds this rank's shard of the stage's parameters, and the
   /// parts' executors borrow them for their uses; `params` keeps names and dims only.
   bool held() const { return dp && dp->holds_parameters(); }

@@ -439,6 +439,28 @@ TEST_CASE("experts added into a sum are found and split over the group", "[train
   auto gathered = train::partition_experts(*m, {0, 1}, 0, false);
   REQUIRE(gathered);
   CHECK(gathered->summed == 2);
+  // The first layer's sum after its first expert also read outside the layer: on every member's
+  // rows with this member's experts only it would be wrong there, so that layer stays whole and
+  // the other is still split. (A routing value read outside is fine: the region then starts
+  // after it, and it is gathered.)
+  {
+    auto proto = std::make_shared<onnx::ModelProto>(*m->proto);
+    std::set<std::string> zeros;
+    std::string partial;
+    for (const auto& n : proto->graph().node()) {
+      if (n.op_type() == "ConstantOfShape") zeros.insert(n.output(0));
+      if (n.op_type() == "Add" && partial.empty() &&
+          (zeros.count(n.input(0)) || zeros.count(n.input(1))))
+        partial = n.output(0);
+    }
+    REQUIRE_FALSE(partial.empty());
+    proto->mutable_graph()->add_output()->set_name(partial);
+    model::Model leaky = *m;
+    leaky.proto = std::move(proto);
+    auto one = train::partition_experts(leaky, {0, 1}, 1);
+    REQUIRE(one);
+    CHECK(one->summed == 1);
+  }
   // Four members of four experts split; three do not.
   CHECK(train::partition_experts(*m, {0, 1, 2, 3}, 3));
   auto bad = train::partition_experts(*m, {0, 1, 2}, 0);

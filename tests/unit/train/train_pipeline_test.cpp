@@ -281,6 +281,7 @@ TEST_CASE("a pipeline step's gathers go one ahead across its parts", "[train][pi
   CHECK(src.calls.back() == "F2");
   CHECK(src.calls.size() == 8);  // nothing asked past the step's end
   REQUIRE(step.begin_step());
+  CHECK(src.calls.back() == "P0");  // the next step's first bucket, asked before its first action
   const Status wrong = step.fetch(1, one);
   REQUIRE_FALSE(wrong);
   CHECK(wrong.error().message().find("out of the step's order") != std::string::npos);
