@@ -287,10 +287,17 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
     // over TP under SP), a 1/ep share to every peer; backward mirrors both.
     const double msg = static_cast<double>(std::max<std::int64_t>(1, b.top_k)) * mb *
                        m.hidden_bytes / (c.sequence_parallel ? t : 1.0);
-    const double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);
+    double one = topology::all_to_all_time(links.ep, ep, msg) * (1.0 - mc.cal.overlap_ep);
+    r.a2a_buffer = 2.0 * msg;
+    if (b.summed) {  // every member's rows gathered, the partial sums reduce-scattered back
+      const double rows = static_cast<double>(ep) * mb * m.hidden_bytes;
+      one = (topology::all_gather_time(links.ep, ep, rows) +
+             topology::reduce_scatter_time(links.ep, ep, rows)) /
+            2.0 * (1.0 - mc.cal.overlap_ep);
+      r.a2a_buffer = 2.0 * rows;
+    }
     r.ep_comm = (w.train ? 4.0 : 2.0) * one;
     r.rc_full += 2.0 * one;  // a full recompute repeats the forward dispatch and combine
-    r.a2a_buffer = 2.0 * msg;
   }
   return r;
 }

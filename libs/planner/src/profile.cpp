@@ -400,6 +400,7 @@ BlockProfile profile_block(const Graph& g, const model::Block& b, std::int64_t s
       p.experts = summed.experts;
       p.expert_parameters = summed.parameters;
       p.routed_flops = extra;
+      p.summed = true;
       p.fwd_flops += extra;  // routed rows' matmuls, which the block's count leaves out
     }
   }

@@ -146,7 +146,26 @@ TEST_CASE("planner: experts added into a sum are experts, priced on their routed
       // rows), 2 FLOPs per multiply-accumulate; the gated sum's are counted from its shapes.
       const bool loop = std::string(name) == "user-moe-scatter.onnx";
       CHECK(b.routed_flops == Approx(loop ? 4.0 * 2 * 2 * 10 * 32 * 64 : 0.0));
+      CHECK(b.summed);
     }
+    // Under ep = 4 such a layer moves every member's rows (all-gather, reduce-scatter) where a
+    // dispatch moves each token's top-2 copies: more, at top-2 of ep = 4.
+    Workload w;
+    w.train = true;
+    Machine mc;
+    mc.peak_flops = 1e12;
+    mc.memory = 64e9;
+    mc.cal = calibration_for(recipe::DeviceKind::cpu);
+    AxisLinks links;
+    links.ep = {"node", 0, 10e9, 5e-6};
+    Config c;
+    c.dp = c.ep = 4;
+    BlockProfile stacked = m->blocks[0];
+    stacked.summed = false;
+    const BlockCost summed_cost = block_cost(m->blocks[0], *m, c, w, mc, links),
+                    stacked_cost = block_cost(stacked, *m, c, w, mc, links);
+    CHECK(summed_cost.ep_comm > stacked_cost.ep_comm);
+    CHECK(summed_cost.ep_comm > 0);
   }
 }
 

@@ -42,6 +42,10 @@ struct BlockProfile {
   /// torch.where): the rows are decided by the data, so the graph's shapes do not give these
   /// matmuls' FLOPs; they are priced on top_k / E of the block's tokens and included in fwd_flops.
   double routed_flops = 0;
+  /// The experts are added into a sum by a loop: under expert parallelism the layer runs on every
+  /// member's rows, all-gathered, and its partial sums are reduce-scattered (docs/training.md,
+  /// "Summed expert layers"), instead of the all-to-alls of a dispatch.
+  bool summed = false;
   std::int64_t heads = 0;  ///< attention heads (from the seq x seq score tensors); 0 = none seen
 };
 
