@@ -91,6 +91,34 @@ bool float_init(const Index& ix, const std::string& x) {
   return it != ix.inits.end() && is_float_type(it->second->data_type());
 }
 
+// Whether node `n` reduces, normalises or picks along its first input's rows (as far as the shapes
+// show: a tensor whose rows NonZero decides is not checked).
+bool along_rows(const Index& ix, const onnx::NodeProto& n, const RowChecks& rows) {
+  static const std::set<std::string> by_axis = {"Softmax", "LogSoftmax", "TopK",
+                                                "ArgMax",  "ArgMin",     "CumSum"};
+  const bool reduce = n.op_type().rfind("Reduce", 0) == 0;
+  if ((!reduce && !by_axis.count(n.op_type())) || n.input_size() == 0) return false;
+  const auto at = rows.rows_axis(n.input(0));
+  if (!at) return false;
+  const auto [row, rank] = *at;
+  auto norm = [rank = rank](std::int64_t a) { return a < 0 ? a + rank : a; };
+  if (!reduce) {
+    const std::int64_t dflt =
+        n.op_type() == "Softmax" || n.op_type() == "LogSoftmax" || n.op_type() == "TopK" ? -1 : 0;
+    if (n.op_type() == "CumSum") {
+      auto axis = n.input_size() > 1 ? ix.ints(n.input(1)) : std::nullopt;
+      return !axis || axis->empty() || norm((*axis)[0]) == row;
+    }
+    return norm(attr_int(n, "axis", dflt)) == row;
+  }
+  std::optional<std::vector<std::int64_t>> axes;
+  for (const auto& a : n.attribute())
+    if (a.name() == "axes") axes = std::vector<std::int64_t>(a.ints().begin(), a.ints().end());
+  if (!axes && n.input_size() > 1 && !n.input(1).empty()) axes = ix.ints(n.input(1));
+  if (!axes || axes->empty()) return true;  // every axis, the rows' among them
+  return std::any_of(axes->begin(), axes->end(), [&](std::int64_t a) { return norm(a) == row; });
+}
+
 // The experts of the chain starting at `zeros`: as many leading contributions as pass the test.
 std::optional<AccumulatedLayer> layer_from(const Index& ix,
                                            const std::map<std::string, Origin>& origin,
@@ -246,6 +274,10 @@ std::optional<AccumulatedLayer> layer_from(const Index& ix,
         for (int reader : r->second)
           if (!l.region.count(reader)) return std::nullopt;
     }
+  // Row-wise: no softmax, top-k or reduction along the rows, where the shapes show them.
+  if (rows.rows_axis)
+    for (int k : l.region)
+      if (along_rows(ix, ix.g.node(k), rows)) return std::nullopt;
   // What is gathered must have the rows on axis 0, and so must the sum that is reduce-scattered.
   if (rows.rows_first) {
     for (const auto& f : l.frontier)

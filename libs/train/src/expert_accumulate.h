@@ -54,13 +54,17 @@ struct RowChecks {
   /// Whether a tensor's axis 0 is the rows: it doubles with the batch, its other dims do not.
   /// std::nullopt where the shapes cannot tell (a static batch).
   std::function<std::optional<bool>(const std::string&)> rows_first;
+  /// The rows' axis of a tensor and its rank, where the shapes tell (the one dim that doubles).
+  std::function<std::optional<std::pair<std::int64_t, std::int64_t>>(const std::string&)> rows_axis;
 };
 
 /// A shape value the region reads from outside (`c` of `b, t, c = x.shape`, for a reshape to
 /// (-1, c)) is taken as it is where `rows.shape_free` says it does not depend on the rows; a
 /// zeros' shape from outside is scaled instead (AccumulatedLayer::start_shape). A frontier tensor
 /// whose axis 0 `rows.rows_first` says is not the rows (a one-hot mask [E, K, N] built outside,
-/// say) means the layer is not taken: gathering it would mix up the members' routing.
+/// say) means the layer is not taken: gathering it would mix up the members' routing. So does a
+/// softmax, top-k or reduction in the region along the rows' axis (expert-choice routing picks
+/// tokens per expert: over every member's rows it would pick others).
 std::vector<AccumulatedLayer> find_accumulated_layers(const Index& ix, const RowChecks& rows = {});
 
 }  // namespace hp::train::detail

@@ -192,7 +192,8 @@ class RowProbe {
   detail::RowChecks checks() const {
     if (!graphs_) return {};
     return {[this](const std::string& t) { return shape_free(t); },
-            [this](const std::string& t) -> std::optional<bool> { return rows_first(t); }};
+            [this](const std::string& t) -> std::optional<bool> { return rows_first(t); },
+            [this](const std::string& t) { return rows_axis(t); }};
   }
 
  private:
@@ -224,6 +225,20 @@ class RowProbe {
     for (std::size_t i = 1; i < d->first.size(); ++i)
       if (!d->first[i].known() || d->first[i].value != d->second[i].value) return false;
     return true;
+  }
+  // The one axis of `t` that doubles (the others stay), and its rank.
+  std::optional<std::pair<std::int64_t, std::int64_t>> rows_axis(const std::string& t) const {
+    const auto* d = dims(t);
+    if (!d) return std::nullopt;
+    std::optional<std::int64_t> row;
+    for (std::size_t i = 0; i < d->first.size(); ++i) {
+      if (!d->first[i].known() || !d->second[i].known()) return std::nullopt;
+      if (d->first[i].value == d->second[i].value) continue;
+      if (row || d->second[i].value != 2 * d->first[i].value) return std::nullopt;
+      row = static_cast<std::int64_t>(i);
+    }
+    if (!row) return std::nullopt;
+    return std::pair{*row, static_cast<std::int64_t>(d->first.size())};
   }
   using Dims = std::vector<model::Dim>;
   // `t`'s dims in both graphs, when it has a shape of one rank in both.

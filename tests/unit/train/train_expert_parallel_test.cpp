@@ -461,6 +461,35 @@ TEST_CASE("experts added into a sum are found and split over the group", "[train
     REQUIRE(one);
     CHECK(one->summed == 1);
   }
+  // With the rank's dims the shapes are inferred at them and at twice the batch: the layers are
+  // still found; a softmax over the rows (the first layer's router made to normalise over tokens,
+  // as expert-choice routing does) keeps that layer whole.
+  if (name == "user-moe-scatter") {
+    const model::DimBindings dims{{"batch", 2}, {"seq", 10}};
+    auto with_dims = train::partition_experts(*m, {0, 1}, 1, true, dims);
+    REQUIRE(with_dims);
+    CHECK(with_dims->summed == 2);
+    auto proto = std::make_shared<onnx::ModelProto>(*m->proto);
+    std::set<std::string> routed;  // what a TopK reads: the router's softmax (not attention's)
+    for (const auto& n : proto->graph().node())
+      if (n.op_type() == "TopK") routed.insert(n.input(0));
+    bool changed = false;
+    for (auto& n : *proto->mutable_graph()->mutable_node()) {
+      if (n.op_type() != "Softmax" || changed || !routed.count(n.output(0))) continue;
+      n.clear_attribute();
+      auto* a = n.add_attribute();
+      a->set_name("axis");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(0);
+      changed = true;
+    }
+    REQUIRE(changed);
+    model::Model over_rows = *m;
+    over_rows.proto = std::move(proto);
+    auto one = train::partition_experts(over_rows, {0, 1}, 1, true, dims);
+    REQUIRE(one);
+    CHECK(one->summed == 1);
+  }
   // Four members of four experts split; three do not.
   CHECK(train::partition_experts(*m, {0, 1, 2, 3}, 3));
   auto bad = train::partition_experts(*m, {0, 1, 2}, 0);
