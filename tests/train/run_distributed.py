@@ -406,7 +406,8 @@ def ep_resharded(hp, work, log):
                                   [("one-rank", {}, "one"),
                                    ("dp4-ep2-zero3", zero3, "simulate")], log)
     return ("dp2 x ep2 zero1 x3 -> " + "; ".join(details) + "; dp4 x ep2 zero3 x3 -> " +
-            from_zero3[0] + "; one rank x3 -> " + from_one[0] + "; moe-loop dp2 x ep2 zero2 x3 -> " +
+            from_zero3[0] + "; one rank x3 -> " + from_one[0] +
+            "; moe-loop dp2 x ep2 zero2 x3 -> " +
             "; ".join(loop))
 
 
@@ -533,22 +534,24 @@ def main():
         fails += not ok
         print(f"{'ok' if ok else 'FAIL':8} {label:30} {detail}", flush=True)
 
+    def model_layouts(name, layouts, log):
+        """torch's reference of `name`, then each of `layouts` ([(tag, parallel, how)]) on it."""
+        d = os.path.join(a.work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        ref = reference.make(name, VARIANT, d)
+        for tag, parallel, how in layouts:
+            try:
+                report(True, f"{name} {tag} ({how})",
+                       layout_run(a.hp, d, ref, tag, parallel, how, log, name in models.LOOP))
+            except Exception as e:
+                report(False, f"{name} {tag} ({how})", rt.describe(e))
+
     log_path = os.path.join(a.work, "distributed.log")
     with open(log_path, "w") as log:
         for name in a.models.split(","):
-            d = os.path.join(a.work, name)
-            shutil.rmtree(d, ignore_errors=True)
-            ref = reference.make(name, VARIANT, d)
-            for tag, parallel, how in LAYOUTS + (EP_LAYOUTS if name in EXPERT_MODELS else []):
-                if (a.simulate_only and how != "simulate") or (a.layouts and
-                                                               tag not in a.layouts.split(",")):
-                    continue
-                try:
-                    report(True, f"{name} {tag} ({how})",
-                           layout_run(a.hp, d, ref, tag, parallel, how, log,
-                                      name in models.LOOP))
-                except Exception as e:
-                    report(False, f"{name} {tag} ({how})", rt.describe(e))
+            model_layouts(name, [x for x in LAYOUTS + (EP_LAYOUTS if name in EXPERT_MODELS else [])
+                                 if not (a.simulate_only and x[2] != "simulate") and
+                                 not (a.layouts and x[0] not in a.layouts.split(","))], log)
         checks = a.checks.split(",") if a.checks is not None else (None if not a.layouts else [])
         skipped = [x for x in a.skip.split(",") if x]
         wanted = lambda label: ((checks is None or any(c in label for c in checks))  # noqa: E731
@@ -566,18 +569,8 @@ def main():
                                             ("dp4-ep2-zero3-buckets", "simulate")]),
                               ("moe-sum", [("dp2-ep2", "simulate"), ("dp4-ep2", "simulate")])]:
             todo = [x for x in EP_LAYOUTS if (x[0], x[2]) in layouts and wanted(f"{name} {x[0]}")]
-            if not todo:
-                continue
-            d = os.path.join(a.work, name)
-            shutil.rmtree(d, ignore_errors=True)
-            ref = reference.make(name, VARIANT, d)
-            for tag, parallel, how in todo:
-                try:
-                    report(True, f"{name} {tag} ({how})",
-                           layout_run(a.hp, d, ref, tag, parallel, how, log,
-                                      name in models.LOOP))
-                except Exception as e:
-                    report(False, f"{name} {tag} ({how})", rt.describe(e))
+            if todo:
+                model_layouts(name, todo, log)
         for label, fn in [("hp verify (mpirun)", verified),
                           ("hp verify tp=2 (mpirun)",
                            lambda h, w, lg: verified(h, w, lg, {"tp": 2})),

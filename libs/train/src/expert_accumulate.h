@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "expert_index.h"
+#include "hp/model/graph.h"
+#include "hp/model/model.h"
 
 namespace hp::train::detail {
 
@@ -57,6 +59,11 @@ struct RowChecks {
   /// The rows' axis of a tensor and its rank, where the shapes tell (the one dim that doubles).
   std::function<std::optional<std::pair<std::int64_t, std::int64_t>>(const std::string&)> rows_axis;
 };
+
+/// RowChecks from the graph's shapes inferred at the rank's `dims` and at twice its batch (the
+/// first dim of every graph input); empty where no such dim is bound (a static batch) or the
+/// shapes cannot be inferred (row_probe.cpp). `ix` must outlive them.
+RowChecks row_checks(const model::Model& m, const Index& ix, const model::DimBindings& dims);
 
 /// A shape value the region reads from outside (`c` of `b, t, c = x.shape`, for a reshape to
 /// (-1, c)) is taken as it is where `rows.shape_free` says it does not depend on the rows; a

@@ -169,105 +169,6 @@ Status reorder_after_inputs(google::protobuf::RepeatedPtrField<onnx::NodeProto>&
   return {};
 }
 
-// What the graph's shapes say about the rows: inferred at the rank's dims and at twice its batch
-// (the first dim of every graph input), a tensor's dims that change are the rows'. Nothing is
-// known where no input's first dim is a bound symbol (a static batch).
-class RowProbe {
- public:
-  RowProbe(const model::Model& m, const Index& ix, const model::DimBindings& dims) : ix_(ix) {
-    model::DimBindings twice = dims;
-    bool doubled = false;
-    for (const auto& in : m.proto->graph().input()) {
-      const auto& shape = in.type().tensor_type().shape();
-      if (shape.dim_size() == 0 || shape.dim(0).dim_param().empty()) continue;
-      if (auto it = twice.find(shape.dim(0).dim_param()); it != twice.end() && it->second > 0) {
-        it->second = 2 * dims.at(it->first);
-        doubled = true;
-      }
-    }
-    if (!doubled) return;
-    auto a = model::build_graph(m, dims), b = model::build_graph(m, twice);
-    if (a && b) graphs_.emplace(std::move(*a), std::move(*b));
-  }
-  detail::RowChecks checks() const {
-    if (!graphs_) return {};
-    return {[this](const std::string& t) { return shape_free(t); },
-            [this](const std::string& t) -> std::optional<bool> { return rows_first(t); },
-            [this](const std::string& t) { return rows_axis(t); }};
-  }
-
- private:
-  // Whether a shape value does not depend on the rows: every Shape it comes from is read at
-  // entries (one Gather's constant index; all of them otherwise) whose dims do not change. A Size,
-  // or a Shape with start/end, is taken as depending on them.
-  bool shape_free(const std::string& t) const {
-    for (int k : ix_.ancestors(t)) {
-      const auto& n = ix_.g.node(k);
-      if (n.op_type() == "Size") return false;
-      if (n.op_type() != "Shape") continue;
-      if (n.attribute_size() > 0) return false;
-      std::optional<std::int64_t> at;
-      if (auto r = ix_.readers.find(n.output(0)); r != ix_.readers.end() && r->second.size() == 1) {
-        const auto& reader = ix_.g.node(r->second[0]);
-        auto i = reader.input_size() > 1 ? ix_.ints(reader.input(1)) : std::nullopt;
-        if (reader.op_type() == "Gather" && i && i->size() == 1) at = (*i)[0];
-      }
-      if (!same_dims(n.input(0), at)) return false;
-    }
-    return true;
-  }
-  // Whether axis 0 of `t` is the rows: it doubles, the other dims stay.
-  bool rows_first(const std::string& t) const {
-    const auto* d = dims(t);
-    if (!d || d->first.empty() || !d->first[0].known() || !d->second[0].known() ||
-        d->second[0].value != 2 * d->first[0].value)
-      return false;
-    for (std::size_t i = 1; i < d->first.size(); ++i)
-      if (!d->first[i].known() || d->first[i].value != d->second[i].value) return false;
-    return true;
-  }
-  // The one axis of `t` that doubles (the others stay), and its rank.
-  std::optional<std::pair<std::int64_t, std::int64_t>> rows_axis(const std::string& t) const {
-    const auto* d = dims(t);
-    if (!d) return std::nullopt;
-    std::optional<std::int64_t> row;
-    for (std::size_t i = 0; i < d->first.size(); ++i) {
-      if (!d->first[i].known() || !d->second[i].known()) return std::nullopt;
-      if (d->first[i].value == d->second[i].value) continue;
-      if (row || d->second[i].value != 2 * d->first[i].value) return std::nullopt;
-      row = static_cast<std::int64_t>(i);
-    }
-    if (!row) return std::nullopt;
-    return std::pair{*row, static_cast<std::int64_t>(d->first.size())};
-  }
-  using Dims = std::vector<model::Dim>;
-  // `t`'s dims in both graphs, when it has a shape of one rank in both.
-  const std::pair<Dims, Dims>* dims(const std::string& t) const {
-    const int ia = graphs_->first.find_tensor(t), ib = graphs_->second.find_tensor(t);
-    if (ia < 0 || ib < 0) return nullptr;
-    cache_ = {graphs_->first.tensor(ia).dims, graphs_->second.tensor(ib).dims};
-    return cache_.first.size() == cache_.second.size() ? &cache_ : nullptr;
-  }
-  bool same_dims(const std::string& tensor, std::optional<std::int64_t> at) const {
-    const auto* d = dims(tensor);
-    if (!d || d->first.empty()) return false;
-    auto same = [&](std::size_t i) {
-      return d->first[i].known() && d->first[i].value == d->second[i].value;
-    };
-    if (!at) {
-      for (std::size_t i = 0; i < d->first.size(); ++i)
-        if (!same(i)) return false;
-      return true;
-    }
-    const auto rank = static_cast<std::int64_t>(d->first.size());
-    const std::int64_t i = *at < 0 ? *at + rank : *at;
-    return i >= 0 && i < rank && same(static_cast<std::size_t>(i));
-  }
-  const Index& ix_;
-  std::optional<std::pair<model::Graph, model::Graph>> graphs_;
-  mutable std::pair<Dims, Dims> cache_;
-};
-
 }  // namespace
 
 std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
@@ -288,8 +189,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   const onnx::GraphProto& g = m.proto->graph();
   const auto layers = find_expert_layers(g);
   const Index ix(g);
-  const RowProbe probe(m, ix, dims);
-  const auto summed = detail::find_accumulated_layers(ix, probe.checks());
+  const auto summed = detail::find_accumulated_layers(ix, detail::row_checks(m, ix, dims));
   if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,
                  "expert parallelism needs expert layers, and the model has none (experts in a "
@@ -319,14 +219,25 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
     auto it = ix.producer.find(t);
     return it == ix.producer.end() ? -1 : it->second;
   };
+  // Every member's rows of `t` (axis 0), right after `t` is computed; once per tensor.
+  auto gather_rows = [&](const std::string& t) {
+    if (!gathered.insert(t).second) return;
+    auto ag = node(dom::kAllGather, t + ".ep_dispatch");
+    ag.add_input(t);
+    ag.add_output(t + ".ep_gathered");
+    set_int(ag, dom::kAttrAxis, 0);
+    after[producer(t)].push_back(std::move(ag));
+  };
+  auto unsplit = [&](const char* how, const std::string& where, int e) {
+    return Error(Errc::bad_input,
+                 fmt::format("the expert layer {} into '{}' has {} experts, which do not split "
+                             "over expert_parallel = {}",
+                             how, where, e, p),
+                 m.path.string(), "make expert_parallel divide the number of experts");
+  };
   for (const auto& l : layers) {
     const int e = static_cast<int>(l.nodes.size());
-    if (e % p != 0)
-      return Error(Errc::bad_input,
-                   fmt::format("the expert layer stacked into '{}' has {} experts, which do not "
-                               "split over expert_parallel = {}",
-                               l.stacked, e, p),
-                   m.path.string(), "make expert_parallel divide the number of experts");
+    if (e % p != 0) return unsplit("stacked", l.stacked, e);
     const int per = e / p;
     const std::string indices = routed ? detail::routed_indices(ix, l) : std::string();
     out.routed += !indices.empty();
@@ -364,13 +275,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
       // The dispatch: every member's tokens, in member order, right after they are computed. The
       // combine: this member's experts on every member's tokens, exchanged so that each member
       // gets its own tokens' rows from all experts, in expert order.
-      if (gathered.insert(l.tokens).second) {
-        auto ag = node(dom::kAllGather, l.tokens + ".ep_dispatch");
-        ag.add_input(l.tokens);
-        ag.add_output(l.tokens + ".ep_gathered");
-        set_int(ag, dom::kAttrAxis, 0);
-        after[producer(l.tokens)].push_back(std::move(ag));
-      }
+      gather_rows(l.tokens);
       onnx::NodeProto concat = g.node(l.concat);
       concat.clear_input();
       for (const auto& o : outs) concat.add_input(o);
@@ -408,12 +313,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   // experts added, the partial sums reduce-scattered back into each member's rows.
   for (const auto& l : summed) {
     const int e = static_cast<int>(l.nodes.size());
-    if (e % p != 0)
-      return Error(Errc::bad_input,
-                   fmt::format("the expert layer summed into '{}' has {} experts, which do not "
-                               "split over expert_parallel = {}",
-                               l.sum, e, p),
-                   m.path.string(), "make expert_parallel divide the number of experts");
+    if (e % p != 0) return unsplit("summed", l.sum, e);
     const int per = e / p;
     // The zeros the sum starts from, shaped like every member's rows: a ConstantOfShape reading
     // this member's row count from outside gets it times p; a folded constant becomes one.
@@ -479,13 +379,7 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
       at_concat[l.adds[x]] = std::move(id);
     }
     for (const auto& f : l.frontier) {
-      if (gathered.insert(f).second) {
-        auto ag = node(dom::kAllGather, f + ".ep_dispatch");
-        ag.add_input(f);
-        ag.add_output(f + ".ep_gathered");
-        set_int(ag, dom::kAttrAxis, 0);
-        after[producer(f)].push_back(std::move(ag));
-      }
+      gather_rows(f);
       for (int k : l.region)
         for (const auto& in : g.node(k).input())
           if (in == f) renamed[{k, in}] = f + ".ep_gathered";
