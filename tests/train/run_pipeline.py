@@ -102,6 +102,20 @@ TP_PP = [
     ("dp2xtp2xpp2-zero3-zbh1", {"dp": 2, "tp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
                                 "schedule": "zb-h1", "micro_batches": 2}, "simulate"),
 ]
+# Expert parallelism inside the stages (the MoE exports only): each stage's data-parallel replicas
+# share its experts out, two per expert group.
+EP_PP = [
+    ("dp2xpp2-ep2-1f1b-m2", {"dp": 2, "expert_parallel": 2, "schedule": "1f1b",
+                             "micro_batches": 2}, "simulate"),
+    ("dp2xpp2-ep2-zbh1-m2", {"dp": 2, "expert_parallel": 2, "schedule": "zb-h1",
+                             "micro_batches": 2}, "mpirun"),
+    ("dp2xpp2-ep2-zero3-1f1b-m2", {"dp": 2, "expert_parallel": 2, "optimizer_shard": 3,
+                                   "bucket_mb": 0.05, "schedule": "1f1b", "micro_batches": 2},
+     "simulate"),
+    # 8 ranks: two expert groups per stage, each expert held by two replicas (ZeRO-2 over them).
+    ("dp4xpp2-ep2-zero2-zbh1", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2,
+                                "schedule": "zb-h1", "micro_batches": 1}, "simulate"),
+]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
     ("pp4-1f1b-m4", 4, {"schedule": "1f1b", "micro_batches": 4}, "simulate"),
@@ -258,6 +272,43 @@ def resumed_deep(hp, work, log):
     return f"dp2 x pp2 (zero 2) -> pp4: {detail.split('  ')[0]}"
 
 
+def resumed_experts(hp, work, log):
+    """The MoE at dp=2 x pp=2 with its stages' experts shared out over ep=2: 3 steps checkpointed
+    (ZeRO-2: each member's state gathered whole) resumed for 2 at one rank and at dp=2 x ep=2
+    without stages, and the reverse from one rank and from a sharded dp=2 x ep=2 checkpoint: the
+    uninterrupted 5."""
+    d = os.path.join(work, "resume-ep")
+    shutil.rmtree(d, ignore_errors=True)
+    ref = reference.make("moe", VARIANT, d)
+    stages = two_stages(hp, ref, d, log)
+    eppp, one, ep = (os.path.join(d, f"{n}.toml") for n in ("eppp", "one", "ep"))
+    pp_recipe(eppp, ref, stages, {"dp": 2, "expert_parallel": 2, "optimizer_shard": 2,
+                                  "schedule": "1f1b", "micro_batches": 2})
+    rt.write_recipe(one, ref.model, ref.train, {"batch": models.BATCH})
+    rt.write_recipe(ep, ref.model, ref.train, {"batch": models.BATCH},
+                    parallel={"dp": 2, "expert_parallel": 2, "optimizer_shard": 1})
+    details = []
+    for tag, first, then in [("dp2 x pp2 x ep2 -> one rank", eppp, one),
+                             ("dp2 x pp2 x ep2 -> dp2 x ep2", eppp, ep),
+                             ("one rank -> dp2 x pp2 x ep2", one, eppp),
+                             ("dp2 x ep2 (sharded) -> dp2 x pp2 x ep2", ep, eppp)]:
+        ckpt = os.path.join(d, f"ckpt-{len(details)}")
+        m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
+        saved = os.path.join(d, f"s{len(details)}.onnx")
+        how = lambda r: "one" if r == one else "simulate"  # noqa: E731
+        rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
+                                                 "--metrics", m1, "--checkpoint", ckpt], log)
+        if rc != 0:
+            raise rt.Failure(f"{tag}, first 3 steps: exit {rc}: {rt.first_error(out)}")
+        rc, out = launch(hp, then, how(then), ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                               ckpt, "--metrics", m2, "--save-model", saved], log)
+        if rc != 0:
+            raise rt.Failure(f"{tag}, resumed: exit {rc}: {rt.first_error(out)}")
+        detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
+        details.append(f"{tag}: {detail.split('  ')[0]}")
+    return "; ".join(details)
+
+
 def verified(hp, work, log):
     """`hp verify` of a pp=2 zb-h1 training recipe over mpirun: 3 steps against one rank."""
     d = os.path.join(work, "verify")
@@ -389,6 +440,8 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,vit,moe")
     ap.add_argument("--deep-models", default="gpt2-deep,llama-deep")
+    ap.add_argument("--ep-models", default="moe,moe-scatter",
+                    help="MoE exports trained with expert parallelism inside the stages")
     ap.add_argument("--layouts", help="only these layouts (comma-separated tags, e.g. "
                     "dp2xpp2-zero3-1f1b-m2); the cross-cutting checks are then left out")
     ap.add_argument("--skip", default="",
@@ -412,7 +465,7 @@ def main():
 
     log_path = os.path.join(a.work, "pipeline.log")
     with open(log_path, "w") as log:
-        for name in a.models.split(","):
+        for name in a.models.split(",") if a.models else []:
             d = os.path.join(a.work, name)
             shutil.rmtree(d, ignore_errors=True)
             ref = reference.make(name, VARIANT, d)
@@ -428,6 +481,19 @@ def main():
                 if any(x in label for x in skipped):
                     continue
                 try:
+                    report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
+                except Exception as e:
+                    report(False, label, rt.describe(e))
+        for name in a.ep_models.split(",") if a.ep_models else []:
+            d = os.path.join(a.work, f"{name}-ep")
+            shutil.rmtree(d, ignore_errors=True)
+            ref = reference.make(name, VARIANT, d)
+            for tag, extra, how in EP_PP:
+                label = f"{name} {tag} ({how})"
+                if (only and tag not in only) or any(x in label for x in skipped):
+                    continue
+                try:
+                    stages = two_stages(a.hp, ref, d, log)
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
                     report(False, label, rt.describe(e))
@@ -448,6 +514,7 @@ def main():
                     report(False, label, rt.describe(e))
         for label, fn in [] if only else [("resume across layouts", resumed), ("token stream (--data)", token_stream),
                           ("resume dp2 x pp2 -> pp4", resumed_deep),
+                          ("resume expert-parallel stages", resumed_experts),
                           ("hp verify (mpirun)", verified),
                           ("1f1b holds less than gpipe", memory), ("malformed recipes", malformed)]:
             try:

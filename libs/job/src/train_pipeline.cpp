@@ -121,6 +121,16 @@ Status pipeline_rank(const recipe::Recipe& r, comm::Transport& t, train::TrainOp
         }
         to.dp = data_parallel_of(r, t);
         to.dp.group = grid[s];
+        if (r.parallel.expert_parallel > 1) {  // the stage's replicas share its experts out
+          to.ep = expert_parallel_of(r, t);
+          to.ep.data = grid[s];
+          const auto ep = static_cast<std::size_t>(r.parallel.expert_parallel);
+          to.ep.group.assign(grid[s].begin() + static_cast<std::ptrdiff_t>(d / ep * ep),
+                             grid[s].begin() + static_cast<std::ptrdiff_t>(d / ep * ep + ep));
+          to.ep.replicas.clear();
+          for (std::size_t q = d % ep; q < grid[s].size(); q += ep)
+            to.ep.replicas.push_back(grid[s][q]);
+        }
       }
   if (pp.ranks.empty())
     return Error(Errc::bad_input, fmt::format("rank {} runs no pipeline stage", t.rank()));

@@ -115,13 +115,13 @@ Expected<train::TrainOptions> train_options(const Job& job, const LaunchOptions&
                  "[[groups]]",
                  where, "remove [[groups]], or remove [train] to run the model forward");
   if (const auto& p = r.parallel; p.expert_parallel > 1) {
-    const char* other = p.tp > 1 ? "tp > 1" : p.pp > 1 ? "pp > 1" : nullptr;
-    if (other)
+    if (p.tp > 1)
       return Error(Errc::not_implemented,
-                   fmt::format("expert parallelism trains beside data parallelism, ZeRO and HSDP "
-                               "only for now: the recipe has expert_parallel = {} and {}",
-                               p.expert_parallel, other),
-                   where, "set tp = pp = 1, or expert_parallel = 1");
+                   fmt::format("expert parallelism trains beside data and pipeline parallelism, "
+                               "ZeRO and HSDP only for now: the recipe has expert_parallel = {} "
+                               "and tp = {}",
+                               p.expert_parallel, p.tp),
+                   where, "set tp = 1, or expert_parallel = 1");
     if (p.shard_group > 0 && p.shard_group % p.expert_parallel != 0 &&
         p.expert_parallel % p.shard_group != 0)
       return Error(Errc::bad_input,

@@ -96,6 +96,8 @@ Expected<RecipeRunReport> verify_training_run(const Job& job, const RecipeRunOpt
                                  p.shard_group > 0 && p.shard_group < p.dp
                                      ? fmt::format(", HSDP shard groups of {}", p.shard_group)
                                      : std::string());
+  if (p.expert_parallel > 1)
+    rep.layout += fmt::format(", experts shared out over expert_parallel = {}", p.expert_parallel);
   rep.how = o.simulate || rep.ranks == 1 ? "simulated in one process"
                                          : fmt::format("mpirun, {} ranks", rep.ranks);
   TempDir tmp;

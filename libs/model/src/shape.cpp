@@ -213,6 +213,23 @@ void add_fixed_value_info(onnx::GraphProto& g, const ShapeMap& fixed) {
   }
 }
 
+// A graph output declared without a type (a part cut out of a larger graph declares its outputs by
+// name only) that an op ONNX does not know writes (hp.AllToAll read by a Mul whose Shape is taken):
+// libonnx's inference dereferences the missing type when it merges in the value_info hp declares
+// for it, and dies with SIGSEGV. Each round such an output takes the type hp declares (`untyped`:
+// the outputs the model left untyped), shape included.
+void type_untyped_outputs(onnx::GraphProto& g, const std::set<std::string>& untyped) {
+  std::unordered_map<std::string, const onnx::TypeProto*> declared;
+  for (const auto& vi : g.value_info())
+    if (vi.type().has_tensor_type()) declared.emplace(vi.name(), &vi.type());
+  for (auto& out : *g.mutable_output()) {
+    if (!untyped.count(out.name())) continue;
+    out.clear_type();
+    if (auto it = declared.find(out.name()); it != declared.end())
+      *out.mutable_type() = *it->second;
+  }
+}
+
 }  // namespace
 
 Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) {
@@ -268,10 +285,14 @@ Expected<InferResult> infer_shapes(const Model& model, const DimBindings& dims) 
   onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   int serial = 0;
   ShapeMap fixed;
+  std::set<std::string> untyped;
+  for (const auto& out : g.output())
+    if (out.type().value_case() == onnx::TypeProto::VALUE_NOT_SET) untyped.insert(out.name());
   for (int round = 0; round < kMaxRounds; ++round) {
     g.clear_value_info();
     add_fixed_value_info(g, fixed);
     add_type_stubs(g, fixed, result.shapes, opset);
+    type_untyped_outputs(g, untyped);
     HP_TRY(infer_shapes_isolated(copy, options, model.path.string()));
     result.shapes = collect_shapes(g);
     ValueMap values = evaluate_shape_values(g, result.shapes, opset);

@@ -181,8 +181,8 @@ std::vector<ExpertLayer> find_expert_layers(const onnx::GraphProto& g) {
 }
 
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
-                                            int member, bool routed,
-                                            const model::DimBindings& dims) {
+                                            int member, bool routed, const model::DimBindings& dims,
+                                            bool allow_none) {
   const int p = static_cast<int>(group.size());
   if (p < 1 || member < 0 || member >= p)
     return Error(Errc::internal, fmt::format("member {} of an expert group of {}", member, p));
@@ -190,6 +190,13 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   const auto layers = find_expert_layers(g);
   const Index ix(g);
   const auto summed = detail::find_accumulated_layers(ix, detail::row_checks(m, ix, dims));
+  if (layers.empty() && summed.empty() && allow_none) {
+    ExpertPartition whole;
+    whole.experts_of.resize(static_cast<std::size_t>(p));
+    if (!m.proto->SerializeToString(&whole.onnx))
+      return Error(Errc::internal, "could not serialize the model");
+    return whole;
+  }
   if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,
                  "expert parallelism needs expert layers, and the model has none (experts in a "

@@ -89,6 +89,13 @@ Expected<std::unique_ptr<ExpertParallelSync>> ExpertParallelSync::create(
   shared.shard = ep.shard;
   DataParallel experts = shared;
   experts.group = ep.replicas;
+  // Pipeline stages: a weight several stages share is counted once (an expert never is shared).
+  if (!ep.counted.empty()) {
+    if (ep.counted.size() != params.size())
+      return Error(Errc::internal, "expert-parallel norm flags do not match the parameters");
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (!s->expert_[k]) shared.counted.push_back(ep.counted[k]);
+  }
   // Under HSDP the two syncs' groups can coincide (both replicate across shard groups).
   experts.channel = shared.channel + 1;
   HP_ASSIGN_OR_RETURN(experts.shard, expert_shard(ep));
@@ -181,7 +188,10 @@ Expected<StepInfo> ExpertParallelSync::update(const OptimizerConfig& c,
   HP_ASSIGN_OR_RETURN(double sq_experts, experts_->squared_norm(ge, c.threads));
   HP_TRY(ep_.transport->allreduce(ep_.group, &sq_experts, &sq_experts, 1, HP_F64,
                                   comm::ReduceOp::sum));
-  const double norm = std::sqrt(sq_shared + sq_experts);
+  double sq = sq_shared + sq_experts;
+  if (!ep_.norm_group.empty())  // the pipeline's other stages
+    HP_TRY(ep_.transport->allreduce(ep_.norm_group, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
+  const double norm = std::sqrt(sq);
   auto [ps, pe] = split(std::move(params));
   auto [ss, se] = cut_state(std::move(state), shared_->pieces().size());
   auto a = shared_->update_with_norm(c, ps, gs, ss, norm);

@@ -26,6 +26,7 @@ class StepGathers {
   explicit StepGathers(exec::WeightSource& source) : source_(source) {}
   /// The step's requests, in order: the buckets of each action's uses.
   void set_sequence(std::vector<std::size_t> buckets) { sequence_ = std::move(buckets); }
+  const std::vector<std::size_t>& sequence() const { return sequence_; }
   /// Before a step's first action (after the last step's update): asks for the step's first
   /// bucket. Errc::internal when the last step left requests unfetched.
   Status begin_step();

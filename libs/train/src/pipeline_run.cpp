@@ -14,7 +14,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "batches.h"
@@ -42,6 +44,10 @@ struct PipeRun {
   // The syncs before the stage: the stage's executors borrow from `dp` under ZeRO-3 and its hook
   // hands it gradients, so it goes after them.
   std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
+  /// With expert parallelism instead: the stage's shared weights summed over its replicas, its
+  /// experts over the replicas holding them (expert_parallel.h).
+  std::unique_ptr<ExpertParallelSync> eps;
+  std::array<std::int64_t, 3> expert_layers{};  ///< the pipeline's: all, routed, summed
   /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
   std::unique_ptr<TensorParallelSync> tps;
   std::unique_ptr<PipelineStage> stage;
@@ -54,11 +60,17 @@ struct PipeRun {
   bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0 && o.tp.index() <= 0; }
   /// ZeRO-3: the data-parallel sync holds this rank's shard of the stage's parameters, and the
   /// parts' executors borrow them for their uses; `params` keeps names and dims only.
-  bool held() const { return dp && dp->holds_parameters(); }
+  bool held() const {
+    return (dp && dp->holds_parameters()) || (eps && (eps->holds_shared() || eps->holds_experts()));
+  }
   /// Hands `params` (whole values) to the stage's executors (partial addends as stored,
   /// tensor_parallel.h), or under ZeRO-3 to the sync, which keeps its shard of them.
   Status set_weights() {
-    if (held()) return dp->hold_parameters(params);
+    if (held() && dp) return dp->hold_parameters(params);
+    if (held()) {  // expert parallelism: the syncs keep their shards, the executors the rest
+      HP_TRY(eps->hold(params));
+      return set_unheld();
+    }
     if (!tps) return stage->set_weights(params);
     std::vector<exec::HostTensor> stored;
     for (std::size_t k = 0; k < params.size(); ++k) stored.push_back(tps->stored(k, params[k]));
@@ -82,9 +94,27 @@ struct PipeRun {
   /// The stage's whole parameter values (this rank's slices under tensor parallelism): under
   /// ZeRO-3 all-gathered from the stage's data-parallel peers (collective).
   Expected<std::vector<exec::HostTensor>> values() const {
-    if (held()) return dp->gather_parameters(params);
+    if (dp && dp->holds_parameters()) return dp->gather_parameters(params);
+    if (eps) return eps->with_held(params);
     return params;
   }
+  /// The stage's whole optimizer state, shaped like its parameters (collective over the shard
+  /// groups under ZeRO).
+  Expected<OptimizerState> whole_state() const {
+    if (dp) return dp->gather_state(state, params);
+    if (eps) return eps->gather_state(state);
+    return state;
+  }
+  Status prepare_experts();
+  /// ZeRO-3 under expert parallelism: the parameters no sync holds (the experts where one rank of
+  /// the stage holds each) go to the executors; the held ones come from the gathers.
+  Status set_unheld() {
+    std::vector<exec::HostTensor> rest;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (!eps->holds(k)) rest.push_back(params[k]);
+    return stage->set_weights(rest);
+  }
+  Status same_gather_order();
   ShardedLayout layout() const;
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
@@ -137,7 +167,9 @@ Status PipeRun::prepare() {
     HP_ASSIGN_OR_RETURN(tps, TensorParallelSync::create(o.tp, stage->cuts(), params));
     tps->to_trained(params);
   }
-  if (o.dp.active()) {
+  if (o.ep.active()) {
+    HP_TRY(prepare_experts());
+  } else if (o.dp.active()) {
     // Each stage's replicas reduce its gradients (and shard its optimizer); the clip norm adds
     // the pipeline's stages, a shared weight counted by its first stage; with tensor parallelism
     // also the other pipelines of this replica, whole weights counted by their first member.
@@ -170,8 +202,66 @@ Status PipeRun::prepare() {
     for (auto d : cut == stage->cuts().end() ? p.dims : cut->second.shape) e *= d;
     n += e;
   }
+  if (eps) {  // the other members' experts of the stage
+    const auto& of = stage->experts_of();
+    for (const auto& t : forward.proto->graph().initializer())
+      for (std::size_t m = 0; m < of.size(); ++m)
+        if (static_cast<int>(m) != o.ep.index() &&
+            std::find(of[m].begin(), of[m].end(), t.name()) != of[m].end())
+          n += std::accumulate(t.dims().begin(), t.dims().end(), std::int64_t{1},
+                               std::multiplies<>());
+  }
   HP_TRY(t().allreduce(o.pp.ranks, &n, &n, 1, HP_I64, comm::ReduceOp::sum));
   report.params = n;
+  return {};
+}
+
+// Expert parallelism within the stages: the stage's replicas are the data-parallel group whose
+// consecutive expert groups share out the experts of the stage's chunks (expert_parallel.h). The
+// last stage weights each member's loss in its gradient model (PipelineStage::run_step), so every
+// gradient of the stage arrives weighted and the sync sums: the shared weights over the replicas,
+// the experts over the replicas holding them. The clip norm adds the pipeline's stages.
+Status PipeRun::prepare_experts() {
+  // The pipeline's expert layers (all, routed, summed), for the closing lines.
+  for (int k = 0; k < 3; ++k) expert_layers[k] = stage->expert_layers()[k];
+  HP_TRY(t().allreduce(o.pp.ranks, expert_layers.data(), expert_layers.data(), 3, HP_I64,
+                       comm::ReduceOp::sum));
+  if (expert_layers[0] == 0)
+    return Error(Errc::bad_input,
+                 "expert parallelism needs expert layers, and no stage of the model has one",
+                 o.model.string(), "set [parallel] expert_parallel = 1");
+  ExpertParallel ep = o.ep;
+  ep.norm_group = o.pp.ranks;
+  for (const auto& p : params) ep.counted.push_back(stage->owns(p.name));
+  HP_ASSIGN_OR_RETURN(eps, ExpertParallelSync::create(ep, params, stage->experts_of()));
+  stage->set_gradient_hook(
+      [s = eps.get()](std::size_t k, const exec::HostTensor& g) { s->gradient_ready(k, g); });
+  if (!o.trace.empty()) eps->set_trace(&trace);
+  // ZeRO-3: the shared weights held in shards over the stage's replicas, each expert over the
+  // replicas holding it; every part's executor borrows their buckets (pipeline_gather.h).
+  if (o.ep.zero >= 3 && eps->sharded()) {
+    HP_TRY(eps->hold(params));
+    HP_TRY(stage->lend(eps.get(), eps->held_groups()));
+    HP_TRY(same_gather_order());
+  }
+  return {};
+}
+
+// The shared weights' gathers span every replica of the stage, which run different members'
+// partitions: their requests must come in one order (StepGathers asks them as the actions use
+// them). The experts' gathers span replicas running the same partition. Checked once.
+Status PipeRun::same_gather_order() {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the shared buckets asked for
+  for (std::size_t g : stage->gather_sequence())
+    if (g < eps->shared_groups()) h = (h ^ (g + 1)) * 1099511628211ull;
+  std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
+  HP_TRY(t().allreduce(o.ep.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
+  HP_TRY(t().allreduce(o.ep.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
+  if (lo != hi)
+    return Error(Errc::not_implemented,
+                 "ZeRO-3 with expert parallelism needs every member of a stage to use the shared "
+                 "weights in the same order, and this model's members do not",
+                 o.model.string(), "use optimizer_shard 2");
   return {};
 }
 
@@ -213,6 +303,7 @@ ShardedLayout PipeRun::layout() const {
   l.transport = o.pp.transport;
   l.tps = tps.get();
   l.sync = dp.get();
+  l.eps = eps.get();
   l.dp_index = std::max(0, o.dp.index());
   l.tp_index = std::max(0, o.tp.index());
   l.lead = lead();
@@ -222,7 +313,8 @@ ShardedLayout PipeRun::layout() const {
 Status PipeRun::resume_sharded() {
   HP_ASSIGN_OR_RETURN(auto r, load_sharded(layout(), o.resume_dir, params, {}, o.optimizer.kind));
   params = std::move(r.params);
-  state = std::move(r.state);
+  // Expert parallelism reads each parameter's state whole (the syncs' pieces are cut from it).
+  state = eps ? eps->slice_state(r.state) : std::move(r.state);
   HP_TRY(set_weights());
   report.first_step = r.header.step + 1;
   data_position = r.header.data_position;
@@ -263,6 +355,7 @@ Status PipeRun::resume() {
     }
   }
   if (dp) state = dp->slice_state(state);
+  if (eps) state = eps->slice_state(state);
   HP_TRY(set_weights());
   report.first_step = c.step + 1;
   data_position = c.data_position;
@@ -275,7 +368,11 @@ Expected<StepMetrics> PipeRun::step() {
   if (stream) HP_TRY(draw());
   // Data parallelism: each replica's weight first, so gradients can be handed over as they finish.
   if (dp) HP_TRY(dp->begin_step(total_labels));
-  HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels));
+  double share = 1.0;  // expert parallelism: this replica's share of the stage's labels
+  if (eps) {
+    HP_ASSIGN_OR_RETURN(share, eps->begin_step(total_labels));
+  }
+  HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels, share));
   // The replicas' gradients of this stage, each a mean over its rows' labels, weighted by their
   // label counts and summed (data_parallel.h): the whole batch's.
   // (A copy: with ZeRO the reduction leaves only this rank's pieces in it, and the stage
@@ -284,6 +381,9 @@ Expected<StepMetrics> PipeRun::step() {
   if (dp) {
     reduced = stage->grads();
     HP_ASSIGN_OR_RETURN(loss, dp->finish_step(loss, reduced));
+  } else if (eps) {
+    reduced = stage->grads();
+    HP_ASSIGN_OR_RETURN(loss, eps->finish_step(loss, reduced));
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!std::isfinite(loss))
@@ -293,12 +393,17 @@ Expected<StepMetrics> PipeRun::step() {
   Expected<StepInfo> info = StepInfo{};
   if (dp) {
     info = dp->update(o.optimizer, params, reduced, state);
+  } else if (eps) {
+    info = eps->update(o.optimizer, params, reduced, state);
   } else {
     HP_ASSIGN_OR_RETURN(double norm, tps ? tp_norm() : stage->global_norm());
     info = optimizer_step(o.optimizer, params, stage->grads(), state, norm);
   }
   if (!info) return Error(info.error().code, fmt::format("step {}: {}", k, info.error().message()));
-  if (!held()) HP_TRY(set_weights());  // ZeRO-3: the next step's gathers bring the new values
+  if (!held())
+    HP_TRY(set_weights());
+  else if (eps)  // ZeRO-3: the next step's gathers bring the held values, the rest go in now
+    HP_TRY(set_unheld());
   const auto t2 = std::chrono::steady_clock::now();
   if (!o.trace.empty()) trace.add(fmt::format("optimizer {}", k), "optimizer", 0, t1, t2);
   StepMetrics m;
@@ -345,10 +450,7 @@ Expected<Checkpoint> PipeRun::gather() {
   Checkpoint c;
   const int me = o.pp.stage;
   // A sharded optimizer's state, whole on every replica of the stage first.
-  OptimizerState whole = state;
-  if (dp) {
-    HP_ASSIGN_OR_RETURN(whole, dp->gather_state(state, params));
-  }
+  HP_ASSIGN_OR_RETURN(OptimizerState whole, whole_state());
   // Tensor parallelism: whole tensors from the stage's members; the first member's pipeline
   // gathers the stages.
   HP_ASSIGN_OR_RETURN(auto values, this->values());
@@ -358,9 +460,18 @@ Expected<Checkpoint> PipeRun::gather() {
     HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, tps->gather(whole.exp_avg_sq));
     if (o.tp.index() != 0) return c;
   }
+  std::vector<std::string> names;
+  for (const auto& p : params) names.push_back(p.name);
+  if (eps) {  // every member's experts of the stage (collective over its expert group)
+    HP_ASSIGN_OR_RETURN(values, eps->gather(values, forward));
+    names.clear();
+    for (const auto& v : values) names.push_back(v.name);
+    HP_ASSIGN_OR_RETURN(whole.exp_avg, eps->gather(whole.exp_avg, forward));
+    HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, eps->gather(whole.exp_avg_sq, forward));
+  }
   std::vector<exec::HostTensor> mine, avg, avg_sq;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    if (!stage->owns(params[k].name)) continue;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    if (!stage->owns(names[k])) continue;
     mine.push_back(values[k]);
     if (k < whole.exp_avg.size()) avg.push_back(whole.exp_avg[k]);
     if (k < whole.exp_avg_sq.size()) avg_sq.push_back(whole.exp_avg_sq[k]);
@@ -449,6 +560,10 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
       h.seed = o.seed;
       h.optimizer = optimizer_name(o.optimizer.kind);
       HP_ASSIGN_OR_RETURN(auto values, r.values());
+      if (r.eps) {  // each member writes its parameters' state whole (as trainer.cpp's runs do)
+        HP_ASSIGN_OR_RETURN(auto whole, r.whole_state());
+        return save_sharded(r.layout(), h, values, whole, {}, o.checkpoint_dir, o.force_checkpoint);
+      }
       return save_sharded(r.layout(), h, values, r.state, {}, o.checkpoint_dir, o.force_checkpoint);
     }
     HP_ASSIGN_OR_RETURN(auto c, r.gather());
@@ -493,7 +608,19 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
         "trained {} steps on {} pipeline stages: loss {:.6f} -> {:.6f}; median step {:.3f} s\n",
         r.report.steps.size(), o.pp.ranks.size(), r.report.steps.front().loss,
         r.report.steps.back().loss, r.report.median_step_seconds);
-  if (r.lead() && r.held()) r.report.summary += zero3_line(*r.dp, "first stage's parameters");
+  if (r.lead() && r.held() && r.dp)
+    r.report.summary += zero3_line(*r.dp, "first stage's parameters");
+  if (r.lead() && r.held() && r.eps) {
+    if (r.eps->holds_shared())
+      r.report.summary += zero3_line(r.eps->shared_sync(), "first stage's shared parameters");
+    if (r.eps->holds_experts())
+      r.report.summary += zero3_line(r.eps->expert_sync(), "first stage's experts");
+  }
+  if (r.lead() && r.eps) {
+    const auto& l = r.expert_layers;
+    r.report.summary +=
+        expert_layers_line(static_cast<int>(l[0]), static_cast<int>(l[1]), static_cast<int>(l[2]));
+  }
   if (!o.save_model.empty() && r.lead())
     r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;

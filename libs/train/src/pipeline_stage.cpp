@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <set>
 
+#include "batches.h"
 #include "hp/exec/backends.h"
 #include "hp/plugin/hp_plugin.h"
+#include "hp/train/expert_parallel.h"
 #include "pipeline_tags.h"
 #include "rewrite.h"
 
@@ -78,6 +80,12 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
   HP_ASSIGN_OR_RETURN(auto b,
                       exec::open_backends(o.backend.empty() ? "cpu" : o.backend, o.threads, paths));
   if (o.tp.active()) s->comm_ = std::make_unique<LockedComm>(*o.tp.transport, *s);
+  if (o.ep.active()) {
+    if (o.tp.active())
+      return Error(Errc::not_implemented, "expert parallelism with tensor-parallel stages");
+    s->comm_ = std::make_unique<LockedComm>(*o.ep.transport, *s);
+    s->experts_of_.resize(o.ep.group.size());
+  }
   for (int vs = 0; vs <= last; ++vs) {
     if (!s->mine(vs)) continue;
     Chunk& c = s->chunks_.emplace_back();
@@ -91,6 +99,12 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
       spec.output_grads = c.float_out;
     }
     spec.input_grads = c.float_in;
+    // Expert parallelism: the members' losses are weighted before their gradients mix in the
+    // experts (run_step's share), so the last stage scales the seed in its gradient model.
+    if (o.ep.active() && vs == last) {
+      spec.loss_scale = kLossScaleInput;
+      c.graph_scale = true;
+    }
     HP_ASSIGN_OR_RETURN(model::Model fwd, s->piece(o, pieces, vs, spec));
     HP_ASSIGN_OR_RETURN(c.gg, build_grad_graph(fwd, spec));
     HP_ASSIGN_OR_RETURN(GradParts parts,
@@ -134,8 +148,35 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
   return s;
 }
 
+Expected<model::Model> PipelineStage::expert_piece(const TrainOptions& o, const model::Model& piece,
+                                                   int vs, GradSpec& spec) {
+  const int me = o.ep.index();
+  HP_ASSIGN_OR_RETURN(ExpertPartition part, partition_experts(piece, o.ep.group, me, o.ep.routed,
+                                                              spec.dims, /*allow_none=*/true));
+  if (part.layers == 0) return piece;  // no expert here: the stage's weights are all shared
+  expert_layers_[0] += part.layers;
+  expert_layers_[1] += part.routed;
+  expert_layers_[2] += part.summed;
+  for (std::size_t m = 0; m < part.experts_of.size() && m < experts_of_.size(); ++m)
+    experts_of_[m].insert(experts_of_[m].end(), part.experts_of[m].begin(),
+                          part.experts_of[m].end());
+  model::LoadOptions lo;
+  lo.mode = model::LoadMode::require_data;
+  HP_ASSIGN_OR_RETURN(
+      model::Model m,
+      model::parse_model(
+          part.onnx, o.model.parent_path() / fmt::format("stage{}-ep-member{}.onnx", vs, me), lo));
+  // The gathered tokens feed this member's experts: their gradient is summed over the group
+  // (expert_parallel.h), as in a tensor-parallel region.
+  spec.tp.varying = std::move(part.varying);
+  spec.tp.group.assign(o.ep.group.begin(), o.ep.group.end());
+  spec.tp.rank = o.ep.transport->rank();
+  return m;
+}
+
 Expected<model::Model> PipelineStage::piece(const TrainOptions& o, const PipelinePieces& pieces,
                                             int vs, GradSpec& spec) {
+  if (o.ep.active()) return expert_piece(o, pieces.stages[static_cast<std::size_t>(vs)], vs, spec);
   if (!o.tp.active()) return pieces.stages[static_cast<std::size_t>(vs)];
   HP_ASSIGN_OR_RETURN(TensorParallelPart part,
                       o.tp.partition(vs, o.tp.position,

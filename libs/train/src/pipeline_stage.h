@@ -4,6 +4,7 @@
 // micro-batches.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,8 +34,13 @@ class PipelineStage {
   /// (named); `total_labels` is the global batch's label positions. Afterwards grads() holds the
   /// whole batch's gradients of this rank's parameters (shared weights' summed over their stages)
   /// and the return value is the global batch's loss, on every rank of the pipeline.
+  /// Under expert parallelism (TrainOptions::ep: the stage's replicas share its experts out)
+  /// `share` is this replica's share of the stage's data-parallel group's label positions: the
+  /// last stage's gradient model multiplies the loss's gradient by it (GradSpec::loss_scale), as
+  /// every member's contributions mix in its experts' gradients, so the stage's gradients come out
+  /// weighted for summing (DataParallel::weighted).
   Expected<double> run_step(const std::vector<std::vector<exec::HostTensor>>& micro,
-                            std::int64_t total_labels);
+                            std::int64_t total_labels, double share = 1.0);
   /// sqrt of the whole model's sum of squared gradients (collective; shared weights once).
   Expected<double> global_norm();
   /// Writes `params` (this rank's, in params() order) into every part holding them.
@@ -69,6 +75,11 @@ class PipelineStage {
     hook_ = std::move(hook);
     finals_ = finals();  // the action lists are the same every step
   }
+  /// Expert parallelism: per member of the stage's expert group, the experts it holds of this
+  /// rank's chunks (partition_experts' experts_of, the chunks' lists end to end), and the layers
+  /// found (all, routed, summed) in them.
+  const std::vector<std::vector<std::string>>& experts_of() const { return experts_of_; }
+  std::array<int, 3> expert_layers() const { return expert_layers_; }
   /// Seconds the last step spent in the parts' "hp"-domain collectives (tensor parallelism).
   double comm_seconds() const { return comm_seconds_; }
   /// ZeRO-3: from now on the parts' executors borrow this rank's parameters from `source` (not
@@ -77,6 +88,10 @@ class PipelineStage {
   /// served one ahead over all of its actions (pipeline_gather.h). set_weights and read_params
   /// then refuse these parameters. Before the first step.
   Status lend(exec::WeightSource* source, const std::vector<std::vector<std::string>>& buckets);
+  /// After lend: the buckets one step asks for, in order (empty before).
+  std::vector<std::size_t> gather_sequence() const {
+    return gathers_ ? gathers_->sequence() : std::vector<std::size_t>{};
+  }
 
  private:
   struct Part {
@@ -92,6 +107,9 @@ class PipelineStage {
     std::vector<std::string> float_in;              ///< received tensors whose gradient goes back
     std::vector<std::string> float_out;             ///< sent tensors whose gradient comes back
     std::map<std::string, std::size_t> grad_index;  ///< gradient output -> rank parameter
+    /// The loss's gradient is scaled inside the gradient model (expert parallelism's last stage:
+    /// kLossScaleInput), so its outputs are not scaled afterwards.
+    bool graph_scale = false;
   };
   using Env = std::map<std::string, exec::HostTensor>;
   PipelineStage() = default;
@@ -141,9 +159,13 @@ class PipelineStage {
   /// parallelism this rank's partition of it (Recv/Send as graph inputs/outputs).
   Expected<model::Model> piece(const TrainOptions& o, const PipelinePieces& pieces, int vs,
                                GradSpec& spec);
+  /// Under expert parallelism: this member's partition of the piece (partition_experts), or the
+  /// piece itself where it holds no expert layer.
+  Expected<model::Model> expert_piece(const TrainOptions& o, const model::Model& piece, int vs,
+                                      GradSpec& spec);
 
   PipelineRole role_;
-  std::unique_ptr<LockedComm> comm_;  ///< tensor parallelism only
+  std::unique_ptr<LockedComm> comm_;  ///< tensor or expert parallelism only
   std::map<std::string, ParamCut> cuts_;
   std::unique_ptr<StepGathers> gathers_;  ///< ZeRO-3 (lend); before chunks_, which use it
   std::vector<Chunk> chunks_;
@@ -154,6 +176,9 @@ class PipelineStage {
   std::map<std::string, bool> owned_;  ///< shared weights: whether this rank's chunk is the first
   std::vector<exec::HostTensor> grads_;
   double loss_ = 0;
+  double share_ = 1.0;  ///< run_step's share (expert parallelism's in-graph loss scale)
+  std::vector<std::vector<std::string>> experts_of_;
+  std::array<int, 3> expert_layers_{};
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;
   std::function<void(std::size_t, const exec::HostTensor&)> hook_;

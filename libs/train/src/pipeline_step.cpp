@@ -30,7 +30,19 @@ void scale_f32(exec::HostTensor& t, float s) {
 Status PipelineStage::run_part(Chunk& c, Part& p, Env& env, float scale) {
   if (!p.ex) return {};
   std::vector<exec::HostTensor> in;
+  // With the loss's gradient scaled in the graph (expert parallelism), what the part writes is
+  // weighted already.
+  const float out_scale = c.graph_scale ? 1.0f : scale;
   for (const auto& name : p.part.inputs) {
+    if (name == kLossScaleInput) {  // the micro-batch's share of the group's label positions
+      exec::HostTensor t;
+      t.name = name;
+      t.dtype = HP_F32;
+      t.data.resize(sizeof(float));
+      *t.as<float>() = static_cast<float>(static_cast<double>(scale) * share_);
+      in.push_back(std::move(t));
+      continue;
+    }
     auto it = env.find(name);
     if (it == env.end())
       return Error(Errc::internal, "a stage part reads a tensor nothing gave it", name);
@@ -47,14 +59,14 @@ Status PipelineStage::run_part(Chunk& c, Part& p, Env& env, float scale) {
         return Error(Errc::internal, "a gradient part's shape differs from its parameter", name);
       float* a = acc.as<float>();
       const float* v = t.as<float>();
-      for (std::int64_t e = 0; e < acc.numel(); ++e) a[e] += scale * v[e];
+      for (std::int64_t e = 0; e < acc.numel(); ++e) a[e] += out_scale * v[e];
     } else if (name == c.gg.loss && !name.empty()) {
       loss_ +=
           static_cast<double>(scale) * (t.dtype == HP_F32 ? t.as<float>()[0] : t.as<double>()[0]);
     } else {
       if (std::find(c.gg.input_grad_outputs.begin(), c.gg.input_grad_outputs.end(), name) !=
           c.gg.input_grad_outputs.end())
-        scale_f32(t, scale);
+        scale_f32(t, out_scale);
       t.name = name;
       env[name] = std::move(t);
     }
@@ -158,8 +170,9 @@ std::vector<std::vector<std::size_t>> PipelineStage::finals() {
 }
 
 Expected<double> PipelineStage::run_step(const std::vector<std::vector<exec::HostTensor>>& micro,
-                                         std::int64_t total_labels) {
+                                         std::int64_t total_labels, double share) {
   const int m = static_cast<int>(micro.size());
+  share_ = share;
   if (m != role_.micro_batches)
     return Error(Errc::internal, "the step's micro-batches differ from the schedule's");
   for (auto& g : grads_) std::fill(g.data.begin(), g.data.end(), 0);

@@ -53,4 +53,17 @@ std::string zero3_line(DataParallelSync& s, const std::string& what) {
       what, mib(s.flat_bytes() / s.shard_count()), mib(s.gradient_bytes()), mib(s.flat_bytes()));
 }
 
+std::string expert_layers_line(int layers, int routed, int summed) {
+  std::string out = fmt::format(
+      "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "
+      "{} by all-gathering the tokens\n",
+      routed, layers, layers - routed);
+  if (summed > 0)
+    out += fmt::format(
+        "  ({} of them a loop adding each expert's rows into the layer's sum: the members' "
+        "partial sums reduce-scattered)\n",
+        summed);
+  return out;
+}
+
 }  // namespace hp::train::detail

@@ -25,4 +25,8 @@ std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats
 /// (whole: ...)" for a sync holding parameters (DataParallelSync::hold_parameters).
 std::string zero3_line(DataParallelSync& s, const std::string& what);
 
+/// "expert layers: R of L dispatched by their routing ..., the rest by all-gathering the tokens",
+/// and a line for the S of them that are summed loops (expert_accumulate.h) when there are any.
+std::string expert_layers_line(int layers, int routed, int summed);
+
 }  // namespace hp::train::detail

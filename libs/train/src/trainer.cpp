@@ -456,16 +456,8 @@ Expected<TrainReport> train(const TrainOptions& o) {
       r.report.summary += detail::zero3_line(r.eps->expert_sync(), "experts");
   }
   if (r.eps)
-    r.report.summary += fmt::format(
-        "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "
-        "{} by all-gathering the tokens\n",
-        r.expert_layers.routed, r.expert_layers.layers,
-        r.expert_layers.layers - r.expert_layers.routed);
-  if (r.eps && r.expert_layers.summed > 0)
-    r.report.summary += fmt::format(
-        "  ({} of them a loop adding each expert's rows into the layer's sum: the members' "
-        "partial sums reduce-scattered)\n",
-        r.expert_layers.summed);
+    r.report.summary += detail::expert_layers_line(r.expert_layers.layers, r.expert_layers.routed,
+                                                   r.expert_layers.summed);
   if (!o.save_model.empty()) r.report.summary += fmt::format("wrote {}\n", o.save_model.string());
   return r.report;
 }

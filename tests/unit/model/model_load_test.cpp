@@ -6,6 +6,8 @@
 
 #include <fstream>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "hp/core/fs.h"
 #include "hp/model/model.h"
@@ -303,4 +305,72 @@ TEST_CASE("model: Shape downstream of ops onnx does not know is inferred, not a 
   REQUIRE(z.dims.size() == 2);
   CHECK(z.dims[0].value == 2);
   CHECK(z.dims[1].value == 3);
+}
+
+TEST_CASE("model: an untyped graph output an hp op writes gets its shape without a crash",
+          "[model]") {
+  // What a part cut out of a gradient model looks like (split_backward.cpp declares its outputs
+  // by name): hp.AllToAll's output is a graph output with no type. libonnx's inference crashed on
+  // it (shape.cpp, type_untyped_outputs).
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  for (auto [domain, version] : {std::pair{"", 17}, {"hp", 1}}) {
+    auto* op = m.add_opset_import();
+    op->set_domain(domain);
+    op->set_version(version);
+  }
+  auto* g = m.mutable_graph();
+  g->set_name("g");
+  auto* x = g->add_input();
+  x->set_name("x");
+  x->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int d : {4, 1, 3})
+    x->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  auto* n = g->add_node();
+  n->set_op_type("AllToAll");
+  n->set_domain("hp");
+  n->add_input("x");
+  n->add_output("y");
+  auto attr = [&](const char* name, std::vector<std::int64_t> v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    if (v.size() == 1) {
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(v[0]);
+      return;
+    }
+    a->set_type(onnx::AttributeProto::INTS);
+    for (auto e : v) a->add_ints(e);
+  };
+  attr("group", {0, 1});
+  attr("split_axis", {0});
+  attr("concat_axis", {1});
+  g->add_output()->set_name("y");
+  // ... read by a Mul whose Shape is taken, as the gate's product is in an expert layer.
+  auto* gate = g->add_input();
+  gate->set_name("gate");
+  gate->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int d : {2, 2, 1})
+    gate->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  for (auto [op, in, out] : {std::tuple{"Mul", "y", "w"}, {"Shape", "w", "s"}}) {
+    auto* k = g->add_node();
+    k->set_op_type(op);
+    k->add_input(in);
+    if (std::string(op) == "Mul") k->add_input("gate");
+    k->add_output(out);
+  }
+  const auto dir = scratch_dir("untyped-hp-output");
+  std::string bytes;
+  REQUIRE(m.SerializeToString(&bytes));
+  write_bytes(dir / "m.onnx", bytes);
+  auto model = load_model(dir / "m.onnx");
+  REQUIRE(model);
+  auto graph = build_graph(*model, {});
+  INFO((graph ? std::string() : graph.error().str()));
+  REQUIRE(graph);
+  const auto& y = graph->tensor(graph->find_tensor("y"));
+  REQUIRE(y.dims.size() == 3);
+  CHECK(y.dims[0].value == 2);  // split over the two members, their blocks concatenated on axis 1
+  CHECK(y.dims[1].value == 2);
+  CHECK(y.dims[2].value == 3);
 }

@@ -18,6 +18,7 @@
 #include "hp/core/hp_domain.h"
 #include "hp/model/model.h"
 #include "hp/train/expert_parallel.h"
+#include "hp/train/pipeline.h"
 #include "hp/train/trainer.h"
 #include "train_graph_builder.h"
 
@@ -397,6 +398,93 @@ TEST_CASE("ZeRO-3 under expert parallelism holds the experts in shards too", "[t
       CHECK(wb.at(name)[e] == Approx(va[e]).margin(2e-6));
     }
   }
+  fs::remove_all(d);
+}
+
+TEST_CASE("expert-parallel pipeline stages train what one rank trains", "[train][ep][pipeline]") {
+  // Ranks 0, 1 hold stage 0 (the embedding and the experts, cut at "y") and ranks 2, 3 stage 1 (the
+  // head: no expert, but the loss, whose gradient each member weights by its share of the labels).
+  // Pipeline r % 2 takes rows 2(r % 2) .. of the batch, one micro-batch a row, and the stage's two
+  // replicas are one expert group. At ZeRO-3 (256-byte buckets) with the backward split in B and W,
+  // the shared weights and the experts are gathered for every use.
+  const int zero = GENERATE(0, 2, 3);
+  const bool top2 = GENERATE(false, true);  // gathered and routed dispatch
+  INFO("optimizer_shard " << zero << ", top2 " << top2);
+  const fs::path d = fresh_dir("pipeline");
+  train::TrainOptions one = options(d, top2, 4);
+  one.metrics = d / "one.jsonl";
+  one.save_model = d / "one.onnx";
+  REQUIRE(train::train(one));
+  using Kind = train::PipelineAction::Kind;
+  const bool split = zero == 3;
+  auto run = [&](const train::TrainOptions& base) {
+    return comm::run_in_process(4, [&](int rank, comm::Transport& t) -> Status {
+      train::TrainOptions mine = base;
+      const int stage = rank / 2, replica = rank % 2;
+      mine.pp.transport = &t;
+      mine.pp.ranks = {replica, 2 + replica};
+      mine.pp.stage = stage;
+      mine.pp.micro_batches = 2;
+      mine.pp.split_weight = split;
+      mine.pp.cuts = {{"y"}};
+      for (int k = 0; k < 2; ++k) mine.pp.actions.push_back({Kind::forward, k});
+      for (int k = 0; k < 2; ++k) {
+        mine.pp.actions.push_back({Kind::backward, k});
+        if (split) mine.pp.actions.push_back({Kind::weight, k});
+      }
+      mine.dp.transport = &t;
+      mine.dp.group = {2 * stage, 2 * stage + 1};
+      mine.ep.transport = &t;
+      mine.ep.group = mine.ep.data = mine.dp.group;
+      mine.ep.replicas = {rank};
+      mine.ep.zero = zero;
+      mine.ep.bucket_bytes = 256;
+      HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+      if (rank == 0 && rep.summary.find("expert layers: ") == std::string::npos)
+        return Error(Errc::internal, "no expert layers line in " + rep.summary);
+      if (rank == 0 && zero == 3 &&
+          rep.summary.find("ZeRO-3: the first stage's shared") == std::string::npos)
+        return Error(Errc::internal, "no ZeRO-3 line in " + rep.summary);
+      return {};
+    });
+  };
+  train::TrainOptions ep = one;
+  ep.metrics = d / "ep.jsonl";
+  ep.save_model = d / "ep.onnx";
+  const Status st = run(ep);
+  INFO((st ? std::string() : st.error().str()));
+  REQUIRE(st);
+  const auto a = test::metric_losses(one.metrics), b = test::metric_losses(ep.metrics);
+  REQUIRE(b.size() == a.size());
+  for (std::size_t k = 0; k < a.size(); ++k) CHECK(b[k] == Approx(a[k]).epsilon(1e-6));
+  const auto wa = weights(one.save_model), wb = weights(ep.save_model);
+  REQUIRE(wa.size() == wb.size());  // every expert gathered into the saved model
+  for (const auto& [name, va] : wa) {
+    REQUIRE(wb.count(name));
+    for (std::size_t e = 0; e < va.size(); ++e) {
+      INFO(name << "[" << e << "]");
+      CHECK(wb.at(name)[e] == Approx(va[e]).margin(2e-6));
+    }
+  }
+  // Two steps checkpointed (each rank its stage's pieces, its experts' state whole), the third at
+  // one rank: the same weights.
+  ep.steps = 2;
+  ep.save_model.clear();
+  ep.metrics.clear();
+  ep.checkpoint_dir = d / "ckpt";
+  REQUIRE(run(ep));
+  train::TrainOptions resumed = one;
+  resumed.steps = 1;
+  resumed.resume_dir = d / "ckpt";
+  resumed.metrics.clear();
+  resumed.save_model = d / "resumed.onnx";
+  REQUIRE(train::train(resumed));
+  const auto wr = weights(resumed.save_model);
+  for (const auto& [name, va] : wa)
+    for (std::size_t e = 0; e < va.size(); ++e) {
+      INFO("resumed " << name << "[" << e << "]");
+      CHECK(wr.at(name)[e] == Approx(va[e]).margin(2e-6));
+    }
   fs::remove_all(d);
 }
 

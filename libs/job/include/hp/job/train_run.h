@@ -1,7 +1,7 @@
 // `hp launch RECIPE.toml` for a recipe with a [train] table: the recipe and the command line turned
-// into one hp::train::train() run on this process (docs/training.md). Training runs on one rank for
-// now: dp = tp = pp = 1 and no [[groups]]; anything else is Errc::not_implemented, so a recipe
-// planned for several ranks is refused rather than trained on one of them.
+// into one hp::train::train() run on this process, or one such run per rank of an MPI or
+// in-process job (docs/training.md). What is not trained yet (expert parallelism with tp, [train]
+// with [[groups]]) is Errc::not_implemented, so a recipe is refused rather than trained otherwise.
 #pragma once
 
 #include <memory>

@@ -80,9 +80,12 @@ struct ExpertPartition {
 /// not a multiple of the group. `dims` (the rank's input dims) let such a layer read a shape from
 /// outside it that does not depend on the rows (checked by inferring the graph's shapes at `dims`
 /// and at twice the batch); without them it may read none.
+/// `allow_none`: a model without expert layers is returned as it is (layers == 0; a pipeline stage
+/// holding none of a model's experts) instead of refused.
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
                                             int member, bool routed = true,
-                                            const model::DimBindings& dims = {});
+                                            const model::DimBindings& dims = {},
+                                            bool allow_none = false);
 
 /// Where a rank stands under expert parallelism. The data-parallel ranks `data` each train on their
 /// rows of the batch; they are cut into expert-parallel groups of consecutive ranks, and the ranks
@@ -102,6 +105,12 @@ struct ExpertParallel {
   /// Dispatch each token to its top-k experts' members only, where the graph allows it
   /// (partition_experts); false: all-gather the tokens.
   bool routed = true;
+  /// With pipeline stages (the groups above are one stage's replicas): the ranks whose squared
+  /// gradient norms add up to the whole model's (this rank's pipeline), and per parameter of the
+  /// rank whether it counts here (a weight several stages share counts on its first stage only).
+  /// Empty: the model is whole on every member.
+  std::vector<int> norm_group;
+  std::vector<char> counted;
   bool active() const { return transport != nullptr && group.size() > 1; }
   int index() const;  ///< this rank's position in `group` (-1 when absent)
   int part() const;   ///< this rank's position in `data`: which rows of a batch it trains on
