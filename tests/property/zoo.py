@@ -3,7 +3,7 @@
 
 Each family is a small PyTorch module in the idiom its users use (nn.MultiheadAttention with an
 additive causal mask, hand-written attention, a Llama block with RoPE and grouped-query attention,
-a top-k MoE, a ViT, a CNN, an LSTM), nothing shaped for hp: default initialisation (so the exporter
+a top-k MoE, the same written as Mixtral's routing loop, a ViT, a CNN, an LSTM), nothing shaped for hp: default initialisation (so the exporter
 deduplicates equal LayerNorm weights through Identity nodes), torch.onnx.export's default constant
 folding, opset 17. `export(family, out_dir, dynamic)` writes <family>[-static].onnx and the torch
 reference: <name>.io/input_K.pb and output_0.pb at the batch the chain test runs.
@@ -201,13 +201,33 @@ class MoeLayer(nn.Module):
         return x + y
 
 
-class Moe(nn.Module):
-    """Top-2 MoE with a softmax router; experts combined by mask-multiply (dense)."""
+class MixtralLayer(MoeLayer):
+    """The same experts combined as transformers' MixtralSparseMoeBlock does: each expert runs on
+    the rows routed to it (torch.where on the one-hot routing), its weighted output added back with
+    index_add_ into torch.zeros((n, d)); the rows an expert gets are known only when it runs."""
 
-    def __init__(self):
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.ln(x).reshape(-1, d)
+        weights, idx = torch.topk(self.router(h).softmax(-1), self.K, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        y = torch.zeros((b * s, d), dtype=h.dtype)
+        mask = F.one_hot(idx, self.E).permute(2, 1, 0)  # [E, K, n]
+        for e, expert in enumerate(self.experts):
+            slot, rows = torch.where(mask[e])
+            picked = h[None, rows].reshape(-1, d)
+            y.index_add_(0, rows, expert(picked) * weights[rows, slot, None])
+        return x + y.reshape(b, s, d)
+
+
+class Moe(nn.Module):
+    """Top-2 MoE with a softmax router; experts combined by mask-multiply (dense), or as
+    Mixtral's loop (`layer`)."""
+
+    def __init__(self, layer=MoeLayer):
         super().__init__()
         self.tok = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(MoeLayer() for _ in range(LAYERS))
+        self.layers = nn.ModuleList(layer() for _ in range(LAYERS))
         self.head = nn.Linear(HIDDEN, VOCAB)
 
     def forward(self, ids):
@@ -274,6 +294,7 @@ FAMILIES = {
     "gpt-hand": (GptHand, "tokens"),
     "llama": (Llama, "tokens"),
     "moe": (Moe, "tokens"),
+    "mixtral": (lambda: Moe(MixtralLayer), "tokens"),
     "vit": (Vit, "image"),
     "cnn": (Cnn, "image"),
     "lstm": (Lstm, "tokens"),

@@ -164,7 +164,8 @@ def launch(hp, recipe, how, args, log):
     return rt.launch(hp, recipe, (["--simulate"] if how == "simulate" else []) + args, log)
 
 
-def schedule_run(hp, d, ref, stages, tag, extra, how, log):
+def schedule_run(hp, d, ref, stages, tag, extra, how, log, expect=()):
+    """`expect`: lines the run's output must hold (what it says it split)."""
     recipe = os.path.join(d, f"{tag}.toml")
     pp_recipe(recipe, ref, stages, extra)
     metrics, saved = os.path.join(d, f"{tag}.jsonl"), os.path.join(d, f"{tag}.onnx")
@@ -174,6 +175,9 @@ def schedule_run(hp, d, ref, stages, tag, extra, how, log):
                                        os.path.join(d, f"run-{tag}")], log)
     if rc != 0:
         raise rt.Failure(f"hp launch exit {rc}: {rt.first_error(out)}")
+    for line in expect:
+        if line not in out:
+            raise rt.Failure(f"the run does not say '{line}'")
     pp = extra.get("pp", len(stages))
     check_trace(trace, extra, pp * extra.get("tp", 1) * extra.get("dp", 1), len(stages) // pp)
     detail, (worst, name) = rt.compare(ref, rt.read_metrics(metrics, 1, reference.STEPS), saved)
@@ -440,7 +444,7 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--models", default="gpt2,llama,vit,moe")
     ap.add_argument("--deep-models", default="gpt2-deep,llama-deep")
-    ap.add_argument("--ep-models", default="moe,moe-scatter",
+    ap.add_argument("--ep-models", default="moe,moe-scatter,moe-loop",
                     help="MoE exports trained with expert parallelism inside the stages")
     ap.add_argument("--layouts", help="only these layouts (comma-separated tags, e.g. "
                     "dp2xpp2-zero3-1f1b-m2); the cross-cutting checks are then left out")
@@ -492,9 +496,14 @@ def main():
                 label = f"{name} {tag} ({how})"
                 if (only and tag not in only) or any(x in label for x in skipped):
                     continue
+                # Both stages hold an expert layer; the Mixtral loop's are summed.
+                expect = ["expert layers: ", " of 2 dispatched"]
+                if name == "moe-loop":
+                    expect.append("(2 of them a loop adding each expert's rows")
                 try:
                     stages = two_stages(a.hp, ref, d, log)
-                    report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
+                    report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log,
+                                                     expect))
                 except Exception as e:
                     report(False, label, rt.describe(e))
         for name in a.deep_models.split(",") if a.deep_models else []:

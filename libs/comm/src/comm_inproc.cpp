@@ -9,6 +9,8 @@
 // fail instead of hanging.
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -75,11 +77,18 @@ struct World {
   // Waits for `ready` under `lock`; fails when a peer failed or the timeout passes.
   template <class Pred>
   Status wait(std::unique_lock<std::mutex>& lock, Pred ready, const std::string& what) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(timeout_s));
     while (!ready()) {
       if (failed) return Error(Errc::runtime, fmt::format("{}: another rank failed", what));
-      if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready())
+      if (cancelled()) return Error(Errc::runtime, fmt::format("{}: cancelled (stopping)", what));
+      // A thread that may be cancelled looks at its flag every 50 ms (nothing notifies it).
+      const Clock::time_point until =
+          cancellable() ? std::min(deadline, Clock::now() + std::chrono::milliseconds(50))
+                        : deadline;
+      if (cv.wait_until(lock, until) == std::cv_status::timeout && !ready() &&
+          Clock::now() >= deadline)
         return Error(Errc::runtime,
                      fmt::format("{}: no progress for {:g} s (deadlock?)", what, timeout_s));
     }

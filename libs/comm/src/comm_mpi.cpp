@@ -107,6 +107,8 @@ Status finish(MPI_Request& req, const char* what, Access& access) {
     int done = 0;
     HP_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what));
     if (done) return {};
+    // The request stays unfinished: the rank is stopping and exits without MPI_Finalize.
+    if (cancelled()) return Error(Errc::runtime, fmt::format("{}: cancelled (stopping)", what));
     access.release();
     if (spins > 64) std::this_thread::yield();
     access.acquire();

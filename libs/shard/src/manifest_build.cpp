@@ -98,6 +98,11 @@ Manifest make_manifest(const Prepared& p) {
     if (tensor.kind == model::TensorKind::shape || tensor.kind == model::TensorKind::constant)
       continue;
     if (tensor.kind == model::TensorKind::initializer && tensor.consumers.empty()) continue;
+    // A tensor whose shape is known only when it runs (a data-dependent routing loop's rows) is
+    // whole on every rank (propagate.cpp, whole_on_every_rank); the manifest lists static shapes.
+    if (!tensor.has_shape || std::any_of(tensor.dims.begin(), tensor.dims.end(),
+                                         [](const model::Dim& d) { return !d.known(); }))
+      continue;
     const auto& s = p.prop.layout[t];
     ManifestLayout l;
     l.tensor = tensor.name;

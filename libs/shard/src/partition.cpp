@@ -49,7 +49,9 @@ Expected<RankPartition> Builder::build() {
   plan_renames();
   for (int i : stage_.nodes) {
     const std::string& type = pg_.node(i).op_type();
-    if (type == "Shape" || type == "Size")
+    const auto& in = g_.node(i).inputs;
+    if ((type == "Shape" || type == "Size") && !in.empty() && in[0] >= 0 &&
+        static_shape(g_.tensor(in[0])))
       add_shape_constant(i);
     else
       HP_TRY(add_node(i));
@@ -165,7 +167,7 @@ Status Builder::add_node(int i) {
   for (int j = 0; j < n.output_size(); ++j) n.set_output(j, renamed(n.output(j)));
   // Reshape/Expand targets: the local output shape.
   if ((pn.op_type() == "Reshape" || pn.op_type() == "Expand") && node.outputs[0] >= 0 &&
-      pn.input_size() > 1) {
+      pn.input_size() > 1 && static_shape(g_.tensor(node.outputs[0]))) {
     int o = node.outputs[0];
     auto ls = local(o, prop_.layout[static_cast<std::size_t>(o)]);
     std::string cname = fresh((pn.name().empty() ? g_.tensor(o).name : pn.name()) + "/local_shape");

@@ -22,6 +22,13 @@ namespace hp::shard::detail {
 namespace dom = hp::domain;
 
 inline std::vector<std::int64_t> shape_of(const model::Tensor& t) { return global_shape(t); }
+/// Every dim known before the model runs. A tensor that is not (the rows a data-dependent routing
+/// loop picks) is whole on every rank (propagate.cpp), so its Shape and the Reshape/Expand targets
+/// computed from it are left to run as exported.
+inline bool static_shape(const model::Tensor& t) {
+  return t.has_shape &&
+         std::all_of(t.dims.begin(), t.dims.end(), [](const model::Dim& d) { return d.known(); });
+}
 
 inline std::int64_t prod(const std::vector<std::int64_t>& v) {
   std::int64_t n = 1;

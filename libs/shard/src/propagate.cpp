@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 
+#include "propagate_rule_util.h"
 #include "propagate_rules.h"
 
 namespace hp::shard {
@@ -138,7 +139,8 @@ class Run {
       if (defer_weight_copy(i)) continue;
       HP_TRY(describe_node(i));
       c_.node_index = static_cast<int>(i);
-      const detail::RuleResult r = detail::apply_rule(c_);
+      HP_ASSIGN_OR_RETURN(const detail::RuleResult r,
+                          unknown_ ? whole_on_every_rank(i) : detail::apply_rule(c_));
       const int node_root = blocked_root();
       if (node_root >= 0 && !r.blocks_ok) {
         retry_.no_fuse.insert(node_root);
@@ -151,6 +153,11 @@ class Run {
     replicate_unread_copies();
     HP_TRY(resolve_graph_outputs());
     if (!retry_.again) replicate_head_cut_weights();
+    if (whole_nodes_ > 0)
+      p_.notes.push_back(fmt::format(
+          "{} node(s) whose shapes are known only when they run (first: '{}', as a data-dependent "
+          "routing loop has) run whole on every rank, their inputs gathered",
+          whole_nodes_, first_whole_));
     return std::move(p_);
   }
 
@@ -312,8 +319,30 @@ class Run {
     return false;
   }
 
+  // A node some of whose shapes are not known before it runs (NonZero, the rows a mask picks:
+  // Mixtral's routing loop) cannot be split by a rule, which works on global shapes. It runs whole
+  // on every rank instead: its inputs are replicated first (which needs their shapes, so a split
+  // input of unknown shape is refused) and its outputs are whole; a later node that needs a split
+  // takes its part by slicing. Correct for any op, at the price of the redundant work.
+  Expected<detail::RuleResult> whole_on_every_rank(std::size_t i) {
+    const auto& n = g_.nodes[i];
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      const int t = n.inputs[k];
+      if (t < 0 || shape_known(g_.tensor(t)) || c_.in[k].flexible) continue;
+      if (p_.layout[static_cast<std::size_t>(t)] != Sharding::replicated(c_.in[k].shape.size()))
+        return Error(Errc::bad_input,
+                     fmt::format("node '{}' ({}) reads '{}', whose shape is not known before the "
+                                 "node runs, split over ranks; hp shard cannot gather it",
+                                 n.name, n.op_type, g_.tensor(t).name),
+                     n.name, "bind the model's symbolic dims in the recipe's [model] dims");
+    }
+    if (whole_nodes_++ == 0) first_whole_ = n.name;
+    return detail::replicate_all(c_);
+  }
+
   // What the rule of node i sees: each input's shape, kind and current layout, and the output
-  // shapes. Rules work on global shapes, so every dim must be known.
+  // shapes. Rules work on global shapes: `unknown_` says some dim is not known (the node then runs
+  // whole, whole_on_every_rank).
   Status describe_node(std::size_t i) {
     const auto& n = g_.nodes[i];
     c_.in.assign(n.inputs.size(), {});
@@ -349,12 +378,7 @@ class Run {
       known = known && shape_known(g_.tensor(t));
       c_.out_shapes.push_back(global_shape(g_.tensor(t)));
     }
-    if (!known)
-      return Error(
-          Errc::bad_input,
-          fmt::format("node '{}' ({}) has tensors of unknown shape; hp shard needs every dim bound",
-                      n.name, n.op_type),
-          n.name, "bind the model's symbolic dims in the recipe's [model] dims");
+    unknown_ = !known;
     return {};
   }
 
@@ -477,6 +501,9 @@ class Run {
   std::map<int, int> root_;      // blocked tensor -> the fused weight it comes from
   std::map<int, int> deferred_;  // weight copy -> the Transpose/Identity/Cast node computing it
   detail::RuleContext c_;
+  bool unknown_ = false;  ///< describe_node: the node has a tensor of unknown shape
+  int whole_nodes_ = 0;   ///< nodes run whole for that (whole_on_every_rank)
+  std::string first_whole_;
 };
 
 Expected<Propagation> propagate_once(const model::Model& model, const model::Graph& g,

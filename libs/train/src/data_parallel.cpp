@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -53,6 +54,8 @@ struct DataParallelSync::Worker {
   std::vector<char> complete;  ///< per bucket, this step
   std::size_t done = 0;        ///< buckets finished this step (the last `done` ones)
   bool stop = false;
+  /// Set before joining: a reduction still waiting for peers gives up (comm::set_cancel_flag).
+  std::atomic<bool> cancel{false};
   Status failed;
   std::thread thread;
 };
@@ -61,6 +64,7 @@ void DataParallelSync::worker() {
   comm::set_patient_waits(true);
   comm::set_channel(dp_.channel);
   Worker& w = *w_;
+  comm::set_cancel_flag(&w.cancel);
   for (;;) {
     std::size_t b = 0;
     {
@@ -169,6 +173,9 @@ DataParallelSync::~DataParallelSync() {
     std::lock_guard<std::mutex> lock(w_->mu);
     w_->stop = true;
   }
+  // A step that failed on this rank may have left a bucket's reduction waiting for peers that
+  // will not come; on a step that completed, nothing is in flight.
+  w_->cancel = true;
   w_->cv.notify_all();
   w_->thread.join();
 }

@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -48,12 +49,16 @@ struct DataParallelSync::Gatherer {
   /// times faster than on fresh pages (tests/bench/comm), and at most two requests are in flight.
   std::vector<std::vector<float>> spare;
   bool stop = false;
+  /// Set before joining: a gather still waiting for peers gives up (comm::set_cancel_flag). After
+  /// a completed step nothing is in flight (no request goes past a step's end).
+  std::atomic<bool> cancel{false};
   std::thread thread;
   ~Gatherer() {
     {
       std::lock_guard<std::mutex> lock(mu);
       stop = true;
     }
+    cancel = true;
     cv.notify_all();
     if (thread.joinable()) thread.join();
   }
@@ -164,6 +169,7 @@ void DataParallelSync::start_gatherer() {
     comm::set_patient_waits(true);
     comm::set_channel(gather_channel(dp_.channel));
     Gatherer& g = *g_;
+    comm::set_cancel_flag(&g.cancel);
     for (;;) {
       Gatherer::Request* r = nullptr;
       {

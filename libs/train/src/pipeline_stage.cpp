@@ -85,6 +85,19 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
       return Error(Errc::not_implemented, "expert parallelism with tensor-parallel stages");
     s->comm_ = std::make_unique<LockedComm>(*o.ep.transport, *s);
     s->experts_of_.resize(o.ep.group.size());
+    // split_pipeline types the pieces' inputs (the model's data inputs and the cut tensors) at the
+    // micro-batch's dims; where the whole model has a batch dim on axis 0 of one, expert_piece
+    // gives it back to the piece reading it.
+    HP_ASSIGN_OR_RETURN(const model::Graph symbolic, model::build_graph(forward, {}));
+    std::vector<std::string> read;
+    for (const auto& in : forward.proto->graph().input()) read.push_back(in.name());
+    for (const auto& out : forward.proto->graph().output()) read.push_back(out.name());
+    for (const auto& cut : role.cuts) read.insert(read.end(), cut.begin(), cut.end());
+    for (const auto& t : read)
+      if (const int i = symbolic.find_tensor(t); i >= 0) {
+        const auto& d = symbolic.tensor(i).dims;
+        if (!d.empty() && !d[0].known() && dims.count(d[0].symbol)) s->row_symbol_[t] = d[0].symbol;
+      }
   }
   for (int vs = 0; vs <= last; ++vs) {
     if (!s->mine(vs)) continue;
@@ -151,7 +164,24 @@ Expected<std::unique_ptr<PipelineStage>> PipelineStage::create(const TrainOption
 Expected<model::Model> PipelineStage::expert_piece(const TrainOptions& o, const model::Model& piece,
                                                    int vs, GradSpec& spec) {
   const int me = o.ep.index();
-  HP_ASSIGN_OR_RETURN(ExpertPartition part, partition_experts(piece, o.ep.group, me, o.ep.routed,
+  // The partition's row checks infer the piece at its dims and at twice the batch (row_probe.cpp):
+  // its inputs and outputs take their batch dim back (row_symbol_), or nothing would double.
+  model::Model probed = piece;
+  auto proto = std::make_shared<onnx::ModelProto>(*piece.proto);
+  for (auto* list :
+       {proto->mutable_graph()->mutable_input(), proto->mutable_graph()->mutable_output()})
+    for (auto& v : *list) {
+      auto it = row_symbol_.find(v.name());
+      if (it == row_symbol_.end() || !v.type().tensor_type().has_shape() ||
+          v.type().tensor_type().shape().dim_size() == 0)
+        continue;
+      // Replaces the static value (an output too: declared at the micro-batch, it would contradict
+      // the inference at twice the batch).
+      v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
+          it->second);
+    }
+  probed.proto = std::move(proto);
+  HP_ASSIGN_OR_RETURN(ExpertPartition part, partition_experts(probed, o.ep.group, me, o.ep.routed,
                                                               spec.dims, /*allow_none=*/true));
   if (part.layers == 0) return piece;  // no expert here: the stage's weights are all shared
   expert_layers_[0] += part.layers;

@@ -178,6 +178,8 @@ class PipelineStage {
   double loss_ = 0;
   double share_ = 1.0;  ///< run_step's share (expert parallelism's in-graph loss scale)
   std::vector<std::vector<std::string>> experts_of_;
+  /// Expert parallelism: cut tensor -> the batch dim the whole model has on its axis 0.
+  std::map<std::string, std::string> row_symbol_;
   std::array<int, 3> expert_layers_{};
   LossKind loss_kind_ = LossKind::cross_entropy;
   TraceLog* trace_ = nullptr;

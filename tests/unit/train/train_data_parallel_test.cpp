@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -292,4 +293,25 @@ TEST_CASE("data-parallel layouts that cannot work are refused", "[train][dp]") {
     return {};
   });
   REQUIRE(none);
+}
+
+TEST_CASE("a sync destroyed with a gather in flight gives up instead of waiting", "[train][dp]") {
+  // Rank 0 asks for a bucket (its gathering thread starts the all-gather) and then stops, as a rank
+  // does on an error mid-step; rank 1 never takes part. Destroying rank 0's sync must cancel the
+  // gather rather than wait out the transport's 30 s bound.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st = hp::comm::run_in_process(
+      2,
+      [&](int rank, hp::comm::Transport& t) -> hp::Status {
+        DataParallel dp{&t, {0, 1}, 3, 0};
+        auto params = model_params();
+        HP_ASSIGN_OR_RETURN(auto sync, DataParallelSync::create(dp, params));
+        HP_TRY(sync->hold_parameters(params));
+        if (rank == 0) sync->prefetch(0);
+        return {};
+      },
+      30);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(st);
+  CHECK(s < 10);
 }

@@ -16,6 +16,7 @@
 // micro-batches never match the wrong message.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -103,6 +104,15 @@ class Transport {
 void set_channel(int channel);
 /// This thread's channel.
 int channel();
+
+/// Collectives and receives this thread makes from now on give up with Errc::runtime once `*flag`
+/// is true (null: never). A background thread's owner sets the flag before joining it: a rank that
+/// stops on an error can leave that thread waiting in a collective its peers never reach, and
+/// joining it would hang the rank instead of letting it report the error and exit.
+void set_cancel_flag(const std::atomic<bool>* flag);
+/// Whether this thread has a cancel flag (set_cancel_flag), and whether it is set.
+bool cancellable();
+bool cancelled();
 
 /// Sets this thread's channel for a scope.
 class ScopedChannel {
