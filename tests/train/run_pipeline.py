@@ -43,6 +43,13 @@ checkpoint of dp = 2 x tp = 2 (ZeRO-1) resumed at tp = 2 x pp = 2 (pipeline chec
 too: each rank writes its stage's pieces, docs/training.md). dp = 2 x tp = 2 x pp = 2 (8 ranks)
 trains every model under 1f1b, and under zb-h1 with optimizer_shard 2, in process.
 
+Expert parallelism inside the stages (--ep-models: the top-k MoE gathered and scattered, and
+transformers' Mixtral loop, whose summed layers are split too): dp = 2 x pp = 2 x ep = 2 under 1f1b
+in process and zb-h1 over mpirun, with ZeRO-3, and dp = 4 x pp = 2 x ep = 2 at ZeRO-2 (8 ranks),
+each run saying it split both expert layers; the Mixtral loop also at tp = 2 x pp = 2 (its
+data-dependent region whole on every rank); an ep x pp checkpoint resumes at one rank and at
+dp = 2 x ep = 2, and the reverse.
+
 Usage: run_pipeline.py HP_BINARY WORK_DIR [--models a,b] [--deep-models a,b] [--layouts tag,tag]
 Exit status 0 when everything holds, 1 when something does not, 77 (CTest's skip) without torch.
 """
@@ -115,6 +122,11 @@ EP_PP = [
     # 8 ranks: two expert groups per stage, each expert held by two replicas (ZeRO-2 over them).
     ("dp4xpp2-ep2-zero2-zbh1", {"dp": 4, "expert_parallel": 2, "optimizer_shard": 2,
                                 "schedule": "zb-h1", "micro_batches": 1}, "simulate"),
+]
+# Mixtral's routing loop (NonZero-sized rows: hp shard runs that region whole on every rank) split
+# over tensor-parallel stages, without expert parallelism.
+LOOP_TP_PP = [
+    ("tp2xpp2-1f1b-m2", {"tp": 2, "schedule": "1f1b", "micro_batches": 2}, "simulate"),
 ]
 # Four-block models (models.DEEP) over more stages: (tag, stages, [parallel], how).
 DEEP = [
@@ -488,17 +500,18 @@ def main():
                     report(True, label, schedule_run(a.hp, d, ref, stages, tag, extra, how, log))
                 except Exception as e:
                     report(False, label, rt.describe(e))
-        for name in a.ep_models.split(",") if a.ep_models else []:
+        ep_tags = {t for t, _, _ in EP_PP + LOOP_TP_PP}
+        for name in a.ep_models.split(",") if a.ep_models and not (only and not only & ep_tags) else []:
             d = os.path.join(a.work, f"{name}-ep")
             shutil.rmtree(d, ignore_errors=True)
             ref = reference.make(name, VARIANT, d)
-            for tag, extra, how in EP_PP:
+            for tag, extra, how in EP_PP + (LOOP_TP_PP if name == "moe-loop" else []):
                 label = f"{name} {tag} ({how})"
                 if (only and tag not in only) or any(x in label for x in skipped):
                     continue
                 # Both stages hold an expert layer; the Mixtral loop's are summed.
-                expect = ["expert layers: ", " of 2 dispatched"]
-                if name == "moe-loop":
+                expect = ["expert layers: ", " of 2 dispatched"] if "expert_parallel" in extra else []
+                if name == "moe-loop" and expect:
                     expect.append("(2 of them a loop adding each expert's rows")
                 try:
                     stages = two_stages(a.hp, ref, d, log)
