@@ -20,7 +20,8 @@ Then, on GPT-2: 3 steps at pp = 2 with --checkpoint resumed for 2 at one rank, a
 rank resumed for 2 at pp = 2 (zb-h1), must equal the uninterrupted 5; and malformed pipeline recipes
 (micro-batches that do not divide the batch, overlapping or missing stages) must exit 3 with the
 reason, and an interleaved schedule must be refused. `hp verify` of a pp = 2 zb-h1 recipe over
-mpirun must report every loss and weight ok against one rank. At m = 4, 1F1B's peak memory on the first
+mpirun (and of the Mixtral loop at dp = 2 x pp = 2 x ep = 2) must report every loss and weight ok
+against one rank. At m = 4, 1F1B's peak memory on the first
 stage must be below GPipe's (fewer stashes held). On a token stream (--data), pp = 2 must give
 one rank's losses for 4 steps, also when 2 steps are resumed from a pipeline checkpoint.
 
@@ -326,26 +327,34 @@ def resumed_experts(hp, work, log):
 
 
 def verified(hp, work, log):
-    """`hp verify` of a pp=2 zb-h1 training recipe over mpirun: 3 steps against one rank."""
+    """`hp verify` of pp=2 zb-h1 training recipes over mpirun, 3 steps against one rank: GPT-2, and
+    the Mixtral loop at dp=2 x pp=2 with its stages' experts shared out over ep=2."""
     d = os.path.join(work, "verify")
     shutil.rmtree(d, ignore_errors=True)
-    ref = reference.make("gpt2", VARIANT, d, steps=1)
-    recipe = os.path.join(d, "verify.toml")
-    pp_recipe(recipe, ref, two_stages(hp, ref, d, log), {"schedule": "zb-h1", "micro_batches": 4})
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3", "--threads",
-                      "1"] + root, log)
-    if rc != 0:
-        raise rt.Failure(f"hp verify exit {rc}: {rt.first_error(out)}")
-    checks = [line for line in out.splitlines() if ": max abs error" in line]
-    if len(checks) < 4 or any(not line.endswith(": ok") for line in checks):
-        raise rt.Failure(f"hp verify's report is not all ok: {checks[:5]}")
-    # The job is not the one-rank run again: micro-batches sum in another order.
-    if all("max abs error 0," in line for line in checks):
-        raise rt.Failure("hp verify found no difference at all: did the job run one rank?")
-    if "pp=2, zb-h1 schedule, 4 micro-batches" not in out:
-        raise rt.Failure("hp verify does not name the pipeline layout")
-    return f"{len(checks)} checks ok (3 losses, {len(checks) - 3} weights)"
+    details = []
+    for name, extra, layout in [
+            ("gpt2", {"schedule": "zb-h1", "micro_batches": 4},
+             "pp=2, zb-h1 schedule, 4 micro-batches"),
+            ("moe-loop", {"dp": 2, "expert_parallel": 2, "schedule": "zb-h1", "micro_batches": 2},
+             "2 micro-batches, experts shared out over expert_parallel = 2")]:
+        ref = reference.make(name, VARIANT, os.path.join(d, name), steps=1)
+        recipe = os.path.join(d, name, "verify.toml")
+        pp_recipe(recipe, ref, two_stages(hp, ref, os.path.join(d, name), log), extra)
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        rc, out = rt.run([hp, "verify", recipe, "--inputs", ref.inputs, "--steps", "3",
+                          "--threads", "1"] + root, log)
+        if rc != 0:
+            raise rt.Failure(f"{name}: hp verify exit {rc}: {rt.first_error(out)}")
+        checks = [line for line in out.splitlines() if ": max abs error" in line]
+        if len(checks) < 4 or any(not line.endswith(": ok") for line in checks):
+            raise rt.Failure(f"{name}: hp verify's report is not all ok: {checks[:5]}")
+        # The job is not the one-rank run again: micro-batches sum in another order.
+        if all("max abs error 0," in line for line in checks):
+            raise rt.Failure(f"{name}: hp verify found no difference at all: did the job run one rank?")
+        if layout not in out:
+            raise rt.Failure(f"{name}: hp verify does not name the layout ({layout})")
+        details.append(f"{name}: {len(checks)} checks ok (3 losses, {len(checks) - 3} weights)")
+    return "; ".join(details)
 
 
 def memory(hp, work, log):
