@@ -154,10 +154,11 @@ class Run {
     HP_TRY(resolve_graph_outputs());
     if (!retry_.again) replicate_head_cut_weights();
     if (whole_nodes_ > 0)
-      p_.notes.push_back(fmt::format(
-          "{} node(s) whose shapes are known only when they run (first: '{}', as a data-dependent "
-          "routing loop has) run whole on every rank, their inputs gathered",
-          whole_nodes_, first_whole_));
+      p_.notes.push_back(
+          fmt::format("{} node(s) whose shapes are known only when they run (first: '{}', as in a "
+                      "data-dependent routing loop) run whole on every rank, split inputs "
+                      "gathered first",
+                      whole_nodes_, first_whole_));
     return std::move(p_);
   }
 

@@ -181,3 +181,35 @@ TEST_CASE("the recipe's [layouts] override defaults by name and glob", "[shard][
   CHECK(count_weights(P, "column-parallel") == 0);
   fs::remove_all(d);
 }
+
+TEST_CASE("nodes whose shapes are known only at run time run whole on every rank",
+          "[shard][propagate]") {
+  // The committed Mixtral-style export: NonZero picks each expert's rows, so everything from it
+  // to the index_add_ has shapes no inference knows. Those nodes get replicated inputs (the rows,
+  // split over dp, gathered first) and replicated outputs; nothing of unknown shape is split.
+  auto p = prepare(recipe_file("mixtral-dp2-tp2"));
+  INFO((p ? std::string() : p.error().str()));
+  REQUIRE(p.ok());
+  const Prepared& P = **p;
+  bool noted = false;
+  for (const auto& n : P.prop.notes) noted = noted || n.find("run whole on every rank") != n.npos;
+  CHECK(noted);
+  int unknown = 0, nonzero = 0;
+  for (std::size_t t = 0; t < P.graph.tensors.size(); ++t) {
+    const auto& tensor = P.graph.tensors[t];
+    bool known = tensor.has_shape;
+    for (const auto& d : tensor.dims) known = known && d.known();
+    if (known) continue;
+    ++unknown;
+    INFO(tensor.name);
+    CHECK(P.prop.layout[t] == Sharding::replicated(tensor.dims.size()));
+  }
+  for (const auto& n : P.graph.nodes) nonzero += n.op_type == "NonZero";
+  CHECK(nonzero > 0);
+  CHECK(unknown > 0);
+  // Whatever the region reads split over dp is gathered for it.
+  bool gathered = false;
+  for (const auto& r : P.prop.redistributions)
+    for (const auto& s : r.plan.steps) gathered = gathered || s.kind == StepKind::all_gather;
+  CHECK(gathered);
+}
