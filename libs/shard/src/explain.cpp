@@ -16,13 +16,16 @@ namespace {
 std::string ranges_text(const std::vector<Range>& rs) {
   std::string s = "[";
   for (std::size_t i = 0; i < rs.size(); ++i)
-    s += fmt::format("{}{}:{}", i ? ", " : "", rs[i].begin, rs[i].end);
+    s += rs[i].end < 0 ? fmt::format("{}:", i ? ", " : "")  // whole, of a size known at run time
+                       : fmt::format("{}{}:{}", i ? ", " : "", rs[i].begin, rs[i].end);
   return s + "]";
 }
 
+// A dim known only when the tensor is computed (-1: docs/shard.md) prints as "?".
 std::string dims_text(const std::vector<std::int64_t>& v) {
   std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    s += (i ? ", " : "") + (v[i] < 0 ? std::string("?") : std::to_string(v[i]));
   return s + "]";
 }
 
@@ -92,6 +95,8 @@ Expected<std::string> explain(const Prepared& p, const std::string& name, bool j
                       dims_text(shape), format_sharding(mesh, s),
                       p.prop.origin[static_cast<std::size_t>(t)], dims_text(mesh.dims),
                       fmt::format("({})", fmt::join(mesh.axes, ", ")));
+  if (std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; }))
+    text += "its shape is known only when it is computed: it is whole on every rank of its stage\n";
   // A blocked tensor (fused q|k|v) is held as the view [.., k, n/k, ..]: its slices are of the
   // view.
   HeldView view = held_view(p.prop, t, shape);
