@@ -81,6 +81,9 @@ LAYOUTS = [
     ("dp2-zero3-buckets", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05}, "simulate"),
     ("dp4-hsdp2-zero3", {"dp": 4, "optimizer_shard": 3, "shard_group": 2, "bucket_mb": 0.05},
      "simulate"),
+    # ... gathered once a step, kept from the forward's use to the end of the backward
+    ("dp2-zero3-step", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                        "zero3_gather": "per-step"}, "simulate"),
     ("tp2", {"tp": 2}, "simulate"),
     ("tp2", {"tp": 2}, "mpirun"),
     ("tp4", {"tp": 4}, "simulate"),

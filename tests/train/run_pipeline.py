@@ -95,6 +95,13 @@ DP_PP = [
                                "schedule": "1f1b", "micro_batches": 2}, "simulate"),
     ("dp2xpp2-zero3-zbh1-m2", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
                                "schedule": "zb-h1", "micro_batches": 2}, "mpirun"),
+    # ... gathered once a step and kept to its end (zero3_gather = "per-step").
+    ("dp2xpp2-zero3-step-1f1b-m2", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                                    "zero3_gather": "per-step", "schedule": "1f1b",
+                                    "micro_batches": 2}, "simulate"),
+    ("dp2xpp2-zero3-step-zbh1-m2", {"dp": 2, "optimizer_shard": 3, "bucket_mb": 0.05,
+                                    "zero3_gather": "per-step", "schedule": "zb-h1",
+                                    "micro_batches": 2}, "mpirun"),
 ]
 # Tensor x pipeline parallelism (tp = 2 x pp = 2, 4 ranks: each rank trains hp shard's partition of
 # its stage): every model in process, GPT-2 over mpirun too.
@@ -207,6 +214,21 @@ def check_trace(path, extra, ranks, chunks=1):
         gathers = [sum(1 for e in events if e["pid"] == r and e["tid"] == 3) for r in range(ranks)]
         if not all(gathers):
             raise rt.Failure(f"trace: ZeRO-3 gathers per rank {gathers}: some rank has none")
+        # Per use, a bucket is gathered for each micro-batch's forward and backward; per step,
+        # once a step. (Under expert parallelism two syncs number their buckets alike.)
+        if "expert_parallel" not in extra:
+            for r in range(ranks):
+                times = {}
+                for e in events:
+                    if e["pid"] == r and e["tid"] == 3:
+                        b = e.get("args", {}).get("bucket")
+                        times[b] = times.get(b, 0) + 1
+                per_step = extra.get("zero3_gather") == "per-step"
+                if per_step and set(times.values()) != {reference.STEPS}:
+                    raise rt.Failure(f"trace: rank {r} gathered buckets {times} times in "
+                                     f"{reference.STEPS} steps, not once a step")
+                if not per_step and max(times.values()) <= reference.STEPS:
+                    raise rt.Failure(f"trace: rank {r} gathered each bucket at most once a step")
     m = extra["micro_batches"]
     kinds = "FBW" if extra["schedule"] in ("zb-h1", "zbv") else "FB"
     for rank in range(ranks):

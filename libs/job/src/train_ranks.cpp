@@ -33,6 +33,7 @@ train::DataParallel data_parallel_of(const recipe::Recipe& r, comm::Transport& t
   dp.zero = r.parallel.optimizer_shard;
   dp.shard = static_cast<int>(r.parallel.shard_group);
   dp.bucket_bytes = bucket_bytes(r.parallel);
+  dp.gather_per_step = r.parallel.zero3_per_step;
   return dp;
 }
 
@@ -50,6 +51,7 @@ train::ExpertParallel expert_parallel_of(const recipe::Recipe& r, comm::Transpor
   ep.shard = static_cast<int>(r.parallel.shard_group);
   ep.bucket_bytes = bucket_bytes(r.parallel);
   ep.routed = r.parallel.routed_experts;
+  ep.gather_per_step = r.parallel.zero3_per_step;
   return ep;
 }
 

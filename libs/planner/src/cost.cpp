@@ -199,7 +199,8 @@ StateBytes block_states(const BlockCost& b, const ModelProfile& m, const Config&
   auto add = [&](double params, std::int64_t shard) {
     const double o = static_cast<double>(std::max<std::int64_t>(1, shard));
     const int z = w.train ? c.optimizer_shard : 0;
-    s.parameters += params * m.dtype_bytes / (z >= 3 ? o : 1.0);
+    // Held in shards between uses; per-step ZeRO-3 keeps them whole through the step.
+    s.parameters += params * m.dtype_bytes / (z >= 3 && !c.zero3_per_step ? o : 1.0);
     if (!w.train) return;
     s.gradients += params * w.grad_bytes / (z >= 2 ? o : 1.0);
     s.optimizer += params * w.optimizer_state_bytes / (z >= 1 ? o : 1.0);
@@ -219,7 +220,7 @@ double stage_buffers(const ModelProfile& m, const Config& c, const Workload& w, 
   if (c.tp > 1) bytes += mbs * m.hidden_bytes;
   if (w.train && c.dp > 1) bytes += std::min(kGradBucket, grads);
   bytes += a2a;
-  if (c.optimizer_shard == 3) bytes += 2.0 * biggest_weights;
+  if (c.optimizer_shard == 3 && !c.zero3_per_step) bytes += 2.0 * biggest_weights;
   return bytes;
 }
 

@@ -285,6 +285,7 @@ Expected<Candidate> candidate_of(const recipe::Recipe& r) {
   c.dp = p.dp, c.tp = p.tp, c.pp = p.pp, c.ep = p.expert_parallel;
   c.routed_experts = p.routed_experts;
   c.optimizer_shard = p.optimizer_shard;
+  c.zero3_per_step = p.zero3_per_step;
   c.shard_group = p.shard_group;
   c.micro_batch_size = p.micro_batch_size, c.micro_batches = p.micro_batches;
   c.schedule = p.schedule, c.virtual_stages = p.virtual_stages;

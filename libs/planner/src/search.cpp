@@ -98,7 +98,7 @@ double time_bound(const ModelProfile& m, const Config& c, const Workload& w, con
   const auto dshard = static_cast<double>(dense_shard(c)),
              eshard = static_cast<double>(expert_shard(c));
   if (c.optimizer_shard > 0) {
-    const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
+    const double gathers = zero_gathers(c, mbs);
     const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
     bound += gathers *
              topology::all_gather_time(links.shard, dense_shard(c),

@@ -334,7 +334,7 @@ Prediction predict(const ModelProfile& m, const Config& c, const Workload& w, co
       opt_params = std::max(opt_params, dense / shard + expert / eshard);
     }
     if (c.optimizer_shard > 0) {
-      const double gathers = c.optimizer_shard == 3 ? 2.0 * mbs : 1.0;
+      const double gathers = zero_gathers(c, mbs);
       const double hidden = c.optimizer_shard == 3 ? mc.cal.overlap_opt : 0.0;
       p.opt_exposed = gathers * topology::all_gather_time(links.shard, dense_shard(c), weights) *
                       (1.0 - hidden);

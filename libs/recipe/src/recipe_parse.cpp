@@ -47,6 +47,8 @@ constexpr std::pair<std::string_view, Schedule> kSchedules[] = {
     {"zb-h1", Schedule::zb_h1},
     {"zbv", Schedule::zbv}};
 constexpr std::pair<std::string_view, bool> kDispatches[] = {{"routed", true}, {"gather", false}};
+constexpr std::pair<std::string_view, bool> kZero3Gathers[] = {{"per-use", false},
+                                                               {"per-step", true}};
 constexpr std::pair<std::string_view, Recompute> kRecomputes[] = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 constexpr std::pair<std::string_view, int> kShardLevels[] = {
@@ -84,7 +86,7 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   rd.check_keys(t, path,
                 {"dp", "tp", "pp", "optimizer_shard", "shard_group", "micro_batch_size",
                  "micro_batches", "schedule", "virtual_stages", "sequence_parallel",
-                 "expert_parallel", "bucket_mb", "expert_dispatch"});
+                 "expert_parallel", "bucket_mb", "expert_dispatch", "zero3_gather"});
   if (auto v = rd.get_int(t, "dp", path, true)) p.dp = *v;
   if (auto v = rd.get_int(t, "tp", path, true)) p.tp = *v;
   if (auto v = rd.get_int(t, "pp", path, true)) p.pp = *v;
@@ -112,6 +114,7 @@ void read_parallel(TomlReader& rd, const toml::table& t, Parallel& p) {
   if (auto v = rd.get_bool(t, "sequence_parallel", path, false)) p.sequence_parallel = *v;
   if (auto v = rd.get_int(t, "expert_parallel", path, false)) p.expert_parallel = *v;
   if (auto v = get_enum(rd, t, "expert_dispatch", path, kDispatches)) p.routed_experts = *v;
+  if (auto v = get_enum(rd, t, "zero3_gather", path, kZero3Gathers)) p.zero3_per_step = *v;
 }
 
 void read_stage(TomlReader& rd, const toml::table& t, const std::string& path, Stage& s) {

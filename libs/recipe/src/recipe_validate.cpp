@@ -75,6 +75,12 @@ void check_parallel(Checker& ck, const Parallel& p) {
                         "none)",
                         p.shard_group),
             "HSDP needs optimizer_shard 1..3, or remove shard_group");
+  if (p.zero3_per_step && p.optimizer_shard != 3)
+    ck.fail("parallel.zero3_gather",
+            fmt::format("'parallel.zero3_gather' is per-step but the parameters are not sharded "
+                        "(optimizer_shard is {})",
+                        optimizer_shard_name(p.optimizer_shard)),
+            "set optimizer_shard = 3 (\"parameters\"), or remove zero3_gather");
   if (!(p.bucket_mb > 0) || p.bucket_mb > 1 << 20)
     ck.fail("parallel.bucket_mb",
             fmt::format("'parallel.bucket_mb' must be more than 0 MiB and at most 1 TiB, got {}",

@@ -133,6 +133,7 @@ std::string format_recipe(const Recipe& r) {
       .boolean("sequence_parallel", p.sequence_parallel)
       .integer("expert_parallel", p.expert_parallel);
   if (!p.routed_experts) w.string("expert_dispatch", "gather");
+  if (p.zero3_per_step) w.string("zero3_gather", "per-step");
   for (const auto& st : r.stages) {
     w.array_table("stages")
         .integer("index", st.index)

@@ -41,6 +41,9 @@ constexpr KeyDoc kRecipe[] = {
     {"[parallel]", "expert_dispatch", "routed|gather", "no (routed)",
      "training with expert_parallel: send each token only to its top-k experts' ranks where the "
      "graph allows it, or all-gather every token to every rank"},
+    {"[parallel]", "zero3_gather", "per-use|per-step", "no (per-use)",
+     "training with optimizer_shard 3: gather each parameter bucket for every use (of every "
+     "micro-batch), or once per step, kept whole until the backward is done"},
     {"[[stages]]", "index", "integer", "yes", "stage number, 0-based, in order"},
     {"[[stages]]", "layers", "range or integer array", "yes",
      "layer (block) indices of the stage, e.g. \"0-11\""},

@@ -28,6 +28,7 @@
 #include "pipeline_stage.h"
 #include "run_summary.h"
 #include "sharded_run.h"
+#include "step_cache.h"
 
 namespace hp::train::detail {
 
@@ -50,6 +51,8 @@ struct PipeRun {
   std::array<std::int64_t, 3> expert_layers{};  ///< the pipeline's: all, routed, summed
   /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
   std::unique_ptr<TensorParallelSync> tps;
+  /// ZeRO-3 with per-step gathers: the stage's buckets kept through the step (step_cache.h).
+  std::unique_ptr<StepCache> cache;
   std::unique_ptr<PipelineStage> stage;
   std::vector<exec::HostTensor> params;
   OptimizerState state;
@@ -115,6 +118,15 @@ struct PipeRun {
     return stage->set_weights(rest);
   }
   Status same_gather_order();
+  /// What the stage's parts borrow `groups` of `source` (a sync) from: the sync, or under
+  /// per-step gathers a StepCache in front of it.
+  Expected<exec::WeightSource*> lend_from(exec::WeightSource& source,
+                                          const std::vector<std::vector<std::string>>& groups,
+                                          bool per_step) {
+    if (!per_step) return &source;
+    HP_ASSIGN_OR_RETURN(cache, make_step_cache(source, groups, params));
+    return cache.get();
+  }
   ShardedLayout layout() const;
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
@@ -191,7 +203,9 @@ Status PipeRun::prepare() {
     // borrows its buckets for each use (pipeline_gather.h).
     if (o.dp.zero >= 3 && dp->sharded()) {
       HP_TRY(dp->hold_parameters(params));
-      HP_TRY(stage->lend(dp.get(), dp->weight_groups(params)));
+      const auto groups = dp->weight_groups(params);
+      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*dp, groups, o.dp.gather_per_step));
+      HP_TRY(stage->lend(source, groups));
     }
   }
   std::int64_t n = 0;
@@ -241,7 +255,9 @@ Status PipeRun::prepare_experts() {
   // replicas holding it; every part's executor borrows their buckets (pipeline_gather.h).
   if (o.ep.zero >= 3 && eps->sharded()) {
     HP_TRY(eps->hold(params));
-    HP_TRY(stage->lend(eps.get(), eps->held_groups()));
+    const auto groups = eps->held_groups();
+    HP_ASSIGN_OR_RETURN(auto* source, lend_from(*eps, groups, o.ep.gather_per_step));
+    HP_TRY(stage->lend(source, groups));
     HP_TRY(same_gather_order());
   }
   return {};
@@ -373,6 +389,7 @@ Expected<StepMetrics> PipeRun::step() {
     HP_ASSIGN_OR_RETURN(share, eps->begin_step(total_labels));
   }
   HP_ASSIGN_OR_RETURN(double loss, stage->run_step(micro, total_labels, share));
+  if (cache) cache->end_step();  // per-step ZeRO-3: the step's last use is done
   // The replicas' gradients of this stage, each a mean over its rows' labels, weighted by their
   // label counts and summed (data_parallel.h): the whole batch's.
   // (A copy: with ZeRO the reduction leaves only this rank's pieces in it, and the stage
@@ -413,7 +430,7 @@ Expected<StepMetrics> PipeRun::step() {
   m.lr = info->lr;
   m.seconds = std::chrono::duration<double>(t2 - t0).count();
   m.tokens_per_second = m.seconds > 0 ? static_cast<double>(tokens) / m.seconds : 0;
-  m.peak_bytes = stage->peak_bytes();
+  m.peak_bytes = stage->peak_bytes() + (cache ? cache->peak_bytes() : 0);
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t1).count();
   m.tp_comm_seconds = stage->comm_seconds();
@@ -616,6 +633,9 @@ Expected<TrainReport> train_pipeline(const TrainOptions& o) {
     if (r.eps->holds_experts())
       r.report.summary += zero3_line(r.eps->expert_sync(), "first stage's experts");
   }
+  if (r.lead() && r.cache)
+    r.report.summary +=
+        per_step_line(r.cache->gathered(), r.report.steps.size(), r.cache->peak_bytes());
   if (r.lead() && r.eps) {
     const auto& l = r.expert_layers;
     r.report.summary +=

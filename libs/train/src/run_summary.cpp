@@ -53,6 +53,13 @@ std::string zero3_line(DataParallelSync& s, const std::string& what) {
       what, mib(s.flat_bytes() / s.shard_count()), mib(s.gradient_bytes()), mib(s.flat_bytes()));
 }
 
+std::string per_step_line(std::size_t gathered, std::size_t steps, std::int64_t peak_bytes) {
+  return fmt::format(
+      "ZeRO-3 per-step gathers: {} bucket gathers per step, each kept to the step's end ({:.1f} "
+      "MiB at most)\n",
+      steps ? gathered / steps : 0, static_cast<double>(peak_bytes) / (1 << 20));
+}
+
 std::string expert_layers_line(int layers, int routed, int summed) {
   std::string out = fmt::format(
       "expert layers: {} of {} dispatched by their routing (each token to its experts' ranks), "

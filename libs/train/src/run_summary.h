@@ -25,6 +25,10 @@ std::string last_step_line(const StepMetrics& last, const exec::ExecStats& stats
 /// (whole: ...)" for a sync holding parameters (DataParallelSync::hold_parameters).
 std::string zero3_line(DataParallelSync& s, const std::string& what);
 
+/// "ZeRO-3 per-step gathers: ... buckets gathered per step, kept to its end (... at most)" for a
+/// run whose StepCache (step_cache.h) gathered `gathered` buckets over `steps` steps.
+std::string per_step_line(std::size_t gathered, std::size_t steps, std::int64_t peak_bytes);
+
 /// "expert layers: R of L dispatched by their routing ..., the rest by all-gathering the tokens",
 /// and a line for the S of them that are summed loops (expert_accumulate.h) when there are any.
 std::string expert_layers_line(int layers, int routed, int summed);

@@ -146,6 +146,14 @@ Status TrainRun::same_gather_order() {
   return {};
 }
 
+Expected<exec::WeightSource*> TrainRun::lend_from(
+    exec::WeightSource& source, const std::vector<std::vector<std::string>>& groups,
+    bool per_step) {
+  if (!per_step) return &source;
+  HP_ASSIGN_OR_RETURN(cache, make_step_cache(source, groups, params));
+  return cache.get();
+}
+
 Status TrainRun::prepare() {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
@@ -228,7 +236,9 @@ Status TrainRun::prepare() {
     // the ranks holding it, each gathered for its uses as without experts.
     if (o.ep.zero >= 3 && eps->sharded()) {
       HP_TRY(hold());
-      HP_TRY(ex->set_weight_source(eps.get(), eps->held_groups()));
+      const auto groups = eps->held_groups();
+      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*eps, groups, o.ep.gather_per_step));
+      HP_TRY(ex->set_weight_source(source, groups));
       HP_TRY(same_gather_order());
     }
   }
@@ -268,7 +278,9 @@ Status TrainRun::prepare() {
     // the same partition (so ask for buckets in the same order).
     if (dp.zero >= 3 && sync->sharded()) {
       HP_TRY(hold());
-      HP_TRY(ex->set_weight_source(sync.get(), sync->weight_groups(params)));
+      const auto groups = sync->weight_groups(params);
+      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*sync, groups, dp.gather_per_step));
+      HP_TRY(ex->set_weight_source(source, groups));
     }
   }
   return {};
@@ -296,8 +308,11 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
     batch.push_back(std::move(scale));
   }
   HP_ASSIGN_OR_RETURN(auto outs, ex->run(batch));
+  if (cache) cache->end_step();  // per-step ZeRO-3: the backward's uses are done
   const auto t1 = std::chrono::steady_clock::now();
-  report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes);
+  // Per-step ZeRO-3 keeps the gathered buckets beside the executor's tensors.
+  const std::int64_t kept = cache ? cache->peak_bytes() : 0;
+  report.peak_bytes = std::max(report.peak_bytes, ex->stats().peak_bytes + kept);
   double loss = outs[0].dtype == HP_F32 ? outs[0].as<float>()[0] : outs[0].as<double>()[0];
   // The buffers' new values are the last outputs.
   const auto first_buffer = outs.end() - static_cast<std::ptrdiff_t>(gg.buffer_updates.size());
@@ -378,7 +393,7 @@ Expected<StepMetrics> TrainRun::step(const detail::BatchSource& data) {
   // Tokens of the global batch: a fixed batch was cut to this rank's rows when it was read.
   const double tokens = static_cast<double>(data.tokens()) * (o.data_file.empty() ? parts : 1);
   m.tokens_per_second = m.seconds > 0 ? tokens / m.seconds : 0;
-  m.peak_bytes = ex->stats().peak_bytes;
+  m.peak_bytes = ex->stats().peak_bytes + (cache ? cache->peak_bytes() : 0);
   m.run_seconds = std::chrono::duration<double>(t1 - t0).count();
   m.reduce_seconds = std::chrono::duration<double>(t_reduced - t1).count();
   m.update_seconds = std::chrono::duration<double>(t2 - t_reduced).count();
@@ -455,6 +470,9 @@ Expected<TrainReport> train(const TrainOptions& o) {
     if (r.eps && r.eps->holds_experts())
       r.report.summary += detail::zero3_line(r.eps->expert_sync(), "experts");
   }
+  if (r.cache)
+    r.report.summary +=
+        detail::per_step_line(r.cache->gathered(), r.report.steps.size(), r.cache->peak_bytes());
   if (r.eps)
     r.report.summary += detail::expert_layers_line(r.expert_layers.layers, r.expert_layers.routed,
                                                    r.expert_layers.summed);

@@ -18,6 +18,7 @@
 #include "hp/train/trace.h"
 #include "hp/train/trainer.h"
 #include "sharded_run.h"
+#include "step_cache.h"
 
 namespace hp::train::detail {
 
@@ -52,6 +53,14 @@ struct TrainRun {
     int layers = 0, routed = 0, summed = 0;
   } expert_layers;
   std::unique_ptr<ExpertParallelSync> eps;
+  /// ZeRO-3 with per-step gathers: the buckets kept through the step (before the syncs it reads
+  /// from are destroyed).
+  std::unique_ptr<StepCache> cache;
+  /// The executor's weight source for `groups` of `source` (a sync): the sync itself, or under
+  /// per-step gathers a StepCache in front of it.
+  Expected<exec::WeightSource*> lend_from(exec::WeightSource& source,
+                                          const std::vector<std::vector<std::string>>& groups,
+                                          bool per_step);
   TraceLog trace;
 
   /// The rank that prints and writes files (the first of the data-parallel group, the first

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """ZeRO levels under pipeline parallelism (not a test): dp=2 x pp=2 (4 ranks over mpirun, 1 thread
-each) at optimizer_shard 2 and 3, same run.
+each) at optimizer_shard 2, 3 and 3 with zero3_gather = "per-step", same run.
 
 Model: bench_dp.py's GPT-style model (dynamic batch), its layers split in two [[stages]] at the
 middle of the range `hp plan` finds, 1F1B over --micro micro-batches of a global batch of --batch,
@@ -9,7 +9,8 @@ AdamW. For each level: the median step after the first, the lead rank's (stage 0
 actions) and the loss, which must be the same. At level 3 a stage's parameters live in shards over
 its two replicas and are gathered for every part's uses of every micro-batch (docs/training.md,
 "ZeRO-3 with pipeline stages"), so the peak falls by about the stage's parameters and the step pays
-2m gathers of them.
+2m gathers of them; per-step gathers each bucket once a step and keeps it to the step's end (the
+peak then counts the kept buckets too).
 
     tests/bench/train/bench_pp_zero.py [BUILD_DIR] [--steps 4] [--batch 8] [--micro 4]
 
@@ -52,15 +53,18 @@ def main():
         print(f"model {model}, stages {stages}, global batch {a.batch} in {a.micro} micro-batches, "
               f"{os.cpu_count()} cores")
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        for zero in (2, 3):
-            recipe = os.path.join(work, f"zero{zero}.toml")
-            bt.run_training.write_recipe(recipe, model, train, dims, stages,
-                                         parallel={"dp": 2, "pp": 2, "optimizer_shard": zero,
-                                                   "schedule": "1f1b", "micro_batches": a.micro})
-            metrics = os.path.join(work, f"zero{zero}.jsonl")
+        for zero, gather in ((2, None), (3, None), (3, "per-step")):
+            name = f"zero{zero}" + (f"-{gather}" if gather else "")
+            parallel = {"dp": 2, "pp": 2, "optimizer_shard": zero, "schedule": "1f1b",
+                        "micro_batches": a.micro}
+            if gather:
+                parallel["zero3_gather"] = gather
+            recipe = os.path.join(work, f"{name}.toml")
+            bt.run_training.write_recipe(recipe, model, train, dims, stages, parallel=parallel)
+            metrics = os.path.join(work, f"{name}.jsonl")
             p = subprocess.run([hp, "launch", recipe, "--inputs", os.path.join(d, "inputs"),
                                 "--metrics", metrics, "--threads", "1", "--run-dir",
-                                os.path.join(work, f"run{zero}")] + root,
+                                os.path.join(work, f"run-{name}")] + root,
                                capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"hp launch failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
@@ -68,8 +72,9 @@ def main():
             step = statistics.median(r["seconds"] for r in rows[1:])
             peak = max(r["peak_bytes"] for r in rows) / 2**20
             held = [line.split("] ", 1)[-1] for line in p.stdout.splitlines() if "ZeRO-3" in line]
-            print(f"optimizer_shard {zero}: {step:.3f} s/step  stage 0 peak {peak:.1f} MiB  "
-                  f"loss {rows[-1]['loss']:.5f}" + (f"  ({held[0]})" if held else ""))
+            print(f"optimizer_shard {zero}{' ' + gather if gather else ''}: {step:.3f} s/step  "
+                  f"stage 0 peak {peak:.1f} MiB  loss {rows[-1]['loss']:.5f}" +
+                  "".join(f"  ({h})" for h in held))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ inline Recipe full_recipe() {
   r.parallel.shard_group = 1;         // HSDP: every rank a shard group of its own
   r.parallel.bucket_mb = 25;          // written only when not the default
   r.parallel.routed_experts = false;  // likewise: expert_dispatch = "gather"
+  r.parallel.optimizer_shard = 3;     // ZeRO-3, so that
+  r.parallel.zero3_per_step = true;   // zero3_gather = "per-step" is written and valid
   for (int s = 0; s < 4; ++s) {
     Stage st;
     st.index = s;

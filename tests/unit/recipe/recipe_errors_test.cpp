@@ -171,6 +171,28 @@ TEST_CASE("recipe: expert_dispatch is routed or gather, written back only when g
   CHECK(format_recipe(RecipeDocument{}.recipe).find("expert_dispatch") == std::string::npos);
 }
 
+TEST_CASE("recipe: zero3_gather is per-use or per-step, and per-step needs ZeRO-3", "[recipe]") {
+  RecipeDocument bad =
+      parse_with("[parallel]\ndp = 2\ntp = 1\npp = 1\noptimizer_shard = 3\nzero3_gather = \"once\"\n");
+  INFO(dump(bad.problems));
+  CHECK(has(bad.problems, "recipe.toml:11:16",
+            "'parallel.zero3_gather' must be one of per-use, per-step, got 'once'"));
+  RecipeDocument unsharded = parse_with(
+      "[parallel]\ndp = 2\ntp = 1\npp = 1\noptimizer_shard = 2\nzero3_gather = \"per-step\"\n");
+  INFO(dump(unsharded.problems));
+  CHECK(has(unsharded.problems, "recipe.toml",
+            "'parallel.zero3_gather' is per-step but the parameters are not sharded "
+            "(optimizer_shard is gradients)"));
+  RecipeDocument ok = parse_with(
+      "[parallel]\ndp = 2\ntp = 1\npp = 1\noptimizer_shard = 3\nzero3_gather = \"per-step\"\n");
+  CHECK(ok.problems.empty());
+  CHECK(ok.recipe.parallel.zero3_per_step);
+  const std::string out = format_recipe(ok.recipe);
+  CHECK(out.find("zero3_gather = \"per-step\"") != std::string::npos);
+  CHECK(parse_recipe(out, "again.toml").recipe.parallel == ok.recipe.parallel);
+  CHECK(format_recipe(RecipeDocument{}.recipe).find("zero3_gather") == std::string::npos);
+}
+
 TEST_CASE("recipe: enumerations list their values", "[recipe]") {
   RecipeDocument doc = parse_with("[parallel]\ndp = 1\ntp = 1\npp = 1\nschedule = \"1F1B\"\n");
   INFO(dump(doc.problems));

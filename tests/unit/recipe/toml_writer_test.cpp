@@ -128,7 +128,7 @@ dims = { batch = 8, seq = 2048 }
 dp = 2
 tp = 2
 pp = 2
-optimizer_shard = "optimizer"
+optimizer_shard = "parameters"
 shard_group = 1
 bucket_mb = 25.0
 micro_batch_size = 4
@@ -138,6 +138,7 @@ virtual_stages = 2
 sequence_parallel = true
 expert_parallel = 2
 expert_dispatch = "gather"
+zero3_gather = "per-step"
 
 [[stages]]
 index = 0

@@ -362,6 +362,8 @@ TEST_CASE("ZeRO-3 under expert parallelism holds the experts in shards too", "[t
   // Four ranks in two expert-parallel groups: each expert on two ranks (ranks r and r + 2), which
   // hold it in shards, as every rank holds the shared weights'; 256-byte buckets, so each is
   // gathered in several parts, from two gathering threads per rank.
+  const bool per_step = GENERATE(false, true);  // zero3_gather = "per-step": kept to the step's end
+  INFO((per_step ? "per-step gathers" : "per-use gathers"));
   const fs::path d = fresh_dir("zero3");
   train::TrainOptions one = options(d, true, 4);
   one.metrics = d / "one.jsonl";
@@ -378,7 +380,10 @@ TEST_CASE("ZeRO-3 under expert parallelism holds the experts in shards too", "[t
     mine.ep.replicas = {rank % 2, rank % 2 + 2};
     mine.ep.zero = 3;
     mine.ep.bucket_bytes = 256;
+    mine.ep.gather_per_step = per_step;
     HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
+    if (rank == 0 && per_step != (rep.summary.find("ZeRO-3 per-step gathers") != std::string::npos))
+      return Error(Errc::internal, "the per-step line is wrong: " + rep.summary);
     for (const char* line : {"ZeRO-3: the shared parameters held", "ZeRO-3: the experts held"})
       if (rank == 0 && rep.summary.find(line) == std::string::npos)
         return Error(Errc::internal, std::string("no '") + line + "' in " + rep.summary);
@@ -439,6 +444,7 @@ TEST_CASE("expert-parallel pipeline stages train what one rank trains", "[train]
       mine.ep.replicas = {rank};
       mine.ep.zero = zero;
       mine.ep.bucket_bytes = 256;
+      mine.ep.gather_per_step = zero == 3 && top2;  // both ways at ZeRO-3
       HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
       if (rank == 0 && rep.summary.find("expert layers: ") == std::string::npos)
         return Error(Errc::internal, "no expert layers line in " + rep.summary);

@@ -311,6 +311,9 @@ TEST_CASE("ZeRO-3 pipeline stages on two replicas train what one rank trains",
   // Ranks 0, 1 hold stage 0 and ranks 2, 3 stage 1; pipeline r % 2 takes row r % 2 of the batch
   // (4 labels against 1: the replicas' gradients weigh 4/5 and 1/5). Buckets of 256 bytes, so
   // every part borrows several, some only in part.
+  // Per-step gathers (zero3_gather = "per-step"): each bucket gathered once a step and kept.
+  const bool per_step = GENERATE(false, true);
+  INFO((per_step ? "per-step gathers" : "per-use gathers"));
   auto run = [&](const train::TrainOptions& base, bool split) {
     return comm::run_in_process(4, [&](int rank, comm::Transport& t) -> Status {
       train::TrainOptions mine = base;
@@ -327,10 +330,14 @@ TEST_CASE("ZeRO-3 pipeline stages on two replicas train what one rank trains",
       mine.dp.group = {2 * stage, 2 * stage + 1};
       mine.dp.zero = 3;
       mine.dp.bucket_bytes = 256;
+      mine.dp.gather_per_step = per_step;
       HP_ASSIGN_OR_RETURN(auto rep, train::train(mine));
       if (rank == 0 &&
           rep.summary.find("ZeRO-3: the first stage's parameters") == std::string::npos)
         return Error(Errc::internal, "no ZeRO-3 line in the summary: " + rep.summary);
+      if (rank == 0 &&
+          per_step != (rep.summary.find("ZeRO-3 per-step gathers") != std::string::npos))
+        return Error(Errc::internal, "the per-step line is wrong: " + rep.summary);
       return {};
     });
   };

@@ -119,6 +119,9 @@ struct Config {
   /// expert_dispatch = "routed"); false: on all of the group's tokens
   /// (BlockProfile::unrouted_flops).
   bool routed_experts = true;
+  /// ZeRO-3 (the recipe's zero3_gather = "per-step"): each bucket gathered once per step and kept
+  /// whole until the backward is done, instead of for every use of every micro-batch.
+  bool zero3_per_step = false;
   /// HSDP: ZeRO shards over the innermost shard_group ranks of each DP group (a faster tier) and
   /// replicates across the dp / shard_group such groups; 0 = shard over the whole DP group.
   std::int64_t shard_group = 0;
@@ -215,6 +218,12 @@ StateBytes block_states(const BlockCost& b, const ModelProfile& m, const Config&
 /// the gathered block `biggest_weights` plus its prefetched successor.
 double stage_buffers(const ModelProfile& m, const Config& c, const Workload& w, double grads,
                      double a2a, double biggest_weights);
+/// ZeRO's parameter all-gathers of a stage per step: level 3 gathers for the forward and the
+/// backward use of each of `mbs` micro-batches (once per step with Config::zero3_per_step),
+/// levels 1-2 once after the update.
+inline double zero_gathers(const Config& c, double mbs) {
+  return c.optimizer_shard == 3 && !c.zero3_per_step ? 2.0 * mbs : 1.0;
+}
 /// Kernel workspace while a unit runs: the largest transient of one op, four boundary tensors of
 /// one micro-batch (TP split). A rank holds the largest of its units'.
 double unit_workspace(const BlockProfile& b, const Config& c);

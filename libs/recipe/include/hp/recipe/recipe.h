@@ -76,6 +76,11 @@ struct Parallel {
   /// Expert parallelism in training: send each token only to the members holding the experts its
   /// router chose, where the graph allows it (docs/training.md); false: all-gather every token.
   bool routed_experts = true;
+  /// ZeRO-3 in training: a bucket gathered for its first use in a step is kept until the step's
+  /// backward is done, so every bucket is gathered once per step ("per-step", PyTorch FSDP's
+  /// reshard_after_forward=False) instead of for each forward and backward use of every
+  /// micro-batch ("per-use", the default: the parameters whole only during their uses).
+  bool zero3_per_step = false;
   friend bool operator==(const Parallel&, const Parallel&) = default;
 };
 

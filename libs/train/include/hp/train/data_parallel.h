@@ -75,6 +75,9 @@ struct DataParallel {
   /// the executor's collectives (channel 0) may use the same ranks during the run. Two
   /// DataParallelSyncs of one rank whose groups may coincide take different channels.
   int channel = 1;
+  /// ZeRO-3 ([parallel] zero3_gather = "per-step"): a bucket gathered for its first use in a step
+  /// is kept until the step's backward is done (libs/train/src/step_cache.h).
+  bool gather_per_step = false;
   bool active() const { return transport != nullptr && group.size() > 1; }
   /// Position of this rank in `group` (-1 when absent).
   int index() const;

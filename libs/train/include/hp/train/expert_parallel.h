@@ -105,6 +105,8 @@ struct ExpertParallel {
   /// Dispatch each token to its top-k experts' members only, where the graph allows it
   /// (partition_experts); false: all-gather the tokens.
   bool routed = true;
+  /// ZeRO-3: buckets kept from their first use to the step's end (DataParallel::gather_per_step).
+  bool gather_per_step = false;
   /// With pipeline stages (the groups above are one stage's replicas): the ranks whose squared
   /// gradient norms add up to the whole model's (this rank's pipeline), and per parameter of the
   /// rank whether it counts here (a weight several stages share counts on its first stage only).
