@@ -172,8 +172,8 @@ TEST_CASE("recipe: expert_dispatch is routed or gather, written back only when g
 }
 
 TEST_CASE("recipe: zero3_gather is per-use or per-step, and per-step needs ZeRO-3", "[recipe]") {
-  RecipeDocument bad =
-      parse_with("[parallel]\ndp = 2\ntp = 1\npp = 1\noptimizer_shard = 3\nzero3_gather = \"once\"\n");
+  RecipeDocument bad = parse_with(
+      "[parallel]\ndp = 2\ntp = 1\npp = 1\noptimizer_shard = 3\nzero3_gather = \"once\"\n");
   INFO(dump(bad.problems));
   CHECK(has(bad.problems, "recipe.toml:11:16",
             "'parallel.zero3_gather' must be one of per-use, per-step, got 'once'"));
