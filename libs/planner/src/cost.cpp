@@ -169,6 +169,12 @@ double gradient_sync_time(const Config& c, const Workload& w, const Machine& mc,
   return t * (1.0 - mc.cal.overlap_dp);
 }
 
+// The ZeRO level the memory model counts: per-step ZeRO-3 holds its parameters whole through the
+// step, as level 2 does (its kept buckets take the place of the gather buffers).
+static int memory_level(const Config& c) {
+  return c.optimizer_shard == 3 && c.zero3_per_step ? 2 : c.optimizer_shard;
+}
+
 double state_bytes_per_param(const Workload& w, double dtype_bytes, int zero_level,
                              std::int64_t shard) {
   if (!w.train) return dtype_bytes;
@@ -198,9 +204,8 @@ StateBytes block_states(const BlockCost& b, const ModelProfile& m, const Config&
   StateBytes s;
   auto add = [&](double params, std::int64_t shard) {
     const double o = static_cast<double>(std::max<std::int64_t>(1, shard));
-    const int z = w.train ? c.optimizer_shard : 0;
-    // Held in shards between uses; per-step ZeRO-3 keeps them whole through the step.
-    s.parameters += params * m.dtype_bytes / (z >= 3 && !c.zero3_per_step ? o : 1.0);
+    const int z = w.train ? memory_level(c) : 0;
+    s.parameters += params * m.dtype_bytes / (z >= 3 ? o : 1.0);
     if (!w.train) return;
     s.gradients += params * w.grad_bytes / (z >= 2 ? o : 1.0);
     s.optimizer += params * w.optimizer_state_bytes / (z >= 1 ? o : 1.0);
@@ -279,8 +284,8 @@ BlockCost block_cost(const BlockProfile& b, const ModelProfile& m, const Config&
   r.expert_params = b.expert_parameters / t / static_cast<double>(ep);
   const std::int64_t dshard = dense_shard(c), eshard = expert_shard(c);
   r.state_bytes =
-      r.dense_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, dshard) +
-      r.expert_params * state_bytes_per_param(w, m.dtype_bytes, c.optimizer_shard, eshard);
+      r.dense_params * state_bytes_per_param(w, m.dtype_bytes, memory_level(c), dshard) +
+      r.expert_params * state_bytes_per_param(w, m.dtype_bytes, memory_level(c), eshard);
   r.weight_bytes = (r.dense_params + r.expert_params) * m.dtype_bytes;
   r.grad_bytes = w.train ? (r.dense_params + r.expert_params) * w.grad_bytes : 0.0;
   if (b.experts > 0 && ep > 1) {

@@ -404,3 +404,30 @@ TEST_CASE("planner: load_profile reads the model once, and a bad model before a 
   CHECK(from_dims->profile.dtype_bytes == 4);
   CHECK(from_dims->profile.blocks.size() == 4);
 }
+
+TEST_CASE("planner: per-step ZeRO-3 gathers a stage once a step and keeps its parameters whole",
+          "[planner][predict]") {
+  // The same dp=2 x pp=2 recipe at ZeRO-3: per use, each of the 2 micro-batches' forward and
+  // backward gathers the stage (4 gathers); per step, one; the parameters whole through the step.
+  const fs::path shard = fs::path(HP_SOURCE_DIR) / "tests/data/recipes/shard";
+  auto r = recipe::load_recipe(shard / "gpt2-dp2-pp2-mb2.toml");
+  if (!r) FAIL(r.error().str());
+  auto c = recipe::cluster_for(*r, shard, recipe::preset_dirs({}, HP_SOURCE_DIR));
+  REQUIRE(c);
+  r->parallel.optimizer_shard = 3;
+  auto use = predict_recipe(*r, shard, *c, {true, "fp32", "adam"});
+  if (!use) FAIL(use.error().str());
+  r->parallel.zero3_per_step = true;
+  auto step = predict_recipe(*r, shard, *c, {true, "fp32", "adam"});
+  if (!step) FAIL(step.error().str());
+  REQUIRE(step->predicted.opt_exposed > 0);
+  CHECK(use->predicted.opt_exposed == Approx(4 * step->predicted.opt_exposed));
+  // During the step it holds what ZeRO-2 holds (whole parameters, sharded gradients and states):
+  // the kept buckets take the place of per-use's gather buffers.
+  r->parallel.optimizer_shard = 2;
+  r->parallel.zero3_per_step = false;
+  auto two = predict_recipe(*r, shard, *c, {true, "fp32", "adam"});
+  if (!two) FAIL(two.error().str());
+  CHECK(step->predicted.peak_memory == Approx(two->predicted.peak_memory));
+  CHECK(step->predicted.peak_memory != Approx(use->predicted.peak_memory));
+}
