@@ -314,7 +314,8 @@ Expected<std::vector<exec::HostTensor>> ExpertParallelSync::gather(
     at += t->data.size();
   }
   std::vector<unsigned char> all(static_cast<std::size_t>(block) * ep_.group.size());
-  HP_TRY(ep_.transport->allgather(ep_.group, send.data(), all.data(), block));
+  // A pipeline stage without expert layers has none to gather (block is the same on every member).
+  if (block > 0) HP_TRY(ep_.transport->allgather(ep_.group, send.data(), all.data(), block));
   std::map<std::string, exec::HostTensor> whole;
   for (std::size_t k = 0; k < mine.size(); ++k)
     if (!expert_[k]) {
