@@ -239,6 +239,25 @@ def check_trace(path, extra, ranks, chunks=1):
             raise rt.Failure(f"trace: rank {rank} has actions {names[:6]}..., want {want[:6]}...")
 
 
+def resume_pair(hp, d, ref, tag, first, then, one, k, log):
+    """3 steps of recipe `first` checkpointed, 2 more of `then` resumed from it (in process, or at
+    one rank for `one`): against torch's uninterrupted 5. Returns the loss comparison."""
+    ckpt = os.path.join(d, f"ckpt-{k}")
+    m1, m2 = os.path.join(d, f"a{k}.jsonl"), os.path.join(d, f"b{k}.jsonl")
+    saved = os.path.join(d, f"s{k}.onnx")
+    how = lambda r: "one" if r == one else "simulate"  # noqa: E731
+    rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
+                                             "--metrics", m1, "--checkpoint", ckpt], log)
+    if rc != 0:
+        raise rt.Failure(f"{tag}, first 3 steps: exit {rc}: {rt.first_error(out)}")
+    rc, out = launch(hp, then, how(then), ["--inputs", ref.inputs, "--steps", "2", "--resume",
+                                           ckpt, "--metrics", m2, "--save-model", saved], log)
+    if rc != 0:
+        raise rt.Failure(f"{tag}, resumed: exit {rc}: {rt.first_error(out)}")
+    detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
+    return f"{tag}: {detail.split('  ')[0]}"
+
+
 def resumed(hp, work, log):
     """3 steps at pp=2 resumed for 2 at one rank, and 3 at one rank resumed for 2 at pp=2; the other
     layouts below, among them a sharded dp2 x tp2 checkpoint resumed by a pipeline."""
@@ -268,20 +287,7 @@ def resumed(hp, work, log):
                              ("dp2 x tp2 (zero 1, sharded) -> tp2 x pp2", dptp, tppp),
                              ("dp2 x pp2 (zero 3) -> one rank", z3, one),
                              ("one rank -> dp2 x pp2 (zero 3)", one, z3)]:
-        ckpt = os.path.join(d, f"ckpt-{len(details)}")
-        m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
-        saved = os.path.join(d, f"s{len(details)}.onnx")
-        how = lambda r: "one" if r == one else "simulate"  # noqa: E731
-        rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
-                                                 "--metrics", m1, "--checkpoint", ckpt], log)
-        if rc != 0:
-            raise rt.Failure(f"{tag}, first 3 steps: exit {rc}: {rt.first_error(out)}")
-        rc, out = launch(hp, then, how(then), ["--inputs", ref.inputs, "--steps", "2", "--resume",
-                                               ckpt, "--metrics", m2, "--save-model", saved], log)
-        if rc != 0:
-            raise rt.Failure(f"{tag}, resumed: exit {rc}: {rt.first_error(out)}")
-        detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
-        details.append(f"{tag}: {detail.split('  ')[0]}")
+        details.append(resume_pair(hp, d, ref, tag, first, then, one, len(details), log))
     return "; ".join(details)
 
 
@@ -331,20 +337,7 @@ def resumed_experts(hp, work, log):
                              ("dp2 x pp2 x ep2 -> dp2 x ep2", eppp, ep),
                              ("one rank -> dp2 x pp2 x ep2", one, eppp),
                              ("dp2 x ep2 (sharded) -> dp2 x pp2 x ep2", ep, eppp)]:
-        ckpt = os.path.join(d, f"ckpt-{len(details)}")
-        m1, m2 = os.path.join(d, f"a{len(details)}.jsonl"), os.path.join(d, f"b{len(details)}.jsonl")
-        saved = os.path.join(d, f"s{len(details)}.onnx")
-        how = lambda r: "one" if r == one else "simulate"  # noqa: E731
-        rc, out = launch(hp, first, how(first), ["--inputs", ref.inputs, "--steps", "3",
-                                                 "--metrics", m1, "--checkpoint", ckpt], log)
-        if rc != 0:
-            raise rt.Failure(f"{tag}, first 3 steps: exit {rc}: {rt.first_error(out)}")
-        rc, out = launch(hp, then, how(then), ["--inputs", ref.inputs, "--steps", "2", "--resume",
-                                               ckpt, "--metrics", m2, "--save-model", saved], log)
-        if rc != 0:
-            raise rt.Failure(f"{tag}, resumed: exit {rc}: {rt.first_error(out)}")
-        detail, _ = rt.compare(ref, rt.read_metrics(m1, 1, 3) + rt.read_metrics(m2, 4, 2), saved)
-        details.append(f"{tag}: {detail.split('  ')[0]}")
+        details.append(resume_pair(hp, d, ref, tag, first, then, one, len(details), log))
     return "; ".join(details)
 
 

@@ -191,11 +191,9 @@ Expected<ExpertPartition> partition_experts(const model::Model& m, const std::ve
   const Index ix(g);
   const auto summed = detail::find_accumulated_layers(ix, detail::row_checks(m, ix, dims));
   if (layers.empty() && summed.empty() && allow_none) {
-    ExpertPartition whole;
-    whole.experts_of.resize(static_cast<std::size_t>(p));
-    if (!m.proto->SerializeToString(&whole.onnx))
-      return Error(Errc::internal, "could not serialize the model");
-    return whole;
+    ExpertPartition none;  // layers == 0, no onnx: the caller keeps its model
+    none.experts_of.resize(static_cast<std::size_t>(p));
+    return none;
   }
   if (layers.empty() && summed.empty())
     return Error(Errc::bad_input,

@@ -243,6 +243,23 @@ Status ExpertParallelSync::hold(std::vector<exec::HostTensor>& params) {
   return {};
 }
 
+Status ExpertParallelSync::same_shared_order(const std::vector<std::size_t>& sequence,
+                                             const std::string& where) const {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the shared buckets asked for
+  for (std::size_t g : sequence)
+    if (g < shared_groups_) h = (h ^ (g + 1)) * 1099511628211ull;
+  std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
+  HP_TRY(ep_.transport->allreduce(ep_.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
+  HP_TRY(ep_.transport->allreduce(ep_.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
+  if (lo != hi)
+    return Error(Errc::not_implemented,
+                 "ZeRO-3 with expert parallelism needs every member to use the shared weights in "
+                 "the same order, and this model's members do not (their experts differ in "
+                 "shape)",
+                 where, "use optimizer_shard 2");
+  return {};
+}
+
 bool ExpertParallelSync::holds_shared() const { return shared_->holds_parameters(); }
 bool ExpertParallelSync::holds_experts() const { return experts_->holds_parameters(); }
 

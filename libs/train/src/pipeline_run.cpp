@@ -117,16 +117,6 @@ struct PipeRun {
       if (!eps->holds(k)) rest.push_back(params[k]);
     return stage->set_weights(rest);
   }
-  Status same_gather_order();
-  /// What the stage's parts borrow `groups` of `source` (a sync) from: the sync, or under
-  /// per-step gathers a StepCache in front of it.
-  Expected<exec::WeightSource*> lend_from(exec::WeightSource& source,
-                                          const std::vector<std::vector<std::string>>& groups,
-                                          bool per_step) {
-    if (!per_step) return &source;
-    HP_ASSIGN_OR_RETURN(cache, make_step_cache(source, groups, params));
-    return cache.get();
-  }
   ShardedLayout layout() const;
   Expected<StepMetrics> step();
   Expected<Checkpoint> gather();
@@ -204,7 +194,8 @@ Status PipeRun::prepare() {
     if (o.dp.zero >= 3 && dp->sharded()) {
       HP_TRY(dp->hold_parameters(params));
       const auto groups = dp->weight_groups(params);
-      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*dp, groups, o.dp.gather_per_step));
+      HP_ASSIGN_OR_RETURN(auto* source,
+                          lend_through(cache, *dp, groups, params, o.dp.gather_per_step));
       HP_TRY(stage->lend(source, groups));
     }
   }
@@ -256,28 +247,11 @@ Status PipeRun::prepare_experts() {
   if (o.ep.zero >= 3 && eps->sharded()) {
     HP_TRY(eps->hold(params));
     const auto groups = eps->held_groups();
-    HP_ASSIGN_OR_RETURN(auto* source, lend_from(*eps, groups, o.ep.gather_per_step));
+    HP_ASSIGN_OR_RETURN(auto* source,
+                        lend_through(cache, *eps, groups, params, o.ep.gather_per_step));
     HP_TRY(stage->lend(source, groups));
-    HP_TRY(same_gather_order());
+    HP_TRY(eps->same_shared_order(stage->gather_sequence(), o.model.string()));
   }
-  return {};
-}
-
-// The shared weights' gathers span every replica of the stage, which run different members'
-// partitions: their requests must come in one order (StepGathers asks them as the actions use
-// them). The experts' gathers span replicas running the same partition. Checked once.
-Status PipeRun::same_gather_order() {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the shared buckets asked for
-  for (std::size_t g : stage->gather_sequence())
-    if (g < eps->shared_groups()) h = (h ^ (g + 1)) * 1099511628211ull;
-  std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
-  HP_TRY(t().allreduce(o.ep.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
-  HP_TRY(t().allreduce(o.ep.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
-  if (lo != hi)
-    return Error(Errc::not_implemented,
-                 "ZeRO-3 with expert parallelism needs every member of a stage to use the shared "
-                 "weights in the same order, and this model's members do not",
-                 o.model.string(), "use optimizer_shard 2");
   return {};
 }
 

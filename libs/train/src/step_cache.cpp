@@ -62,6 +62,16 @@ Expected<std::unique_ptr<StepCache>> make_step_cache(
   return std::make_unique<StepCache>(inner, std::move(sizes));
 }
 
+Expected<exec::WeightSource*> lend_through(std::unique_ptr<StepCache>& cache,
+                                           exec::WeightSource& source,
+                                           const std::vector<std::vector<std::string>>& groups,
+                                           const std::vector<exec::HostTensor>& params,
+                                           bool per_step) {
+  if (!per_step) return &source;
+  HP_ASSIGN_OR_RETURN(cache, make_step_cache(source, groups, params));
+  return cache.get();
+}
+
 void StepCache::end_step() {
   for (std::size_t g = 0; g < kept_.size(); ++g) {
     kept_[g].clear();

@@ -49,4 +49,12 @@ Expected<std::unique_ptr<StepCache>> make_step_cache(
     exec::WeightSource& inner, const std::vector<std::vector<std::string>>& groups,
     const std::vector<exec::HostTensor>& params);
 
+/// What an executor (or a pipeline stage's parts) borrows `groups` of `source` (a sync) from: the
+/// sync itself, or with `per_step` a StepCache in front of it, made into `cache`.
+Expected<exec::WeightSource*> lend_through(std::unique_ptr<StepCache>& cache,
+                                           exec::WeightSource& source,
+                                           const std::vector<std::vector<std::string>>& groups,
+                                           const std::vector<exec::HostTensor>& params,
+                                           bool per_step);
+
 }  // namespace hp::train::detail

@@ -127,33 +127,6 @@ Expected<std::vector<exec::HostTensor>> TrainRun::whole(
   return out;
 }
 
-// The shared weights' gathers are collectives over the data-parallel ranks, which run different
-// members' graphs: they must ask for the buckets in one order. Checked once, before any gather.
-// (The experts' gathers span the ranks holding the same experts, which run the same partition.)
-Status TrainRun::same_gather_order() {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the sequence of buckets asked for
-  for (std::size_t g : ex->weight_source_order())
-    if (g < eps->shared_groups()) h = (h ^ (g + 1)) * 1099511628211ull;
-  std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
-  HP_TRY(o.ep.transport->allreduce(o.ep.data, &lo, &lo, 1, HP_I64, comm::ReduceOp::min));
-  HP_TRY(o.ep.transport->allreduce(o.ep.data, &hi, &hi, 1, HP_I64, comm::ReduceOp::max));
-  if (lo != hi)
-    return Error(Errc::not_implemented,
-                 "ZeRO-3 with expert parallelism needs every member to use the shared weights in "
-                 "the same order, and this model's members do not (their experts differ in "
-                 "shape)",
-                 o.model.string(), "use optimizer_shard 2");
-  return {};
-}
-
-Expected<exec::WeightSource*> TrainRun::lend_from(
-    exec::WeightSource& source, const std::vector<std::vector<std::string>>& groups,
-    bool per_step) {
-  if (!per_step) return &source;
-  HP_ASSIGN_OR_RETURN(cache, make_step_cache(source, groups, params));
-  return cache.get();
-}
-
 Status TrainRun::prepare() {
   model::LoadOptions lo;
   lo.mode = model::LoadMode::require_data;
@@ -237,9 +210,10 @@ Status TrainRun::prepare() {
     if (o.ep.zero >= 3 && eps->sharded()) {
       HP_TRY(hold());
       const auto groups = eps->held_groups();
-      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*eps, groups, o.ep.gather_per_step));
+      HP_ASSIGN_OR_RETURN(auto* source,
+                          lend_through(cache, *eps, groups, params, o.ep.gather_per_step));
       HP_TRY(ex->set_weight_source(source, groups));
-      HP_TRY(same_gather_order());
+      HP_TRY(eps->same_shared_order(ex->weight_source_order(), o.model.string()));
     }
   }
   for (const auto& [name, value] : gg.buffer_updates) {
@@ -279,7 +253,8 @@ Status TrainRun::prepare() {
     if (dp.zero >= 3 && sync->sharded()) {
       HP_TRY(hold());
       const auto groups = sync->weight_groups(params);
-      HP_ASSIGN_OR_RETURN(auto* source, lend_from(*sync, groups, dp.gather_per_step));
+      HP_ASSIGN_OR_RETURN(auto* source,
+                          lend_through(cache, *sync, groups, params, dp.gather_per_step));
       HP_TRY(ex->set_weight_source(source, groups));
     }
   }

@@ -56,11 +56,6 @@ struct TrainRun {
   /// ZeRO-3 with per-step gathers: the buckets kept through the step (before the syncs it reads
   /// from are destroyed).
   std::unique_ptr<StepCache> cache;
-  /// The executor's weight source for `groups` of `source` (a sync): the sync itself, or under
-  /// per-step gathers a StepCache in front of it.
-  Expected<exec::WeightSource*> lend_from(exec::WeightSource& source,
-                                          const std::vector<std::vector<std::string>>& groups,
-                                          bool per_step);
   TraceLog trace;
 
   /// The rank that prints and writes files (the first of the data-parallel group, the first
@@ -82,7 +77,6 @@ struct TrainRun {
     if (o.sink && lead()) o.sink(err, line);
   }
   Status prepare();
-  Status same_gather_order();
   Status resume();
   Status resume_sharded();  ///< from a sharded checkpoint (sharded_run.h)
   detail::ShardedLayout layout() const;

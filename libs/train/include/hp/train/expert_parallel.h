@@ -80,8 +80,8 @@ struct ExpertPartition {
 /// not a multiple of the group. `dims` (the rank's input dims) let such a layer read a shape from
 /// outside it that does not depend on the rows (checked by inferring the graph's shapes at `dims`
 /// and at twice the batch); without them it may read none.
-/// `allow_none`: a model without expert layers is returned as it is (layers == 0; a pipeline stage
-/// holding none of a model's experts) instead of refused.
+/// `allow_none`: a model without expert layers (a pipeline stage holding none of its experts) gives
+/// layers == 0 and an empty `onnx`, the caller keeping its model, instead of an error.
 Expected<ExpertPartition> partition_experts(const model::Model& m, const std::vector<int>& group,
                                             int member, bool routed = true,
                                             const model::DimBindings& dims = {},
@@ -171,6 +171,13 @@ class ExpertParallelSync : public exec::WeightSource {
   /// them, gathered over `data`), then the experts' (gathered over `replicas`).
   std::vector<std::vector<std::string>> held_groups() const;
   std::size_t shared_groups() const { return shared_groups_; }
+  /// Collective over `data`: the shared weights' gathers span every data-parallel rank while the
+  /// members run different partitions, so each must ask for the shared buckets in one order.
+  /// `sequence`: the buckets this rank's step asks for (held_groups() indices).
+  /// Errc::not_implemented naming `where` when the orders differ (experts of different shapes can
+  /// cause it).
+  Status same_shared_order(const std::vector<std::size_t>& sequence,
+                           const std::string& where) const;
   /// `params` with the held entries all-gathered (collective over their shard groups).
   Expected<std::vector<exec::HostTensor>> with_held(const std::vector<exec::HostTensor>& params);
   // exec::WeightSource over held_groups(): each request goes to the sync holding the bucket.
