@@ -20,107 +20,13 @@
 #include <optional>
 
 #include "batches.h"
-#include "hp/train/checkpoint.h"
-#include "hp/train/data.h"
-#include "hp/train/data_parallel.h"
-#include "hp/train/trainer.h"
 #include "metrics_file.h"
-#include "pipeline_stage.h"
+#include "pipeline_run.h"
 #include "run_summary.h"
-#include "sharded_run.h"
-#include "step_cache.h"
 
 namespace hp::train::detail {
 
 namespace {
-
-constexpr int kGatherTag = 32000;  // above every step tag (pipeline_stage.cpp)
-
-struct PipeRun {
-  explicit PipeRun(const TrainOptions& options) : o(options) {}
-  const TrainOptions& o;
-  model::Model forward;
-  std::vector<std::vector<exec::HostTensor>> micro;
-  std::int64_t total_labels = 0, tokens = 0;
-  // The syncs before the stage: the stage's executors borrow from `dp` under ZeRO-3 and its hook
-  // hands it gradients, so it goes after them.
-  std::unique_ptr<DataParallelSync> dp;  ///< with data parallelism: this stage's replicas
-  /// With expert parallelism instead: the stage's shared weights summed over its replicas, its
-  /// experts over the replicas holding them (expert_parallel.h).
-  std::unique_ptr<ExpertParallelSync> eps;
-  std::array<std::int64_t, 3> expert_layers{};  ///< the pipeline's: all, routed, summed
-  /// With tensor parallelism: the stage's group (its members hold slices of the split weights).
-  std::unique_ptr<TensorParallelSync> tps;
-  /// ZeRO-3 with per-step gathers: the stage's buckets kept through the step (step_cache.h).
-  std::unique_ptr<StepCache> cache;
-  std::unique_ptr<PipelineStage> stage;
-  std::vector<exec::HostTensor> params;
-  OptimizerState state;
-  TrainReport report;
-  TraceLog trace;
-  comm::Transport& t() const { return *o.pp.transport; }
-  /// The first stage of the first replica: prints, writes metrics, checkpoints, the saved model.
-  bool lead() const { return o.pp.stage == 0 && o.dp.index() <= 0 && o.tp.index() <= 0; }
-  /// ZeRO-3: the data-parallel sync holds this rank's shard of the stage's parameters, and the
-  /// parts' executors borrow them for their uses; `params` keeps names and dims only.
-  bool held() const {
-    return (dp && dp->holds_parameters()) || (eps && (eps->holds_shared() || eps->holds_experts()));
-  }
-  /// Hands `params` (whole values) to the stage's executors (partial addends as stored,
-  /// tensor_parallel.h), or under ZeRO-3 to the sync, which keeps its shard of them.
-  Status set_weights() {
-    if (held() && dp) return dp->hold_parameters(params);
-    if (held()) {  // expert parallelism: the syncs keep their shards, the executors the rest
-      HP_TRY(eps->hold(params));
-      return set_unheld();
-    }
-    if (!tps) return stage->set_weights(params);
-    std::vector<exec::HostTensor> stored;
-    for (std::size_t k = 0; k < params.size(); ++k) stored.push_back(tps->stored(k, params[k]));
-    return stage->set_weights(stored);
-  }
-  Expected<double> tp_norm();
-  void say(bool err, const std::string& line) const {
-    if (o.sink && lead()) o.sink(err, line);
-  }
-  // --data: the token stream, its input's name and the batches drawn so far.
-  std::optional<TokenStream> stream;
-  std::string input;
-  std::int64_t data_position = 0;
-  Status open_stream();
-  Status draw();  ///< the micro-batches of batch data_position of the stream
-  /// This replica's rows of the global batch cut into micro-batches, and their label count.
-  Status take(std::vector<exec::HostTensor> batch, const std::filesystem::path& where);
-  Status prepare();
-  Status resume();
-  Status resume_sharded();  ///< each rank its stage's pieces (sharded_run.h)
-  /// The stage's whole parameter values (this rank's slices under tensor parallelism): under
-  /// ZeRO-3 all-gathered from the stage's data-parallel peers (collective).
-  Expected<std::vector<exec::HostTensor>> values() const {
-    if (dp && dp->holds_parameters()) return dp->gather_parameters(params);
-    if (eps) return eps->with_held(params);
-    return params;
-  }
-  /// The stage's whole optimizer state, shaped like its parameters (collective over the shard
-  /// groups under ZeRO).
-  Expected<OptimizerState> whole_state() const {
-    if (dp) return dp->gather_state(state, params);
-    if (eps) return eps->gather_state(state);
-    return state;
-  }
-  Status prepare_experts();
-  /// ZeRO-3 under expert parallelism: the parameters no sync holds (the experts where one rank of
-  /// the stage holds each) go to the executors; the held ones come from the gathers.
-  Status set_unheld() {
-    std::vector<exec::HostTensor> rest;
-    for (std::size_t k = 0; k < params.size(); ++k)
-      if (!eps->holds(k)) rest.push_back(params[k]);
-    return stage->set_weights(rest);
-  }
-  ShardedLayout layout() const;
-  Expected<StepMetrics> step();
-  Expected<Checkpoint> gather();
-};
 
 // A global batch cut into the micro-batches (labels last, every tensor named).
 Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
@@ -138,6 +44,8 @@ Expected<std::vector<std::vector<exec::HostTensor>>> cut_micro(
   }
   return out;
 }
+
+}  // namespace
 
 Status PipeRun::prepare() {
   if (o.inputs_dir.empty() == o.data_file.empty())
@@ -425,112 +333,6 @@ Expected<double> PipeRun::tp_norm() {
   HP_TRY(t().allreduce(o.tp.group, &sq, &sq, 1, HP_F64, comm::ReduceOp::sum));
   return std::sqrt(sq);
 }
-
-// Sends one f32 tensor's bytes to `peer`, whose receiver knows its size.
-Status send_all(comm::Transport& t, int peer, const std::vector<exec::HostTensor>& ts) {
-  for (const auto& x : ts)
-    HP_TRY(t.send(peer, kGatherTag, x.data.data(), static_cast<std::int64_t>(x.data.size())));
-  return {};
-}
-
-// Collective over the pipeline: the whole model's parameters and optimizer state, on the lead, in
-// the forward model's initializer order (what a one-rank run lists). The other stages send their
-// parameters (not the shared ones an earlier stage owns) in their own order; the lead knows that
-// order and the shapes from the stage models of its peers, which it learns from their names.
-Expected<Checkpoint> PipeRun::gather() {
-  Checkpoint c;
-  const int me = o.pp.stage;
-  // A sharded optimizer's state, whole on every replica of the stage first.
-  HP_ASSIGN_OR_RETURN(OptimizerState whole, whole_state());
-  // Tensor parallelism: whole tensors from the stage's members; the first member's pipeline
-  // gathers the stages.
-  HP_ASSIGN_OR_RETURN(auto values, this->values());
-  if (tps) {
-    HP_ASSIGN_OR_RETURN(values, tps->gather(values));
-    HP_ASSIGN_OR_RETURN(whole.exp_avg, tps->gather(whole.exp_avg));
-    HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, tps->gather(whole.exp_avg_sq));
-    if (o.tp.index() != 0) return c;
-  }
-  std::vector<std::string> names;
-  for (const auto& p : params) names.push_back(p.name);
-  if (eps) {  // every member's experts of the stage (collective over its expert group)
-    HP_ASSIGN_OR_RETURN(values, eps->gather(values, forward));
-    names.clear();
-    for (const auto& v : values) names.push_back(v.name);
-    HP_ASSIGN_OR_RETURN(whole.exp_avg, eps->gather(whole.exp_avg, forward));
-    HP_ASSIGN_OR_RETURN(whole.exp_avg_sq, eps->gather(whole.exp_avg_sq, forward));
-  }
-  std::vector<exec::HostTensor> mine, avg, avg_sq;
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    if (!stage->owns(names[k])) continue;
-    mine.push_back(values[k]);
-    if (k < whole.exp_avg.size()) avg.push_back(whole.exp_avg[k]);
-    if (k < whole.exp_avg_sq.size()) avg_sq.push_back(whole.exp_avg_sq[k]);
-  }
-  if (me != 0) {
-    const int lead_rank = o.pp.ranks[0];
-    std::string names;
-    for (const auto& p : mine) names += p.name + '\n';
-    std::int64_t counts[2] = {static_cast<std::int64_t>(names.size()),
-                              (avg.empty() ? 0 : 1) + (avg_sq.empty() ? 0 : 1)};
-    HP_TRY(t().send(lead_rank, kGatherTag, counts, sizeof counts));
-    HP_TRY(t().send(lead_rank, kGatherTag, names.data(), counts[0]));
-    HP_TRY(send_all(t(), lead_rank, mine));
-    HP_TRY(send_all(t(), lead_rank, avg));
-    HP_TRY(send_all(t(), lead_rank, avg_sq));
-    HP_TRY(t().flush());
-    return c;
-  }
-  // The shapes of every initializer, from the forward model.
-  std::map<std::string, exec::HostTensor> like;
-  std::vector<std::string> order;
-  for (const auto& init : forward.proto->graph().initializer()) {
-    order.push_back(init.name());
-    exec::HostTensor h;
-    h.name = init.name();
-    h.dtype = HP_F32;
-    h.dims.assign(init.dims().begin(), init.dims().end());
-    like[h.name] = std::move(h);
-  }
-  std::map<std::string, std::array<exec::HostTensor, 3>> all;
-  for (std::size_t k = 0; k < mine.size(); ++k)
-    all[mine[k].name] = {mine[k], k < avg.size() ? avg[k] : exec::HostTensor{},
-                         k < avg_sq.size() ? avg_sq[k] : exec::HostTensor{}};
-  for (std::size_t s = 1; s < o.pp.ranks.size(); ++s) {
-    const int peer = o.pp.ranks[s];
-    std::int64_t counts[2] = {};
-    HP_TRY(t().recv(peer, kGatherTag, counts, sizeof counts));
-    std::string names(static_cast<std::size_t>(counts[0]), '\0');
-    HP_TRY(t().recv(peer, kGatherTag, names.data(), counts[0]));
-    std::vector<std::string> list;
-    for (std::size_t a = 0, b; (b = names.find('\n', a)) != std::string::npos; a = b + 1)
-      list.push_back(names.substr(a, b - a));
-    // Parameters, then exp_avg, then exp_avg_sq (counts[1]: how many state lists follow).
-    for (std::int64_t which = 0; which < 1 + std::min<std::int64_t>(counts[1], 2); ++which)
-      for (const auto& n : list) {
-        auto it = like.find(n);
-        if (it == like.end()) return Error(Errc::internal, "a stage trains an unknown tensor", n);
-        exec::HostTensor h = it->second;
-        h.data.resize(static_cast<std::size_t>(h.numel()) * sizeof(float));
-        HP_TRY(t().recv(peer, kGatherTag, h.data.data(), static_cast<std::int64_t>(h.data.size())));
-        all[n][static_cast<std::size_t>(which)] = std::move(h);
-      }
-  }
-  for (const auto& n : order) {
-    auto it = all.find(n);
-    if (it == all.end()) continue;
-    c.params.push_back(it->second[0]);
-    if (!it->second[1].data.empty()) c.state.exp_avg.push_back(it->second[1]);
-    if (!it->second[2].data.empty()) c.state.exp_avg_sq.push_back(it->second[2]);
-  }
-  c.step = state.step;
-  c.state.step = state.step;
-  c.seed = o.seed;
-  c.optimizer = optimizer_name(o.optimizer.kind);
-  return c;
-}
-
-}  // namespace
 
 Expected<TrainReport> train_pipeline(const TrainOptions& o) {
   PipeRun r(o);
