@@ -11,13 +11,11 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <numeric>
-#include <optional>
 
 #include "batches.h"
 #include "metrics_file.h"
